@@ -1,0 +1,32 @@
+//! istio-cni in Rust: one multicall executable that is the CNI plugin (`istio-cni`), the installer
+//! and node agent (`install-cni`) and the rule tool (`istio-iptables`).
+//!
+//! Rooms (one folder each) and who may call whom — data flows one way:
+//! CLI/env -> typed config -> decision -> rule model -> renderer -> applier.
+//!
+//! | room | owns | may call |
+//! | --- | --- | --- |
+//! | [`cli`] | argv normalising (pflag forms), env fallbacks shared by every role | — |
+//! | [`rules`] | the redirect rule model, its builders (sidecar capture, ambient) and renderers (iptables-restore text, nftables) — pure, no effects | — |
+//! | [`iptables_cmd`] | the `istio-iptables` role: flags/env -> capture config -> rules -> apply/dry-run/validation | `cli`, `rules`, `apply`, `netlink` |
+//! | [`apply`] | running iptables/ip6tables(-save/-restore) and nft: binary detection, locking, verify/reconcile/cleanup, dry-run recording | `rules` |
+//! | [`netns`] | entering a network namespace on a dedicated thread | — |
+//! | [`netlink`] | addresses, ip rules and routes via netlink (no `ip` subprocess) | — |
+//! | [`kube`] | the one Kubernetes client module (kubeconfig/in-cluster, typed helpers) and the test API server | — |
+//! | [`plugin`] | the `istio-cni` CNI plugin role | `rules`, `apply`, `netns`, `kube`, `telemetry` |
+//! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup | `kube`, `telemetry` |
+//! | [`telemetry`] | logging setup, plugin log sink, health/readiness and metrics servers | — |
+
+pub mod apply;
+pub mod cli;
+pub mod install;
+pub mod iptables_cmd;
+pub mod kube;
+pub mod netlink;
+pub mod netns;
+pub mod plugin;
+pub mod rules;
+pub mod telemetry;
+
+/// The version printed by `--version` on every role.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

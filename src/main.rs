@@ -1,0 +1,55 @@
+//! Multicall entry point: the role is chosen from the name this executable is invoked under.
+
+use std::path::Path;
+
+const USAGE: &str = "\
+usage: <binary> <role> [args...]   (or invoke through a link named after the role)
+
+roles:
+  istio-cni        the CNI plugin (ADD/DEL/CHECK/VERSION/STATUS/GC), run by the container runtime
+  install-cni      installer and node agent (the DaemonSet entrypoint)
+  istio-iptables   the traffic-capture rule tool, flag-compatible with Istio's
+";
+
+fn main() {
+    let mut args: Vec<String> = std::env::args().collect();
+    let invoked = args
+        .first()
+        .map(|a| {
+            Path::new(a)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+        .unwrap_or_default();
+    let role = if is_role(&invoked) {
+        invoked
+    } else if args.len() > 1 && is_role(&args[1]) {
+        let role = args.remove(1);
+        args[0] = role.clone();
+        role
+    } else {
+        if args.get(1).is_some_and(|a| a == "--version") {
+            println!("istio-cni-rs {}", istio_cni::VERSION);
+            return;
+        }
+        eprint!("{USAGE}");
+        std::process::exit(
+            if args.len() > 1 && args[1] != "--help" && args[1] != "-h" {
+                2
+            } else {
+                0
+            },
+        );
+    };
+    let code = match role.as_str() {
+        "istio-cni" => istio_cni::plugin::main(args),
+        "install-cni" => istio_cni::install::main(args),
+        _ => istio_cni::iptables_cmd::main(args),
+    };
+    std::process::exit(code);
+}
+
+fn is_role(name: &str) -> bool {
+    matches!(name, "istio-cni" | "install-cni" | "istio-iptables")
+}

@@ -1,0 +1,10 @@
+//! The one rule engine: a typed model of redirect rules ([`model`]), the builders that fill it
+//! ([`capture`] for sidecars), and its renderers ([`iptables`] restore text). Pure: no processes,
+//! files or namespaces are touched here.
+//! May call: nothing else in this crate.
+
+pub mod capture;
+pub mod iptables;
+pub mod model;
+
+pub use model::{Family, Match, Position, Proto, Rule, RuleSet, Table, Target};

@@ -1,0 +1,345 @@
+//! The renderer-neutral rule model: per IP family, an ordered list of rules, each naming its table,
+//! chain, position, typed matches and one typed target. Renderers turn it into iptables-restore text
+//! or nftables; appliers never look inside a rule.
+
+use std::fmt;
+
+/// IP family of a rule list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    /// Both families, IPv4 first (the order every transcript uses).
+    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
+}
+
+/// Netfilter table. The declaration order is the rendering order (lexicographic by name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Table {
+    Filter,
+    Mangle,
+    Nat,
+    Raw,
+}
+
+impl Table {
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Filter => "filter",
+            Table::Mangle => "mangle",
+            Table::Nat => "nat",
+            Table::Raw => "raw",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Table> {
+        match name {
+            "filter" => Some(Table::Filter),
+            "mangle" => Some(Table::Mangle),
+            "nat" => Some(Table::Nat),
+            "raw" => Some(Table::Raw),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Chains the kernel provides; they are never declared.
+pub fn is_builtin_chain(chain: &str) -> bool {
+    matches!(
+        chain,
+        "INPUT"
+            | "OUTPUT"
+            | "FORWARD"
+            | "PREROUTING"
+            | "POSTROUTING"
+            | "ACCEPT"
+            | "RETURN"
+            | "DROP"
+    )
+}
+
+/// Transport protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        }
+    }
+}
+
+/// Conntrack states used by the rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CtState {
+    Invalid,
+    Related,
+    Established,
+}
+
+/// Direction of a set match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetDir {
+    Src,
+    Dst,
+}
+
+/// One match of a rule. Values (ports, ids, addresses, marks) are kept as the operator wrote them:
+/// Istio prints them verbatim, so the model does too. `negate` means "does not match".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Match {
+    /// Incoming interface.
+    InIface { name: String, negate: bool },
+    /// Outgoing interface.
+    OutIface { name: String, negate: bool },
+    /// Transport protocol.
+    Proto(Proto),
+    /// Source address/prefix.
+    Src { addr: String, negate: bool },
+    /// Destination address/prefix.
+    Dst { addr: String, negate: bool },
+    /// Destination port. `explicit_module` renders the protocol match module (`-m tcp`/`-m udp`).
+    DstPort {
+        port: String,
+        negate: bool,
+        module: Option<Proto>,
+    },
+    /// Source port.
+    SrcPort {
+        port: String,
+        negate: bool,
+        module: Option<Proto>,
+    },
+    /// Several destination ports at once (multiport).
+    DstPorts { ports: Vec<String>, negate: bool },
+    /// Socket owner UID.
+    UidOwner { id: String, negate: bool },
+    /// Socket owner GID (or group name).
+    GidOwner { id: String, negate: bool },
+    /// The packet belongs to a local socket.
+    SocketExists,
+    /// Packet mark (`value` may carry a `/mask`).
+    Mark { value: String, negate: bool },
+    /// Connection mark (`value` may carry a `/mask`).
+    ConnMark { value: String },
+    /// Conntrack state.
+    CtState(Vec<CtState>),
+    /// The address is in a named set.
+    InSet { name: String, dir: SetDir },
+    /// Protocol match module without ports (`-m tcp`).
+    ProtoModule(Proto),
+}
+
+/// What a matching packet gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Jump to a user chain.
+    Jump(String),
+    Return,
+    Accept,
+    Drop,
+    /// Redirect to a local port. `plural` picks `--to-ports` (true) or `--to-port`; Istio uses both.
+    Redirect {
+        port: String,
+        plural: bool,
+    },
+    /// TPROXY to a local port, setting `mark` (which carries its mask).
+    Tproxy {
+        mark: String,
+        port: String,
+    },
+    /// Set the packet mark.
+    SetMark(String),
+    /// CONNMARK --set-xmark.
+    ConnmarkSetXmark(String),
+    /// Copy the packet mark to the connection.
+    ConnmarkSave,
+    /// Copy the connection mark to the packet; `masks` adds `--nfmask/--ctmask 0xffffffff`.
+    ConnmarkRestore {
+        masks: bool,
+    },
+    /// Conntrack zone.
+    CtZone(u16),
+    /// Source NAT to an address.
+    Snat(String),
+}
+
+impl Target {
+    /// The user chain this target jumps to, if any.
+    pub fn jump_chain(&self) -> Option<&str> {
+        match self {
+            Target::Jump(chain) => Some(chain),
+            _ => None,
+        }
+    }
+}
+
+/// Where a rule goes in its chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Position {
+    Append,
+    /// Insert at a 1-based position.
+    Insert(u32),
+}
+
+/// One rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub table: Table,
+    pub chain: String,
+    pub position: Position,
+    pub matches: Vec<Match>,
+    pub target: Target,
+}
+
+/// Ordered rules for both families. The IPv6 list stays empty unless IPv6 is enabled.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuleSet {
+    pub v4: Vec<Rule>,
+    pub v6: Vec<Rule>,
+}
+
+impl RuleSet {
+    pub fn family(&self, family: Family) -> &[Rule] {
+        match family {
+            Family::V4 => &self.v4,
+            Family::V6 => &self.v6,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.v4.is_empty() && self.v6.is_empty()
+    }
+}
+
+/// Builds a [`RuleSet`] in program order, honouring "IPv6 only when enabled".
+#[derive(Debug)]
+pub struct RuleSetBuilder {
+    ipv6: bool,
+    set: RuleSet,
+}
+
+impl RuleSetBuilder {
+    pub fn new(ipv6: bool) -> Self {
+        RuleSetBuilder {
+            ipv6,
+            set: RuleSet::default(),
+        }
+    }
+
+    pub fn ipv6_enabled(&self) -> bool {
+        self.ipv6
+    }
+
+    /// Adds a rule to one family (a no-op for IPv6 when IPv6 is disabled).
+    pub fn push(&mut self, family: Family, rule: Rule) {
+        match family {
+            Family::V4 => self.set.v4.push(rule),
+            Family::V6 if self.ipv6 => self.set.v6.push(rule),
+            Family::V6 => {}
+        }
+    }
+
+    /// Appends to one family.
+    pub fn append_to(
+        &mut self,
+        family: Family,
+        table: Table,
+        chain: &str,
+        matches: Vec<Match>,
+        target: Target,
+    ) {
+        self.push(
+            family,
+            rule(table, chain, Position::Append, matches, target),
+        );
+    }
+
+    /// Appends the same rule to both families.
+    pub fn append(&mut self, table: Table, chain: &str, matches: Vec<Match>, target: Target) {
+        for family in Family::ALL {
+            self.append_to(family, table, chain, matches.clone(), target.clone());
+        }
+    }
+
+    /// Appends to both families, building each family's rule with its own value.
+    pub fn append_versioned(
+        &mut self,
+        table: Table,
+        chain: &str,
+        v4: &str,
+        v6: &str,
+        build: impl Fn(&str) -> (Vec<Match>, Target),
+    ) {
+        let (m, t) = build(v4);
+        self.append_to(Family::V4, table, chain, m, t);
+        if self.ipv6 {
+            let (m, t) = build(v6);
+            self.append_to(Family::V6, table, chain, m, t);
+        }
+    }
+
+    /// Inserts at a 1-based position in one family.
+    pub fn insert_to(
+        &mut self,
+        family: Family,
+        table: Table,
+        chain: &str,
+        pos: u32,
+        matches: Vec<Match>,
+        target: Target,
+    ) {
+        self.push(
+            family,
+            rule(table, chain, Position::Insert(pos), matches, target),
+        );
+    }
+
+    /// Inserts the same rule in both families.
+    pub fn insert(
+        &mut self,
+        table: Table,
+        chain: &str,
+        pos: u32,
+        matches: Vec<Match>,
+        target: Target,
+    ) {
+        for family in Family::ALL {
+            self.insert_to(family, table, chain, pos, matches.clone(), target.clone());
+        }
+    }
+
+    pub fn build(self) -> RuleSet {
+        self.set
+    }
+}
+
+fn rule(
+    table: Table,
+    chain: &str,
+    position: Position,
+    matches: Vec<Match>,
+    target: Target,
+) -> Rule {
+    Rule {
+        table,
+        chain: chain.to_string(),
+        position,
+        matches,
+        target,
+    }
+}
