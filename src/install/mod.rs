@@ -1,9 +1,257 @@
 //! The `install-cni` role: installs this binary as the CNI plugin, merges our entry into the node's
 //! CNI config, writes the plugin kubeconfig, guards all of it, and cleans up on shutdown.
 //! May call: `kube`, `telemetry`.
+//!
+//! Files: `config` (flags/env, pure), `argv` (pflag normaliser; a shared-looking helper kept in this
+//! room), `yaml` (selector YAML), `cniconf` (merge logic, pure), `kubeconfig` (pure render),
+//! `fsutil` (atomic file effects), `installer` (install pass, check, cleanup), `guard` (watch loop),
+//! `upgrade` (shutdown keep/clean decision), `caps` (capability dropping).
+
+pub mod argv;
+pub mod caps;
+pub mod cniconf;
+pub mod config;
+pub mod fsutil;
+pub mod guard;
+pub mod installer;
+pub mod kubeconfig;
+pub mod upgrade;
+pub mod yaml;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::telemetry::health::{self, Readiness};
+use crate::telemetry::logging::{self, LogSettings, ScopeLevels};
+use crate::telemetry::logsink;
+use crate::telemetry::metrics::Metrics;
+use config::{Config, LogLevel, LogTarget, Parsed};
+
+/// Readiness component name of the installer.
+const INSTALLER: &str = "installer";
 
 /// Entry point of the `install-cni` role.
-pub fn main(_args: Vec<String>) -> i32 {
-    eprintln!("install-cni: not implemented yet");
-    1
+pub fn main(args: Vec<String>) -> i32 {
+    let cfg = match config::parse(&args, &|k| std::env::var(k).ok()) {
+        Ok(Parsed::Run(c)) => c,
+        Ok(Parsed::Exit { text, code }) => {
+            if code == 0 {
+                print!("{text}");
+            } else {
+                eprint!("{text}");
+                if !text.ends_with('\n') {
+                    eprintln!();
+                }
+            }
+            return code;
+        }
+        Err(e) => {
+            eprintln!("install-cni: {e}");
+            return 1;
+        }
+    };
+    if let Err(e) = logging::init(log_settings(&cfg)) {
+        eprintln!("install-cni: {e}");
+        return 1;
+    }
+    for w in &cfg.warnings {
+        warn!("{w}");
+    }
+    // Before any thread exists: capabilities are per thread and inherited.
+    caps::drop_to(&caps::needed(
+        cfg.install.ambient_enabled,
+        cfg.repair.enabled,
+    ));
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("install-cni")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!("building the async runtime: {e}");
+            return 1;
+        }
+    };
+    let code = rt.block_on(run(*cfg));
+    rt.shutdown_timeout(Duration::from_secs(2));
+    code
+}
+
+fn to_tracing(l: LogLevel) -> Option<tracing::Level> {
+    match l {
+        LogLevel::Debug => Some(tracing::Level::DEBUG),
+        LogLevel::Info => Some(tracing::Level::INFO),
+        LogLevel::Warn => Some(tracing::Level::WARN),
+        LogLevel::Error | LogLevel::Fatal => Some(tracing::Level::ERROR),
+        LogLevel::None => None,
+    }
+}
+
+fn log_settings(cfg: &Config) -> LogSettings {
+    let scopes: BTreeMap<String, Option<tracing::Level>> = cfg
+        .log
+        .scopes
+        .iter()
+        .map(|(k, v)| (k.clone(), to_tracing(*v)))
+        .collect();
+    LogSettings {
+        levels: ScopeLevels {
+            default: to_tracing(cfg.log.default_level),
+            scopes,
+        },
+        json: cfg.log.as_json,
+        file: match &cfg.log.target {
+            LogTarget::File(p) => Some(p.clone()),
+            _ => None,
+        },
+        stdout: cfg.log.target == LogTarget::Stdout,
+    }
+}
+
+/// Reports guard progress to readiness and metrics.
+struct Observer {
+    readiness: Readiness,
+    metrics: Metrics,
+}
+
+impl guard::GuardObserver for Observer {
+    fn set_ready(&self, ready: bool) {
+        self.readiness.set(INSTALLER, ready);
+        self.metrics.install_ready.set(i64::from(ready));
+    }
+
+    fn pass_result(&self, failure: Option<&'static str>) {
+        self.metrics.install_result(failure.unwrap_or("SUCCESS"));
+    }
+}
+
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        error!("cannot install signal handlers; running until killed");
+        std::future::pending::<()>().await;
+        return "none";
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+async fn run(cfg: Config) -> i32 {
+    let ic = &cfg.install;
+    info!(
+        version = crate::VERSION,
+        conf_dir = %ic.mounted_cni_net_dir.display(),
+        bin_dirs = %ic.cni_bin_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(","),
+        run_dir = %ic.run_dir.display(),
+        chained = ic.chained,
+        owned = ic.owned_mode(),
+        ambient = ic.ambient_enabled,
+        repair = cfg.repair.enabled,
+        "starting install-cni"
+    );
+    let stop = CancellationToken::new();
+    let metrics = Metrics::default();
+    let readiness = Readiness::default();
+    readiness.register(INSTALLER);
+
+    if let Some(port) = cfg.monitoring_port {
+        match health::serve_metrics(port, metrics.clone(), stop.clone()).await {
+            Ok(addr) => info!(addr = %addr, "metrics server listening"),
+            // As Istio: metrics are not worth failing the node agent for.
+            Err(e) => error!("metrics server on port {port} failed to start: {e}"),
+        }
+    }
+    let sock = logsink::socket_path(&ic.run_dir);
+    if let Err(e) = logsink::serve(sock.clone(), stop.clone()).await {
+        error!("plugin log sink on {} failed to start: {e}", sock.display());
+        return 1;
+    }
+    info!(path = %sock.display(), "plugin log sink listening");
+    match health::serve_health(cfg.health_port, readiness.clone(), stop.clone()).await {
+        Ok(addr) => info!(addr = %addr, "health server listening"),
+        Err(e) => {
+            error!(
+                "health server on port {} failed to start: {e}",
+                cfg.health_port
+            );
+            return 1;
+        }
+    }
+    if ic.ambient_enabled {
+        warn!(
+            "AMBIENT_ENABLED is set, but this build has no ambient node agent yet; only the installer runs"
+        );
+    }
+    if cfg.repair.enabled {
+        info!(
+            "the repair controller is not part of this build; REPAIR_* settings are validated only"
+        );
+    }
+
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            error!("cannot find our own executable to install as the plugin: {e}");
+            return 1;
+        }
+    };
+    let installer = match installer::Installer::new(cfg.install.clone(), exe) {
+        Ok(i) => i,
+        Err(e) => {
+            error!("{e}");
+            return 1;
+        }
+    };
+    let observer = Observer {
+        readiness: readiness.clone(),
+        metrics: metrics.clone(),
+    };
+    let guard = match guard::spawn(installer, observer) {
+        Ok(g) => g,
+        Err(e) => {
+            error!("starting the guard thread: {e}");
+            return 1;
+        }
+    };
+
+    let signal = shutdown_signal().await;
+    info!(signal, "shutting down");
+    readiness.set(INSTALLER, false);
+    let installer = tokio::task::spawn_blocking(move || guard.stop())
+        .await
+        .ok()
+        .flatten();
+    let check = upgrade::NoApi;
+    let keep = upgrade::should_keep(
+        &check,
+        cfg.install.ambient_disable_safe_upgrade,
+        upgrade::RETRY_DELAY,
+    )
+    .await;
+    let code = match installer {
+        Some(mut inst) if !keep => {
+            let _ = tokio::task::spawn_blocking(move || inst.cleanup()).await;
+            0
+        }
+        Some(_) => 0,
+        None => {
+            error!("the guard thread died; skipping cleanup");
+            1
+        }
+    };
+    stop.cancel();
+    // Let the servers see the cancellation and remove the socket.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    info!("install-cni stopped");
+    code
 }

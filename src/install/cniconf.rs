@@ -1,0 +1,490 @@
+//! Pure CNI-config logic: our plugin entry, candidate classification, merge/remove, validation.
+//! No file effects here; `installer` feeds file contents in and writes what comes out.
+//!
+//! Output format matches Istio byte for byte: standalone configs keep the struct order, merged
+//! configs go through a sorted map, 2-space indent, trailing newline. Unlike Go we keep integers
+//! exact and do not HTML-escape `<`, `>`, `&` (Istio limit L21).
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::config::{EnablementSelector, InstallConfig};
+
+/// The plugin type (and name) of our entry.
+pub const ISTIO_TYPE: &str = "istio-cni";
+/// Name of the list a single-plugin primary is wrapped into.
+pub const WRAPPED_LIST_NAME: &str = "k8s-pod-network";
+/// cniVersion of our entry and of wrapped lists.
+pub const CNI_VERSION: &str = "0.3.1";
+
+/// Errors of the pure config logic.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfError {
+    #[error("{file}: not valid JSON: {reason}")]
+    Json { file: String, reason: String },
+    #[error("{file}: {reason}")]
+    Shape { file: String, reason: String },
+}
+
+/// Our plugin entry, in the field order Istio's standalone file uses.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct IstioPlugin {
+    #[serde(rename = "cniVersion")]
+    pub cni_version: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    pub plugin_type: String,
+    pub ipam: Map<String, Value>,
+    pub dns: Map<String, Value>,
+    pub plugin_log_level: String,
+    pub cni_agent_run_dir: String,
+    pub ambient_enabled: bool,
+    pub enablement_selectors: Vec<EnablementSelector>,
+    /// `null` when empty, as Istio writes it.
+    pub exclude_namespaces: Option<Vec<String>>,
+    pub pod_namespace: String,
+    pub native_nftables: bool,
+    pub enable_ambient_detection_retry: bool,
+}
+
+impl IstioPlugin {
+    /// Builds our entry from the install config.
+    pub fn from_config(c: &InstallConfig) -> Self {
+        Self {
+            cni_version: CNI_VERSION.to_string(),
+            name: ISTIO_TYPE.to_string(),
+            plugin_type: ISTIO_TYPE.to_string(),
+            ipam: Map::new(),
+            dns: Map::new(),
+            plugin_log_level: c.plugin_log_level.as_str().to_string(),
+            cni_agent_run_dir: c.run_dir.to_string_lossy().into_owned(),
+            ambient_enabled: c.ambient_enabled,
+            enablement_selectors: c.enablement_selectors.clone(),
+            exclude_namespaces: Some(c.exclude_namespaces.clone()).filter(|v| !v.is_empty()),
+            pod_namespace: c.pod_namespace.clone(),
+            native_nftables: c.native_nftables,
+            enable_ambient_detection_retry: c.enable_ambient_detection_retry,
+        }
+    }
+
+    /// The standalone file content (struct order).
+    pub fn standalone_bytes(&self) -> Vec<u8> {
+        // A struct of strings, bools, maps and vectors always serializes.
+        let mut s = serde_json::to_string_pretty(self).unwrap_or_default();
+        s.push('\n');
+        s.into_bytes()
+    }
+
+    /// The entry as a generic JSON value (for merging; keys come out sorted).
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+
+    /// The entry as it appears inside a list: without its own cniVersion.
+    pub fn list_entry(&self) -> Value {
+        let mut v = self.to_value();
+        if let Value::Object(m) = &mut v {
+            m.remove("cniVersion");
+        }
+        v
+    }
+}
+
+/// Serializes a merged document: sorted keys, 2-space indent, trailing newline.
+pub fn marshal(v: &Value) -> Vec<u8> {
+    let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
+    s.push('\n');
+    s.into_bytes()
+}
+
+/// Whether a file name is a CNI config candidate (libcni's extensions, incl. `.json` — L7).
+pub fn is_candidate_name(name: &str) -> bool {
+    (name.ends_with(".conf") || name.ends_with(".conflist") || name.ends_with(".json"))
+        && !name.starts_with('.')
+}
+
+/// What a valid candidate file holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Kind {
+    /// A network list (`plugins` array).
+    List,
+    /// A single plugin config (top-level `type`).
+    Single,
+}
+
+/// A parsed, valid candidate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub name: String,
+    pub kind: Kind,
+    pub value: Value,
+    pub bytes: Vec<u8>,
+}
+
+/// Classifies one file like the runtime's loader would. `Err` carries why it is skipped.
+pub fn classify(name: &str, bytes: &[u8]) -> Result<Candidate, ConfError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| ConfError::Json {
+        file: name.to_string(),
+        reason: e.to_string(),
+    })?;
+    let shape = |reason: &str| ConfError::Shape {
+        file: name.to_string(),
+        reason: reason.to_string(),
+    };
+    let obj = value
+        .as_object()
+        .ok_or_else(|| shape("not a JSON object"))?;
+    let is_list =
+        name.ends_with(".conflist") || (name.ends_with(".json") && obj.contains_key("plugins"));
+    let kind = if is_list {
+        if obj
+            .get("name")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            return Err(shape("network list has no name"));
+        }
+        match obj.get("plugins") {
+            Some(Value::Array(p)) if !p.is_empty() => Kind::List,
+            Some(Value::Array(_)) => return Err(shape("network list has no plugins")),
+            Some(_) => return Err(shape("`plugins` is not a list")),
+            // CNI 1.1 allows plugins in a <dir>/<name>/ sub-directory; we cannot merge into that
+            // (Istio limit L22), so such a file is skipped explicitly rather than failing later.
+            None => return Err(shape("network list has no inline plugins")),
+        }
+    } else {
+        if obj
+            .get("type")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            return Err(shape("plugin config has no type"));
+        }
+        Kind::Single
+    };
+    Ok(Candidate {
+        name: name.to_string(),
+        kind,
+        value,
+        bytes: bytes.to_vec(),
+    })
+}
+
+fn is_istio_entry(v: &Value) -> bool {
+    v.get("type").and_then(Value::as_str) == Some(ISTIO_TYPE)
+}
+
+/// Merges our entry into the primary config (§2.5 step 4): a single plugin becomes a new list
+/// `k8s-pod-network` (its cniVersion dropped); a list loses its first old istio entry and gets
+/// ours appended last.
+pub fn insert(file: &str, primary: &Value, istio: &IstioPlugin) -> Result<Value, ConfError> {
+    let shape = |reason: &str| ConfError::Shape {
+        file: file.to_string(),
+        reason: reason.to_string(),
+    };
+    let obj = primary
+        .as_object()
+        .ok_or_else(|| shape("existing config is not a JSON object"))?;
+    let entry = istio.list_entry();
+    if obj.contains_key("type") && !obj.contains_key("plugins") {
+        let mut single = obj.clone();
+        single.remove("cniVersion");
+        let mut list = Map::new();
+        list.insert(
+            "cniVersion".to_string(),
+            Value::String(CNI_VERSION.to_string()),
+        );
+        list.insert(
+            "name".to_string(),
+            Value::String(WRAPPED_LIST_NAME.to_string()),
+        );
+        list.insert(
+            "plugins".to_string(),
+            Value::Array(vec![Value::Object(single), entry]),
+        );
+        return Ok(Value::Object(list));
+    }
+    let mut out = obj.clone();
+    let plugins = match out.get_mut("plugins") {
+        Some(Value::Array(p)) => p,
+        Some(_) => return Err(shape("`plugins` is not a list")),
+        None => return Err(shape("existing config has neither `type` nor `plugins`")),
+    };
+    if let Some(pos) = plugins.iter().position(is_istio_entry) {
+        plugins.remove(pos);
+    }
+    plugins.push(entry);
+    Ok(Value::Object(out))
+}
+
+/// Removes the first istio entry from a list (cleanup). `Ok(None)` = there was none.
+pub fn remove(file: &str, list: &Value) -> Result<Option<Value>, ConfError> {
+    let mut out = list.as_object().cloned().ok_or_else(|| ConfError::Shape {
+        file: file.to_string(),
+        reason: "not a JSON object".to_string(),
+    })?;
+    let Some(Value::Array(plugins)) = out.get_mut("plugins") else {
+        return Err(ConfError::Shape {
+            file: file.to_string(),
+            reason: "no `plugins` list".to_string(),
+        });
+    };
+    match plugins.iter().position(is_istio_entry) {
+        Some(pos) => {
+            plugins.remove(pos);
+            Ok(Some(Value::Object(out)))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Checks a chained file we wrote: every plugin an object with a string type, our entry present
+/// and equal to what we would write now.
+pub fn check_chained(ours: &Value, istio: &IstioPlugin) -> Result<(), String> {
+    let plugins = ours
+        .get("plugins")
+        .and_then(Value::as_array)
+        .ok_or("our config has no plugins list")?;
+    for p in plugins {
+        if p.get("type").and_then(Value::as_str).is_none() {
+            return Err("a plugin in our config has no string type".to_string());
+        }
+    }
+    let entry = istio.list_entry();
+    match plugins.iter().find(|p| is_istio_entry(p)) {
+        None => Err("istio-cni entry is missing".to_string()),
+        Some(p) if *p != entry => Err("istio-cni entry differs from the expected one".to_string()),
+        Some(_) => Ok(()),
+    }
+}
+
+/// The plugins the primary contributes to a merge (its list, or the single plugin without its
+/// cniVersion), minus any istio entry.
+pub fn primary_plugins(primary: &Candidate) -> Vec<Value> {
+    match primary.kind {
+        Kind::List => primary
+            .value
+            .get("plugins")
+            .and_then(Value::as_array)
+            .map(|p| p.iter().filter(|x| !is_istio_entry(x)).cloned().collect())
+            .unwrap_or_default(),
+        Kind::Single => {
+            let mut single = primary.value.clone();
+            if let Value::Object(m) = &mut single {
+                m.remove("cniVersion");
+            }
+            vec![single]
+        }
+    }
+}
+
+/// Owned mode (L9): our file must carry the primary's plugins with identical content, in order.
+pub fn check_owned_copy(ours: &Value, primary: &Candidate) -> Result<(), String> {
+    let ours: Vec<Value> = ours
+        .get("plugins")
+        .and_then(Value::as_array)
+        .map(|p| p.iter().filter(|x| !is_istio_entry(x)).cloned().collect())
+        .unwrap_or_default();
+    if ours == primary_plugins(primary) {
+        Ok(())
+    } else {
+        Err(format!(
+            "owned config no longer matches the plugins of {}",
+            primary.name
+        ))
+    }
+}
+
+/// Standalone: our file's top-level type must be istio-cni and its content what we would write.
+pub fn check_standalone(ours: &Value, istio: &IstioPlugin) -> Result<(), String> {
+    if ours.get("type").and_then(Value::as_str) != Some(ISTIO_TYPE) {
+        return Err("standalone config type is not istio-cni".to_string());
+    }
+    if *ours != istio.to_value() {
+        return Err("standalone config differs from the expected one".to_string());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::install::config::LogLevel;
+    use std::path::PathBuf;
+
+    const TD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/testdata/install/");
+
+    fn read(name: &str) -> Vec<u8> {
+        std::fs::read(format!("{TD}{name}")).unwrap_or_else(|e| panic!("reading {name}: {e}"))
+    }
+
+    /// The plugin object Istio's tests use (testdata/istio-cni.conf).
+    pub(crate) fn test_plugin(ambient: bool) -> IstioPlugin {
+        let cfg = InstallConfig {
+            mounted_cni_net_dir: PathBuf::from("/x"),
+            cni_conf_name: None,
+            chained: true,
+            istio_owned_cni_config: false,
+            owned_filename: "02-istio-cni.conflist".to_string(),
+            cni_bin_dirs: vec![],
+            run_dir: PathBuf::from("/path/to/kubeconfig"),
+            kubeconfig_mode: 0o600,
+            cni_conf_group_read: false,
+            kube_ca_file: PathBuf::new(),
+            skip_tls_verify: false,
+            service_account_dir: PathBuf::new(),
+            k8s_service_host: None,
+            k8s_service_port: None,
+            k8s_service_protocol: "https".to_string(),
+            ambient_enabled: ambient,
+            enable_ambient_detection_retry: false,
+            native_nftables: false,
+            exclude_namespaces: vec![],
+            pod_namespace: "my-namespace".to_string(),
+            enablement_selectors: vec![],
+            plugin_log_level: LogLevel::Debug,
+            ambient_disable_safe_upgrade: false,
+            node_name: String::new(),
+        };
+        IstioPlugin::from_config(&cfg)
+    }
+
+    fn merged(primary_file: &str, ambient: bool) -> String {
+        let cand = classify(primary_file, &read(primary_file)).expect("valid primary");
+        let v = insert(primary_file, &cand.value, &test_plugin(ambient)).expect("merges");
+        String::from_utf8(marshal(&v)).expect("utf8")
+    }
+
+    fn golden(name: &str) -> String {
+        String::from_utf8(read(name)).expect("utf8")
+    }
+
+    #[test]
+    fn standalone_matches_istio_cni_conf() {
+        let out = String::from_utf8(test_plugin(false).standalone_bytes()).expect("utf8");
+        pretty_assertions::assert_eq!(out, golden("istio-cni.conf"));
+    }
+
+    #[test]
+    fn merge_into_list_matches_golden() {
+        pretty_assertions::assert_eq!(
+            merged("list.conflist", false),
+            golden("list.conflist.golden")
+        );
+    }
+
+    #[test]
+    fn merge_into_single_matches_golden() {
+        pretty_assertions::assert_eq!(merged("bridge.conf", false), golden("bridge.conf.golden"));
+    }
+
+    #[test]
+    fn merge_replaces_old_istio_entry() {
+        pretty_assertions::assert_eq!(
+            merged("list-with-istio.conflist", false),
+            golden("list-with-istio.conflist.golden")
+        );
+    }
+
+    #[test]
+    fn owned_merges_match_goldens() {
+        pretty_assertions::assert_eq!(
+            merged("list.conflist", true),
+            golden("istio-owned.conflist.golden")
+        );
+        pretty_assertions::assert_eq!(
+            merged("bridge.conf", true),
+            golden("istio-owned-bridge.conflist.golden")
+        );
+    }
+
+    #[test]
+    fn remove_matches_list_no_istio() {
+        let v: Value = serde_json::from_slice(&read("list-with-istio.conflist")).expect("json");
+        let out = remove("x", &v).expect("ok").expect("had an entry");
+        pretty_assertions::assert_eq!(
+            String::from_utf8(marshal(&out)).expect("utf8"),
+            golden("list-no-istio.conflist")
+        );
+    }
+
+    #[test]
+    fn invalid_inputs_fail_to_merge() {
+        let arr: Value = serde_json::from_slice(&read("invalid-arr.conflist")).expect("json");
+        assert!(insert("invalid-arr.conflist", &arr, &test_plugin(false)).is_err());
+        let map: Value = serde_json::from_slice(&read("invalid-map.conflist")).expect("json");
+        assert!(insert("invalid-map.conflist", &map, &test_plugin(false)).is_err());
+        assert!(classify("invalid-arr.conflist", &read("invalid-arr.conflist")).is_err());
+        assert!(classify("invalid-map.conflist", &read("invalid-map.conflist")).is_err());
+    }
+
+    #[test]
+    fn classify_follows_the_loader() {
+        assert_eq!(
+            classify("a.conf", br#"{"type":"x"}"#).map(|c| c.kind),
+            Ok(Kind::Single)
+        );
+        assert!(classify("a.conf", br#"{"name":"x"}"#).is_err());
+        assert!(classify("a.conflist", br#"{"plugins":[{"type":"x"}]}"#).is_err());
+        assert!(classify("a.conflist", br#"{"name":"n","plugins":[]}"#).is_err());
+        assert!(classify("a.conflist", br#"{"name":"n"}"#).is_err());
+        assert!(classify("a.conflist", b"").is_err());
+        assert_eq!(
+            classify("a.json", br#"{"name":"n","plugins":[{"type":"x"}]}"#).map(|c| c.kind),
+            Ok(Kind::List)
+        );
+        assert_eq!(
+            classify("a.json", br#"{"type":"x"}"#).map(|c| c.kind),
+            Ok(Kind::Single)
+        );
+        assert!(is_candidate_name("10-x.json") && !is_candidate_name("x.conflist.tmp.abc"));
+    }
+
+    #[test]
+    fn big_integers_and_html_chars_survive() {
+        let src = br#"{"name":"n","cniVersion":"1.0.0","plugins":[{"type":"x","big":18446744073709551615,"neg":-9007199254740993,"s":"<a&b>"}]}"#;
+        let cand = classify("n.conflist", src).expect("valid");
+        let out = String::from_utf8(marshal(
+            &insert("n", &cand.value, &test_plugin(false)).expect("merges"),
+        ))
+        .expect("utf8");
+        assert!(out.contains("18446744073709551615"), "{out}");
+        assert!(out.contains("-9007199254740993"), "{out}");
+        assert!(out.contains("\"<a&b>\""), "{out}");
+    }
+
+    #[test]
+    fn checks_detect_missing_and_stale_entries() {
+        let p = test_plugin(false);
+        let good: Value = serde_json::from_str(&golden("list.conflist.golden")).expect("json");
+        assert_eq!(check_chained(&good, &p), Ok(()));
+        let bare: Value = serde_json::from_slice(&read("list.conflist")).expect("json");
+        assert!(check_chained(&bare, &p).is_err());
+        let old: Value = serde_json::from_slice(&read("list-with-istio.conflist")).expect("json");
+        assert!(check_chained(&old, &p).is_err());
+        let standalone: Value = serde_json::from_slice(&read("istio-cni.conf")).expect("json");
+        assert_eq!(check_standalone(&standalone, &p), Ok(()));
+        assert!(check_standalone(&bare, &p).is_err());
+    }
+
+    #[test]
+    fn owned_copy_compares_full_plugin_content() {
+        let primary = classify("list.conflist", &read("list.conflist")).expect("valid");
+        let owned: Value =
+            serde_json::from_str(&golden("istio-owned.conflist.golden")).expect("json");
+        assert_eq!(check_owned_copy(&owned, &primary), Ok(()));
+        let changed = classify(
+            "list.conflist",
+            String::from_utf8(read("list.conflist"))
+                .expect("utf8")
+                .replace("500", "501")
+                .as_bytes(),
+        )
+        .expect("valid");
+        assert!(check_owned_copy(&owned, &changed).is_err());
+        let bridge = classify("bridge.conf", &read("bridge.conf")).expect("valid");
+        let owned_b: Value =
+            serde_json::from_str(&golden("istio-owned-bridge.conflist.golden")).expect("json");
+        assert_eq!(check_owned_copy(&owned_b, &bridge), Ok(()));
+    }
+}

@@ -1,0 +1,225 @@
+//! File effects: atomic writes (temp file in the same dir + fsync + rename + fsync dir, Istio bug
+//! B6), binary copies that skip identical targets (L5), stale temp-file removal.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// A file operation that failed, with the path it failed on.
+#[derive(Debug, thiserror::Error)]
+#[error("{op} {path}: {source}{hint}")]
+pub struct FsError {
+    pub op: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+    pub hint: &'static str,
+}
+
+impl FsError {
+    pub fn new(op: &'static str, path: &Path, source: io::Error) -> Self {
+        // Same hint as Istio: a read-only host dir usually means a platform with another bin dir.
+        let hint = if source.raw_os_error() == Some(libc::EROFS) {
+            " (read-only file system: this platform may keep CNI binaries elsewhere; set \
+             global.platform in the chart or point --cni-bin-dirs at a writable directory)"
+        } else {
+            ""
+        };
+        Self {
+            op,
+            path: path.to_path_buf(),
+            source,
+            hint,
+        }
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.source.raw_os_error() == Some(libc::EROFS)
+    }
+}
+
+fn temp_prefix(name: &str) -> String {
+    format!("{name}.tmp.")
+}
+
+/// Removes leftover `<name>.tmp.*` files (from a crash mid-write) in `dir`.
+pub fn remove_stale_temps(dir: &Path, name: &str) {
+    let prefix = temp_prefix(name);
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// fsync a directory so a rename in it is durable.
+pub fn sync_dir(dir: &Path) -> Result<(), FsError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| FsError::new("syncing directory", dir, e))
+}
+
+fn split(path: &Path) -> Result<(&Path, String), FsError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| FsError::new("writing", path, io::Error::other("path has no file name")))?;
+    Ok((dir, name))
+}
+
+/// Writes `path` atomically: readers see the old content or the new, never a partial file.
+pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), FsError> {
+    let (dir, name) = split(path)?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&temp_prefix(&name))
+        .tempfile_in(dir)
+        .map_err(|e| FsError::new("creating temp file in", dir, e))?;
+    let tmp_path = tmp.path().to_path_buf();
+    tmp.write_all(data)
+        .map_err(|e| FsError::new("writing", &tmp_path, e))?;
+    tmp.as_file()
+        .set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(|e| FsError::new("setting mode of", &tmp_path, e))?;
+    tmp.as_file()
+        .sync_all()
+        .map_err(|e| FsError::new("syncing", &tmp_path, e))?;
+    tmp.persist(path)
+        .map_err(|e| FsError::new("renaming temp file onto", path, e.error))?;
+    sync_dir(dir)
+}
+
+/// Removes a file; a missing file is fine.
+pub fn remove_if_exists(path: &Path) -> Result<bool, FsError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(FsError::new("removing", path, e)),
+    }
+}
+
+/// The mode bits of an existing file.
+pub fn mode_of(path: &Path) -> Option<u32> {
+    fs::metadata(path)
+        .ok()
+        .map(|m| m.permissions().mode() & 0o7777)
+}
+
+/// Identity of a file version: if none of these changed, its content did not either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl FileStamp {
+    pub fn of(path: &Path) -> Option<Self> {
+        let m = fs::metadata(path).ok()?;
+        Some(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        })
+    }
+}
+
+/// Whether two files have the same size and content.
+pub fn same_content(a: &Path, b: &Path) -> io::Result<bool> {
+    let (ma, mb) = (fs::metadata(a)?, fs::metadata(b)?);
+    if ma.len() != mb.len() {
+        return Ok(false);
+    }
+    let (mut fa, mut fb) = (File::open(a)?, File::open(b)?);
+    let mut ba = vec![0u8; 1 << 16];
+    let mut bb = vec![0u8; 1 << 16];
+    loop {
+        let n = read_full(&mut fa, &mut ba)?;
+        let m = read_full(&mut fb, &mut bb)?;
+        if n != m || ba[..n] != bb[..m] {
+            return Ok(false);
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+    }
+}
+
+fn read_full(f: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match f.read(&mut buf[filled..])? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    Ok(filled)
+}
+
+/// Copies `src` to `dst` atomically with `mode` (temp + fsync + rename + fsync dir).
+pub fn copy_atomic(src: &Path, dst: &Path, mode: u32) -> Result<(), FsError> {
+    let (dir, name) = split(dst)?;
+    remove_stale_temps(dir, &name);
+    let mut input = File::open(src).map_err(|e| FsError::new("opening", src, e))?;
+    let tmp = tempfile::Builder::new()
+        .prefix(&temp_prefix(&name))
+        .tempfile_in(dir)
+        .map_err(|e| FsError::new("creating temp file in", dir, e))?;
+    let tmp_path = tmp.path().to_path_buf();
+    {
+        let mut out = OpenOptions::new()
+            .write(true)
+            .open(&tmp_path)
+            .map_err(|e| FsError::new("opening", &tmp_path, e))?;
+        io::copy(&mut input, &mut out).map_err(|e| FsError::new("copying into", &tmp_path, e))?;
+        out.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(|e| FsError::new("setting mode of", &tmp_path, e))?;
+        out.sync_all()
+            .map_err(|e| FsError::new("syncing", &tmp_path, e))?;
+    }
+    tmp.persist(dst)
+        .map_err(|e| FsError::new("renaming temp file onto", dst, e.error))?;
+    sync_dir(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_and_sets_mode() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("a.conflist");
+        write_atomic(&p, b"one", 0o640).expect("write");
+        write_atomic(&p, b"two", 0o600).expect("rewrite");
+        assert_eq!(fs::read(&p).expect("read"), b"two");
+        assert_eq!(mode_of(&p), Some(0o600));
+        let names: Vec<_> = fs::read_dir(dir.path()).expect("ls").flatten().collect();
+        assert_eq!(names.len(), 1, "no temp files left");
+    }
+
+    #[test]
+    fn copy_skips_nothing_but_clears_stale_temps() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("src");
+        fs::write(&src, b"binary").expect("src");
+        let bin = dir.path().join("bin");
+        fs::create_dir(&bin).expect("bin");
+        fs::write(bin.join("istio-cni.tmp.stale"), b"x").expect("stale");
+        let dst = bin.join("istio-cni");
+        copy_atomic(&src, &dst, 0o755).expect("copy");
+        assert!(same_content(&src, &dst).expect("compare"));
+        assert_eq!(mode_of(&dst), Some(0o755));
+        assert!(!bin.join("istio-cni.tmp.stale").exists());
+        fs::write(&dst, b"binarz").expect("corrupt");
+        assert!(!same_content(&src, &dst).expect("compare"));
+    }
+}

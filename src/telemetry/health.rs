@@ -1,0 +1,142 @@
+//! `/healthz`, `/readyz` and `/metrics` over HTTP (§2.11).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::{self, Metrics};
+
+/// Readiness of every enabled component; ready = at least one registered and all ready.
+#[derive(Clone, Default)]
+pub struct Readiness {
+    inner: Arc<Mutex<BTreeMap<String, bool>>>,
+}
+
+impl Readiness {
+    /// Adds a component (not ready yet).
+    pub fn register(&self, name: &str) {
+        if let Ok(mut m) = self.inner.lock() {
+            m.entry(name.to_string()).or_insert(false);
+        }
+    }
+
+    /// Sets a component's readiness.
+    pub fn set(&self, name: &str, ready: bool) {
+        if let Ok(mut m) = self.inner.lock() {
+            m.insert(name.to_string(), ready);
+        }
+    }
+
+    /// Whether every component is ready.
+    pub fn is_ready(&self) -> bool {
+        self.inner
+            .lock()
+            .map(|m| !m.is_empty() && m.values().all(|r| *r))
+            .unwrap_or(false)
+    }
+
+    /// Components not ready, for the 503 body.
+    pub fn not_ready(&self) -> Vec<String> {
+        self.inner
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, r)| !**r)
+                    .map(|(k, _)| k.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(r): State<Readiness>) -> impl IntoResponse {
+    if r.is_ready() {
+        (StatusCode::OK, "ok".to_string())
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "Service Unavailable: not ready: {}",
+                r.not_ready().join(", ")
+            ),
+        )
+    }
+}
+
+async fn metrics_handler(State(m): State<Metrics>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics::render(&m.registry()),
+    )
+}
+
+/// Binds the health server; returns the bound address. Errors are returned, not ignored (L18).
+pub async fn serve_health(
+    port: u16,
+    readiness: Readiness,
+    stop: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let app: Router<()> = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(readiness);
+    serve(port, app, stop).await
+}
+
+/// Binds the metrics server; returns the bound address.
+pub async fn serve_metrics(
+    port: u16,
+    m: Metrics,
+    stop: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let app: Router<()> = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .with_state(m);
+    serve(port, app, stop).await
+}
+
+async fn serve(port: u16, app: Router<()>, stop: CancellationToken) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(("0.0.0.0", port)).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let res = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(e) = res {
+            tracing::error!("HTTP server on {addr} failed: {e}");
+        }
+    });
+    Ok(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_needs_all_components() {
+        let r = Readiness::default();
+        assert!(!r.is_ready());
+        r.register("installer");
+        assert!(!r.is_ready());
+        r.set("installer", true);
+        assert!(r.is_ready());
+        r.register("agent");
+        assert!(!r.is_ready());
+        assert_eq!(r.not_ready(), vec!["agent".to_string()]);
+    }
+}

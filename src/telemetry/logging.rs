@@ -1,0 +1,255 @@
+//! Logging setup: Istio's text format (`<RFC3339 UTC micros>\t<level>\t<scope>\t<msg>\t<k=v ...>`)
+//! or JSON lines, per-scope levels, to stderr/stdout/a file.
+//!
+//! Scopes: events of this crate are `cni-agent`; events re-emitted for the plugin use the target
+//! `cni-plugin`; everything else (libraries) is `default`. Re-emitted plugin records carry their
+//! original time in the field [`TIME_FIELD`] and their extra keys as a JSON object in
+//! [`FIELDS_FIELD`]; the formatter puts both back in place.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value};
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// Target (and scope) of re-emitted plugin records.
+pub const PLUGIN_TARGET: &str = "cni-plugin";
+/// Field holding a re-emitted record's original time.
+pub const TIME_FIELD: &str = "orig_time";
+/// Field holding a re-emitted record's extra keys (a JSON object).
+pub const FIELDS_FIELD: &str = "orig_fields";
+
+/// Minimum level per scope; `None` in the map = scope silenced.
+#[derive(Debug, Clone)]
+pub struct ScopeLevels {
+    /// Level of scopes not listed.
+    pub default: Option<Level>,
+    pub scopes: BTreeMap<String, Option<Level>>,
+}
+
+impl ScopeLevels {
+    fn allows(&self, scope: &str, level: &Level) -> bool {
+        let min = self.scopes.get(scope).copied().unwrap_or(self.default);
+        // tracing orders levels by verbosity: TRACE > DEBUG > INFO > WARN > ERROR.
+        min.is_some_and(|m| level <= &m)
+    }
+}
+
+/// Output format and destination.
+#[derive(Debug, Clone)]
+pub struct LogSettings {
+    pub levels: ScopeLevels,
+    pub json: bool,
+    /// `None` = stderr.
+    pub file: Option<PathBuf>,
+    pub stdout: bool,
+}
+
+/// The scope of an event target.
+pub fn scope_of(target: &str) -> &'static str {
+    if target == PLUGIN_TARGET {
+        PLUGIN_TARGET
+    } else if target.starts_with("istio_cni") {
+        "cni-agent"
+    } else {
+        "default"
+    }
+}
+
+/// Installs the global subscriber.
+pub fn init(settings: LogSettings) -> Result<(), String> {
+    let writer = if let Some(path) = &settings.file {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("opening log file {}: {e}", path.display()))?;
+        BoxMakeWriter::new(Mutex::new(f))
+    } else if settings.stdout {
+        BoxMakeWriter::new(io::stdout)
+    } else {
+        BoxMakeWriter::new(io::stderr)
+    };
+    let levels = settings.levels.clone();
+    let filter = tracing_subscriber::filter::filter_fn(move |meta| {
+        levels.allows(scope_of(meta.target()), meta.level())
+    });
+    let layer = tracing_subscriber::fmt::layer()
+        .event_format(IstioFormat {
+            json: settings.json,
+        })
+        .with_writer(writer)
+        .with_ansi(false);
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::Layer::with_filter(layer, filter))
+        .try_init()
+        .map_err(|e| format!("setting up logging: {e}"))
+}
+
+/// The formatter.
+pub struct IstioFormat {
+    pub json: bool,
+}
+
+#[derive(Default)]
+struct Collect {
+    message: String,
+    time: Option<String>,
+    extra: Option<Map<String, Value>>,
+    fields: Vec<(String, String)>,
+}
+
+impl Visit for Collect {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        match field.name() {
+            TIME_FIELD => self.time = Some(value.to_string()),
+            FIELDS_FIELD => self.extra = serde_json::from_str(value).ok(),
+            "message" => self.message = value.to_string(),
+            name => self.fields.push((name.to_string(), value.to_string())),
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let text = format!("{value:?}");
+        match field.name() {
+            "message" => self.message = text,
+            TIME_FIELD | FIELDS_FIELD => self.record_str(field, &text),
+            name => self.fields.push((name.to_string(), text)),
+        }
+    }
+}
+
+fn level_name(level: &Level) -> &'static str {
+    match *level {
+        Level::ERROR => "error",
+        Level::WARN => "warn",
+        Level::INFO => "info",
+        _ => "debug",
+    }
+}
+
+impl<S, N> FormatEvent<S, N> for IstioFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut c = Collect::default();
+        event.record(&mut c);
+        let meta = event.metadata();
+        let time = c
+            .time
+            .take()
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| rfc3339_micros(SystemTime::now()));
+        let level = level_name(meta.level());
+        let scope = scope_of(meta.target());
+        let mut extra: Vec<(String, Value)> = c
+            .fields
+            .into_iter()
+            .map(|(k, v)| (k, Value::String(v)))
+            .collect();
+        if let Some(map) = c.extra {
+            extra.extend(map);
+        }
+        if self.json {
+            let mut obj = Map::new();
+            obj.insert("time".into(), Value::String(time));
+            obj.insert("level".into(), Value::String(level.into()));
+            obj.insert("scope".into(), Value::String(scope.into()));
+            obj.insert("msg".into(), Value::String(c.message));
+            for (k, v) in extra {
+                obj.entry(k).or_insert(v);
+            }
+            let line = serde_json::to_string(&Value::Object(obj)).map_err(|_| fmt::Error)?;
+            writeln!(w, "{line}")
+        } else {
+            write!(w, "{time}\t{level}\t{scope}\t{}", c.message)?;
+            let mut first = true;
+            for (k, v) in extra {
+                w.write_char(if first { '\t' } else { ' ' })?;
+                first = false;
+                match v {
+                    Value::String(s) => write!(w, "{k}={s}")?,
+                    other => write!(w, "{k}={other}")?,
+                }
+            }
+            writeln!(w)
+        }
+    }
+}
+
+/// `2024-01-02T03:04:05.123456Z`.
+pub fn rfc3339_micros(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, day) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        d.subsec_micros()
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn time_format() {
+        assert_eq!(rfc3339_micros(UNIX_EPOCH), "1970-01-01T00:00:00.000000Z");
+        let t = UNIX_EPOCH + Duration::from_micros(1_709_251_199_123_456);
+        assert_eq!(rfc3339_micros(t), "2024-02-29T23:59:59.123456Z");
+    }
+
+    #[test]
+    fn scope_filter() {
+        let mut scopes = BTreeMap::new();
+        scopes.insert("cni-plugin".to_string(), Some(Level::DEBUG));
+        scopes.insert("default".to_string(), None);
+        let l = ScopeLevels {
+            default: Some(Level::WARN),
+            scopes,
+        };
+        assert!(l.allows("cni-plugin", &Level::DEBUG));
+        assert!(!l.allows("cni-agent", &Level::INFO));
+        assert!(l.allows("cni-agent", &Level::ERROR));
+        assert!(!l.allows("default", &Level::ERROR));
+        assert_eq!(scope_of("istio_cni::install::guard"), "cni-agent");
+        assert_eq!(scope_of("notify::inotify"), "default");
+    }
+}
