@@ -185,8 +185,9 @@ where
             for (k, v) in extra {
                 w.write_char(if first { '\t' } else { ' ' })?;
                 first = false;
+                // One record, one line: newlines in values are escaped.
                 match v {
-                    Value::String(s) => write!(w, "{k}={s}")?,
+                    Value::String(s) => write!(w, "{k}={}", s.replace('\n', "\\n"))?,
                     other => write!(w, "{k}={other}")?,
                 }
             }
