@@ -31,6 +31,12 @@ pub struct Dirs {
     pub sa: PathBuf,
 }
 
+impl Default for Dirs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Dirs {
     pub fn new() -> Self {
         let tmp = tempfile::tempdir().expect("tempdir");
