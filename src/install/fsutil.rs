@@ -110,7 +110,7 @@ pub fn mode_of(path: &Path) -> Option<u32> {
 }
 
 /// Identity of a file version: if none of these changed, its content did not either.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FileStamp {
     dev: u64,
     ino: u64,

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use notify::{EventKind, RecursiveMode, Watcher};
 use tracing::{debug, error, info, warn};
 
+use super::fsutil::FileStamp;
 use super::installer::{InstallError, Installer, Outcome, WatchTarget};
 
 /// What the guard reports to the outside (readiness, metrics).
@@ -235,7 +236,9 @@ fn sleep(rx: &Receiver<Msg>, d: Duration) -> bool {
 fn run(installer: &mut Installer, obs: &dyn GuardObserver, tx: Sender<Msg>, rx: Receiver<Msg>) {
     let targets = installer.watch_targets();
     let mut throttle = Throttle::new();
-    let mut hold: Option<Duration> = None;
+    // After a failed pass or one that found no primary: how long to wait for a change, and the
+    // inputs that pass saw (a change that slipped in before the new watcher voids the hold).
+    let mut hold: Option<(Duration, Vec<(String, Option<FileStamp>)>)> = None;
     let mut retry = RETRY_MIN;
     let mut ready = false;
     let mut waiting_logged: Option<String> = None;
@@ -265,8 +268,10 @@ fn run(installer: &mut Installer, obs: &dyn GuardObserver, tx: Sender<Msg>, rx: 
                 continue;
             }
             Err(reason) => {
-                if let Some(d) = hold.take() {
-                    // After a failure or while waiting for a primary: wait for a change first.
+                if let Some((d, seen)) = hold.take()
+                    && seen == installer.inputs_fingerprint()
+                {
+                    // Nothing changed since that pass: wait for a change (or the retry delay).
                     if wait(&rx, &targets, d.min(poll)) {
                         return;
                     }
@@ -299,6 +304,7 @@ fn run(installer: &mut Installer, obs: &dyn GuardObserver, tx: Sender<Msg>, rx: 
         if !delay.is_zero() && sleep(&rx, delay) {
             return;
         }
+        let seen = installer.inputs_fingerprint();
         match installer.install_all() {
             Ok(Outcome::Installed) => {
                 waiting_logged = None;
@@ -308,11 +314,11 @@ fn run(installer: &mut Installer, obs: &dyn GuardObserver, tx: Sender<Msg>, rx: 
                     info!("{what}");
                     waiting_logged = Some(what);
                 }
-                hold = Some(Duration::from_secs(5));
+                hold = Some((Duration::from_secs(5), seen));
             }
             Err(e) => {
                 report_failure(obs, &e);
-                hold = Some(retry);
+                hold = Some((retry, seen));
                 retry = (retry * 2).min(RETRY_MAX);
             }
         }

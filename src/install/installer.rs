@@ -157,6 +157,31 @@ impl Installer {
         t
     }
 
+    /// A cheap fingerprint of the inputs (conf dir entries, token, CA): if it is unchanged, a
+    /// pass that failed or found no primary would fail the same way again.
+    pub fn inputs_fingerprint(&self) -> Vec<(String, Option<FileStamp>)> {
+        let mut v: Vec<(String, Option<FileStamp>)> = fs::read_dir(self.dir())
+            .map(|r| {
+                r.flatten()
+                    .map(|e| {
+                        (
+                            e.file_name().to_string_lossy().into_owned(),
+                            FileStamp::of(&e.path()),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        for p in [
+            self.cfg.service_account_dir.join("token"),
+            self.cfg.kube_ca_file.clone(),
+        ] {
+            v.push((p.display().to_string(), FileStamp::of(&p)));
+        }
+        v
+    }
+
     // ---- binaries ----
 
     fn binary_ok(&mut self, target: &Path) -> bool {
