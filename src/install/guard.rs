@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use notify::{EventKind, RecursiveMode, Watcher};
 use tracing::{debug, error, info, warn};
 
-use super::fsutil::FileStamp;
-use super::installer::{InstallError, Installer, Outcome, WatchTarget};
+use super::installer::{Fingerprint, InstallError, Installer, Outcome, WatchTarget};
 
 /// What the guard reports to the outside (readiness, metrics).
 pub trait GuardObserver: Send + 'static {
@@ -238,7 +237,7 @@ fn run(installer: &mut Installer, obs: &dyn GuardObserver, tx: Sender<Msg>, rx: 
     let mut throttle = Throttle::new();
     // After a failed pass or one that found no primary: how long to wait for a change, and the
     // inputs that pass saw (a change that slipped in before the new watcher voids the hold).
-    let mut hold: Option<(Duration, Vec<(String, Option<FileStamp>)>)> = None;
+    let mut hold: Option<(Duration, Fingerprint)> = None;
     let mut retry = RETRY_MIN;
     let mut ready = false;
     let mut waiting_logged: Option<String> = None;

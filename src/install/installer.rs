@@ -62,6 +62,9 @@ struct RestoreRecord {
     mode: u32,
 }
 
+/// See [`Installer::inputs_fingerprint`].
+pub type Fingerprint = Vec<(String, Option<FileStamp>)>;
+
 /// Installer state across passes.
 pub struct Installer {
     cfg: InstallConfig,
@@ -159,7 +162,7 @@ impl Installer {
 
     /// A cheap fingerprint of the inputs (conf dir entries, token, CA): if it is unchanged, a
     /// pass that failed or found no primary would fail the same way again.
-    pub fn inputs_fingerprint(&self) -> Vec<(String, Option<FileStamp>)> {
+    pub fn inputs_fingerprint(&self) -> Fingerprint {
         let mut v: Vec<(String, Option<FileStamp>)> = fs::read_dir(self.dir())
             .map(|r| {
                 r.flatten()
