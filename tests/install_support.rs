@@ -224,6 +224,14 @@ impl Drop for Agent {
     }
 }
 
+/// A port that was free a moment ago (MONITORING_PORT=0 means "disabled", as in Istio).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
 /// Polls `f` until it returns Some or the timeout passes.
 pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;

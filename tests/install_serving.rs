@@ -1,0 +1,306 @@
+//! Health, readiness, metrics, the plugin log sink and startup errors of the real binary.
+
+#[path = "install_support.rs"]
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use support::*;
+
+const T: Duration = Duration::from_secs(30);
+
+fn status(port: u16, path: &str) -> Option<u16> {
+    http_get(port, path).map(|(s, _)| s)
+}
+
+#[test]
+fn readiness_follows_the_install_and_metrics_count_it() {
+    let d = Dirs::new();
+    let mut env = d.base_env();
+    env.push(("MONITORING_PORT".into(), free_port().to_string()));
+    let mut agent = start(&env, &[]);
+    let health = agent.port("health server");
+    let metrics = agent.port("metrics server");
+    assert_eq!(status(health, "/healthz"), Some(200));
+    // No primary config yet: alive but not ready.
+    agent.wait_line("waiting for a valid primary CNI config", T);
+    assert_eq!(status(health, "/readyz"), Some(503));
+    let (_, body) = http_get(metrics, "/metrics").expect("metrics");
+    assert!(body.contains("istio_cni_install_ready 0"), "{body}");
+
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    assert!(
+        wait_for(T, || (status(health, "/readyz") == Some(200)).then_some(())).is_some(),
+        "never ready:\n{}",
+        agent.output()
+    );
+    let (code, body) = http_get(metrics, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    assert!(body.contains("istio_cni_install_ready 1"), "{body}");
+    assert!(
+        body.contains("istio_cni_installs_total{result=\"SUCCESS\"} 1"),
+        "{body}"
+    );
+    // Labelled families of components without samples yet are not listed; gauges always are.
+    for name in [
+        "# TYPE istio_cni_installs counter",
+        "# TYPE istio_cni_install_ready gauge",
+        "# TYPE ztunnel_connected gauge",
+    ] {
+        assert!(body.contains(name), "{name} missing:\n{body}");
+    }
+
+    // Something removes our entry: repaired, ready again, and counted.
+    std::fs::write(d.net.join("10-list.conflist"), testdata("list.conflist")).expect("revert");
+    assert!(
+        wait_for(T, || {
+            let (_, b) = http_get(metrics, "/metrics")?;
+            b.contains("istio_cni_installs_total{result=\"SUCCESS\"} 2")
+                .then_some(())
+        })
+        .is_some(),
+        "repair not counted:\n{}",
+        agent.output()
+    );
+    assert!(wait_for(T, || (status(health, "/readyz") == Some(200)).then_some(())).is_some());
+
+    // While shutting down readiness drops before cleanup runs; the process exits 0.
+    assert!(agent.terminate(T).success());
+    assert_eq!(status(health, "/healthz"), None, "server stopped");
+}
+
+#[test]
+fn log_sink_reemits_plugin_records_with_their_own_level_time_and_fields() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    // The agent logs at info, the plugin scope at debug: independent scopes (Istio bug B16).
+    let mut agent = start(&d.base_env(), &["--log_output_level=info,cni-plugin:debug"]);
+    let sock = d.run.join("log.sock");
+    agent.wait_line("plugin log sink listening", T);
+
+    // A stale socket file is replaced on start, and the socket is world-writable.
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&sock).expect("sock").permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o666);
+
+    let rec = |level: &str, msg: &str, extra: &str| {
+        serde_json::to_string(&format!(
+            r#"{{"level":"{level}","time":"2024-05-06T07:08:09.123456Z","msg":"{msg}"{extra}}}"#
+        ))
+        .expect("json string")
+    };
+    let body = format!(
+        "[{},{},{},{}]",
+        rec(
+            "info",
+            "hello from the plugin",
+            r#","pod":"default/p1","netns":"/var/run/netns/x""#
+        ),
+        rec("debug", "plugin debug detail", ""),
+        rec("trace", "dropped: unknown level", ""),
+        serde_json::to_string("not json").expect("json")
+    );
+    // Posted by another process (curl) when it is installed, as a real plugin would.
+    let via_curl = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--unix-socket",
+        ])
+        .arg(&sock)
+        .args(["-X", "POST", "--data-binary", &body, "http://localhost/log"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    match via_curl {
+        Some(code) => assert_eq!(code, "200"),
+        None => assert_eq!(uds_post(&sock, "/log", &body).map(|r| r.0), Some(200)),
+    }
+    let line = agent.wait_line("hello from the plugin", T);
+    assert_eq!(
+        line,
+        "2024-05-06T07:08:09.123456Z\tinfo\tcni-plugin\thello from the plugin\tnetns=/var/run/netns/x pod=default/p1"
+    );
+    let dbg = agent.wait_line("plugin debug detail", T);
+    assert!(
+        dbg.starts_with("2024-05-06T07:08:09.123456Z\tdebug\tcni-plugin\t"),
+        "{dbg}"
+    );
+    assert!(!agent.output().contains("dropped: unknown level"));
+    // Garbage gets a 200 too: a plugin must never fail over logging.
+    assert_eq!(
+        uds_post(&sock, "/log", "{not an array").map(|r| r.0),
+        Some(200)
+    );
+
+    // Two plugins posting at once: each batch comes out in one piece.
+    let batch = |tag: char| {
+        let recs: Vec<String> = (0..40)
+            .map(|i| rec("info", &format!("batch-{tag} line {i}"), ""))
+            .collect();
+        format!("[{}]", recs.join(","))
+    };
+    let (a, b) = (batch('a'), batch('b'));
+    let sa = sock.clone();
+    let t = std::thread::spawn(move || uds_post(&sa, "/log", &a));
+    let rb = uds_post(&sock, "/log", &b);
+    let ra = t.join().expect("thread");
+    assert_eq!((ra.map(|r| r.0), rb.map(|r| r.0)), (Some(200), Some(200)));
+    agent.wait_line("batch-a line 39", T);
+    agent.wait_line("batch-b line 39", T);
+    let out = agent.output();
+    let tags: Vec<char> = out
+        .lines()
+        .filter_map(|l| l.split("batch-").nth(1).and_then(|r| r.chars().next()))
+        .collect();
+    let switches = tags.windows(2).filter(|w| w[0] != w[1]).count();
+    assert_eq!(switches, 1, "batches interleaved: {tags:?}");
+
+    assert!(agent.terminate(T).success());
+    assert!(!sock.exists(), "socket removed on shutdown");
+}
+
+#[test]
+fn stale_socket_is_replaced_and_json_logs_work() {
+    let d = Dirs::new();
+    std::fs::create_dir_all(&d.run).expect("run dir");
+    std::fs::write(d.run.join("log.sock"), b"stale").expect("stale");
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    let mut agent = start(&d.base_env(), &["--log_as_json"]);
+    let line = agent.wait_line("plugin log sink listening", T);
+    let v: serde_json::Value = serde_json::from_str(&line).expect("json log line");
+    assert_eq!(v["scope"], "cni-agent");
+    assert_eq!(v["level"], "info");
+    assert!(
+        v["time"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z') && t.len() == 27),
+        "{v}"
+    );
+    let body = format!(
+        "[{}]",
+        serde_json::to_string(r#"{"level":"warn","time":"t0","msg":"m","k":1}"#).expect("json")
+    );
+    assert_eq!(
+        uds_post(&d.run.join("log.sock"), "/log", &body).map(|r| r.0),
+        Some(200)
+    );
+    let l = agent.wait_line("\"msg\":\"m\"", T);
+    let v: serde_json::Value = serde_json::from_str(&l).expect("json");
+    assert_eq!(
+        (
+            v["scope"].as_str(),
+            v["level"].as_str(),
+            v["time"].as_str(),
+            v["k"].as_i64()
+        ),
+        (Some("cni-plugin"), Some("warn"), Some("t0"), Some(1))
+    );
+    assert!(agent.terminate(T).success());
+}
+
+fn run_to_exit(env: &[(String, String)], args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin())
+        .arg("install-cni")
+        .args(args)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .expect("run");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn invalid_settings_stop_startup_naming_the_variable() {
+    let d = Dirs::new();
+    for (k, v, needle) in [
+        ("HEALTH_PORT", "99999", "HEALTH_PORT"),
+        ("KUBECONFIG_MODE", "rwx", "KUBECONFIG_MODE"),
+        ("CHAINED_CNI_PLUGIN", "maybe", "CHAINED_CNI_PLUGIN"),
+        (
+            "AMBIENT_ENABLEMENT_SELECTOR",
+            "- podSelector:\n    matchLabels: [\n",
+            "AMBIENT_ENABLEMENT_SELECTOR",
+        ),
+        (
+            "AMBIENT_ENABLEMENT_SELECTOR",
+            "[{\"podSelector\":{\"matchExpressions\":[{\"key\":\"a\",\"operator\":\"Near\"}]}}]",
+            "AMBIENT_ENABLEMENT_SELECTOR",
+        ),
+    ] {
+        let mut env = d.base_env();
+        env.push((k.to_string(), v.to_string()));
+        let (code, _, err) = run_to_exit(&env, &[]);
+        assert_ne!(code, 0, "{k}={v:?} accepted");
+        assert!(err.contains(needle), "{k}: {err}");
+    }
+    let (code, _, err) = run_to_exit(&d.base_env(), &["--monitoring-port=x"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--monitoring-port"), "{err}");
+}
+
+#[test]
+fn help_lists_every_flag_with_its_env_name() {
+    let (code, out, _) = run_to_exit(&[], &["--help"]);
+    assert_eq!(code, 0);
+    for (flag, env) in [
+        ("--cni-conf-name", "CNI_CONF_NAME"),
+        ("--chained-cni-plugin", "CHAINED_CNI_PLUGIN"),
+        (
+            "--istio-owned-cni-config-filename",
+            "ISTIO_OWNED_CNI_CONFIG_FILENAME",
+        ),
+        ("--mounted-cni-net-dir", "MOUNTED_CNI_NET_DIR"),
+        ("--cni-bin-dirs", "CNI_BIN_DIRS"),
+        ("--cni-agent-run-dir", "CNI_AGENT_RUN_DIR"),
+        ("--kubeconfig-mode", "KUBECONFIG_MODE"),
+        ("--service-account-dir", "SERVICE_ACCOUNT_DIR"),
+        ("--host-proc-dir", "HOST_PROC_DIR"),
+        ("--host-netns-dir", "HOST_NETNS_DIR"),
+        ("--health-port", "HEALTH_PORT"),
+        ("--monitoring-port", "MONITORING_PORT"),
+        (
+            "--repair-init-container-exit-code",
+            "REPAIR_INIT_CONTAINER_EXIT_CODE",
+        ),
+        ("--log-output-level", "LOG_OUTPUT_LEVEL"),
+    ] {
+        assert!(
+            out.contains(flag) && out.contains(env),
+            "{flag}/{env} missing from help:\n{out}"
+        );
+    }
+    let (code, out, _) = run_to_exit(&[], &["version"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("install-cni"), "{out}");
+}
+
+#[test]
+fn sigint_also_cleans_up() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    let mut agent = start(&d.base_env(), &[]);
+    assert!(
+        wait_for(T, || d
+            .read("10-list.conflist")
+            .filter(|c| has_istio_entry(c)))
+        .is_some()
+    );
+    agent.signal(nix::sys::signal::Signal::SIGINT);
+    assert!(agent.wait(T).success());
+    assert_eq!(
+        d.read("10-list.conflist"),
+        Some(testdata_str("list-no-istio.conflist"))
+    );
+    assert!(!d.bin.join("istio-cni").exists());
+}
