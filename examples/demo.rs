@@ -17,11 +17,18 @@ const POD_IP: &str = "10.254.77.2";
 const SERVER_IP: &str = "10.254.77.1";
 
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("cannot run ip: {e}"))?;
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run ip: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 
@@ -44,25 +51,63 @@ impl Drop for Cleanup {
 }
 
 fn main() -> Result<(), String> {
-    let binary = std::env::args().nth(1).ok_or("usage: demo <path to istio-cni-rs>")?;
+    let binary = std::env::args()
+        .nth(1)
+        .ok_or("usage: demo <path to istio-cni-rs>")?;
     drop(Cleanup); // leftovers of an interrupted run
     let _cleanup = Cleanup;
     for ns in [POD, SERVER] {
         ip(&["netns", "add", ns])?;
         ip(&["-n", ns, "link", "set", "lo", "up"])?;
     }
-    ip(&["-n", POD, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", SERVER])?;
-    ip(&["-n", POD, "addr", "add", &format!("{POD_IP}/24"), "dev", "eth0"])?;
-    ip(&["-n", SERVER, "addr", "add", &format!("{SERVER_IP}/24"), "dev", "eth0"])?;
+    ip(&[
+        "-n", POD, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", SERVER,
+    ])?;
+    ip(&[
+        "-n",
+        POD,
+        "addr",
+        "add",
+        &format!("{POD_IP}/24"),
+        "dev",
+        "eth0",
+    ])?;
+    ip(&[
+        "-n",
+        SERVER,
+        "addr",
+        "add",
+        &format!("{SERVER_IP}/24"),
+        "dev",
+        "eth0",
+    ])?;
     ip(&["-n", POD, "link", "set", "eth0", "up"])?;
     ip(&["-n", SERVER, "link", "set", "eth0", "up"])?;
     println!("== created pod netns {POD} ({POD_IP}) and server netns {SERVER} ({SERVER_IP})");
 
     let args = [
-        "istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
-        "-d", "15090,15021,15020",
+        "istio-iptables",
+        "-p",
+        "15001",
+        "-z",
+        "15006",
+        "-u",
+        "1337",
+        "-m",
+        "REDIRECT",
+        "-i",
+        "*",
+        "-x",
+        "",
+        "-b",
+        "*",
+        "-d",
+        "15090,15021,15020",
     ];
-    println!("== ip netns exec {POD} istio-iptables {}", args[1..].join(" "));
+    println!(
+        "== ip netns exec {POD} istio-iptables {}",
+        args[1..].join(" ")
+    );
     let started = Instant::now();
     let out = Command::new("ip")
         .args(["netns", "exec", POD, &binary])
@@ -70,7 +115,10 @@ fn main() -> Result<(), String> {
         .output()
         .map_err(|e| format!("cannot run {binary}: {e}"))?;
     if !out.status.success() {
-        return Err(format!("istio-iptables failed: {}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!(
+            "istio-iptables failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
     println!("   applied in {:?}", started.elapsed());
 
@@ -78,8 +126,12 @@ fn main() -> Result<(), String> {
     let proxy = in_netns(POD, || TcpListener::bind("0.0.0.0:15001")).map_err(|e| e.to_string())?;
     proxy.set_nonblocking(true).map_err(|e| e.to_string())?;
     // The "application": dials the server; nothing listens there, the rules send it to 15001.
-    let target: SocketAddr = format!("{SERVER_IP}:80").parse().map_err(|e| format!("{e}"))?;
-    let connected = in_netns(POD, move || TcpStream::connect_timeout(&target, Duration::from_secs(2)).is_ok());
+    let target: SocketAddr = format!("{SERVER_IP}:80")
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+    let connected = in_netns(POD, move || {
+        TcpStream::connect_timeout(&target, Duration::from_secs(2)).is_ok()
+    });
     println!("== the app in the pod dialed {target}: connected = {connected}");
     let deadline = Instant::now() + Duration::from_secs(2);
     let mut landed = None;
@@ -103,8 +155,14 @@ fn main() -> Result<(), String> {
     }
 
     println!("== iptables-save in the pod netns:");
-    let save = Command::new("ip").args(["netns", "exec", POD, "iptables-save"]).output().map_err(|e| e.to_string())?;
-    for line in String::from_utf8_lossy(&save.stdout).lines().filter(|l| !l.starts_with('#')) {
+    let save = Command::new("ip")
+        .args(["netns", "exec", POD, "iptables-save"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    for line in String::from_utf8_lossy(&save.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+    {
         println!("   {line}");
     }
     println!("== done; namespaces removed");
