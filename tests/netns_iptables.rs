@@ -288,3 +288,51 @@ fn bad_input_changes_nothing() {
         );
     }
 }
+
+#[test]
+fn ipv6_and_tproxy_routes_are_set_up_idempotently() {
+    tools();
+    let env = PodAndServer::new("v6");
+    let args = [
+        "istio-iptables",
+        "-m",
+        "TPROXY",
+        "-b",
+        "*",
+        "-u",
+        "1337",
+        "--ipv6=true",
+    ];
+    assert_ok(&env.pod.try_exec(bin(), &args));
+    let v6 = String::from_utf8_lossy(&env.pod.exec("ip6tables-save", &[]).stdout).to_string();
+    assert!(
+        v6.contains("-j TPROXY") && v6.contains("::6/128"),
+        "IPv6 TPROXY rules missing:\n{v6}"
+    );
+    let lo = String::from_utf8_lossy(
+        &env.pod
+            .exec("ip", &["-6", "addr", "show", "dev", "lo"])
+            .stdout,
+    )
+    .to_string();
+    assert!(lo.contains("::6/128"), "::6/128 not on lo:\n{lo}");
+    let rules = String::from_utf8_lossy(&env.pod.exec("ip", &["rule"]).stdout).to_string();
+    assert!(rules.contains("fwmark 0x539 lookup 133"), "{rules}");
+    let route = String::from_utf8_lossy(
+        &env.pod
+            .exec("ip", &["route", "show", "table", "133"])
+            .stdout,
+    )
+    .to_string();
+    assert!(route.contains("local default dev lo"), "{route}");
+    // Re-run: nothing fails, nothing is duplicated.
+    let v4_before = env.pod.iptables_state();
+    assert_ok(&env.pod.try_exec(bin(), &args));
+    assert_eq!(env.pod.iptables_state(), v4_before);
+    let rules_again = String::from_utf8_lossy(&env.pod.exec("ip", &["rule"]).stdout).to_string();
+    assert_eq!(
+        rules_again.matches("fwmark 0x539").count(),
+        1,
+        "{rules_again}"
+    );
+}

@@ -115,15 +115,13 @@ pub fn add_address(iface: &str, addr: IpAddr, prefix_len: u8) -> Result<(), Netl
     ))
 }
 
-/// `ip rule add fwmark MARK[/MASK] [pref PRIO] lookup TABLE` for one family.
-pub fn add_fwmark_rule(
+fn fwmark_rule(
     ipv6: bool,
     mark: u32,
     mask: Option<u32>,
     priority: Option<u32>,
     table: u32,
-    tolerate_exists: bool,
-) -> Result<(), NetlinkError> {
+) -> RuleMessage {
     let mut msg = RuleMessage::default();
     msg.header.family = if ipv6 {
         AddressFamily::Inet6
@@ -139,16 +137,33 @@ pub fn add_fwmark_rule(
     if let Some(p) = priority {
         msg.attributes.push(RuleAttribute::Priority(p));
     }
-    let result = request(
-        RouteNetlinkMessage::NewRule(msg),
-        NLM_F_CREATE | NLM_F_EXCL,
-        &format!("add ip rule fwmark {mark} lookup {table}"),
-    );
-    if tolerate_exists {
-        ignore_exists(result)
-    } else {
-        result
+    msg
+}
+
+/// Makes sure exactly one `ip rule fwmark MARK[/MASK] [pref PRIO] lookup TABLE` exists for one
+/// family. Without a priority the kernel would add a duplicate on every run, so earlier copies are
+/// deleted first.
+pub fn ensure_fwmark_rule(
+    ipv6: bool,
+    mark: u32,
+    mask: Option<u32>,
+    priority: Option<u32>,
+    table: u32,
+) -> Result<(), NetlinkError> {
+    let what = format!("ip rule fwmark {mark} lookup {table}");
+    // Bounded: each successful delete removes one copy.
+    for _ in 0..64 {
+        let rule = fwmark_rule(ipv6, mark, mask, priority, table);
+        if request(RouteNetlinkMessage::DelRule(rule), 0, &what).is_err() {
+            break;
+        }
     }
+    let rule = fwmark_rule(ipv6, mark, mask, priority, table);
+    request(
+        RouteNetlinkMessage::NewRule(rule),
+        NLM_F_CREATE | NLM_F_EXCL,
+        &what,
+    )
 }
 
 /// `ip route replace local 0.0.0.0/0 (or ::/0) dev IFACE table TABLE`.
@@ -211,8 +226,8 @@ pub fn apply_sidecar_routes(cfg: &CaptureConfig) -> Result<(), NetlinkError> {
             &[false]
         };
         for &ipv6 in families {
-            // Unlike Istio, a rule left by an earlier run is not an error: re-runs stay idempotent.
-            add_fwmark_rule(ipv6, mark, None, None, table, true)?;
+            // Unlike Istio, a re-run neither fails nor stacks duplicate rules.
+            ensure_fwmark_rule(ipv6, mark, None, None, table)?;
             replace_local_default_route(ipv6, "lo", table)?;
         }
     }
