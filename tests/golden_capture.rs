@@ -95,3 +95,12 @@ fn iptables_capture_goldens() {
     let ran = run_cases("tools/istio-iptables/pkg/capture/testdata/");
     assert!(ran >= 14, "expected the shipped capture cases, ran {ran}");
 }
+
+#[test]
+fn nftables_capture_goldens() {
+    let ran = run_cases("tools/istio-nftables/pkg/capture/testdata/");
+    assert!(
+        ran >= 15,
+        "expected the shipped nftables capture cases, ran {ran}"
+    );
+}

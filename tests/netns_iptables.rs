@@ -336,3 +336,35 @@ fn ipv6_and_tproxy_routes_are_set_up_idempotently() {
         "{rules_again}"
     );
 }
+
+#[test]
+fn native_nftables_redirects_and_cleans_up() {
+    tools();
+    require_tool("nft", "nftables");
+    let env = PodAndServer::new("nft");
+    let mut args = vec!["istio-iptables", "--native-nftables"];
+    args.extend_from_slice(INIT_ARGS);
+    assert_ok(&env.pod.try_exec(bin(), &args));
+    let ruleset = |env: &PodAndServer| {
+        String::from_utf8_lossy(&env.pod.exec("nft", &["list", "ruleset"]).stdout).to_string()
+    };
+    let first = ruleset(&env);
+    assert!(first.contains("table inet istio-proxy-nat"), "{first}");
+    assert_ok(&env.pod.try_exec(bin(), &args));
+    assert_eq!(ruleset(&env), first, "re-apply must replace, not stack");
+
+    let proxy = env.pod.listen("0.0.0.0:15001");
+    let target = format!("{}:8080", env.server_ip);
+    assert!(env.pod.connect(&target));
+    let orig = accept_within(&proxy, Duration::from_secs(2)).expect("no connection on 15001");
+    assert_eq!(orig.to_string(), target);
+
+    assert_ok(&env.pod.try_exec(
+        bin(),
+        &["istio-iptables", "--native-nftables", "--cleanup-only"],
+    ));
+    assert!(
+        !ruleset(&env).contains("istio-proxy"),
+        "cleanup left tables"
+    );
+}

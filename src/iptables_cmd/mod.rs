@@ -78,11 +78,6 @@ fn run(flags: &Flags, env: &dyn Env, explicit_false: &HashSet<String>) -> i32 {
     for w in warnings {
         warn!("{w}");
     }
-    if settings.native_nftables {
-        error!("--native-nftables is not supported by this build yet; use the iptables backend");
-        return EXIT_FAILURE;
-    }
-
     let host_ip = match host::fill_host_facts(&mut settings, env) {
         Ok(ip) => ip,
         Err(e) => {
@@ -90,13 +85,12 @@ fn run(flags: &Flags, env: &dyn Env, explicit_false: &HashSet<String>) -> i32 {
             return EXIT_FAILURE;
         }
     };
-    let rules = rules::capture::build(&settings.capture);
-
     if !settings.skip_rule_apply {
-        let result = if settings.dry_run {
-            dry_run(&settings, &rules)
-        } else {
-            apply_rules(&settings, rules)
+        let result = match (settings.native_nftables, settings.dry_run) {
+            (false, true) => dry_run(&settings, &rules::capture::build(&settings.capture)),
+            (false, false) => apply_rules(&settings, rules::capture::build(&settings.capture)),
+            (true, true) => emit_dry_run(&settings, nft_transaction(&settings)),
+            (true, false) => apply_nft(&settings),
         };
         if let Err(e) = result {
             error!("{e}");
@@ -122,11 +116,51 @@ fn dry_run(settings: &Settings, rules: &RuleSet) -> Result<(), String> {
     let lines = transcript::sidecar(rules, settings.capture.enable_ipv6, settings.cleanup_only);
     let mut text = lines.join("\n");
     text.push('\n');
+    emit_dry_run(settings, text)
+}
+
+/// Prints a dry-run text and writes it to $DRY_RUN_FILE_PATH when set.
+fn emit_dry_run(settings: &Settings, text: String) -> Result<(), String> {
     if let Some(path) = &settings.dry_run_file {
         crate::iptables_cmd::transcript::write_file(Path::new(path), &text)
             .map_err(|e| format!("cannot write DRY_RUN_FILE_PATH {path}: {e}"))?;
     }
     print!("{text}");
+    Ok(())
+}
+
+/// The nftables transaction for the settings: our tables replaced, or removed with --cleanup-only.
+fn nft_transaction(settings: &Settings) -> String {
+    use rules::nftables::{NftTable, render_cleanup, render_transaction};
+    if settings.cleanup_only {
+        render_cleanup(&NftTable::SIDECAR)
+    } else {
+        render_transaction(
+            &rules::nft_capture::build(&settings.capture),
+            &NftTable::SIDECAR,
+        )
+    }
+}
+
+fn apply_nft(settings: &Settings) -> Result<(), String> {
+    let transaction = nft_transaction(settings);
+    let capture = settings.capture.clone();
+    let cleanup_only = settings.cleanup_only;
+    let work = move || -> Result<(), String> {
+        apply::nft::apply_transaction(&mut apply::ProcessExecutor, &transaction)
+            .map_err(|e| e.to_string())?;
+        if !cleanup_only {
+            crate::netlink::routes::apply_sidecar_routes(&capture).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    match (&settings.network_namespace, settings.cni_mode) {
+        (Some(ns), true) => {
+            crate::netns::run_in(Path::new(ns), work).map_err(|e| e.to_string())??
+        }
+        _ => work()?,
+    }
+    info!("nftables rules done");
     Ok(())
 }
 
