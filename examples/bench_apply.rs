@@ -104,7 +104,8 @@ fn main() {
         // Alternate which goes first so drift on a noisy machine hits both equally.
         let run_ours = |n: &str| {
             let mut c = Command::new(&binary);
-            c.arg("istio-iptables").args(INIT_ARGS);
+            // A fresh netns has no pod address to detect the IP family from: pin it.
+            c.arg("istio-iptables").args(INIT_ARGS).arg("--ipv6=false");
             time_in_fresh_netns(n, c, None)
         };
         let run_bare = |n: &str| {
