@@ -11,24 +11,7 @@ use std::time::{Duration, Instant};
 
 use nix::sched::{CloneFlags, setns};
 
-const INIT_ARGS: &[&str] = &[
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-x",
-    "",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-];
+use istio_cni::iptables_cmd::INJECTOR_DEFAULT_ARGS as INIT_ARGS;
 
 fn ip(args: &[&str]) {
     let ok = Command::new("ip")
