@@ -1,3 +1,13 @@
 //! Applying rule sets: iptables/ip6tables(-save/-restore) binary detection, locking, state
-//! verification, reconcile/cleanup, and the dry-run recorder that prints Istio's transcript.
+//! verification, reconcile/cleanup, and the dry-run transcript in Istio's format.
 //! May call: `rules`.
+
+pub mod exec;
+pub mod iptables;
+pub mod nft;
+
+pub use exec::{Cmd, CmdOutput, Executor, ProcessExecutor};
+pub use iptables::{
+    ApplyError, Binaries, ForceBinary, Outcome, SidecarOptions, apply_sidecar, apply_sidecar_here,
+    detect,
+};

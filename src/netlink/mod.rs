@@ -1,2 +1,119 @@
-//! Addresses, ip rules and routes via rtnetlink (no `ip` subprocess).
+//! Host facts and kernel network state: interface addresses (IPv6 detection), and addresses, ip
+//! rules and routes set via rtnetlink (no `ip` subprocess).
 //! May call: nothing else in this crate.
+
+use std::net::IpAddr;
+
+/// The address Istio treats as the host (or pod) IP, and whether IPv6 rules are needed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostIp {
+    pub addr: IpAddr,
+    pub ipv6: bool,
+}
+
+fn usable(addr: IpAddr) -> Option<IpAddr> {
+    let addr = match addr {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(addr),
+        v4 => v4,
+    };
+    let link_local = match addr {
+        IpAddr::V4(a) => {
+            a.is_link_local() || (a.octets()[0] == 224 && a.octets()[1] == 0 && a.octets()[2] == 0)
+        }
+        IpAddr::V6(a) => {
+            let s = a.segments();
+            (s[0] & 0xffc0) == 0xfe80 || (s[0] & 0xff0f) == 0xff02
+        }
+    };
+    (!addr.is_loopback() && !link_local).then_some(addr)
+}
+
+/// Picks the host IP from addresses in kernel order, as Istio does: skip loopback and link-local;
+/// without dual stack the first address decides; with dual stack IPv6 is on if any IPv6 address
+/// comes (the host IP is still the first one).
+pub fn pick_host_ip(addrs: impl IntoIterator<Item = IpAddr>, dual_stack: bool) -> Option<HostIp> {
+    let mut first: Option<IpAddr> = None;
+    for addr in addrs.into_iter().filter_map(usable) {
+        let first_addr = *first.get_or_insert(addr);
+        if !dual_stack {
+            return Some(HostIp {
+                addr: first_addr,
+                ipv6: first_addr.is_ipv6(),
+            });
+        }
+        if addr.is_ipv6() {
+            return Some(HostIp {
+                addr: first_addr,
+                ipv6: true,
+            });
+        }
+    }
+    first.map(|addr| HostIp { addr, ipv6: false })
+}
+
+/// The interface addresses of the calling thread's network namespace, in kernel order.
+pub fn interface_addresses() -> std::io::Result<Vec<IpAddr>> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(std::io::Error::from)?;
+    Ok(addrs
+        .filter_map(|ifa| {
+            let sa = ifa.address?;
+            if let Some(v4) = sa.as_sockaddr_in() {
+                Some(IpAddr::V4(v4.ip()))
+            } else {
+                sa.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+            }
+        })
+        .collect())
+}
+
+/// Detects the host IP of the calling thread's network namespace.
+pub fn detect_host_ip(dual_stack: bool) -> std::io::Result<Option<HostIp>> {
+    Ok(pick_host_ip(interface_addresses()?, dual_stack))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ips(list: &[&str]) -> Vec<IpAddr> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn first_usable_address_decides_without_dual_stack() {
+        let got =
+            pick_host_ip(ips(&["127.0.0.1", "fe80::1", "10.0.0.2", "fd00::2"]), false).unwrap();
+        assert_eq!(
+            got,
+            HostIp {
+                addr: "10.0.0.2".parse().unwrap(),
+                ipv6: false
+            }
+        );
+        let got = pick_host_ip(ips(&["::1", "fd00::2", "10.0.0.2"]), false).unwrap();
+        assert!(got.ipv6);
+    }
+
+    #[test]
+    fn dual_stack_turns_ipv6_on_when_any_ipv6_follows() {
+        let got = pick_host_ip(ips(&["10.0.0.2", "fd00::2"]), true).unwrap();
+        assert_eq!(
+            got,
+            HostIp {
+                addr: "10.0.0.2".parse().unwrap(),
+                ipv6: true
+            }
+        );
+        assert!(!pick_host_ip(ips(&["10.0.0.2"]), true).unwrap().ipv6);
+    }
+
+    #[test]
+    fn no_usable_address() {
+        assert_eq!(
+            pick_host_ip(ips(&["127.0.0.1", "169.254.1.1", "fe80::1"]), false),
+            None
+        );
+    }
+}
+
+pub mod routes;
