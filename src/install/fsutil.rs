@@ -75,6 +75,7 @@ fn split(path: &Path) -> Result<(&Path, String), FsError> {
 /// Writes `path` atomically: readers see the old content or the new, never a partial file.
 pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), FsError> {
     let (dir, name) = split(path)?;
+    remove_stale_temps(dir, &name);
     let mut tmp = tempfile::Builder::new()
         .prefix(&temp_prefix(&name))
         .tempfile_in(dir)
@@ -207,7 +208,28 @@ mod tests {
     }
 
     #[test]
-    fn copy_skips_nothing_but_clears_stale_temps() {
+    fn read_only_errors_carry_the_platform_hint() {
+        let e = FsError::new(
+            "creating temp file in",
+            Path::new("/host/opt/cni/bin"),
+            io::Error::from_raw_os_error(libc::EROFS),
+        );
+        assert!(e.is_read_only());
+        let text = e.to_string();
+        assert!(
+            text.contains("/host/opt/cni/bin") && text.contains("global.platform"),
+            "{text}"
+        );
+        let other = FsError::new(
+            "writing",
+            Path::new("/x"),
+            io::Error::from_raw_os_error(libc::EACCES),
+        );
+        assert!(!other.to_string().contains("global.platform"));
+    }
+
+    #[test]
+    fn copy_clears_stale_temps_and_compares_content() {
         let dir = tempfile::tempdir().expect("tempdir");
         let src = dir.path().join("src");
         fs::write(&src, b"binary").expect("src");
