@@ -1,0 +1,520 @@
+//! The kube client module against the test API server: a real kube client (from the kubeconfig the
+//! server writes) doing gets, lists, patches, deletes and watches, with faults injected.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use istio_cni::kube::testserver::{Fault, TestApiServer};
+use istio_cni::kube::{
+    KubeClient, KubeError, MetadataPatch, PodPreconditions, Selectors, WatchBackoff, WatchError,
+    WatchEvent, WatchStream,
+};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use serde_json::json;
+
+const CALL: Duration = Duration::from_secs(2);
+/// Upper bound for anything a test waits for; normally reached in milliseconds.
+const PATIENCE: Duration = Duration::from_secs(5);
+const FAST_BACKOFF: WatchBackoff = WatchBackoff {
+    min: Duration::from_millis(50),
+    max: Duration::from_millis(200),
+};
+
+fn pod(namespace: &str, name: &str, node: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "app:1"}]},
+        "status": {"phase": "Running", "podIP": "10.0.0.5"}
+    }))
+    .expect("valid pod")
+}
+
+fn namespace(name: &str, labels: serde_json::Value) -> Namespace {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "labels": labels}
+    }))
+    .expect("valid namespace")
+}
+
+/// A running server plus a client built the way the plugin builds one: from a kubeconfig file.
+struct Fixture {
+    server: TestApiServer,
+    client: KubeClient,
+    _dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+}
+
+async fn fixture() -> Fixture {
+    let server = TestApiServer::start().await.expect("server starts");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("ZZZ-istio-cni-kubeconfig");
+    server
+        .write_kubeconfig(&kubeconfig)
+        .expect("kubeconfig written");
+    let client = KubeClient::from_kubeconfig_file(&kubeconfig)
+        .await
+        .expect("client from kubeconfig");
+    Fixture {
+        server,
+        client,
+        _dir: dir,
+        kubeconfig,
+    }
+}
+
+fn labels(pod: &Pod) -> std::collections::BTreeMap<String, String> {
+    pod.metadata.labels.clone().unwrap_or_default()
+}
+
+fn annotations(pod: &Pod) -> std::collections::BTreeMap<String, String> {
+    pod.metadata.annotations.clone().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn get_list_patch_and_delete_through_the_written_kubeconfig() {
+    let f = fixture().await;
+    f.server
+        .add_namespace(namespace(
+            "ns1",
+            json!({"istio.io/dataplane-mode": "ambient"}),
+        ))
+        .expect("ns");
+    f.server.add_pod(pod("ns1", "a", "n1")).expect("pod");
+    f.server.add_pod(pod("ns1", "b", "n2")).expect("pod");
+    f.server.add_pod(pod("ns2", "c", "n1")).expect("pod");
+
+    let got = f.client.get_pod("ns1", "a", CALL).await.expect("get pod");
+    assert_eq!(
+        got.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some("n1")
+    );
+    let ns = f.client.get_namespace("ns1", CALL).await.expect("get ns");
+    assert_eq!(
+        ns.metadata.labels.unwrap_or_default()["istio.io/dataplane-mode"],
+        "ambient"
+    );
+    let missing = f
+        .client
+        .get_pod("ns1", "zz", CALL)
+        .await
+        .expect_err("absent");
+    assert!(missing.is_not_found(), "{missing:?}");
+    assert!(
+        missing.to_string().starts_with("get pod ns1/zz: not found"),
+        "{missing}"
+    );
+
+    let (on_n1, list_rv) = f
+        .client
+        .list_pods(&Selectors::on_node("n1"), CALL)
+        .await
+        .expect("list");
+    let mut names: Vec<_> = on_n1
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a", "c"]);
+    assert_eq!(list_rv, Some(f.server.resource_version().to_string()));
+    let (labelled, _) = f
+        .client
+        .list_pods(&Selectors::on_node("n1").and_labels("app in (c,x)"), CALL)
+        .await
+        .expect("list");
+    assert_eq!(labelled.len(), 1);
+    let (namespaces, _) = f
+        .client
+        .list_namespaces(
+            &Selectors::default().and_labels("istio.io/dataplane-mode"),
+            CALL,
+        )
+        .await
+        .expect("list ns");
+    assert_eq!(namespaces.len(), 1);
+
+    // Main resource: labels change, status is not touched.
+    let patched = f
+        .client
+        .patch_pod_metadata(
+            "ns1",
+            "a",
+            &MetadataPatch::default().set_label("repaired", "true"),
+            CALL,
+        )
+        .await
+        .expect("patch");
+    assert_eq!(labels(&patched)["repaired"], "true");
+    // Status subresource: the redirection annotation the ambient agent writes, then its removal.
+    let annotated = f
+        .client
+        .patch_pod_status_metadata(
+            "ns1",
+            "a",
+            &MetadataPatch::default().set_annotation("ambient.istio.io/redirection", "enabled"),
+            CALL,
+        )
+        .await
+        .expect("status patch");
+    assert_eq!(
+        annotations(&annotated)["ambient.istio.io/redirection"],
+        "enabled"
+    );
+    assert_eq!(
+        annotations(&f.server.pod("ns1", "a").expect("stored"))["ambient.istio.io/redirection"],
+        "enabled"
+    );
+    let cleared = f
+        .client
+        .patch_pod_status_metadata(
+            "ns1",
+            "a",
+            &MetadataPatch::default().remove_annotation("ambient.istio.io/redirection"),
+            CALL,
+        )
+        .await
+        .expect("status patch");
+    assert!(!annotations(&cleared).contains_key("ambient.istio.io/redirection"));
+
+    // Delete with stale preconditions is refused; with fresh ones it goes through.
+    let stale = PodPreconditions {
+        uid: Some("someone-else".into()),
+        resource_version: None,
+    };
+    let conflict = f
+        .client
+        .delete_pod("ns1", "a", Some(stale), CALL)
+        .await
+        .expect_err("conflict");
+    assert!(
+        matches!(conflict, KubeError::Conflict { .. }),
+        "{conflict:?}"
+    );
+    let current = f.client.get_pod("ns1", "a", CALL).await.expect("get");
+    f.client
+        .delete_pod("ns1", "a", Some(PodPreconditions::of(&current)), CALL)
+        .await
+        .expect("delete");
+    assert!(f.server.pod("ns1", "a").is_none());
+
+    // The server saw the token from the kubeconfig and the selector the client built.
+    let requests = f.server.requests();
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.token.as_deref() == Some("istio-cni-test-token"))
+    );
+    assert!(requests.iter().any(|r| r.path == "/api/v1/pods"
+        && r.query_param("fieldSelector").as_deref() == Some("spec.nodeName=n1")));
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.method == "PATCH" && r.path == "/api/v1/namespaces/ns1/pods/a/status")
+    );
+}
+
+/// Next non-error, non-marker event for pods, failing the test after `PATIENCE`.
+async fn next_change(stream: &mut WatchStream<Pod>) -> WatchEvent<Pod> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.next()).await {
+            Err(_) => panic!("no watch event within {PATIENCE:?}"),
+            Ok(None) => panic!("watch stream ended"),
+            Ok(Some(Ok(WatchEvent::Init | WatchEvent::InitDone))) | Ok(Some(Err(_))) => {}
+            Ok(Some(Ok(event))) => return event,
+        }
+    }
+}
+
+/// Waits for the watcher's initial list to finish, returning what it listed.
+async fn initial_sync(stream: &mut WatchStream<Pod>) -> Vec<String> {
+    let mut listed = Vec::new();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.next()).await {
+            Ok(Some(Ok(WatchEvent::InitApply(p)))) => listed.extend(p.metadata.name),
+            Ok(Some(Ok(WatchEvent::InitDone))) => return listed,
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => panic!("watcher did not finish its initial list"),
+        }
+    }
+}
+
+fn name_of(event: &WatchEvent<Pod>) -> (&'static str, String, Option<String>) {
+    let (kind, pod) = match event {
+        WatchEvent::Apply(p) | WatchEvent::InitApply(p) => ("apply", p),
+        WatchEvent::Delete(p) => ("delete", p),
+        WatchEvent::Init | WatchEvent::InitDone => return ("marker", String::new(), None),
+    };
+    (
+        kind,
+        pod.metadata.name.clone().unwrap_or_default(),
+        labels(pod).get("phase").cloned(),
+    )
+}
+
+#[tokio::test]
+async fn watcher_with_field_selector_sees_added_modified_deleted() {
+    let f = fixture().await;
+    f.server.add_pod(pod("ns1", "before", "n1")).expect("pod");
+    let mut stream = f.client.watch_pods(&Selectors::on_node("n1"), FAST_BACKOFF);
+    assert_eq!(initial_sync(&mut stream).await, ["before"]);
+
+    f.server
+        .add_pod(pod("ns1", "other-node", "n2"))
+        .expect("pod");
+    f.server.add_pod(pod("ns1", "p", "n1")).expect("pod");
+    assert_eq!(
+        name_of(&next_change(&mut stream).await),
+        ("apply", "p".into(), None)
+    );
+
+    let mut changed = pod("ns1", "p", "n1");
+    changed
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("phase".into(), "two".into());
+    f.server.update_pod(changed).expect("update");
+    assert_eq!(
+        name_of(&next_change(&mut stream).await),
+        ("apply", "p".into(), Some("two".into()))
+    );
+
+    f.server.delete_pod("ns1", "p").expect("deleted");
+    assert_eq!(name_of(&next_change(&mut stream).await).0, "delete");
+
+    // A pod moving off the node is a deletion for this watcher.
+    f.server
+        .update_pod(pod("ns1", "before", "n2"))
+        .expect("update");
+    assert_eq!(
+        name_of(&next_change(&mut stream).await),
+        ("delete", "before".into(), None)
+    );
+    let watches: Vec<_> = f
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_watch())
+        .collect();
+    assert!(!watches.is_empty());
+    assert!(
+        watches
+            .iter()
+            .all(
+                |r| r.query_param("fieldSelector").as_deref() == Some("spec.nodeName=n1")
+                    && r.query_param("allowWatchBookmarks").as_deref() == Some("true")
+            )
+    );
+}
+
+#[tokio::test]
+async fn watcher_relists_after_410_expired() {
+    let f = fixture().await;
+    f.server.add_pod(pod("ns1", "a", "n1")).expect("pod");
+    let mut stream = f.client.watch_pods(&Selectors::on_node("n1"), FAST_BACKOFF);
+    assert_eq!(initial_sync(&mut stream).await, ["a"]);
+
+    // The watcher is cut off, changes happen and the history is compacted meanwhile: resuming
+    // from its last resourceVersion gets 410 Expired.
+    f.server.set_fault(Fault::down()).await;
+    f.server.add_pod(pod("ns1", "b", "n1")).expect("pod");
+    f.server.compact();
+    f.server.clear_faults().await;
+    let deadline = Instant::now() + PATIENCE;
+    let saw_gone = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.next()).await {
+            Ok(Some(Err(WatchError::WatchError(status)))) => break status.code == 410,
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break false,
+        }
+    };
+    assert!(saw_gone, "watcher never reported 410 Expired");
+    // It then lists again from scratch and carries on watching.
+    let relisted = initial_sync(&mut stream).await;
+    assert_eq!(relisted.len(), 2, "{relisted:?}");
+    f.server.add_pod(pod("ns1", "c", "n1")).expect("pod");
+    assert_eq!(name_of(&next_change(&mut stream).await).1, "c");
+}
+
+#[tokio::test]
+async fn watcher_recovers_after_the_server_was_down() {
+    let f = fixture().await;
+    let mut stream = f.client.watch_pods(&Selectors::on_node("n1"), FAST_BACKOFF);
+    assert!(initial_sync(&mut stream).await.is_empty());
+
+    f.server.set_fault(Fault::down()).await;
+    // The watcher notices (stream ends, reconnect refused) and reports an error.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.next()).await {
+            Ok(Some(Err(_))) => break,
+            Ok(Some(Ok(_))) => {}
+            Ok(None) | Err(_) => panic!("no error while the server was down"),
+        }
+    }
+    // A change made while it was down arrives after the restart (replayed from history).
+    f.server
+        .add_pod(pod("ns1", "while-down", "n1"))
+        .expect("pod");
+    f.server.clear_faults().await;
+    assert_eq!(name_of(&next_change(&mut stream).await).1, "while-down");
+}
+
+#[tokio::test]
+async fn slow_server_gives_a_timeout_error_in_time() {
+    let f = fixture().await;
+    f.server.add_pod(pod("ns1", "a", "n1")).expect("pod");
+    f.server
+        .set_fault(Fault::slow(Duration::from_secs(3)))
+        .await;
+    let started = Instant::now();
+    let err = f
+        .client
+        .get_pod("ns1", "a", Duration::from_millis(200))
+        .await
+        .expect_err("too slow");
+    let took = started.elapsed();
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(took < Duration::from_millis(800), "took {took:?}");
+    assert_eq!(err.to_string(), "get pod ns1/a: no answer within 200ms");
+}
+
+#[tokio::test]
+async fn injected_failures_map_to_typed_errors() {
+    let f = fixture().await;
+    f.server.add_pod(pod("ns1", "a", "n1")).expect("pod");
+    f.server
+        .add_namespace(namespace("ns1", json!({})))
+        .expect("ns");
+
+    // 403 only on the namespaces path: pods still work.
+    f.server
+        .set_fault(Fault::fail(403).on_path("/api/v1/namespaces/ns1/pods"))
+        .await;
+    let forbidden = f.client.get_pod("ns1", "a", CALL).await.expect_err("403");
+    assert!(
+        matches!(forbidden, KubeError::Forbidden { .. }),
+        "{forbidden:?}"
+    );
+    f.client
+        .get_namespace("ns1", CALL)
+        .await
+        .expect("other path unaffected");
+
+    // A 500 for one request only, then success: what a retry loop sees.
+    f.server.set_fault(Fault::fail(500).times(1)).await;
+    let failed = f.client.get_pod("ns1", "a", CALL).await.expect_err("500");
+    assert!(
+        matches!(failed, KubeError::Api { code: 500, .. }) && failed.is_transient(),
+        "{failed:?}"
+    );
+    f.client
+        .get_pod("ns1", "a", CALL)
+        .await
+        .expect("fault used up");
+
+    // Connection refused while down, quickly.
+    f.server.set_fault(Fault::down()).await;
+    let started = Instant::now();
+    let refused = f.client.get_pod("ns1", "a", CALL).await.expect_err("down");
+    assert!(
+        matches!(refused, KubeError::ConnectRefused { .. }),
+        "{refused:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    f.server.clear_faults().await;
+    f.client.get_pod("ns1", "a", CALL).await.expect("back up");
+
+    // A rotated token makes the old kubeconfig fail with Unauthorized; a rewritten one works.
+    f.server.set_token(Some("rotated"));
+    let unauthorized = f.client.get_pod("ns1", "a", CALL).await.expect_err("401");
+    assert!(
+        matches!(unauthorized, KubeError::Unauthorized { .. }),
+        "{unauthorized:?}"
+    );
+    f.server.write_kubeconfig(&f.kubeconfig).expect("rewrite");
+    let fresh = KubeClient::from_kubeconfig_file(&f.kubeconfig)
+        .await
+        .expect("client");
+    fresh
+        .get_pod("ns1", "a", CALL)
+        .await
+        .expect("new token accepted");
+}
+
+#[tokio::test]
+async fn test_apiserver_role_serves_fixtures_until_sigterm() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fixtures = dir.path().join("fixtures.json");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let list = json!({"apiVersion": "v1", "kind": "PodList", "items": [
+        {"metadata": {"name": "fx", "namespace": "ns1"}, "spec": {"nodeName": "n1", "containers": []}}
+    ]});
+    std::fs::write(&fixtures, list.to_string()).expect("fixtures");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_istio-cni-rs"))
+        .arg("test-apiserver")
+        .arg("--port")
+        .arg("0")
+        .arg("--fixtures")
+        .arg(&fixtures)
+        .arg("--kubeconfig-out")
+        .arg(&kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut first_line = String::new();
+    tokio::time::timeout(PATIENCE, BufReader::new(stdout).read_line(&mut first_line))
+        .await
+        .expect("URL printed in time")
+        .expect("read");
+    let url = first_line.trim().to_string();
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+
+    let client = KubeClient::from_kubeconfig_file(&kubeconfig)
+        .await
+        .expect("client");
+    client
+        .get_pod("ns1", "fx", CALL)
+        .await
+        .expect("fixture served");
+
+    // Run-time fault control over HTTP: one 403, then normal again.
+    let body = r#"{"kind":"fail","code":403,"times":1}"#;
+    let addr = url.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!(
+        "POST /testserver/fault HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).await.expect("send");
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).await.expect("answer");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let err = client.get_pod("ns1", "fx", CALL).await.expect_err("403");
+    assert!(matches!(err, KubeError::Forbidden { .. }), "{err:?}");
+    client
+        .get_pod("ns1", "fx", CALL)
+        .await
+        .expect("fault used up");
+
+    let pid = nix::unistd::Pid::from_raw(child.id().expect("pid") as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signal");
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .expect("exits on SIGTERM")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+}
