@@ -518,3 +518,146 @@ async fn test_apiserver_role_serves_fixtures_until_sigterm() {
         .expect("wait");
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test]
+async fn server_follows_api_server_semantics() {
+    use istio_cni::kube::testserver::TestServerOptions;
+    use kube::api::{Api, Patch, PatchParams, WatchParams};
+    use kube::core::WatchEvent as RawEvent;
+
+    let server = TestApiServer::start_with(TestServerOptions {
+        bookmark_interval: Duration::from_millis(50),
+        ..TestServerOptions::default()
+    })
+    .await
+    .expect("server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let client = KubeClient::from_kubeconfig_file(&kubeconfig)
+        .await
+        .expect("client");
+    let pods: Api<Pod> = Api::namespaced(client.client().clone(), "ns1");
+    let stored = server.add_pod(pod("ns1", "a", "n1")).expect("pod");
+    let rv_after_add = server.resource_version();
+    assert_eq!(
+        stored.metadata.resource_version,
+        Some(rv_after_add.to_string())
+    );
+    assert!(stored.metadata.uid.is_some());
+
+    let status_code = |err: kube::Error| match err {
+        kube::Error::Api(status) => (status.code, status.reason.clone()),
+        other => panic!("not an API status: {other:?}"),
+    };
+
+    // A status patch cannot change spec; a main patch cannot change status.
+    let sneaky =
+        json!({"metadata": {"annotations": {"k": "v"}}, "spec": {"nodeName": "elsewhere"}});
+    let after = pods
+        .patch_status("a", &PatchParams::default(), &Patch::Strategic(&sneaky))
+        .await
+        .expect("status patch");
+    assert_eq!(
+        after.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some("n1")
+    );
+    assert_eq!(annotations(&after)["k"], "v");
+    let sneaky = json!({"status": {"phase": "Failed"}});
+    let after = pods
+        .patch("a", &PatchParams::default(), &Patch::Merge(&sneaky))
+        .await
+        .expect("patch");
+    assert_eq!(
+        after.status.and_then(|s| s.phase).as_deref(),
+        Some("Running")
+    );
+
+    // A no-op patch does not bump the resourceVersion.
+    let rv = server.resource_version();
+    let same = json!({"metadata": {"annotations": {"k": "v"}}});
+    pods.patch("a", &PatchParams::default(), &Patch::Merge(&same))
+        .await
+        .expect("no-op");
+    assert_eq!(server.resource_version(), rv);
+
+    // A stale resourceVersion in the patch is a conflict; server-side apply is not supported.
+    let stale = json!({"metadata": {"resourceVersion": "1", "labels": {"x": "y"}}});
+    let err = pods
+        .patch("a", &PatchParams::default(), &Patch::Merge(&stale))
+        .await
+        .expect_err("conflict");
+    assert_eq!(status_code(err), (409, "Conflict".into()));
+    let err = pods
+        .patch("a", &PatchParams::apply("test"), &Patch::Apply(&same))
+        .await
+        .expect_err("415");
+    assert_eq!(status_code(err).0, 415);
+
+    // Unsupported field selectors are refused as the API server does.
+    let err = pods
+        .list(&kube::api::ListParams::default().fields("spec.bogus=1"))
+        .await
+        .expect_err("400");
+    assert_eq!(status_code(err), (400, "BadRequest".into()));
+
+    // Watching from a compacted resourceVersion: one ERROR 410 Expired event.
+    server.add_pod(pod("ns1", "b", "n1")).expect("pod");
+    server.compact();
+    let mut old = pods
+        .watch(&WatchParams::default(), &rv_after_add.to_string())
+        .await
+        .expect("watch starts")
+        .boxed();
+    match tokio::time::timeout(PATIENCE, old.next()).await {
+        Ok(Some(Ok(RawEvent::Error(status)))) => {
+            assert_eq!((status.code, status.reason.as_str()), (410, "Expired"))
+        }
+        other => panic!("expected 410 Expired, got {other:?}"),
+    }
+
+    // Bookmarks carry the current resourceVersion when asked for.
+    let current = server.resource_version().to_string();
+    let mut fresh = pods
+        .watch(&WatchParams::default(), &current)
+        .await
+        .expect("watch starts")
+        .boxed();
+    match tokio::time::timeout(PATIENCE, fresh.next()).await {
+        Ok(Some(Ok(RawEvent::Bookmark(bookmark)))) => {
+            assert_eq!(bookmark.metadata.resource_version, current)
+        }
+        other => panic!("expected a bookmark, got {other:?}"),
+    }
+
+    // No token: 401 before anything else.
+    let anonymous = kube::Client::try_from(kube::Config::new(server.url().parse().expect("url")))
+        .expect("client");
+    let err = Api::<Pod>::namespaced(anonymous, "ns1")
+        .get("a")
+        .await
+        .expect_err("401");
+    assert_eq!(status_code(err).0, 401);
+}
+
+/// The TLS stack must stay rustls + ring: a second provider (aws-lc) makes client construction
+/// panic at run time, and OpenSSL would break the static build. Cargo.lock lists every package
+/// any target or platform could pull in, so it is a fast, strict stand-in for `cargo tree -i`.
+#[test]
+fn lockfile_has_no_aws_lc_or_openssl() {
+    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"))
+        .expect("Cargo.lock is committed");
+    for banned in [
+        "aws-lc-sys",
+        "aws-lc-rs",
+        "openssl-sys",
+        "openssl",
+        "native-tls",
+    ] {
+        let entry = format!("name = \"{banned}\"\n");
+        assert!(
+            !lock.contains(&entry),
+            "{banned} is in the dependency graph"
+        );
+    }
+}
