@@ -661,3 +661,38 @@ fn lockfile_has_no_aws_lc_or_openssl() {
         );
     }
 }
+
+/// The very next item of a watch stream, which must be an event and come within `PATIENCE`.
+async fn next_any<K>(stream: &mut WatchStream<K>) -> WatchEvent<K> {
+    match tokio::time::timeout(PATIENCE, stream.next()).await {
+        Ok(Some(Ok(event))) => event,
+        Ok(Some(Err(e))) => panic!("watch error: {e}"),
+        Ok(None) | Err(_) => panic!("no watch event within {PATIENCE:?}"),
+    }
+}
+
+#[tokio::test]
+async fn namespace_watcher_follows_label_changes() {
+    let f = fixture().await;
+    f.server
+        .add_namespace(namespace("plain", json!({})))
+        .expect("ns");
+    let selectors = Selectors::default().and_labels("istio.io/dataplane-mode=ambient");
+    let mut stream = f.client.watch_namespaces(&selectors, FAST_BACKOFF);
+    assert!(matches!(next_any(&mut stream).await, WatchEvent::Init));
+    assert!(matches!(next_any(&mut stream).await, WatchEvent::InitDone));
+    // Labelling the namespace makes it appear for this watcher; unlabelling makes it disappear.
+    f.server
+        .add_namespace(namespace(
+            "plain",
+            json!({"istio.io/dataplane-mode": "ambient"}),
+        ))
+        .expect("label");
+    assert!(
+        matches!(next_any(&mut stream).await, WatchEvent::Apply(ns) if ns.metadata.name.as_deref() == Some("plain"))
+    );
+    f.server
+        .add_namespace(namespace("plain", json!({})))
+        .expect("unlabel");
+    assert!(matches!(next_any(&mut stream).await, WatchEvent::Delete(_)));
+}

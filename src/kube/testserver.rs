@@ -37,6 +37,9 @@ use selector::{FieldSelector, Kind, LabelSelector};
 /// The bearer token the server expects unless told otherwise.
 pub const DEFAULT_TOKEN: &str = "istio-cni-test-token";
 
+/// How many requests the log keeps (oldest dropped first).
+const REQUEST_LOG_LIMIT: usize = 10_000;
+
 /// Failures of the test server itself (not of the API calls it serves).
 #[derive(Debug, thiserror::Error)]
 pub enum TestServerError {
@@ -329,7 +332,8 @@ impl TestApiServer {
             generation: Mutex::new(CancellationToken::new()),
             running: tokio::sync::Mutex::new(None),
         });
-        shared.serve(listener).await;
+        let running = shared.serve(listener);
+        *shared.running.lock().await = Some(running);
         Ok(TestApiServer { shared })
     }
 
@@ -500,7 +504,8 @@ fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, TestServerError> {
 }
 
 impl Shared {
-    async fn serve(self: &Arc<Self>, listener: tokio::net::TcpListener) {
+    /// Starts serving one generation; the caller stores the result in `running`.
+    fn serve(self: &Arc<Self>, listener: tokio::net::TcpListener) -> Running {
         let cancel = CancellationToken::new();
         *lock(&self.generation) = cancel.clone();
         let app = router(self.clone());
@@ -511,7 +516,7 @@ impl Shared {
                 .with_graceful_shutdown(async move { shutdown.cancelled().await })
                 .await;
         });
-        *self.running.lock().await = Some(Running { cancel, task });
+        Running { cancel, task }
     }
 
     async fn stop(&self) {
@@ -531,11 +536,11 @@ impl Shared {
     }
 
     async fn restart(self: &Arc<Self>) -> Result<(), TestServerError> {
-        if self.running.lock().await.is_some() {
-            return Ok(());
+        // Held across bind so two restarts cannot race for the port.
+        let mut running = self.running.lock().await;
+        if running.is_none() {
+            *running = Some(self.serve(bind(self.addr)?));
         }
-        let listener = bind(self.addr)?;
-        self.serve(listener).await;
         Ok(())
     }
 
@@ -713,12 +718,19 @@ async fn front_door(State(shared): AppState, request: Request, next: Next) -> Re
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::to_string);
-    lock(&shared.requests).push(RequestRecord {
-        method: request.method().to_string(),
-        path: path.clone(),
-        query: request.uri().query().unwrap_or_default().to_string(),
-        token: sent_token.clone(),
-    });
+    {
+        let mut requests = lock(&shared.requests);
+        // Bounded so a long-running demo server does not grow without end.
+        if requests.len() >= REQUEST_LOG_LIMIT {
+            requests.remove(0);
+        }
+        requests.push(RequestRecord {
+            method: request.method().to_string(),
+            path: path.clone(),
+            query: request.uri().query().unwrap_or_default().to_string(),
+            token: sent_token.clone(),
+        });
+    }
     let expected = lock(&shared.token).clone();
     if let Some(expected) = expected
         && sent_token.as_deref() != Some(expected.as_str())
