@@ -545,6 +545,13 @@ async fn server_follows_api_server_semantics() {
         Some(rv_after_add.to_string())
     );
     assert!(stored.metadata.uid.is_some());
+    // Replacing keeps the identity unless the replacement brings its own (a re-created pod).
+    let replaced = server.add_pod(pod("ns1", "a", "n1")).expect("replace");
+    assert_eq!(replaced.metadata.uid, stored.metadata.uid);
+    let mut recreated = pod("ns1", "a", "n1");
+    recreated.metadata.uid = Some("new-uid".into());
+    let recreated = server.add_pod(recreated).expect("recreate");
+    assert_eq!(recreated.metadata.uid.as_deref(), Some("new-uid"));
 
     let status_code = |err: kube::Error| match err {
         kube::Error::Api(status) => (status.code, status.reason.clone()),

@@ -556,12 +556,18 @@ impl Shared {
         object: Value,
     ) -> Result<T, TestServerError> {
         let mut store = lock(&self.store);
+        let given = |field: &str| object.pointer(&format!("/metadata/{field}")).is_some();
+        let unset: Vec<&str> = ["uid", "creationTimestamp"]
+            .into_iter()
+            .filter(|field| !given(field))
+            .collect();
         let (key, mut object) = store
             .admit(kind, object)
             .map_err(TestServerError::InvalidObject)?;
-        // A replaced object keeps its identity, as an update would.
+        // A replacement without its own identity keeps the old one, as an update would; one with
+        // another uid stands for a re-created object.
         if let Some(existing) = store.objects.get(&key) {
-            for field in ["uid", "creationTimestamp"] {
+            for field in unset {
                 if let (Some(old), Some(meta)) = (
                     existing.pointer(&format!("/metadata/{field}")).cloned(),
                     object.get_mut("metadata").and_then(Value::as_object_mut),
