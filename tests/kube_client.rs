@@ -637,6 +637,26 @@ async fn server_follows_api_server_semantics() {
         other => panic!("expected a bookmark, got {other:?}"),
     }
 
+    // Anything else is answered with a Status, as a real server would.
+    let raw = client.client();
+    let request = |method: &str, uri: &str| {
+        axum::http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Vec::new())
+            .expect("request")
+    };
+    let err = raw
+        .request_text(request("GET", "/apis/apps/v1/deployments"))
+        .await
+        .expect_err("404");
+    assert_eq!(status_code(err).0, 404);
+    let err = raw
+        .request_text(request("PUT", "/api/v1/namespaces/ns1/pods/a"))
+        .await
+        .expect_err("405");
+    assert_eq!(status_code(err).0, 405);
+
     // No token: 401 before anything else.
     let anonymous = kube::Client::try_from(kube::Config::new(server.url().parse().expect("url")))
         .expect("client");

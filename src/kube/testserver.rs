@@ -705,6 +705,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/testserver/requests", get(control_requests))
         .route("/testserver/compact", post(control_compact))
         .fallback(not_routed)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(shared.clone(), front_door))
         .with_state(shared)
 }
@@ -813,6 +814,14 @@ fn json_response(status: StatusCode, body: &Value) -> Response {
         body.to_string(),
     )
         .into_response()
+}
+
+async fn method_not_allowed() -> Response {
+    status_response(
+        405,
+        "the server does not allow this method on the requested resource",
+        None,
+    )
 }
 
 async fn not_routed() -> Response {
