@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use istio_cni::kube::testserver::{Fault, TestApiServer};
 use istio_cni::kube::{
-    KubeClient, KubeError, MetadataPatch, PodPreconditions, Selectors, WatchBackoff, WatchError,
-    WatchEvent, WatchStream,
+    EventType, KubeClient, KubeError, MetadataPatch, PodEvent, PodPreconditions, Selectors,
+    WatchBackoff, WatchError, WatchEvent, WatchStream,
 };
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use serde_json::json;
@@ -199,6 +199,22 @@ async fn get_list_patch_and_delete_through_the_written_kubeconfig() {
         .await
         .expect("delete");
     assert!(f.server.pod("ns1", "a").is_none());
+
+    // The repair controller's event about what it did.
+    let event = PodEvent {
+        event_type: EventType::Warning,
+        reason: "DeleteBrokenPod".into(),
+        message: "pod detected as broken, deleted".into(),
+        component: "cni-repair".into(),
+    };
+    f.client
+        .create_pod_event(&current, &event, CALL)
+        .await
+        .expect("event");
+    let events = f.server.events();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].reason.as_deref(), Some("DeleteBrokenPod"));
+    assert_eq!(events[0].involved_object.uid, current.metadata.uid);
 
     // The server saw the token from the kubeconfig and the selector the client built.
     let requests = f.server.requests();

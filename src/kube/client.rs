@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use k8s_openapi::api::core::v1::{Event, EventSource, Namespace, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -391,6 +392,89 @@ impl KubeClient {
         .await
         .map(|_| ())
     }
+
+    /// Records an event about `pod` in the pod's namespace.
+    pub async fn create_pod_event(
+        &self,
+        pod: &Pod,
+        event: &PodEvent,
+        timeout: Duration,
+    ) -> Result<(), KubeError> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let body = event.to_event(pod, Time(k8s_openapi::jiff::Timestamp::now()));
+        bounded(
+            Call::CreateEvent,
+            format!("{namespace}/{name} {}", event.reason),
+            timeout,
+            api.create(&PostParams::default(), &body),
+        )
+        .await
+        .map(|_| ())
+    }
+}
+
+/// Kubernetes event severity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+impl EventType {
+    fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// A core/v1 Event about a pod, as client-go's event recorder writes it (the repair controller's
+/// `DeleteBrokenPod` / `LabelBrokenPod` warnings, source component `cni-repair`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodEvent {
+    pub event_type: EventType,
+    pub reason: String,
+    pub message: String,
+    pub component: String,
+}
+
+impl PodEvent {
+    fn to_event(&self, pod: &Pod, now: Time) -> Event {
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let namespace = pod.metadata.namespace.clone();
+        // client-go names events `<object>.<unix nanos in hex>`; unique enough per object.
+        let nanos = now.0.as_nanosecond();
+        Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{pod_name}.{nanos:x}")),
+                namespace: namespace.clone(),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod_name),
+                namespace,
+                uid: pod.metadata.uid.clone(),
+                resource_version: pod.metadata.resource_version.clone(),
+                ..ObjectReference::default()
+            },
+            type_: Some(self.event_type.as_str().into()),
+            reason: Some(self.reason.clone()),
+            message: Some(self.message.clone()),
+            source: Some(EventSource {
+                component: Some(self.component.clone()),
+                host: None,
+            }),
+            count: Some(1),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            ..Event::default()
+        }
+    }
 }
 
 /// What a pod must still be for a delete to go through.
@@ -519,6 +603,31 @@ mod tests {
                 "labels": {"old": null},
                 "annotations": {"ambient.istio.io/redirection": "enabled"}
             }})
+        );
+    }
+
+    #[test]
+    fn pod_event_refers_to_the_pod() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7"}
+        }))
+        .expect("pod");
+        let event = PodEvent {
+            event_type: EventType::Warning,
+            reason: "DeleteBrokenPod".into(),
+            message: "pod detected as broken, deleted".into(),
+            component: "cni-repair".into(),
+        };
+        let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).expect("time"));
+        let built = event.to_event(&pod, now);
+        assert_eq!(built.metadata.name.as_deref(), Some("p.17979cfe362a0000"));
+        assert_eq!(built.metadata.namespace.as_deref(), Some("ns"));
+        assert_eq!(built.involved_object.uid.as_deref(), Some("u1"));
+        assert_eq!(built.involved_object.kind.as_deref(), Some("Pod"));
+        assert_eq!(built.type_.as_deref(), Some("Warning"));
+        assert_eq!(
+            built.source.and_then(|s| s.component).as_deref(),
+            Some("cni-repair")
         );
     }
 

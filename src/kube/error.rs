@@ -14,6 +14,7 @@ pub enum Call {
     PatchPod,
     PatchPodStatus,
     DeletePod,
+    CreateEvent,
 }
 
 impl fmt::Display for Call {
@@ -26,6 +27,7 @@ impl fmt::Display for Call {
             Call::PatchPod => "patch pod",
             Call::PatchPodStatus => "patch pod status",
             Call::DeletePod => "delete pod",
+            Call::CreateEvent => "create event",
         })
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Owns: building a `kube::Client` (kubeconfig file, $KUBECONFIG, in-cluster; rustls with ring
 //! only), the typed calls the roles make (get/list/watch pods and namespaces, metadata patches on
-//! pods and `pods/status`, pod delete), each under an explicit deadline and with errors that name
+//! pods and `pods/status`, pod delete, pod events), each under an explicit deadline and with errors that name
 //! the call, the object and the cause; and [`testserver`], a small in-process Kubernetes API
 //! server for tests and the demo (also run as the hidden `test-apiserver` role).
 //!
@@ -13,8 +13,8 @@ mod error;
 pub mod testserver;
 
 pub use client::{
-    ConfigSource, KubeClient, MetadataPatch, PodPreconditions, Selectors, WatchBackoff,
-    WatchStream, config_from_kubeconfig_file, load_config,
+    ConfigSource, EventType, KubeClient, MetadataPatch, PodEvent, PodPreconditions, Selectors,
+    WatchBackoff, WatchStream, config_from_kubeconfig_file, load_config,
 };
 pub use error::{Call, KubeError};
 

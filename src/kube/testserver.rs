@@ -27,7 +27,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -281,6 +281,8 @@ struct Shared {
     token: Mutex<Option<String>>,
     faults: Mutex<Vec<Fault>>,
     requests: Mutex<Vec<RequestRecord>>,
+    /// core/v1 Events created by clients (kept apart: nothing lists or watches them here).
+    events: Mutex<Vec<Value>>,
     /// Cancelled when the current generation stops; watches and delays end with it.
     generation: Mutex<CancellationToken>,
     running: tokio::sync::Mutex<Option<Running>>,
@@ -329,6 +331,7 @@ impl TestApiServer {
             options,
             faults: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
+            events: Mutex::new(Vec::new()),
             generation: Mutex::new(CancellationToken::new()),
             running: tokio::sync::Mutex::new(None),
         });
@@ -454,6 +457,14 @@ impl TestApiServer {
     /// Every API request so far (control endpoints excluded), oldest first.
     pub fn requests(&self) -> Vec<RequestRecord> {
         lock(&self.shared.requests).clone()
+    }
+
+    /// Events clients created (`POST /api/v1/namespaces/{ns}/events`), oldest first.
+    pub fn events(&self) -> Vec<Event> {
+        lock(&self.shared.events)
+            .iter()
+            .filter_map(|e| serde_json::from_value(e.clone()).ok())
+            .collect()
     }
 
     pub fn clear_requests(&self) {
@@ -694,6 +705,10 @@ fn router(shared: Arc<Shared>) -> Router {
         .route(
             "/api/v1/namespaces/{ns}/pods/{name}/status",
             get(get_pod).patch(patch_pod_status),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/events",
+            post(create_event).get(list_events),
         )
         .route("/api/v1/namespaces", get(list_or_watch_namespaces))
         .route("/api/v1/namespaces/{name}", get(get_namespace))
@@ -1316,6 +1331,69 @@ async fn delete_pod(State(shared): AppState, path: PodPath, body: Bytes) -> Resp
     }
     let deleted = store.commit(key, None).unwrap_or(Value::Null);
     json_response(StatusCode::OK, &deleted)
+}
+
+async fn create_event(
+    State(shared): AppState,
+    axum::extract::Path(ns): axum::extract::Path<String>,
+    body: Bytes,
+) -> Response {
+    let mut event: Value = match serde_json::from_slice(&body) {
+        Ok(event) => event,
+        Err(e) => return status_response(400, &format!("invalid JSON: {e}"), None),
+    };
+    if let Err(e) = serde_json::from_value::<Event>(event.clone()) {
+        return status_response(422, &format!("Event is invalid: {e}"), None);
+    }
+    let name = event
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let involved_namespace = event
+        .pointer("/involvedObject/namespace")
+        .and_then(Value::as_str);
+    // The API server's event validation: the event lives in its object's namespace.
+    if name.is_empty() || involved_namespace.is_some_and(|n| n != ns) {
+        return status_response(
+            422,
+            &format!(
+                "Event {name:?} is invalid: name required, involvedObject.namespace must be {ns:?}"
+            ),
+            Some(("events", &name)),
+        );
+    }
+    let mut store = lock(&shared.store);
+    store.resource_version += 1;
+    let uid = store.new_uid();
+    let rv = store.resource_version.to_string();
+    drop(store);
+    if let Some(meta) = event.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert("namespace".into(), Value::String(ns));
+        meta.insert("uid".into(), Value::String(uid));
+        meta.insert("resourceVersion".into(), Value::String(rv));
+    }
+    lock(&shared.events).push(event.clone());
+    json_response(StatusCode::CREATED, &event)
+}
+
+async fn list_events(
+    State(shared): AppState,
+    axum::extract::Path(ns): axum::extract::Path<String>,
+) -> Response {
+    let items: Vec<Value> = lock(&shared.events)
+        .iter()
+        .filter(|e| e.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns.as_str()))
+        .cloned()
+        .collect();
+    let rv = lock(&shared.store).resource_version.to_string();
+    let list = json!({
+        "kind": "EventList",
+        "apiVersion": "v1",
+        "metadata": { "resourceVersion": rv },
+        "items": items,
+    });
+    json_response(StatusCode::OK, &list)
 }
 
 // ---------------------------------------------------------------------------------------------
