@@ -1,6 +1,7 @@
 //! Client construction (kubeconfig file, $KUBECONFIG, in-cluster) and the typed calls the roles make.
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -46,15 +47,37 @@ pub async fn config_from_kubeconfig_file(path: &Path) -> Result<kube::Config, Ku
 pub async fn load_config(
     explicit: Option<&Path>,
 ) -> Result<(kube::Config, ConfigSource), KubeError> {
+    load_config_with(explicit, std::env::var_os("KUBECONFIG").as_deref()).await
+}
+
+/// [`load_config`] with the value of $KUBECONFIG passed in (testable without touching the
+/// process environment).
+pub async fn load_config_with(
+    explicit: Option<&Path>,
+    kubeconfig_env: Option<&OsStr>,
+) -> Result<(kube::Config, ConfigSource), KubeError> {
     if let Some(path) = explicit {
         let config = config_from_kubeconfig_file(path).await?;
         return Ok((config, ConfigSource::File(path.to_path_buf())));
     }
-    if let Some(kubeconfig) = Kubeconfig::from_env().map_err(KubeError::KubeconfigEnv)? {
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(KubeError::KubeconfigEnv)?;
+    // Like kubectl: a path list, empty entries ignored, merged with the first file winning.
+    let env_paths: Vec<PathBuf> = kubeconfig_env
+        .map(|value| {
+            std::env::split_paths(value)
+                .filter(|p| !p.as_os_str().is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !env_paths.is_empty() {
+        let merged = env_paths
+            .iter()
+            .try_fold(Kubeconfig::default(), |merged, path| {
+                Kubeconfig::read_from(path).and_then(|next| merged.merge(next))
+            })
+            .map_err(KubeError::KubeconfigEnv)?;
+        let config = kube::Config::from_custom_kubeconfig(merged, &KubeConfigOptions::default())
+            .await
+            .map_err(KubeError::KubeconfigEnv)?;
         return Ok((config, ConfigSource::KubeconfigEnv));
     }
     let config = kube::Config::incluster().map_err(KubeError::InCluster)?;
@@ -576,6 +599,39 @@ mod tests {
         let missing = dir.path().join("absent");
         let err = load_config(Some(&missing)).await.expect_err("fails");
         assert!(err.to_string().contains("absent"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn kubeconfig_env_is_used_when_no_path_is_given() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = dir.path().join("first");
+        let second = dir.path().join("second");
+        std::fs::write(&first, KUBECONFIG_WITH_CA).expect("write");
+        std::fs::write(&second, KUBECONFIG_SKIP_TLS).expect("write");
+        let list = std::env::join_paths([first.as_path(), Path::new(""), second.as_path()])
+            .expect("path list");
+        let (config, source) = load_config_with(None, Some(&list)).await.expect("loads");
+        assert_eq!(source, ConfigSource::KubeconfigEnv);
+        // The first file to define the cluster wins: it has the CA.
+        assert!(config.root_cert.is_some());
+
+        let explicit = load_config_with(Some(&second), Some(&list))
+            .await
+            .expect("loads");
+        assert_eq!(explicit.1, ConfigSource::File(second.clone()));
+    }
+
+    #[tokio::test]
+    async fn without_path_or_env_it_is_in_cluster() {
+        // Outside a pod the in-cluster attempt must fail with the in-cluster error, never
+        // silently fall back to ~/.kube/config.
+        if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+            return;
+        }
+        let err = load_config_with(None, Some(OsStr::new("")))
+            .await
+            .expect_err("not in a pod");
+        assert!(matches!(err, KubeError::InCluster(_)), "{err:?}");
     }
 
     #[test]

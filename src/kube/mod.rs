@@ -14,7 +14,7 @@ pub mod testserver;
 
 pub use client::{
     ConfigSource, EventType, KubeClient, MetadataPatch, PodEvent, PodPreconditions, Selectors,
-    WatchBackoff, WatchStream, config_from_kubeconfig_file, load_config,
+    WatchBackoff, WatchStream, config_from_kubeconfig_file, load_config, load_config_with,
 };
 pub use error::{Call, KubeError};
 
