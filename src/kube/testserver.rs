@@ -1429,9 +1429,9 @@ async fn control_set_fault(State(shared): AppState, body: Bytes) -> Response {
                 return status_response(400, "down needs ms (how long to stay down)", None);
             };
             let shared = shared.clone();
-            // Stopping waits for open connections, including this one: do it after answering.
+            // Stopping waits for open connections, including this one, so it runs beside this
+            // handler: the listener closes at once, this answer still goes out.
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(20)).await;
                 shared.stop().await;
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 let _ = shared.restart().await;
