@@ -513,23 +513,40 @@ async fn test_apiserver_role_serves_fixtures_until_sigterm() {
 
     // Run-time fault control over HTTP: one 403, then normal again; then down for a moment.
     let addr = url.trim_start_matches("http://").to_string();
-    let control = |body: &'static str| {
+    // One plain HTTP/1.1 exchange with a control endpoint; returns the response body.
+    let control = |method: &'static str, path: &'static str, body: &'static str| {
         let addr = addr.clone();
         async move {
             let mut conn = tokio::net::TcpStream::connect(&addr)
                 .await
                 .expect("connect");
             let request = format!(
-                "POST /testserver/fault HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
             conn.write_all(request.as_bytes()).await.expect("send");
             let mut answer = String::new();
             conn.read_to_string(&mut answer).await.expect("answer");
             assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            answer
+                .split_once("\r\n\r\n")
+                .map(|(_, body)| body.to_string())
+                .unwrap_or_default()
         }
     };
-    control(r#"{"kind":"fail","code":403,"times":1}"#).await;
+    let log: serde_json::Value =
+        serde_json::from_str(&control("GET", "/testserver/requests", "").await).expect("JSON log");
+    assert_eq!(
+        log[0],
+        json!({"method": "GET", "path": "/api/v1/namespaces/ns1/pods/fx", "query": "",
+               "token": "istio-cni-test-token"})
+    );
+    control(
+        "POST",
+        "/testserver/fault",
+        r#"{"kind":"fail","code":403,"times":1}"#,
+    )
+    .await;
     let err = client.get_pod("ns1", "fx", CALL).await.expect_err("403");
     assert!(matches!(err, KubeError::Forbidden { .. }), "{err:?}");
     client
@@ -537,7 +554,7 @@ async fn test_apiserver_role_serves_fixtures_until_sigterm() {
         .await
         .expect("fault used up");
 
-    control(r#"{"kind":"down","ms":300}"#).await;
+    control("POST", "/testserver/fault", r#"{"kind":"down","ms":300}"#).await;
     let deadline = Instant::now() + PATIENCE;
     let mut went_down = false;
     loop {
