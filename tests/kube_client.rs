@@ -211,6 +211,11 @@ async fn get_list_patch_and_delete_through_the_written_kubeconfig() {
         .create_pod_event(&current, &event, CALL)
         .await
         .expect("event");
+    assert!(
+        f.server
+            .wait_until(PATIENCE, || !f.server.events().is_empty())
+            .await
+    );
     let events = f.server.events();
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].reason.as_deref(), Some("DeleteBrokenPod"));
@@ -313,6 +318,12 @@ async fn watcher_with_field_selector_sees_added_modified_deleted() {
         name_of(&next_change(&mut stream).await),
         ("delete", "before".into(), None)
     );
+    let first_watch = f
+        .server
+        .wait_for_request(PATIENCE, |r| r.is_watch())
+        .await
+        .expect("a watch request");
+    assert_eq!(first_watch.path, "/api/v1/pods");
     let watches: Vec<_> = f
         .server
         .requests()
@@ -718,6 +729,11 @@ async fn server_follows_api_server_semantics() {
         .await
         .expect_err("405");
     assert_eq!(status_code(err).0, 405);
+
+    // Waiting for something that never happens gives up on time.
+    let started = Instant::now();
+    assert!(!server.wait_until(Duration::from_millis(50), || false).await);
+    assert!(started.elapsed() < Duration::from_secs(1));
 
     // No token: 401 before anything else.
     let anonymous = kube::Client::try_from(kube::Config::new(server.url().parse().expect("url")))

@@ -187,6 +187,7 @@ struct Store {
     history_limit: usize,
     next_uid: u64,
     events: broadcast::Sender<Arc<Change>>,
+    activity: tokio::sync::watch::Sender<u64>,
 }
 
 impl Store {
@@ -224,6 +225,7 @@ impl Store {
         }
         // No receivers is fine: nobody watches yet.
         let _ = self.events.send(change);
+        self.activity.send_modify(|count| *count += 1);
         after.or(before)
     }
 
@@ -280,6 +282,8 @@ struct Shared {
     requests: Mutex<Vec<RequestRecord>>,
     /// core/v1 Events created by clients (kept apart: nothing lists or watches them here).
     events: Mutex<Vec<Value>>,
+    /// Bumped on every request and every change, so tests can wait for a condition.
+    activity: tokio::sync::watch::Sender<u64>,
     /// Cancelled when the current generation stops; watches and delays end with it.
     generation: Mutex<CancellationToken>,
     running: tokio::sync::Mutex<Option<Running>>,
@@ -313,6 +317,7 @@ impl TestApiServer {
                 source,
             })?;
         let (events, _) = broadcast::channel(1024);
+        let (activity, _) = tokio::sync::watch::channel(0u64);
         let shared = Arc::new(Shared {
             addr,
             store: Mutex::new(Store {
@@ -323,7 +328,9 @@ impl TestApiServer {
                 history_limit: options.history_limit.max(1),
                 next_uid: 0,
                 events,
+                activity: activity.clone(),
             }),
+            activity,
             token: Mutex::new(options.token.clone()),
             options,
             faults: Mutex::new(Vec::new()),
@@ -462,6 +469,43 @@ impl TestApiServer {
             .iter()
             .filter_map(|e| serde_json::from_value(e.clone()).ok())
             .collect()
+    }
+
+    /// Waits until `condition` holds, re-checking after every request and every change; false
+    /// after `timeout`. E.g. `server.wait_until(t, || server.pod("ns", "p").is_some_and(..))`.
+    pub async fn wait_until(&self, timeout: Duration, condition: impl Fn() -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        // Subscribing before checking means no change between the two is missed.
+        let mut activity = self.shared.activity.subscribe();
+        loop {
+            if condition() {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, activity.changed()).await {
+                Ok(Ok(())) => {}
+                // Timed out, or the server is gone: one last look.
+                Ok(Err(_)) | Err(_) => return condition(),
+            }
+        }
+    }
+
+    /// Waits for the first logged request matching `matches` (including earlier ones).
+    pub async fn wait_for_request(
+        &self,
+        timeout: Duration,
+        matches: impl Fn(&RequestRecord) -> bool,
+    ) -> Option<RequestRecord> {
+        let found = || {
+            lock(&self.shared.requests)
+                .iter()
+                .find(|r| matches(r))
+                .cloned()
+        };
+        if self.wait_until(timeout, || found().is_some()).await {
+            found()
+        } else {
+            None
+        }
     }
 
     pub fn clear_requests(&self) {

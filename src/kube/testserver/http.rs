@@ -82,6 +82,7 @@ async fn front_door(State(shared): AppState, request: Request, next: Next) -> Re
             token: sent_token.clone(),
         });
     }
+    shared.activity.send_modify(|count| *count += 1);
     let expected = lock(&shared.token).clone();
     if let Some(expected) = expected
         && sent_token.as_deref() != Some(expected.as_str())
@@ -703,6 +704,7 @@ async fn create_event(
         meta.insert("resourceVersion".into(), Value::String(rv));
     }
     lock(&shared.events).push(event.clone());
+    shared.activity.send_modify(|count| *count += 1);
     json_response(StatusCode::CREATED, &event)
 }
 
