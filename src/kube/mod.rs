@@ -2,9 +2,9 @@
 //!
 //! Owns: building a `kube::Client` (kubeconfig file, $KUBECONFIG, in-cluster; rustls with ring
 //! only), the typed calls the roles make (get/list/watch pods and namespaces, metadata patches on
-//! pods and `pods/status`, pod delete, pod events), each under an explicit deadline and with errors that name
-//! the call, the object and the cause; and [`testserver`], a small in-process Kubernetes API
-//! server for tests and the demo (also run as the hidden `test-apiserver` role).
+//! pods and `pods/status`, pod delete, pod events), each under an explicit deadline and with
+//! errors that name the call, the object and the cause; and [`testserver`], a small in-process
+//! Kubernetes API server for tests and the demo (also run as the hidden `test-apiserver` role).
 //!
 //! May call: nothing else in this crate.
 
