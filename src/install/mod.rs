@@ -198,6 +198,8 @@ async fn run(cfg: Config) -> i32 {
         );
     }
 
+    let check = upgrade::checker(&ic.pod_namespace, &ic.node_name).await;
+
     let exe = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
@@ -231,9 +233,8 @@ async fn run(cfg: Config) -> i32 {
         .await
         .ok()
         .flatten();
-    let check = upgrade::NoApi;
     let keep = upgrade::should_keep(
-        &check,
+        check.as_ref(),
         cfg.install.ambient_disable_safe_upgrade,
         upgrade::RETRY_DELAY,
     )

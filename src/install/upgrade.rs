@@ -3,11 +3,17 @@
 //! captured while the new agent comes up. Istio only asks in ambient mode; we ask in sidecar mode
 //! too (L10), retry a few times and keep everything when the answer never comes (B11).
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement};
+use kube::Api;
 use tracing::{info, warn};
+
+use crate::kube::KubeClient;
 
 /// A boxed future (the trait must stay object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -23,6 +29,159 @@ pub struct NoApi;
 impl UpgradeCheck for NoApi {
     fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, String>> {
         Box::pin(async { Ok(false) })
+    }
+}
+
+/// The DaemonSet Istio's chart deploys the agent as.
+pub const DAEMONSET_NAME: &str = "istio-cni-node";
+/// Deadline of each API call (3 attempts must fit the 30 s grace period).
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Asks the API: does the DaemonSet still exist, not being deleted, and still target this node?
+pub struct DaemonSetCheck {
+    pub client: KubeClient,
+    pub namespace: String,
+    pub node: String,
+}
+
+/// Outcome of one GET.
+enum Got<T> {
+    Found(T),
+    Gone,
+}
+
+async fn get<K>(api: Api<K>, name: &str) -> Result<Got<K>, String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match tokio::time::timeout(CALL_TIMEOUT, api.get_opt(name)).await {
+        Err(_) => Err(format!("GET {name}: no answer within {CALL_TIMEOUT:?}")),
+        Ok(Ok(Some(obj))) => Ok(Got::Found(obj)),
+        Ok(Ok(None)) => Ok(Got::Gone),
+        // Our RBAC is removed together with the DaemonSet on uninstall.
+        Ok(Err(kube::Error::Api(s))) if s.code == 401 || s.code == 403 => Ok(Got::Gone),
+        Ok(Err(e)) => Err(format!("GET {name}: {e}")),
+    }
+}
+
+impl UpgradeCheck for DaemonSetCheck {
+    fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, String>> {
+        Box::pin(async move {
+            let ds_api: Api<DaemonSet> =
+                Api::namespaced(self.client.client().clone(), &self.namespace);
+            let ds = match get(ds_api, DAEMONSET_NAME).await? {
+                Got::Gone => {
+                    info!(namespace = %self.namespace, "DaemonSet {DAEMONSET_NAME} is gone: uninstall");
+                    return Ok(false);
+                }
+                Got::Found(ds) if ds.metadata.deletion_timestamp.is_some() => {
+                    info!("DaemonSet {DAEMONSET_NAME} is being deleted: uninstall");
+                    return Ok(false);
+                }
+                Got::Found(ds) => ds,
+            };
+            let pod_spec = ds.spec.and_then(|s| s.template.spec);
+            let selector = pod_spec
+                .as_ref()
+                .and_then(|p| p.node_selector.clone())
+                .unwrap_or_default();
+            let required = pod_spec
+                .and_then(|p| p.affinity)
+                .and_then(|a| a.node_affinity)
+                .and_then(|n| n.required_during_scheduling_ignored_during_execution);
+            if selector.is_empty() && required.is_none() {
+                return Ok(true);
+            }
+            if self.node.is_empty() {
+                return Err("NODE_NAME is not set; cannot tell whether the DaemonSet still targets this node".into());
+            }
+            let node_api: Api<Node> = Api::all(self.client.client().clone());
+            let node = match get(node_api, &self.node).await? {
+                Got::Found(n) => n,
+                Got::Gone => return Ok(false),
+            };
+            let labels = node.metadata.labels.clone().unwrap_or_default();
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let targeted = selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+                && required
+                    .as_ref()
+                    .is_none_or(|r| node_selector_matches(r, &labels, &name));
+            if !targeted {
+                info!(node = %self.node, "the DaemonSet no longer targets this node: uninstall");
+            }
+            Ok(targeted)
+        })
+    }
+}
+
+/// Kubernetes node-selector semantics: terms are ORed, requirements within a term ANDed, an empty
+/// term matches nothing; `matchFields` supports `metadata.name`.
+pub fn node_selector_matches(
+    sel: &NodeSelector,
+    labels: &BTreeMap<String, String>,
+    node_name: &str,
+) -> bool {
+    sel.node_selector_terms.iter().any(|term| {
+        let exprs = term.match_expressions.as_deref().unwrap_or_default();
+        let fields = term.match_fields.as_deref().unwrap_or_default();
+        if exprs.is_empty() && fields.is_empty() {
+            return false;
+        }
+        exprs
+            .iter()
+            .all(|r| requirement_matches(r, labels.get(&r.key).map(String::as_str)))
+            && fields.iter().all(|r| {
+                let value = (r.key == "metadata.name").then_some(node_name);
+                requirement_matches(r, value)
+            })
+    })
+}
+
+fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
+    let values = r.values.as_deref().unwrap_or_default();
+    let number = |s: &str| s.parse::<i64>().ok();
+    match r.operator.as_str() {
+        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
+        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" | "Lt" => {
+            let (Some(v), Some(bound)) = (
+                value.and_then(number),
+                values.first().and_then(|b| number(b)),
+            ) else {
+                return false;
+            };
+            if r.operator == "Gt" {
+                v > bound
+            } else {
+                v < bound
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Picks the check: the API when a client can be built (explicit $KUBECONFIG first, then
+/// in-cluster) and POD_NAMESPACE is known; otherwise "not an upgrade".
+pub async fn checker(namespace: &str, node: &str) -> Box<dyn UpgradeCheck> {
+    if namespace.is_empty() {
+        info!("POD_NAMESPACE is not set: no upgrade check, shutdown will clean up");
+        return Box::new(NoApi);
+    }
+    match KubeClient::for_agent(None).await {
+        Ok((client, source)) => {
+            info!(source = ?source, "upgrade check on shutdown uses the Kubernetes API");
+            Box::new(DaemonSetCheck {
+                client,
+                namespace: namespace.to_string(),
+                node: node.to_string(),
+            })
+        }
+        Err(e) => {
+            info!("no Kubernetes API configured ({e}): shutdown will clean up");
+            Box::new(NoApi)
+        }
     }
 }
 
@@ -93,6 +252,73 @@ mod tests {
             .build()
             .expect("runtime")
             .block_on(f)
+    }
+
+    fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
+        NodeSelectorRequirement {
+            key: key.to_string(),
+            operator: op.to_string(),
+            values: Some(values.iter().map(|v| v.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn node_selector_semantics() {
+        use k8s_openapi::api::core::v1::NodeSelectorTerm;
+        let labels: BTreeMap<String, String> = [
+            ("pool".to_string(), "mesh".to_string()),
+            ("cpu".to_string(), "8".to_string()),
+        ]
+        .into();
+        let sel = |terms: Vec<NodeSelectorTerm>| NodeSelector {
+            node_selector_terms: terms,
+        };
+        let term =
+            |e: Vec<NodeSelectorRequirement>, f: Vec<NodeSelectorRequirement>| NodeSelectorTerm {
+                match_expressions: Some(e),
+                match_fields: Some(f),
+            };
+        assert!(node_selector_matches(
+            &sel(vec![term(vec![req("pool", "In", &["mesh"])], vec![])]),
+            &labels,
+            "n1"
+        ));
+        assert!(!node_selector_matches(
+            &sel(vec![term(vec![req("pool", "NotIn", &["mesh"])], vec![])]),
+            &labels,
+            "n1"
+        ));
+        assert!(node_selector_matches(
+            &sel(vec![
+                term(vec![req("pool", "In", &["other"])], vec![]),
+                term(
+                    vec![req("cpu", "Gt", &["4"]), req("gpu", "DoesNotExist", &[])],
+                    vec![]
+                )
+            ]),
+            &labels,
+            "n1"
+        ));
+        assert!(node_selector_matches(
+            &sel(vec![term(
+                vec![],
+                vec![req("metadata.name", "In", &["n1"])]
+            )]),
+            &labels,
+            "n1"
+        ));
+        assert!(!node_selector_matches(
+            &sel(vec![term(
+                vec![],
+                vec![req("metadata.name", "In", &["n2"])]
+            )]),
+            &labels,
+            "n1"
+        ));
+        assert!(
+            !node_selector_matches(&sel(vec![term(vec![], vec![])]), &labels, "n1"),
+            "empty term matches nothing"
+        );
     }
 
     #[test]
