@@ -7,9 +7,13 @@ use tracing::{info, warn};
 /// The capabilities the enabled roles need. Installing files into host dirs owned by others needs
 /// DAC_OVERRIDE; the ambient agent and the repair controller enter pod network namespaces and
 /// program rules (the chart grants exactly these five).
-pub fn needed(ambient: bool, repair: bool) -> CapsHashSet {
+pub fn needed(ambient: bool, repair: bool, ports: &[u16]) -> CapsHashSet {
     let mut set = CapsHashSet::new();
     set.insert(Capability::CAP_DAC_OVERRIDE);
+    // Only when someone configures a privileged health/metrics port.
+    if ports.iter().any(|p| (1..1024).contains(p)) {
+        set.insert(Capability::CAP_NET_BIND_SERVICE);
+    }
     if ambient || repair {
         set.insert(Capability::CAP_NET_ADMIN);
         set.insert(Capability::CAP_NET_RAW);
@@ -58,8 +62,9 @@ mod tests {
 
     #[test]
     fn needed_sets() {
-        assert_eq!(needed(false, false).len(), 1);
-        assert_eq!(needed(true, false).len(), 5);
-        assert_eq!(needed(false, true), needed(true, true));
+        assert_eq!(needed(false, false, &[8000, 0]).len(), 1);
+        assert_eq!(needed(true, false, &[8000]).len(), 5);
+        assert_eq!(needed(false, true, &[]), needed(true, true, &[]));
+        assert!(needed(false, false, &[80]).contains(&Capability::CAP_NET_BIND_SERVICE));
     }
 }

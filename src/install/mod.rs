@@ -61,9 +61,11 @@ pub fn main(args: Vec<String>) -> i32 {
         warn!("{w}");
     }
     // Before any thread exists: capabilities are per thread and inherited.
+    let ports = [cfg.health_port, cfg.monitoring_port.unwrap_or(0)];
     caps::drop_to(&caps::needed(
         cfg.install.ambient_enabled,
         cfg.repair.enabled,
+        &ports,
     ));
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
