@@ -132,19 +132,37 @@ impl guard::GuardObserver for Observer {
     }
 }
 
-async fn shutdown_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        error!("cannot install signal handlers; running until killed");
-        std::future::pending::<()>().await;
-        return "none";
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+/// SIGTERM/SIGINT, registered as the very first thing so an early signal still cleans up.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn register() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}
+
+/// Resolves if the guard thread ends on its own (only a bug can do that).
+async fn guard_died(guard: &guard::GuardHandle) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        if guard.is_finished() {
+            return;
+        }
     }
 }
 
@@ -161,6 +179,13 @@ async fn run(cfg: Config) -> i32 {
         repair = cfg.repair.enabled,
         "starting install-cni"
     );
+    let mut signals = match Signals::register() {
+        Ok(s) => s,
+        Err(e) => {
+            error!("cannot install signal handlers: {e}");
+            return 1;
+        }
+    };
     let stop = CancellationToken::new();
     let metrics = Metrics::default();
     let readiness = Readiness::default();
@@ -228,8 +253,10 @@ async fn run(cfg: Config) -> i32 {
         }
     };
 
-    let signal = shutdown_signal().await;
-    info!(signal, "shutting down");
+    tokio::select! {
+        signal = signals.recv() => info!(signal, "shutting down"),
+        _ = guard_died(&guard) => error!("the guard thread ended unexpectedly; shutting down"),
+    }
     readiness.set(INSTALLER, false);
     let installer = tokio::task::spawn_blocking(move || guard.stop())
         .await
