@@ -468,6 +468,24 @@ mod tests {
     }
 
     #[test]
+    fn insert_is_idempotent_and_remove_undoes_it() {
+        let p = test_plugin(false);
+        for input in ["list.conflist", "list-with-istio.conflist", "bridge.conf"] {
+            let cand = classify(input, &read(input)).expect("valid");
+            let once = insert(input, &cand.value, &p).expect("merges");
+            let twice = insert(input, &once, &p).expect("merges again");
+            assert_eq!(once, twice, "{input}");
+            let removed = remove(input, &once).expect("ok").expect("had an entry");
+            assert_eq!(remove(input, &removed).expect("ok"), None, "{input}");
+            let plugins = removed
+                .get("plugins")
+                .and_then(Value::as_array)
+                .expect("plugins");
+            assert_eq!(plugins, &primary_plugins(&cand), "{input}");
+        }
+    }
+
+    #[test]
     fn owned_copy_compares_full_plugin_content() {
         let primary = classify("list.conflist", &read("list.conflist")).expect("valid");
         let owned: Value =
