@@ -304,3 +304,76 @@ fn sigint_also_cleans_up() {
     );
     assert!(!d.bin.join("istio-cni").exists());
 }
+
+#[test]
+fn read_only_bin_dir_fails_the_pass_with_the_platform_hint_and_keeps_retrying() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    let probe = Command::new("unshare").args(["-m", "true"]).status();
+    if !probe.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: needs root and unshare(1) for a private read-only bind mount");
+        return;
+    }
+    let mut env = d.base_env();
+    env.push(("MONITORING_PORT".into(), free_port().to_string()));
+    let bin_dir = d.bin.display().to_string();
+    // A private mount namespace where the bin dir is a read-only bind mount of itself.
+    let script = format!("mount --bind -o ro {bin_dir} {bin_dir} && exec \"$@\"");
+    let mut agent = start_via(
+        &[
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+            "sh",
+        ],
+        &env,
+        &[],
+    );
+    let line = agent.wait_line("install pass failed", T);
+    assert!(
+        line.contains("global.platform") && line.contains(&bin_dir),
+        "{line}"
+    );
+    let metrics = agent.port("metrics server");
+    let health = agent.port("health server");
+    assert_eq!(status(health, "/readyz"), Some(503));
+    let (_, body) = http_get(metrics, "/metrics").expect("metrics");
+    assert!(
+        body.contains("istio_cni_installs_total{result=\"COPY_BINARIES_FAILURE\"}"),
+        "{body}"
+    );
+    // Still alive and retrying, and exits cleanly.
+    assert!(agent.child.try_wait().expect("try_wait").is_none());
+    assert!(agent.terminate(T).success(), "{}", agent.output());
+}
+
+#[test]
+fn a_deleted_or_replaced_plugin_binary_is_put_back() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    let mut agent = start(&d.base_env(), &[]);
+    let plugin = d.bin.join("istio-cni");
+    let same = || {
+        std::fs::read(&plugin)
+            .ok()
+            .filter(|b| *b == std::fs::read(bin()).expect("self"))
+    };
+    assert!(wait_for(T, same).is_some());
+    std::fs::remove_file(&plugin).expect("rm");
+    assert!(
+        wait_for(T, same).is_some(),
+        "deleted binary not restored:\n{}",
+        agent.output()
+    );
+    std::fs::write(&plugin, b"#!/bin/sh\nexit 1\n").expect("replace");
+    assert!(
+        wait_for(T, same).is_some(),
+        "replaced binary not restored:\n{}",
+        agent.output()
+    );
+    assert!(agent.terminate(T).success());
+}

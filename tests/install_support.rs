@@ -112,7 +112,20 @@ pub fn bin() -> &'static str {
 
 /// Starts `install-cni` with exactly `env` (plus PATH) and `args`.
 pub fn start(env: &[(String, String)], args: &[&str]) -> Agent {
-    let mut cmd = Command::new(bin());
+    start_via(&[], env, args)
+}
+
+/// Like [`start`], with the binary run through `wrapper` (e.g. `unshare -m sh -c ...`), which
+/// must exec it (the child's pid is signalled).
+pub fn start_via(wrapper: &[&str], env: &[(String, String)], args: &[&str]) -> Agent {
+    let mut cmd = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(bin());
+            c
+        }
+        None => Command::new(bin()),
+    };
     cmd.arg("install-cni")
         .args(args)
         .env_clear()

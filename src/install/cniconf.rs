@@ -170,6 +170,13 @@ pub fn classify(name: &str, bytes: &[u8]) -> Result<Candidate, ConfError> {
     })
 }
 
+/// Whether a list carries any istio-cni entry (whatever its content).
+pub fn has_istio_entry(list: &Value) -> bool {
+    list.get("plugins")
+        .and_then(Value::as_array)
+        .is_some_and(|p| p.iter().any(is_istio_entry))
+}
+
 fn is_istio_entry(v: &Value) -> bool {
     v.get("type").and_then(Value::as_str) == Some(ISTIO_TYPE)
 }

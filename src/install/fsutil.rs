@@ -20,7 +20,7 @@ pub struct FsError {
 impl FsError {
     pub fn new(op: &'static str, path: &Path, source: io::Error) -> Self {
         // Same hint as Istio: a read-only host dir usually means a platform with another bin dir.
-        let hint = if source.raw_os_error() == Some(libc::EROFS) {
+        let hint = if is_erofs(&source) {
             " (read-only file system: this platform may keep CNI binaries elsewhere; set \
              global.platform in the chart or point --cni-bin-dirs at a writable directory)"
         } else {
@@ -35,8 +35,13 @@ impl FsError {
     }
 
     pub fn is_read_only(&self) -> bool {
-        self.source.raw_os_error() == Some(libc::EROFS)
+        is_erofs(&self.source)
     }
+}
+
+/// tempfile wraps OS errors with the path, so the raw errno is not always there; the kind is.
+fn is_erofs(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EROFS) || e.kind() == io::ErrorKind::ReadOnlyFilesystem
 }
 
 fn temp_prefix(name: &str) -> String {

@@ -624,7 +624,8 @@ impl Installer {
         let created_by_us = if !self.cfg.chained {
             value.get("type").and_then(Value::as_str) == Some(cniconf::ISTIO_TYPE)
         } else if self.cfg.owned_mode() {
-            name == self.cfg.owned_filename && cniconf::check_chained(&value, &self.istio).is_ok()
+            // The owned file is ours by name; an edited entry must not leave it behind.
+            name == self.cfg.owned_filename && cniconf::has_istio_entry(&value)
         } else {
             false
         };
