@@ -377,3 +377,20 @@ fn a_deleted_or_replaced_plugin_binary_is_put_back() {
     );
     assert!(agent.terminate(T).success());
 }
+
+#[test]
+fn own_writes_do_not_wake_the_guard() {
+    let d = Dirs::new();
+    d.put("10-bridge.conf", &testdata("bridge.conf"));
+    let mut agent = start(&d.base_env(), &["--log_output_level=debug"]);
+    agent.wait_line("istio-cni is installed; watching for changes", T);
+    // A negative check needs a quiet period: nothing may happen in it.
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = agent.output();
+    let count = |needle: &str| out.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(count("wrote the istio-cni entry"), 1, "{out}");
+    assert_eq!(count("installed the CNI plugin binary"), 1, "{out}");
+    assert_eq!(count("wrote the plugin kubeconfig"), 1, "{out}");
+    assert_eq!(count("istio-cni is installed; watching"), 1, "{out}");
+    assert!(agent.terminate(T).success());
+}
