@@ -225,24 +225,34 @@ fn kubeconfig_case(env: &[(&str, &str)], golden: &str) {
             u32::from_str_radix(v.trim_start_matches('0'), 8).expect("octal")
         });
     assert_eq!(mode, want_mode);
-    // Token rotation (kubelet swaps the projected token): the kubeconfig follows.
-    std::fs::write(d.sa.join("token"), testdata("token-foo")).expect("rotate");
-    let rotated = wait_for(T, || {
+    // Token rotation the way the kubelet does it: `token -> ..data/token`, and `..data` is a
+    // symlink to a timestamped dir, swapped atomically with a rename. The kubeconfig follows.
+    let swap = |version: &str, token_file: &str| {
+        let dir = d.sa.join(format!("..{version}"));
+        std::fs::create_dir(&dir).expect("version dir");
+        std::fs::write(dir.join("token"), testdata(token_file)).expect("token");
+        std::os::unix::fs::symlink(format!("..{version}"), d.sa.join("..data_tmp"))
+            .expect("symlink");
+        std::fs::rename(d.sa.join("..data_tmp"), d.sa.join("..data")).expect("swap");
+    };
+    swap("v1", "token-foo");
+    std::fs::remove_file(d.sa.join("token")).expect("rm token");
+    std::os::unix::fs::symlink("..data/token", d.sa.join("token")).expect("token link");
+    let has_token = |t: &str| {
         std::fs::read_to_string(&path)
             .ok()
-            .filter(|c| c.ends_with("    token: foo\n"))
-    });
+            .filter(|c| c.ends_with(&format!("    token: {t}\n")))
+    };
     assert!(
-        rotated.is_some(),
+        wait_for(T, || has_token("foo")).is_some(),
         "token rotation not picked up:\n{}",
         agent.output()
     );
-    std::fs::write(d.sa.join("token"), testdata("token-bar")).expect("rotate");
+    swap("v2", "token-bar");
     assert!(
-        wait_for(T, || std::fs::read_to_string(&path)
-            .ok()
-            .filter(|c| c.ends_with("    token: bar\n")))
-        .is_some()
+        wait_for(T, || has_token("bar")).is_some(),
+        "second rotation not picked up:\n{}",
+        agent.output()
     );
     // Deleting it is repaired too (Istio does not watch it: L6).
     std::fs::remove_file(&path).expect("rm");
