@@ -47,6 +47,8 @@ fn case(
             agent.output()
         );
     }
+    // The result validates: the guard settles instead of rewriting it again and again.
+    agent.wait_line("istio-cni is installed; watching for changes", T);
     // Nothing half-written or temporary is left next to it.
     assert!(
         d.names().iter().all(|n| !n.contains(".tmp.")),

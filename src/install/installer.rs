@@ -1,7 +1,7 @@
 //! The install pass, its validity check and cleanup — the file effects around the pure logic in
 //! `cniconf` and `kubeconfig`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -73,6 +73,9 @@ pub struct Installer {
     self_mode: u32,
     /// Name (in the conf dir) of the config file we last wrote.
     last_written: Option<String>,
+    /// Every chained config we put our entry into during this run (the primary can change), so
+    /// cleanup leaves no stale entry pointing at a removed binary.
+    touched: BTreeSet<String>,
     /// The primary config remembered by the last failed check.
     primary_hint: Option<String>,
     restore: Option<RestoreRecord>,
@@ -107,6 +110,7 @@ impl Installer {
             self_exe,
             self_mode,
             last_written: None,
+            touched: BTreeSet::new(),
             primary_hint: None,
             restore,
             verified: HashMap::new(),
@@ -160,8 +164,8 @@ impl Installer {
         t
     }
 
-    /// A cheap fingerprint of the inputs (conf dir entries, token, CA): if it is unchanged, a
-    /// pass that failed or found no primary would fail the same way again.
+    /// A cheap fingerprint of everything `validate` looks at (conf dir entries, token, CA,
+    /// kubeconfig, installed binaries): if it is unchanged, a pass would end the same way again.
     pub fn inputs_fingerprint(&self) -> Fingerprint {
         let mut v: Vec<(String, Option<FileStamp>)> = fs::read_dir(self.dir())
             .map(|r| {
@@ -176,10 +180,13 @@ impl Installer {
             })
             .unwrap_or_default();
         v.sort();
-        for p in [
+        let mut others = vec![
             self.cfg.service_account_dir.join("token"),
             self.cfg.kube_ca_file.clone(),
-        ] {
+            self.cfg.kubeconfig_path(),
+        ];
+        others.extend(self.bin_targets());
+        for p in others {
             v.push((p.display().to_string(), FileStamp::of(&p)));
         }
         v
@@ -332,15 +339,14 @@ impl Installer {
         })
     }
 
-    /// §2.4 check. Remembers the primary when the answer is "invalid".
-    fn check_conf(&mut self, cands: &[Candidate]) -> Result<(), String> {
+    /// §2.4 steps 1-3: is the highest-priority file ours? Remembers the primary when it is not.
+    fn check_priority(
+        &mut self,
+        cands: &[Candidate],
+        first: &Candidate,
+        ours: Option<&str>,
+    ) -> Result<(), String> {
         let owned = self.cfg.owned_mode();
-        let Some(first) = cands.first() else {
-            return Err(format!(
-                "no valid networks found in {}",
-                self.dir().display()
-            ));
-        };
         if owned && first.name != self.cfg.owned_filename {
             if self.cfg.owned_filename > first.name {
                 warn!(
@@ -357,28 +363,45 @@ impl Installer {
                 first.name, self.cfg.owned_filename
             ));
         }
-        let ours = self.last_written.clone();
-        if ours.as_deref() != Some(first.name.as_str()) {
-            if self.cfg.cni_conf_name.is_some() || !self.cfg.chained {
-                if ours.is_some() && self.warned_preempted.as_deref() != Some(first.name.as_str()) {
-                    warn!(
-                        "CNI config {} has priority over ours (intentional preemption?)",
-                        first.name
-                    );
-                    self.warned_preempted = Some(first.name.clone());
-                }
-            } else {
-                let primary = if owned && first.name == self.cfg.owned_filename {
-                    cands.get(1)
-                } else {
-                    Some(first)
-                };
-                self.primary_hint = primary.map(|c| c.name.clone());
-                return Err(format!(
-                    "{} is the highest-priority config, not ours",
+        if ours == Some(first.name.as_str()) {
+            return Ok(());
+        }
+        if self.cfg.cni_conf_name.is_some() || !self.cfg.chained {
+            if ours.is_some() && self.warned_preempted.as_deref() != Some(first.name.as_str()) {
+                warn!(
+                    "CNI config {} has priority over ours (intentional preemption?)",
                     first.name
+                );
+                self.warned_preempted = Some(first.name.clone());
+            }
+            return Ok(());
+        }
+        let primary = if owned && first.name == self.cfg.owned_filename {
+            cands.get(1)
+        } else {
+            Some(first)
+        };
+        self.primary_hint = primary.map(|c| c.name.clone());
+        Err(format!(
+            "{} is the highest-priority config, not ours",
+            first.name
+        ))
+    }
+
+    /// §2.4 check. Remembers the primary when the answer is "invalid".
+    fn check_conf(&mut self, cands: &[Candidate]) -> Result<(), String> {
+        let owned = self.cfg.owned_mode();
+        let ours = self.last_written.clone();
+        match cands.first() {
+            // An explicitly named file may have any name (not a candidate): check it directly.
+            None if self.cfg.cni_conf_name.is_some() && !owned => {}
+            None => {
+                return Err(format!(
+                    "no valid networks found in {}",
+                    self.dir().display()
                 ));
             }
+            Some(first) => self.check_priority(cands, first, ours.as_deref())?,
         }
         let Some(ours) = ours else {
             return Err("our config is not written yet".to_string());
@@ -534,6 +557,9 @@ impl Installer {
             self.set_restore(None);
         }
         info!(path = %target.display(), primary = %primary.name, "wrote the istio-cni entry into the CNI config");
+        if !owned {
+            self.touched.insert(target_name.clone());
+        }
         self.last_written = Some(target_name);
         Ok(Outcome::Installed)
     }
@@ -593,6 +619,15 @@ impl Installer {
     /// converted primary `.conf` (L8).
     pub fn cleanup(&mut self) {
         if let Some(name) = self.last_written.clone() {
+            self.cleanup_conf(&name);
+        }
+        let others: Vec<String> = self
+            .touched
+            .iter()
+            .filter(|n| Some(*n) != self.last_written.as_ref())
+            .cloned()
+            .collect();
+        for name in others {
             self.cleanup_conf(&name);
         }
         let kc = self.cfg.kubeconfig_path();
@@ -824,6 +859,11 @@ mod tests {
                 golden("list.conflist.golden"),
                 "case {name}"
             );
+            assert_eq!(
+                i.validate(),
+                Ok(()),
+                "case {name}: the result must validate"
+            );
         }
     }
 
@@ -944,6 +984,25 @@ mod tests {
             read(&e, "05-other.conflist"),
             golden("list.conflist.golden")
         );
+    }
+
+    #[test]
+    fn cleanup_removes_our_entry_from_every_primary_we_used() {
+        let e = env();
+        put(&e, "10-list.conflist", "list.conflist");
+        let mut i = installer(&e);
+        i.install_all().expect("installs");
+        put(&e, "05-other.conflist", "list.conflist");
+        assert!(i.validate().is_err());
+        i.install_all().expect("moves to the new primary");
+        assert!(
+            read(&e, "10-list.conflist").contains("istio-cni"),
+            "the old one keeps its entry meanwhile"
+        );
+        i.cleanup();
+        for f in ["05-other.conflist", "10-list.conflist"] {
+            pretty_assertions::assert_eq!(read(&e, f), golden("list-no-istio.conflist"), "{f}");
+        }
     }
 
     #[test]
