@@ -178,6 +178,12 @@ pub async fn checker(namespace: &str, node: &str) -> Box<dyn UpgradeCheck> {
                 node: node.to_string(),
             })
         }
+        Err(e) if std::env::var_os("KUBECONFIG").is_some() => {
+            warn!(
+                "$KUBECONFIG is set but unusable ({e}): no upgrade check, shutdown will clean up"
+            );
+            Box::new(NoApi)
+        }
         Err(e) => {
             info!("no Kubernetes API configured ({e}): shutdown will clean up");
             Box::new(NoApi)
