@@ -394,3 +394,29 @@ fn own_writes_do_not_wake_the_guard() {
     assert_eq!(count("istio-cni is installed; watching"), 1, "{out}");
     assert!(agent.terminate(T).success());
 }
+
+#[test]
+fn logs_can_go_to_a_file() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    let log = d.tmp.path().join("agent.log");
+    let target = format!("--log_target={}", log.display());
+    let mut agent = start(&d.base_env(), &[&target]);
+    let ok = wait_for(T, || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|t| t.contains("istio-cni is installed; watching for changes"))
+    });
+    assert!(
+        ok.is_some(),
+        "log file: {:?}",
+        std::fs::read_to_string(&log)
+    );
+    assert!(agent.terminate(T).success());
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(text.lines().all(|l| l.split('\t').count() >= 4), "{text}");
+    assert!(
+        !agent.output().contains("watching for changes"),
+        "nothing on stderr"
+    );
+}

@@ -475,6 +475,37 @@ mod tests {
     }
 
     #[test]
+    fn entry_carries_exclusions_and_selectors() {
+        use crate::install::config::{EnablementSelector, LabelSelector};
+        let mut p = test_plugin(true);
+        p.exclude_namespaces = Some(vec!["kube-system".to_string(), "istio-system".to_string()]);
+        let mut labels = std::collections::BTreeMap::new();
+        labels.insert("istio.io/dataplane-mode".to_string(), "ambient".to_string());
+        p.enablement_selectors = vec![EnablementSelector {
+            pod_selector: Some(LabelSelector {
+                match_labels: labels,
+                match_expressions: vec![],
+            }),
+            namespace_selector: None,
+        }];
+        let v = p.list_entry();
+        assert_eq!(
+            v["exclude_namespaces"],
+            serde_json::json!(["kube-system", "istio-system"])
+        );
+        assert_eq!(
+            v["enablement_selectors"],
+            serde_json::json!([{"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}])
+        );
+        assert!(v.get("cniVersion").is_none());
+        let standalone = String::from_utf8(p.standalone_bytes()).expect("utf8");
+        assert!(
+            standalone.contains("\"exclude_namespaces\": [\n    \"kube-system\""),
+            "{standalone}"
+        );
+    }
+
+    #[test]
     fn insert_is_idempotent_and_remove_undoes_it() {
         let p = test_plugin(false);
         for input in ["list.conflist", "list-with-istio.conflist", "bridge.conf"] {
