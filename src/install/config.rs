@@ -979,6 +979,14 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         allow_switch_to_host_ns: r.env_bool("ALLOW_SWITCH_TO_HOST_NS", false)?,
     };
 
+    if install.ambient_enabled && install.native_nftables && agent.force_iptables_binary.is_some() {
+        warnings.push(
+            "NATIVE_NFTABLES is set together with FORCE_IPTABLES_BINARY; the iptables binary choice \
+             has no effect with the nftables backend"
+                .to_string(),
+        );
+    }
+
     // Read-and-ignored for drop-in compatibility; say so when someone sets them.
     for (flag, name, env_name) in [
         (&f.log_level, "log-level", "LOG_LEVEL"),

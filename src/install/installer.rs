@@ -1006,6 +1006,60 @@ mod tests {
     }
 
     #[test]
+    fn invalid_files_sorting_first_are_skipped() {
+        let e = env();
+        fs::write(e.net.join("00-garbage.conf"), "not json").expect("w");
+        fs::write(e.net.join("01-empty.conflist"), "").expect("w");
+        fs::write(e.net.join("02-notype.conf"), r#"{"name":"x"}"#).expect("w");
+        fs::write(
+            e.net.join("03-noname.conflist"),
+            r#"{"plugins":[{"type":"x"}]}"#,
+        )
+        .expect("w");
+        fs::write(e.net.join("04-noplugins.conflist"), r#"{"name":"x"}"#).expect("w");
+        fs::write(e.net.join("05-ignored.txt"), r#"{"type":"x"}"#).expect("w");
+        put(&e, "10-list.conflist", "list.conflist");
+        let mut i = installer(&e);
+        i.install_all().expect("installs");
+        pretty_assertions::assert_eq!(read(&e, "10-list.conflist"), golden("list.conflist.golden"));
+        assert_eq!(read(&e, "00-garbage.conf"), "not json", "never touched");
+        assert_eq!(i.validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_named_primary_that_appears_later_is_waited_for() {
+        let e = env();
+        put(&e, "05-other.conflist", "list.conflist");
+        let mut cfg = e.cfg.clone();
+        cfg.cni_conf_name = Some("10-list.conflist".to_string());
+        let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
+        i.cfg.run_dir = e.net.parent().expect("root").join("run");
+        assert!(
+            matches!(i.install_all(), Ok(Outcome::WaitingForPrimary(w)) if w.contains("10-list.conflist"))
+        );
+        put(&e, "10-list.conf", "list.conflist");
+        // The .conf variant stands in for the named .conflist.
+        i.install_all().expect("installs");
+        assert!(read(&e, "10-list.conf").contains("istio-cni"));
+        assert_eq!(
+            read(&e, "05-other.conflist"),
+            golden("list.conflist"),
+            "intentionally preempting file untouched"
+        );
+        assert_eq!(i.validate(), Ok(()));
+    }
+
+    #[test]
+    fn missing_or_empty_conf_dir_waits() {
+        let e = env();
+        let mut i = installer(&e);
+        fs::remove_dir(&e.net).expect("rm dir");
+        assert!(matches!(i.install_all(), Ok(Outcome::WaitingForPrimary(_))));
+        fs::create_dir(&e.net).expect("mkdir");
+        assert!(matches!(i.install_all(), Ok(Outcome::WaitingForPrimary(_))));
+    }
+
+    #[test]
     fn token_rotation_and_binary_changes_invalidate() {
         let e = env();
         put(&e, "10-list.conflist", "list.conflist");
