@@ -33,7 +33,7 @@ enum Ds {
 
 #[derive(Clone)]
 struct Api {
-    ds: Ds,
+    ds: Arc<Mutex<Ds>>,
     ds_gets: Arc<AtomicUsize>,
     paths: Arc<Mutex<Vec<String>>>,
 }
@@ -63,7 +63,8 @@ async fn daemonset(
                               "spec": {"containers": [{"name": "install-cni"}],
                                        "nodeSelector": {"kubernetes.io/os": "linux"}}}}
     });
-    match api.ds {
+    let mode = *api.ds.lock().expect("mode");
+    match mode {
         Ds::Missing => return status(404, "NotFound"),
         Ds::Forbidden => return status(403, "Forbidden"),
         Ds::Broken => return status(500, "InternalError"),
@@ -86,16 +87,15 @@ async fn node(State(api): State<Api>, Path(name): Path<String>) -> impl IntoResp
         "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux", "pool": "general"}}}))
 }
 
-/// Runs install-cni against a stand-in API answering `ds`, sends SIGTERM, and says whether the
-/// installation was kept; also returns how many DaemonSet GETs were made and the shutdown time.
-fn run(ds: Ds, extra_env: &[(&str, &str)]) -> (bool, usize, Duration, Vec<String>) {
+/// Starts the stand-in API on loopback; keep the runtime alive while it is used.
+fn serve(ds: Ds) -> (tokio::runtime::Runtime, Api, u16) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .expect("runtime");
     let api = Api {
-        ds,
+        ds: Arc::new(Mutex::new(ds)),
         ds_gets: Arc::new(AtomicUsize::new(0)),
         paths: Arc::new(Mutex::new(Vec::new())),
     };
@@ -113,16 +113,26 @@ fn run(ds: Ds, extra_env: &[(&str, &str)]) -> (bool, usize, Duration, Vec<String
     rt.spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
+    (rt, api, port)
+}
 
-    let d = Dirs::new();
-    let kubeconfig = d.tmp.path().join("kubeconfig");
+fn write_kubeconfig(path: &std::path::Path, port: u16) {
     std::fs::write(
-        &kubeconfig,
+        path,
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    server: http://127.0.0.1:{port}\n  name: test\ncontexts:\n- context:\n    cluster: test\n    user: test\n  name: test\ncurrent-context: test\nusers:\n- name: test\n  user:\n    token: test-token\n"
         ),
     )
     .expect("kubeconfig");
+}
+
+/// Runs install-cni against a stand-in API answering `ds`, sends SIGTERM, and says whether the
+/// installation was kept; also returns how many DaemonSet GETs were made and the shutdown time.
+fn run(ds: Ds, extra_env: &[(&str, &str)]) -> (bool, usize, Duration, Vec<String>) {
+    let (_rt, api, port) = serve(ds);
+    let d = Dirs::new();
+    let kubeconfig = d.tmp.path().join("kubeconfig");
+    write_kubeconfig(&kubeconfig, port);
     d.put("10-list.conflist", &testdata("list.conflist"));
     let mut env = d.base_env();
     env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
@@ -216,4 +226,43 @@ fn safe_upgrade_disabled_always_cleans_up() {
     let (kept, gets, _, _) = run(Ds::Present, &[("AMBIENT_DISABLE_SAFE_UPGRADE", "true")]);
     assert!(!kept);
     assert_eq!(gets, 0);
+}
+
+#[test]
+fn restart_after_an_upgrade_still_restores_the_original_conf_on_uninstall() {
+    let (_rt, api, port) = serve(Ds::Present);
+    let d = Dirs::new();
+    let kubeconfig = d.tmp.path().join("kubeconfig");
+    write_kubeconfig(&kubeconfig, port);
+    d.put("10-bridge.conf", &testdata("bridge.conf"));
+    let mut env = d.base_env();
+    env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
+    let installed = || d.read("10-bridge.conflist").filter(|c| has_istio_entry(c));
+
+    // First agent: converts the .conf, then is stopped for an upgrade and keeps everything.
+    let mut first = start(&env, &[]);
+    assert!(wait_for(T, installed).is_some(), "{}", first.output());
+    assert!(first.terminate(T).success());
+    assert!(
+        installed().is_some() && d.read("10-bridge.conf").is_none(),
+        "kept for the upgrade"
+    );
+
+    // Second agent (the new version) takes over, then the chart is uninstalled.
+    let mut second = start(&env, &[]);
+    second.wait_line("istio-cni is installed; watching for changes", T);
+    *api.ds.lock().expect("mode") = Ds::Missing;
+    assert!(second.terminate(T).success());
+    assert_eq!(
+        d.names(),
+        vec!["10-bridge.conf".to_string()],
+        "{}",
+        second.output()
+    );
+    assert_eq!(
+        d.read("10-bridge.conf"),
+        Some(testdata_str("bridge.conf")),
+        "original restored byte for byte"
+    );
+    assert!(!d.run.join("istio-cni-restore.json").exists());
 }
