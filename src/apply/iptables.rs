@@ -568,6 +568,22 @@ pub fn planned_cleanup_commands(family: Family, rules: &[Rule]) -> Vec<String> {
     out
 }
 
+/// Detects the binaries for every family the rule set uses and applies it with real processes in
+/// the calling thread's network namespace (run it inside [`crate::netns::run_in`] for a pod).
+pub fn apply_sidecar_here(
+    rules: &RuleSet,
+    opts: &SidecarOptions,
+    force: Option<ForceBinary>,
+) -> Result<Outcome, ApplyError> {
+    let mut bins = Vec::new();
+    for family in Family::ALL {
+        if !rules.family(family).is_empty() || (opts.cleanup_only && family == Family::V4) {
+            bins.push(detect(family, force)?);
+        }
+    }
+    apply_sidecar(&mut super::exec::ProcessExecutor, &bins, rules, opts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -604,20 +620,4 @@ mod tests {
             normalise("-d 127.0.0.1/32 -j RETURN")
         );
     }
-}
-
-/// Detects the binaries for every family the rule set uses and applies it with real processes in
-/// the calling thread's network namespace (run it inside [`crate::netns::run_in`] for a pod).
-pub fn apply_sidecar_here(
-    rules: &RuleSet,
-    opts: &SidecarOptions,
-    force: Option<ForceBinary>,
-) -> Result<Outcome, ApplyError> {
-    let mut bins = Vec::new();
-    for family in Family::ALL {
-        if !rules.family(family).is_empty() || (opts.cleanup_only && family == Family::V4) {
-            bins.push(detect(family, force)?);
-        }
-    }
-    apply_sidecar(&mut super::exec::ProcessExecutor, &bins, rules, opts)
 }

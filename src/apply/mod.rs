@@ -4,6 +4,7 @@
 
 pub mod exec;
 pub mod iptables;
+pub mod nft;
 
 pub use exec::{Cmd, CmdOutput, Executor, ProcessExecutor};
 pub use iptables::{

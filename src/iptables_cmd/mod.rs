@@ -1,7 +1,193 @@
-//! The `istio-iptables` role.
-//! May call: `cli`, `rules`, `apply`, `netlink`.
+//! The `istio-iptables` role: flags/env -> [`flags::Settings`] -> host facts (proxy UID, IPv6, DNS
+//! servers) -> capture config -> rule model -> dry-run transcript or apply -> optional validation.
+//! May call: `cli`, `rules`, `apply`, `netns`, `netlink`.
+
+pub mod flags;
+pub mod host;
+pub mod transcript;
+pub mod validation;
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use argh::FromArgs;
+use tracing::{error, info, warn};
+
+use crate::apply::{self, SidecarOptions};
+use crate::cli::{Env, ProcessEnv, normalise_args};
+use crate::rules::{self, RuleSet};
+use flags::{Flags, SHAPES, Settings};
+
+/// Exit code for command-line errors (pilot-agent exits 255 on a cobra parse error).
+const EXIT_USAGE: i32 = 255;
+/// Exit code for bad values and failed rule application.
+const EXIT_FAILURE: i32 = 1;
+/// Exit code when validation fails (the istio-validation init container contract).
+pub const EXIT_VALIDATION_FAILED: i32 = 126;
 
 /// Entry point of the `istio-iptables` role.
-pub fn main(_args: Vec<String>) -> i32 {
-    1
+pub fn main(args: Vec<String>) -> i32 {
+    init_logging();
+    let normalised = match normalise_args(args.get(1..).unwrap_or_default(), &SHAPES) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("istio-iptables: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let refs: Vec<&str> = normalised.args.iter().map(String::as_str).collect();
+    let flags = match Flags::from_args(&["istio-iptables"], &refs) {
+        Ok(f) => f,
+        Err(early) => {
+            return if early.status.is_ok() {
+                print!("{}", early.output);
+                0
+            } else {
+                eprintln!("istio-iptables: {}", early.output.trim_end());
+                eprintln!("Run istio-iptables --help for usage.");
+                EXIT_USAGE
+            };
+        }
+    };
+    if flags.version {
+        println!("istio-iptables (istio-cni-rs) {}", crate::VERSION);
+        return 0;
+    }
+    run(&flags, &ProcessEnv, &normalised.explicit_false)
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ISTIO_IPTABLES_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .with_env_filter(filter)
+        .try_init();
+}
+
+fn run(flags: &Flags, env: &dyn Env, explicit_false: &HashSet<String>) -> i32 {
+    let (mut settings, warnings) = match flags.resolve(env, explicit_false) {
+        Ok(s) => s,
+        Err(e) => {
+            error!("{e}");
+            return EXIT_FAILURE;
+        }
+    };
+    for w in warnings {
+        warn!("{w}");
+    }
+    let host_ip = match host::fill_host_facts(&mut settings, env) {
+        Ok(ip) => ip,
+        Err(e) => {
+            error!("{e}");
+            return EXIT_FAILURE;
+        }
+    };
+    if !settings.skip_rule_apply {
+        let result = match (settings.native_nftables, settings.dry_run) {
+            (false, true) => dry_run(&settings, &rules::capture::build(&settings.capture)),
+            (false, false) => apply_rules(&settings, rules::capture::build(&settings.capture)),
+            (true, true) => emit_dry_run(&settings, nft_transaction(&settings)),
+            (true, false) => apply_nft(&settings),
+        };
+        if let Err(e) = result {
+            error!("{e}");
+            return EXIT_FAILURE;
+        }
+    }
+    if settings.run_validation {
+        let ipv6 = host_ip.map(|h| h.addr.is_ipv6()).unwrap_or(false);
+        if let Err(e) = validation::run(&settings, ipv6) {
+            error!(
+                "iptables validation failed; workload is not ready for Istio. \
+                 When using Istio CNI, this can occur if a pod is scheduled before the node is ready. \
+                 Error: {e}"
+            );
+            return EXIT_VALIDATION_FAILED;
+        }
+        info!("iptables validation passed");
+    }
+    0
+}
+
+fn dry_run(settings: &Settings, rules: &RuleSet) -> Result<(), String> {
+    let lines = transcript::sidecar(rules, settings.capture.enable_ipv6, settings.cleanup_only);
+    let mut text = lines.join("\n");
+    text.push('\n');
+    emit_dry_run(settings, text)
+}
+
+/// Prints a dry-run text and writes it to $DRY_RUN_FILE_PATH when set.
+fn emit_dry_run(settings: &Settings, text: String) -> Result<(), String> {
+    if let Some(path) = &settings.dry_run_file {
+        crate::iptables_cmd::transcript::write_file(Path::new(path), &text)
+            .map_err(|e| format!("cannot write DRY_RUN_FILE_PATH {path}: {e}"))?;
+    }
+    print!("{text}");
+    Ok(())
+}
+
+/// The nftables transaction for the settings: our tables replaced, or removed with --cleanup-only.
+fn nft_transaction(settings: &Settings) -> String {
+    use rules::nftables::{NftTable, render_cleanup, render_transaction};
+    if settings.cleanup_only {
+        render_cleanup(&NftTable::SIDECAR)
+    } else {
+        render_transaction(
+            &rules::nft_capture::build(&settings.capture),
+            &NftTable::SIDECAR,
+        )
+    }
+}
+
+fn apply_nft(settings: &Settings) -> Result<(), String> {
+    let transaction = nft_transaction(settings);
+    let capture = settings.capture.clone();
+    let cleanup_only = settings.cleanup_only;
+    let work = move || -> Result<(), String> {
+        apply::nft::apply_transaction(&mut apply::ProcessExecutor, &transaction)
+            .map_err(|e| e.to_string())?;
+        if !cleanup_only {
+            crate::netlink::routes::apply_sidecar_routes(&capture).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    match (&settings.network_namespace, settings.cni_mode) {
+        (Some(ns), true) => {
+            crate::netns::run_in(Path::new(ns), work).map_err(|e| e.to_string())??
+        }
+        _ => work()?,
+    }
+    info!("nftables rules done");
+    Ok(())
+}
+
+fn apply_rules(settings: &Settings, rules: RuleSet) -> Result<(), String> {
+    let mut opts = SidecarOptions {
+        reconcile: settings.reconcile,
+        cleanup_only: settings.cleanup_only,
+        force_apply: settings.force_apply,
+        env: vec![],
+    };
+    let force = settings.force_binary;
+    let capture = settings.capture.clone();
+    let work = move |opts: SidecarOptions| -> Result<apply::Outcome, String> {
+        let outcome = apply::apply_sidecar_here(&rules, &opts, force).map_err(|e| e.to_string())?;
+        if !opts.cleanup_only {
+            crate::netlink::routes::apply_sidecar_routes(&capture).map_err(|e| e.to_string())?;
+        }
+        Ok(outcome)
+    };
+    let outcome = match (&settings.network_namespace, settings.cni_mode) {
+        (Some(ns), true) => {
+            // A pod-scoped lock: concurrent pods never wait on each other's xtables lock.
+            opts.env.push(("XTABLES_LOCKFILE".into(), ns.clone()));
+            crate::netns::run_in(Path::new(ns), move || work(opts)).map_err(|e| e.to_string())??
+        }
+        _ => work(opts)?,
+    };
+    info!(?outcome, "iptables rules done");
+    Ok(())
 }

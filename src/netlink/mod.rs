@@ -115,3 +115,5 @@ mod tests {
         );
     }
 }
+
+pub mod routes;

@@ -6,5 +6,7 @@
 pub mod capture;
 pub mod iptables;
 pub mod model;
+pub mod nft_capture;
+pub mod nftables;
 
 pub use model::{Family, Match, Position, Proto, Rule, RuleSet, Table, Target};

@@ -1,0 +1,152 @@
+//! Benchmark: applying Istio's default sidecar rules in a fresh network namespace with our
+//! `istio-iptables` vs a bare `iptables-restore --noflush` of the same text, measured side by side
+//! (alternating) in one run; plus the dry-run wall time. Prints a Markdown fragment.
+//!
+//! Usage (root): bench_apply <path to istio-cni-rs> [iterations]
+
+use std::fs::File;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sched::{CloneFlags, setns};
+
+const INIT_ARGS: &[&str] = &[
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "REDIRECT",
+    "-i",
+    "*",
+    "-x",
+    "",
+    "-b",
+    "*",
+    "-d",
+    "15090,15021,15020",
+];
+
+fn ip(args: &[&str]) {
+    let ok = Command::new("ip")
+        .args(args)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "ip {args:?} failed");
+}
+
+/// Runs `cmd` with the calling thread moved into a fresh netns; returns the wall time.
+fn time_in_fresh_netns(name: &str, mut cmd: Command, stdin: Option<&str>) -> Duration {
+    ip(&["netns", "add", name]);
+    let file = File::open(format!("/var/run/netns/{name}")).expect("open netns");
+    let stdin = stdin.map(str::to_string);
+    let elapsed = std::thread::spawn(move || {
+        setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        if stdin.is_some() {
+            cmd.stdin(Stdio::piped());
+        }
+        let start = Instant::now();
+        let mut child = cmd.spawn().expect("spawn");
+        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(text.as_bytes()).expect("write stdin");
+        }
+        let status = child.wait().expect("wait");
+        let elapsed = start.elapsed();
+        assert!(status.success(), "benchmarked command failed");
+        elapsed
+    })
+    .join()
+    .expect("bench thread");
+    ip(&["netns", "del", name]);
+    elapsed
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let binary = args
+        .next()
+        .expect("usage: bench_apply <binary> [iterations]");
+    let iterations: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(30);
+
+    // The restore text our tool applies: the transcript's lines between the saves.
+    let dry = Command::new(&binary)
+        .arg("istio-iptables")
+        .args(INIT_ARGS)
+        .args(["--dry-run", "--ipv6=false"])
+        .output()
+        .expect("dry run");
+    let transcript = String::from_utf8_lossy(&dry.stdout).to_string();
+    let restore: String = transcript
+        .lines()
+        .filter(|l| !l.ends_with("-save"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+
+    let mut ours = Vec::new();
+    let mut bare = Vec::new();
+    let mut dry_runs = Vec::new();
+    for i in 0..iterations {
+        let name = format!("bench-{}-{i}", std::process::id());
+        // Alternate which goes first so drift on a noisy machine hits both equally.
+        let run_ours = |n: &str| {
+            let mut c = Command::new(&binary);
+            // A fresh netns has no pod address to detect the IP family from: pin it.
+            c.arg("istio-iptables").args(INIT_ARGS).arg("--ipv6=false");
+            time_in_fresh_netns(n, c, None)
+        };
+        let run_bare = |n: &str| {
+            let mut c = Command::new("iptables-restore");
+            c.arg("--noflush");
+            time_in_fresh_netns(n, c, Some(&restore))
+        };
+        if i % 2 == 0 {
+            ours.push(run_ours(&format!("{name}a")));
+            bare.push(run_bare(&format!("{name}b")));
+        } else {
+            bare.push(run_bare(&format!("{name}b")));
+            ours.push(run_ours(&format!("{name}a")));
+        }
+        let start = Instant::now();
+        let ok = Command::new(&binary)
+            .arg("istio-iptables")
+            .args(INIT_ARGS)
+            .args(["--dry-run", "--ipv6=false"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "dry run failed");
+        dry_runs.push(start.elapsed());
+    }
+    let (m_ours, m_bare, m_dry) = (median(ours), median(bare), median(dry_runs));
+    println!("| measurement (median of {iterations}) | value |");
+    println!("| --- | --- |");
+    println!(
+        "| `istio-iptables` apply of the default rules, fresh netns | {} |",
+        ms(m_ours)
+    );
+    println!(
+        "| bare `iptables-restore --noflush` of the same text, fresh netns | {} |",
+        ms(m_bare)
+    );
+    println!(
+        "| ratio ours / bare (target <= 1.1) | {:.2} |",
+        m_ours.as_secs_f64() / m_bare.as_secs_f64()
+    );
+    println!("| `istio-iptables --dry-run` wall time | {} |", ms(m_dry));
+}

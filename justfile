@@ -1,0 +1,23 @@
+# Developer shortcuts; the README's commands are the scripts these call.
+
+# run the demo (needs root)
+demo:
+    ./scripts/demo
+
+# run every test (needs root)
+test:
+    ./scripts/test
+
+# benchmarks; results are written to docs/benchmarks.md
+bench:
+    ./scripts/bench
+
+# fully static release binary in target/static/istio-cni-rs
+build-static:
+    ./scripts/build-static
+
+fmt:
+    cargo fmt
+
+lint:
+    cargo clippy --all-targets -- -D warnings

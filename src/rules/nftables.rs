@@ -1,0 +1,182 @@
+//! nftables renderer: a rule list for `inet` tables rendered as one `nft -f -` transaction, in the
+//! layout knftables produces (Istio's nftables goldens): per table `add table`, `flush table`, the
+//! chains that have rules (base chains with their hook spec first, then regular chains in a fixed
+//! order), then the rules, with indexed rules as `insert ... index N` where needed.
+
+/// The tables our rule sets use (all family `inet`, both IP versions in one ruleset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NftTable {
+    SidecarNat,
+    SidecarMangle,
+    SidecarRaw,
+}
+
+struct ChainSpec {
+    name: &'static str,
+    /// `type X hook Y priority N` for base chains.
+    base: Option<&'static str>,
+}
+
+const fn base(name: &'static str, spec: &'static str) -> ChainSpec {
+    ChainSpec {
+        name,
+        base: Some(spec),
+    }
+}
+
+const fn regular(name: &'static str) -> ChainSpec {
+    ChainSpec { name, base: None }
+}
+
+impl NftTable {
+    /// Rendering order of the tables.
+    pub const SIDECAR: [NftTable; 3] = [
+        NftTable::SidecarNat,
+        NftTable::SidecarMangle,
+        NftTable::SidecarRaw,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            NftTable::SidecarNat => "istio-proxy-nat",
+            NftTable::SidecarMangle => "istio-proxy-mangle",
+            NftTable::SidecarRaw => "istio-proxy-raw",
+        }
+    }
+
+    fn chains(self) -> &'static [ChainSpec] {
+        const NAT: &[ChainSpec] = &[
+            base("prerouting", "type nat hook prerouting priority -100"),
+            base("output", "type nat hook output priority -100"),
+            regular("istio-inbound"),
+            regular("istio-redirect"),
+            regular("istio-in-redirect"),
+            regular("istio-output"),
+            regular("istio-output-dns"),
+        ];
+        const MANGLE: &[ChainSpec] = &[
+            base("prerouting", "type filter hook prerouting priority -150"),
+            base("output", "type route hook output priority -150"),
+            regular("istio-divert"),
+            regular("istio-tproxy"),
+            regular("istio-inbound"),
+            regular("istio-drop"),
+        ];
+        const RAW: &[ChainSpec] = &[
+            base("prerouting", "type filter hook prerouting priority -300"),
+            base("output", "type filter hook output priority -300"),
+            regular("istio-inbound"),
+            regular("istio-output-dns"),
+        ];
+        match self {
+            NftTable::SidecarNat => NAT,
+            NftTable::SidecarMangle => MANGLE,
+            NftTable::SidecarRaw => RAW,
+        }
+    }
+}
+
+/// One nftables rule: table, chain, optional 0-based insert index, and the rule expression.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NftRule {
+    pub table: NftTable,
+    pub chain: String,
+    pub index: Option<usize>,
+    pub expr: String,
+}
+
+/// Rules in program order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NftRuleSet {
+    pub rules: Vec<NftRule>,
+}
+
+/// The transaction that replaces our tables with `set` (tables without rules are left alone).
+pub fn render_transaction(set: &NftRuleSet, tables: &[NftTable]) -> String {
+    let mut out = String::new();
+    for &table in tables {
+        let rules: Vec<&NftRule> = set.rules.iter().filter(|r| r.table == table).collect();
+        if rules.is_empty() {
+            continue;
+        }
+        let t = table.name();
+        out.push_str(&format!("add table inet {t}\nflush table inet {t}\n"));
+        for chain in table
+            .chains()
+            .iter()
+            .filter(|c| rules.iter().any(|r| r.chain == c.name))
+        {
+            match chain.base {
+                Some(spec) => out.push_str(&format!(
+                    "add chain inet {t} {} {{ {spec} ; }}\n",
+                    chain.name
+                )),
+                None => out.push_str(&format!("add chain inet {t} {}\n", chain.name)),
+            }
+        }
+        let mut counts: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for rule in rules {
+            let count = counts.entry(rule.chain.as_str()).or_default();
+            match rule.index {
+                Some(index) if *count > 0 && index < *count => {
+                    out.push_str(&format!(
+                        "insert rule inet {t} {} index {index} {}\n",
+                        rule.chain, rule.expr
+                    ));
+                }
+                _ => out.push_str(&format!("add rule inet {t} {} {}\n", rule.chain, rule.expr)),
+            }
+            *count += 1;
+        }
+    }
+    out
+}
+
+/// The transaction that removes our tables (`add` first so a missing table is not an error).
+pub fn render_cleanup(tables: &[NftTable]) -> String {
+    tables
+        .iter()
+        .map(|t| format!("add table inet {0}\ndelete table inet {0}\n", t.name()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(chain: &str, index: Option<usize>, expr: &str) -> NftRule {
+        NftRule {
+            table: NftTable::SidecarNat,
+            chain: chain.into(),
+            index,
+            expr: expr.into(),
+        }
+    }
+
+    #[test]
+    fn indexed_rules_insert_only_when_needed() {
+        let set = NftRuleSet {
+            rules: vec![
+                rule("prerouting", Some(0), "iifname a counter return"),
+                rule("prerouting", Some(0), "iifname b counter return"),
+                rule("prerouting", Some(5), "iifname c counter return"),
+            ],
+        };
+        assert_eq!(
+            render_transaction(&set, &NftTable::SIDECAR),
+            "add table inet istio-proxy-nat\nflush table inet istio-proxy-nat\n\
+             add chain inet istio-proxy-nat prerouting { type nat hook prerouting priority -100 ; }\n\
+             add rule inet istio-proxy-nat prerouting iifname a counter return\n\
+             insert rule inet istio-proxy-nat prerouting index 0 iifname b counter return\n\
+             add rule inet istio-proxy-nat prerouting iifname c counter return\n"
+        );
+    }
+
+    #[test]
+    fn cleanup_adds_then_deletes() {
+        assert_eq!(
+            render_cleanup(&[NftTable::SidecarNat]),
+            "add table inet istio-proxy-nat\ndelete table inet istio-proxy-nat\n"
+        );
+    }
+}

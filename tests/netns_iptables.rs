@@ -1,0 +1,370 @@
+//! `istio-iptables` applied for real in network namespaces: redirection works both ways, the proxy
+//! UID is exempt, re-apply is idempotent, cleanup removes everything, validation reports correctly,
+//! and bad input changes nothing.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{PodAndServer, accept_within, bin, require_tool};
+
+/// The flags Istio's injector passes to the istio-init container.
+const INIT_ARGS: &[&str] = &[
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "REDIRECT",
+    "-i",
+    "*",
+    "-x",
+    "",
+    "-b",
+    "*",
+    "-d",
+    "15090,15021,15020",
+];
+
+fn tools() {
+    require_tool("iptables-restore", "iptables");
+    require_tool("setpriv", "util-linux");
+}
+
+fn apply(env: &PodAndServer, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![bin(), "istio-iptables"];
+    args.extend_from_slice(INIT_ARGS);
+    args.extend_from_slice(extra);
+    env.pod.try_exec(args[0], &args[1..])
+}
+
+fn assert_ok(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "istio-iptables failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn outbound_lands_on_15001_with_original_destination() {
+    tools();
+    let env = PodAndServer::new("out");
+    assert_ok(&apply(&env, &[]));
+    let proxy = env.pod.listen("0.0.0.0:15001");
+    let target = format!("{}:8080", env.server_ip);
+    let connected = {
+        let target = target.clone();
+        let pod = &env.pod;
+        pod.connect(&target)
+    };
+    assert!(
+        connected,
+        "outbound connect to {target} was not accepted by anything"
+    );
+    let orig =
+        accept_within(&proxy, Duration::from_secs(2)).expect("no connection on the 15001 listener");
+    assert_eq!(
+        orig.to_string(),
+        target,
+        "SO_ORIGINAL_DST must be the address the app dialed"
+    );
+}
+
+#[test]
+fn inbound_lands_on_15006() {
+    tools();
+    let env = PodAndServer::new("in");
+    assert_ok(&apply(&env, &[]));
+    let inbound = env.pod.listen("0.0.0.0:15006");
+    let target = format!("{}:8080", env.pod_ip);
+    assert!(
+        env.server.connect(&target),
+        "inbound connect to {target} failed"
+    );
+    let orig = accept_within(&inbound, Duration::from_secs(2))
+        .expect("no connection on the 15006 listener");
+    assert_eq!(orig.to_string(), target);
+}
+
+#[test]
+fn proxy_uid_traffic_is_not_redirected() {
+    tools();
+    let env = PodAndServer::new("uid");
+    assert_ok(&apply(&env, &[]));
+    let proxy = env.pod.listen("0.0.0.0:15001");
+    let server = env.server.listen(&format!("{}:8080", env.server_ip));
+    let script = format!("exec 3<>/dev/tcp/{}/8080", env.server_ip);
+    let out = env.pod.try_exec(
+        "setpriv",
+        &[
+            "--reuid=1337",
+            "--regid=1337",
+            "--clear-groups",
+            "bash",
+            "-c",
+            &script,
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "connect as uid 1337 failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        accept_within(&server, Duration::from_secs(2)).is_some(),
+        "the real server did not get the proxy's connection"
+    );
+    assert!(
+        accept_within(&proxy, Duration::from_millis(200)).is_none(),
+        "proxy-owned traffic was redirected"
+    );
+}
+
+#[test]
+fn reapply_is_idempotent_and_cleanup_removes_everything() {
+    tools();
+    let env = PodAndServer::new("idem");
+    let before = env.pod.iptables_state();
+    assert_ok(&apply(&env, &[]));
+    let first = env.pod.iptables_state();
+    assert!(
+        first.contains("ISTIO_OUTPUT"),
+        "rules were not applied:\n{first}"
+    );
+    assert_ok(&apply(&env, &[]));
+    assert_eq!(
+        env.pod.iptables_state(),
+        first,
+        "second apply changed the rules"
+    );
+    assert_ok(&apply(&env, &["--reconcile"]));
+    assert_eq!(
+        env.pod.iptables_state(),
+        first,
+        "reconcile of identical rules changed them"
+    );
+
+    // A different config on top: refused without --reconcile, replaces with it.
+    let out = env.pod.try_exec(
+        bin(),
+        &[
+            "istio-iptables",
+            "-p",
+            "15001",
+            "-u",
+            "1337",
+            "-i",
+            "10.0.0.0/8",
+        ],
+    );
+    assert!(
+        !out.status.success(),
+        "drifted rules must not be silently mixed"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--reconcile"));
+    assert_eq!(env.pod.iptables_state(), first);
+    assert_ok(&env.pod.try_exec(
+        bin(),
+        &[
+            "istio-iptables",
+            "-p",
+            "15001",
+            "-u",
+            "1337",
+            "-i",
+            "10.0.0.0/8",
+            "--reconcile",
+        ],
+    ));
+    let reconciled = env.pod.iptables_state();
+    assert!(
+        reconciled.contains("-d 10.0.0.0/8 -j ISTIO_REDIRECT"),
+        "{reconciled}"
+    );
+    assert!(
+        !reconciled.contains("-A ISTIO_INBOUND -p tcp -j ISTIO_IN_REDIRECT"),
+        "{reconciled}"
+    );
+
+    assert_ok(
+        &env.pod
+            .try_exec(bin(), &["istio-iptables", "--cleanup-only"]),
+    );
+    let after = env.pod.iptables_state();
+    assert!(
+        !after.contains("ISTIO"),
+        "cleanup left ISTIO chains:\n{after}"
+    );
+    assert!(
+        !after.lines().any(|l| l.starts_with("-A")),
+        "cleanup left rules behind:\n{after}"
+    );
+    assert!(!before.lines().any(|l| l.starts_with("-A")));
+}
+
+#[test]
+fn cni_mode_applies_inside_the_given_namespace() {
+    tools();
+    let env = PodAndServer::new("cni");
+    let ns = env.pod.path();
+    let mut args = vec!["istio-iptables", "--cni-mode", "--network-namespace", &ns];
+    args.extend_from_slice(INIT_ARGS);
+    let out = std::process::Command::new(bin())
+        .args(&args)
+        .output()
+        .expect("run");
+    assert_ok(&out);
+    assert!(env.pod.iptables_state().contains("ISTIO_OUTPUT"));
+}
+
+#[test]
+fn validation_passes_with_rules_and_fails_with_126_without() {
+    tools();
+    let env = PodAndServer::new("val");
+    let validate = |env: &PodAndServer| {
+        env.pod.try_exec(
+            "setpriv",
+            &[
+                "--reuid=1337",
+                "--regid=1337",
+                "--clear-groups",
+                bin(),
+                "istio-iptables",
+                "--run-validation",
+                "--skip-rule-apply",
+                "--probe-timeout=3s",
+            ],
+        )
+    };
+    let without = validate(&env);
+    assert_eq!(
+        without.status.code(),
+        Some(126),
+        "validation without rules must exit 126: {}",
+        String::from_utf8_lossy(&without.stderr)
+    );
+    assert_ok(&apply(&env, &[]));
+    let with = validate(&env);
+    assert_eq!(
+        with.status.code(),
+        Some(0),
+        "validation with rules failed: {}",
+        String::from_utf8_lossy(&with.stderr)
+    );
+}
+
+#[test]
+fn bad_input_changes_nothing() {
+    tools();
+    let env = PodAndServer::new("bad");
+    assert_ok(&apply(&env, &[]));
+    let before = env.pod.iptables_state();
+    for bad in [
+        vec!["-x", "*"],
+        vec!["-p", "70000"],
+        vec!["-i", "10.0.0.0/33"],
+        vec!["-m", "BOGUS"],
+        vec!["--no-such-flag"],
+        vec!["-b", "80,http"],
+        vec!["--force-iptables-binary", "weird"],
+    ] {
+        let mut args = vec!["istio-iptables", "--reconcile"];
+        args.extend_from_slice(&bad);
+        let out = env.pod.try_exec(bin(), &args);
+        assert!(!out.status.success(), "{bad:?} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let value = bad.get(1).copied().unwrap_or(bad[0]);
+        assert!(
+            stderr.contains(value.trim_start_matches('-')),
+            "error for {bad:?} does not name the value: {stderr}"
+        );
+        assert_eq!(
+            env.pod.iptables_state(),
+            before,
+            "{bad:?} changed the rules"
+        );
+    }
+}
+
+#[test]
+fn ipv6_and_tproxy_routes_are_set_up_idempotently() {
+    tools();
+    let env = PodAndServer::new("v6");
+    let args = [
+        "istio-iptables",
+        "-m",
+        "TPROXY",
+        "-b",
+        "*",
+        "-u",
+        "1337",
+        "--ipv6=true",
+    ];
+    assert_ok(&env.pod.try_exec(bin(), &args));
+    let v6 = String::from_utf8_lossy(&env.pod.exec("ip6tables-save", &[]).stdout).to_string();
+    assert!(
+        v6.contains("-j TPROXY") && v6.contains("::6/128"),
+        "IPv6 TPROXY rules missing:\n{v6}"
+    );
+    let lo = String::from_utf8_lossy(
+        &env.pod
+            .exec("ip", &["-6", "addr", "show", "dev", "lo"])
+            .stdout,
+    )
+    .to_string();
+    assert!(lo.contains("::6/128"), "::6/128 not on lo:\n{lo}");
+    let rules = String::from_utf8_lossy(&env.pod.exec("ip", &["rule"]).stdout).to_string();
+    assert!(rules.contains("fwmark 0x539 lookup 133"), "{rules}");
+    let route = String::from_utf8_lossy(
+        &env.pod
+            .exec("ip", &["route", "show", "table", "133"])
+            .stdout,
+    )
+    .to_string();
+    assert!(route.contains("local default dev lo"), "{route}");
+    // Re-run: nothing fails, nothing is duplicated.
+    let v4_before = env.pod.iptables_state();
+    assert_ok(&env.pod.try_exec(bin(), &args));
+    assert_eq!(env.pod.iptables_state(), v4_before);
+    let rules_again = String::from_utf8_lossy(&env.pod.exec("ip", &["rule"]).stdout).to_string();
+    assert_eq!(
+        rules_again.matches("fwmark 0x539").count(),
+        1,
+        "{rules_again}"
+    );
+}
+
+#[test]
+fn native_nftables_redirects_and_cleans_up() {
+    tools();
+    require_tool("nft", "nftables");
+    let env = PodAndServer::new("nft");
+    let mut args = vec!["istio-iptables", "--native-nftables"];
+    args.extend_from_slice(INIT_ARGS);
+    assert_ok(&env.pod.try_exec(bin(), &args));
+    let ruleset = |env: &PodAndServer| {
+        String::from_utf8_lossy(&env.pod.exec("nft", &["list", "ruleset"]).stdout).to_string()
+    };
+    let first = ruleset(&env);
+    assert!(first.contains("table inet istio-proxy-nat"), "{first}");
+    assert_ok(&env.pod.try_exec(bin(), &args));
+    assert_eq!(ruleset(&env), first, "re-apply must replace, not stack");
+
+    let proxy = env.pod.listen("0.0.0.0:15001");
+    let target = format!("{}:8080", env.server_ip);
+    assert!(env.pod.connect(&target));
+    let orig = accept_within(&proxy, Duration::from_secs(2)).expect("no connection on 15001");
+    assert_eq!(orig.to_string(), target);
+
+    assert_ok(&env.pod.try_exec(
+        bin(),
+        &["istio-iptables", "--native-nftables", "--cleanup-only"],
+    ));
+    assert!(
+        !ruleset(&env).contains("istio-proxy"),
+        "cleanup left tables"
+    );
+}

@@ -1,0 +1,216 @@
+//! Test support: uniquely named network namespaces joined by a veth pair, removed on drop (also when
+//! a test fails), and helpers to run sockets or commands inside them. Only addresses inside these
+//! namespaces are ever used.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sched::{CloneFlags, setns};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Fails (never skips) when a tool the tests need is missing.
+pub fn require_tool(tool: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "`{tool}` is required by this test: apt-get install {package}"
+    );
+}
+
+/// Fails when not root: these tests create network namespaces.
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (it creates network namespaces)"
+    );
+}
+
+/// Runs a command and returns its output; panics with stderr on failure.
+pub fn sh(program: &str, args: &[&str]) -> Output {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A named network namespace, deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new(tag: &str) -> Netns {
+        require_root();
+        require_tool("ip", "iproute2");
+        let name = format!(
+            "icrs-{tag}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        sh("ip", &["netns", "add", &name]);
+        let ns = Netns { name };
+        ns.exec("ip", &["link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn path(&self) -> String {
+        format!("/var/run/netns/{}", self.name)
+    }
+
+    /// Runs a command inside the namespace (panics on failure).
+    pub fn exec(&self, program: &str, args: &[&str]) -> Output {
+        let mut full = vec!["netns", "exec", &self.name, program];
+        full.extend_from_slice(args);
+        sh("ip", &full)
+    }
+
+    /// Runs a command inside the namespace and returns its output whatever the exit code.
+    pub fn try_exec(&self, program: &str, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name, program])
+            .args(args)
+            .output()
+            .expect("run ip netns exec")
+    }
+
+    /// `iptables-save` without comments and counters, for before/after comparisons.
+    pub fn iptables_state(&self) -> String {
+        let out = self.exec("iptables-save", &[]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| {
+                if l.starts_with(':') {
+                    l.split(" [").next().unwrap_or(l).to_string()
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Runs `work` on a thread inside this namespace.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        let file = File::open(self.path()).expect("open netns");
+        std::thread::spawn(move || {
+            setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
+            work()
+        })
+    }
+
+    /// Binds a TCP listener inside this namespace.
+    pub fn listen(&self, addr: &str) -> TcpListener {
+        let addr: SocketAddr = addr.parse().expect("listen address");
+        self.spawn(move || TcpListener::bind(addr))
+            .join()
+            .expect("listener thread")
+            .expect("bind")
+    }
+
+    /// Connects from inside this namespace; returns whether the connect succeeded.
+    pub fn connect(&self, addr: &str) -> bool {
+        let addr: SocketAddr = addr.parse().expect("connect address");
+        self.spawn(move || TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok())
+            .join()
+            .expect("thread")
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// A "pod" and a "server" namespace joined by a veth pair on a private /24 that only they use.
+pub struct PodAndServer {
+    pub pod: Netns,
+    pub server: Netns,
+    pub pod_ip: String,
+    pub server_ip: String,
+}
+
+impl PodAndServer {
+    pub fn new(tag: &str) -> PodAndServer {
+        let pod = Netns::new(&format!("{tag}p"));
+        let server = Netns::new(&format!("{tag}s"));
+        let subnet = 200 + (COUNTER.fetch_add(1, Ordering::SeqCst) % 50);
+        let pod_ip = format!("10.253.{subnet}.2");
+        let server_ip = format!("10.253.{subnet}.1");
+        let veth_pod = format!("vp{}", COUNTER.fetch_add(1, Ordering::SeqCst));
+        let veth_srv = format!("vs{}", COUNTER.fetch_add(1, Ordering::SeqCst));
+        pod.exec(
+            "ip",
+            &[
+                "link", "add", &veth_pod, "type", "veth", "peer", "name", &veth_srv,
+            ],
+        );
+        pod.exec("ip", &["link", "set", &veth_srv, "netns", &server.name]);
+        pod.exec(
+            "ip",
+            &["addr", "add", &format!("{pod_ip}/24"), "dev", &veth_pod],
+        );
+        pod.exec("ip", &["link", "set", &veth_pod, "up"]);
+        server.exec(
+            "ip",
+            &["addr", "add", &format!("{server_ip}/24"), "dev", &veth_srv],
+        );
+        server.exec("ip", &["link", "set", &veth_srv, "up"]);
+        PodAndServer {
+            pod,
+            server,
+            pod_ip,
+            server_ip,
+        }
+    }
+}
+
+/// Accepts one connection within `timeout`; returns the peer's original destination (for
+/// redirected connections) or the local address.
+pub fn accept_within(listener: &TcpListener, timeout: Duration) -> Option<SocketAddr> {
+    listener.set_nonblocking(true).ok()?;
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let orig =
+                    nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::OriginalDst)
+                        .ok();
+                return Some(match orig {
+                    Some(sa) => SocketAddr::from((
+                        std::net::Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+                        u16::from_be(sa.sin_port),
+                    )),
+                    None => stream.local_addr().ok()?,
+                });
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    None
+}
+
+/// The binary under test, invoked under a role name.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_istio-cni-rs")
+}
