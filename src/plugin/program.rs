@@ -14,12 +14,8 @@ use crate::rules::iptables::render_restore;
 pub enum ProgramError {
     #[error(transparent)]
     Netns(#[from] crate::netns::NetnsError),
-    #[error("iptables in pod network namespace {netns}: {source}")]
-    Apply {
-        netns: String,
-        #[source]
-        source: crate::apply::ApplyError,
-    },
+    #[error("programming pod network namespace {netns}: {reason}")]
+    Apply { netns: String, reason: String },
     #[error("cannot write dry-run output {path}: {source}")]
     DryRun {
         path: PathBuf,
@@ -100,15 +96,19 @@ pub fn program(
         let mut warnings = Vec::new();
         cfg.enable_ipv6 = detect_ipv6(dual_stack, &mut warnings);
         let rules = build(&cfg);
-        (
-            apply_sidecar_here(&rules, &opts, None),
-            cfg.enable_ipv6,
-            warnings,
-        )
+        let applied = apply_sidecar_here(&rules, &opts, None)
+            .map_err(|e| e.to_string())
+            .and_then(|outcome| {
+                // ::6 on lo (IPv6) and the TPROXY policy route, as Istio adds after the rules.
+                crate::netlink::routes::apply_sidecar_routes(&cfg)
+                    .map(|_| outcome)
+                    .map_err(|e| format!("routes: {e}"))
+            });
+        (applied, cfg.enable_ipv6, warnings)
     })?;
-    let outcome = result.map_err(|source| ProgramError::Apply {
+    let outcome = result.map_err(|reason| ProgramError::Apply {
         netns: ns_name,
-        source,
+        reason,
     })?;
     Ok(Programmed {
         ipv6,

@@ -1,0 +1,469 @@
+//! Test support for the plugin tests: a CNI chain driver that runs a conflist the way
+//! containerd/libcni does, uniquely named network namespaces removed on drop, a minimal fake
+//! Kubernetes API server (pods and namespaces by name), and a runner for the real binary.
+//! Only loopback and addresses inside namespaces created here are ever used.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// The binary under test.
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_istio-cni-rs"))
+}
+
+/// Fails (never skips) when a tool is missing, naming the package to install.
+pub fn require_tool(tool: &str, package: &str) {
+    let dirs = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&dirs).any(|d| d.join(tool).is_file())
+        || Path::new("/usr/sbin").join(tool).is_file();
+    assert!(
+        found,
+        "`{tool}` is required by this test: apt-get install {package}"
+    );
+}
+
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (it creates network namespaces)"
+    );
+}
+
+/// A short unique tag (pid + counter) for names of namespaces, bridges and containers.
+pub fn unique(tag: &str) -> String {
+    format!(
+        "{tag}{}x{}",
+        std::process::id() % 100_000,
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// Runs a command, panicking with its output on failure.
+pub fn sh(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A named network namespace (`ip netns add`), deleted on drop — also when the test fails.
+pub struct NetnsGuard {
+    pub name: String,
+}
+
+impl NetnsGuard {
+    pub fn new(tag: &str) -> NetnsGuard {
+        require_root();
+        require_tool("ip", "iproute2");
+        let name = unique(&format!("icp-{tag}-"));
+        sh("ip", &["netns", "add", &name]);
+        NetnsGuard { name }
+    }
+
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/var/run/netns/{}", self.name))
+    }
+
+    /// Runs a command inside the namespace.
+    pub fn exec(&self, program: &str, args: &[&str]) -> std::process::Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name, program])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {program} in {}: {e}", self.name))
+    }
+
+    /// `iptables-save` of the namespace (nft and legacy together).
+    pub fn iptables_save(&self) -> String {
+        let mut all = String::new();
+        for tool in ["iptables-nft-save", "iptables-legacy-save"] {
+            let out = self.exec(tool, &[]);
+            all.push_str(&String::from_utf8_lossy(&out.stdout));
+        }
+        all
+    }
+}
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// A link deleted on drop (the test bridge).
+pub struct LinkGuard(pub String);
+
+impl Drop for LinkGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.0]).output();
+    }
+}
+
+/// What one plugin invocation printed.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {:?}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+/// Runs `executable` as a CNI plugin with a clean environment (PATH kept) plus `env`.
+pub fn run_cni(executable: &Path, args0: &[&str], env: &[(&str, String)], stdin: &str) -> Run {
+    let mut cmd = Command::new(executable);
+    cmd.args(args0)
+        .env_clear()
+        .env(
+            "PATH",
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into()),
+        )
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", executable.display()));
+    if let Some(mut pipe) = child.stdin.take() {
+        let _ = pipe.write_all(stdin.as_bytes());
+    }
+    let out = child.wait_with_output().expect("wait for plugin");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs our plugin (`istio-rs istio-cni`).
+pub fn run_plugin(env: &[(&str, String)], stdin: &str) -> Run {
+    run_cni(&binary(), &["istio-cni"], env, stdin)
+}
+
+/// The standard CNI env for one call.
+pub fn cni_env(command: &str, netns: &str, pod_ns: &str, pod: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("CNI_COMMAND", command.to_string()),
+        ("CNI_CONTAINERID", "c0ffee".to_string()),
+        ("CNI_NETNS", netns.to_string()),
+        ("CNI_IFNAME", "eth0".to_string()),
+        ("CNI_PATH", "/opt/cni/bin".to_string()),
+        (
+            "CNI_ARGS",
+            format!(
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE={pod_ns};K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID=c0ffee"
+            ),
+        ),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fake API server
+
+type Objects = Arc<Mutex<BTreeMap<String, Value>>>;
+
+/// Serves `GET /api/v1/namespaces/{ns}/pods/{name}` and `GET /api/v1/namespaces/{name}` from
+/// objects put in by the test, on 127.0.0.1. Stops with the value.
+pub struct FakeApiServer {
+    pub addr: SocketAddr,
+    objects: Objects,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeApiServer {
+    pub fn start() -> FakeApiServer {
+        use axum::extract::{Path as AxPath, State};
+        use axum::http::StatusCode;
+        use axum::routing::get;
+
+        let objects: Objects = Arc::default();
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        std_listener.set_nonblocking(true).expect("nonblocking");
+        let addr = std_listener.local_addr().expect("local addr");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let state = objects.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let lookup = |objects: &Objects, key: String| {
+                    let found = objects.lock().ok().and_then(|m| m.get(&key).cloned());
+                    match found {
+                        Some(v) => (StatusCode::OK, axum::Json(v)),
+                        None => (
+                            StatusCode::NOT_FOUND,
+                            axum::Json(json!({
+                                "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                "message": format!("{key} not found"), "reason": "NotFound", "code": 404
+                            })),
+                        ),
+                    }
+                };
+                let app: axum::Router = axum::Router::new()
+                    .route(
+                        "/api/v1/namespaces/{ns}/pods/{name}",
+                        get(move |State(o): State<Objects>, AxPath((ns, name)): AxPath<(String, String)>| async move {
+                            lookup(&o, format!("pods/{ns}/{name}"))
+                        }),
+                    )
+                    .route(
+                        "/api/v1/namespaces/{name}",
+                        get(move |State(o): State<Objects>, AxPath(name): AxPath<String>| async move {
+                            lookup(&o, format!("namespaces/{name}"))
+                        }),
+                    )
+                    .with_state(state);
+                let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(async {
+                        let _ = rx.await;
+                    })
+                    .await;
+            });
+        });
+        FakeApiServer {
+            addr,
+            objects,
+            shutdown: Some(tx),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn put_pod(&self, pod: Value) {
+        let ns = pod["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let name = pod["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        self.objects
+            .lock()
+            .unwrap()
+            .insert(format!("pods/{ns}/{name}"), pod);
+    }
+
+    pub fn put_namespace(&self, name: &str, labels: Value) {
+        self.objects.lock().unwrap().insert(
+            format!("namespaces/{name}"),
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}),
+        );
+    }
+
+    /// Writes `istio-cni-kubeconfig` pointing at this server into `run_dir`.
+    pub fn write_kubeconfig(&self, run_dir: &Path) {
+        write_kubeconfig(run_dir, &format!("http://{}", self.addr));
+    }
+}
+
+/// A kubeconfig for `server` (plain HTTP, token auth) in `run_dir`.
+pub fn write_kubeconfig(run_dir: &Path, server: &str) {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\ncurrent-context: test\nusers:\n- name: test\n  user:\n    token: test-token\n"
+    );
+    std::fs::write(run_dir.join("istio-cni-kubeconfig"), text).expect("write kubeconfig");
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A pod as Istio's injector leaves it (app + istio-proxy + istio-validation).
+pub fn sidecar_pod(
+    ns: &str,
+    name: &str,
+    annotations: Value,
+    proxy_env: Value,
+    security: Value,
+) -> Value {
+    let mut ann = annotations;
+    if ann.get("sidecar.istio.io/status").is_none() {
+        ann["sidecar.istio.io/status"] = json!("true");
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "annotations": ann},
+        "spec": {"containers": [
+            {"name": "test"},
+            {"name": "istio-proxy", "env": proxy_env, "securityContext": security},
+            {"name": "istio-validate"}
+        ]}
+    })
+}
+
+/// The plugin config Istio's plugin tests use (legacy keys included), for a run dir.
+pub fn plugin_conf(cni_version: &str, run_dir: &Path, with_prev: bool) -> Value {
+    let mut conf = json!({
+        "cniVersion": cni_version,
+        "name": "istio-plugin-sample-test",
+        "type": "istio-cni",
+        "plugin_log_level": "debug",
+        "cni_agent_run_dir": run_dir.display().to_string(),
+        "ambient_enabled": false,
+        "exclude_namespaces": ["testExcludeNS"],
+        "pod_namespace": "istio-system",
+        "kubernetes": {"k8s_api_root": "APIRoot", "kubeconfig": "testK8sConfig", "intercept_type": "iptables"}
+    });
+    if with_prev {
+        conf["prevResult"] = json!({
+            "cniVersion": cni_version,
+            "ips": [{"address": "10.0.0.2/24"}],
+            "dns": {}
+        });
+    }
+    conf
+}
+
+// ---------------------------------------------------------------------------------------------
+// CNI chain driver
+
+/// A network configuration list, run plugin by plugin as libcni does.
+pub struct Chain {
+    pub conflist: Value,
+    /// Directories searched for plugin executables (CNI_PATH), in order.
+    pub cni_path: Vec<PathBuf>,
+}
+
+/// One container attachment.
+pub struct Attachment<'a> {
+    pub container_id: &'a str,
+    pub netns: &'a Path,
+    pub ifname: &'a str,
+    pub args: &'a str,
+}
+
+impl Chain {
+    fn find(&self, plugin_type: &str) -> PathBuf {
+        self.cni_path
+            .iter()
+            .map(|d| d.join(plugin_type))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| {
+                panic!(
+                    "CNI plugin `{plugin_type}` not found in {:?}: apt-get install containernetworking-plugins",
+                    self.cni_path
+                )
+            })
+    }
+
+    /// The stdin of one plugin: its own config plus the list's name and version, and prevResult.
+    fn plugin_stdin(&self, plugin: &Value, prev: Option<&Value>) -> String {
+        let mut conf = plugin.clone();
+        conf["name"] = self.conflist["name"].clone();
+        conf["cniVersion"] = self.conflist["cniVersion"].clone();
+        if let Some(p) = prev {
+            conf["prevResult"] = p.clone();
+        }
+        conf.to_string()
+    }
+
+    fn env(&self, command: &str, a: &Attachment) -> Vec<(&'static str, String)> {
+        let path = std::env::join_paths(&self.cni_path).expect("CNI_PATH");
+        vec![
+            ("CNI_COMMAND", command.to_string()),
+            ("CNI_CONTAINERID", a.container_id.to_string()),
+            ("CNI_NETNS", a.netns.display().to_string()),
+            ("CNI_IFNAME", a.ifname.to_string()),
+            ("CNI_ARGS", a.args.to_string()),
+            ("CNI_PATH", path.to_string_lossy().into_owned()),
+        ]
+    }
+
+    fn plugins(&self) -> Vec<Value> {
+        self.conflist["plugins"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// ADD through every plugin in order; each gets the previous result. Returns the final result
+    /// or the first failure (plugin type and its output).
+    pub fn add(&self, a: &Attachment) -> Result<Value, String> {
+        let mut prev: Option<Value> = None;
+        for plugin in self.plugins() {
+            let ty = plugin["type"].as_str().unwrap_or_default().to_string();
+            let run = run_cni(
+                &self.find(&ty),
+                &[],
+                &self.env("ADD", a),
+                &self.plugin_stdin(&plugin, prev.as_ref()),
+            );
+            if run.code != 0 {
+                return Err(format!(
+                    "{ty} ADD failed ({}): {}{}",
+                    run.code, run.stdout, run.stderr
+                ));
+            }
+            prev = Some(run.json());
+        }
+        Ok(prev.unwrap_or(Value::Null))
+    }
+
+    /// DEL through every plugin in reverse order, with the cached ADD result as prevResult.
+    pub fn del(&self, a: &Attachment, cached: Option<&Value>) -> Result<(), String> {
+        for plugin in self.plugins().iter().rev() {
+            let ty = plugin["type"].as_str().unwrap_or_default().to_string();
+            let run = run_cni(
+                &self.find(&ty),
+                &[],
+                &self.env("DEL", a),
+                &self.plugin_stdin(plugin, cached),
+            );
+            if run.code != 0 {
+                return Err(format!(
+                    "{ty} DEL failed ({}): {}{}",
+                    run.code, run.stdout, run.stderr
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A temp dir holding a link named `istio-cni` to the binary under test (as the installer lays
+/// it out in the CNI bin dir).
+pub fn istio_cni_bin_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::os::unix::fs::symlink(binary(), dir.path().join("istio-cni")).expect("symlink");
+    dir
+}
