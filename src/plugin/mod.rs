@@ -220,6 +220,10 @@ fn cmd_add(env: &cni::CniEnv, conf: &NetConf) -> Result<Option<String>, CniError
         k8s::KubeClient::from_kubeconfig(&kubeconfig, call_timeout).await
     });
     let outcome = runtime.block_on(async {
+        // Lets the tests prove that a panic becomes a CNI error (never set in production).
+        if std::env::var_os("ISTIO_CNI_RS_TEST_PANIC").is_some() {
+            panic!("panic requested by ISTIO_CNI_RS_TEST_PANIC");
+        }
         tokio::time::timeout(conf.add_timeout, flow)
             .await
             .map_err(|_| {
