@@ -234,3 +234,21 @@ fn fifty_concurrent_adds_on_fifty_namespaces() {
         );
     }
 }
+
+#[test]
+fn native_nftables_programs_nft_tables() {
+    require_tool("nft", "nftables");
+    let api = FakeApiServer::start();
+    api.put_pod(sidecar_pod("ns1", "nft", json!({}), json!([]), json!({})));
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    let netns = NetnsGuard::new("nft");
+    let mut c = conf(dir.path());
+    c["native_nftables"] = json!(true);
+    let run = add(&netns, "ns1", "nft", &c);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let out = netns.exec("nft", &["list", "ruleset"]);
+    let ruleset = String::from_utf8_lossy(&out.stdout);
+    assert!(ruleset.contains("table inet istio-proxy-nat"), "{ruleset}");
+    assert!(ruleset.contains("redirect to :15001"), "{ruleset}");
+}

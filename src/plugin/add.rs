@@ -266,10 +266,15 @@ where
         .map(PathBuf::from);
     let netns = PathBuf::from(&env.netns);
     let dual_stack = settings.dual_stack;
+    let backend = if conf.native_nftables {
+        super::program::Backend::Nftables
+    } else {
+        super::program::Backend::Iptables
+    };
     let cfg = settings.config;
     let dry_run_path = dry_run.clone();
     let work = tokio::task::spawn_blocking(move || {
-        super::program::program(&netns, cfg, dual_stack, dry_run_path)
+        super::program::program(&netns, cfg, dual_stack, backend, dry_run_path)
     });
     let programmed = tokio::time::timeout(left(deadline), work)
         .await

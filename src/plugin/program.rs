@@ -46,8 +46,25 @@ fn detect_ipv6(dual_stack: bool, warnings: &mut Vec<String>) -> bool {
     }
 }
 
-/// The restore input Istio's dry run records: IPv4, then IPv6 if enabled.
-pub fn dry_run_text(cfg: &CaptureConfig) -> String {
+/// Which rule backend programs the pod (`native_nftables` in the config picks nftables).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Iptables,
+    Nftables,
+}
+
+/// The nftables transaction replacing our sidecar tables.
+fn nft_text(cfg: &CaptureConfig) -> String {
+    use crate::rules::nftables::{NftTable, render_transaction};
+    render_transaction(&crate::rules::nft_capture::build(cfg), &NftTable::SIDECAR)
+}
+
+/// What a dry run records: for iptables the restore input Istio's dry run writes (IPv4, then IPv6
+/// if enabled); for nftables the transaction (Istio has no nft dry run).
+pub fn dry_run_text(cfg: &CaptureConfig, backend: Backend) -> String {
+    if backend == Backend::Nftables {
+        return nft_text(cfg);
+    }
     let rules = build(cfg);
     let mut text = render_restore(&rules.v4);
     if cfg.enable_ipv6 {
@@ -61,6 +78,7 @@ pub fn program(
     netns: &Path,
     mut cfg: CaptureConfig,
     dual_stack: bool,
+    backend: Backend,
     dry_run: Option<PathBuf>,
 ) -> Result<Programmed, ProgramError> {
     if let Some(out) = dry_run {
@@ -76,9 +94,11 @@ pub fn program(
             v6
         })
         .unwrap_or(false);
-        std::fs::write(&out, dry_run_text(&cfg)).map_err(|source| ProgramError::DryRun {
-            path: out.clone(),
-            source,
+        std::fs::write(&out, dry_run_text(&cfg, backend)).map_err(|source| {
+            ProgramError::DryRun {
+                path: out.clone(),
+                source,
+            }
         })?;
         return Ok(Programmed {
             ipv6: cfg.enable_ipv6,
@@ -95,15 +115,21 @@ pub fn program(
     let (result, ipv6, warnings) = crate::netns::run_in(netns, move || {
         let mut warnings = Vec::new();
         cfg.enable_ipv6 = detect_ipv6(dual_stack, &mut warnings);
-        let rules = build(&cfg);
-        let applied = apply_sidecar_here(&rules, &opts, None)
-            .map_err(|e| e.to_string())
-            .and_then(|outcome| {
-                // ::6 on lo (IPv6) and the TPROXY policy route, as Istio adds after the rules.
-                crate::netlink::routes::apply_sidecar_routes(&cfg)
-                    .map(|_| outcome)
-                    .map_err(|e| format!("routes: {e}"))
-            });
+        let applied = match backend {
+            Backend::Iptables => apply_sidecar_here(&build(&cfg), &opts, None),
+            Backend::Nftables => crate::apply::nft::apply_transaction(
+                &mut crate::apply::ProcessExecutor,
+                &nft_text(&cfg),
+            )
+            .map(|_| Outcome::Applied),
+        }
+        .map_err(|e| e.to_string())
+        .and_then(|outcome| {
+            // ::6 on lo (IPv6) and the TPROXY policy route, as Istio adds after the rules.
+            crate::netlink::routes::apply_sidecar_routes(&cfg)
+                .map(|_| outcome)
+                .map_err(|e| format!("routes: {e}"))
+        });
         (applied, cfg.enable_ipv6, warnings)
     })?;
     let outcome = result.map_err(|reason| ProgramError::Apply {
