@@ -178,7 +178,10 @@ where
         info!(pod = %pod_ref, outcome = ?done, "nothing to do for this pod");
         return Ok(done);
     }
-    let kube = connect().await.map_err(internal)?;
+    let kube = tokio::time::timeout(conf.kube_call_timeout.min(left(deadline)), connect())
+        .await
+        .map_err(|_| CniError::internal("building the Kubernetes client timed out"))?
+        .map_err(internal)?;
 
     let mut known_pod: Option<PodInfo> = None;
     let mut ambient_decided = false;
