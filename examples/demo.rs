@@ -85,25 +85,8 @@ fn main() -> Result<(), String> {
     ip(&["-n", SERVER, "link", "set", "eth0", "up"])?;
     println!("== created pod netns {POD} ({POD_IP}) and server netns {SERVER} ({SERVER_IP})");
 
-    let args = [
-        "istio-iptables",
-        "-p",
-        "15001",
-        "-z",
-        "15006",
-        "-u",
-        "1337",
-        "-m",
-        "REDIRECT",
-        "-i",
-        "*",
-        "-x",
-        "",
-        "-b",
-        "*",
-        "-d",
-        "15090,15021,15020",
-    ];
+    let mut args = vec!["istio-iptables"];
+    args.extend_from_slice(istio_cni::iptables_cmd::INJECTOR_DEFAULT_ARGS);
     println!(
         "== ip netns exec {POD} istio-iptables {}",
         args[1..].join(" ")

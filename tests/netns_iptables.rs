@@ -8,25 +8,7 @@ use std::time::Duration;
 
 use support::{PodAndServer, accept_within, bin, require_tool};
 
-/// The flags Istio's injector passes to the istio-init container.
-const INIT_ARGS: &[&str] = &[
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-x",
-    "",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-];
+use istio_cni::iptables_cmd::INJECTOR_DEFAULT_ARGS as INIT_ARGS;
 
 fn tools() {
     require_tool("iptables-restore", "iptables");
@@ -48,20 +30,13 @@ fn assert_ok(out: &std::process::Output) {
     );
 }
 
-#[test]
-fn outbound_lands_on_15001_with_original_destination() {
-    tools();
-    let env = PodAndServer::new("out");
-    assert_ok(&apply(&env, &[]));
+/// A connection from the pod to the server lands on a 15001 listener in the pod, with the dialed
+/// address as its original destination.
+fn assert_outbound_redirected(env: &PodAndServer) {
     let proxy = env.pod.listen("0.0.0.0:15001");
     let target = format!("{}:8080", env.server_ip);
-    let connected = {
-        let target = target.clone();
-        let pod = &env.pod;
-        pod.connect(&target)
-    };
     assert!(
-        connected,
+        env.pod.connect(&target),
         "outbound connect to {target} was not accepted by anything"
     );
     let orig =
@@ -71,6 +46,14 @@ fn outbound_lands_on_15001_with_original_destination() {
         target,
         "SO_ORIGINAL_DST must be the address the app dialed"
     );
+}
+
+#[test]
+fn outbound_lands_on_15001_with_original_destination() {
+    tools();
+    let env = PodAndServer::new("out");
+    assert_ok(&apply(&env, &[]));
+    assert_outbound_redirected(&env);
 }
 
 #[test]
@@ -353,11 +336,7 @@ fn native_nftables_redirects_and_cleans_up() {
     assert_ok(&env.pod.try_exec(bin(), &args));
     assert_eq!(ruleset(&env), first, "re-apply must replace, not stack");
 
-    let proxy = env.pod.listen("0.0.0.0:15001");
-    let target = format!("{}:8080", env.server_ip);
-    assert!(env.pod.connect(&target));
-    let orig = accept_within(&proxy, Duration::from_secs(2)).expect("no connection on 15001");
-    assert_eq!(orig.to_string(), target);
+    assert_outbound_redirected(&env);
 
     assert_ok(&env.pod.try_exec(
         bin(),

@@ -106,63 +106,56 @@ fn legacy_has_tables(family: Family) -> bool {
 /// already holds rules here, else nft, else the plain name.
 pub fn detect(family: Family, force: Option<ForceBinary>) -> Result<Binaries, ApplyError> {
     let prefix = family_prefix(family);
-    let make = |suffix: &str, legacy: bool| Binaries {
-        family,
-        iptables: format!("{prefix}{suffix}"),
-        save: format!("{prefix}{suffix}-save"),
-        restore: format!("{prefix}{suffix}-restore"),
-        legacy,
+    // Absolute paths, resolved once (only for the flavour considered): each later spawn then skips
+    // the $PATH walk. None when the flavour is not installed.
+    let make = |suffix: &str, legacy: bool| -> Option<Binaries> {
+        let resolve = |tail: &str| {
+            find_on_path(&format!("{prefix}{suffix}{tail}"))
+                .map(|p| p.to_string_lossy().into_owned())
+        };
+        Some(Binaries {
+            family,
+            iptables: resolve("")?,
+            save: resolve("-save")?,
+            restore: resolve("-restore")?,
+            legacy,
+        })
     };
-    let available =
-        |b: &Binaries| find_on_path(&b.restore).is_some() && find_on_path(&b.iptables).is_some();
-    let legacy = make("-legacy", true);
-    let nft = make("-nft", false);
+    let missing = |suffix: &str| ApplyError::NoBinary {
+        family: prefix,
+        reason: format!(
+            "{prefix}{suffix}, {prefix}{suffix}-save or {prefix}{suffix}-restore not found on PATH"
+        ),
+    };
     match force {
         Some(ForceBinary::Legacy) => {
-            return if available(&legacy) {
-                Ok(legacy)
-            } else {
-                Err(ApplyError::NoBinary {
-                    family: prefix,
-                    reason: format!("{} not found on PATH", legacy.restore),
-                })
-            };
+            return make("-legacy", true).ok_or_else(|| missing("-legacy"));
         }
-        Some(ForceBinary::Nft) => {
-            return if available(&nft) {
-                Ok(nft)
-            } else {
-                Err(ApplyError::NoBinary {
-                    family: prefix,
-                    reason: format!("{} not found on PATH", nft.restore),
-                })
-            };
-        }
+        Some(ForceBinary::Nft) => return make("-nft", false).ok_or_else(|| missing("-nft")),
         None => {}
     }
-    if available(&legacy) && legacy_has_tables(family) {
+    if legacy_has_tables(family)
+        && let Some(legacy) = make("-legacy", true)
+    {
         return Ok(legacy);
     }
-    if available(&nft) {
+    if let Some(nft) = make("-nft", false) {
         return Ok(nft);
     }
-    let plain = make("", false);
-    if available(&plain) {
-        // Unknown flavour: ask it, so legacy still gets the lock flag.
-        let version = std::process::Command::new(&plain.iptables)
-            .arg("--version")
-            .output();
-        let is_nft = version
-            .map(|o| String::from_utf8_lossy(&o.stdout).contains("nf_tables"))
-            .unwrap_or(false);
-        return Ok(Binaries {
-            legacy: !is_nft,
-            ..plain
-        });
-    }
-    Err(ApplyError::NoBinary {
+    let plain = make("", false).ok_or_else(|| ApplyError::NoBinary {
         family: prefix,
         reason: format!("none of {prefix}-legacy, {prefix}-nft, {prefix} found on PATH"),
+    })?;
+    // Unknown flavour: ask it, so legacy still gets the lock flag.
+    let version = std::process::Command::new(&plain.iptables)
+        .arg("--version")
+        .output();
+    let is_nft = version
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("nf_tables"))
+        .unwrap_or(false);
+    Ok(Binaries {
+        legacy: !is_nft,
+        ..plain
     })
 }
 

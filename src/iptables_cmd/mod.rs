@@ -18,6 +18,26 @@ use crate::cli::{Env, ProcessEnv, normalise_args};
 use crate::rules::{self, RuleSet};
 use flags::{Flags, SHAPES, Settings};
 
+/// The arguments Istio's sidecar injector passes to the istio-init container (demo, tests, bench).
+pub const INJECTOR_DEFAULT_ARGS: &[&str] = &[
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "REDIRECT",
+    "-i",
+    "*",
+    "-x",
+    "",
+    "-b",
+    "*",
+    "-d",
+    "15090,15021,15020",
+];
+
 /// Exit code for command-line errors (pilot-agent exits 255 on a cobra parse error).
 const EXIT_USAGE: i32 = 255;
 /// Exit code for bad values and failed rule application.
