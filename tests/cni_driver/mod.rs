@@ -94,7 +94,14 @@ impl NetnsGuard {
     pub fn iptables_save(&self) -> String {
         let mut all = String::new();
         for tool in ["iptables-nft-save", "iptables-legacy-save"] {
+            require_tool(tool, "iptables");
             let out = self.exec(tool, &[]);
+            assert!(
+                out.status.success(),
+                "{tool} in {}: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
             all.push_str(&String::from_utf8_lossy(&out.stdout));
         }
         all
