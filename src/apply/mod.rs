@@ -5,6 +5,7 @@
 pub mod exec;
 pub mod iptables;
 pub mod nft;
+pub mod transcript;
 
 pub use exec::{Cmd, CmdOutput, Executor, ProcessExecutor};
 pub use iptables::{

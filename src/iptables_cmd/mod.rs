@@ -4,7 +4,6 @@
 
 pub mod flags;
 pub mod host;
-pub mod transcript;
 pub mod validation;
 
 use std::collections::HashSet;
@@ -133,7 +132,8 @@ fn run(flags: &Flags, env: &dyn Env, explicit_false: &HashSet<String>) -> i32 {
 }
 
 fn dry_run(settings: &Settings, rules: &RuleSet) -> Result<(), String> {
-    let lines = transcript::sidecar(rules, settings.capture.enable_ipv6, settings.cleanup_only);
+    let lines =
+        apply::transcript::sidecar(rules, settings.capture.enable_ipv6, settings.cleanup_only);
     let mut text = lines.join("\n");
     text.push('\n');
     emit_dry_run(settings, text)
@@ -142,7 +142,7 @@ fn dry_run(settings: &Settings, rules: &RuleSet) -> Result<(), String> {
 /// Prints a dry-run text and writes it to $DRY_RUN_FILE_PATH when set.
 fn emit_dry_run(settings: &Settings, text: String) -> Result<(), String> {
     if let Some(path) = &settings.dry_run_file {
-        crate::iptables_cmd::transcript::write_file(Path::new(path), &text)
+        crate::apply::transcript::write_file(Path::new(path), &text)
             .map_err(|e| format!("cannot write DRY_RUN_FILE_PATH {path}: {e}"))?;
     }
     print!("{text}");

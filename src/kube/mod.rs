@@ -1,2 +1,22 @@
 //! The one Kubernetes client module shared by every role, and the test API server.
+//!
+//! Owns: building a `kube::Client` (kubeconfig file, $KUBECONFIG, in-cluster; rustls with ring
+//! only), the typed calls the roles make (get/list/watch pods and namespaces, metadata patches on
+//! pods and `pods/status`, pod delete, pod events), each under an explicit deadline and with
+//! errors that name the call, the object and the cause; and [`testserver`], a small in-process
+//! Kubernetes API server for tests and the demo (also run as the hidden `test-apiserver` role).
+//!
 //! May call: nothing else in this crate.
+
+mod client;
+mod error;
+pub mod testserver;
+
+pub use client::{
+    ConfigSource, EventType, KubeClient, MetadataPatch, PodEvent, PodPreconditions, Selectors,
+    WatchBackoff, WatchStream, config_from_kubeconfig_file, load_config, load_config_with,
+};
+pub use error::{Call, KubeError};
+
+/// Watch events and errors, re-exported so callers need no direct kube-runtime import.
+pub use kube::runtime::watcher::{Error as WatchError, Event as WatchEvent};

@@ -3,6 +3,7 @@
 //! files or namespaces are touched here.
 //! May call: nothing else in this crate.
 
+pub mod ambient;
 pub mod capture;
 pub mod iptables;
 pub mod model;

@@ -9,6 +9,12 @@ pub enum NftTable {
     SidecarNat,
     SidecarMangle,
     SidecarRaw,
+    /// In-pod ambient tables.
+    AmbientNat,
+    AmbientMangle,
+    AmbientRaw,
+    /// The host's ambient table (probe SNAT); same name as the in-pod nat table, other netns.
+    AmbientHostNat,
 }
 
 struct ChainSpec {
@@ -35,13 +41,30 @@ impl NftTable {
         NftTable::SidecarMangle,
         NftTable::SidecarRaw,
     ];
+    pub const AMBIENT_POD: [NftTable; 3] = [
+        NftTable::AmbientNat,
+        NftTable::AmbientMangle,
+        NftTable::AmbientRaw,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             NftTable::SidecarNat => "istio-proxy-nat",
             NftTable::SidecarMangle => "istio-proxy-mangle",
             NftTable::SidecarRaw => "istio-proxy-raw",
+            NftTable::AmbientNat | NftTable::AmbientHostNat => "istio-ambient-nat",
+            NftTable::AmbientMangle => "istio-ambient-mangle",
+            NftTable::AmbientRaw => "istio-ambient-raw",
         }
+    }
+
+    /// Ambient tables also declare chains that are only jumped to (an ingress pod's empty
+    /// `istio-prerouting`); the sidecar declares only chains with rules.
+    fn declares_jump_targets(self) -> bool {
+        !matches!(
+            self,
+            NftTable::SidecarNat | NftTable::SidecarMangle | NftTable::SidecarRaw
+        )
     }
 
     fn chains(self) -> &'static [ChainSpec] {
@@ -68,10 +91,36 @@ impl NftTable {
             regular("istio-inbound"),
             regular("istio-output-dns"),
         ];
+        const AMBIENT_NAT: &[ChainSpec] = &[
+            base("prerouting", "type nat hook prerouting priority -100"),
+            base("output", "type nat hook output priority -100"),
+            regular("istio-prerouting"),
+            regular("istio-output"),
+        ];
+        const AMBIENT_MANGLE: &[ChainSpec] = &[
+            base("prerouting", "type filter hook prerouting priority -150"),
+            base("output", "type route hook output priority -150"),
+            regular("istio-prerouting"),
+            regular("istio-output"),
+        ];
+        const AMBIENT_RAW: &[ChainSpec] = &[
+            base("prerouting", "type filter hook prerouting priority -300"),
+            base("output", "type filter hook output priority -300"),
+            regular("istio-prerouting"),
+            regular("istio-output"),
+        ];
+        const AMBIENT_HOST: &[ChainSpec] = &[base(
+            "postrouting",
+            "type nat hook postrouting priority 100",
+        )];
         match self {
             NftTable::SidecarNat => NAT,
             NftTable::SidecarMangle => MANGLE,
             NftTable::SidecarRaw => RAW,
+            NftTable::AmbientNat => AMBIENT_NAT,
+            NftTable::AmbientMangle => AMBIENT_MANGLE,
+            NftTable::AmbientRaw => AMBIENT_RAW,
+            NftTable::AmbientHostNat => AMBIENT_HOST,
         }
     }
 }
@@ -101,11 +150,14 @@ pub fn render_transaction(set: &NftRuleSet, tables: &[NftTable]) -> String {
         }
         let t = table.name();
         out.push_str(&format!("add table inet {t}\nflush table inet {t}\n"));
-        for chain in table
-            .chains()
-            .iter()
-            .filter(|c| rules.iter().any(|r| r.chain == c.name))
-        {
+        let used = |name: &str| {
+            rules.iter().any(|r| r.chain == name)
+                || (table.declares_jump_targets()
+                    && rules
+                        .iter()
+                        .any(|r| r.expr.ends_with(&format!("jump {name}"))))
+        };
+        for chain in table.chains().iter().filter(|c| used(c.name)) {
             match chain.base {
                 Some(spec) => out.push_str(&format!(
                     "add chain inet {t} {} {{ {spec} ; }}\n",

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use crate::apply::iptables::planned_cleanup_commands;
+use super::iptables::planned_cleanup_commands;
 use crate::rules::iptables::render_restore;
 use crate::rules::{Family, RuleSet};
 
@@ -41,4 +41,19 @@ pub fn write_file(path: &Path, text: &str) -> std::io::Result<()> {
     tmp.write_all(text.as_bytes())?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
+}
+
+/// What the node agent's in-pod (or host) iptables step runs: the saves of the state check, then
+/// the restores (IPv4, then IPv6 when enabled); no final saves.
+pub fn ambient(rules: &RuleSet, ipv6: bool) -> Vec<String> {
+    let mut out = vec!["iptables-save".to_string(), "ip6tables-save".to_string()];
+    let families: &[Family] = if ipv6 { &Family::ALL } else { &[Family::V4] };
+    for &family in families {
+        out.extend(
+            render_restore(rules.family(family))
+                .lines()
+                .map(str::to_string),
+        );
+    }
+    out
 }

@@ -1,0 +1,705 @@
+//! Client construction (kubeconfig file, $KUBECONFIG, in-cluster) and the typed calls the roles make.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::api::core::v1::{Event, EventSource, Namespace, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::utils::Backoff;
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::error::{Call, KubeError};
+
+/// Where a client's configuration came from; logged by the roles at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// An explicit kubeconfig path (the plugin's netconf `kubeconfig` field, an agent flag).
+    File(PathBuf),
+    /// The file(s) named by $KUBECONFIG.
+    KubeconfigEnv,
+    /// The pod's service account (KUBERNETES_SERVICE_HOST/PORT + token + CA).
+    InCluster,
+}
+
+/// Reads one kubeconfig file (current context) into a client config.
+pub async fn config_from_kubeconfig_file(path: &Path) -> Result<kube::Config, KubeError> {
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|source| KubeError::Kubeconfig {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|source| KubeError::Kubeconfig {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// The agent's order: explicit path > $KUBECONFIG (may list several files) > in-cluster.
+/// `~/.kube/config` is deliberately not consulted: the agent runs in a pod, not in a user's shell.
+pub async fn load_config(
+    explicit: Option<&Path>,
+) -> Result<(kube::Config, ConfigSource), KubeError> {
+    load_config_with(explicit, std::env::var_os("KUBECONFIG").as_deref()).await
+}
+
+/// [`load_config`] with the value of $KUBECONFIG passed in (testable without touching the
+/// process environment).
+pub async fn load_config_with(
+    explicit: Option<&Path>,
+    kubeconfig_env: Option<&OsStr>,
+) -> Result<(kube::Config, ConfigSource), KubeError> {
+    if let Some(path) = explicit {
+        let config = config_from_kubeconfig_file(path).await?;
+        return Ok((config, ConfigSource::File(path.to_path_buf())));
+    }
+    // Like kubectl: a path list, empty entries ignored, merged with the first file winning.
+    let env_paths: Vec<PathBuf> = kubeconfig_env
+        .map(|value| {
+            std::env::split_paths(value)
+                .filter(|p| !p.as_os_str().is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !env_paths.is_empty() {
+        let merged = env_paths
+            .iter()
+            .try_fold(Kubeconfig::default(), |merged, path| {
+                Kubeconfig::read_from(path).and_then(|next| merged.merge(next))
+            })
+            .map_err(KubeError::KubeconfigEnv)?;
+        let config = kube::Config::from_custom_kubeconfig(merged, &KubeConfigOptions::default())
+            .await
+            .map_err(KubeError::KubeconfigEnv)?;
+        return Ok((config, ConfigSource::KubeconfigEnv));
+    }
+    let config = kube::Config::incluster().map_err(KubeError::InCluster)?;
+    Ok((config, ConfigSource::InCluster))
+}
+
+/// Label and field selectors for list/watch calls. Empty means "everything".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selectors {
+    pub fields: Option<String>,
+    pub labels: Option<String>,
+}
+
+impl Selectors {
+    /// Pods scheduled on `node` (`spec.nodeName=<node>`), what the agent informers watch.
+    pub fn on_node(node: &str) -> Self {
+        Selectors {
+            fields: Some(format!("spec.nodeName={node}")),
+            labels: None,
+        }
+    }
+
+    /// Adds field-selector terms (comma-separated, ANDed with the ones already set).
+    pub fn and_fields(mut self, terms: &str) -> Self {
+        self.fields = join_terms(self.fields.take(), terms);
+        self
+    }
+
+    /// Adds label-selector terms (comma-separated, ANDed with the ones already set).
+    pub fn and_labels(mut self, terms: &str) -> Self {
+        self.labels = join_terms(self.labels.take(), terms);
+        self
+    }
+
+    fn list_params(&self) -> ListParams {
+        let mut params = ListParams::default();
+        if let Some(fields) = &self.fields {
+            params = params.fields(fields);
+        }
+        if let Some(labels) = &self.labels {
+            params = params.labels(labels);
+        }
+        params
+    }
+
+    fn watcher_config(&self) -> watcher::Config {
+        let mut config = watcher::Config::default();
+        if let Some(fields) = &self.fields {
+            config = config.fields(fields);
+        }
+        if let Some(labels) = &self.labels {
+            config = config.labels(labels);
+        }
+        config
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "fields={:?} labels={:?}",
+            self.fields.as_deref().unwrap_or(""),
+            self.labels.as_deref().unwrap_or("")
+        )
+    }
+}
+
+fn join_terms(existing: Option<String>, terms: &str) -> Option<String> {
+    let terms = terms.trim_matches(',');
+    match (existing, terms.is_empty()) {
+        (existing, true) => existing,
+        (Some(existing), false) if !existing.is_empty() => Some(format!("{existing},{terms}")),
+        (_, false) => Some(terms.to_string()),
+    }
+}
+
+/// Label/annotation changes for a merge patch: `Some(value)` sets the key, `None` removes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetadataPatch {
+    pub labels: BTreeMap<String, Option<String>>,
+    pub annotations: BTreeMap<String, Option<String>>,
+}
+
+impl MetadataPatch {
+    pub fn set_label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.to_string(), Some(value.to_string()));
+        self
+    }
+
+    pub fn remove_label(mut self, key: &str) -> Self {
+        self.labels.insert(key.to_string(), None);
+        self
+    }
+
+    pub fn set_annotation(mut self, key: &str, value: &str) -> Self {
+        self.annotations
+            .insert(key.to_string(), Some(value.to_string()));
+        self
+    }
+
+    pub fn remove_annotation(mut self, key: &str) -> Self {
+        self.annotations.insert(key.to_string(), None);
+        self
+    }
+
+    /// The JSON merge patch body (RFC 7386: `null` deletes a key).
+    pub fn to_merge_patch(&self) -> serde_json::Value {
+        let mut metadata = serde_json::Map::new();
+        if !self.labels.is_empty() {
+            metadata.insert("labels".into(), serde_json::json!(self.labels));
+        }
+        if !self.annotations.is_empty() {
+            metadata.insert("annotations".into(), serde_json::json!(self.annotations));
+        }
+        serde_json::json!({ "metadata": metadata })
+    }
+}
+
+/// Retry spacing for watch streams after an error: doubling from `min` up to `max`, reset after
+/// a success. No jitter: one watcher per process, so there is no herd to spread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchBackoff {
+    pub min: Duration,
+    pub max: Duration,
+}
+
+impl Default for WatchBackoff {
+    /// client-go's reflector spacing (800 ms doubling to 30 s).
+    fn default() -> Self {
+        WatchBackoff {
+            min: Duration::from_millis(800),
+            max: Duration::from_secs(30),
+        }
+    }
+}
+
+struct DoublingBackoff {
+    settings: WatchBackoff,
+    next: Duration,
+}
+
+impl Iterator for DoublingBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let current = self.next.min(self.settings.max);
+        self.next = current.saturating_mul(2).min(self.settings.max);
+        Some(current)
+    }
+}
+
+impl Backoff for DoublingBackoff {
+    fn reset(&mut self) {
+        self.next = self.settings.min;
+    }
+}
+
+/// A stream of watch events that re-lists and re-watches on its own (410 Gone, dropped
+/// connections, server restarts); errors are passed through for logging, then retried.
+pub type WatchStream<K> = BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
+
+/// A Kubernetes client plus the typed calls the roles make. Cheap to clone.
+#[derive(Clone)]
+pub struct KubeClient {
+    client: kube::Client,
+}
+
+impl KubeClient {
+    /// What the plugin does: the kubeconfig path from its netconf.
+    pub async fn from_kubeconfig_file(path: &Path) -> Result<Self, KubeError> {
+        let config = config_from_kubeconfig_file(path).await?;
+        Self::from_config(config)
+    }
+
+    /// What the agent does: explicit path > $KUBECONFIG > in-cluster.
+    pub async fn for_agent(explicit: Option<&Path>) -> Result<(Self, ConfigSource), KubeError> {
+        let (config, source) = load_config(explicit).await?;
+        Ok((Self::from_config(config)?, source))
+    }
+
+    /// Builds the HTTP stack (rustls with ring; webpki roots when the config has no CA).
+    pub fn from_config(config: kube::Config) -> Result<Self, KubeError> {
+        let client = kube::Client::try_from(config).map_err(KubeError::BuildClient)?;
+        Ok(KubeClient { client })
+    }
+
+    /// Wraps an existing client (e.g. one built on a mock service in unit tests).
+    pub fn from_client(client: kube::Client) -> Self {
+        KubeClient { client }
+    }
+
+    /// The underlying client, for calls not covered here.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    pub async fn get_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Pod, KubeError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        bounded(
+            Call::GetPod,
+            format!("{namespace}/{name}"),
+            timeout,
+            api.get(name),
+        )
+        .await
+    }
+
+    pub async fn get_namespace(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Namespace, KubeError> {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        bounded(Call::GetNamespace, name.to_string(), timeout, api.get(name)).await
+    }
+
+    /// Pods in all namespaces matching `selectors`, and the list's resourceVersion.
+    pub async fn list_pods(
+        &self,
+        selectors: &Selectors,
+        timeout: Duration,
+    ) -> Result<(Vec<Pod>, Option<String>), KubeError> {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let params = selectors.list_params();
+        let list = bounded(
+            Call::ListPods,
+            selectors.describe(),
+            timeout,
+            api.list(&params),
+        )
+        .await?;
+        Ok((list.items, list.metadata.resource_version))
+    }
+
+    pub async fn list_namespaces(
+        &self,
+        selectors: &Selectors,
+        timeout: Duration,
+    ) -> Result<(Vec<Namespace>, Option<String>), KubeError> {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let params = selectors.list_params();
+        let list = bounded(
+            Call::ListNamespaces,
+            selectors.describe(),
+            timeout,
+            api.list(&params),
+        )
+        .await?;
+        Ok((list.items, list.metadata.resource_version))
+    }
+
+    /// Watches pods in all namespaces (list, then watch from its resourceVersion, bookmarks on).
+    pub fn watch_pods(&self, selectors: &Selectors, backoff: WatchBackoff) -> WatchStream<Pod> {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        watch(api, selectors, backoff)
+    }
+
+    pub fn watch_namespaces(
+        &self,
+        selectors: &Selectors,
+        backoff: WatchBackoff,
+    ) -> WatchStream<Namespace> {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        watch(api, selectors, backoff)
+    }
+
+    /// Merge-patches the pod's labels/annotations (the main resource).
+    pub async fn patch_pod_metadata(
+        &self,
+        namespace: &str,
+        name: &str,
+        patch: &MetadataPatch,
+        timeout: Duration,
+    ) -> Result<Pod, KubeError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let body = Patch::Merge(patch.to_merge_patch());
+        let params = PatchParams::default();
+        bounded(
+            Call::PatchPod,
+            format!("{namespace}/{name}"),
+            timeout,
+            api.patch(name, &params, &body),
+        )
+        .await
+    }
+
+    /// Merge-patches labels/annotations through the `pods/status` subresource, as the ambient
+    /// agent (redirection annotation) and the repair controller (label mode) do: that needs only
+    /// `pods/status` patch permission.
+    pub async fn patch_pod_status_metadata(
+        &self,
+        namespace: &str,
+        name: &str,
+        patch: &MetadataPatch,
+        timeout: Duration,
+    ) -> Result<Pod, KubeError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let body = Patch::Merge(patch.to_merge_patch());
+        let params = PatchParams::default();
+        bounded(
+            Call::PatchPodStatus,
+            format!("{namespace}/{name}"),
+            timeout,
+            api.patch_status(name, &params, &body),
+        )
+        .await
+    }
+
+    /// Deletes a pod; with `preconditions` the server refuses (Conflict) when the pod was
+    /// replaced (other UID) or changed (other resourceVersion) since it was read.
+    pub async fn delete_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        preconditions: Option<PodPreconditions>,
+        timeout: Duration,
+    ) -> Result<(), KubeError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let mut params = DeleteParams::default();
+        if let Some(pre) = preconditions {
+            params.preconditions = Some(Preconditions {
+                uid: pre.uid,
+                resource_version: pre.resource_version,
+            });
+        }
+        bounded(
+            Call::DeletePod,
+            format!("{namespace}/{name}"),
+            timeout,
+            api.delete(name, &params),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Records an event about `pod` in the pod's namespace.
+    pub async fn create_pod_event(
+        &self,
+        pod: &Pod,
+        event: &PodEvent,
+        timeout: Duration,
+    ) -> Result<(), KubeError> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let body = event.to_event(pod, Time(k8s_openapi::jiff::Timestamp::now()));
+        bounded(
+            Call::CreateEvent,
+            format!("{namespace}/{name} {}", event.reason),
+            timeout,
+            api.create(&PostParams::default(), &body),
+        )
+        .await
+        .map(|_| ())
+    }
+}
+
+/// Kubernetes event severity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+impl EventType {
+    fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// A core/v1 Event about a pod, as client-go's event recorder writes it (the repair controller's
+/// `DeleteBrokenPod` / `LabelBrokenPod` warnings, source component `cni-repair`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodEvent {
+    pub event_type: EventType,
+    pub reason: String,
+    pub message: String,
+    pub component: String,
+}
+
+impl PodEvent {
+    fn to_event(&self, pod: &Pod, now: Time) -> Event {
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let namespace = pod.metadata.namespace.clone();
+        // client-go names events `<object>.<unix nanos in hex>`; unique enough per object.
+        let nanos = now.0.as_nanosecond();
+        Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{pod_name}.{nanos:x}")),
+                namespace: namespace.clone(),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod_name),
+                namespace,
+                uid: pod.metadata.uid.clone(),
+                resource_version: pod.metadata.resource_version.clone(),
+                ..ObjectReference::default()
+            },
+            type_: Some(self.event_type.as_str().into()),
+            reason: Some(self.reason.clone()),
+            message: Some(self.message.clone()),
+            source: Some(EventSource {
+                component: Some(self.component.clone()),
+                host: None,
+            }),
+            count: Some(1),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            ..Event::default()
+        }
+    }
+}
+
+/// What a pod must still be for a delete to go through.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodPreconditions {
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+}
+
+impl PodPreconditions {
+    /// The pod as it was read: same UID and same resourceVersion.
+    pub fn of(pod: &Pod) -> Self {
+        PodPreconditions {
+            uid: pod.metadata.uid.clone(),
+            resource_version: pod.metadata.resource_version.clone(),
+        }
+    }
+}
+
+/// Runs one call under a deadline and names the call and object in any error.
+async fn bounded<T>(
+    call: Call,
+    object: String,
+    timeout: Duration,
+    request: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, KubeError> {
+    match tokio::time::timeout(timeout, request).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) => Err(KubeError::from_call(call, object, err)),
+        Err(_) => Err(KubeError::Timeout {
+            call,
+            object,
+            timeout,
+        }),
+    }
+}
+
+fn watch<K>(api: Api<K>, selectors: &Selectors, backoff: WatchBackoff) -> WatchStream<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let backoff = DoublingBackoff {
+        settings: backoff,
+        next: backoff.min,
+    };
+    watcher(api, selectors.watcher_config())
+        .backoff(backoff)
+        .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KUBECONFIG_WITH_CA: &str = include_str!("testdata/kubeconfig-with-ca.yaml");
+    const KUBECONFIG_SKIP_TLS: &str = include_str!("testdata/kubeconfig-skip-tls.yaml");
+
+    async fn config_from_yaml(yaml: &str) -> kube::Config {
+        let kubeconfig = Kubeconfig::from_yaml(yaml).expect("fixture parses");
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("fixture makes a config")
+    }
+
+    // Guards the rustls provider choice: with exactly one provider (ring) compiled in, building a
+    // client with a CA must not panic for want of a process-level CryptoProvider.
+    #[tokio::test]
+    async fn client_builds_from_config_with_ca() {
+        let config = config_from_yaml(KUBECONFIG_WITH_CA).await;
+        assert!(
+            config
+                .root_cert
+                .as_ref()
+                .is_some_and(|certs| certs.len() == 1)
+        );
+        assert!(!config.accept_invalid_certs);
+        assert!(KubeClient::from_config(config).is_ok());
+    }
+
+    // Istio's SKIP_TLS_VERIFY kubeconfig has no CA; kube must fall back to bundled webpki roots
+    // instead of the (possibly empty) system store.
+    #[tokio::test]
+    async fn client_builds_from_skip_tls_config_without_ca() {
+        let config = config_from_yaml(KUBECONFIG_SKIP_TLS).await;
+        assert!(config.root_cert.is_none());
+        assert!(config.accept_invalid_certs);
+        assert!(KubeClient::from_config(config).is_ok());
+    }
+
+    #[tokio::test]
+    async fn explicit_path_wins_and_names_the_file_on_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let good = dir.path().join("kubeconfig");
+        std::fs::write(&good, KUBECONFIG_SKIP_TLS).expect("write");
+        let (config, source) = load_config(Some(&good)).await.expect("loads");
+        assert_eq!(source, ConfigSource::File(good.clone()));
+        assert_eq!(config.cluster_url.to_string(), "https://10.96.0.1:443/");
+
+        let missing = dir.path().join("absent");
+        let err = load_config(Some(&missing)).await.expect_err("fails");
+        assert!(err.to_string().contains("absent"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn kubeconfig_env_is_used_when_no_path_is_given() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = dir.path().join("first");
+        let second = dir.path().join("second");
+        std::fs::write(&first, KUBECONFIG_WITH_CA).expect("write");
+        std::fs::write(&second, KUBECONFIG_SKIP_TLS).expect("write");
+        let list = std::env::join_paths([first.as_path(), Path::new(""), second.as_path()])
+            .expect("path list");
+        let (config, source) = load_config_with(None, Some(&list)).await.expect("loads");
+        assert_eq!(source, ConfigSource::KubeconfigEnv);
+        // The first file to define the cluster wins: it has the CA.
+        assert!(config.root_cert.is_some());
+
+        let explicit = load_config_with(Some(&second), Some(&list))
+            .await
+            .expect("loads");
+        assert_eq!(explicit.1, ConfigSource::File(second.clone()));
+    }
+
+    #[tokio::test]
+    async fn without_path_or_env_it_is_in_cluster() {
+        // Outside a pod the in-cluster attempt must fail with the in-cluster error, never
+        // silently fall back to ~/.kube/config.
+        if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+            return;
+        }
+        let err = load_config_with(None, Some(OsStr::new("")))
+            .await
+            .expect_err("not in a pod");
+        assert!(matches!(err, KubeError::InCluster(_)), "{err:?}");
+    }
+
+    #[test]
+    fn selectors_join_terms_and_skip_empty_ones() {
+        let s = Selectors::on_node("n1")
+            .and_fields("")
+            .and_fields("status.phase=Running,");
+        assert_eq!(
+            s.fields.as_deref(),
+            Some("spec.nodeName=n1,status.phase=Running")
+        );
+        let s = Selectors::default().and_labels("app=a").and_labels("!skip");
+        assert_eq!(s.labels.as_deref(), Some("app=a,!skip"));
+        assert_eq!(Selectors::default().and_fields(",").fields, None);
+    }
+
+    #[test]
+    fn metadata_patch_sets_and_removes_keys() {
+        let patch = MetadataPatch::default()
+            .set_annotation("ambient.istio.io/redirection", "enabled")
+            .remove_label("old");
+        assert_eq!(
+            patch.to_merge_patch(),
+            serde_json::json!({"metadata": {
+                "labels": {"old": null},
+                "annotations": {"ambient.istio.io/redirection": "enabled"}
+            }})
+        );
+    }
+
+    #[test]
+    fn pod_event_refers_to_the_pod() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7"}
+        }))
+        .expect("pod");
+        let event = PodEvent {
+            event_type: EventType::Warning,
+            reason: "DeleteBrokenPod".into(),
+            message: "pod detected as broken, deleted".into(),
+            component: "cni-repair".into(),
+        };
+        let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).expect("time"));
+        let built = event.to_event(&pod, now);
+        assert_eq!(built.metadata.name.as_deref(), Some("p.17979cfe362a0000"));
+        assert_eq!(built.metadata.namespace.as_deref(), Some("ns"));
+        assert_eq!(built.involved_object.uid.as_deref(), Some("u1"));
+        assert_eq!(built.involved_object.kind.as_deref(), Some("Pod"));
+        assert_eq!(built.type_.as_deref(), Some("Warning"));
+        assert_eq!(
+            built.source.and_then(|s| s.component).as_deref(),
+            Some("cni-repair")
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_to_max_and_resets() {
+        let settings = WatchBackoff {
+            min: Duration::from_millis(100),
+            max: Duration::from_millis(350),
+        };
+        let mut b = DoublingBackoff {
+            settings,
+            next: settings.min,
+        };
+        let seen: Vec<u128> = b.by_ref().take(4).map(|d| d.as_millis()).collect();
+        assert_eq!(seen, [100, 200, 350, 350]);
+        b.reset();
+        assert_eq!(b.next(), Some(Duration::from_millis(100)));
+    }
+}

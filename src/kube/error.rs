@@ -1,0 +1,291 @@
+//! The error type of the Kubernetes client module: every failure names the call, the object and why.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Which API call failed. Displayed as a short verb phrase ("get pod").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    GetPod,
+    GetNamespace,
+    ListPods,
+    ListNamespaces,
+    PatchPod,
+    PatchPodStatus,
+    DeletePod,
+    CreateEvent,
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Call::GetPod => "get pod",
+            Call::GetNamespace => "get namespace",
+            Call::ListPods => "list pods",
+            Call::ListNamespaces => "list namespaces",
+            Call::PatchPod => "patch pod",
+            Call::PatchPodStatus => "patch pod status",
+            Call::DeletePod => "delete pod",
+            Call::CreateEvent => "create event",
+        })
+    }
+}
+
+/// Why building a client failed, or why one call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("cannot load kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("cannot load kubeconfig from $KUBECONFIG: {0}")]
+    KubeconfigEnv(#[source] kube::config::KubeconfigError),
+    #[error("cannot load in-cluster config (is this not running within a pod?): {0}")]
+    InCluster(#[source] kube::config::InClusterError),
+    #[error("cannot build Kubernetes client: {0}")]
+    BuildClient(#[source] kube::Error),
+
+    #[error("{call} {object}: no answer within {timeout:?}")]
+    Timeout {
+        call: Call,
+        object: String,
+        timeout: Duration,
+    },
+    #[error("{call} {object}: not found: {message}")]
+    NotFound {
+        call: Call,
+        object: String,
+        message: String,
+    },
+    #[error("{call} {object}: forbidden: {message}")]
+    Forbidden {
+        call: Call,
+        object: String,
+        message: String,
+    },
+    #[error("{call} {object}: unauthorized (bad or expired token): {message}")]
+    Unauthorized {
+        call: Call,
+        object: String,
+        message: String,
+    },
+    #[error("{call} {object}: conflict: {message}")]
+    Conflict {
+        call: Call,
+        object: String,
+        message: String,
+    },
+    #[error("{call} {object}: API server answered {code} {reason}: {message}")]
+    Api {
+        call: Call,
+        object: String,
+        code: u16,
+        reason: String,
+        message: String,
+    },
+    #[error("{call} {object}: connection refused by the API server: {source}")]
+    ConnectRefused {
+        call: Call,
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{call} {object}: cannot reach the API server: {source}")]
+    Transport {
+        call: Call,
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{call} {object}: {source}")]
+    Other {
+        call: Call,
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl KubeError {
+    /// Sorts a kube error from one call into the variant that says why it failed.
+    pub fn from_call(call: Call, object: impl Into<String>, err: kube::Error) -> Self {
+        let object = object.into();
+        match err {
+            kube::Error::Api(status) => {
+                let message = status.message.clone();
+                match status.code {
+                    404 => KubeError::NotFound {
+                        call,
+                        object,
+                        message,
+                    },
+                    403 => KubeError::Forbidden {
+                        call,
+                        object,
+                        message,
+                    },
+                    401 => KubeError::Unauthorized {
+                        call,
+                        object,
+                        message,
+                    },
+                    409 => KubeError::Conflict {
+                        call,
+                        object,
+                        message,
+                    },
+                    code => KubeError::Api {
+                        call,
+                        object,
+                        code,
+                        reason: status.reason.clone(),
+                        message,
+                    },
+                }
+            }
+            kube::Error::HyperError(_) | kube::Error::Service(_) => {
+                if io_error_kind(&err) == Some(std::io::ErrorKind::ConnectionRefused) {
+                    KubeError::ConnectRefused {
+                        call,
+                        object,
+                        source: err,
+                    }
+                } else {
+                    KubeError::Transport {
+                        call,
+                        object,
+                        source: err,
+                    }
+                }
+            }
+            other => KubeError::Other {
+                call,
+                object,
+                source: other,
+            },
+        }
+    }
+
+    /// The call that failed, when the error is about one call (not about building a client).
+    pub fn call(&self) -> Option<Call> {
+        match self {
+            KubeError::Kubeconfig { .. }
+            | KubeError::KubeconfigEnv(_)
+            | KubeError::InCluster(_)
+            | KubeError::BuildClient(_) => None,
+            KubeError::Timeout { call, .. }
+            | KubeError::NotFound { call, .. }
+            | KubeError::Forbidden { call, .. }
+            | KubeError::Unauthorized { call, .. }
+            | KubeError::Conflict { call, .. }
+            | KubeError::Api { call, .. }
+            | KubeError::ConnectRefused { call, .. }
+            | KubeError::Transport { call, .. }
+            | KubeError::Other { call, .. } => Some(*call),
+        }
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, KubeError::NotFound { .. })
+    }
+
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, KubeError::Timeout { .. })
+    }
+
+    /// True when trying the same call again later may succeed: the server was slow, unreachable or
+    /// failed on its side. NotFound/Forbidden/Conflict need something else to change first.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            KubeError::Timeout { .. }
+            | KubeError::ConnectRefused { .. }
+            | KubeError::Transport { .. } => true,
+            KubeError::Api { code, .. } => *code >= 500 || *code == 429,
+            _ => false,
+        }
+    }
+}
+
+/// The kind of the first `std::io::Error` in the error's source chain, if any. Connect failures
+/// arrive wrapped several layers deep (hyper-util -> tower buffer -> kube).
+fn io_error_kind(err: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = current {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        current = e.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(Box::new(
+            kube::core::Status::failure("boom", reason).with_code(code),
+        ))
+    }
+
+    #[test]
+    fn api_status_codes_map_to_variants() {
+        let cases = [
+            (404, "NotFound"),
+            (403, "Forbidden"),
+            (401, "Unauthorized"),
+            (409, "Conflict"),
+        ];
+        for (code, reason) in cases {
+            let err = KubeError::from_call(Call::GetPod, "ns1/p1", api_error(code, reason));
+            let text = err.to_string();
+            assert!(text.starts_with("get pod ns1/p1: "), "{text}");
+            match (code, &err) {
+                (404, KubeError::NotFound { .. })
+                | (403, KubeError::Forbidden { .. })
+                | (401, KubeError::Unauthorized { .. })
+                | (409, KubeError::Conflict { .. }) => {}
+                _ => panic!("code {code} mapped to {err:?}"),
+            }
+            assert!(!err.is_transient());
+        }
+    }
+
+    #[test]
+    fn server_errors_are_transient_and_keep_code() {
+        let err = KubeError::from_call(Call::ListPods, "node=n1", api_error(500, "InternalError"));
+        assert!(err.is_transient());
+        assert_eq!(err.call(), Some(Call::ListPods));
+        assert!(err.to_string().contains("500 InternalError"), "{err}");
+    }
+
+    #[test]
+    fn connection_refused_is_found_in_the_source_chain() {
+        let io = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let err = KubeError::from_call(
+            Call::GetNamespace,
+            "istio-system",
+            kube::Error::Service(Box::new(io)),
+        );
+        assert!(matches!(err, KubeError::ConnectRefused { .. }), "{err:?}");
+        assert!(err.is_transient());
+    }
+
+    #[test]
+    fn timeout_message_names_call_object_and_limit() {
+        let err = KubeError::Timeout {
+            call: Call::PatchPodStatus,
+            object: "ns/p".into(),
+            timeout: Duration::from_millis(200),
+        };
+        assert_eq!(
+            err.to_string(),
+            "patch pod status ns/p: no answer within 200ms"
+        );
+        assert!(err.is_timeout() && err.is_transient());
+    }
+}

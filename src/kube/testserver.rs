@@ -1,0 +1,749 @@
+//! A small Kubernetes API server for tests and the demo: pods and namespaces over plain HTTP on
+//! loopback, speaking the real wire format (k8s-openapi objects, `List`s with a resourceVersion,
+//! newline-delimited watch events, `Status` errors), with fault injection at run time.
+//!
+//! Behaviour copied from a real API server because clients depend on it: a global resourceVersion
+//! bumped by every change; watches that replay from a resourceVersion and answer an `ERROR` event
+//! with `410 Expired` once it is compacted away; selector-aware watch events (an object that
+//! starts or stops matching arrives as ADDED/DELETED); `pods/status` patches keep `spec` and main
+//! resource patches keep `status`; no-op patches change nothing; delete preconditions.
+//!
+//! Control endpoints under `/testserver/` (used when it runs as the `test-apiserver` process) are
+//! exempt from faults, auth and the request log; see `docs/architecture-kube.md`.
+
+mod http;
+mod role;
+mod selector;
+
+pub use role::main;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use serde_json::Value;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use http::{is_true, parse_query, router};
+use selector::Kind;
+
+/// The bearer token the server expects unless told otherwise.
+pub const DEFAULT_TOKEN: &str = "istio-cni-test-token";
+
+/// How many requests the log keeps (oldest dropped first).
+const REQUEST_LOG_LIMIT: usize = 10_000;
+
+/// Failures of the test server itself (not of the API calls it serves).
+#[derive(Debug, thiserror::Error)]
+pub enum TestServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write kubeconfig {path}: {source}")]
+    WriteKubeconfig {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read fixtures {path}: {source}")]
+    ReadFixtures {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid object: {0}")]
+    InvalidObject(String),
+    #[error("{kind} {key} not found")]
+    NotFound { kind: &'static str, key: String },
+}
+
+/// What to break, for how long and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Stop listening: connects are refused until `clear_faults`/`restart` (same port).
+    Down,
+    /// Hold every response back this long.
+    Delay(Duration),
+    /// Answer with this HTTP code and a matching `Status` (403 Forbidden, 500 InternalError, ...).
+    Fail(u16),
+}
+
+/// One injected fault: a kind, an optional request-path prefix, an optional number of requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    pub kind: FaultKind,
+    /// Only requests whose path starts with this are affected (`None` = all). Ignored for `Down`.
+    pub path_prefix: Option<String>,
+    /// Affect only this many matching requests, then vanish (`None` = until cleared).
+    pub times: Option<u32>,
+}
+
+impl Fault {
+    pub fn down() -> Self {
+        Fault::new(FaultKind::Down)
+    }
+
+    pub fn slow(delay: Duration) -> Self {
+        Fault::new(FaultKind::Delay(delay))
+    }
+
+    pub fn fail(code: u16) -> Self {
+        Fault::new(FaultKind::Fail(code))
+    }
+
+    pub fn on_path(mut self, prefix: &str) -> Self {
+        self.path_prefix = Some(prefix.to_string());
+        self
+    }
+
+    pub fn times(mut self, count: u32) -> Self {
+        self.times = Some(count);
+        self
+    }
+
+    fn new(kind: FaultKind) -> Self {
+        Fault {
+            kind,
+            path_prefix: None,
+            times: None,
+        }
+    }
+}
+
+/// One request as the server saw it, for assertions.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RequestRecord {
+    pub method: String,
+    pub path: String,
+    /// The raw (still percent-encoded) query string, "" when absent.
+    pub query: String,
+    /// The bearer token sent, if any.
+    pub token: Option<String>,
+}
+
+impl RequestRecord {
+    /// True for list/watch requests carrying `watch=true`/`watch=1`.
+    pub fn is_watch(&self) -> bool {
+        parse_query(&self.query)
+            .get("watch")
+            .is_some_and(|v| is_true(v))
+    }
+
+    /// The decoded value of one query parameter.
+    pub fn query_param(&self, name: &str) -> Option<String> {
+        parse_query(&self.query).remove(name)
+    }
+}
+
+/// Start-up settings; `Default` = any free port, token required, bookmarks every 2 s.
+#[derive(Debug, Clone)]
+pub struct TestServerOptions {
+    /// 0 picks a free port.
+    pub port: u16,
+    /// The bearer token clients must send; `None` accepts anonymous requests.
+    pub token: Option<String>,
+    /// How often watches that asked for bookmarks get one.
+    pub bookmark_interval: Duration,
+    /// How many changes are kept for watch replay before older resourceVersions expire (410).
+    pub history_limit: usize,
+}
+
+impl Default for TestServerOptions {
+    fn default() -> Self {
+        TestServerOptions {
+            port: 0,
+            token: Some(DEFAULT_TOKEN.to_string()),
+            bookmark_interval: Duration::from_secs(2),
+            history_limit: 1000,
+        }
+    }
+}
+
+/// One stored change, fanned out to watchers. `before`/`after` carry the change's
+/// resourceVersion already (a deletion's `before` is the final state, as in a DELETED event).
+#[derive(Debug)]
+struct Change {
+    resource_version: u64,
+    kind: Kind,
+    before: Option<Value>,
+    after: Option<Value>,
+}
+
+type ObjectKey = (Kind, String, String);
+
+struct Store {
+    resource_version: u64,
+    objects: BTreeMap<ObjectKey, Value>,
+    history: VecDeque<Arc<Change>>,
+    /// Watches must start at or after this resourceVersion; older ones get 410 Expired.
+    compacted_through: u64,
+    history_limit: usize,
+    next_uid: u64,
+    events: broadcast::Sender<Arc<Change>>,
+    activity: tokio::sync::watch::Sender<u64>,
+}
+
+impl Store {
+    /// Applies a change (create/replace with `Some`, delete with `None`), bumps the global
+    /// resourceVersion and tells the watchers. Returns the stored object (or the deleted one).
+    fn commit(&mut self, key: ObjectKey, after: Option<Value>) -> Option<Value> {
+        self.resource_version += 1;
+        let rv = self.resource_version.to_string();
+        let stamp = |mut object: Value| {
+            if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.insert("resourceVersion".into(), Value::String(rv.clone()));
+            }
+            object
+        };
+        let before = self.objects.remove(&key);
+        let after = after.map(stamp);
+        let before = match (&after, before) {
+            (None, Some(deleted)) => Some(stamp(deleted)),
+            (_, before) => before,
+        };
+        if let Some(object) = &after {
+            self.objects.insert(key.clone(), object.clone());
+        }
+        let change = Arc::new(Change {
+            resource_version: self.resource_version,
+            kind: key.0,
+            before: before.clone(),
+            after: after.clone(),
+        });
+        self.history.push_back(change.clone());
+        while self.history.len() > self.history_limit {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted_through = old.resource_version;
+            }
+        }
+        // No receivers is fine: nobody watches yet.
+        let _ = self.events.send(change);
+        self.activity.send_modify(|count| *count += 1);
+        after.or(before)
+    }
+
+    fn new_uid(&mut self) -> String {
+        self.next_uid += 1;
+        format!("00000000-0000-4000-8000-{:012x}", self.next_uid)
+    }
+
+    /// Fills what the API server would on create: namespace, uid, creationTimestamp.
+    fn admit(&mut self, kind: Kind, mut object: Value) -> Result<(ObjectKey, Value), String> {
+        let uid = self.new_uid();
+        let meta = object
+            .get_mut("metadata")
+            .and_then(Value::as_object_mut)
+            .ok_or("object has no metadata")?;
+        let name = meta
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or("object has no metadata.name")?
+            .to_string();
+        let namespace = match kind {
+            Kind::Pod => {
+                let ns = meta
+                    .get("namespace")
+                    .and_then(Value::as_str)
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or("default")
+                    .to_string();
+                meta.insert("namespace".into(), Value::String(ns.clone()));
+                ns
+            }
+            Kind::Namespace => String::new(),
+        };
+        meta.entry("uid").or_insert(Value::String(uid));
+        meta.entry("creationTimestamp")
+            .or_insert(Value::String("2026-01-01T00:00:00Z".into()));
+        Ok(((kind, namespace, name), object))
+    }
+}
+
+/// The serving loop of one generation (stopped by `Down`, restarted on the same port).
+struct Running {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct Shared {
+    addr: SocketAddr,
+    options: TestServerOptions,
+    store: Mutex<Store>,
+    token: Mutex<Option<String>>,
+    faults: Mutex<Vec<Fault>>,
+    requests: Mutex<Vec<RequestRecord>>,
+    /// core/v1 Events created by clients (kept apart: nothing lists or watches them here).
+    events: Mutex<Vec<Value>>,
+    /// Bumped on every request and every change, so tests can wait for a condition.
+    activity: tokio::sync::watch::Sender<u64>,
+    /// Cancelled when the current generation stops; watches and delays end with it.
+    generation: Mutex<CancellationToken>,
+    running: tokio::sync::Mutex<Option<Running>>,
+}
+
+/// Locks a std mutex; a panicked holder leaves plain data behind, still fine to use in a test.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Handle to a running test API server. Dropping it stops the server.
+pub struct TestApiServer {
+    shared: Arc<Shared>,
+}
+
+impl TestApiServer {
+    /// Starts on 127.0.0.1 with a free port and the default token.
+    pub async fn start() -> Result<Self, TestServerError> {
+        Self::start_with(TestServerOptions::default()).await
+    }
+
+    pub async fn start_with(options: TestServerOptions) -> Result<Self, TestServerError> {
+        let requested = SocketAddr::from(([127, 0, 0, 1], options.port));
+        let listener = bind(requested)?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| TestServerError::Listen {
+                addr: requested,
+                source,
+            })?;
+        let (events, _) = broadcast::channel(1024);
+        let (activity, _) = tokio::sync::watch::channel(0u64);
+        let shared = Arc::new(Shared {
+            addr,
+            store: Mutex::new(Store {
+                resource_version: 1,
+                objects: BTreeMap::new(),
+                history: VecDeque::new(),
+                compacted_through: 0,
+                history_limit: options.history_limit.max(1),
+                next_uid: 0,
+                events,
+                activity: activity.clone(),
+            }),
+            activity,
+            token: Mutex::new(options.token.clone()),
+            options,
+            faults: Mutex::new(Vec::new()),
+            requests: Mutex::new(Vec::new()),
+            events: Mutex::new(Vec::new()),
+            generation: Mutex::new(CancellationToken::new()),
+            running: tokio::sync::Mutex::new(None),
+        });
+        let running = shared.serve(listener);
+        *shared.running.lock().await = Some(running);
+        Ok(TestApiServer { shared })
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.shared.addr)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.shared.addr
+    }
+
+    /// The token clients must send (`None`: anonymous is accepted).
+    pub fn token(&self) -> Option<String> {
+        lock(&self.shared.token).clone()
+    }
+
+    /// Changes the accepted token, e.g. to test a rotated service-account token.
+    pub fn set_token(&self, token: Option<&str>) {
+        *lock(&self.shared.token) = token.map(str::to_string);
+    }
+
+    /// Creates or replaces a pod (ADDED or MODIFIED for watchers); returns it as stored.
+    pub fn add_pod(&self, pod: Pod) -> Result<Pod, TestServerError> {
+        self.shared.upsert(Kind::Pod, to_value(&pod)?)
+    }
+
+    pub fn add_namespace(&self, namespace: Namespace) -> Result<Namespace, TestServerError> {
+        self.shared.upsert(Kind::Namespace, to_value(&namespace)?)
+    }
+
+    /// Replaces an existing pod (MODIFIED); `NotFound` if there is none.
+    pub fn update_pod(&self, pod: Pod) -> Result<Pod, TestServerError> {
+        let namespace = pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        if self.pod(&namespace, &name).is_none() {
+            return Err(TestServerError::NotFound {
+                kind: "pod",
+                key: format!("{namespace}/{name}"),
+            });
+        }
+        self.add_pod(pod)
+    }
+
+    /// Deletes a pod (DELETED for watchers); returns its final state.
+    pub fn delete_pod(&self, namespace: &str, name: &str) -> Option<Pod> {
+        let key = (Kind::Pod, namespace.to_string(), name.to_string());
+        let deleted = self.shared.delete(key)?;
+        serde_json::from_value(deleted).ok()
+    }
+
+    pub fn delete_namespace(&self, name: &str) -> Option<Namespace> {
+        let key = (Kind::Namespace, String::new(), name.to_string());
+        let deleted = self.shared.delete(key)?;
+        serde_json::from_value(deleted).ok()
+    }
+
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Pod> {
+        let key = (Kind::Pod, namespace.to_string(), name.to_string());
+        let object = lock(&self.shared.store).objects.get(&key).cloned()?;
+        serde_json::from_value(object).ok()
+    }
+
+    pub fn namespace(&self, name: &str) -> Option<Namespace> {
+        let key = (Kind::Namespace, String::new(), name.to_string());
+        let object = lock(&self.shared.store).objects.get(&key).cloned()?;
+        serde_json::from_value(object).ok()
+    }
+
+    /// The current global resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        lock(&self.shared.store).resource_version
+    }
+
+    /// Forgets the change history: watches from any earlier resourceVersion get `410 Expired`
+    /// (what etcd compaction does). Open watches go on; to force a client to resume from an old
+    /// version, take the server down, change something, compact, and bring it back.
+    pub fn compact(&self) {
+        self.shared.compact();
+    }
+
+    /// Replaces all faults with this one (`Down` stops the listener).
+    pub async fn set_fault(&self, fault: Fault) {
+        lock(&self.shared.faults).clear();
+        self.add_fault(fault).await;
+    }
+
+    /// Adds a fault next to the ones already active.
+    pub async fn add_fault(&self, fault: Fault) {
+        if fault.kind == FaultKind::Down {
+            self.stop().await;
+        } else {
+            lock(&self.shared.faults).push(fault);
+        }
+    }
+
+    /// Removes every fault and listens again if the server was down.
+    pub async fn clear_faults(&self) {
+        lock(&self.shared.faults).clear();
+        // A failed re-bind leaves it down; the next request then shows connection refused.
+        let _ = self.restart().await;
+    }
+
+    /// Stops listening and closes every connection (clients then see connection refused).
+    pub async fn stop(&self) {
+        self.shared.stop().await;
+    }
+
+    /// Listens again on the same port (no-op when running).
+    pub async fn restart(&self) -> Result<(), TestServerError> {
+        self.shared.restart().await
+    }
+
+    /// Every API request so far (control endpoints excluded), oldest first.
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        lock(&self.shared.requests).clone()
+    }
+
+    /// Events clients created (`POST /api/v1/namespaces/{ns}/events`), oldest first.
+    pub fn events(&self) -> Vec<Event> {
+        lock(&self.shared.events)
+            .iter()
+            .filter_map(|e| serde_json::from_value(e.clone()).ok())
+            .collect()
+    }
+
+    /// Waits until `condition` holds, re-checking after every request and every change; false
+    /// after `timeout`. E.g. `server.wait_until(t, || server.pod("ns", "p").is_some_and(..))`.
+    pub async fn wait_until(&self, timeout: Duration, condition: impl Fn() -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        // Subscribing before checking means no change between the two is missed.
+        let mut activity = self.shared.activity.subscribe();
+        loop {
+            if condition() {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, activity.changed()).await {
+                Ok(Ok(())) => {}
+                // Timed out, or the server is gone: one last look.
+                Ok(Err(_)) | Err(_) => return condition(),
+            }
+        }
+    }
+
+    /// Waits for the first logged request matching `matches` (including earlier ones).
+    pub async fn wait_for_request(
+        &self,
+        timeout: Duration,
+        matches: impl Fn(&RequestRecord) -> bool,
+    ) -> Option<RequestRecord> {
+        let found = || {
+            lock(&self.shared.requests)
+                .iter()
+                .find(|r| matches(r))
+                .cloned()
+        };
+        if self.wait_until(timeout, || found().is_some()).await {
+            found()
+        } else {
+            None
+        }
+    }
+
+    pub fn clear_requests(&self) {
+        lock(&self.shared.requests).clear();
+    }
+
+    /// Writes a kubeconfig pointing here, in the layout install-cni writes (cluster `local`,
+    /// user `istio-cni`, context `istio-cni-context`, embedded token).
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<(), TestServerError> {
+        write_kubeconfig(path, &self.url(), self.token().as_deref())
+    }
+
+    /// Loads a fixtures file: a JSON array of Pods/Namespaces, or a Kubernetes List of them.
+    pub fn load_fixtures(&self, path: &Path) -> Result<usize, TestServerError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| TestServerError::ReadFixtures {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| TestServerError::InvalidObject(format!("{}: {e}", path.display())))?;
+        self.shared.load_objects(value)
+    }
+
+    /// Stops the server and waits for it to finish.
+    pub async fn shutdown(self) {
+        self.shared.stop().await;
+    }
+}
+
+impl Drop for TestApiServer {
+    fn drop(&mut self) {
+        lock(&self.shared.generation).cancel();
+    }
+}
+
+fn to_value<T: serde::Serialize>(object: &T) -> Result<Value, TestServerError> {
+    serde_json::to_value(object).map_err(|e| TestServerError::InvalidObject(e.to_string()))
+}
+
+/// Binds with SO_REUSEADDR so a restart can take the same port back right away.
+fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, TestServerError> {
+    let listen_error = |source| TestServerError::Listen { addr, source };
+    let socket = tokio::net::TcpSocket::new_v4().map_err(listen_error)?;
+    socket.set_reuseaddr(true).map_err(listen_error)?;
+    socket.bind(addr).map_err(listen_error)?;
+    socket.listen(1024).map_err(listen_error)
+}
+
+impl Shared {
+    /// Starts serving one generation; the caller stores the result in `running`.
+    fn serve(self: &Arc<Self>, listener: tokio::net::TcpListener) -> Running {
+        let cancel = CancellationToken::new();
+        *lock(&self.generation) = cancel.clone();
+        let app = router(self.clone());
+        let shutdown = cancel.clone();
+        let task = tokio::spawn(async move {
+            // Serving ends only on shutdown; an accept error is not something a test can fix.
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await;
+        });
+        Running { cancel, task }
+    }
+
+    async fn stop(&self) {
+        let Some(running) = self.running.lock().await.take() else {
+            return;
+        };
+        running.cancel.cancel();
+        // Graceful shutdown drops the listener first; watches and delays end on the token, so
+        // this is quick. Bounded anyway so a stuck connection cannot hang a test.
+        let mut task = running.task;
+        if tokio::time::timeout(Duration::from_secs(2), &mut task)
+            .await
+            .is_err()
+        {
+            task.abort();
+        }
+    }
+
+    async fn restart(self: &Arc<Self>) -> Result<(), TestServerError> {
+        // Held across bind so two restarts cannot race for the port.
+        let mut running = self.running.lock().await;
+        if running.is_none() {
+            *running = Some(self.serve(bind(self.addr)?));
+        }
+        Ok(())
+    }
+
+    fn compact(&self) {
+        let mut store = lock(&self.store);
+        store.history.clear();
+        store.compacted_through = store.resource_version;
+    }
+
+    fn upsert<T: serde::de::DeserializeOwned>(
+        &self,
+        kind: Kind,
+        object: Value,
+    ) -> Result<T, TestServerError> {
+        let mut store = lock(&self.store);
+        let given = |field: &str| object.pointer(&format!("/metadata/{field}")).is_some();
+        let unset: Vec<&str> = ["uid", "creationTimestamp"]
+            .into_iter()
+            .filter(|field| !given(field))
+            .collect();
+        let (key, mut object) = store
+            .admit(kind, object)
+            .map_err(TestServerError::InvalidObject)?;
+        // A replacement without its own identity keeps the old one, as an update would; one with
+        // another uid stands for a re-created object.
+        if let Some(existing) = store.objects.get(&key) {
+            for field in unset {
+                if let (Some(old), Some(meta)) = (
+                    existing.pointer(&format!("/metadata/{field}")).cloned(),
+                    object.get_mut("metadata").and_then(Value::as_object_mut),
+                ) {
+                    meta.insert(field.into(), old);
+                }
+            }
+        }
+        validate(kind, &object).map_err(TestServerError::InvalidObject)?;
+        let stored = store.commit(key, Some(object)).unwrap_or(Value::Null);
+        serde_json::from_value(stored).map_err(|e| TestServerError::InvalidObject(e.to_string()))
+    }
+
+    fn delete(&self, key: ObjectKey) -> Option<Value> {
+        let mut store = lock(&self.store);
+        if !store.objects.contains_key(&key) {
+            return None;
+        }
+        store.commit(key, None)
+    }
+
+    fn load_objects(&self, value: Value) -> Result<usize, TestServerError> {
+        let (items, list_kind) = match value {
+            Value::Array(items) => (items, None),
+            Value::Object(mut list) if list.contains_key("items") => {
+                let kind = list.get("kind").and_then(Value::as_str).map(str::to_string);
+                match list.remove("items") {
+                    Some(Value::Array(items)) => (items, kind),
+                    _ => return Err(TestServerError::InvalidObject("items is not a list".into())),
+                }
+            }
+            single @ Value::Object(_) => (vec![single], None),
+            _ => return Err(TestServerError::InvalidObject("expected objects".into())),
+        };
+        let count = items.len();
+        for item in items {
+            // Items of a typed list (PodList) may omit their own kind.
+            let kind_name = item
+                .get("kind")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .or_else(|| {
+                    list_kind
+                        .as_deref()
+                        .and_then(|k| k.strip_suffix("List"))
+                        .map(str::to_string)
+                });
+            match kind_name.as_deref() {
+                Some("Pod") => {
+                    self.upsert::<Pod>(Kind::Pod, item)?;
+                }
+                Some("Namespace") => {
+                    self.upsert::<Namespace>(Kind::Namespace, item)?;
+                }
+                other => {
+                    return Err(TestServerError::InvalidObject(format!(
+                        "unsupported kind {other:?} (only Pod and Namespace)"
+                    )));
+                }
+            }
+        }
+        Ok(count)
+    }
+
+    /// Takes the first fault matching this path, counting down limited ones.
+    fn matching_fault(&self, path: &str) -> Option<FaultKind> {
+        let mut faults = lock(&self.faults);
+        let index = faults
+            .iter()
+            .position(|f| f.path_prefix.as_deref().is_none_or(|p| path.starts_with(p)))?;
+        let kind = faults[index].kind.clone();
+        if let Some(times) = faults[index].times.as_mut() {
+            *times = times.saturating_sub(1);
+            if *times == 0 {
+                faults.remove(index);
+            }
+        }
+        Some(kind)
+    }
+}
+
+/// Checks an object against its k8s-openapi type (and normalises nothing: the JSON is kept).
+fn validate(kind: Kind, object: &Value) -> Result<(), String> {
+    let result = match kind {
+        Kind::Pod => serde_json::from_value::<Pod>(object.clone()).map(|_| ()),
+        Kind::Namespace => serde_json::from_value::<Namespace>(object.clone()).map(|_| ()),
+    };
+    result.map_err(|e| e.to_string())
+}
+
+fn write_kubeconfig(path: &Path, url: &str, token: Option<&str>) -> Result<(), TestServerError> {
+    // JSON strings are valid YAML scalars, so quoting through serde_json escapes safely.
+    let quote = |s: &str| Value::String(s.to_string()).to_string();
+    let user = match token {
+        Some(token) => format!("    token: {}\n", quote(token)),
+        None => "    {}\n".to_string(),
+    };
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    server: {server}\n  name: local\n\
+         contexts:\n- context:\n    cluster: local\n    user: istio-cni\n  name: istio-cni-context\n\
+         current-context: istio-cni-context\npreferences: {{}}\nusers:\n- name: istio-cni\n  user:\n{user}",
+        server = quote(url),
+    );
+    std::fs::write(path, text).map_err(|source| TestServerError::WriteKubeconfig {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubeconfig_written_for_the_server_parses() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("kubeconfig");
+        write_kubeconfig(&path, "http://127.0.0.1:1234", Some("tok\"en")).expect("writes");
+        let text = std::fs::read_to_string(&path).expect("reads");
+        let parsed = kube::config::Kubeconfig::from_yaml(&text).expect("parses");
+        assert_eq!(parsed.current_context.as_deref(), Some("istio-cni-context"));
+        let cluster = parsed.clusters[0].cluster.as_ref().expect("cluster");
+        assert_eq!(cluster.server.as_deref(), Some("http://127.0.0.1:1234"));
+        // The token itself is a secrecy type; check the escaped form is what was written.
+        assert!(text.contains(r#"token: "tok\"en""#), "{text}");
+    }
+}

@@ -1,0 +1,466 @@
+//! Ambient mode: the rules the node agent programs inside an enrolled pod (redirect to ztunnel) and
+//! on the host (SNAT of kubelet probes), for both backends, in Istio's order and spelling.
+
+use super::model::{Match, Proto, RuleSet, RuleSetBuilder, Table, Target};
+use super::nftables::{NftRule, NftRuleSet, NftTable};
+
+/// ztunnel's ports.
+pub const ZTUNNEL_OUTBOUND_PORT: &str = "15001";
+pub const ZTUNNEL_INBOUND_PLAINTEXT_PORT: &str = "15006";
+pub const ZTUNNEL_HBONE_PORT: &str = "15008";
+pub const DNS_PORT: &str = "15053";
+/// Packets ztunnel itself sends carry this mark (0x539 = 1337) under this mask.
+pub const ZTUNNEL_MARK: &str = "0x539/0xfff";
+/// Connections ztunnel accepted are marked so replies bypass redirection.
+pub const CONN_MARK: &str = "0x111/0xfff";
+/// Host address sets of pod IPs whose kubelet probes are SNATed.
+pub const PROBE_SET_V4: &str = "istio-inpod-probes-v4";
+pub const PROBE_SET_V6: &str = "istio-inpod-probes-v6";
+/// Default probe SNAT addresses (`HOST_PROBE_SNAT_IP`, `HOST_PROBE_SNAT_IPV6`).
+pub const DEFAULT_PROBE_SNAT_V4: &str = "169.254.7.127";
+pub const DEFAULT_PROBE_SNAT_V6: &str = "fd16:9254:7127:1337:ffff:ffff:ffff:ffff";
+
+const IN_CHAIN: &str = "ISTIO_PRERT";
+const OUT_CHAIN: &str = "ISTIO_OUTPUT";
+const HOST_CHAIN: &str = "ISTIO_POSTRT";
+
+/// Node-wide ambient settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AmbientConfig {
+    pub probe_snat_v4: String,
+    pub probe_snat_v6: String,
+    pub enable_ipv6: bool,
+    pub redirect_dns: bool,
+}
+
+impl Default for AmbientConfig {
+    fn default() -> Self {
+        AmbientConfig {
+            probe_snat_v4: DEFAULT_PROBE_SNAT_V4.into(),
+            probe_snat_v6: DEFAULT_PROBE_SNAT_V6.into(),
+            enable_ipv6: false,
+            redirect_dns: false,
+        }
+    }
+}
+
+/// A pod's DNS capture override (annotation), over the node-wide setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PodDns {
+    #[default]
+    Unset,
+    Enabled,
+    Disabled,
+}
+
+/// Per-pod settings.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodOverrides {
+    /// Ingress gateways: no inbound capture.
+    pub ingress: bool,
+    /// Interfaces whose inbound traffic is treated as outbound.
+    pub virtual_interfaces: Vec<String>,
+    pub dns: PodDns,
+}
+
+fn dns_enabled(cfg: &AmbientConfig, pod: &PodOverrides) -> bool {
+    match pod.dns {
+        PodDns::Enabled => true,
+        PodDns::Disabled => false,
+        PodDns::Unset => cfg.redirect_dns,
+    }
+}
+
+fn mark(value: &str, negate: bool) -> Match {
+    Match::Mark {
+        value: value.into(),
+        negate,
+    }
+}
+fn dst(addr: &str, negate: bool) -> Match {
+    Match::Dst {
+        addr: addr.into(),
+        negate,
+    }
+}
+fn redirect(port: &str, plural: bool) -> Target {
+    Target::Redirect {
+        port: port.into(),
+        plural,
+    }
+}
+fn jump(chain: &str) -> Target {
+    Target::Jump(chain.into())
+}
+const TCP: Match = Match::Proto(Proto::Tcp);
+const UDP: Match = Match::Proto(Proto::Udp);
+const LO_V4: &str = "127.0.0.1/32";
+const LO_V6: &str = "::1/128";
+
+/// The in-pod iptables rules.
+pub fn inpod_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> RuleSet {
+    use Table::{Mangle, Nat, Raw};
+    let dns = dns_enabled(cfg, pod);
+    let (p4, p6) = (cfg.probe_snat_v4.as_str(), cfg.probe_snat_v6.as_str());
+    let mut b = RuleSetBuilder::new(cfg.enable_ipv6);
+    b.append(Mangle, "PREROUTING", vec![], jump(IN_CHAIN));
+    b.append(Mangle, "OUTPUT", vec![], jump(OUT_CHAIN));
+    b.append(Nat, "OUTPUT", vec![], jump(OUT_CHAIN));
+    if dns {
+        b.append(Raw, "PREROUTING", vec![], jump(IN_CHAIN));
+        b.append(Raw, "OUTPUT", vec![], jump(OUT_CHAIN));
+    }
+    b.append(Nat, "PREROUTING", vec![], jump(IN_CHAIN));
+    for vif in &pod.virtual_interfaces {
+        let iface = || Match::InIface {
+            name: vif.clone(),
+            negate: false,
+        };
+        b.append(
+            Nat,
+            IN_CHAIN,
+            vec![iface(), TCP],
+            redirect(ZTUNNEL_OUTBOUND_PORT, true),
+        );
+        b.append(Nat, IN_CHAIN, vec![iface(), TCP], Target::Return);
+    }
+    b.append(
+        Mangle,
+        IN_CHAIN,
+        vec![mark(ZTUNNEL_MARK, false)],
+        Target::ConnmarkSetXmark(CONN_MARK.into()),
+    );
+    if !pod.ingress {
+        b.append_versioned(Nat, IN_CHAIN, p4, p6, |p| {
+            (
+                vec![
+                    Match::Src {
+                        addr: p.into(),
+                        negate: false,
+                    },
+                    TCP,
+                    Match::ProtoModule(Proto::Tcp),
+                ],
+                Target::Accept,
+            )
+        });
+    }
+    b.append_versioned(Nat, OUT_CHAIN, p4, p6, |p| {
+        (
+            vec![dst(p, false), TCP, Match::ProtoModule(Proto::Tcp)],
+            Target::Accept,
+        )
+    });
+    if !pod.ingress {
+        b.append_versioned(Nat, IN_CHAIN, LO_V4, LO_V6, |lo| {
+            (
+                vec![
+                    dst(lo, true),
+                    TCP,
+                    Match::DstPort {
+                        port: ZTUNNEL_HBONE_PORT.into(),
+                        negate: true,
+                        module: None,
+                    },
+                    mark(ZTUNNEL_MARK, true),
+                ],
+                redirect(ZTUNNEL_INBOUND_PLAINTEXT_PORT, true),
+            )
+        });
+    }
+    b.append(
+        Mangle,
+        OUT_CHAIN,
+        vec![Match::ConnMark {
+            value: CONN_MARK.into(),
+        }],
+        Target::ConnmarkRestore { masks: true },
+    );
+    if dns {
+        let port53 = |module| Match::DstPort {
+            port: "53".into(),
+            negate: false,
+            module,
+        };
+        b.append(
+            Nat,
+            OUT_CHAIN,
+            vec![
+                Match::OutIface {
+                    name: "lo".into(),
+                    negate: true,
+                },
+                UDP,
+                mark(ZTUNNEL_MARK, true),
+                port53(Some(Proto::Udp)),
+            ],
+            redirect(DNS_PORT, false),
+        );
+        b.append_versioned(Nat, OUT_CHAIN, LO_V4, LO_V6, |lo| {
+            (
+                vec![dst(lo, true), TCP, port53(None), mark(ZTUNNEL_MARK, true)],
+                redirect(DNS_PORT, true),
+            )
+        });
+        b.append(
+            Raw,
+            OUT_CHAIN,
+            vec![UDP, mark(ZTUNNEL_MARK, false), port53(Some(Proto::Udp))],
+            Target::CtZone(1),
+        );
+        b.append(
+            Raw,
+            IN_CHAIN,
+            vec![
+                UDP,
+                mark(ZTUNNEL_MARK, true),
+                Match::SrcPort {
+                    port: "53".into(),
+                    negate: false,
+                    module: Some(Proto::Udp),
+                },
+            ],
+            Target::CtZone(1),
+        );
+    }
+    b.append(
+        Nat,
+        OUT_CHAIN,
+        vec![TCP, mark(CONN_MARK, false)],
+        Target::Accept,
+    );
+    b.append_versioned(Nat, OUT_CHAIN, LO_V4, LO_V6, |lo| {
+        (
+            vec![
+                dst(lo, true),
+                Match::OutIface {
+                    name: "lo".into(),
+                    negate: false,
+                },
+            ],
+            Target::Accept,
+        )
+    });
+    b.append_versioned(Nat, OUT_CHAIN, LO_V4, LO_V6, |lo| {
+        (
+            vec![dst(lo, true), TCP, mark(ZTUNNEL_MARK, true)],
+            redirect(ZTUNNEL_OUTBOUND_PORT, true),
+        )
+    });
+    b.build()
+}
+
+/// The host-side iptables rules: SNAT kubelet probes to enrolled pods (listed in the probe sets)
+/// to the probe address, so in-pod rules can let them bypass ztunnel.
+pub fn host_rules(cfg: &AmbientConfig) -> RuleSet {
+    use super::model::{Family, SetDir};
+    let mut b = RuleSetBuilder::new(cfg.enable_ipv6);
+    b.insert(Table::Nat, "POSTROUTING", 1, vec![], jump(HOST_CHAIN));
+    for (family, set, addr) in [
+        (Family::V4, PROBE_SET_V4, &cfg.probe_snat_v4),
+        (Family::V6, PROBE_SET_V6, &cfg.probe_snat_v6),
+    ] {
+        b.append_to(
+            family,
+            Table::Nat,
+            HOST_CHAIN,
+            vec![
+                Match::SocketExists,
+                TCP,
+                Match::InSet {
+                    name: set.into(),
+                    dir: SetDir::Dst,
+                },
+            ],
+            Target::Snat(addr.clone()),
+        );
+    }
+    b.build()
+}
+
+/// The in-pod nftables rules.
+pub fn inpod_nft_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> NftRuleSet {
+    use NftTable::{AmbientMangle as MANGLE, AmbientNat as NAT, AmbientRaw as RAW};
+    let dns = dns_enabled(cfg, pod);
+    let ipv6 = cfg.enable_ipv6;
+    let (p4, p6) = (cfg.probe_snat_v4.as_str(), cfg.probe_snat_v6.as_str());
+    let mut rules = Vec::new();
+    let mut add = |table: NftTable, chain: &str, expr: String| {
+        rules.push(NftRule {
+            table,
+            chain: chain.into(),
+            index: None,
+            expr,
+        });
+    };
+    let (pre, out) = ("istio-prerouting", "istio-output");
+    add(MANGLE, "prerouting", format!("jump {pre}"));
+    add(MANGLE, "output", format!("jump {out}"));
+    add(NAT, "output", format!("jump {out}"));
+    if dns {
+        add(RAW, "prerouting", format!("jump {pre}"));
+        add(RAW, "output", format!("jump {out}"));
+    }
+    add(NAT, "prerouting", format!("jump {pre}"));
+    for vif in &pod.virtual_interfaces {
+        add(
+            NAT,
+            pre,
+            format!("iifname {vif} meta l4proto tcp counter redirect to :{ZTUNNEL_OUTBOUND_PORT}"),
+        );
+        add(
+            NAT,
+            pre,
+            format!("iifname {vif} meta l4proto tcp counter return"),
+        );
+    }
+    add(
+        MANGLE,
+        pre,
+        "meta mark & 0xfff == 0x539 counter ct mark set ct mark & 0xfffff000 |  0x111".into(),
+    );
+    if !pod.ingress {
+        add(
+            NAT,
+            pre,
+            format!("meta l4proto tcp ip saddr {p4} counter accept"),
+        );
+        if ipv6 {
+            add(
+                NAT,
+                pre,
+                format!("meta l4proto tcp ip6 saddr {p6} counter accept"),
+            );
+        }
+    }
+    add(
+        NAT,
+        out,
+        format!("meta l4proto tcp ip daddr {p4} counter accept"),
+    );
+    if ipv6 {
+        add(
+            NAT,
+            out,
+            format!("meta l4proto tcp ip6 daddr {p6} counter accept"),
+        );
+    }
+    if !pod.ingress {
+        // The doubled space in the IPv4 rule is how Istio spells it; kept for identical output.
+        add(
+            NAT,
+            pre,
+            format!(
+                "ip daddr != {LO_V4} tcp dport != {ZTUNNEL_HBONE_PORT} mark and 0xfff  != 0x539 counter redirect to :{ZTUNNEL_INBOUND_PLAINTEXT_PORT}"
+            ),
+        );
+        if ipv6 {
+            add(
+                NAT,
+                pre,
+                format!(
+                    "ip6 daddr != {LO_V6} tcp dport != {ZTUNNEL_HBONE_PORT} mark and 0xfff != 0x539 counter redirect to :{ZTUNNEL_INBOUND_PLAINTEXT_PORT}"
+                ),
+            );
+        }
+    }
+    add(
+        MANGLE,
+        out,
+        "ct mark and 0xfff == 0x111 counter meta mark set ct mark".into(),
+    );
+    if dns {
+        add(
+            NAT,
+            out,
+            format!(
+                "oifname != lo mark and 0xfff != 0x539 udp dport 53 counter redirect to :{DNS_PORT}"
+            ),
+        );
+        add(
+            NAT,
+            out,
+            format!(
+                "ip daddr != {LO_V4} tcp dport 53 mark and 0xfff != 0x539 counter redirect to :{DNS_PORT}"
+            ),
+        );
+        if ipv6 {
+            add(
+                NAT,
+                out,
+                format!(
+                    "ip6 daddr != {LO_V6} tcp dport 53 mark and 0xfff != 0x539 counter redirect to :{DNS_PORT}"
+                ),
+            );
+        }
+        add(
+            RAW,
+            out,
+            "udp dport 53 meta mark and 0xfff == 0x539 counter ct zone set 1".into(),
+        );
+        add(
+            RAW,
+            pre,
+            "udp sport 53 meta mark and 0xfff != 0x539 counter ct zone set 1".into(),
+        );
+    }
+    add(
+        NAT,
+        out,
+        "meta l4proto tcp mark and 0xfff == 0x111 counter accept".into(),
+    );
+    add(
+        NAT,
+        out,
+        format!("oifname lo ip daddr != {LO_V4} counter accept"),
+    );
+    if ipv6 {
+        add(
+            NAT,
+            out,
+            format!("oifname lo ip6 daddr != {LO_V6} counter accept"),
+        );
+    }
+    add(
+        NAT,
+        out,
+        format!(
+            "meta l4proto tcp ip daddr != {LO_V4} mark and 0xfff != 0x539 counter redirect to :{ZTUNNEL_OUTBOUND_PORT}"
+        ),
+    );
+    if ipv6 {
+        add(
+            NAT,
+            out,
+            format!(
+                "meta l4proto tcp ip6 daddr != {LO_V6} mark and 0xfff != 0x539 counter redirect to :{ZTUNNEL_OUTBOUND_PORT}"
+            ),
+        );
+    }
+    NftRuleSet { rules }
+}
+
+/// The host-side nftables rules; `kubelet_uid` is the UID kubelet's probes come from.
+pub fn host_nft_rules(cfg: &AmbientConfig, kubelet_uid: &str) -> NftRuleSet {
+    let mut rules = vec![NftRule {
+        table: NftTable::AmbientHostNat,
+        chain: "postrouting".into(),
+        index: None,
+        expr: format!(
+            "meta l4proto tcp skuid {kubelet_uid} ip daddr @{PROBE_SET_V4} counter snat to {}",
+            cfg.probe_snat_v4
+        ),
+    }];
+    if cfg.enable_ipv6 {
+        rules.push(NftRule {
+            table: NftTable::AmbientHostNat,
+            chain: "postrouting".into(),
+            index: None,
+            expr: format!(
+                "meta l4proto tcp skuid {kubelet_uid} ip6 daddr @{PROBE_SET_V6} counter snat to {}",
+                cfg.probe_snat_v6
+            ),
+        });
+    }
+    NftRuleSet { rules }
+}

@@ -1,0 +1,803 @@
+//! The kube client module against the test API server: a real kube client (from the kubeconfig the
+//! server writes) doing gets, lists, patches, deletes and watches, with faults injected.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use istio_cni::kube::testserver::{Fault, TestApiServer};
+use istio_cni::kube::{
+    EventType, KubeClient, KubeError, MetadataPatch, PodEvent, PodPreconditions, Selectors,
+    WatchBackoff, WatchError, WatchEvent, WatchStream,
+};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use serde_json::json;
+
+const CALL: Duration = Duration::from_secs(2);
+/// Upper bound for anything a test waits for; normally reached in milliseconds.
+const PATIENCE: Duration = Duration::from_secs(5);
+const FAST_BACKOFF: WatchBackoff = WatchBackoff {
+    min: Duration::from_millis(50),
+    max: Duration::from_millis(200),
+};
+
+fn pod(namespace: &str, name: &str, node: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "app:1"}]},
+        "status": {"phase": "Running", "podIP": "10.0.0.5"}
+    }))
+    .expect("valid pod")
+}
+
+fn namespace(name: &str, labels: serde_json::Value) -> Namespace {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "labels": labels}
+    }))
+    .expect("valid namespace")
+}
+
+/// A running server plus a client built the way the plugin builds one: from a kubeconfig file.
+struct Fixture {
+    server: TestApiServer,
+    client: KubeClient,
+    _dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+}
+
+async fn fixture() -> Fixture {
+    let server = TestApiServer::start().await.expect("server starts");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("ZZZ-istio-cni-kubeconfig");
+    server
+        .write_kubeconfig(&kubeconfig)
+        .expect("kubeconfig written");
+    let client = KubeClient::from_kubeconfig_file(&kubeconfig)
+        .await
+        .expect("client from kubeconfig");
+    Fixture {
+        server,
+        client,
+        _dir: dir,
+        kubeconfig,
+    }
+}
+
+fn labels(pod: &Pod) -> std::collections::BTreeMap<String, String> {
+    pod.metadata.labels.clone().unwrap_or_default()
+}
+
+fn annotations(pod: &Pod) -> std::collections::BTreeMap<String, String> {
+    pod.metadata.annotations.clone().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn get_list_patch_and_delete_through_the_written_kubeconfig() {
+    let f = fixture().await;
+    f.server
+        .add_namespace(namespace(
+            "ns1",
+            json!({"istio.io/dataplane-mode": "ambient"}),
+        ))
+        .expect("ns");
+    f.server.add_pod(pod("ns1", "a", "n1")).expect("pod");
+    f.server.add_pod(pod("ns1", "b", "n2")).expect("pod");
+    f.server.add_pod(pod("ns2", "c", "n1")).expect("pod");
+
+    let got = f.client.get_pod("ns1", "a", CALL).await.expect("get pod");
+    assert_eq!(
+        got.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some("n1")
+    );
+    let ns = f.client.get_namespace("ns1", CALL).await.expect("get ns");
+    assert_eq!(
+        ns.metadata.labels.unwrap_or_default()["istio.io/dataplane-mode"],
+        "ambient"
+    );
+    let missing = f
+        .client
+        .get_pod("ns1", "zz", CALL)
+        .await
+        .expect_err("absent");
+    assert!(missing.is_not_found(), "{missing:?}");
+    assert!(
+        missing.to_string().starts_with("get pod ns1/zz: not found"),
+        "{missing}"
+    );
+
+    let (on_n1, list_rv) = f
+        .client
+        .list_pods(&Selectors::on_node("n1"), CALL)
+        .await
+        .expect("list");
+    let mut names: Vec<_> = on_n1
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a", "c"]);
+    assert_eq!(list_rv, Some(f.server.resource_version().to_string()));
+    let (labelled, _) = f
+        .client
+        .list_pods(&Selectors::on_node("n1").and_labels("app in (c,x)"), CALL)
+        .await
+        .expect("list");
+    assert_eq!(labelled.len(), 1);
+    let (namespaces, _) = f
+        .client
+        .list_namespaces(
+            &Selectors::default().and_labels("istio.io/dataplane-mode"),
+            CALL,
+        )
+        .await
+        .expect("list ns");
+    assert_eq!(namespaces.len(), 1);
+
+    // Main resource: labels change, status is not touched.
+    let patched = f
+        .client
+        .patch_pod_metadata(
+            "ns1",
+            "a",
+            &MetadataPatch::default().set_label("repaired", "true"),
+            CALL,
+        )
+        .await
+        .expect("patch");
+    assert_eq!(labels(&patched)["repaired"], "true");
+    // Status subresource: the redirection annotation the ambient agent writes, then its removal.
+    let annotated = f
+        .client
+        .patch_pod_status_metadata(
+            "ns1",
+            "a",
+            &MetadataPatch::default().set_annotation("ambient.istio.io/redirection", "enabled"),
+            CALL,
+        )
+        .await
+        .expect("status patch");
+    assert_eq!(
+        annotations(&annotated)["ambient.istio.io/redirection"],
+        "enabled"
+    );
+    assert_eq!(
+        annotations(&f.server.pod("ns1", "a").expect("stored"))["ambient.istio.io/redirection"],
+        "enabled"
+    );
+    let cleared = f
+        .client
+        .patch_pod_status_metadata(
+            "ns1",
+            "a",
+            &MetadataPatch::default().remove_annotation("ambient.istio.io/redirection"),
+            CALL,
+        )
+        .await
+        .expect("status patch");
+    assert!(!annotations(&cleared).contains_key("ambient.istio.io/redirection"));
+
+    // Delete with stale preconditions is refused; with fresh ones it goes through.
+    let stale = PodPreconditions {
+        uid: Some("someone-else".into()),
+        resource_version: None,
+    };
+    let conflict = f
+        .client
+        .delete_pod("ns1", "a", Some(stale), CALL)
+        .await
+        .expect_err("conflict");
+    assert!(
+        matches!(conflict, KubeError::Conflict { .. }),
+        "{conflict:?}"
+    );
+    let current = f.client.get_pod("ns1", "a", CALL).await.expect("get");
+    f.client
+        .delete_pod("ns1", "a", Some(PodPreconditions::of(&current)), CALL)
+        .await
+        .expect("delete");
+    assert!(f.server.pod("ns1", "a").is_none());
+
+    // The repair controller's event about what it did.
+    let event = PodEvent {
+        event_type: EventType::Warning,
+        reason: "DeleteBrokenPod".into(),
+        message: "pod detected as broken, deleted".into(),
+        component: "cni-repair".into(),
+    };
+    f.client
+        .create_pod_event(&current, &event, CALL)
+        .await
+        .expect("event");
+    assert!(
+        f.server
+            .wait_until(PATIENCE, || !f.server.events().is_empty())
+            .await
+    );
+    let events = f.server.events();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].reason.as_deref(), Some("DeleteBrokenPod"));
+    assert_eq!(events[0].involved_object.uid, current.metadata.uid);
+
+    // The server saw the token from the kubeconfig and the selector the client built.
+    let requests = f.server.requests();
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.token.as_deref() == Some("istio-cni-test-token"))
+    );
+    assert!(requests.iter().any(|r| r.path == "/api/v1/pods"
+        && r.query_param("fieldSelector").as_deref() == Some("spec.nodeName=n1")));
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.method == "PATCH" && r.path == "/api/v1/namespaces/ns1/pods/a/status")
+    );
+}
+
+/// Next non-error, non-marker event for pods, failing the test after `PATIENCE`.
+async fn next_change(stream: &mut WatchStream<Pod>) -> WatchEvent<Pod> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.next()).await {
+            Err(_) => panic!("no watch event within {PATIENCE:?}"),
+            Ok(None) => panic!("watch stream ended"),
+            Ok(Some(Ok(WatchEvent::Init | WatchEvent::InitDone))) | Ok(Some(Err(_))) => {}
+            Ok(Some(Ok(event))) => return event,
+        }
+    }
+}
+
+/// Waits for the watcher's initial list to finish, returning what it listed.
+async fn initial_sync(stream: &mut WatchStream<Pod>) -> Vec<String> {
+    let mut listed = Vec::new();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.next()).await {
+            Ok(Some(Ok(WatchEvent::InitApply(p)))) => listed.extend(p.metadata.name),
+            Ok(Some(Ok(WatchEvent::InitDone))) => return listed,
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => panic!("watcher did not finish its initial list"),
+        }
+    }
+}
+
+fn name_of(event: &WatchEvent<Pod>) -> (&'static str, String, Option<String>) {
+    let (kind, pod) = match event {
+        WatchEvent::Apply(p) | WatchEvent::InitApply(p) => ("apply", p),
+        WatchEvent::Delete(p) => ("delete", p),
+        WatchEvent::Init | WatchEvent::InitDone => return ("marker", String::new(), None),
+    };
+    (
+        kind,
+        pod.metadata.name.clone().unwrap_or_default(),
+        labels(pod).get("phase").cloned(),
+    )
+}
+
+#[tokio::test]
+async fn watcher_with_field_selector_sees_added_modified_deleted() {
+    let f = fixture().await;
+    f.server.add_pod(pod("ns1", "before", "n1")).expect("pod");
+    let mut stream = f.client.watch_pods(&Selectors::on_node("n1"), FAST_BACKOFF);
+    assert_eq!(initial_sync(&mut stream).await, ["before"]);
+
+    f.server
+        .add_pod(pod("ns1", "other-node", "n2"))
+        .expect("pod");
+    f.server.add_pod(pod("ns1", "p", "n1")).expect("pod");
+    assert_eq!(
+        name_of(&next_change(&mut stream).await),
+        ("apply", "p".into(), None)
+    );
+
+    let mut changed = pod("ns1", "p", "n1");
+    changed
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("phase".into(), "two".into());
+    f.server.update_pod(changed).expect("update");
+    assert_eq!(
+        name_of(&next_change(&mut stream).await),
+        ("apply", "p".into(), Some("two".into()))
+    );
+
+    f.server.delete_pod("ns1", "p").expect("deleted");
+    assert_eq!(name_of(&next_change(&mut stream).await).0, "delete");
+
+    // A pod moving off the node is a deletion for this watcher.
+    f.server
+        .update_pod(pod("ns1", "before", "n2"))
+        .expect("update");
+    assert_eq!(
+        name_of(&next_change(&mut stream).await),
+        ("delete", "before".into(), None)
+    );
+    let first_watch = f
+        .server
+        .wait_for_request(PATIENCE, |r| r.is_watch())
+        .await
+        .expect("a watch request");
+    assert_eq!(first_watch.path, "/api/v1/pods");
+    let watches: Vec<_> = f
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_watch())
+        .collect();
+    assert!(!watches.is_empty());
+    assert!(
+        watches
+            .iter()
+            .all(
+                |r| r.query_param("fieldSelector").as_deref() == Some("spec.nodeName=n1")
+                    && r.query_param("allowWatchBookmarks").as_deref() == Some("true")
+            )
+    );
+}
+
+#[tokio::test]
+async fn watcher_relists_after_410_expired() {
+    let f = fixture().await;
+    f.server.add_pod(pod("ns1", "a", "n1")).expect("pod");
+    let mut stream = f.client.watch_pods(&Selectors::on_node("n1"), FAST_BACKOFF);
+    assert_eq!(initial_sync(&mut stream).await, ["a"]);
+
+    // The watcher is cut off, changes happen and the history is compacted meanwhile: resuming
+    // from its last resourceVersion gets 410 Expired.
+    f.server.set_fault(Fault::down()).await;
+    f.server.add_pod(pod("ns1", "b", "n1")).expect("pod");
+    f.server.compact();
+    f.server.clear_faults().await;
+    let deadline = Instant::now() + PATIENCE;
+    let saw_gone = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.next()).await {
+            Ok(Some(Err(WatchError::WatchError(status)))) => break status.code == 410,
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break false,
+        }
+    };
+    assert!(saw_gone, "watcher never reported 410 Expired");
+    // It then lists again from scratch and carries on watching.
+    let relisted = initial_sync(&mut stream).await;
+    assert_eq!(relisted.len(), 2, "{relisted:?}");
+    f.server.add_pod(pod("ns1", "c", "n1")).expect("pod");
+    assert_eq!(name_of(&next_change(&mut stream).await).1, "c");
+}
+
+#[tokio::test]
+async fn watcher_recovers_after_the_server_was_down() {
+    let f = fixture().await;
+    let mut stream = f.client.watch_pods(&Selectors::on_node("n1"), FAST_BACKOFF);
+    assert!(initial_sync(&mut stream).await.is_empty());
+
+    f.server.set_fault(Fault::down()).await;
+    // The watcher notices (stream ends, reconnect refused) and reports an error.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.next()).await {
+            Ok(Some(Err(_))) => break,
+            Ok(Some(Ok(_))) => {}
+            Ok(None) | Err(_) => panic!("no error while the server was down"),
+        }
+    }
+    // A change made while it was down arrives after the restart (replayed from history).
+    f.server
+        .add_pod(pod("ns1", "while-down", "n1"))
+        .expect("pod");
+    f.server.clear_faults().await;
+    assert_eq!(name_of(&next_change(&mut stream).await).1, "while-down");
+}
+
+#[tokio::test]
+async fn slow_server_gives_a_timeout_error_in_time() {
+    let f = fixture().await;
+    f.server.add_pod(pod("ns1", "a", "n1")).expect("pod");
+    f.server
+        .set_fault(Fault::slow(Duration::from_secs(3)))
+        .await;
+    let started = Instant::now();
+    let err = f
+        .client
+        .get_pod("ns1", "a", Duration::from_millis(200))
+        .await
+        .expect_err("too slow");
+    let took = started.elapsed();
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(took < Duration::from_millis(800), "took {took:?}");
+    assert_eq!(err.to_string(), "get pod ns1/a: no answer within 200ms");
+}
+
+#[tokio::test]
+async fn injected_failures_map_to_typed_errors() {
+    let f = fixture().await;
+    f.server.add_pod(pod("ns1", "a", "n1")).expect("pod");
+    f.server
+        .add_namespace(namespace("ns1", json!({})))
+        .expect("ns");
+
+    // 403 only on the namespaces path: pods still work.
+    f.server
+        .set_fault(Fault::fail(403).on_path("/api/v1/namespaces/ns1/pods"))
+        .await;
+    let forbidden = f.client.get_pod("ns1", "a", CALL).await.expect_err("403");
+    assert!(
+        matches!(forbidden, KubeError::Forbidden { .. }),
+        "{forbidden:?}"
+    );
+    f.client
+        .get_namespace("ns1", CALL)
+        .await
+        .expect("other path unaffected");
+
+    // A 500 for one request only, then success: what a retry loop sees.
+    f.server.set_fault(Fault::fail(500).times(1)).await;
+    let failed = f.client.get_pod("ns1", "a", CALL).await.expect_err("500");
+    assert!(
+        matches!(failed, KubeError::Api { code: 500, .. }) && failed.is_transient(),
+        "{failed:?}"
+    );
+    f.client
+        .get_pod("ns1", "a", CALL)
+        .await
+        .expect("fault used up");
+
+    // Connection refused while down, quickly. A pooled connection the client has not yet seen
+    // closed can fail once as a transport error first; a fresh connect must be refused.
+    f.server.set_fault(Fault::down()).await;
+    let started = Instant::now();
+    let mut refused = f.client.get_pod("ns1", "a", CALL).await.expect_err("down");
+    if matches!(refused, KubeError::Transport { .. }) {
+        refused = f.client.get_pod("ns1", "a", CALL).await.expect_err("down");
+    }
+    assert!(
+        matches!(refused, KubeError::ConnectRefused { .. }),
+        "{refused:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    f.server.clear_faults().await;
+    f.client.get_pod("ns1", "a", CALL).await.expect("back up");
+
+    // A rotated token makes the old kubeconfig fail with Unauthorized; a rewritten one works.
+    f.server.set_token(Some("rotated"));
+    let unauthorized = f.client.get_pod("ns1", "a", CALL).await.expect_err("401");
+    assert!(
+        matches!(unauthorized, KubeError::Unauthorized { .. }),
+        "{unauthorized:?}"
+    );
+    f.server.write_kubeconfig(&f.kubeconfig).expect("rewrite");
+    let fresh = KubeClient::from_kubeconfig_file(&f.kubeconfig)
+        .await
+        .expect("client");
+    fresh
+        .get_pod("ns1", "a", CALL)
+        .await
+        .expect("new token accepted");
+}
+
+#[tokio::test]
+async fn test_apiserver_role_serves_fixtures_until_sigterm() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fixtures = dir.path().join("fixtures.json");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let list = json!({"apiVersion": "v1", "kind": "PodList", "items": [
+        {"metadata": {"name": "fx", "namespace": "ns1"}, "spec": {"nodeName": "n1", "containers": []}}
+    ]});
+    std::fs::write(&fixtures, list.to_string()).expect("fixtures");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_istio-cni-rs"))
+        .arg("test-apiserver")
+        .arg("--port")
+        .arg("0")
+        .arg("--fixtures")
+        .arg(&fixtures)
+        .arg("--kubeconfig-out")
+        .arg(&kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut first_line = String::new();
+    tokio::time::timeout(PATIENCE, BufReader::new(stdout).read_line(&mut first_line))
+        .await
+        .expect("URL printed in time")
+        .expect("read");
+    let url = first_line.trim().to_string();
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+
+    let client = KubeClient::from_kubeconfig_file(&kubeconfig)
+        .await
+        .expect("client");
+    client
+        .get_pod("ns1", "fx", CALL)
+        .await
+        .expect("fixture served");
+
+    // Run-time fault control over HTTP: one 403, then normal again; then down for a moment.
+    let addr = url.trim_start_matches("http://").to_string();
+    // One plain HTTP/1.1 exchange with a control endpoint; returns the response body.
+    let control = |method: &'static str, path: &'static str, body: &'static str| {
+        let addr = addr.clone();
+        async move {
+            let mut conn = tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect");
+            let request = format!(
+                "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            conn.write_all(request.as_bytes()).await.expect("send");
+            let mut answer = String::new();
+            conn.read_to_string(&mut answer).await.expect("answer");
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            answer
+                .split_once("\r\n\r\n")
+                .map(|(_, body)| body.to_string())
+                .unwrap_or_default()
+        }
+    };
+    let log: serde_json::Value =
+        serde_json::from_str(&control("GET", "/testserver/requests", "").await).expect("JSON log");
+    assert_eq!(
+        log[0],
+        json!({"method": "GET", "path": "/api/v1/namespaces/ns1/pods/fx", "query": "",
+               "token": "istio-cni-test-token"})
+    );
+    control(
+        "POST",
+        "/testserver/fault",
+        r#"{"kind":"fail","code":403,"times":1}"#,
+    )
+    .await;
+    let err = client.get_pod("ns1", "fx", CALL).await.expect_err("403");
+    assert!(matches!(err, KubeError::Forbidden { .. }), "{err:?}");
+    client
+        .get_pod("ns1", "fx", CALL)
+        .await
+        .expect("fault used up");
+
+    control("POST", "/testserver/fault", r#"{"kind":"down","ms":300}"#).await;
+    let deadline = Instant::now() + PATIENCE;
+    let mut went_down = false;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "server did not go down and come back"
+        );
+        match client.get_pod("ns1", "fx", CALL).await {
+            // Refused, or a pooled connection cut mid-request by the shutdown.
+            Err(KubeError::ConnectRefused { .. } | KubeError::Transport { .. }) => went_down = true,
+            Ok(_) if went_down => break,
+            Ok(_) => {}
+            Err(other) => panic!("unexpected error: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let pid = nix::unistd::Pid::from_raw(child.id().expect("pid") as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signal");
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .expect("exits on SIGTERM")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn server_follows_api_server_semantics() {
+    use istio_cni::kube::testserver::TestServerOptions;
+    use kube::api::{Api, Patch, PatchParams, WatchParams};
+    use kube::core::WatchEvent as RawEvent;
+
+    let server = TestApiServer::start_with(TestServerOptions {
+        bookmark_interval: Duration::from_millis(50),
+        ..TestServerOptions::default()
+    })
+    .await
+    .expect("server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let client = KubeClient::from_kubeconfig_file(&kubeconfig)
+        .await
+        .expect("client");
+    let pods: Api<Pod> = Api::namespaced(client.client().clone(), "ns1");
+    let stored = server.add_pod(pod("ns1", "a", "n1")).expect("pod");
+    let rv_after_add = server.resource_version();
+    assert_eq!(
+        stored.metadata.resource_version,
+        Some(rv_after_add.to_string())
+    );
+    assert!(stored.metadata.uid.is_some());
+    // Replacing keeps the identity unless the replacement brings its own (a re-created pod).
+    let replaced = server.add_pod(pod("ns1", "a", "n1")).expect("replace");
+    assert_eq!(replaced.metadata.uid, stored.metadata.uid);
+    let mut recreated = pod("ns1", "a", "n1");
+    recreated.metadata.uid = Some("new-uid".into());
+    let recreated = server.add_pod(recreated).expect("recreate");
+    assert_eq!(recreated.metadata.uid.as_deref(), Some("new-uid"));
+
+    let status_code = |err: kube::Error| match err {
+        kube::Error::Api(status) => (status.code, status.reason.clone()),
+        other => panic!("not an API status: {other:?}"),
+    };
+
+    // A status patch cannot change spec; a main patch cannot change status.
+    let sneaky =
+        json!({"metadata": {"annotations": {"k": "v"}}, "spec": {"nodeName": "elsewhere"}});
+    let after = pods
+        .patch_status("a", &PatchParams::default(), &Patch::Strategic(&sneaky))
+        .await
+        .expect("status patch");
+    assert_eq!(
+        after.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some("n1")
+    );
+    assert_eq!(annotations(&after)["k"], "v");
+    let sneaky = json!({"status": {"phase": "Failed"}});
+    let after = pods
+        .patch("a", &PatchParams::default(), &Patch::Merge(&sneaky))
+        .await
+        .expect("patch");
+    assert_eq!(
+        after.status.and_then(|s| s.phase).as_deref(),
+        Some("Running")
+    );
+
+    // A no-op patch does not bump the resourceVersion.
+    let rv = server.resource_version();
+    let same = json!({"metadata": {"annotations": {"k": "v"}}});
+    pods.patch("a", &PatchParams::default(), &Patch::Merge(&same))
+        .await
+        .expect("no-op");
+    assert_eq!(server.resource_version(), rv);
+
+    // A stale resourceVersion in the patch is a conflict; server-side apply is not supported.
+    let stale = json!({"metadata": {"resourceVersion": "1", "labels": {"x": "y"}}});
+    let err = pods
+        .patch("a", &PatchParams::default(), &Patch::Merge(&stale))
+        .await
+        .expect_err("conflict");
+    assert_eq!(status_code(err), (409, "Conflict".into()));
+    let err = pods
+        .patch("a", &PatchParams::apply("test"), &Patch::Apply(&same))
+        .await
+        .expect_err("415");
+    assert_eq!(status_code(err).0, 415);
+
+    // Unsupported field selectors are refused as the API server does.
+    let err = pods
+        .list(&kube::api::ListParams::default().fields("spec.bogus=1"))
+        .await
+        .expect_err("400");
+    assert_eq!(status_code(err), (400, "BadRequest".into()));
+
+    // Watching from a compacted resourceVersion: one ERROR 410 Expired event.
+    server.add_pod(pod("ns1", "b", "n1")).expect("pod");
+    server.compact();
+    let mut old = pods
+        .watch(&WatchParams::default(), &rv_after_add.to_string())
+        .await
+        .expect("watch starts")
+        .boxed();
+    match tokio::time::timeout(PATIENCE, old.next()).await {
+        Ok(Some(Ok(RawEvent::Error(status)))) => {
+            assert_eq!((status.code, status.reason.as_str()), (410, "Expired"))
+        }
+        other => panic!("expected 410 Expired, got {other:?}"),
+    }
+
+    // Bookmarks carry the current resourceVersion when asked for.
+    let current = server.resource_version().to_string();
+    let mut fresh = pods
+        .watch(&WatchParams::default(), &current)
+        .await
+        .expect("watch starts")
+        .boxed();
+    match tokio::time::timeout(PATIENCE, fresh.next()).await {
+        Ok(Some(Ok(RawEvent::Bookmark(bookmark)))) => {
+            assert_eq!(bookmark.metadata.resource_version, current)
+        }
+        other => panic!("expected a bookmark, got {other:?}"),
+    }
+
+    // Anything else is answered with a Status, as a real server would.
+    let raw = client.client();
+    let request = |method: &str, uri: &str| {
+        axum::http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Vec::new())
+            .expect("request")
+    };
+    let err = raw
+        .request_text(request("GET", "/apis/apps/v1/deployments"))
+        .await
+        .expect_err("404");
+    assert_eq!(status_code(err).0, 404);
+    let err = raw
+        .request_text(request("PUT", "/api/v1/namespaces/ns1/pods/a"))
+        .await
+        .expect_err("405");
+    assert_eq!(status_code(err).0, 405);
+
+    // Waiting for something that never happens gives up on time.
+    let started = Instant::now();
+    assert!(!server.wait_until(Duration::from_millis(50), || false).await);
+    assert!(started.elapsed() < Duration::from_secs(1));
+
+    // No token: 401 before anything else.
+    let anonymous = kube::Client::try_from(kube::Config::new(server.url().parse().expect("url")))
+        .expect("client");
+    let err = Api::<Pod>::namespaced(anonymous, "ns1")
+        .get("a")
+        .await
+        .expect_err("401");
+    assert_eq!(status_code(err).0, 401);
+}
+
+/// The TLS stack must stay rustls + ring: a second provider (aws-lc) makes client construction
+/// panic at run time, and OpenSSL would break the static build. Cargo.lock lists every package
+/// any target or platform could pull in, so it is a fast, strict stand-in for `cargo tree -i`.
+#[test]
+fn lockfile_has_no_aws_lc_or_openssl() {
+    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"))
+        .expect("Cargo.lock is committed");
+    for banned in [
+        "aws-lc-sys",
+        "aws-lc-rs",
+        "openssl-sys",
+        "openssl",
+        "native-tls",
+    ] {
+        let entry = format!("name = \"{banned}\"\n");
+        assert!(
+            !lock.contains(&entry),
+            "{banned} is in the dependency graph"
+        );
+    }
+}
+
+/// The very next item of a watch stream, which must be an event and come within `PATIENCE`.
+async fn next_any<K>(stream: &mut WatchStream<K>) -> WatchEvent<K> {
+    match tokio::time::timeout(PATIENCE, stream.next()).await {
+        Ok(Some(Ok(event))) => event,
+        Ok(Some(Err(e))) => panic!("watch error: {e}"),
+        Ok(None) | Err(_) => panic!("no watch event within {PATIENCE:?}"),
+    }
+}
+
+#[tokio::test]
+async fn namespace_watcher_follows_label_changes() {
+    let f = fixture().await;
+    f.server
+        .add_namespace(namespace("plain", json!({})))
+        .expect("ns");
+    let selectors = Selectors::default().and_labels("istio.io/dataplane-mode=ambient");
+    let mut stream = f.client.watch_namespaces(&selectors, FAST_BACKOFF);
+    assert!(matches!(next_any(&mut stream).await, WatchEvent::Init));
+    assert!(matches!(next_any(&mut stream).await, WatchEvent::InitDone));
+    // Labelling the namespace makes it appear for this watcher; unlabelling makes it disappear.
+    f.server
+        .add_namespace(namespace(
+            "plain",
+            json!({"istio.io/dataplane-mode": "ambient"}),
+        ))
+        .expect("label");
+    assert!(
+        matches!(next_any(&mut stream).await, WatchEvent::Apply(ns) if ns.metadata.name.as_deref() == Some("plain"))
+    );
+    f.server
+        .add_namespace(namespace("plain", json!({})))
+        .expect("unlabel");
+    assert!(matches!(next_any(&mut stream).await, WatchEvent::Delete(_)));
+}
