@@ -252,3 +252,26 @@ fn native_nftables_programs_nft_tables() {
     assert!(ruleset.contains("table inet istio-proxy-nat"), "{ruleset}");
     assert!(ruleset.contains("redirect to :15001"), "{ruleset}");
 }
+
+#[test]
+fn transient_api_errors_are_retried() {
+    use istio_cni::kube::testserver::Fault;
+    let api = FakeApiServer::start();
+    api.put_pod(sidecar_pod("ns1", "flaky", json!({}), json!([]), json!({})));
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    // The first two pod reads fail with 500; the third works.
+    api.fault(Fault::fail(500).times(2));
+    let netns = NetnsGuard::new("flaky");
+    let out = dir.path().join("dry.txt");
+    let mut env = cni_env("ADD", &netns.path().display().to_string(), "ns1", "flaky");
+    env.push(("DRY_RUN_FILE_PATH", out.display().to_string()));
+    let run = run_plugin(&env, &conf(dir.path()).to_string());
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(
+        std::fs::read_to_string(&out)
+            .unwrap()
+            .contains("ISTIO_REDIRECT")
+    );
+    assert!(api.request_count() >= 3, "expected retries");
+}

@@ -1,5 +1,5 @@
 //! The plugin's two Kubernetes reads behind a small trait, so the ADD flow can be driven by a fake
-//! in unit tests. The real implementation builds a client from the agent-written kubeconfig.
+//! in unit tests. The real implementation is the crate's one Kubernetes client ([`crate::kube`]).
 
 use std::future::Future;
 use std::path::Path;
@@ -14,8 +14,9 @@ pub enum KubeCallError {
     Client { path: String, reason: String },
     #[error("{what}: no answer within {timeout:?}")]
     Timeout { what: String, timeout: Duration },
-    #[error("{what}: {reason}")]
-    Failed { what: String, reason: String },
+    /// The shared client's error; it names the call, the object and the cause.
+    #[error("{0}")]
+    Api(String),
 }
 
 /// Reads the plugin needs.
@@ -33,50 +34,30 @@ pub trait KubeReads {
     ) -> impl Future<Output = Result<Namespace, KubeCallError>> + Send;
 }
 
-/// A client built from a kubeconfig file.
+/// The shared client ([`crate::kube::KubeClient`]) built from the agent-written kubeconfig.
 pub struct KubeClient {
-    client: kube::Client,
+    client: crate::kube::KubeClient,
 }
 
 impl KubeClient {
-    /// Reads the kubeconfig and builds the client; every request is also bounded by
-    /// `call_timeout` at the connection level.
-    pub async fn from_kubeconfig(
-        path: &Path,
-        call_timeout: Duration,
-    ) -> Result<KubeClient, KubeCallError> {
-        let err = |reason: String| KubeCallError::Client {
-            path: path.display().to_string(),
-            reason,
-        };
-        let kubeconfig =
-            kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
-        let mut config = kube::Config::from_custom_kubeconfig(
-            kubeconfig,
-            &kube::config::KubeConfigOptions::default(),
-        )
-        .await
-        .map_err(|e| err(e.to_string()))?;
-        config.connect_timeout = Some(call_timeout);
-        config.read_timeout = Some(call_timeout);
-        config.write_timeout = Some(call_timeout);
-        let client = kube::Client::try_from(config).map_err(|e| err(e.to_string()))?;
-        Ok(KubeClient { client })
+    pub async fn from_kubeconfig(path: &Path) -> Result<KubeClient, KubeCallError> {
+        crate::kube::KubeClient::from_kubeconfig_file(path)
+            .await
+            .map(|client| KubeClient { client })
+            .map_err(|e| KubeCallError::Client {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })
     }
 }
 
-async fn bounded<T>(
-    what: String,
-    timeout: Duration,
-    call: impl Future<Output = Result<T, kube::Error>>,
-) -> Result<T, KubeCallError> {
-    match tokio::time::timeout(timeout, call).await {
-        Err(_) => Err(KubeCallError::Timeout { what, timeout }),
-        Ok(Err(e)) => Err(KubeCallError::Failed {
-            what,
-            reason: e.to_string(),
-        }),
-        Ok(Ok(v)) => Ok(v),
+fn call_error(e: crate::kube::KubeError, timeout: Duration) -> KubeCallError {
+    match e {
+        crate::kube::KubeError::Timeout { call, object, .. } => KubeCallError::Timeout {
+            what: format!("{call} {object}"),
+            timeout,
+        },
+        other => KubeCallError::Api(other.to_string()),
     }
 }
 
@@ -87,10 +68,14 @@ impl KubeReads for KubeClient {
         name: &str,
         timeout: Duration,
     ) -> impl Future<Output = Result<Pod, KubeCallError>> + Send {
-        let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
-        let what = format!("get pod {namespace}/{name}");
-        let name = name.to_string();
-        async move { bounded(what, timeout, api.get(&name)).await }
+        let client = self.client.clone();
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        async move {
+            client
+                .get_pod(&namespace, &name, timeout)
+                .await
+                .map_err(|e| call_error(e, timeout))
+        }
     }
 
     fn get_namespace(
@@ -98,9 +83,13 @@ impl KubeReads for KubeClient {
         name: &str,
         timeout: Duration,
     ) -> impl Future<Output = Result<Namespace, KubeCallError>> + Send {
-        let api: kube::Api<Namespace> = kube::Api::all(self.client.clone());
-        let what = format!("get namespace {name}");
+        let client = self.client.clone();
         let name = name.to_string();
-        async move { bounded(what, timeout, api.get(&name)).await }
+        async move {
+            client
+                .get_namespace(&name, timeout)
+                .await
+                .map_err(|e| call_error(e, timeout))
+        }
     }
 }

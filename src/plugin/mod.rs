@@ -215,9 +215,8 @@ fn cmd_add(env: &cni::CniEnv, conf: &NetConf) -> Result<Option<String>, CniError
         .build()
         .map_err(|e| CniError::internal(format!("cannot start the async runtime: {e}")))?;
     let kubeconfig = conf.kubeconfig_path();
-    let call_timeout = conf.kube_call_timeout;
     let flow = add::cmd_add(env, conf, &args, deadline, || async move {
-        k8s::KubeClient::from_kubeconfig(&kubeconfig, call_timeout).await
+        k8s::KubeClient::from_kubeconfig(&kubeconfig).await
     });
     let outcome = runtime.block_on(async {
         // Lets the tests prove that a panic becomes a CNI error (never set in production).

@@ -4,13 +4,10 @@
 //! Only loopback and addresses inside namespaces created here are ever used.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
@@ -194,105 +191,56 @@ pub fn cni_env(command: &str, netns: &str, pod_ns: &str, pod: &str) -> Vec<(&'st
 }
 
 // ---------------------------------------------------------------------------------------------
-// Fake API server
+// Test API server
 
-type Objects = Arc<Mutex<BTreeMap<String, Value>>>;
-
-/// Serves `GET /api/v1/namespaces/{ns}/pods/{name}` and `GET /api/v1/namespaces/{name}` from
-/// objects put in by the test, on 127.0.0.1. Stops with the value.
+/// The crate's test API server ([`istio_cni::kube::testserver::TestApiServer`]) on its own
+/// runtime, with the helpers the plugin tests need. Stops with the value.
 pub struct FakeApiServer {
-    pub addr: SocketAddr,
-    objects: Objects,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    pub server: istio_cni::kube::testserver::TestApiServer,
+    rt: tokio::runtime::Runtime,
 }
 
 impl FakeApiServer {
     pub fn start() -> FakeApiServer {
-        use axum::extract::{Path as AxPath, State};
-        use axum::http::StatusCode;
-        use axum::routing::get;
-
-        let objects: Objects = Arc::default();
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
-        std_listener.set_nonblocking(true).expect("nonblocking");
-        let addr = std_listener.local_addr().expect("local addr");
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let state = objects.clone();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let lookup = |objects: &Objects, key: String| {
-                    let found = objects.lock().ok().and_then(|m| m.get(&key).cloned());
-                    match found {
-                        Some(v) => (StatusCode::OK, axum::Json(v)),
-                        None => (
-                            StatusCode::NOT_FOUND,
-                            axum::Json(json!({
-                                "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                "message": format!("{key} not found"), "reason": "NotFound", "code": 404
-                            })),
-                        ),
-                    }
-                };
-                let app: axum::Router = axum::Router::new()
-                    .route(
-                        "/api/v1/namespaces/{ns}/pods/{name}",
-                        get(move |State(o): State<Objects>, AxPath((ns, name)): AxPath<(String, String)>| async move {
-                            lookup(&o, format!("pods/{ns}/{name}"))
-                        }),
-                    )
-                    .route(
-                        "/api/v1/namespaces/{name}",
-                        get(move |State(o): State<Objects>, AxPath(name): AxPath<String>| async move {
-                            lookup(&o, format!("namespaces/{name}"))
-                        }),
-                    )
-                    .with_state(state);
-                let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
-                let _ = axum::serve(listener, app)
-                    .with_graceful_shutdown(async {
-                        let _ = rx.await;
-                    })
-                    .await;
-            });
-        });
-        FakeApiServer {
-            addr,
-            objects,
-            shutdown: Some(tx),
-            thread: Some(thread),
-        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let server = rt
+            .block_on(istio_cni::kube::testserver::TestApiServer::start())
+            .expect("test API server");
+        FakeApiServer { server, rt }
     }
 
     pub fn put_pod(&self, pod: Value) {
-        let ns = pod["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let name = pod["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        self.objects
-            .lock()
-            .unwrap()
-            .insert(format!("pods/{ns}/{name}"), pod);
+        let pod = serde_json::from_value(pod).expect("a valid Pod");
+        self.server.add_pod(pod).expect("add pod");
     }
 
     pub fn put_namespace(&self, name: &str, labels: Value) {
-        self.objects.lock().unwrap().insert(
-            format!("namespaces/{name}"),
+        let ns = serde_json::from_value(
             json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}),
-        );
+        )
+        .expect("a valid Namespace");
+        self.server.add_namespace(ns).expect("add namespace");
     }
 
     /// Writes `istio-cni-kubeconfig` pointing at this server into `run_dir`.
     pub fn write_kubeconfig(&self, run_dir: &Path) {
-        write_kubeconfig(run_dir, &format!("http://{}", self.addr));
+        self.server
+            .write_kubeconfig(&run_dir.join("istio-cni-kubeconfig"))
+            .expect("write kubeconfig");
+    }
+
+    /// Requests the server has seen (method and path).
+    pub fn request_count(&self) -> usize {
+        self.server.requests().len()
+    }
+
+    /// Injects a fault.
+    pub fn fault(&self, fault: istio_cni::kube::testserver::Fault) {
+        self.rt.block_on(self.server.set_fault(fault));
     }
 }
 
@@ -302,17 +250,6 @@ pub fn write_kubeconfig(run_dir: &Path, server: &str) {
         "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\ncurrent-context: test\nusers:\n- name: test\n  user:\n    token: test-token\n"
     );
     std::fs::write(run_dir.join("istio-cni-kubeconfig"), text).expect("write kubeconfig");
-}
-
-impl Drop for FakeApiServer {
-    fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// A pod as Istio's injector leaves it (app + istio-proxy + istio-validation).
