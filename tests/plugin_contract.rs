@@ -229,3 +229,15 @@ fn logs_go_to_the_run_dir_file_and_never_to_stdout() {
     assert!(log.contains("kube-system/p"), "{log}");
     assert!(run.stderr.contains("kube-system/p"), "{}", run.stderr);
 }
+
+#[test]
+fn config_errors_are_logged_in_the_run_dir_when_it_is_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = conf("1.0.0", dir.path());
+    c["ambient_enabled"] = json!("yes");
+    let run = excluded_add(&c);
+    assert_eq!(run.code, 1);
+    assert_eq!(run.json()["code"], 7);
+    let log = std::fs::read_to_string(dir.path().join("istio-cni.log")).expect("plugin log file");
+    assert!(log.contains("ambient_enabled"), "{log}");
+}

@@ -303,3 +303,124 @@ where
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Namespace, Pod};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Answers from fixed objects, failing the first `fail_first` pod reads.
+    struct FakeKube {
+        pod: Option<Pod>,
+        fail_first: usize,
+        pod_calls: AtomicUsize,
+    }
+
+    impl KubeReads for FakeKube {
+        fn get_pod(
+            &self,
+            _namespace: &str,
+            _name: &str,
+            _timeout: Duration,
+        ) -> impl std::future::Future<Output = Result<Pod, KubeCallError>> + Send {
+            let n = self.pod_calls.fetch_add(1, Ordering::SeqCst);
+            let result = match (&self.pod, n < self.fail_first) {
+                (Some(p), false) => Ok(p.clone()),
+                _ => Err(KubeCallError::Api("boom".into())),
+            };
+            async move { result }
+        }
+
+        fn get_namespace(
+            &self,
+            _name: &str,
+            _timeout: Duration,
+        ) -> impl std::future::Future<Output = Result<Namespace, KubeCallError>> + Send {
+            async { Ok(Namespace::default()) }
+        }
+    }
+
+    fn conf() -> NetConf {
+        let mut c = NetConf::parse(
+            br#"{"name":"n","exclude_namespaces":["kube-system"],"pod_namespace":"istio-system"}"#,
+        )
+        .unwrap();
+        c.pod_lookup_timeout = Duration::from_millis(2500);
+        c
+    }
+
+    fn args(ns: &str, name: &str) -> CniArgs {
+        CniArgs {
+            pod_name: name.into(),
+            pod_namespace: ns.into(),
+            ..Default::default()
+        }
+    }
+
+    fn run(conf: &NetConf, args: &CniArgs, kube: Option<FakeKube>) -> Result<AddOutcome, CniError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let env = CniEnv::default();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        rt.block_on(cmd_add(&env, conf, args, deadline, || async move {
+            kube.ok_or_else(|| KubeCallError::Client {
+                path: "kubeconfig".into(),
+                reason: "missing".into(),
+            })
+        }))
+    }
+
+    #[test]
+    fn cheap_checks_come_before_the_client() {
+        let c = conf();
+        assert_eq!(run(&c, &args("", "p"), None), Ok(AddOutcome::NotKubernetes));
+        assert_eq!(
+            run(&c, &args("kube-system", "p"), None),
+            Ok(AddOutcome::Excluded)
+        );
+        assert_eq!(
+            run(&c, &args("istio-system", "istio-cni-node-abc"), None),
+            Ok(AddOutcome::OwnPod)
+        );
+        // Same name elsewhere is not our pod.
+        let e = run(&c, &args("default", "istio-cni-node-abc"), None).unwrap_err();
+        assert!(e.msg.contains("kubeconfig"), "{e}");
+    }
+
+    #[test]
+    fn pod_lookup_is_retried_then_fails_with_the_cause() {
+        let c = conf();
+        let plain: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [{"name": "app"}]}
+        }))
+        .unwrap();
+        let kube = FakeKube {
+            pod: Some(plain.clone()),
+            fail_first: 2,
+            pod_calls: AtomicUsize::new(0),
+        };
+        assert!(matches!(
+            run(&c, &args("ns", "p"), Some(kube)),
+            Ok(AddOutcome::Skipped(_))
+        ));
+        let kube = FakeKube {
+            pod: None,
+            fail_first: 0,
+            pod_calls: AtomicUsize::new(0),
+        };
+        let e = run(&c, &args("ns", "p"), Some(kube)).unwrap_err();
+        assert!(e.msg.contains("ns/p") && e.msg.contains("boom"), "{e}");
+    }
+
+    #[test]
+    fn own_pod_guard_predicate() {
+        let c = conf();
+        assert!(is_cni_pod(&c, &args("istio-system", "istio-cni-node-x")));
+        assert!(!is_cni_pod(&c, &args("istio-system", "istio-cni-x")));
+        assert!(!is_cni_pod(&c, &args("other", "istio-cni-node-x")));
+    }
+}

@@ -109,6 +109,14 @@ fn seconds(obj: &Map<String, Value>, key: &str, default: Duration) -> Result<Dur
     }
 }
 
+/// The run dir from a config that failed to parse as a whole (so its error can still be logged
+/// there); `None` when the JSON or that one field is unusable.
+pub fn salvage_run_dir(stdin: &[u8]) -> Option<PathBuf> {
+    let obj = parse_object(stdin).ok()?;
+    let dir: String = field(&obj, "cni_agent_run_dir").ok()??;
+    (!dir.is_empty()).then(|| PathBuf::from(dir))
+}
+
 impl NetConf {
     /// Parses and checks the stdin config: JSON, network name, field types, and the spec version.
     pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
@@ -258,6 +266,14 @@ mod tests {
         assert!(e.msg.contains("an array"), "{}", e.msg);
         let e = NetConf::parse(br#"{"name":"n","add_timeout_seconds":-1}"#).unwrap_err();
         assert!(e.msg.contains("add_timeout_seconds"), "{}", e.msg);
+    }
+
+    #[test]
+    fn run_dir_is_salvaged_from_an_otherwise_bad_config() {
+        let bad = br#"{"name":"n","cni_agent_run_dir":"/run/x","ambient_enabled":"yes"}"#;
+        assert!(NetConf::parse(bad).is_err());
+        assert_eq!(salvage_run_dir(bad), Some(PathBuf::from("/run/x")));
+        assert_eq!(salvage_run_dir(b"{"), None);
     }
 
     #[test]

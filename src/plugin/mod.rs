@@ -132,6 +132,10 @@ fn run(log: &log::PluginLog) -> Reply {
     let conf = match NetConf::parse(&stdin) {
         Ok(c) => c,
         Err(e) => {
+            // Still reach the node agent's log when the run dir itself is readable.
+            if let Some(dir) = config::salvage_run_dir(&stdin) {
+                log.attach(&dir.join("istio-cni.log"), &dir.join("log.sock"));
+            }
             error!(command = ?cmd, error = %e, "invalid network configuration");
             return Reply::error(&e, &version);
         }
