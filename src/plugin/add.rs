@@ -332,12 +332,12 @@ mod tests {
             async move { result }
         }
 
-        fn get_namespace(
+        async fn get_namespace(
             &self,
             _name: &str,
             _timeout: Duration,
-        ) -> impl std::future::Future<Output = Result<Namespace, KubeCallError>> + Send {
-            async { Ok(Namespace::default()) }
+        ) -> Result<Namespace, KubeCallError> {
+            Ok(Namespace::default())
         }
     }
 
