@@ -241,3 +241,15 @@ fn config_errors_are_logged_in_the_run_dir_when_it_is_readable() {
     let log = std::fs::read_to_string(dir.path().join("istio-cni.log")).expect("plugin log file");
     assert!(log.contains("ambient_enabled"), "{log}");
 }
+
+#[test]
+fn the_plugins_own_netns_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = conf("1.0.0", dir.path()).to_string();
+    let run = run_plugin(&cni_env("ADD", "/proc/self/ns/net", "kube-system", "p"), &c);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert_eq!(run.json()["code"], 12);
+    let mut env = cni_env("ADD", "/proc/self/ns/net", "kube-system", "p");
+    env.push(("CNI_NETNS_OVERRIDE", "true".into()));
+    assert_eq!(run_plugin(&env, &c).code, 0);
+}

@@ -93,7 +93,10 @@ pub fn program(
             warnings.extend(w);
             v6
         })
-        .unwrap_or(false);
+        .unwrap_or_else(|e| {
+            warnings.push(format!("dry run: {e}; IPv4 rules only"));
+            false
+        });
         std::fs::write(&out, dry_run_text(&cfg, backend)).map_err(|source| {
             ProgramError::DryRun {
                 path: out.clone(),
