@@ -109,6 +109,15 @@ fn seconds(obj: &Map<String, Value>, key: &str, default: Duration) -> Result<Dur
     }
 }
 
+/// The pre-2024 place of the exclusion list (`kubernetes.exclude_namespaces`), honoured only when
+/// the current key is absent: an old conflist entry left on a node still protects those pods.
+fn legacy_exclude_namespaces(obj: &Map<String, Value>) -> Vec<String> {
+    obj.get("kubernetes")
+        .and_then(|k| k.get("exclude_namespaces"))
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default()
+}
+
 /// The run dir from a config that failed to parse as a whole (so its error can still be logged
 /// there); `None` when the JSON or that one field is unusable.
 pub fn salvage_run_dir(stdin: &[u8]) -> Option<PathBuf> {
@@ -168,7 +177,10 @@ impl NetConf {
             },
             ambient_enabled: field(&obj, "ambient_enabled")?.unwrap_or(false),
             enablement_selectors,
-            exclude_namespaces: field(&obj, "exclude_namespaces")?.unwrap_or_default(),
+            exclude_namespaces: match field::<Vec<String>>(&obj, "exclude_namespaces")? {
+                Some(list) => list,
+                None => legacy_exclude_namespaces(&obj),
+            },
             pod_namespace: field(&obj, "pod_namespace")?.unwrap_or_default(),
             native_nftables: field(&obj, "native_nftables")?.unwrap_or(false),
             enable_ambient_detection_retry: field(&obj, "enable_ambient_detection_retry")?
@@ -238,6 +250,20 @@ mod tests {
         assert!(conf.enablement_selectors[0].namespace_selector.is_none());
         assert!(conf.prev_result.is_some());
         assert_eq!(conf.add_timeout, DEFAULT_ADD_TIMEOUT);
+    }
+
+    #[test]
+    fn legacy_exclusion_list_is_a_fallback_only() {
+        let old = br#"{"name":"n","kubernetes":{"exclude_namespaces":["kube-system"],"kubeconfig":"/x"}}"#;
+        assert_eq!(
+            NetConf::parse(old).unwrap().exclude_namespaces,
+            vec!["kube-system"]
+        );
+        let both =
+            br#"{"name":"n","exclude_namespaces":["a"],"kubernetes":{"exclude_namespaces":["b"]}}"#;
+        assert_eq!(NetConf::parse(both).unwrap().exclude_namespaces, vec!["a"]);
+        let junk = br#"{"name":"n","kubernetes":{"exclude_namespaces":"nope"}}"#;
+        assert!(NetConf::parse(junk).unwrap().exclude_namespaces.is_empty());
     }
 
     #[test]
