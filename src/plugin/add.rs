@@ -137,7 +137,7 @@ async fn send_ambient_event(conf: &NetConf, env: &CniEnv, args: &CniArgs) -> Res
     let prev = conf
         .prev_result
         .as_ref()
-        .map(|v| CniResult::parse(v, &conf.cni_version))
+        .map(|v| CniResult::parse(v, super::result::source_version(v, &conf.cni_version)))
         .transpose()?;
     let event = ambient::add_event(
         &env.netns,

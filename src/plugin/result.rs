@@ -316,10 +316,19 @@ fn to_value<T: Serialize>(v: &T) -> Value {
 /// or an empty one.
 pub fn pass_through(prev: Option<&Value>, version: &str) -> Result<Value, CniError> {
     let result = match prev {
-        Some(v) => CniResult::parse(v, version)?,
+        Some(v) => CniResult::parse(v, source_version(v, version))?,
         None => CniResult::default(),
     };
     result.to_version(version)
+}
+
+/// The layout a previous result is written in: its own `cniVersion` when it names one we know
+/// (libcni errors on a mismatch; converting is kinder), else the config's.
+pub fn source_version<'a>(prev: &'a Value, config_version: &'a str) -> &'a str {
+    match prev.get("cniVersion").and_then(Value::as_str) {
+        Some(v) if super::cni::SUPPORTED_VERSIONS.contains(&v) => v,
+        _ => config_version,
+    }
 }
 
 #[cfg(test)]
@@ -388,6 +397,19 @@ mod tests {
         );
         let back = CniResult::parse(&out, "0.2.0").unwrap();
         assert_eq!(back.addresses(), vec!["10.0.0.2", "fd00::2"]);
+    }
+
+    #[test]
+    fn a_prev_result_of_another_version_is_converted() {
+        let prev = json!({"cniVersion": "0.2.0", "ip4": {"ip": "10.1.0.5/16"}, "dns": {}});
+        let out = pass_through(Some(&prev), "1.0.0").unwrap();
+        assert_eq!(
+            out,
+            json!({"cniVersion": "1.0.0", "ips": [{"address": "10.1.0.5/16"}], "dns": {}})
+        );
+        let out = pass_through(Some(&prev_1()), "0.4.0").unwrap();
+        assert_eq!(out["cniVersion"], "0.4.0");
+        assert_eq!(out["ips"][0]["version"], "4");
     }
 
     #[test]
