@@ -119,3 +119,38 @@ fn dns_capture_programs_raw_table() {
     assert!(save.contains("ISTIO_OUTPUT_DNS"), "{save}");
     assert!(save.contains("--to-ports 15053"), "{save}");
 }
+
+#[test]
+fn repeated_add_with_changed_settings_converges() {
+    require_tool("iptables-restore", "iptables");
+    let api = FakeApiServer::start();
+    api.put_pod(sidecar_pod("ns1", "re", json!({}), json!([]), json!({})));
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    let netns = NetnsGuard::new("re");
+    let env = cni_env("ADD", &netns.path().display().to_string(), "ns1", "re");
+    let run = run_plugin(&env, &conf(dir.path()).to_string());
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    api.put_pod(sidecar_pod(
+        "ns1",
+        "re",
+        json!({"traffic.sidecar.istio.io/excludeOutboundPorts": "7777"}),
+        json!([]),
+        json!({}),
+    ));
+    let run = run_plugin(&env, &conf(dir.path()).to_string());
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let save = netns.iptables_save();
+    assert!(save.contains("--dport 7777 -j RETURN"), "{save}");
+    assert!(
+        !save
+            .lines()
+            .any(|l| l.starts_with("-A ISTIO_OUTPUT") && l.contains("15020")),
+        "old outbound exclusion left behind:\n{save}"
+    );
+    assert_eq!(
+        save.matches("-A OUTPUT -j ISTIO_OUTPUT").count(),
+        1,
+        "{save}"
+    );
+}

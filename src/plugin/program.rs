@@ -119,7 +119,20 @@ pub fn program(
         let mut warnings = Vec::new();
         cfg.enable_ipv6 = detect_ipv6(dual_stack, &mut warnings);
         let applied = match backend {
-            Backend::Iptables => apply_sidecar_here(&build(&cfg), &opts, None),
+            Backend::Iptables => {
+                let rules = build(&cfg);
+                match apply_sidecar_here(&rules, &opts, None) {
+                    // A repeated ADD with changed settings: converge (the pod is not running yet).
+                    Err(crate::apply::ApplyError::Drift { .. }) => {
+                        let reconcile = SidecarOptions {
+                            reconcile: true,
+                            ..opts.clone()
+                        };
+                        apply_sidecar_here(&rules, &reconcile, None)
+                    }
+                    other => other,
+                }
+            }
             Backend::Nftables => crate::apply::nft::apply_transaction(
                 &mut crate::apply::ProcessExecutor,
                 &nft_text(&cfg),

@@ -213,9 +213,13 @@ impl FakeApiServer {
         FakeApiServer { server, rt }
     }
 
+    /// Adds the pod, or replaces it when it exists.
     pub fn put_pod(&self, pod: Value) {
-        let pod = serde_json::from_value(pod).expect("a valid Pod");
-        self.server.add_pod(pod).expect("add pod");
+        let pod: k8s_openapi::api::core::v1::Pod =
+            serde_json::from_value(pod).expect("a valid Pod");
+        if self.server.add_pod(pod.clone()).is_err() {
+            self.server.update_pod(pod).expect("update pod");
+        }
     }
 
     pub fn put_namespace(&self, name: &str, labels: Value) {
