@@ -50,6 +50,7 @@ fn sidecar_add_vs_bare_restore() {
     let rules = std::fs::read_to_string(&rules_file).unwrap();
 
     let mut add = Vec::new();
+    let mut in_process = Vec::new();
     let mut bare = Vec::new();
     for _ in 0..ROUNDS {
         let ns = NetnsGuard::new("badd");
@@ -58,6 +59,15 @@ fn sidecar_add_vs_bare_restore() {
         let run = run_plugin(&env, &conf);
         add.push(start.elapsed());
         assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+        // The plugin's own measure of the ADD flow (client, lookup, netns, restore).
+        let took = run
+            .stderr
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|r| r["msg"] == "sidecar redirection programmed")
+            .find_map(|r| r["took_ms"].as_u64())
+            .expect("took_ms logged");
+        in_process.push(Duration::from_millis(took));
 
         let ns = NetnsGuard::new("bbare");
         let text = rules.clone();
@@ -85,7 +95,33 @@ fn sidecar_add_vs_bare_restore() {
         stats(add)
     );
     println!(
+        "  of which inside the ADD flow (took_ms):     {}",
+        stats(in_process)
+    );
+    println!(
         "bare iptables-nft-restore of the same rules:   {}",
         stats(bare)
     );
+}
+
+#[test]
+#[ignore]
+fn add_phases() {
+    let api = FakeApiServer::start();
+    api.put_pod(sidecar_pod("ns1", "bench", json!({}), json!([]), json!({})));
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    let conf = json!({"cniVersion": "1.0.0", "name": "bench", "plugin_log_level": "debug",
+        "cni_agent_run_dir": dir.path().display().to_string()})
+    .to_string();
+    for _ in 0..3 {
+        let ns = NetnsGuard::new("phase");
+        let run = run_plugin(
+            &cni_env("ADD", &ns.path().display().to_string(), "ns1", "bench"),
+            &conf,
+        );
+        for line in run.stderr.lines().filter(|l| l.contains("took_ms")) {
+            println!("{line}");
+        }
+    }
 }

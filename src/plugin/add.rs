@@ -173,6 +173,7 @@ where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<K, KubeCallError>>,
 {
+    let started = Instant::now();
     let pod_ref = format!("{}/{}", args.pod_namespace, args.pod_name);
     if let Some(done) = precheck(conf, args) {
         info!(pod = %pod_ref, outcome = ?done, "nothing to do for this pod");
@@ -182,6 +183,10 @@ where
         .await
         .map_err(|_| CniError::internal("building the Kubernetes client timed out"))?
         .map_err(internal)?;
+    debug!(
+        took_ms = started.elapsed().as_millis() as u64,
+        "Kubernetes client ready"
+    );
 
     let mut known_pod: Option<PodInfo> = None;
     let mut ambient_decided = false;
@@ -226,6 +231,7 @@ where
         }
     };
 
+    debug!(took_ms = started.elapsed().as_millis() as u64, "pod read");
     if let Some(skip) = sidecar::skip_reason(&pod) {
         if conf.ambient_enabled && !ambient_decided {
             // Reached after a failed ambient check: decide ambient with the pod we now have.
@@ -296,7 +302,13 @@ where
             }
         }
         None => {
-            info!(pod = %pod_ref, ipv6 = programmed.ipv6, outcome = ?programmed.outcome, "sidecar redirection programmed");
+            info!(
+                pod = %pod_ref,
+                ipv6 = programmed.ipv6,
+                outcome = ?programmed.outcome,
+                took_ms = started.elapsed().as_millis() as u64,
+                "sidecar redirection programmed"
+            );
             AddOutcome::Redirected {
                 ipv6: programmed.ipv6,
             }
