@@ -83,9 +83,18 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
+/// A key's value; like Go's decoder, an exact match first, then any case-insensitive one.
+fn get<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    obj.get(key).or_else(|| {
+        obj.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            .map(|(_, v)| v)
+    })
+}
+
 /// Reads one optional key; JSON `null` counts as absent (Go leaves the zero value).
 fn field<T: DeserializeOwned>(obj: &Map<String, Value>, key: &str) -> Result<Option<T>, CniError> {
-    match obj.get(key) {
+    match get(obj, key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => serde_json::from_value(v.clone()).map(Some).map_err(|e| {
             CniError::new(
@@ -112,8 +121,9 @@ fn seconds(obj: &Map<String, Value>, key: &str, default: Duration) -> Result<Dur
 /// The pre-2024 place of the exclusion list (`kubernetes.exclude_namespaces`), honoured only when
 /// the current key is absent: an old conflist entry left on a node still protects those pods.
 fn legacy_exclude_namespaces(obj: &Map<String, Value>) -> Vec<String> {
-    obj.get("kubernetes")
-        .and_then(|k| k.get("exclude_namespaces"))
+    get(obj, "kubernetes")
+        .and_then(|k| k.as_object())
+        .and_then(|k| get(k, "exclude_namespaces"))
         .and_then(|v| serde_json::from_value(v.clone()).ok())
         .unwrap_or_default()
 }
@@ -139,7 +149,7 @@ impl NetConf {
         field::<std::collections::BTreeMap<String, bool>>(&obj, "capabilities")?;
         field::<Map<String, Value>>(&obj, "ipam")?;
         field::<Map<String, Value>>(&obj, "dns")?;
-        let prev_result = match obj.get("prevResult") {
+        let prev_result = match get(&obj, "prevResult") {
             None | Some(Value::Null) => None,
             Some(v @ Value::Object(_)) => Some(v.clone()),
             Some(other) => {
@@ -300,6 +310,15 @@ mod tests {
         assert!(NetConf::parse(bad).is_err());
         assert_eq!(salvage_run_dir(bad), Some(PathBuf::from("/run/x")));
         assert_eq!(salvage_run_dir(b"{"), None);
+    }
+
+    #[test]
+    fn keys_match_case_insensitively_like_go() {
+        let conf =
+            NetConf::parse(br#"{"Name":"n","CNIVersion":"0.4.0","Exclude_Namespaces":["a"]}"#)
+                .unwrap();
+        assert_eq!(conf.cni_version, "0.4.0");
+        assert_eq!(conf.exclude_namespaces, vec!["a"]);
     }
 
     #[test]

@@ -162,6 +162,7 @@ fn check_cidr(addr: &str) -> Result<bool, CniError> {
 impl CniResult {
     /// Parses a result laid out as `version` prescribes.
     pub fn parse(value: &Value, version: &str) -> Result<CniResult, CniError> {
+        let value = &canonical_keys(value, RESULT_KEYS);
         let result = match layout(version)? {
             Layout::V02 => {
                 let old: Result02 = serde_json::from_value(value.clone()).map_err(decode_err)?;
@@ -312,6 +313,62 @@ fn to_value<T: Serialize>(v: &T) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)
 }
 
+/// Every key a result may carry, in its canonical spelling.
+const RESULT_KEYS: &[&str] = &[
+    "cniVersion",
+    "interfaces",
+    "ips",
+    "routes",
+    "dns",
+    "name",
+    "mac",
+    "mtu",
+    "sandbox",
+    "socketPath",
+    "pciID",
+    "interface",
+    "address",
+    "gateway",
+    "version",
+    "dst",
+    "gw",
+    "advmss",
+    "priority",
+    "table",
+    "scope",
+    "nameservers",
+    "domain",
+    "search",
+    "options",
+    "ip4",
+    "ip6",
+    "ip",
+];
+
+/// Go's JSON decoding matches keys case-insensitively (Istio's own tests send `cniversion`); give
+/// every known key its canonical spelling, recursively, unless that spelling is already present.
+pub fn canonical_keys(value: &Value, keys: &[&str]) -> Value {
+    match value {
+        Value::Object(obj) => {
+            let mut out = Map::new();
+            for (k, v) in obj {
+                let canonical = keys
+                    .iter()
+                    .find(|c| c.eq_ignore_ascii_case(k))
+                    .filter(|c| **c == k || !obj.contains_key(**c))
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| k.clone());
+                out.insert(canonical, canonical_keys(v, keys));
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|v| canonical_keys(v, keys)).collect())
+        }
+        other => other.clone(),
+    }
+}
+
 /// The stdout result of a successful ADD: the previous result passed on in the config's version,
 /// or an empty one.
 pub fn pass_through(prev: Option<&Value>, version: &str) -> Result<Value, CniError> {
@@ -325,7 +382,12 @@ pub fn pass_through(prev: Option<&Value>, version: &str) -> Result<Value, CniErr
 /// The layout a previous result is written in: its own `cniVersion` when it names one we know
 /// (libcni errors on a mismatch; converting is kinder), else the config's.
 pub fn source_version<'a>(prev: &'a Value, config_version: &'a str) -> &'a str {
-    match prev.get("cniVersion").and_then(Value::as_str) {
+    let own = prev.as_object().and_then(|o| {
+        o.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("cniVersion"))
+            .and_then(|(_, v)| v.as_str())
+    });
+    match own {
         Some(v) if super::cni::SUPPORTED_VERSIONS.contains(&v) => v,
         _ => config_version,
     }
@@ -410,6 +472,21 @@ mod tests {
         let out = pass_through(Some(&prev_1()), "0.4.0").unwrap();
         assert_eq!(out["cniVersion"], "0.4.0");
         assert_eq!(out["ips"][0]["version"], "4");
+    }
+
+    #[test]
+    fn keys_match_case_insensitively_like_go() {
+        // The shape of Istio's own plugin test config.
+        let prev = json!({
+            "cniversion": "1.0.0",
+            "interfaces": [{"name": "eth0", "sandbox": "/tmp"}],
+            "IPs": [{"version": "4", "address": "10.0.0.2/24", "gateway": "10.0.0.1", "interface": 0}],
+            "routes": []
+        });
+        let out = pass_through(Some(&prev), "1.0.0").unwrap();
+        assert_eq!(out["ips"][0]["address"], "10.0.0.2/24");
+        assert_eq!(out["interfaces"][0]["sandbox"], "/tmp");
+        assert!(out.get("routes").is_none());
     }
 
     #[test]

@@ -279,24 +279,38 @@ pub fn sidecar_pod(
     })
 }
 
-/// The plugin config Istio's plugin tests use (legacy keys included), for a run dir.
+/// The plugin config Istio's plugin tests use (its mock template: standard keys, a prevResult
+/// spelled `cniversion`, legacy keys), for a run dir.
 pub fn plugin_conf(cni_version: &str, run_dir: &Path, with_prev: bool) -> Value {
     let mut conf = json!({
         "cniVersion": cni_version,
         "name": "istio-plugin-sample-test",
-        "type": "istio-cni",
+        "type": "sample",
+        "capabilities": {"testCapability": false},
+        "ipam": {"type": "testIPAM"},
+        "dns": {"nameservers": ["testNameServer"], "domain": "testDomain", "search": ["testSearch"], "options": ["testOption"]},
         "plugin_log_level": "debug",
         "cni_agent_run_dir": run_dir.display().to_string(),
         "ambient_enabled": false,
+        "enablement_selectors": [
+            {"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}},
+            {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]},
+             "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}
+        ],
         "exclude_namespaces": ["testExcludeNS"],
         "pod_namespace": "istio-system",
-        "kubernetes": {"k8s_api_root": "APIRoot", "kubeconfig": "testK8sConfig", "intercept_type": "iptables"}
+        "native_nftables": false,
+        "runtimeconfig": {"sampleconfig": []},
+        "loglevel": "debug",
+        "kubernetes": {"k8sapiroot": "APIRoot", "kubeconfig": "testK8sConfig", "nodename": "testNodeName",
+                       "excludenamespaces": "testNS", "cnibindir": "/testDirectory"}
     });
     if with_prev {
         conf["prevResult"] = json!({
-            "cniVersion": cni_version,
-            "ips": [{"address": "10.0.0.2/24"}],
-            "dns": {}
+            "cniversion": cni_version,
+            "interfaces": [{"name": "eth0", "sandbox": "/tmp"}],
+            "ips": [{"version": "4", "address": "10.0.0.2/24", "gateway": "10.0.0.1", "interface": 0}],
+            "routes": []
         });
     }
     conf
