@@ -374,6 +374,23 @@ mod tests {
     }
 
     #[test]
+    fn early_records_are_replayed_when_the_sinks_attach() {
+        let log = PluginLog {
+            inner: Arc::new(Inner {
+                threshold: AtomicU8::new(3),
+                sinks: Mutex::new(Sinks::default()),
+            }),
+        };
+        log.inner.emit("early".into());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("istio-cni.log");
+        log.attach(&file, &dir.path().join("no.sock"));
+        log.inner.emit("late".into());
+        log.finish();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "early\nlate\n");
+    }
+
+    #[test]
     fn rolling_file_keeps_one_backup() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("istio-cni.log");
