@@ -87,7 +87,7 @@ on GKE clusters (recognised by "-gke" in the server's version) and /opt/cni/bin 
 
 {{/* The platform name from `platform` or `global.platform`, empty when none. */}}
 {{- define "cni.platform" -}}
-{{- coalesce .Values.platform (.Values.global).platform "" -}}
+{{- coalesce .Values.platform (.Values.global).platform | default "" | toString -}}
 {{- end }}
 
 {{/* The standard labels Istio puts on every object it renders. */}}
