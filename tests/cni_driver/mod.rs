@@ -13,9 +13,12 @@ use serde_json::{Value, json};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// The binary under test.
+/// The binary under test: the one cargo built, or `$ISTIO_CNI_RS_BIN` (the benchmarks point it
+/// at the static release build).
 pub fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_istio-cni-rs"))
+    std::env::var_os("ISTIO_CNI_RS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_istio-cni-rs")))
 }
 
 /// Fails (never skips) when a tool is missing, naming the package to install.
