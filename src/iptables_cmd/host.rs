@@ -4,15 +4,13 @@
 use std::net::IpAddr;
 
 use super::flags::{DnsSource, Ipv6Choice, Settings};
-use crate::cli::Env;
 use crate::netlink::{self, HostIp};
 
 /// UID used when the proxy user cannot be looked up.
 const FALLBACK_PROXY_UID: &str = "1337";
 
 /// Completes `settings` from the host; returns the detected host IP (if any) for validation.
-pub fn fill_host_facts(settings: &mut Settings, env: &dyn Env) -> Result<Option<HostIp>, String> {
-    let _ = env;
+pub fn fill_host_facts(settings: &mut Settings) -> Result<Option<HostIp>, String> {
     if let Some(user) = &settings.proxy_uid_from_user {
         let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
         let uid = uid_of_user(&passwd, user).unwrap_or_else(|| FALLBACK_PROXY_UID.to_string());

@@ -97,7 +97,7 @@ fn run(flags: &Flags, env: &dyn Env, explicit_false: &HashSet<String>) -> i32 {
     for w in warnings {
         warn!("{w}");
     }
-    let host_ip = match host::fill_host_facts(&mut settings, env) {
+    let host_ip = match host::fill_host_facts(&mut settings) {
         Ok(ip) => ip,
         Err(e) => {
             error!("{e}");

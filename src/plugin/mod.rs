@@ -1,7 +1,343 @@
 //! The `istio-cni` CNI plugin role (ADD/DEL/CHECK/VERSION/STATUS/GC).
 //! May call: `rules`, `apply`, `netns`, `kube`, `telemetry`.
+//!
+//! Layout: pure parts — [`cni`] (env, versions, errors), [`config`] (stdin JSON), [`args`]
+//! (`CNI_ARGS`), [`result`] (prevResult conversion), [`pod`], [`sidecar`] (selection + redirect),
+//! [`ambient`] (selectors, event); effects — [`add`] (the ADD flow), [`k8s`] (API reads),
+//! [`program`] (netns + iptables), [`uds`] and [`log`] (agent sockets, log sinks).
+//! Operator documentation: docs/plugin.md.
+
+pub mod add;
+pub mod ambient;
+pub mod args;
+pub mod cni;
+pub mod config;
+pub mod k8s;
+pub mod log;
+pub mod pod;
+pub mod program;
+pub mod result;
+pub mod sidecar;
+pub mod uds;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use tracing::{debug, error};
+
+use cni::{CniError, Command, Invocation, code};
+use config::NetConf;
+
+/// Where the last panic happened (filled by the panic hook, read when turning it into an error).
+static PANIC_LOCATION: Mutex<Option<String>> = Mutex::new(None);
+
+/// What one invocation prints and returns.
+struct Reply {
+    stdout: Option<String>,
+    exit: i32,
+}
+
+impl Reply {
+    fn ok(stdout: Option<String>) -> Reply {
+        Reply { stdout, exit: 0 }
+    }
+
+    fn error(e: &CniError, version: &str) -> Reply {
+        Reply {
+            stdout: Some(pretty(&e.to_json(version))),
+            exit: 1,
+        }
+    }
+}
+
+fn pretty(v: &serde_json::Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+}
 
 /// Entry point of the `istio-cni` role.
 pub fn main(_args: Vec<String>) -> i32 {
-    1
+    let log = log::PluginLog::install();
+    std::panic::set_hook(Box::new(|info| {
+        let location = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        if let Ok(mut slot) = PANIC_LOCATION.lock() {
+            *slot = Some(location.clone());
+        }
+        error!(location = %location, "panic: {}", panic_text(info.payload()));
+    }));
+    let reply = match std::panic::catch_unwind(|| run(&log)) {
+        Ok(reply) => reply,
+        Err(payload) => {
+            let location = PANIC_LOCATION
+                .lock()
+                .ok()
+                .and_then(|mut s| s.take())
+                .unwrap_or_default();
+            let e = CniError::internal(format!(
+                "istio-cni panicked: {} (at {location})",
+                panic_text(payload.as_ref())
+            ));
+            Reply::error(&e, cni::CURRENT_VERSION)
+        }
+    };
+    if let Some(out) = reply.stdout {
+        let stdout = std::io::stdout();
+        let mut lock = stdout.lock();
+        let _ = writeln!(lock, "{out}");
+        let _ = lock.flush();
+    }
+    log.finish();
+    reply.exit
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+fn run(log: &log::PluginLog) -> Reply {
+    let invocation = match cni::read_env(|k| std::env::var(k).ok()) {
+        Ok(i) => i,
+        Err(e) => {
+            error!(error = %e, "invalid CNI environment");
+            return Reply::error(&e, cni::CURRENT_VERSION);
+        }
+    };
+    let (cmd, env) = match invocation {
+        Invocation::About => {
+            eprint!("{}", cni::about_text());
+            return Reply::ok(None);
+        }
+        Invocation::Run(Command::Version, _) => {
+            return Reply::ok(Some(pretty(&cni::version_reply())));
+        }
+        Invocation::Run(cmd, env) => (cmd, env),
+    };
+    let mut stdin = Vec::new();
+    if let Err(e) = std::io::stdin().read_to_end(&mut stdin) {
+        let e = CniError::new(code::IO_FAILURE, format!("error reading from stdin: {e}"));
+        return Reply::error(&e, cni::CURRENT_VERSION);
+    }
+    // Errors are reported in the config's version when it can be read at all.
+    let version = config::config_version(&stdin).unwrap_or_else(|_| cni::CURRENT_VERSION.into());
+    let conf = match NetConf::parse(&stdin) {
+        Ok(c) => c,
+        Err(e) => {
+            // Still reach the node agent's log when the run dir itself is readable.
+            if let Some(dir) = config::salvage_run_dir(&stdin) {
+                log.attach(&dir.join("istio-cni.log"), &dir.join("log.sock"));
+            }
+            error!(command = ?cmd, error = %e, "invalid network configuration");
+            return Reply::error(&e, &version);
+        }
+    };
+    log.set_level(&conf.plugin_log_level);
+    log.attach(&conf.log_file_path(), &conf.log_socket_path());
+    debug!(command = ?cmd, container = %env.container_id, netns = %env.netns, "CNI call");
+    let result = match cmd {
+        Command::Add => cmd_add(&env, &conf),
+        Command::Del => {
+            // Nothing to undo: the rules live and die with the pod's netns, which may be gone.
+            Ok(None)
+        }
+        Command::Check => require_version(&conf, "0.4.0", "CHECK").map(|_| None),
+        Command::Status => require_version(&conf, "1.1.0", "STATUS")
+            .and_then(|_| status(&conf))
+            .map(|_| None),
+        Command::Gc => require_version(&conf, "1.1.0", "GC").map(|_| None),
+        Command::Version => Ok(None),
+    };
+    match result {
+        Ok(out) => Reply::ok(out),
+        Err(e) => {
+            error!(command = ?cmd, pod_args = %env.args, error = %e, "CNI call failed");
+            Reply::error(&e, &conf.cni_version)
+        }
+    }
+}
+
+fn require_version(conf: &NetConf, min: &str, what: &str) -> Result<(), CniError> {
+    if cni::compare_versions(&conf.cni_version, min)? == std::cmp::Ordering::Less {
+        return Err(CniError::new(
+            code::INCOMPATIBLE_VERSION,
+            format!("config version does not allow {what}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Ready when the plugin's kubeconfig is in place and, in ambient mode, the agent answers.
+fn status(conf: &NetConf) -> Result<(), CniError> {
+    let kubeconfig = conf.kubeconfig_path();
+    if !kubeconfig.is_file() {
+        return Err(CniError::new(
+            code::PLUGIN_NOT_AVAILABLE,
+            format!(
+                "istio-cni is not ready: kubeconfig {} is missing (is the istio-cni node agent running?)",
+                kubeconfig.display()
+            ),
+        ));
+    }
+    if conf.ambient_enabled {
+        let sock = conf.event_socket_path();
+        if let Err(e) = std::os::unix::net::UnixStream::connect(&sock) {
+            return Err(CniError::new(
+                code::PLUGIN_NOT_AVAILABLE,
+                format!(
+                    "istio-cni is not ready: node agent socket {} is unreachable: {e}",
+                    sock.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn cmd_add(env: &cni::CniEnv, conf: &NetConf) -> Result<Option<String>, CniError> {
+    let deadline = Instant::now() + conf.add_timeout;
+    // Validate the previous result before touching anything.
+    let reply = result::pass_through(conf.prev_result.as_ref(), &conf.cni_version)?;
+    let args = args::CniArgs::parse(&env.args).map_err(|e| CniError::internal(e.to_string()))?;
+    let override_ok = env.netns_override.eq_ignore_ascii_case("true") || env.netns_override == "1";
+    // A dry run never changes the namespace, so it may name any (Istio's tests use a fake one).
+    let dry_run = std::env::var_os("DRY_RUN_FILE_PATH").is_some_and(|p| !p.is_empty());
+    if !override_ok && !dry_run && program::is_own_netns(Path::new(&env.netns)) {
+        return Err(CniError::new(
+            code::INVALID_NETNS,
+            "plugin's netns and netns from CNI_NETNS should not be the same",
+        ));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CniError::internal(format!("cannot start the async runtime: {e}")))?;
+    let kubeconfig = conf.kubeconfig_path();
+    let flow = add::cmd_add(env, conf, &args, deadline, || async move {
+        k8s::KubeClient::from_kubeconfig(&kubeconfig).await
+    });
+    let outcome = runtime.block_on(async {
+        // Lets the tests prove that a panic becomes a CNI error (never set in production).
+        if std::env::var_os("ISTIO_CNI_RS_TEST_PANIC").is_some() {
+            panic!("panic requested by ISTIO_CNI_RS_TEST_PANIC");
+        }
+        tokio::time::timeout(conf.add_timeout, flow)
+            .await
+            .map_err(|_| {
+                CniError::internal(format!(
+                    "ADD did not finish within {:?} (add_timeout_seconds)",
+                    conf.add_timeout
+                ))
+            })?
+    });
+    // Don't wait for stray blocking work (a hung iptables) past the deadline.
+    runtime.shutdown_background();
+    outcome?;
+    Ok(Some(pretty(&reply)))
+}
+
+#[cfg(test)]
+mod robustness {
+    //! Mutated inputs never panic the parsers (a panic would still become a CNI error, but
+    //! parsers should answer with a typed error).
+
+    /// A small deterministic generator (no extra crate needed).
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn next(&mut self) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            self.0 >> 33
+        }
+    }
+
+    fn mutate(seed: &[u8], rng: &mut Lcg) -> Vec<u8> {
+        let mut out = seed.to_vec();
+        const PIECES: &[&[u8]] = &[
+            b"{", b"}", b"[", b"]", b"\"", b",", b":", b"null", b"1e999", b"-", b"\\u0000", b"true",
+        ];
+        for _ in 0..(1 + rng.next() % 4) {
+            let pos = (rng.next() as usize) % (out.len() + 1);
+            match rng.next() % 3 {
+                0 if pos < out.len() => {
+                    out.remove(pos);
+                }
+                1 => {
+                    let piece = PIECES[(rng.next() as usize) % PIECES.len()];
+                    out.splice(pos..pos, piece.iter().copied());
+                }
+                _ if pos < out.len() => out[pos] = (rng.next() % 256) as u8,
+                _ => {}
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn parsers_survive_mutated_input() {
+        let conf = br#"{"cniVersion":"0.4.0","name":"n","type":"istio-cni","exclude_namespaces":["a"],"enablement_selectors":[{"podSelector":{"matchLabels":{"a":"b"}}}],"prevResult":{"cniVersion":"0.4.0","ips":[{"version":"4","address":"10.0.0.2/24"}],"routes":[{"dst":"0.0.0.0/0"}],"dns":{}}}"#;
+        let args = b"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p";
+        let mut rng = Lcg(42);
+        for _ in 0..5000 {
+            let input = mutate(conf, &mut rng);
+            if let Ok(c) = super::config::NetConf::parse(&input) {
+                let _ = super::result::pass_through(c.prev_result.as_ref(), &c.cni_version);
+            }
+            let a = mutate(args, &mut rng);
+            let _ = super::args::CniArgs::parse(&String::from_utf8_lossy(&a));
+        }
+    }
+
+    #[test]
+    fn redirect_survives_arbitrary_annotation_values() {
+        use super::pod::PodInfo;
+        use super::sidecar::*;
+        let keys = [
+            ANN_INTERCEPTION_MODE,
+            ANN_INCLUDE_OUTBOUND_IP_RANGES,
+            ANN_EXCLUDE_OUTBOUND_IP_RANGES,
+            ANN_INCLUDE_INBOUND_PORTS,
+            ANN_EXCLUDE_INBOUND_PORTS,
+            ANN_INCLUDE_OUTBOUND_PORTS,
+            ANN_EXCLUDE_OUTBOUND_PORTS,
+            ANN_EXCLUDE_INTERFACES,
+            ANN_REROUTE_VIRTUAL_INTERFACES,
+        ];
+        let seeds: &[&[u8]] = &[
+            b"10.0.0.0/8,fd00::/8",
+            b"80,443",
+            b"*",
+            b"eth0,eth1",
+            b"TPROXY",
+        ];
+        let env = EngineEnv {
+            owner_groups_include: None,
+            owner_groups_exclude: None,
+            loopback_v4: None,
+        };
+        let mut rng = Lcg(7);
+        for i in 0..5000 {
+            let mut pod = PodInfo::default();
+            let key = keys[i % keys.len()];
+            let value = mutate(seeds[(rng.next() as usize) % seeds.len()], &mut rng);
+            pod.annotations.insert(
+                key.to_string(),
+                String::from_utf8_lossy(&value).into_owned(),
+            );
+            if let Ok(Redirect::Capture(c)) = redirect(&pod, &env) {
+                let _ = super::program::dry_run_text(&c.config, super::program::Backend::Iptables);
+            }
+        }
+    }
 }

@@ -20,13 +20,8 @@ pub fn rule_args(rule: &Rule) -> Vec<String> {
                 port,
                 negate,
                 module,
-            } => {
-                if let Some(p) = module {
-                    push(&["-m", p.name()]);
-                }
-                push_negated(&mut push, *negate, &["--dport", port]);
             }
-            Match::SrcPort {
+            | Match::SrcPort {
                 port,
                 negate,
                 module,
@@ -34,7 +29,12 @@ pub fn rule_args(rule: &Rule) -> Vec<String> {
                 if let Some(p) = module {
                     push(&["-m", p.name()]);
                 }
-                push_negated(&mut push, *negate, &["--sport", port]);
+                let flag = if matches!(m, Match::DstPort { .. }) {
+                    "--dport"
+                } else {
+                    "--sport"
+                };
+                push_negated(&mut push, *negate, &[flag, port]);
             }
             Match::DstPorts { ports, negate } => {
                 push(&["-m", "multiport"]);

@@ -1,0 +1,213 @@
+//! Ambient mode, pure part: enablement-selector matching and the event sent to the node agent.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::config::EnablementSelector;
+use super::pod::PodInfo;
+use super::result::CniResult;
+
+/// A label selector that cannot be evaluated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid enablement selector: {0}")]
+pub struct SelectorError(pub String);
+
+/// Evaluates a Kubernetes label selector (`matchLabels` + `matchExpressions`); absent or empty
+/// selects everything.
+pub fn selector_matches(
+    selector: Option<&Value>,
+    labels: &BTreeMap<String, String>,
+) -> Result<bool, SelectorError> {
+    let Some(sel) = selector else {
+        return Ok(true);
+    };
+    let Some(sel) = sel.as_object() else {
+        return Err(SelectorError(format!("expected an object, got {sel}")));
+    };
+    if let Some(ml) = sel.get("matchLabels").filter(|v| !v.is_null()) {
+        let ml = ml
+            .as_object()
+            .ok_or_else(|| SelectorError("matchLabels must be an object".into()))?;
+        for (k, v) in ml {
+            let v = v
+                .as_str()
+                .ok_or_else(|| SelectorError(format!("matchLabels[{k}] must be a string")))?;
+            if labels.get(k).map(String::as_str) != Some(v) {
+                return Ok(false);
+            }
+        }
+    }
+    if let Some(exprs) = sel.get("matchExpressions").filter(|v| !v.is_null()) {
+        let exprs = exprs
+            .as_array()
+            .ok_or_else(|| SelectorError("matchExpressions must be an array".into()))?;
+        for e in exprs {
+            let key = e
+                .get("key")
+                .and_then(Value::as_str)
+                .ok_or_else(|| SelectorError("matchExpressions entry without key".into()))?;
+            let op = e.get("operator").and_then(Value::as_str).unwrap_or("");
+            let values: Vec<&str> = e
+                .get("values")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let have = labels.get(key).map(String::as_str);
+            let ok = match op {
+                "In" => have.is_some_and(|h| values.contains(&h)),
+                "NotIn" => have.is_none_or(|h| !values.contains(&h)),
+                "Exists" => have.is_some(),
+                "DoesNotExist" => have.is_none(),
+                other => return Err(SelectorError(format!("unknown operator {other:?}"))),
+            };
+            if !ok {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Whether the pod is enrolled in ambient: never host-network or sidecar pods; otherwise any
+/// selector pair matching pod and namespace labels.
+pub fn is_ambient(
+    selectors: &[EnablementSelector],
+    pod: &PodInfo,
+    namespace_labels: &BTreeMap<String, String>,
+) -> Result<bool, SelectorError> {
+    if pod.host_network || pod.annotations.contains_key(super::sidecar::ANN_STATUS) {
+        return Ok(false);
+    }
+    for s in selectors {
+        if selector_matches(s.pod_selector.as_ref(), &pod.labels)?
+            && selector_matches(s.namespace_selector.as_ref(), namespace_labels)?
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The `/cmdadd` body (Go field names, the agent's decoder expects them).
+pub fn add_event(
+    netns: &str,
+    pod_name: &str,
+    pod_namespace: &str,
+    prev: Option<&CniResult>,
+) -> Value {
+    let ips: Vec<Value> = prev
+        .map(|r| r.ips.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|ip| {
+            let net: ipnet::IpNet = ip.address.parse().ok()?;
+            let addr = ip.address.split('/').next().unwrap_or_default();
+            let mask = match net.netmask() {
+                std::net::IpAddr::V4(m) => m.octets().to_vec(),
+                std::net::IpAddr::V6(m) => m.octets().to_vec(),
+            };
+            Some(json!({
+                "Interface": ip.interface,
+                "Address": {"IP": addr, "Mask": base64(&mask)},
+                "Gateway": ip.gateway,
+            }))
+        })
+        .collect();
+    json!({
+        "Netns": netns,
+        "PodName": pod_name,
+        "PodNamespace": pod_namespace,
+        "IPs": ips,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn chart_default() -> Vec<EnablementSelector> {
+        vec![
+            EnablementSelector {
+                pod_selector: Some(json!({"matchLabels": {"istio.io/dataplane-mode": "ambient"}})),
+                namespace_selector: None,
+            },
+            EnablementSelector {
+                pod_selector: Some(
+                    json!({"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]}),
+                ),
+                namespace_selector: Some(
+                    json!({"matchLabels": {"istio.io/dataplane-mode": "ambient"}}),
+                ),
+            },
+        ]
+    }
+
+    #[test]
+    fn chart_default_selectors() {
+        let s = chart_default();
+        let ns_ambient = labels(&[("istio.io/dataplane-mode", "ambient")]);
+        let mut pod = PodInfo::default();
+        assert!(is_ambient(&s, &pod, &ns_ambient).unwrap());
+        assert!(!is_ambient(&s, &pod, &labels(&[])).unwrap());
+        pod.labels = labels(&[("istio.io/dataplane-mode", "none")]);
+        assert!(!is_ambient(&s, &pod, &ns_ambient).unwrap());
+        pod.labels = labels(&[("istio.io/dataplane-mode", "ambient")]);
+        assert!(is_ambient(&s, &pod, &labels(&[])).unwrap());
+        pod.annotations
+            .insert(super::super::sidecar::ANN_STATUS.into(), "{}".into());
+        assert!(!is_ambient(&s, &pod, &ns_ambient).unwrap());
+        assert!(!is_ambient(&[], &PodInfo::default(), &ns_ambient).unwrap());
+    }
+
+    #[test]
+    fn operators() {
+        let l = labels(&[("a", "1")]);
+        let sel = |e: Value| selector_matches(Some(&json!({"matchExpressions": [e]})), &l);
+        assert!(sel(json!({"key": "a", "operator": "In", "values": ["1", "2"]})).unwrap());
+        assert!(sel(json!({"key": "a", "operator": "Exists"})).unwrap());
+        assert!(sel(json!({"key": "b", "operator": "DoesNotExist"})).unwrap());
+        assert!(!sel(json!({"key": "a", "operator": "NotIn", "values": ["1"]})).unwrap());
+        assert!(sel(json!({"key": "a", "operator": "Bogus"})).is_err());
+    }
+
+    #[test]
+    fn event_payload() {
+        let r = CniResult::parse(
+            &json!({"ips": [{"interface": 0, "address": "10.0.0.2/24", "gateway": "10.0.0.1"}]}),
+            "1.0.0",
+        )
+        .unwrap();
+        let ev = add_event("/var/run/netns/x", "p", "ns", Some(&r));
+        assert_eq!(ev["IPs"][0]["Address"]["IP"], "10.0.0.2");
+        assert_eq!(ev["IPs"][0]["Address"]["Mask"], "////AA==");
+        assert_eq!(ev["IPs"][0]["Interface"], 0);
+        assert_eq!(add_event("n", "p", "ns", None)["IPs"], json!([]));
+    }
+}

@@ -1,0 +1,403 @@
+//! Plugin logging. Records are JSON lines (`level`, `time`, `msg`, extra keys — the shape the
+//! agent's log server re-emits). They always go to stderr (never stdout: that is the CNI result).
+//! As soon as the agent run dir is known they are also appended to `istio-cni.log` there (10 MB,
+//! one backup) and streamed, as they happen, to the agent's `log.sock`; records logged before that
+//! point are replayed to both. A missing socket or unwritable file only disables that sink.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::layer::{Context, Layer};
+
+/// Rotate the plugin log file past this size.
+pub const MAX_LOG_FILE: u64 = 10 * 1024 * 1024;
+/// How long process exit waits for queued records to reach the agent.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Level threshold: 0 none, 1 error, 2 warn, 3 info, 4 debug.
+fn rank(level: &Level) -> u8 {
+    match *level {
+        Level::ERROR => 1,
+        Level::WARN => 2,
+        Level::INFO => 3,
+        _ => 4,
+    }
+}
+
+/// Maps `plugin_log_level` to a threshold; unknown or empty values keep the default (info).
+pub fn level_threshold(name: &str) -> Option<u8> {
+    match name.to_ascii_lowercase().as_str() {
+        "none" => Some(0),
+        "error" => Some(1),
+        "warn" | "warning" => Some(2),
+        "info" => Some(3),
+        "debug" => Some(4),
+        _ => None,
+    }
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// RFC 3339 UTC with microseconds.
+pub fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (y, mo, da) = civil_from_days(secs.div_euclid(86_400));
+    let rem = secs.rem_euclid(86_400);
+    format!(
+        "{y:04}-{mo:02}-{da:02}T{:02}:{:02}:{:02}.{:06}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60,
+        d.subsec_micros()
+    )
+}
+
+#[derive(Default)]
+struct JsonVisitor {
+    msg: String,
+    fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Visit for JsonVisitor {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.msg = value.to_string();
+        } else {
+            self.fields.insert(field.name().into(), value.into());
+        }
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.fields.insert(field.name().into(), value.into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.fields.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.fields.insert(field.name().into(), value.into());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        let text = format!("{value:?}");
+        if field.name() == "message" {
+            self.msg = text;
+        } else {
+            self.fields.insert(field.name().into(), text.into());
+        }
+    }
+}
+
+/// One record as a JSON line (without newline).
+pub fn format_record(
+    level: &Level,
+    time: SystemTime,
+    msg: &str,
+    fields: &serde_json::Map<String, serde_json::Value>,
+) -> String {
+    let mut obj = serde_json::Map::new();
+    let name = match *level {
+        Level::ERROR => "error",
+        Level::WARN => "warn",
+        Level::INFO => "info",
+        _ => "debug",
+    };
+    obj.insert("level".into(), name.into());
+    obj.insert("time".into(), rfc3339(time).into());
+    obj.insert("msg".into(), msg.into());
+    for (k, v) in fields {
+        obj.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    serde_json::Value::Object(obj).to_string()
+}
+
+/// A size-capped append-only file with one backup (`<name>.1`).
+struct RollingFile {
+    path: PathBuf,
+    file: File,
+    size: u64,
+}
+
+impl RollingFile {
+    fn open(path: &Path) -> std::io::Result<RollingFile> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        Ok(RollingFile {
+            path: path.to_path_buf(),
+            file,
+            size,
+        })
+    }
+
+    fn write_line(&mut self, line: &str) {
+        if self.size + line.len() as u64 + 1 > MAX_LOG_FILE && self.size > 0 {
+            let mut backup = self.path.clone().into_os_string();
+            backup.push(".1");
+            // Another plugin process may have rotated already; reopening covers both cases.
+            let _ = std::fs::rename(&self.path, &backup);
+            if let Ok(reopened) = RollingFile::open(&self.path) {
+                *self = reopened;
+            }
+        }
+        let mut buf = Vec::with_capacity(line.len() + 1);
+        buf.extend_from_slice(line.as_bytes());
+        buf.push(b'\n');
+        if self.file.write_all(&buf).is_ok() {
+            self.size += buf.len() as u64;
+        }
+    }
+}
+
+/// Streams records to the agent's log socket from a background thread.
+struct Shipper {
+    tx: tokio::sync::mpsc::UnboundedSender<String>,
+    done: std::sync::mpsc::Receiver<()>,
+}
+
+impl Shipper {
+    fn start(socket: PathBuf) -> Option<Shipper> {
+        // Only when the agent is there (a stale path is found out on connect).
+        if !socket.exists() {
+            return None;
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let (done_tx, done) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("log-uds".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                if let Ok(rt) = rt {
+                    rt.block_on(async move {
+                        let mut conn: Option<super::uds::Connection> = None;
+                        while let Some(first) = rx.recv().await {
+                            let mut batch = vec![first];
+                            while let Ok(more) = rx.try_recv() {
+                                batch.push(more);
+                            }
+                            let body = serde_json::to_vec(&batch).unwrap_or_default();
+                            if conn.is_none() {
+                                conn = super::uds::Connection::open(&socket).await.ok();
+                            }
+                            let Some(c) = conn.as_mut() else {
+                                // Agent gone: drop records rather than stall the plugin.
+                                continue;
+                            };
+                            let sent =
+                                tokio::time::timeout(FLUSH_TIMEOUT, c.post_json("/log", body))
+                                    .await;
+                            if !matches!(sent, Ok(Ok(_))) {
+                                conn = None;
+                            }
+                        }
+                    });
+                }
+                let _ = done_tx.send(());
+            })
+            .ok()?;
+        Some(Shipper { tx, done })
+    }
+}
+
+#[derive(Default)]
+struct Sinks {
+    attached: bool,
+    /// Records logged before the run dir was known.
+    early: Vec<String>,
+    file: Option<RollingFile>,
+    shipper: Option<Shipper>,
+}
+
+struct Inner {
+    threshold: AtomicU8,
+    sinks: Mutex<Sinks>,
+}
+
+impl Inner {
+    fn emit(&self, line: String) {
+        {
+            let stderr = std::io::stderr();
+            let mut lock = stderr.lock();
+            let _ = writeln!(lock, "{line}");
+        }
+        let Ok(mut sinks) = self.sinks.lock() else {
+            return;
+        };
+        if !sinks.attached {
+            if sinks.early.len() < 1000 {
+                sinks.early.push(line);
+            }
+            return;
+        }
+        if let Some(f) = sinks.file.as_mut() {
+            f.write_line(&line);
+        }
+        if let Some(s) = &sinks.shipper {
+            let _ = s.tx.send(line);
+        }
+    }
+}
+
+/// Handle to the plugin's logger.
+#[derive(Clone)]
+pub struct PluginLog {
+    inner: Arc<Inner>,
+}
+
+struct PluginLayer {
+    inner: Arc<Inner>,
+}
+
+impl<S: Subscriber> Layer<S> for PluginLayer {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let meta = event.metadata();
+        let r = rank(meta.level());
+        if r > self.inner.threshold.load(Ordering::Relaxed) {
+            return;
+        }
+        // Library chatter (hyper, kube) only when it is a warning or worse.
+        if r > 2 && !meta.target().starts_with("istio_cni") {
+            return;
+        }
+        let mut v = JsonVisitor::default();
+        event.record(&mut v);
+        let line = format_record(meta.level(), SystemTime::now(), &v.msg, &v.fields);
+        self.inner.emit(line);
+    }
+}
+
+impl PluginLog {
+    /// Installs the logger as the process-wide subscriber (stderr only, level info).
+    pub fn install() -> PluginLog {
+        use tracing_subscriber::layer::SubscriberExt;
+        let inner = Arc::new(Inner {
+            threshold: AtomicU8::new(3),
+            sinks: Mutex::new(Sinks::default()),
+        });
+        let subscriber = tracing_subscriber::registry().with(PluginLayer {
+            inner: inner.clone(),
+        });
+        // A second install (tests) keeps the first subscriber; records still reach stderr there.
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        PluginLog { inner }
+    }
+
+    /// Applies `plugin_log_level` (empty keeps info).
+    pub fn set_level(&self, name: &str) {
+        if let Some(t) = level_threshold(name) {
+            self.inner.threshold.store(t, Ordering::Relaxed);
+        }
+    }
+
+    /// Starts the file and socket sinks in the agent run dir and replays earlier records.
+    pub fn attach(&self, file: &Path, socket: &Path) {
+        let Ok(mut sinks) = self.inner.sinks.lock() else {
+            return;
+        };
+        if sinks.attached {
+            return;
+        }
+        sinks.attached = true;
+        sinks.file = RollingFile::open(file).ok();
+        sinks.shipper = Shipper::start(socket.to_path_buf());
+        let early = std::mem::take(&mut sinks.early);
+        for line in early {
+            if let Some(f) = sinks.file.as_mut() {
+                f.write_line(&line);
+            }
+            if let Some(s) = &sinks.shipper {
+                let _ = s.tx.send(line);
+            }
+        }
+    }
+
+    /// Waits (bounded) for queued records to reach the agent.
+    pub fn finish(&self) {
+        let shipper = self
+            .inner
+            .sinks
+            .lock()
+            .ok()
+            .and_then(|mut s| s.shipper.take());
+        if let Some(Shipper { tx, done }) = shipper {
+            drop(tx);
+            let _ = done.recv_timeout(FLUSH_TIMEOUT);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_known_instants() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000000Z");
+        let t = UNIX_EPOCH + Duration::from_micros(1_709_251_199_123_456);
+        assert_eq!(rfc3339(t), "2024-02-29T23:59:59.123456Z");
+    }
+
+    #[test]
+    fn record_shape() {
+        let mut fields = serde_json::Map::new();
+        fields.insert("pod".into(), "ns/p".into());
+        let line = format_record(&Level::WARN, UNIX_EPOCH, "hello", &fields);
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["level"], "warn");
+        assert_eq!(v["msg"], "hello");
+        assert_eq!(v["pod"], "ns/p");
+        assert_eq!(v["time"], "1970-01-01T00:00:00.000000Z");
+    }
+
+    #[test]
+    fn levels() {
+        assert_eq!(level_threshold("DEBUG"), Some(4));
+        assert_eq!(level_threshold("none"), Some(0));
+        assert_eq!(level_threshold(""), None);
+    }
+
+    #[test]
+    fn early_records_are_replayed_when_the_sinks_attach() {
+        let log = PluginLog {
+            inner: Arc::new(Inner {
+                threshold: AtomicU8::new(3),
+                sinks: Mutex::new(Sinks::default()),
+            }),
+        };
+        log.inner.emit("early".into());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("istio-cni.log");
+        log.attach(&file, &dir.path().join("no.sock"));
+        log.inner.emit("late".into());
+        log.finish();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "early\nlate\n");
+    }
+
+    #[test]
+    fn rolling_file_keeps_one_backup() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("istio-cni.log");
+        let mut f = RollingFile::open(&path).unwrap();
+        f.size = MAX_LOG_FILE - 2;
+        f.write_line("after-rotation");
+        assert!(dir.path().join("istio-cni.log.1").exists());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "after-rotation\n");
+    }
+}

@@ -1,0 +1,585 @@
+//! Sidecar mode, pure part: whether a pod is redirected (Istio's exact check order), and the
+//! redirect settings from its annotations and proxy environment, turned into the shared rule
+//! engine's [`CaptureConfig`].
+
+use std::collections::BTreeMap;
+
+use crate::rules::capture::{CaptureConfig, InboundPorts, InterceptionMode, IpRanges, split_list};
+
+use super::pod::{ISTIO_INIT, ISTIO_PROXY, PodInfo};
+
+pub const ANN_INJECT: &str = "sidecar.istio.io/inject";
+pub const ANN_STATUS: &str = "sidecar.istio.io/status";
+pub const ANN_INTERCEPTION_MODE: &str = "sidecar.istio.io/interceptionMode";
+pub const ANN_INCLUDE_OUTBOUND_IP_RANGES: &str = "traffic.sidecar.istio.io/includeOutboundIPRanges";
+pub const ANN_EXCLUDE_OUTBOUND_IP_RANGES: &str = "traffic.sidecar.istio.io/excludeOutboundIPRanges";
+pub const ANN_INCLUDE_INBOUND_PORTS: &str = "traffic.sidecar.istio.io/includeInboundPorts";
+pub const ANN_EXCLUDE_INBOUND_PORTS: &str = "traffic.sidecar.istio.io/excludeInboundPorts";
+pub const ANN_INCLUDE_OUTBOUND_PORTS: &str = "traffic.sidecar.istio.io/includeOutboundPorts";
+pub const ANN_EXCLUDE_OUTBOUND_PORTS: &str = "traffic.sidecar.istio.io/excludeOutboundPorts";
+pub const ANN_EXCLUDE_INTERFACES: &str = "traffic.sidecar.istio.io/excludeInterfaces";
+pub const ANN_REROUTE_VIRTUAL_INTERFACES: &str = "istio.io/reroute-virtual-interfaces";
+pub const ANN_KUBEVIRT_INTERFACES: &str = "traffic.sidecar.istio.io/kubevirtInterfaces";
+
+pub const ENV_DISABLE_ENVOY: &str = "DISABLE_ENVOY";
+pub const ENV_DNS_CAPTURE: &str = "ISTIO_META_DNS_CAPTURE";
+pub const ENV_DUAL_STACK: &str = "ISTIO_DUAL_STACK";
+pub const ENV_INVALID_DROP: &str = "INVALID_DROP";
+
+/// Inbound ports the sidecar itself serves (status, health, Prometheus): never captured.
+pub const ALWAYS_EXCLUDED_INBOUND: &str = "15020,15021,15090";
+/// Default outbound/inbound port exclusion (the status port).
+const DEFAULT_EXCLUDE_PORT: &str = "15020";
+/// Proxy UID/GID when the istio-proxy securityContext does not set one (or sets 0).
+pub const DEFAULT_PROXY_ID: i64 = 1337;
+
+/// Go's `strconv.ParseBool`.
+pub fn parse_go_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// Why a pod is left alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    IstioInit,
+    EnvoyDisabled,
+    NoProxy,
+    NotSidecarProxy,
+    InjectionDisabled,
+    NoStatus,
+}
+
+impl Skip {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Skip::IstioInit => "pod already has an istio-init container",
+            Skip::EnvoyDisabled => "istio-proxy has DISABLE_ENVOY set (proxyless)",
+            Skip::NoProxy => "pod has no istio-proxy container",
+            Skip::NotSidecarProxy => "istio-proxy is not a sidecar (e.g. a gateway)",
+            Skip::InjectionDisabled => "sidecar injection is disabled for the pod",
+            Skip::NoStatus => "pod has no sidecar.istio.io/status annotation",
+        }
+    }
+}
+
+/// Istio's sidecar checks, in order; `None` means the pod is redirected.
+pub fn skip_reason(pod: &PodInfo) -> Option<Skip> {
+    if pod.containers.contains(ISTIO_INIT) {
+        return Some(Skip::IstioInit);
+    }
+    if pod
+        .proxy_env
+        .get(ENV_DISABLE_ENVOY)
+        .and_then(|v| parse_go_bool(v))
+        == Some(true)
+    {
+        return Some(Skip::EnvoyDisabled);
+    }
+    if !pod.containers.contains(ISTIO_PROXY) {
+        return Some(Skip::NoProxy);
+    }
+    if pod.proxy_type.as_deref().is_some_and(|t| t != "sidecar") {
+        return Some(Skip::NotSidecarProxy);
+    }
+    // The label wins over the annotation; unparseable values are ignored.
+    let inject = pod
+        .labels
+        .get(ANN_INJECT)
+        .or_else(|| pod.annotations.get(ANN_INJECT));
+    if inject.and_then(|v| parse_go_bool(v)) == Some(false) {
+        return Some(Skip::InjectionDisabled);
+    }
+    if !pod.annotations.contains_key(ANN_STATUS) {
+        return Some(Skip::NoStatus);
+    }
+    None
+}
+
+/// An annotation whose value cannot be used; ADD fails with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid value {value:?} for annotation {annotation}: {reason}")]
+pub struct AnnotationError {
+    pub annotation: &'static str,
+    pub value: String,
+    pub reason: String,
+}
+
+/// How the pod's traffic is to be captured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redirect {
+    /// `interceptionMode: NONE`: the sidecar does not want capture; nothing is programmed.
+    None,
+    Capture(Box<CaptureSettings>),
+}
+
+/// Redirect settings before the pod's IPv6 state is known (that is read inside its netns).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureSettings {
+    pub config: CaptureConfig,
+    /// `ISTIO_DUAL_STACK`: IPv6 rules are added if the pod has any IPv6 address.
+    pub dual_stack: bool,
+    /// Warnings to log (unparseable booleans in the proxy env).
+    pub warnings: Vec<String>,
+}
+
+type Validator = fn(&str) -> Result<(), String>;
+
+fn parse_port(p: &str) -> Result<u16, String> {
+    p.trim()
+        .parse::<u16>()
+        .map_err(|e| format!("failed parsing port {p:?}: {e}"))
+}
+
+/// Comma list of ports; the whole value may be empty (after trimming).
+fn validate_ports(list: &str) -> Result<(), String> {
+    let trimmed = list.trim();
+    if trimmed.is_empty() {
+        return Ok(());
+    }
+    trimmed
+        .split(',')
+        .try_for_each(|p| parse_port(p).map(|_| ()))
+}
+
+fn validate_ports_or_wildcard(list: &str) -> Result<(), String> {
+    if list == "*" {
+        Ok(())
+    } else {
+        validate_ports(list)
+    }
+}
+
+/// Comma list of prefixes (`a.b.c.d/n`), no spaces, no bare addresses.
+fn validate_cidrs(list: &str) -> Result<(), String> {
+    if list.is_empty() {
+        return Ok(());
+    }
+    for cidr in list.split(',') {
+        let ok = cidr.split_once('/').is_some_and(|(addr, bits)| {
+            addr.parse::<std::net::IpAddr>().is_ok_and(|a| {
+                let max = if a.is_ipv4() { 32 } else { 128 };
+                !bits.is_empty()
+                    && bits.chars().all(|c| c.is_ascii_digit())
+                    && bits.len() <= 3
+                    && (bits == "0" || !bits.starts_with('0'))
+                    && bits.parse::<u32>().is_ok_and(|b| b <= max)
+            })
+        });
+        if !ok {
+            return Err(format!("failed parsing cidr {cidr:?}"));
+        }
+    }
+    Ok(())
+}
+
+fn validate_cidrs_or_wildcard(list: &str) -> Result<(), String> {
+    if list == "*" {
+        Ok(())
+    } else {
+        validate_cidrs(list)
+    }
+}
+
+fn validate_interfaces(list: &str) -> Result<(), String> {
+    if list.is_empty() {
+        return Ok(());
+    }
+    for name in list.split(',') {
+        let name = name.trim();
+        if name.is_empty() {
+            return Err("empty interface name".into());
+        }
+        if name.len() > 15 {
+            return Err(format!("interface name {name:?} too long (max 15 chars)"));
+        }
+        let mut chars = name.chars();
+        let valid = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if !valid {
+            return Err(format!(
+                "interface name {name:?} contains invalid characters"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn always_valid(_: &str) -> Result<(), String> {
+    Ok(())
+}
+
+/// The annotation's value if present and valid, its default if absent, an error if invalid.
+fn annotation(
+    annotations: &BTreeMap<String, String>,
+    key: &'static str,
+    default: &str,
+    validate: Validator,
+) -> Result<(bool, String), AnnotationError> {
+    match annotations.get(key) {
+        Some(value) => validate(value)
+            .map(|_| (true, value.clone()))
+            .map_err(|reason| AnnotationError {
+                annotation: key,
+                value: value.clone(),
+                reason,
+            }),
+        None => Ok((false, default.to_string())),
+    }
+}
+
+/// Appends the always-excluded ports to the inbound exclusion list, dropping exact duplicates
+/// (first occurrence kept; unparseable items are kept as they are).
+pub fn exclude_inbound_ports(value: &str) -> String {
+    let mut list = value.trim().to_string();
+    if !list.is_empty() && !list.ends_with(',') {
+        list.push(',');
+    }
+    list.push_str(ALWAYS_EXCLUDED_INBOUND);
+    let mut seen = std::collections::HashSet::new();
+    list.split(',')
+        .filter(|p| seen.insert(*p))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn proxy_id(id: Option<i64>) -> String {
+    match id {
+        Some(id) if id != 0 => id.to_string(),
+        _ => DEFAULT_PROXY_ID.to_string(),
+    }
+}
+
+/// Reads the outbound owner-group settings the rule engine takes from the plugin's environment.
+pub struct EngineEnv {
+    pub owner_groups_include: Option<String>,
+    pub owner_groups_exclude: Option<String>,
+    pub loopback_v4: Option<String>,
+}
+
+impl EngineEnv {
+    pub fn from_process() -> EngineEnv {
+        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        EngineEnv {
+            owner_groups_include: get("ISTIO_OUTBOUND_OWNER_GROUPS"),
+            owner_groups_exclude: get("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE"),
+            loopback_v4: get("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"),
+        }
+    }
+}
+
+/// Builds the redirect for a selected pod.
+pub fn redirect(pod: &PodInfo, engine: &EngineEnv) -> Result<Redirect, AnnotationError> {
+    use crate::rules::capture::OwnerGroups;
+    let an = &pod.annotations;
+    let (_, mode) = annotation(an, ANN_INTERCEPTION_MODE, "REDIRECT", |m| match m {
+        "REDIRECT" | "TPROXY" | "NONE" => Ok(()),
+        other => Err(format!(
+            "interceptionMode invalid: {other} (want REDIRECT, TPROXY or NONE)"
+        )),
+    })?;
+    if mode == "NONE" {
+        return Ok(Redirect::None);
+    }
+    let (_, include_cidrs) = annotation(
+        an,
+        ANN_INCLUDE_OUTBOUND_IP_RANGES,
+        "*",
+        validate_cidrs_or_wildcard,
+    )?;
+    let (_, exclude_cidrs) = annotation(an, ANN_EXCLUDE_OUTBOUND_IP_RANGES, "", validate_cidrs)?;
+    let (_, exclude_in) = annotation(
+        an,
+        ANN_EXCLUDE_INBOUND_PORTS,
+        DEFAULT_EXCLUDE_PORT,
+        validate_ports_or_wildcard,
+    )?;
+    let (_, include_in) = annotation(
+        an,
+        ANN_INCLUDE_INBOUND_PORTS,
+        "*",
+        validate_ports_or_wildcard,
+    )?;
+    let (_, exclude_out) = annotation(
+        an,
+        ANN_EXCLUDE_OUTBOUND_PORTS,
+        DEFAULT_EXCLUDE_PORT,
+        validate_ports_or_wildcard,
+    )?;
+    let (_, include_out) = annotation(
+        an,
+        ANN_INCLUDE_OUTBOUND_PORTS,
+        "",
+        validate_ports_or_wildcard,
+    )?;
+    let exclude_in = exclude_inbound_ports(&exclude_in);
+    let (_, exclude_ifaces) = annotation(an, ANN_EXCLUDE_INTERFACES, "", validate_interfaces)?;
+    // The deprecated kubevirt key counts only when the new one is absent.
+    let (found, mut reroute) = annotation(an, ANN_REROUTE_VIRTUAL_INTERFACES, "", always_valid)?;
+    if !found {
+        reroute = annotation(an, ANN_KUBEVIRT_INTERFACES, "", always_valid)?.1;
+    }
+
+    let mut warnings = Vec::new();
+    let mut env_bool = |name: &str| {
+        match pod.proxy_env.get(name) {
+        None => false,
+        Some(v) => parse_go_bool(v).unwrap_or_else(|| {
+            warnings.push(format!(
+                "cannot parse istio-proxy environment variable {name}={v:?} as a boolean; using false"
+            ));
+            false
+        }),
+    }
+    };
+    let dns = env_bool(ENV_DNS_CAPTURE);
+    let dual_stack = env_bool(ENV_DUAL_STACK);
+    let drop_invalid = env_bool(ENV_INVALID_DROP);
+
+    let range_err = |key: &'static str, value: &str| {
+        let value = value.to_string();
+        move |e: crate::rules::capture::RangeError| AnnotationError {
+            annotation: key,
+            value,
+            reason: e.to_string(),
+        }
+    };
+    let mut config = CaptureConfig {
+        proxy_uids: vec![proxy_id(pod.proxy_uid)],
+        proxy_gids: vec![proxy_id(pod.proxy_gid)],
+        mode: if mode == "TPROXY" {
+            InterceptionMode::Tproxy
+        } else {
+            InterceptionMode::Redirect
+        },
+        inbound_ports: match include_in.as_str() {
+            "" => InboundPorts::None,
+            "*" => InboundPorts::All,
+            list => InboundPorts::List(split_list(list)),
+        },
+        inbound_ports_exclude: split_list(&exclude_in),
+        exclude_interfaces: split_list(&exclude_ifaces),
+        outbound_ranges_include: IpRanges::parse(&include_cidrs)
+            .map_err(range_err(ANN_INCLUDE_OUTBOUND_IP_RANGES, &include_cidrs))?,
+        outbound_ranges_exclude: IpRanges::parse(&exclude_cidrs)
+            .map_err(range_err(ANN_EXCLUDE_OUTBOUND_IP_RANGES, &exclude_cidrs))?,
+        outbound_ports_include: split_list(&include_out),
+        outbound_ports_exclude: split_list(&exclude_out),
+        reroute_virtual_interfaces: split_list(&reroute),
+        redirect_dns: dns,
+        capture_all_dns: dns,
+        drop_invalid,
+        ..CaptureConfig::default()
+    };
+    let include_groups = engine.owner_groups_include.as_deref().unwrap_or("*");
+    config.owner_groups = if include_groups == "*" {
+        OwnerGroups::AllExcept(split_list(
+            engine.owner_groups_exclude.as_deref().unwrap_or(""),
+        ))
+    } else {
+        OwnerGroups::Only(split_list(include_groups))
+    };
+    if let Some(lo) = &engine.loopback_v4 {
+        config.loopback_v4 = lo.clone();
+    }
+    Ok(Redirect::Capture(Box::new(CaptureSettings {
+        config,
+        dual_stack,
+        warnings,
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine() -> EngineEnv {
+        EngineEnv {
+            owner_groups_include: None,
+            owner_groups_exclude: None,
+            loopback_v4: None,
+        }
+    }
+
+    fn sidecar_pod(annotations: &[(&str, &str)]) -> PodInfo {
+        let mut p = PodInfo::default();
+        p.containers.insert("app".into());
+        p.containers.insert(ISTIO_PROXY.into());
+        p.annotations.insert(ANN_STATUS.into(), "true".into());
+        for (k, v) in annotations {
+            p.annotations.insert(k.to_string(), v.to_string());
+        }
+        p
+    }
+
+    fn capture(p: &PodInfo) -> CaptureSettings {
+        match redirect(p, &engine()).unwrap() {
+            Redirect::Capture(c) => *c,
+            Redirect::None => panic!("expected capture"),
+        }
+    }
+
+    #[test]
+    fn selection_order() {
+        let mut p = sidecar_pod(&[]);
+        assert_eq!(skip_reason(&p), None);
+        p.proxy_type = Some("router".into());
+        assert_eq!(skip_reason(&p), Some(Skip::NotSidecarProxy));
+        p.proxy_type = Some("sidecar".into());
+        p.annotations.insert(ANN_INJECT.into(), "false".into());
+        assert_eq!(skip_reason(&p), Some(Skip::InjectionDisabled));
+        // The label wins over the annotation.
+        p.labels.insert(ANN_INJECT.into(), "true".into());
+        assert_eq!(skip_reason(&p), None);
+        p.labels.insert(ANN_INJECT.into(), "maybe".into());
+        assert_eq!(
+            skip_reason(&p),
+            None,
+            "unparseable inject values are ignored"
+        );
+        p.proxy_env.insert(ENV_DISABLE_ENVOY.into(), "True".into());
+        assert_eq!(skip_reason(&p), Some(Skip::EnvoyDisabled));
+        p.containers.insert(ISTIO_INIT.into());
+        assert_eq!(skip_reason(&p), Some(Skip::IstioInit));
+
+        let mut p = sidecar_pod(&[]);
+        p.annotations.remove(ANN_STATUS);
+        assert_eq!(skip_reason(&p), Some(Skip::NoStatus));
+        p.containers.remove(ISTIO_PROXY);
+        assert_eq!(skip_reason(&p), Some(Skip::NoProxy));
+    }
+
+    #[test]
+    fn defaults() {
+        let c = capture(&sidecar_pod(&[])).config;
+        assert_eq!(c.inbound_ports, InboundPorts::All);
+        assert_eq!(c.inbound_ports_exclude, vec!["15020", "15021", "15090"]);
+        assert_eq!(c.outbound_ports_exclude, vec!["15020"]);
+        assert!(c.outbound_ranges_include.wildcard);
+        assert_eq!(c.proxy_uids, vec!["1337"]);
+        assert_eq!(c.mode, InterceptionMode::Redirect);
+    }
+
+    #[test]
+    fn exclude_inbound_merging() {
+        assert_eq!(exclude_inbound_ports(""), "15020,15021,15090");
+        assert_eq!(exclude_inbound_ports("3306"), "3306,15020,15021,15090");
+        assert_eq!(exclude_inbound_ports(" 15021,80, "), "15021,80,15020,15090");
+        assert_eq!(exclude_inbound_ports("x,x"), "x,15020,15021,15090");
+    }
+
+    #[test]
+    fn explicit_empty_include_inbound_means_no_inbound_capture() {
+        let c = capture(&sidecar_pod(&[(ANN_INCLUDE_INBOUND_PORTS, "")])).config;
+        assert_eq!(c.inbound_ports, InboundPorts::None);
+    }
+
+    #[test]
+    fn uid_zero_falls_back_and_custom_ids_are_used() {
+        let mut p = sidecar_pod(&[]);
+        p.proxy_uid = Some(0);
+        p.proxy_gid = Some(1000670001);
+        let c = capture(&p).config;
+        assert_eq!(c.proxy_uids, vec!["1337"]);
+        assert_eq!(c.proxy_gids, vec!["1000670001"]);
+    }
+
+    #[test]
+    fn interception_modes() {
+        let p = sidecar_pod(&[(ANN_INTERCEPTION_MODE, "TPROXY")]);
+        assert_eq!(capture(&p).config.mode, InterceptionMode::Tproxy);
+        let p = sidecar_pod(&[(ANN_INTERCEPTION_MODE, "NONE")]);
+        assert_eq!(redirect(&p, &engine()).unwrap(), Redirect::None);
+        let p = sidecar_pod(&[(ANN_INTERCEPTION_MODE, "tproxy")]);
+        let e = redirect(&p, &engine()).unwrap_err();
+        assert_eq!(e.annotation, ANN_INTERCEPTION_MODE);
+        assert!(e.to_string().contains("\"tproxy\""), "{e}");
+    }
+
+    #[test]
+    fn invalid_values_name_the_annotation_and_value() {
+        for (key, value) in [
+            (ANN_INCLUDE_OUTBOUND_IP_RANGES, "10.0.0.0/8,bogus"),
+            (ANN_EXCLUDE_OUTBOUND_IP_RANGES, "10.0.0.1"),
+            (ANN_EXCLUDE_OUTBOUND_IP_RANGES, "*"),
+            (ANN_INCLUDE_INBOUND_PORTS, "80,http"),
+            (ANN_EXCLUDE_INBOUND_PORTS, "70000"),
+            (ANN_INCLUDE_OUTBOUND_PORTS, "1,,2"),
+            (ANN_EXCLUDE_OUTBOUND_PORTS, "-1"),
+            (ANN_EXCLUDE_INTERFACES, "eth0,this-name-is-too-long"),
+            (ANN_EXCLUDE_INTERFACES, "eth0,"),
+        ] {
+            let e = redirect(&sidecar_pod(&[(key, value)]), &engine()).unwrap_err();
+            assert_eq!(e.annotation, key);
+            assert_eq!(e.value, value);
+            let msg = e.to_string();
+            assert!(msg.contains(key) && msg.contains(value), "{msg}");
+        }
+    }
+
+    #[test]
+    fn valid_lists() {
+        let p = sidecar_pod(&[
+            (ANN_INCLUDE_OUTBOUND_IP_RANGES, "127.0.0.0/8,fd00::/8"),
+            (ANN_EXCLUDE_OUTBOUND_IP_RANGES, "10.0.0.0/8"),
+            (ANN_INCLUDE_INBOUND_PORTS, "1111, 2222"),
+            (ANN_EXCLUDE_OUTBOUND_PORTS, "5555,6666"),
+            (ANN_INCLUDE_OUTBOUND_PORTS, "*"),
+            (ANN_EXCLUDE_INTERFACES, "eth1, net_2"),
+            (ANN_KUBEVIRT_INTERFACES, "k0"),
+        ]);
+        let c = capture(&p).config;
+        assert_eq!(c.outbound_ranges_include.v4, vec!["127.0.0.0/8"]);
+        assert_eq!(c.outbound_ranges_include.v6, vec!["fd00::/8"]);
+        assert_eq!(
+            c.inbound_ports,
+            InboundPorts::List(vec!["1111".into(), " 2222".into()])
+        );
+        assert_eq!(c.outbound_ports_exclude, vec!["5555", "6666"]);
+        assert_eq!(c.reroute_virtual_interfaces, vec!["k0"]);
+        let p = sidecar_pod(&[
+            (ANN_KUBEVIRT_INTERFACES, "k0"),
+            (ANN_REROUTE_VIRTUAL_INTERFACES, "r0,r1"),
+        ]);
+        assert_eq!(
+            capture(&p).config.reroute_virtual_interfaces,
+            vec!["r0", "r1"]
+        );
+    }
+
+    #[test]
+    fn proxy_env_flags() {
+        let mut p = sidecar_pod(&[]);
+        p.proxy_env.insert(ENV_DNS_CAPTURE.into(), "true".into());
+        p.proxy_env.insert(ENV_DUAL_STACK.into(), "1".into());
+        p.proxy_env.insert(ENV_INVALID_DROP.into(), "nope".into());
+        let s = capture(&p);
+        assert!(s.config.redirect_dns && s.config.capture_all_dns && s.dual_stack);
+        assert!(!s.config.drop_invalid);
+        assert_eq!(s.warnings.len(), 1);
+        assert!(s.warnings[0].contains("INVALID_DROP"));
+    }
+
+    #[test]
+    fn owner_groups_from_engine_env() {
+        use crate::rules::capture::OwnerGroups;
+        let env = EngineEnv {
+            owner_groups_include: Some("a,b".into()),
+            owner_groups_exclude: None,
+            loopback_v4: Some("127.0.0.0/8".into()),
+        };
+        let Redirect::Capture(c) = redirect(&sidecar_pod(&[]), &env).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            c.config.owner_groups,
+            OwnerGroups::Only(vec!["a".into(), "b".into()])
+        );
+        assert_eq!(c.config.loopback_v4, "127.0.0.0/8");
+    }
+}

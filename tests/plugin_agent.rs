@@ -1,0 +1,268 @@
+//! The plugin's calls to the node agent over its Unix sockets, with a fake agent: log records
+//! streamed to `log.sock`, and the ambient `/cmdadd` event on `pluginevent.sock`.
+
+mod cni_driver;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use cni_driver::*;
+use serde_json::{Value, json};
+
+/// A fake agent serving `/log` and `/cmdadd` on the run dir's sockets, recording request bodies.
+struct FakeAgent {
+    logs: Arc<Mutex<Vec<Value>>>,
+    events: Arc<Mutex<Vec<Value>>>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeAgent {
+    fn start(run_dir: &Path, event_status: u16) -> FakeAgent {
+        use axum::body::Bytes;
+        use axum::http::StatusCode;
+        use axum::routing::any;
+        let logs: Arc<Mutex<Vec<Value>>> = Arc::default();
+        let events: Arc<Mutex<Vec<Value>>> = Arc::default();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (l, e) = (logs.clone(), events.clone());
+        let log_sock = run_dir.join("log.sock");
+        let event_sock = run_dir.join("pluginevent.sock");
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let log_app: axum::Router = axum::Router::new().route(
+                    "/log",
+                    any(move |body: Bytes| async move {
+                        if let Ok(v) = serde_json::from_slice(&body) {
+                            l.lock().unwrap().push(v);
+                        }
+                        StatusCode::OK
+                    }),
+                );
+                let status = StatusCode::from_u16(event_status).unwrap();
+                let event_app: axum::Router = axum::Router::new().route(
+                    "/cmdadd",
+                    any(move |body: Bytes| async move {
+                        if let Ok(v) = serde_json::from_slice(&body) {
+                            e.lock().unwrap().push(v);
+                        }
+                        (status, "agent says so")
+                    }),
+                );
+                let log_l = tokio::net::UnixListener::bind(&log_sock).unwrap();
+                let ev_l = tokio::net::UnixListener::bind(&event_sock).unwrap();
+                ready_tx.send(()).unwrap();
+                let a = axum::serve(log_l, log_app);
+                let b = axum::serve(ev_l, event_app);
+                tokio::select! {
+                    _ = a => {}
+                    _ = b => {}
+                    _ = rx => {}
+                }
+            });
+        });
+        ready_rx.recv().unwrap();
+        FakeAgent {
+            logs,
+            events,
+            shutdown: Some(tx),
+            thread: Some(thread),
+        }
+    }
+
+    /// Every forwarded record, decoded.
+    fn records(&self) -> Vec<Value> {
+        self.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|batch| batch.as_array().cloned().unwrap_or_default())
+            .map(|s| {
+                serde_json::from_str(s.as_str().expect("records are strings"))
+                    .expect("record is JSON")
+            })
+            .collect()
+    }
+}
+
+impl Drop for FakeAgent {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn ambient_conf(run_dir: &Path) -> Value {
+    json!({
+        "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "istio-cni",
+        "plugin_log_level": "debug",
+        "cni_agent_run_dir": run_dir.display().to_string(),
+        "ambient_enabled": true,
+        "enablement_selectors": [
+            {"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}},
+            {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]},
+             "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}
+        ],
+        "exclude_namespaces": ["kube-system"], "pod_namespace": "istio-system",
+        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.40.0.7/24", "gateway": "10.40.0.1"}], "dns": {}}
+    })
+}
+
+#[test]
+fn log_records_reach_the_agent_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = FakeAgent::start(dir.path(), 200);
+    let conf = json!({
+        "cniVersion": "1.0.0", "name": "n", "plugin_log_level": "debug",
+        "cni_agent_run_dir": dir.path().display().to_string(), "exclude_namespaces": ["kube-system"]
+    });
+    let run = run_plugin(
+        &cni_env("ADD", "/var/run/netns/none", "kube-system", "logged-pod"),
+        &conf.to_string(),
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let records = agent.records();
+    assert!(
+        records
+            .iter()
+            .any(|r| r["pod"] == "kube-system/logged-pod" && r["level"] == "info"),
+        "{records:?}"
+    );
+    // plugin_log_level debug is honoured for the forwarded records.
+    assert!(records.iter().any(|r| r["level"] == "debug"), "{records:?}");
+    for r in &records {
+        assert!(r["time"].as_str().is_some_and(|t| t.ends_with('Z')), "{r}");
+    }
+}
+
+#[test]
+fn a_missing_log_socket_never_fails_add() {
+    let dir = tempfile::tempdir().unwrap();
+    // A stale socket file with nobody behind it.
+    drop(std::os::unix::net::UnixListener::bind(dir.path().join("log.sock")).unwrap());
+    let conf = json!({"cniVersion": "1.0.0", "name": "n", "cni_agent_run_dir": dir.path().display().to_string(), "exclude_namespaces": ["kube-system"]});
+    let run = run_plugin(&cni_env("ADD", "/x", "kube-system", "p"), &conf.to_string());
+    assert_eq!(run.code, 0, "{}", run.stdout);
+}
+
+#[test]
+fn ambient_pod_is_handed_to_the_agent() {
+    let api = FakeApiServer::start();
+    api.put_namespace("amb", json!({"istio.io/dataplane-mode": "ambient"}));
+    api.put_pod(
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": "amb"},
+        "spec": {"containers": [{"name": "app"}]}}),
+    );
+    api.put_pod(sidecar_pod(
+        "amb",
+        "with-sidecar",
+        json!({}),
+        json!([]),
+        json!({}),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    let agent = FakeAgent::start(dir.path(), 200);
+    let netns = NetnsGuard::new("amb");
+    let ns_path = netns.path().display().to_string();
+
+    let run = run_plugin(
+        &cni_env("ADD", &ns_path, "amb", "app"),
+        &ambient_conf(dir.path()).to_string(),
+    );
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert_eq!(run.json()["ips"][0]["address"], "10.40.0.7/24");
+    let events = agent.events.lock().unwrap().clone();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["Netns"], ns_path.as_str());
+    assert_eq!(events[0]["PodName"], "app");
+    assert_eq!(events[0]["PodNamespace"], "amb");
+    assert_eq!(events[0]["IPs"][0]["Address"]["IP"], "10.40.0.7");
+    assert!(
+        !netns.iptables_save().contains("ISTIO"),
+        "ambient pods get no in-pod rules from the plugin"
+    );
+
+    // A sidecar pod in an ambient namespace is not ambient: the sidecar path runs (dry run here).
+    let out = dir.path().join("dry.txt");
+    let mut env = cni_env("ADD", &ns_path, "amb", "with-sidecar");
+    env.push(("DRY_RUN_FILE_PATH", out.display().to_string()));
+    let run = run_plugin(&env, &ambient_conf(dir.path()).to_string());
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert_eq!(
+        agent.events.lock().unwrap().len(),
+        1,
+        "agent must not be called for sidecars"
+    );
+    assert!(
+        std::fs::read_to_string(&out)
+            .unwrap()
+            .contains("ISTIO_OUTPUT")
+    );
+}
+
+#[test]
+fn agent_errors_fail_add_clearly() {
+    let api = FakeApiServer::start();
+    api.put_namespace("amb", json!({"istio.io/dataplane-mode": "ambient"}));
+    api.put_pod(
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": "amb"},
+        "spec": {"containers": [{"name": "app"}]}}),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    // No agent at all.
+    let run = run_plugin(
+        &cni_env("ADD", "/x", "amb", "app"),
+        &ambient_conf(dir.path()).to_string(),
+    );
+    assert_eq!(run.code, 1);
+    assert!(
+        run.json()["msg"]
+            .as_str()
+            .unwrap()
+            .contains("failed to contact node Istio CNI agent"),
+        "{}",
+        run.stdout
+    );
+    // An agent answering 500.
+    let _agent = FakeAgent::start(dir.path(), 500);
+    let run = run_plugin(
+        &cni_env("ADD", "/x", "amb", "app"),
+        &ambient_conf(dir.path()).to_string(),
+    );
+    assert_eq!(run.code, 1);
+    let msg = run.json()["msg"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("500") && msg.contains("agent says so"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn failed_ambient_check_does_not_let_a_non_sidecar_pod_start_uncaptured() {
+    // The namespace read fails (not served), the pod read works: Istio would fall through to the
+    // sidecar path and start the pod with no redirection (its B5). We fail ADD so it is retried.
+    let api = FakeApiServer::start();
+    api.put_pod(
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": "amb"},
+        "spec": {"containers": [{"name": "app"}]}}),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    let run = run_plugin(
+        &cni_env("ADD", "/x", "amb", "app"),
+        &ambient_conf(dir.path()).to_string(),
+    );
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert_eq!(run.json()["code"], 11, "{}", run.stdout);
+}

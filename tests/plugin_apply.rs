@@ -1,0 +1,156 @@
+//! Real applies in fresh namespaces for the modes the chain test does not cover: TPROXY (mangle
+//! rules plus the fwmark policy route), dual stack (ip6tables rules and `::6` on lo), DNS capture,
+//! and a re-run of ADD on an already programmed pod.
+
+mod cni_driver;
+
+use cni_driver::*;
+use serde_json::{Value, json};
+
+fn conf(run_dir: &std::path::Path) -> Value {
+    json!({
+        "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "istio-cni",
+        "cni_agent_run_dir": run_dir.display().to_string(),
+        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.31.0.2/24"}], "dns": {}}
+    })
+}
+
+/// Runs ADD for `pod` against a fake API server in a fresh netns prepared by `setup`.
+fn apply(pod: Value, setup: impl Fn(&NetnsGuard)) -> NetnsGuard {
+    require_tool("iptables-restore", "iptables");
+    let api = FakeApiServer::start();
+    let name = pod["metadata"]["name"].as_str().unwrap().to_string();
+    api.put_pod(pod);
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    let netns = NetnsGuard::new("app");
+    setup(&netns);
+    for _ in 0..2 {
+        // The second ADD (a runtime retry) must succeed on the programmed namespace.
+        let env = cni_env("ADD", &netns.path().display().to_string(), "ns1", &name);
+        let run = run_plugin(&env, &conf(dir.path()).to_string());
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    }
+    netns
+}
+
+#[test]
+fn tproxy_programs_mangle_rules_and_policy_route() {
+    let netns = apply(
+        sidecar_pod(
+            "ns1",
+            "tp",
+            json!({"sidecar.istio.io/interceptionMode": "TPROXY"}),
+            json!([]),
+            json!({}),
+        ),
+        |_| {},
+    );
+    let save = netns.iptables_save();
+    assert!(save.contains("-A ISTIO_DIVERT -j ACCEPT"), "{save}");
+    assert!(save.contains("TPROXY"), "{save}");
+    let rules = String::from_utf8_lossy(&netns.exec("ip", &["rule"]).stdout).into_owned();
+    assert_eq!(
+        rules.matches("lookup 133").count(),
+        1,
+        "exactly one fwmark rule:\n{rules}"
+    );
+    let routes =
+        String::from_utf8_lossy(&netns.exec("ip", &["route", "show", "table", "133"]).stdout)
+            .into_owned();
+    assert!(routes.contains("local default dev lo"), "{routes}");
+}
+
+#[test]
+fn dual_stack_pod_gets_ipv6_rules() {
+    let netns = apply(
+        sidecar_pod(
+            "ns1",
+            "ds",
+            json!({}),
+            json!([{"name": "ISTIO_DUAL_STACK", "value": "true"}]),
+            json!({}),
+        ),
+        |ns| {
+            // A pod interface with IPv4 and IPv6 addresses.
+            for args in [
+                vec![
+                    "link", "add", "eth0", "type", "veth", "peer", "name", "veth1",
+                ],
+                vec!["link", "set", "veth1", "up"],
+                vec!["link", "set", "eth0", "up"],
+                vec!["addr", "add", "10.31.0.2/24", "dev", "eth0"],
+                vec!["addr", "add", "fd31::2/64", "dev", "eth0", "nodad"],
+            ] {
+                let out = ns.exec("ip", &args);
+                assert!(
+                    out.status.success(),
+                    "ip {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        },
+    );
+    let v6 = String::from_utf8_lossy(&netns.exec("ip6tables-nft-save", &[]).stdout).into_owned()
+        + &String::from_utf8_lossy(&netns.exec("ip6tables-legacy-save", &[]).stdout);
+    assert!(v6.contains("-A ISTIO_OUTPUT -d ::1/128 -j RETURN"), "{v6}");
+    let lo = String::from_utf8_lossy(
+        &netns
+            .exec("ip", &["-6", "addr", "show", "dev", "lo"])
+            .stdout,
+    )
+    .into_owned();
+    assert!(lo.contains("::6/128"), "{lo}");
+}
+
+#[test]
+fn dns_capture_programs_raw_table() {
+    let netns = apply(
+        sidecar_pod(
+            "ns1",
+            "dns",
+            json!({}),
+            json!([{"name": "ISTIO_META_DNS_CAPTURE", "value": "true"}]),
+            json!({}),
+        ),
+        |_| {},
+    );
+    let save = netns.iptables_save();
+    assert!(save.contains("ISTIO_OUTPUT_DNS"), "{save}");
+    assert!(save.contains("--to-ports 15053"), "{save}");
+}
+
+#[test]
+fn repeated_add_with_changed_settings_converges() {
+    require_tool("iptables-restore", "iptables");
+    let api = FakeApiServer::start();
+    api.put_pod(sidecar_pod("ns1", "re", json!({}), json!([]), json!({})));
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    let netns = NetnsGuard::new("re");
+    let env = cni_env("ADD", &netns.path().display().to_string(), "ns1", "re");
+    let run = run_plugin(&env, &conf(dir.path()).to_string());
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    api.put_pod(sidecar_pod(
+        "ns1",
+        "re",
+        json!({"traffic.sidecar.istio.io/excludeOutboundPorts": "7777"}),
+        json!([]),
+        json!({}),
+    ));
+    let run = run_plugin(&env, &conf(dir.path()).to_string());
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let save = netns.iptables_save();
+    assert!(save.contains("--dport 7777 -j RETURN"), "{save}");
+    assert!(
+        !save
+            .lines()
+            .any(|l| l.starts_with("-A ISTIO_OUTPUT") && l.contains("15020")),
+        "old outbound exclusion left behind:\n{save}"
+    );
+    assert_eq!(
+        save.matches("-A OUTPUT -j ISTIO_OUTPUT").count(),
+        1,
+        "{save}"
+    );
+}

@@ -1,0 +1,145 @@
+//! Benchmark, run by `just bench` (ignored in the test run; by hand:
+//! `ISTIO_CNI_RS_BIN=target/static/istio-cni-rs cargo test --test plugin_bench -- --ignored --nocapture`).
+//! Prints a Markdown table: wall time of a sidecar ADD through
+//! the real binary (API lookup against a local fake server, netns entry, IPv6 detection,
+//! iptables-restore) against a bare `iptables-nft-restore --noflush` of the same rules, each in a
+//! fresh network namespace.
+
+mod cni_driver;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cni_driver::*;
+use serde_json::json;
+
+const ROUNDS: usize = 30;
+
+fn stats(mut samples: Vec<Duration>) -> String {
+    samples.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    format!(
+        "median {:.2} ms, p90 {:.2} ms, min {:.2} ms",
+        ms(samples[samples.len() / 2]),
+        ms(samples[samples.len() * 9 / 10]),
+        ms(samples[0])
+    )
+}
+
+#[test]
+#[ignore]
+fn sidecar_add_vs_bare_restore() {
+    require_tool("iptables-nft-restore", "iptables");
+    let api = FakeApiServer::start();
+    api.put_pod(sidecar_pod("ns1", "bench", json!({}), json!([]), json!({})));
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    let conf = json!({
+        "cniVersion": "1.0.0", "name": "bench", "type": "istio-cni",
+        "cni_agent_run_dir": dir.path().display().to_string(),
+        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.29.0.2/24"}], "dns": {}}
+    })
+    .to_string();
+
+    // The rules to restore, as the plugin computes them (dry run).
+    let ns = NetnsGuard::new("bdry");
+    let rules_file = dir.path().join("rules.txt");
+    let mut env = cni_env("ADD", &ns.path().display().to_string(), "ns1", "bench");
+    env.push(("DRY_RUN_FILE_PATH", rules_file.display().to_string()));
+    assert_eq!(run_plugin(&env, &conf).code, 0);
+    let rules = std::fs::read_to_string(&rules_file).unwrap();
+
+    let mut add = Vec::new();
+    let mut in_process = Vec::new();
+    let mut bare = Vec::new();
+    for _ in 0..ROUNDS {
+        let ns = NetnsGuard::new("badd");
+        let env = cni_env("ADD", &ns.path().display().to_string(), "ns1", "bench");
+        let start = Instant::now();
+        let run = run_plugin(&env, &conf);
+        add.push(start.elapsed());
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+        // The plugin's own measure of the ADD flow (client, lookup, netns, restore).
+        let took = run
+            .stderr
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|r| r["msg"] == "sidecar redirection programmed")
+            .find_map(|r| r["took_ms"].as_u64())
+            .expect("took_ms logged");
+        in_process.push(Duration::from_millis(took));
+
+        let ns = NetnsGuard::new("bbare");
+        let text = rules.clone();
+        let took = istio_cni::netns::run_in(&ns.path(), move || {
+            let start = Instant::now();
+            let mut child = Command::new("iptables-nft-restore")
+                .arg("--noflush")
+                .stdin(Stdio::piped())
+                .spawn()
+                .expect("iptables-nft-restore");
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+            assert!(child.wait().unwrap().success());
+            start.elapsed()
+        })
+        .unwrap();
+        bare.push(took);
+    }
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
+    let (m_add, m_flow, m_bare) = (
+        median(add.clone()),
+        median(in_process),
+        median(bare.clone()),
+    );
+    println!("| measurement (median of {ROUNDS}, fresh netns each) | value |");
+    println!("| --- | --- |");
+    println!(
+        "| sidecar ADD, process spawn to exit (API lookup on loopback, netns, restore) | {} |",
+        ms(m_add)
+    );
+    println!(
+        "| of which inside the ADD flow (`took_ms` in the plugin's log) | {} |",
+        ms(m_flow)
+    );
+    println!(
+        "| bare `iptables-nft-restore --noflush` of the same rules | {} |",
+        ms(m_bare)
+    );
+    println!(
+        "| ratio ADD / bare (target <= 1.3) | {:.2} |",
+        m_add.as_secs_f64() / m_bare.as_secs_f64()
+    );
+    println!("| ADD spread: {} |", stats(add).replace(", ", " / "));
+}
+
+#[test]
+#[ignore]
+fn add_phases() {
+    let api = FakeApiServer::start();
+    api.put_pod(sidecar_pod("ns1", "bench", json!({}), json!([]), json!({})));
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    let conf = json!({"cniVersion": "1.0.0", "name": "bench", "plugin_log_level": "debug",
+        "cni_agent_run_dir": dir.path().display().to_string()})
+    .to_string();
+    for _ in 0..3 {
+        let ns = NetnsGuard::new("phase");
+        let run = run_plugin(
+            &cni_env("ADD", &ns.path().display().to_string(), "ns1", "bench"),
+            &conf,
+        );
+        for line in run.stderr.lines().filter(|l| l.contains("took_ms")) {
+            println!("{line}");
+        }
+    }
+}
