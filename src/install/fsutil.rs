@@ -102,7 +102,13 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), FsError> 
 /// Removes a file; a missing file is fine.
 pub fn remove_if_exists(path: &Path) -> Result<bool, FsError> {
     match fs::remove_file(path) {
-        Ok(()) => Ok(true),
+        Ok(()) => {
+            // Make the removal durable too; failing to sync is not worth failing the removal.
+            if let Some(dir) = path.parent() {
+                let _ = sync_dir(dir);
+            }
+            Ok(true)
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(FsError::new("removing", path, e)),
     }
