@@ -13,6 +13,12 @@ pub struct FlagShapes<'a> {
     pub value_shorts: &'a [char],
     /// Long names spelled with underscores upstream (`log_output_level`); rewritten to dashes.
     pub underscore_longs: &'a [&'a str],
+    /// Rewrite every underscore in long names to a dash (commands with no underscore-named flags
+    /// of their own, so any `--log_x` upstream spelling maps onto `--log-x`).
+    pub all_underscores: bool,
+    /// Long names of booleans that argh takes as value options (`--flag true|false`), so that an
+    /// explicit false stays visible to the parser: bare `--flag` becomes `--flag true`.
+    pub bool_options: &'a [&'a str],
 }
 
 /// argv rewritten into the one form argh understands, plus the switches set to false explicitly.
@@ -47,7 +53,7 @@ pub fn normalise_args(args: &[String], shapes: &FlagShapes) -> Result<Normalised
                 Some((n, v)) => (n, Some(v)),
                 None => (long, None),
             };
-            let name = if shapes.underscore_longs.contains(&name) {
+            let name = if shapes.all_underscores || shapes.underscore_longs.contains(&name) {
                 name.replace('_', "-")
             } else {
                 name.to_string()
@@ -68,8 +74,12 @@ pub fn normalise_args(args: &[String], shapes: &FlagShapes) -> Result<Normalised
                 }
             } else {
                 out.args.push(format!("--{name}"));
-                if let Some(v) = value {
-                    out.args.push(v.to_string());
+                match value {
+                    Some(v) => out.args.push(v.to_string()),
+                    None if shapes.bool_options.contains(&name.as_str()) => {
+                        out.args.push("true".to_string())
+                    }
+                    None => {}
                 }
             }
             continue;
@@ -164,6 +174,8 @@ mod tests {
         switches: &["dry-run", "redirect-dns"],
         value_shorts: &['p', 'z'],
         underscore_longs: &["log_output_level"],
+        all_underscores: false,
+        bool_options: &["ambient-enabled"],
     };
 
     fn norm(args: &[&str]) -> Result<Normalised, FlagError> {
@@ -207,6 +219,15 @@ mod tests {
         assert_eq!(n.args, vec!["--dry-run"]);
         assert!(n.explicit_false.contains("redirect-dns"));
         assert_eq!(norm(&["--dry-run=maybe"]).unwrap_err().flag, "dry-run");
+    }
+
+    #[test]
+    fn bool_options_get_an_explicit_value() {
+        let n = norm(&["--ambient-enabled", "--ambient-enabled=false"]).unwrap();
+        assert_eq!(
+            n.args,
+            vec!["--ambient-enabled", "true", "--ambient-enabled", "false"]
+        );
     }
 
     #[test]

@@ -9,8 +9,6 @@ use std::path::PathBuf;
 use argh::FromArgs;
 use serde::{Deserialize, Serialize};
 
-use super::argv;
-
 /// install-cni: installs the Istio CNI plugin on this node, guards its config, serves health/metrics.
 /// Every option can also be set through the env var named in its description (flag > env >
 /// default); `--flag=value`, bare boolean flags and underscore names are accepted.
@@ -411,7 +409,16 @@ pub struct Config {
 
 /// Parses `args` (the full argv, program name first) with `env` as the environment.
 pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Parsed, ConfigError> {
-    let rest = argv::normalise(args.get(1..).unwrap_or(&[]), &|n| BOOL_FLAGS.contains(&n));
+    let shapes = crate::cli::FlagShapes {
+        switches: &[],
+        value_shorts: &[],
+        underscore_longs: &[],
+        all_underscores: true,
+        bool_options: BOOL_FLAGS,
+    };
+    let rest = crate::cli::normalise_args(args.get(1..).unwrap_or(&[]), &shapes)
+        .map_err(|e| ConfigError::Args(e.to_string()))?
+        .args;
     let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
     let flags = match Flags::from_args(&["install-cni"], &rest) {
         Ok(f) => f,

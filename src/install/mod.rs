@@ -1,13 +1,12 @@
 //! The `install-cni` role: installs this binary as the CNI plugin, merges our entry into the node's
 //! CNI config, writes the plugin kubeconfig, guards all of it, and cleans up on shutdown.
-//! May call: `kube`, `telemetry`.
+//! May call: `cli`, `kube`, `telemetry`.
 //!
-//! Files: `config` (flags/env, pure), `argv` (pflag normaliser; a shared-looking helper kept in this
-//! room), `yaml` (selector YAML), `cniconf` (merge logic, pure), `kubeconfig` (pure render),
+//! Files: `config` (flags/env, pure; argv goes through the shared `cli` normaliser), `yaml`
+//! (selector YAML), `cniconf` (merge logic, pure), `kubeconfig` (pure render),
 //! `fsutil` (atomic file effects), `installer` (install pass, check, cleanup), `guard` (watch loop),
 //! `upgrade` (shutdown keep/clean decision), `caps` (capability dropping).
 
-pub mod argv;
 pub mod caps;
 pub mod cniconf;
 pub mod config;

@@ -166,6 +166,8 @@ pub const SHAPES: FlagShapes = FlagShapes {
         "log_stacktrace_level",
         "log_caller",
     ],
+    all_underscores: false,
+    bool_options: &[],
 };
 
 /// Whether IPv6 rules are wanted.
