@@ -1,153 +1,354 @@
-//! The demo: create a "pod" and a "server" network namespace joined by a veth pair, apply Istio's
-//! sidecar capture rules in the pod with our `istio-iptables` (the exact flags Istio's injector
-//! uses), then show an application connection being captured by the sidecar port with its original
-//! destination intact. Everything is removed at the end. Run as root: `scripts/demo`.
+//! The demo: one Kubernetes node's worth of istio-cni, no cluster needed. Everything runs inside a
+//! throw-away "node" network namespace with temp dirs standing in for the host's CNI directories:
+//!
+//! 1. a test API server (this binary's `test-apiserver` role) serves two pods from an embedded
+//!    default: `productpage` (sidecar-injected) and `plain-app` (no sidecar);
+//! 2. `install-cni` installs itself as the `istio-cni` plugin and merges its entry into the node's
+//!    bridge conflist;
+//! 3. the merged conflist is run the way containerd runs it (Debian's real `bridge` + `host-local`,
+//!    then ours) for both pods: the sidecar pod's outbound connection lands on its 15001 listener
+//!    with the original destination intact; the plain pod is untouched;
+//! 4. SIGTERM: install-cni removes its entry and binary again.
+//!
+//! Run as root: `scripts/demo`. Only addresses inside the demo's namespaces are used.
+
+#[path = "../tests/cni_driver/mod.rs"]
+mod cni_driver;
 
 use std::fs::File;
+use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cni_driver::{Attachment, Chain};
 use nix::sched::{CloneFlags, setns};
 use nix::sys::socket::{getsockopt, sockopt};
+use serde_json::{Value, json};
 
-const POD: &str = "istio-demo-pod";
-const SERVER: &str = "istio-demo-server";
-const POD_IP: &str = "10.254.77.2";
-const SERVER_IP: &str = "10.254.77.1";
+const SUBNET: &str = "10.254.88.0/24";
+const GATEWAY: &str = "10.254.88.1";
+const TOKEN: &str = "demo-service-account-token";
 
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
+/// A named network namespace, removed on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Result<Netns, String> {
+        let name = format!("istio-demo-{tag}-{}", std::process::id());
+        run("ip", &["netns", "add", &name])?;
+        let ns = Netns(name);
+        run("ip", &["-n", &ns.0, "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/var/run/netns/{}", self.0))
+    }
+
+    /// Runs `work` on a thread inside this namespace.
+    fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, String> {
+        let file = File::open(self.path()).map_err(|e| e.to_string())?;
+        std::thread::spawn(move || {
+            setns(&file, CloneFlags::CLONE_NEWNET).map_err(|e| e.to_string())?;
+            Ok(work())
+        })
+        .join()
+        .map_err(|_| "netns thread panicked".to_string())?
+    }
+
+    /// A process started inside this namespace.
+    fn spawn(
+        &self,
+        program: &str,
+        args: &[&str],
+        env: &[(&str, String)],
+        stdout: Stdio,
+    ) -> Result<Child, String> {
+        Command::new("ip")
+            .args(["netns", "exec", &self.0, program])
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(env.iter().map(|(k, v)| (*k, v)))
+            .stdout(stdout)
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {program}: {e}"))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+/// A child process stopped with SIGTERM on drop.
+struct Process(Child);
+
+impl Process {
+    fn terminate(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+fn run(program: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(program)
         .args(args)
         .output()
-        .map_err(|e| format!("cannot run ip: {e}"))?;
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
         Err(format!(
-            "ip {}: {}",
+            "{program} {}: {}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }
 }
 
-fn in_netns<T: Send + 'static>(ns: &str, work: impl FnOnce() -> T + Send + 'static) -> T {
-    let file = File::open(format!("/var/run/netns/{ns}")).expect("open netns");
-    std::thread::spawn(move || {
-        setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
-        work()
-    })
-    .join()
-    .expect("netns thread")
+fn wait_until(what: &str, timeout: Duration, cond: impl Fn() -> bool) -> Result<(), String> {
+    let start = Instant::now();
+    while !cond() {
+        if start.elapsed() > timeout {
+            return Err(format!("timed out waiting for {what}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
-struct Cleanup;
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", POD]);
-        let _ = ip(&["netns", "del", SERVER]);
-    }
+/// The embedded default: a namespace, a sidecar-injected pod and a plain pod.
+fn fixtures() -> Value {
+    let status = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":["istio-envoy"]}"#;
+    json!([
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bookinfo", "labels": {"istio-injection": "enabled"}}},
+        {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": "productpage", "namespace": "bookinfo", "uid": "5c1f1c9e-demo-0001",
+                      "annotations": {"sidecar.istio.io/status": status}},
+         "spec": {"nodeName": "demo-node", "containers": [
+             {"name": "productpage", "ports": [{"containerPort": 9080}]},
+             {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]}},
+        {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": "plain-app", "namespace": "bookinfo", "uid": "5c1f1c9e-demo-0002"},
+         "spec": {"nodeName": "demo-node", "containers": [{"name": "app"}]}}
+    ])
+}
+
+fn primary_conflist(ipam_dir: &Path) -> Value {
+    json!({
+        "cniVersion": "1.0.0",
+        "name": "demo-pod-network",
+        "plugins": [{
+            "type": "bridge", "bridge": format!("demo-br{}", std::process::id() % 1000), "isGateway": true,
+            "ipam": {"type": "host-local", "subnet": SUBNET, "dataDir": ipam_dir.display().to_string(),
+                     "routes": [{"dst": "0.0.0.0/0"}]}
+        }]
+    })
+}
+
+fn our_entry(conflist: &Path) -> Option<Value> {
+    let text = std::fs::read_to_string(conflist).ok()?;
+    let v: Value = serde_json::from_str(&text).ok()?;
+    v["plugins"]
+        .as_array()?
+        .iter()
+        .find(|p| p["type"] == "istio-cni")
+        .cloned()
 }
 
 fn main() -> Result<(), String> {
     let binary = std::env::args()
         .nth(1)
         .ok_or("usage: demo <path to istio-cni-rs>")?;
-    drop(Cleanup); // leftovers of an interrupted run
-    let _cleanup = Cleanup;
-    for ns in [POD, SERVER] {
-        ip(&["netns", "add", ns])?;
-        ip(&["-n", ns, "link", "set", "lo", "up"])?;
-    }
-    ip(&[
-        "-n", POD, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", SERVER,
-    ])?;
-    ip(&[
-        "-n",
-        POD,
-        "addr",
-        "add",
-        &format!("{POD_IP}/24"),
-        "dev",
-        "eth0",
-    ])?;
-    ip(&[
-        "-n",
-        SERVER,
-        "addr",
-        "add",
-        &format!("{SERVER_IP}/24"),
-        "dev",
-        "eth0",
-    ])?;
-    ip(&["-n", POD, "link", "set", "eth0", "up"])?;
-    ip(&["-n", SERVER, "link", "set", "eth0", "up"])?;
-    println!("== created pod netns {POD} ({POD_IP}) and server netns {SERVER} ({SERVER_IP})");
-
-    let mut args = vec!["istio-iptables"];
-    args.extend_from_slice(istio_cni::iptables_cmd::INJECTOR_DEFAULT_ARGS);
-    println!(
-        "== ip netns exec {POD} istio-iptables {}",
-        args[1..].join(" ")
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let root = tmp.path();
+    let (net, bin, run_dir, sa) = (
+        root.join("net.d"),
+        root.join("bin"),
+        root.join("run"),
+        root.join("sa"),
     );
-    let started = Instant::now();
-    let out = Command::new("ip")
-        .args(["netns", "exec", POD, &binary])
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run {binary}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "istio-iptables failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
+    for d in [&net, &bin, &run_dir, &sa] {
+        std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
     }
-    println!("   applied in {:?}", started.elapsed());
-
-    // The "sidecar": a listener on 15001 inside the pod.
-    let proxy = in_netns(POD, || TcpListener::bind("0.0.0.0:15001")).map_err(|e| e.to_string())?;
-    proxy.set_nonblocking(true).map_err(|e| e.to_string())?;
-    // The "application": dials the server; nothing listens there, the rules send it to 15001.
-    let target: SocketAddr = format!("{SERVER_IP}:80")
-        .parse()
-        .map_err(|e| format!("{e}"))?;
-    let connected = in_netns(POD, move || {
-        TcpStream::connect_timeout(&target, Duration::from_secs(2)).is_ok()
-    });
-    println!("== the app in the pod dialed {target}: connected = {connected}");
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut landed = None;
-    while landed.is_none() && Instant::now() < deadline {
-        if let Ok((stream, peer)) = proxy.accept() {
-            let orig = getsockopt(&stream, sockopt::OriginalDst).map_err(|e| e.to_string())?;
-            let orig = SocketAddr::from((
-                std::net::Ipv4Addr::from(u32::from_be(orig.sin_addr.s_addr)),
-                u16::from_be(orig.sin_port),
-            ));
-            landed = Some((peer, orig));
-        } else {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-    match landed {
-        Some((peer, orig)) => println!(
-            "== the sidecar listener on :15001 accepted it from {peer}; SO_ORIGINAL_DST = {orig} (redirect works)"
-        ),
-        None => return Err("the connection did not reach the sidecar listener".into()),
-    }
-
-    println!("== iptables-save in the pod netns:");
-    let save = Command::new("ip")
-        .args(["netns", "exec", POD, "iptables-save"])
-        .output()
+    std::fs::write(sa.join("token"), TOKEN).map_err(|e| e.to_string())?;
+    std::fs::write(sa.join("ca.crt"), "").map_err(|e| e.to_string())?;
+    let conflist = net.join("10-demo-bridge.conflist");
+    let primary = serde_json::to_string_pretty(&primary_conflist(&root.join("ipam")))
         .map_err(|e| e.to_string())?;
-    for line in String::from_utf8_lossy(&save.stdout)
+    std::fs::write(&conflist, primary + "\n").map_err(|e| e.to_string())?;
+    let fixtures_file = root.join("fixtures.json");
+    std::fs::write(&fixtures_file, fixtures().to_string()).map_err(|e| e.to_string())?;
+
+    let node = Netns::new("node")?;
+    println!(
+        "== node network namespace {}; host dirs under {}",
+        node.0,
+        root.display()
+    );
+
+    // 1. The API server, inside the node namespace.
+    let mut api = Process(node.spawn(
+        &binary,
+        &[
+            "test-apiserver",
+            "--fixtures",
+            &fixtures_file.display().to_string(),
+            "--token",
+            TOKEN,
+        ],
+        &[],
+        Stdio::piped(),
+    )?);
+    let mut url = String::new();
+    BufReader::new(api.0.stdout.take().ok_or("no stdout")?)
+        .read_line(&mut url)
+        .map_err(|e| e.to_string())?;
+    let url = url.trim().to_string();
+    let port = url.rsplit(':').next().unwrap_or_default().to_string();
+    println!(
+        "== test API server at {url} with pods bookinfo/productpage (sidecar) and bookinfo/plain-app"
+    );
+
+    // 2. install-cni, as the DaemonSet would run it.
+    let env = [
+        ("MOUNTED_CNI_NET_DIR", net.display().to_string()),
+        ("CNI_BIN_DIRS", bin.display().to_string()),
+        ("CNI_AGENT_RUN_DIR", run_dir.display().to_string()),
+        ("SERVICE_ACCOUNT_DIR", sa.display().to_string()),
+        ("KUBERNETES_SERVICE_HOST", "127.0.0.1".to_string()),
+        ("KUBERNETES_SERVICE_PORT", port),
+        ("KUBERNETES_SERVICE_PROTOCOL", "http".to_string()),
+        ("HEALTH_PORT", "0".to_string()),
+        ("MONITORING_PORT", "0".to_string()),
+        ("REPAIR_ENABLED", "false".to_string()),
+        ("POD_NAMESPACE", "istio-system".to_string()),
+        ("NODE_NAME", "demo-node".to_string()),
+    ];
+    let started = Instant::now();
+    let mut installer = Process(node.spawn(&binary, &["install-cni"], &env, Stdio::null())?);
+    wait_until(
+        "install-cni to merge its entry",
+        Duration::from_secs(30),
+        || our_entry(&conflist).is_some(),
+    )?;
+    println!(
+        "== install-cni merged its entry in {:?}; {} now reads:",
+        started.elapsed(),
+        conflist.display()
+    );
+    for line in std::fs::read_to_string(&conflist)
+        .map_err(|e| e.to_string())?
         .lines()
-        .filter(|l| !l.starts_with('#'))
     {
         println!("   {line}");
     }
-    println!("== done; namespaces removed");
+    println!("   and installed {}", bin.join("istio-cni").display());
+
+    // 3. The runtime's view: run the merged conflist for both pods.
+    let merged: Value =
+        serde_json::from_str(&std::fs::read_to_string(&conflist).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    for (pod, sidecar) in [("productpage", true), ("plain-app", false)] {
+        let pod_ns = Netns::new(pod)?;
+        let netns_path = pod_ns.path();
+        let bin_for_del = bin.clone();
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=bookinfo;K8S_POD_NAME={pod}");
+        let container = format!("demo-{pod}");
+        let result = {
+            let (netns_path, args, container) =
+                (netns_path.clone(), args.clone(), container.clone());
+            let chain = Chain {
+                conflist: merged.clone(),
+                cni_path: vec![bin.clone(), PathBuf::from("/usr/lib/cni")],
+            };
+            node.run(move || {
+                chain.add(&Attachment {
+                    container_id: &container,
+                    netns: &netns_path,
+                    ifname: "eth0",
+                    args: &args,
+                })
+            })??
+        };
+        let ip = result["ips"][0]["address"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string();
+        println!("== CNI ADD bridge -> istio-cni for bookinfo/{pod}: pod IP {ip}");
+
+        let listener = pod_ns
+            .run(|| TcpListener::bind("0.0.0.0:15001"))?
+            .map_err(|e| e.to_string())?;
+        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let target: SocketAddr = format!("{GATEWAY}:9080")
+            .parse()
+            .map_err(|e| format!("{e}"))?;
+        let connected = pod_ns
+            .run(move || TcpStream::connect_timeout(&target, Duration::from_secs(1)).is_ok())?;
+        let landed = listener
+            .accept()
+            .ok()
+            .and_then(|(s, _)| getsockopt(&s, sockopt::OriginalDst).ok())
+            .map(|o| {
+                SocketAddr::from((
+                    std::net::Ipv4Addr::from(u32::from_be(o.sin_addr.s_addr)),
+                    u16::from_be(o.sin_port),
+                ))
+            });
+        match (sidecar, connected, landed) {
+            (true, true, Some(orig)) => println!(
+                "   the app dialed {target}: it landed on the sidecar's :15001 listener, SO_ORIGINAL_DST = {orig}"
+            ),
+            (false, false, None) => {
+                println!(
+                    "   the app dialed {target}: not redirected (refused by the node, nothing listens there)"
+                )
+            }
+            other => return Err(format!("unexpected outcome for {pod}: {other:?}")),
+        }
+        let conflist_for_del = merged.clone();
+        node.run(move || {
+            let chain = Chain {
+                conflist: conflist_for_del,
+                cni_path: vec![bin_for_del, PathBuf::from("/usr/lib/cni")],
+            };
+            chain.del(
+                &Attachment {
+                    container_id: &container,
+                    netns: &netns_path,
+                    ifname: "eth0",
+                    args: &args,
+                },
+                Some(&result),
+            )
+        })??;
+        println!("   CNI DEL done");
+    }
+
+    // 4. Shutdown: the entry and the binary go away again.
+    installer.terminate();
+    println!(
+        "== SIGTERM to install-cni: our entry present = {}, plugin binary present = {}",
+        our_entry(&conflist).is_some(),
+        bin.join("istio-cni").exists()
+    );
+    api.terminate();
+    println!("== done; namespaces and temp dirs removed");
     Ok(())
 }

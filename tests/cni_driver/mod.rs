@@ -13,12 +13,13 @@ use serde_json::{Value, json};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// The binary under test: the one cargo built, or `$ISTIO_CNI_RS_BIN` (the benchmarks point it
-/// at the static release build).
+/// The binary under test: `$ISTIO_CNI_RS_BIN` (the benchmarks point it at the static release
+/// build, the demo at the one it runs), else the one cargo built for the tests.
 pub fn binary() -> PathBuf {
     std::env::var_os("ISTIO_CNI_RS_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_istio-cni-rs")))
+        .or_else(|| option_env!("CARGO_BIN_EXE_istio-cni-rs").map(PathBuf::from))
+        .expect("set ISTIO_CNI_RS_BIN to the istio-cni-rs binary")
 }
 
 /// Fails (never skips) when a tool is missing, naming the package to install.
