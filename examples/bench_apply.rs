@@ -34,9 +34,19 @@ fn children_cpu() -> Duration {
 /// Wall time and CPU time of one run.
 type Sample = (Duration, Duration);
 
+/// Deletes the named netns when dropped, also when a run panics.
+struct NetnsGuard(String);
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
 /// Runs `cmd` with the calling thread moved into a fresh netns; returns wall and CPU time.
 fn time_in_fresh_netns(name: &str, mut cmd: Command, stdin: Option<&str>) -> Sample {
     ip(&["netns", "add", name]);
+    let _guard = NetnsGuard(name.to_string());
     let file = File::open(format!("/var/run/netns/{name}")).expect("open netns");
     let stdin = stdin.map(str::to_string);
     let elapsed = std::thread::spawn(move || {
@@ -58,7 +68,6 @@ fn time_in_fresh_netns(name: &str, mut cmd: Command, stdin: Option<&str>) -> Sam
     })
     .join()
     .expect("bench thread");
-    ip(&["netns", "del", name]);
     elapsed
 }
 
