@@ -97,7 +97,6 @@ fn main() {
         ours_present(&conflist)
     });
     let installed = root.join("bin/istio-cni");
-    let first = std::fs::metadata(&installed).expect("installed binary");
     std::thread::sleep(Duration::from_secs(2));
     let idle_rss = rss_kib(agent.id(), "VmRSS:");
 
@@ -114,16 +113,21 @@ fn main() {
     let peak_rss = rss_kib(agent.id(), "VmHWM:");
     stop(agent);
 
-    // A restart finds the identical binary in place and must not rewrite it.
+    // A restart that finds an identical binary in place must not rewrite it. (Shutdown may have
+    // removed ours, depending on the upgrade check; put an identical copy there first.)
+    if !installed.exists() {
+        std::fs::copy(&binary, &installed).expect("copy binary");
+    }
+    let before = std::fs::metadata(&installed).expect("installed binary");
     std::fs::write(&conflist, PRIMARY).expect("reset");
     let agent = start(&binary, root);
     wait_for("reinstall", Duration::from_secs(20), || {
         ours_present(&conflist)
     });
-    let again = std::fs::metadata(&installed).expect("installed binary");
+    let after = std::fs::metadata(&installed).expect("installed binary");
     stop(agent);
-    let recopied = (again.ino(), again.mtime_nsec(), again.mtime())
-        != (first.ino(), first.mtime_nsec(), first.mtime());
+    let stamp = |m: &std::fs::Metadata| (m.ino(), m.mtime(), m.mtime_nsec());
+    let recopied = stamp(&before) != stamp(&after);
 
     samples.sort();
     let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1000.0);
