@@ -31,10 +31,25 @@ fn stats(mut samples: Vec<Duration>) -> String {
 #[ignore]
 fn sidecar_add_vs_bare_restore() {
     require_tool("iptables-nft-restore", "iptables");
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod("ns1", "bench", json!({}), json!([]), json!({})));
     let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    // The API server runs as the same (release) binary in its own process, so the measurement is
+    // not skewed by a debug-built server inside this test process.
+    let fixtures = dir.path().join("fixtures.json");
+    let pod = sidecar_pod("ns1", "bench", json!({}), json!([]), json!({}));
+    std::fs::write(&fixtures, json!([pod]).to_string()).unwrap();
+    let mut api = Command::new(binary())
+        .args(["test-apiserver", "--token", "test-token", "--fixtures"])
+        .arg(&fixtures)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start test-apiserver");
+    let mut url = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(api.stdout.take().unwrap()),
+        &mut url,
+    )
+    .unwrap();
+    write_kubeconfig(dir.path(), url.trim());
     let conf = json!({
         "cniVersion": "1.0.0", "name": "bench", "type": "istio-cni",
         "cni_agent_run_dir": dir.path().display().to_string(),
@@ -120,6 +135,8 @@ fn sidecar_add_vs_bare_restore() {
         m_add.as_secs_f64() / m_bare.as_secs_f64()
     );
     println!("| ADD spread: {} |", stats(add).replace(", ", " / "));
+    let _ = api.kill();
+    let _ = api.wait();
 }
 
 #[test]
