@@ -49,7 +49,7 @@ fn time_in_fresh_netns(name: &str, mut cmd: Command, stdin: Option<&str>) -> Sam
     let _guard = NetnsGuard(name.to_string());
     let file = File::open(format!("/var/run/netns/{name}")).expect("open netns");
     let stdin = stdin.map(str::to_string);
-    let elapsed = std::thread::spawn(move || {
+    std::thread::spawn(move || {
         setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
         if stdin.is_some() {
@@ -67,8 +67,7 @@ fn time_in_fresh_netns(name: &str, mut cmd: Command, stdin: Option<&str>) -> Sam
         (elapsed, children_cpu() - cpu_before)
     })
     .join()
-    .expect("bench thread");
-    elapsed
+    .expect("bench thread")
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
