@@ -13,24 +13,10 @@ use nix::sched::{CloneFlags, setns};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// Fails (never skips) when a tool the tests need is missing.
-pub fn require_tool(tool: &str, package: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{tool}` is required by this test: apt-get install {package}"
-    );
-}
-
-/// Fails when not root: these tests create network namespaces.
-pub fn require_root() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "this test needs root (it creates network namespaces)"
-    );
-}
+// The tool and root checks are shared with the plugin tests' support module.
+#[path = "../cni_driver/mod.rs"]
+mod cni_driver;
+pub use cni_driver::{require_root, require_tool};
 
 /// Runs a command and returns its output; panics with stderr on failure.
 pub fn sh(program: &str, args: &[&str]) -> Output {
