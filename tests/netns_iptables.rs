@@ -347,3 +347,45 @@ fn native_nftables_redirects_and_cleans_up() {
         "cleanup left tables"
     );
 }
+
+#[test]
+fn fresh_namespace_hands_over_to_restore_and_reruns_still_verify() {
+    tools();
+    let env = PodAndServer::new("exec");
+    let tables = |env: &PodAndServer| {
+        env.pod
+            .spawn(istio_cni::netlink::nftables::table_count)
+            .join()
+            .expect("thread")
+            .expect("nft dump")
+    };
+    assert_eq!(tables(&env), 0, "a fresh namespace has no nftables tables");
+    let mut args = vec![bin(), "istio-iptables"];
+    args.extend_from_slice(INIT_ARGS);
+    let run = |env: &PodAndServer| {
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &env.pod.name])
+            .args(&args)
+            .env("ISTIO_IPTABLES_LOG", "debug")
+            .output()
+            .expect("run")
+    };
+    let first = run(&env);
+    assert_ok(&first);
+    assert!(
+        String::from_utf8_lossy(&first.stderr).contains("handing over to iptables-restore"),
+        "fresh namespace should use the exec fast path: {}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(tables(&env) > 0);
+    let applied = env.pod.iptables_state();
+    let second = run(&env);
+    assert_ok(&second);
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        !stderr.contains("handing over") && stderr.contains("AlreadyApplied"),
+        "{stderr}"
+    );
+    assert_eq!(env.pod.iptables_state(), applied);
+    assert_outbound_redirected(&env);
+}

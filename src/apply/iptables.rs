@@ -92,7 +92,7 @@ fn is_executable(path: &Path) -> bool {
 /// Whether legacy xtables already has tables in the current thread's network namespace. This is
 /// what Istio learns by running `iptables-legacy-save` (it prints exactly these tables), read here
 /// from procfs without starting a process.
-fn legacy_has_tables(family: Family) -> bool {
+pub fn legacy_has_tables(family: Family) -> bool {
     let file = match family {
         Family::V4 => "/proc/thread-self/net/ip_tables_names",
         Family::V6 => "/proc/thread-self/net/ip6_tables_names",
@@ -157,6 +157,13 @@ pub fn detect(family: Family, force: Option<ForceBinary>) -> Result<Binaries, Ap
         legacy: !is_nft,
         ..plain
     })
+}
+
+/// Hands the process over to `iptables-restore --noflush` for one family's rules (the fast path
+/// for a fresh namespace where nothing else is left to do: the restore's exit status becomes
+/// ours). Returns only when that was not possible; the caller then applies normally.
+pub fn exec_restore(bins: &Binaries, rules: &[Rule]) -> std::io::Error {
+    super::exec::exec_with_stdin(&restore_cmd(bins, render_restore(rules), &[]))
 }
 
 /// How a sidecar apply should treat existing state.

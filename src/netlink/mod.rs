@@ -116,4 +116,5 @@ mod tests {
     }
 }
 
+pub mod nftables;
 pub mod routes;
