@@ -154,3 +154,53 @@ fn repeated_add_with_changed_settings_converges() {
         "{save}"
     );
 }
+
+#[test]
+fn first_add_uses_the_restore_started_during_the_lookup_and_reruns_fall_back() {
+    require_tool("iptables-restore", "iptables");
+    let api = FakeApiServer::start();
+    api.put_pod(sidecar_pod("ns1", "warm", json!({}), json!([]), json!({})));
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    let netns = NetnsGuard::new("warm");
+    let env = cni_env("ADD", &netns.path().display().to_string(), "ns1", "warm");
+    let mut conf = conf(dir.path());
+    conf["plugin_log_level"] = json!("debug");
+    let first = run_plugin(&env, &conf.to_string());
+    assert_eq!(first.code, 0, "{}{}", first.stdout, first.stderr);
+    assert!(
+        first
+            .stderr
+            .contains("rules applied by the restore started during the pod lookup"),
+        "a fresh namespace should take the early restore: {}",
+        first.stderr
+    );
+    let programmed = netns.iptables_save();
+    let second = run_plugin(&env, &conf.to_string());
+    assert_eq!(second.code, 0, "{}{}", second.stdout, second.stderr);
+    assert!(
+        !second.stderr.contains("started during the pod lookup"),
+        "{}",
+        second.stderr
+    );
+    assert_eq!(
+        netns.iptables_save(),
+        programmed,
+        "a repeated ADD must not change the rules"
+    );
+    // No restore process is left waiting on stdin in this namespace.
+    let name = netns
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let pids = std::process::Command::new("ip")
+        .args(["netns", "pids", &name])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&pids.stdout).trim().is_empty(),
+        "processes left in the pod netns"
+    );
+}
