@@ -355,16 +355,8 @@ impl KubeClient {
         patch: &MetadataPatch,
         timeout: Duration,
     ) -> Result<Pod, KubeError> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let body = Patch::Merge(patch.to_merge_patch());
-        let params = PatchParams::default();
-        bounded(
-            Call::PatchPod,
-            format!("{namespace}/{name}"),
-            timeout,
-            api.patch(name, &params, &body),
-        )
-        .await
+        self.patch_pod(Call::PatchPod, namespace, name, patch, timeout)
+            .await
     }
 
     /// Merge-patches labels/annotations through the `pods/status` subresource, as the ambient
@@ -377,16 +369,34 @@ impl KubeClient {
         patch: &MetadataPatch,
         timeout: Duration,
     ) -> Result<Pod, KubeError> {
+        self.patch_pod(Call::PatchPodStatus, namespace, name, patch, timeout)
+            .await
+    }
+
+    async fn patch_pod(
+        &self,
+        call: Call,
+        namespace: &str,
+        name: &str,
+        patch: &MetadataPatch,
+        timeout: Duration,
+    ) -> Result<Pod, KubeError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let body = Patch::Merge(patch.to_merge_patch());
         let params = PatchParams::default();
-        bounded(
-            Call::PatchPodStatus,
-            format!("{namespace}/{name}"),
-            timeout,
-            api.patch_status(name, &params, &body),
-        )
-        .await
+        let object = format!("{namespace}/{name}");
+        match call {
+            Call::PatchPodStatus => {
+                bounded(
+                    call,
+                    object,
+                    timeout,
+                    api.patch_status(name, &params, &body),
+                )
+                .await
+            }
+            _ => bounded(call, object, timeout, api.patch(name, &params, &body)).await,
+        }
     }
 
     /// Deletes a pod; with `preconditions` the server refuses (Conflict) when the pod was

@@ -49,8 +49,8 @@ pub fn unique(tag: &str) -> String {
     )
 }
 
-/// Runs a command, panicking with its output on failure.
-pub fn sh(program: &str, args: &[&str]) -> String {
+/// Runs a command and returns its output, panicking with that output on failure.
+pub fn run_checked(program: &str, args: &[&str]) -> std::process::Output {
     let out = Command::new(program)
         .args(args)
         .output()
@@ -61,7 +61,12 @@ pub fn sh(program: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    out
+}
+
+/// Runs a command, panicking with its output on failure; returns its stdout.
+pub fn sh(program: &str, args: &[&str]) -> String {
+    String::from_utf8_lossy(&run_checked(program, args).stdout).into_owned()
 }
 
 /// A named network namespace (`ip netns add`), deleted on drop — also when the test fails.

@@ -18,20 +18,8 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 mod cni_driver;
 pub use cni_driver::{require_root, require_tool};
 
-/// Runs a command and returns its output; panics with stderr on failure.
-pub fn sh(program: &str, args: &[&str]) -> Output {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+/// Runs a command and returns its output; panics with its output on failure.
+pub use cni_driver::run_checked as sh;
 
 /// A named network namespace, deleted on drop.
 pub struct Netns {
