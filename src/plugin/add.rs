@@ -2,7 +2,7 @@
 //! excluded namespace, our own agent pod), so a missing kubeconfig cannot block those pods; every
 //! API call has its own timeout and the whole flow runs under one deadline.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
@@ -179,13 +179,14 @@ where
         info!(pod = %pod_ref, outcome = ?done, "nothing to do for this pod");
         return Ok(done);
     }
-    // Start the restore for the common case now, so its start-up overlaps the API round trip.
+    // Start the restore for the common case now, on a blocking thread, so its start-up overlaps
+    // building the client and the API round trip.
     let dry_run_requested = std::env::var_os("DRY_RUN_FILE_PATH").is_some_and(|p| !p.is_empty());
+    let warm_netns = PathBuf::from(&env.netns);
     let warm = (!conf.native_nftables
         && !dry_run_requested
-        && !super::program::is_own_netns(Path::new(&env.netns)))
-    .then(|| super::program::WarmRestore::start(Path::new(&env.netns)))
-    .flatten();
+        && !super::program::is_own_netns(&warm_netns))
+    .then(|| tokio::task::spawn_blocking(move || super::program::WarmRestore::start(&warm_netns)));
     let kube = tokio::time::timeout(conf.kube_call_timeout.min(left(deadline)), connect())
         .await
         .map_err(|_| CniError::internal("building the Kubernetes client timed out"))?
@@ -289,6 +290,10 @@ where
     };
     let cfg = settings.config;
     let dry_run_path = dry_run.clone();
+    let warm = match warm {
+        Some(task) => task.await.ok().flatten(),
+        None => None,
+    };
     let work = tokio::task::spawn_blocking(move || {
         super::program::program(&netns, cfg, dual_stack, backend, dry_run_path, warm)
     });
