@@ -303,16 +303,7 @@ impl KubeClient {
         selectors: &Selectors,
         timeout: Duration,
     ) -> Result<(Vec<Pod>, Option<String>), KubeError> {
-        let api: Api<Pod> = Api::all(self.client.clone());
-        let params = selectors.list_params();
-        let list = bounded(
-            Call::ListPods,
-            selectors.describe(),
-            timeout,
-            api.list(&params),
-        )
-        .await?;
-        Ok((list.items, list.metadata.resource_version))
+        self.list(Call::ListPods, selectors, timeout).await
     }
 
     pub async fn list_namespaces(
@@ -320,13 +311,24 @@ impl KubeClient {
         selectors: &Selectors,
         timeout: Duration,
     ) -> Result<(Vec<Namespace>, Option<String>), KubeError> {
-        let api: Api<Namespace> = Api::all(self.client.clone());
-        let params = selectors.list_params();
+        self.list(Call::ListNamespaces, selectors, timeout).await
+    }
+
+    async fn list<K>(
+        &self,
+        call: Call,
+        selectors: &Selectors,
+        timeout: Duration,
+    ) -> Result<(Vec<K>, Option<String>), KubeError>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::all(self.client.clone());
         let list = bounded(
-            Call::ListNamespaces,
+            call,
             selectors.describe(),
             timeout,
-            api.list(&params),
+            api.list(&selectors.list_params()),
         )
         .await?;
         Ok((list.items, list.metadata.resource_version))
