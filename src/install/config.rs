@@ -609,19 +609,15 @@ pub fn parse_selectors(text: &str) -> Result<Vec<EnablementSelector>, String> {
     if trimmed.is_empty() {
         return Ok(Vec::new());
     }
-    let value = match serde_json::from_str::<serde_json::Value>(trimmed) {
+    // JSON first (its errors are the clearer ones for JSON input), then YAML (the chart's `toYaml`).
+    let selectors: Option<Vec<EnablementSelector>> = match serde_json::from_str(trimmed) {
         Ok(v) => v,
         Err(json_err) if trimmed.starts_with('[') || trimmed.starts_with('{') => {
-            // Flow-style YAML is not JSON; try the YAML reader, report the JSON error if both fail.
-            super::yaml::parse(trimmed).map_err(|_| format!("bad JSON: {json_err}"))?
+            serde_saphyr::from_str(trimmed).map_err(|_| format!("bad JSON: {json_err}"))?
         }
-        Err(_) => super::yaml::parse(trimmed).map_err(|e| format!("bad YAML: {e}"))?,
+        Err(_) => serde_saphyr::from_str(trimmed).map_err(|e| format!("bad YAML: {e}"))?,
     };
-    if value.is_null() {
-        return Ok(Vec::new());
-    }
-    let selectors: Vec<EnablementSelector> = serde_json::from_value(value)
-        .map_err(|e| format!("not a list of {{podSelector, namespaceSelector}} selectors: {e}"))?;
+    let selectors = selectors.unwrap_or_default();
     for sel in &selectors {
         for ls in [&sel.pod_selector, &sel.namespace_selector]
             .into_iter()
@@ -1255,6 +1251,19 @@ mod tests {
             )
             .is_err()
         );
+        // The chart's `toYaml` form, with a plain scalar that looks like a bool.
+        let chart = "- podSelector:\n    matchLabels:\n      istio.io/dataplane-mode: ambient\n\
+                     - podSelector:\n    matchExpressions:\n    - key: istio.io/dataplane-mode\n      \
+                     operator: NotIn\n      values:\n      - none\n  namespaceSelector:\n    \
+                     matchLabels:\n      enabled: true\n";
+        let parsed = parse_selectors(chart).expect("chart YAML parses");
+        assert_eq!(parsed.len(), 2);
+        assert_eq!(
+            serde_json::to_value(&parsed[1]).expect("serializes")["namespaceSelector"]["matchLabels"]
+                ["enabled"],
+            "true"
+        );
+        assert!(parse_selectors("- podSelector: [unclosed").is_err());
     }
 
     #[test]

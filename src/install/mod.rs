@@ -2,8 +2,8 @@
 //! CNI config, writes the plugin kubeconfig, guards all of it, and cleans up on shutdown.
 //! May call: `cli`, `kube`, `telemetry`.
 //!
-//! Files: `config` (flags/env, pure; argv goes through the shared `cli` normaliser), `yaml`
-//! (selector YAML), `cniconf` (merge logic, pure), `kubeconfig` (pure render),
+//! Files: `config` (flags/env, pure; argv goes through the shared `cli` normaliser, selector YAML
+//! through serde-saphyr), `cniconf` (merge logic, pure), `kubeconfig` (pure render),
 //! `fsutil` (atomic file effects), `installer` (install pass, check, cleanup), `guard` (watch loop),
 //! `upgrade` (shutdown keep/clean decision), `caps` (capability dropping).
 
@@ -15,7 +15,6 @@ pub mod guard;
 pub mod installer;
 pub mod kubeconfig;
 pub mod upgrade;
-pub mod yaml;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
