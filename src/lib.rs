@@ -13,7 +13,7 @@
 //! | [`netns`] | entering a network namespace on a dedicated thread | — |
 //! | [`netlink`] | addresses, ip rules and routes via netlink (no `ip` subprocess) | — |
 //! | [`kube`] | the one Kubernetes client module (kubeconfig/in-cluster, typed helpers) and the test API server | — |
-//! | [`plugin`] | the `istio-cni` CNI plugin role | `rules`, `apply`, `netns`, `kube`, `telemetry` |
+//! | [`plugin`] | the `istio-cni` CNI plugin role | `cli`, `rules`, `apply`, `netns`, `netlink`, `kube`, `telemetry` |
 //! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup | `cli`, `kube`, `telemetry` |
 //! | [`telemetry`] | logging setup, plugin log sink, health/readiness and metrics servers | — |
 

@@ -523,11 +523,8 @@ fn invalid(raw: &Raw, reason: impl Into<String>) -> ConfigError {
 
 /// Go's strconv.ParseBool, which pflag and viper use.
 fn parse_bool(raw: &Raw) -> Result<bool, ConfigError> {
-    match raw.value.trim() {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        _ => Err(invalid(raw, "expected a boolean (true/false)")),
-    }
+    crate::cli::parse_go_bool(raw.value.trim())
+        .ok_or_else(|| invalid(raw, "expected a boolean (true/false)"))
 }
 
 /// Go's strconv.ParseInt with base 0 (viper's cast): `0600` is octal, `0x..` hex, `0o..` octal.

@@ -1,5 +1,5 @@
 //! The `istio-cni` CNI plugin role (ADD/DEL/CHECK/VERSION/STATUS/GC).
-//! May call: `rules`, `apply`, `netns`, `kube`, `telemetry`.
+//! May call: `cli`, `rules`, `apply`, `netns`, `netlink`, `kube`, `telemetry`.
 //!
 //! Layout: pure parts — [`cni`] (env, versions, errors), [`config`] (stdin JSON), [`args`]
 //! (`CNI_ARGS`), [`result`] (prevResult conversion), [`pod`], [`sidecar`] (selection + redirect),

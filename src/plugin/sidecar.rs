@@ -33,14 +33,7 @@ const DEFAULT_EXCLUDE_PORT: &str = "15020";
 /// Proxy UID/GID when the istio-proxy securityContext does not set one (or sets 0).
 pub const DEFAULT_PROXY_ID: i64 = 1337;
 
-/// Go's `strconv.ParseBool`.
-pub fn parse_go_bool(s: &str) -> Option<bool> {
-    match s {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
-}
+pub use crate::cli::parse_go_bool;
 
 /// Why a pod is left alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
