@@ -19,7 +19,12 @@ pub fn fill_host_facts(settings: &mut Settings) -> Result<Option<HostIp>, String
             settings.capture.proxy_gids = settings.capture.proxy_uids.clone();
         }
     }
-    let detected = netlink::detect_host_ip(settings.dual_stack).ok().flatten();
+    // Interface addresses are needed only to pick the IP family or the validation address.
+    let detected = if settings.ipv6 == Ipv6Choice::Auto || settings.run_validation {
+        netlink::detect_host_ip(settings.dual_stack).ok().flatten()
+    } else {
+        None
+    };
     settings.capture.enable_ipv6 = match settings.ipv6 {
         Ipv6Choice::On => true,
         Ipv6Choice::Off => false,

@@ -179,12 +179,14 @@ where
         info!(pod = %pod_ref, outcome = ?done, "nothing to do for this pod");
         return Ok(done);
     }
+    let dry_run = std::env::var_os("DRY_RUN_FILE_PATH")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from);
     // Start the restore for the common case now, on a blocking thread, so its start-up overlaps
     // building the client and the API round trip.
-    let dry_run_requested = std::env::var_os("DRY_RUN_FILE_PATH").is_some_and(|p| !p.is_empty());
     let warm_netns = PathBuf::from(&env.netns);
     let warm = (!conf.native_nftables
-        && !dry_run_requested
+        && dry_run.is_none()
         && !super::program::is_own_netns(&warm_netns))
     .then(|| tokio::task::spawn_blocking(move || super::program::WarmRestore::start(&warm_netns)));
     let kube = tokio::time::timeout(conf.kube_call_timeout.min(left(deadline)), connect())
@@ -278,9 +280,6 @@ where
     for w in &settings.warnings {
         warn!(pod = %pod_ref, "{w}");
     }
-    let dry_run = std::env::var_os("DRY_RUN_FILE_PATH")
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from);
     let netns = PathBuf::from(&env.netns);
     let dual_stack = settings.dual_stack;
     let backend = if conf.native_nftables {
