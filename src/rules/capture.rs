@@ -95,10 +95,6 @@ impl IpRanges {
         Ok(ranges)
     }
 
-    pub fn is_empty(&self) -> bool {
-        !self.wildcard && self.v4.is_empty() && self.v6.is_empty()
-    }
-
     fn family(&self, family: Family) -> &[String] {
         match family {
             Family::V4 => &self.v4,

@@ -34,16 +34,6 @@ impl Table {
             Table::Raw => "raw",
         }
     }
-
-    pub fn from_name(name: &str) -> Option<Table> {
-        match name {
-            "filter" => Some(Table::Filter),
-            "mangle" => Some(Table::Mangle),
-            "nat" => Some(Table::Nat),
-            "raw" => Some(Table::Raw),
-            _ => None,
-        }
-    }
 }
 
 impl fmt::Display for Table {
@@ -220,10 +210,6 @@ impl RuleSet {
             Family::V6 => &self.v6,
         }
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.v4.is_empty() && self.v6.is_empty()
-    }
 }
 
 /// Builds a [`RuleSet`] in program order, honouring "IPv6 only when enabled".
@@ -239,10 +225,6 @@ impl RuleSetBuilder {
             ipv6,
             set: RuleSet::default(),
         }
-    }
-
-    pub fn ipv6_enabled(&self) -> bool {
-        self.ipv6
     }
 
     /// Adds a rule to one family (a no-op for IPv6 when IPv6 is disabled).
