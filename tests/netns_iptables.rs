@@ -131,37 +131,26 @@ fn reapply_is_idempotent_and_cleanup_removes_everything() {
     );
 
     // A different config on top: refused without --reconcile, replaces with it.
-    let out = env.pod.try_exec(
-        bin(),
-        &[
-            "istio-iptables",
-            "-p",
-            "15001",
-            "-u",
-            "1337",
-            "-i",
-            "10.0.0.0/8",
-        ],
-    );
+    let other = [
+        "istio-iptables",
+        "-p",
+        "15001",
+        "-u",
+        "1337",
+        "-i",
+        "10.0.0.0/8",
+    ];
+    let out = env.pod.try_exec(bin(), &other);
     assert!(
         !out.status.success(),
         "drifted rules must not be silently mixed"
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("--reconcile"));
     assert_eq!(env.pod.iptables_state(), first);
-    assert_ok(&env.pod.try_exec(
-        bin(),
-        &[
-            "istio-iptables",
-            "-p",
-            "15001",
-            "-u",
-            "1337",
-            "-i",
-            "10.0.0.0/8",
-            "--reconcile",
-        ],
-    ));
+    assert_ok(
+        &env.pod
+            .try_exec(bin(), &[&other[..], &["--reconcile"]].concat()),
+    );
     let reconciled = env.pod.iptables_state();
     assert!(
         reconciled.contains("-d 10.0.0.0/8 -j ISTIO_REDIRECT"),
