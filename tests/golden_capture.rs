@@ -3,45 +3,17 @@
 //! the case's argv and env (plus the host facts pinned by our reproducibility flags), and stdout is
 //! compared with Istio's file. Istio's files are never rewritten.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde_json::Value;
-
-fn testdata() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/istio")
-}
-
-/// argv for a case: its own args plus `--ipv6` and `--dns-servers` from `host_inputs`.
-fn case_args(case: &Value) -> Vec<String> {
-    let mut args: Vec<String> = case["cli"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().map(String::from))
-        .collect();
-    let host = &case["host_inputs"];
-    let ipv6 = host["enable_ipv6"].as_bool().unwrap_or(false);
-    args.push(format!("--ipv6={ipv6}"));
-    if let Some(servers) = host["resolv_conf_nameservers"].as_array() {
-        let list: Vec<&str> = servers.iter().filter_map(Value::as_str).collect();
-        args.push(format!("--dns-servers={}", list.join(",")));
-    }
-    args
-}
+#[path = "support/cases.rs"]
+mod cases;
+use cases::{case_args, case_env, cases_under, testdata};
 
 fn run_cases(prefix: &str) -> usize {
-    let cases: Value = serde_json::from_str(
-        &std::fs::read_to_string(testdata().join("cases.json")).expect("cases.json"),
-    )
-    .unwrap();
     let mut failures = Vec::new();
     let mut ran = 0;
-    for case in cases.as_array().expect("cases.json is a list") {
+    for case in &cases_under(prefix) {
         let golden = case["golden"].as_str().unwrap_or_default();
-        if !golden.starts_with(prefix) || case["cli"].is_null() {
-            continue;
-        }
         ran += 1;
         let args = case_args(case);
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_istio-cni-rs"));
@@ -49,9 +21,7 @@ fn run_cases(prefix: &str) -> usize {
             .args(&args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default());
-        for (k, v) in case["env"].as_object().into_iter().flatten() {
-            cmd.env(k, v.as_str().unwrap_or_default());
-        }
+        cmd.envs(case_env(case));
         let out = cmd.output().expect("run istio-iptables");
         let want = std::fs::read_to_string(testdata().join(golden)).expect("golden file");
         let got = String::from_utf8_lossy(&out.stdout);

@@ -338,7 +338,7 @@ fn native_nftables_redirects_and_cleans_up() {
 }
 
 #[test]
-fn fresh_namespace_hands_over_to_restore_and_reruns_still_verify() {
+fn fresh_namespace_is_programmed_over_netlink_and_reruns_still_verify() {
     tools();
     let env = PodAndServer::new("exec");
     let tables = |env: &PodAndServer| {
@@ -362,8 +362,8 @@ fn fresh_namespace_hands_over_to_restore_and_reruns_still_verify() {
     let first = run(&env);
     assert_ok(&first);
     assert!(
-        String::from_utf8_lossy(&first.stderr).contains("handing over to iptables-restore"),
-        "fresh namespace should use the exec fast path: {}",
+        String::from_utf8_lossy(&first.stderr).contains("applied over nfnetlink"),
+        "a fresh namespace should be programmed over netlink, without iptables-restore: {}",
         String::from_utf8_lossy(&first.stderr)
     );
     assert!(tables(&env) > 0);
@@ -372,7 +372,7 @@ fn fresh_namespace_hands_over_to_restore_and_reruns_still_verify() {
     assert_ok(&second);
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert!(
-        !stderr.contains("handing over") && stderr.contains("AlreadyApplied"),
+        !stderr.contains("applied over nfnetlink") && stderr.contains("AlreadyApplied"),
         "{stderr}"
     );
     assert_eq!(env.pod.iptables_state(), applied);

@@ -156,7 +156,7 @@ fn repeated_add_with_changed_settings_converges() {
 }
 
 #[test]
-fn first_add_uses_the_restore_started_during_the_lookup_and_reruns_fall_back() {
+fn first_add_is_programmed_over_netlink_and_reruns_keep_the_rules() {
     require_tool("iptables-restore", "iptables");
     let api = FakeApiServer::start();
     api.put_pod(sidecar_pod("ns1", "warm", json!({}), json!([]), json!({})));
@@ -169,10 +169,8 @@ fn first_add_uses_the_restore_started_during_the_lookup_and_reruns_fall_back() {
     let first = run_plugin(&env, &conf.to_string());
     assert_eq!(first.code, 0, "{}{}", first.stdout, first.stderr);
     assert!(
-        first
-            .stderr
-            .contains("rules applied by the restore started during the pod lookup"),
-        "a fresh namespace should take the early restore: {}",
+        first.stderr.contains("applied over nfnetlink"),
+        "a fresh namespace should be programmed without iptables-restore: {}",
         first.stderr
     );
     let rules_only = |save: String| {
@@ -185,7 +183,7 @@ fn first_add_uses_the_restore_started_during_the_lookup_and_reruns_fall_back() {
     let second = run_plugin(&env, &conf.to_string());
     assert_eq!(second.code, 0, "{}{}", second.stdout, second.stderr);
     assert!(
-        !second.stderr.contains("started during the pod lookup"),
+        !second.stderr.contains("applied over nfnetlink"),
         "{}",
         second.stderr
     );
@@ -194,7 +192,7 @@ fn first_add_uses_the_restore_started_during_the_lookup_and_reruns_fall_back() {
         programmed,
         "a repeated ADD must not change the rules"
     );
-    // No restore process is left waiting on stdin in this namespace.
+    // Nothing is left running in this namespace.
     let name = netns
         .path()
         .file_name()

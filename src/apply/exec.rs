@@ -94,30 +94,3 @@ impl Executor for ProcessExecutor {
         })
     }
 }
-
-/// Pipes hold this much without a reader; bigger inputs cannot be handed over by [`exec_with_stdin`].
-pub const PIPE_CAPACITY: usize = 60 * 1024;
-
-/// Replaces this process with `cmd`, its stdin fed from an in-memory pipe. Returns only on failure
-/// (input too large for a pipe, or exec failed), so the caller can fall back to spawning.
-pub fn exec_with_stdin(cmd: &Cmd) -> std::io::Error {
-    use std::os::unix::process::CommandExt;
-    let input = cmd.stdin.as_deref().unwrap_or("");
-    if input.len() > PIPE_CAPACITY {
-        return std::io::Error::other("input larger than a pipe buffer");
-    }
-    let (read, write) = match nix::unistd::pipe() {
-        Ok(ends) => ends,
-        Err(e) => return e.into(),
-    };
-    let mut writer = std::fs::File::from(write);
-    if let Err(e) = writer.write_all(input.as_bytes()) {
-        return e;
-    }
-    drop(writer);
-    Command::new(&cmd.program)
-        .args(&cmd.args)
-        .envs(cmd.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::from(read))
-        .exec()
-}

@@ -33,6 +33,15 @@ pub struct Binaries {
 }
 
 impl Binaries {
+    /// Whether these are the `*-nft` binaries (the ones whose kernel encoding
+    /// [`crate::rules::iptables_nft`] reproduces).
+    pub fn is_nft_flavour(&self) -> bool {
+        !self.legacy
+            && Path::new(&self.restore)
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().ends_with("-nft-restore"))
+    }
+
     /// Extra arguments for write commands (legacy only: wait for the xtables lock).
     fn lock_args(&self) -> Vec<String> {
         if self.legacy {
@@ -162,8 +171,15 @@ pub fn detect(family: Family, force: Option<ForceBinary>) -> Result<Binaries, Ap
 /// Hands the process over to `iptables-restore --noflush` for one family's rules (the fast path
 /// for a fresh namespace where nothing else is left to do: the restore's exit status becomes
 /// ours). Returns only when that was not possible; the caller then applies normally.
-pub fn exec_restore(bins: &Binaries, rules: &[Rule]) -> std::io::Error {
-    super::exec::exec_with_stdin(&restore_cmd(bins, render_restore(rules), &[]))
+/// Applies `rules` by sending the nf_tables messages `iptables-nft-restore --noflush` would send
+/// ([`crate::rules::iptables_nft`]), both families in one transaction, from the calling thread's
+/// netns. Err when the rules are not covered by that encoding or the kernel refused them; either
+/// way nothing has changed, and the caller runs iptables-restore instead.
+pub fn apply_nft_netlink(rules: &RuleSet) -> Result<(), String> {
+    use crate::rules::iptables_nft::encode;
+    let mut messages = encode(Family::V4, &rules.v4).map_err(|e| e.to_string())?;
+    messages.extend(encode(Family::V6, &rules.v6).map_err(|e| e.to_string())?);
+    crate::netlink::nft_batch::send(&messages).map_err(|e| e.to_string())
 }
 
 /// How a sidecar apply should treat existing state.
@@ -174,6 +190,8 @@ pub struct SidecarOptions {
     pub force_apply: bool,
     /// Environment for every command (e.g. a pod-scoped `XTABLES_LOCKFILE`).
     pub env: Vec<(String, String)>,
+    /// Never send the nf_tables messages directly; always run iptables-restore.
+    pub restore_only: bool,
 }
 
 /// What an apply did, for logs and tests.
@@ -579,6 +597,17 @@ pub fn apply_sidecar_here(
     for family in Family::ALL {
         if !rules.family(family).is_empty() || (opts.cleanup_only && family == Family::V4) {
             bins.push(detect(family, force)?);
+        }
+    }
+    // The common case — plain apply with the nft flavour — needs no process at all.
+    let plain = !opts.reconcile && !opts.force_apply && !opts.cleanup_only && !opts.restore_only;
+    if plain && !bins.is_empty() && bins.iter().all(Binaries::is_nft_flavour) {
+        match apply_nft_netlink(rules) {
+            Ok(()) => {
+                tracing::debug!("applied over nfnetlink, encoded as iptables-nft does");
+                return Ok(Outcome::Applied);
+            }
+            Err(reason) => tracing::debug!(%reason, "applying with iptables-restore instead"),
         }
     }
     apply_sidecar(&mut super::exec::ProcessExecutor, &bins, rules, opts)

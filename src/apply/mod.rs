@@ -1,6 +1,6 @@
 //! Applying rule sets: iptables/ip6tables(-save/-restore) binary detection, locking, state
 //! verification, reconcile/cleanup, and the dry-run transcript in Istio's format.
-//! May call: `rules`.
+//! May call: `rules`, `netlink` (nf_tables transactions).
 
 pub mod exec;
 pub mod iptables;

@@ -208,6 +208,9 @@ pub struct Settings {
     pub force_apply: bool,
     pub native_nftables: bool,
     pub force_binary: Option<crate::apply::ForceBinary>,
+    /// Always apply through iptables-restore, never by sending its nf_tables messages directly
+    /// [ISTIO_IPTABLES_RESTORE_ONLY].
+    pub restore_only: bool,
 }
 
 /// A flag or variable with a bad value. The message names both.
@@ -555,6 +558,7 @@ impl Flags {
                 &["NATIVE_NFTABLES"],
             ),
             force_binary,
+            restore_only: r.switch("restore-only", false, &["ISTIO_IPTABLES_RESTORE_ONLY"]),
             capture: c,
         };
         Ok((settings, r.warnings))

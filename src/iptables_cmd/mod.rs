@@ -10,11 +10,11 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use argh::FromArgs;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use crate::apply::{self, SidecarOptions};
 use crate::cli::{Env, ProcessEnv, normalise_args};
-use crate::rules::{self, Family, RuleSet};
+use crate::rules::{self, RuleSet};
 use flags::{Flags, SHAPES, Settings};
 
 /// The arguments Istio's sidecar injector passes to the istio-init container (demo, tests, bench).
@@ -184,44 +184,13 @@ fn apply_nft(settings: &Settings) -> Result<(), String> {
     Ok(())
 }
 
-/// The common init-container case — a fresh pod namespace, IPv4 only, no routes to add, no
-/// reconcile — needs nothing but one `iptables-restore`: this process becomes that restore (exec)
-/// instead of running it as a child and waiting. Returns when the case does not apply.
-fn exec_into_restore_when_fresh(settings: &Settings, rules: &RuleSet) {
-    let c = &settings.capture;
-    let simple = !settings.cni_mode
-        && !settings.reconcile
-        && !settings.force_apply
-        && !settings.cleanup_only
-        && !c.enable_ipv6
-        && !c.needs_tproxy_routes()
-        && rules.v6.is_empty()
-        && !rules.v4.is_empty();
-    if !simple || apply::iptables::legacy_has_tables(Family::V4) {
-        return;
-    }
-    // Any nftables table means someone was here before: take the path that checks the state.
-    if crate::netlink::nftables::table_count().ok() != Some(0) {
-        return;
-    }
-    let Ok(bins) = apply::detect(Family::V4, settings.force_binary) else {
-        return;
-    };
-    debug!(restore = %bins.restore, "fresh namespace: handing over to iptables-restore");
-    let err = apply::iptables::exec_restore(&bins, &rules.v4);
-    debug!(
-        "exec of {} failed ({err}); applying as a child process",
-        bins.restore
-    );
-}
-
 fn apply_rules(settings: &Settings, rules: RuleSet) -> Result<(), String> {
-    exec_into_restore_when_fresh(settings, &rules);
     let mut opts = SidecarOptions {
         reconcile: settings.reconcile,
         cleanup_only: settings.cleanup_only,
         force_apply: settings.force_apply,
         env: vec![],
+        restore_only: settings.restore_only,
     };
     let force = settings.force_binary;
     let capture = settings.capture.clone();

@@ -1,6 +1,7 @@
 //! Host facts and kernel network state: interface addresses (IPv6 detection), and addresses, ip
-//! rules and routes set via rtnetlink (no `ip` subprocess).
-//! May call: nothing else in this crate.
+//! rules and routes set via rtnetlink (no `ip` subprocess); nf_tables transactions sent over
+//! nfnetlink ([`nft_batch`]).
+//! May call: `rules` (only the message type that `rules::iptables_nft` encodes).
 
 use std::net::IpAddr;
 
@@ -116,5 +117,6 @@ mod tests {
     }
 }
 
+pub mod nft_batch;
 pub mod nftables;
 pub mod routes;

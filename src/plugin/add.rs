@@ -182,13 +182,6 @@ where
     let dry_run = std::env::var_os("DRY_RUN_FILE_PATH")
         .filter(|p| !p.is_empty())
         .map(PathBuf::from);
-    // Start the restore for the common case now, on a blocking thread, so its start-up overlaps
-    // building the client and the API round trip.
-    let warm_netns = PathBuf::from(&env.netns);
-    let warm = (!conf.native_nftables
-        && dry_run.is_none()
-        && !super::program::is_own_netns(&warm_netns))
-    .then(|| tokio::task::spawn_blocking(move || super::program::WarmRestore::start(&warm_netns)));
     let kube = tokio::time::timeout(conf.kube_call_timeout.min(left(deadline)), connect())
         .await
         .map_err(|_| CniError::internal("building the Kubernetes client timed out"))?
@@ -289,12 +282,8 @@ where
     };
     let cfg = settings.config;
     let dry_run_path = dry_run.clone();
-    let warm = match warm {
-        Some(task) => task.await.ok().flatten(),
-        None => None,
-    };
     let work = tokio::task::spawn_blocking(move || {
-        super::program::program(&netns, cfg, dual_stack, backend, dry_run_path, warm)
+        super::program::program(&netns, cfg, dual_stack, backend, dry_run_path)
     });
     let programmed = tokio::time::timeout(left(deadline), work)
         .await

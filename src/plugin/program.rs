@@ -23,70 +23,6 @@ pub enum ProgramError {
     },
 }
 
-/// An `iptables-restore --noflush` started in the pod netns before the pod is looked up: its
-/// start-up (exec, shared libraries) overlaps the API round trip, and it just waits on stdin for
-/// the rules. Used only for the common case (nft backend, fresh namespace, IPv4 rules); otherwise
-/// it is stopped unused and the normal path runs. Stopped (killed, reaped) on drop.
-pub struct WarmRestore {
-    child: Option<std::process::Child>,
-}
-
-impl WarmRestore {
-    /// Starts one in `netns` when the namespace looks fresh to the nft backend; None otherwise.
-    pub fn start(netns: &Path) -> Option<WarmRestore> {
-        use std::process::{Command, Stdio};
-        let lock = netns.display().to_string();
-        crate::netns::run_in(netns, move || {
-            let family = crate::rules::Family::V4;
-            if crate::apply::iptables::legacy_has_tables(family) {
-                return None;
-            }
-            let bins = crate::apply::detect(family, None)
-                .ok()
-                .filter(|b| !b.legacy)?;
-            let child = Command::new(&bins.restore)
-                .arg("--noflush")
-                .env("XTABLES_LOCKFILE", lock)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .ok()?;
-            Some(WarmRestore { child: Some(child) })
-        })
-        .ok()
-        .flatten()
-    }
-
-    /// Feeds the rules and waits. An error (e.g. our chains already exist) changes nothing for a
-    /// nat-only rule set; the caller then takes the path that checks the current state.
-    fn finish(mut self, rules: &[crate::rules::Rule]) -> Result<(), String> {
-        use std::io::Write;
-        let mut child = self.child.take().ok_or("no restore process")?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(render_restore(rules).as_bytes())
-                .map_err(|e| e.to_string())?;
-        }
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-        }
-    }
-}
-
-impl Drop for WarmRestore {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // Killed before it read any input: it has changed nothing.
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 /// What was done.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Programmed {
@@ -144,7 +80,6 @@ pub fn program(
     dual_stack: bool,
     backend: Backend,
     dry_run: Option<PathBuf>,
-    warm: Option<WarmRestore>,
 ) -> Result<Programmed, ProgramError> {
     if let Some(out) = dry_run {
         // The namespace may be a placeholder in a dry run; without it, IPv4 only.
@@ -186,26 +121,16 @@ pub fn program(
         let applied = match backend {
             Backend::Iptables => {
                 let rules = build(&cfg);
-                // The warm restore covers an IPv4-only rule set; anything else stops it unused.
-                let warm_applied = match warm {
-                    Some(w) if rules.v6.is_empty() => w.finish(&rules.v4).is_ok(),
-                    _ => false,
-                };
-                if warm_applied {
-                    tracing::debug!("rules applied by the restore started during the pod lookup");
-                    Ok(Outcome::Applied)
-                } else {
-                    match apply_sidecar_here(&rules, &opts, None) {
-                        // A repeated ADD with changed settings: converge (the pod is not running yet).
-                        Err(crate::apply::ApplyError::Drift { .. }) => {
-                            let reconcile = SidecarOptions {
-                                reconcile: true,
-                                ..opts.clone()
-                            };
-                            apply_sidecar_here(&rules, &reconcile, None)
-                        }
-                        other => other,
+                match apply_sidecar_here(&rules, &opts, None) {
+                    // A repeated ADD with changed settings: converge (the pod is not running yet).
+                    Err(crate::apply::ApplyError::Drift { .. }) => {
+                        let reconcile = SidecarOptions {
+                            reconcile: true,
+                            ..opts.clone()
+                        };
+                        apply_sidecar_here(&rules, &reconcile, None)
                     }
+                    other => other,
                 }
             }
             Backend::Nftables => crate::apply::nft::apply_transaction(

@@ -124,18 +124,28 @@ pub fn rule_line(rule: &Rule) -> String {
     line
 }
 
-/// iptables-restore input for one family's rules, laid out as Istio does: tables in lexicographic
-/// order, each with its `-N` declarations (first the chains rules live in, then chains only jumped
-/// to, each in first-seen order), then the rules in program order, then `COMMIT`.
-pub fn render_restore(rules: &[Rule]) -> String {
-    let mut tables: BTreeMap<Table, Vec<String>> = BTreeMap::new();
+/// One step of an iptables-restore transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreStep<'a> {
+    /// `-N CHAIN`: declare a user chain.
+    NewChain(&'a str),
+    /// `-A`/`-I`: add a rule.
+    Rule(&'a Rule),
+}
+
+/// The steps of a restore for one family's rules, per table, laid out as Istio does: tables in
+/// lexicographic order, each with its `-N` declarations (first the chains rules live in, then
+/// chains only jumped to, each in first-seen order), then the rules in program order. Both the
+/// restore text and the netlink encoding ([`super::iptables_nft`]) follow these steps.
+pub fn restore_steps(rules: &[Rule]) -> BTreeMap<Table, Vec<RestoreStep<'_>>> {
+    let mut tables: BTreeMap<Table, Vec<RestoreStep<'_>>> = BTreeMap::new();
     let mut seen: HashSet<(Table, &str)> = HashSet::new();
     for rule in rules {
         if seen.insert((rule.table, rule.chain.as_str())) && !is_builtin_chain(&rule.chain) {
             tables
                 .entry(rule.table)
                 .or_default()
-                .push(format!("-N {}", rule.chain));
+                .push(RestoreStep::NewChain(&rule.chain));
         }
     }
     for rule in rules {
@@ -146,22 +156,34 @@ pub fn render_restore(rules: &[Rule]) -> String {
             tables
                 .entry(rule.table)
                 .or_default()
-                .push(format!("-N {target}"));
+                .push(RestoreStep::NewChain(target));
         }
     }
     for rule in rules {
-        tables.entry(rule.table).or_default().push(rule_line(rule));
+        tables
+            .entry(rule.table)
+            .or_default()
+            .push(RestoreStep::Rule(rule));
     }
+    tables
+}
+
+/// iptables-restore input for one family's rules ([`restore_steps`]), each table closed by
+/// `COMMIT`.
+pub fn render_restore(rules: &[Rule]) -> String {
     let mut out = String::new();
-    for (table, lines) in tables {
-        if lines.is_empty() {
-            continue;
-        }
+    for (table, steps) in restore_steps(rules) {
         out.push_str("* ");
         out.push_str(table.name());
         out.push('\n');
-        for line in lines {
-            out.push_str(&line);
+        for step in steps {
+            match step {
+                RestoreStep::NewChain(chain) => {
+                    out.push_str("-N ");
+                    out.push_str(chain);
+                }
+                RestoreStep::Rule(rule) => out.push_str(&rule_line(rule)),
+            }
             out.push('\n');
         }
         out.push_str("COMMIT\n");

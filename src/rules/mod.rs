@@ -6,6 +6,7 @@
 pub mod ambient;
 pub mod capture;
 pub mod iptables;
+pub mod iptables_nft;
 pub mod model;
 pub mod nft_capture;
 pub mod nftables;

@@ -1,0 +1,151 @@
+//! The in-process nf_tables encoding (`rules::iptables_nft`) against iptables-nft-restore itself,
+//! the external oracle: for every Istio capture case (and a few extra flag sets), the rules are
+//! applied for real in two fresh namespaces — once with `ISTIO_IPTABLES_RESTORE_ONLY=true`
+//! (iptables-nft-restore does it), once the default way (we send the messages) — and the kernel's
+//! full view (`nft --debug=netlink list ruleset`: every table, chain, handle and expression) plus
+//! `iptables-nft-save`/`ip6tables-nft-save` must be identical.
+
+mod support;
+
+#[path = "support/cases.rs"]
+mod cases;
+
+use std::process::Output;
+
+use support::{Netns, bin, require_tool};
+
+const CAPTURE: &str = "tools/istio-iptables/pkg/capture/testdata/";
+const NETLINK_USED: &str = "applied over nfnetlink";
+
+/// Flag sets beyond Istio's cases (on top of `-p 15001 -z 15006 -u 1337 -m REDIRECT`): the
+/// injector's defaults and the knobs operators set most.
+const EXTRA: &[&[&str]] = &[
+    &["-i", "*", "-x", "", "-b", "*", "-d", "15090,15021,15020"],
+    &["-i", "10.96.0.0/12,172.16.0.0/16", "-b", "*"],
+    &["-i", "*", "-x", "10.0.0.0/8,192.168.1.7/32", "-b", "*"],
+    &["-i", "*", "-b", "8080,9090", "-d", "15020,15021,15090"],
+    &["-i", "*", "-b", "*", "-o", "3306,6379", "-q", "8443"],
+    &["-i", "*", "-b", "*", "-k", "eth1,net+"],
+    &["-i", "*", "-b", "*", "-c", "eth9"],
+    &["-i", "fd00:10::/56,10.96.0.0/12", "-b", "*", "--ipv6=true"],
+];
+
+/// A named run: its argv and environment.
+type Run = (String, Vec<String>, Vec<(String, String)>);
+
+struct Applied {
+    ok: bool,
+    ruleset: String,
+    saves: String,
+    native: bool,
+}
+
+fn apply_in_fresh_netns(args: &[String], env: &[(String, String)], restore_only: bool) -> Applied {
+    let ns = Netns::new("nlconf");
+    let mut cmd = std::process::Command::new("ip");
+    cmd.args(["netns", "exec", &ns.name, bin(), "istio-iptables"])
+        .args(args)
+        .envs(env.iter().cloned())
+        .env("ISTIO_IPTABLES_LOG", "debug");
+    if restore_only {
+        cmd.env("ISTIO_IPTABLES_RESTORE_ONLY", "true");
+    }
+    let out = cmd.output().expect("run istio-iptables");
+    let text = |o: Output| String::from_utf8_lossy(&o.stdout).to_string();
+    let saves = ["iptables-nft-save", "ip6tables-nft-save"]
+        .iter()
+        .map(|tool| {
+            text(ns.exec(tool, &[]))
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .collect::<Vec<_>>()
+        .join("\n--\n");
+    Applied {
+        ok: out.status.success(),
+        ruleset: text(ns.exec("nft", &["--debug=netlink", "list", "ruleset"])),
+        saves,
+        native: String::from_utf8_lossy(&out.stderr).contains(NETLINK_USED),
+    }
+}
+
+#[test]
+fn netlink_encoding_leaves_the_kernel_exactly_as_iptables_nft_restore_does() {
+    require_tool("iptables-nft-restore", "iptables");
+    require_tool("nft", "nftables");
+    let mut runs: Vec<Run> = Vec::new();
+    for case in cases::cases_under(CAPTURE) {
+        let args: Vec<String> = cases::case_args(&case)
+            .into_iter()
+            .filter(|a| a != "--dry-run")
+            .collect();
+        let name = case["case"].as_str().unwrap_or_default().to_string();
+        runs.push((name, args, cases::case_env(&case)));
+    }
+    assert!(runs.len() >= 14, "expected Istio's capture cases");
+    for extra in EXTRA {
+        let mut args: Vec<String> = ["-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT"]
+            .iter()
+            .chain(extra.iter())
+            .map(|s| s.to_string())
+            .collect();
+        if !args.iter().any(|a| a.starts_with("--ipv6")) {
+            args.push("--ipv6=false".into());
+        }
+        runs.push((format!("injector {extra:?}"), args, vec![]));
+    }
+
+    let mut failures = Vec::new();
+    let mut native = Vec::new();
+    let mut fallback = Vec::new();
+    for (name, args, env) in &runs {
+        let oracle = apply_in_fresh_netns(args, env, true);
+        assert!(!oracle.native, "{name}: restore-only run used netlink");
+        let ours = apply_in_fresh_netns(args, env, false);
+        if !oracle.ok {
+            // E.g. an owner group this host does not have: we must fail the same way.
+            assert!(
+                !ours.ok,
+                "{name}: iptables-nft-restore failed but we succeeded"
+            );
+            fallback.push(format!("{name} (not applicable on this host)"));
+            continue;
+        }
+        assert!(
+            ours.ok,
+            "{name}: failed where iptables-nft-restore succeeded"
+        );
+        if ours.native {
+            native.push(name.clone());
+        } else {
+            fallback.push(name.clone());
+        }
+        if ours.ruleset != oracle.ruleset || ours.saves != oracle.saves {
+            failures.push(format!(
+                "{name} ({args:?}):\n--- iptables-nft-restore\n{}\n{}\n--- ours\n{}\n{}",
+                oracle.ruleset, oracle.saves, ours.ruleset, ours.saves
+            ));
+        }
+    }
+    eprintln!(
+        "netlink encoding used for {} of {} rule sets; iptables-restore for: {fallback:?}",
+        native.len(),
+        runs.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    // The common shapes must not silently fall back: the injector defaults and plain IPv4/IPv6.
+    let injector = format!("injector {:?}", EXTRA[0]);
+    for must in [
+        injector.as_str(),
+        "empty",
+        "ipv6-empty-inbound-ports",
+        "ipnets",
+    ] {
+        assert!(
+            native.iter().any(|n| n == must),
+            "{must} fell back to iptables-restore"
+        );
+    }
+}

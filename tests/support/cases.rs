@@ -1,0 +1,55 @@
+//! Istio's golden cases (tests/testdata/istio/cases.json): loading them and the argv for a case.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+pub fn testdata() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/istio")
+}
+
+/// The cases whose golden lives under `prefix` and that have a command line.
+pub fn cases_under(prefix: &str) -> Vec<Value> {
+    let cases: Value = serde_json::from_str(
+        &std::fs::read_to_string(testdata().join("cases.json")).expect("cases.json"),
+    )
+    .expect("cases.json is JSON");
+    cases
+        .as_array()
+        .expect("cases.json is a list")
+        .iter()
+        .filter(|c| {
+            c["golden"].as_str().unwrap_or_default().starts_with(prefix) && !c["cli"].is_null()
+        })
+        .cloned()
+        .collect()
+}
+
+/// argv for a case: its own args plus `--ipv6` and `--dns-servers` from `host_inputs`.
+pub fn case_args(case: &Value) -> Vec<String> {
+    let mut args: Vec<String> = case["cli"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(String::from))
+        .collect();
+    let host = &case["host_inputs"];
+    let ipv6 = host["enable_ipv6"].as_bool().unwrap_or(false);
+    args.push(format!("--ipv6={ipv6}"));
+    if let Some(servers) = host["resolv_conf_nameservers"].as_array() {
+        let list: Vec<&str> = servers.iter().filter_map(Value::as_str).collect();
+        args.push(format!("--dns-servers={}", list.join(",")));
+    }
+    args
+}
+
+/// The case's environment variables.
+pub fn case_env(case: &Value) -> Vec<(String, String)> {
+    case["env"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+        .collect()
+}
