@@ -192,6 +192,14 @@ fn first_add_is_programmed_over_netlink_and_reruns_keep_the_rules() {
         programmed,
         "a repeated ADD must not change the rules"
     );
+    // The same pod through iptables-restore (the operator's opt-out) ends up with the same rules.
+    let other = NetnsGuard::new("restore");
+    let mut env = cni_env("ADD", &other.path().display().to_string(), "ns1", "warm");
+    env.push(("ISTIO_IPTABLES_RESTORE_ONLY", "true".to_string()));
+    let via_restore = run_plugin(&env, &conf.to_string());
+    assert_eq!(via_restore.code, 0, "{}", via_restore.stderr);
+    assert!(!via_restore.stderr.contains("applied over nfnetlink"));
+    assert_eq!(rules_only(other.iptables_save()), programmed);
     // Nothing is left running in this namespace.
     let name = netns
         .path()

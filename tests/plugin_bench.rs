@@ -2,7 +2,7 @@
 //! `ISTIO_CNI_RS_BIN=target/static/istio-cni-rs cargo test --test plugin_bench -- --ignored --nocapture`).
 //! Prints a Markdown table: wall time of a sidecar ADD through
 //! the real binary (API lookup against a local fake server, netns entry, IPv6 detection,
-//! iptables-restore) against a bare `iptables-nft-restore --noflush` of the same rules, each in a
+//! programming the rules) against a bare `iptables-nft-restore --noflush` of the same rules, each in a
 //! fresh network namespace.
 
 mod cni_driver;
@@ -66,6 +66,7 @@ fn sidecar_add_vs_bare_restore() {
     let rules = std::fs::read_to_string(&rules_file).unwrap();
 
     let mut add = Vec::new();
+    let mut add_via_restore = Vec::new();
     let mut in_process = Vec::new();
     let mut bare = Vec::new();
     for _ in 0..ROUNDS {
@@ -84,6 +85,15 @@ fn sidecar_add_vs_bare_restore() {
             .find_map(|r| r["took_ms"].as_u64())
             .expect("took_ms logged");
         in_process.push(Duration::from_millis(took));
+
+        // The same ADD made to run iptables-restore (the opt-out): what the netlink path saves.
+        let ns = NetnsGuard::new("brst");
+        let mut env = cni_env("ADD", &ns.path().display().to_string(), "ns1", "bench");
+        env.push(("ISTIO_IPTABLES_RESTORE_ONLY", "true".to_string()));
+        let start = Instant::now();
+        let run = run_plugin(&env, &conf);
+        add_via_restore.push(start.elapsed());
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
 
         let ns = NetnsGuard::new("bbare");
         let text = rules.clone();
@@ -119,12 +129,16 @@ fn sidecar_add_vs_bare_restore() {
     println!("| measurement (median of {ROUNDS}, fresh netns each) | value |");
     println!("| --- | --- |");
     println!(
-        "| sidecar ADD, process spawn to exit (API lookup on loopback, netns, restore) | {} |",
+        "| sidecar ADD, process spawn to exit (API lookup on loopback, netns, rules over netlink) | {} |",
         ms(m_add)
     );
     println!(
         "| of which inside the ADD flow (`took_ms` in the plugin's log) | {} |",
         ms(m_flow)
+    );
+    println!(
+        "| same ADD with `ISTIO_IPTABLES_RESTORE_ONLY=true` (rules through iptables-restore) | {} |",
+        ms(median(add_via_restore))
     );
     println!(
         "| bare `iptables-nft-restore --noflush` of the same rules | {} |",

@@ -260,7 +260,8 @@ where
         return Ok(AddOutcome::Skipped(skip.reason()));
     }
 
-    let settings = match sidecar::redirect(&pod, &EngineEnv::from_process()) {
+    let engine_env = EngineEnv::from_process();
+    let settings = match sidecar::redirect(&pod, &engine_env) {
         Ok(Redirect::None) => {
             info!(pod = %pod_ref, "interceptionMode NONE: no redirection");
             return Ok(AddOutcome::NoRedirection);
@@ -277,6 +278,8 @@ where
     let dual_stack = settings.dual_stack;
     let backend = if conf.native_nftables {
         super::program::Backend::Nftables
+    } else if engine_env.restore_only {
+        super::program::Backend::IptablesRestore
     } else {
         super::program::Backend::Iptables
     };

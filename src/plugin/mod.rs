@@ -325,6 +325,7 @@ mod robustness {
             owner_groups_include: None,
             owner_groups_exclude: None,
             loopback_v4: None,
+            restore_only: false,
         };
         let mut rng = Lcg(7);
         for i in 0..5000 {

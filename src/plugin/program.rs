@@ -49,7 +49,11 @@ fn detect_ipv6(dual_stack: bool, warnings: &mut Vec<String>) -> bool {
 /// Which rule backend programs the pod (`native_nftables` in the config picks nftables).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
+    /// iptables rules: sent over nfnetlink when the nft flavour is in use and the encoding covers
+    /// them, else through iptables-restore.
     Iptables,
+    /// iptables rules, always through iptables-restore (`ISTIO_IPTABLES_RESTORE_ONLY=true`).
+    IptablesRestore,
     Nftables,
 }
 
@@ -112,6 +116,7 @@ pub fn program(
     let opts = SidecarOptions {
         // The xtables lock is scoped to the pod, so concurrent ADDs of other pods do not queue.
         env: vec![("XTABLES_LOCKFILE".to_string(), netns.display().to_string())],
+        restore_only: backend == Backend::IptablesRestore,
         ..Default::default()
     };
     let ns_name = netns.display().to_string();
@@ -119,7 +124,7 @@ pub fn program(
         let mut warnings = Vec::new();
         cfg.enable_ipv6 = detect_ipv6(dual_stack, &mut warnings);
         let applied = match backend {
-            Backend::Iptables => {
+            Backend::Iptables | Backend::IptablesRestore => {
                 let rules = build(&cfg);
                 match apply_sidecar_here(&rules, &opts, None) {
                     // A repeated ADD with changed settings: converge (the pod is not running yet).

@@ -253,6 +253,9 @@ pub struct EngineEnv {
     pub owner_groups_include: Option<String>,
     pub owner_groups_exclude: Option<String>,
     pub loopback_v4: Option<String>,
+    /// `ISTIO_IPTABLES_RESTORE_ONLY=true`: always run iptables-restore, never send the nf_tables
+    /// messages directly (the runtime's environment reaches the plugin).
+    pub restore_only: bool,
 }
 
 impl EngineEnv {
@@ -262,6 +265,9 @@ impl EngineEnv {
             owner_groups_include: get("ISTIO_OUTBOUND_OWNER_GROUPS"),
             owner_groups_exclude: get("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE"),
             loopback_v4: get("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"),
+            restore_only: get("ISTIO_IPTABLES_RESTORE_ONLY")
+                .and_then(|v| crate::cli::parse_go_bool(&v))
+                .unwrap_or(false),
         }
     }
 }
@@ -396,6 +402,7 @@ mod tests {
             owner_groups_include: None,
             owner_groups_exclude: None,
             loopback_v4: None,
+            restore_only: false,
         }
     }
 
@@ -565,6 +572,7 @@ mod tests {
             owner_groups_include: Some("a,b".into()),
             owner_groups_exclude: None,
             loopback_v4: Some("127.0.0.0/8".into()),
+            restore_only: false,
         };
         let Redirect::Capture(c) = redirect(&sidecar_pod(&[]), &env).unwrap() else {
             panic!()
