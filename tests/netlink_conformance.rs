@@ -97,6 +97,21 @@ fn netlink_encoding_leaves_the_kernel_exactly_as_iptables_nft_restore_does() {
         runs.push((format!("injector {extra:?}"), args, vec![]));
     }
 
+    // Owner groups by number (Istio's own cases name a group this host may not have).
+    for (var, groups) in [
+        ("ISTIO_OUTBOUND_OWNER_GROUPS", "202,1000"),
+        ("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "202"),
+    ] {
+        let mut args: Vec<String> = ["-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT"]
+            .iter()
+            .chain(EXTRA[0].iter())
+            .map(|s| s.to_string())
+            .collect();
+        args.push("--ipv6=false".into());
+        let env = vec![(var.to_string(), groups.to_string())];
+        runs.push((format!("injector with {var}={groups}"), args, env));
+    }
+
     let mut failures = Vec::new();
     let mut native = Vec::new();
     let mut fallback = Vec::new();
@@ -135,13 +150,14 @@ fn netlink_encoding_leaves_the_kernel_exactly_as_iptables_nft_restore_does() {
         runs.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-    // The common shapes must not silently fall back: the injector defaults and plain IPv4/IPv6.
+    // The common shapes must not silently fall back: the injector defaults, plain IPv4/IPv6, DNS.
     let injector = format!("injector {:?}", EXTRA[0]);
     for must in [
         injector.as_str(),
         "empty",
         "ipv6-empty-inbound-ports",
         "ipnets",
+        "dns-uid-gid",
     ] {
         assert!(
             native.iter().any(|n| n == must),

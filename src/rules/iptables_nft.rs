@@ -6,14 +6,15 @@
 //! `iptables-save`, `iptables -C` and Istio's own tooling see no difference.
 //!
 //! Pure: this module only produces bytes (`netlink::nft_batch` sends them). It covers what sidecar
-//! capture needs in the nat table: interfaces (with `+` wildcards), protocol, addresses and
-//! prefixes, single ports, owner UID/GID, and RETURN/ACCEPT/jump/REDIRECT. Anything else is
-//! [`Unsupported`], and the caller uses iptables-restore as before.
+//! capture needs in the nat table, and DNS capture's conntrack zones in the raw table: interfaces
+//! (with `+` wildcards), protocol, addresses and prefixes, single ports, destination multiport, owner UID/GID, and
+//! RETURN/ACCEPT/jump/REDIRECT/CT zone. Anything else is [`Unsupported`], and the caller uses
+//! iptables-restore as before.
 
 use std::net::IpAddr;
 
 use super::iptables::{RestoreStep, restore_steps};
-use super::model::{Family, Match, Position, Proto, Rule, Table, Target};
+use super::model::{Family, Match, Position, Proto, Rule, Table, Target, is_builtin_chain};
 
 /// A rule list the encoder does not cover; names what.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -64,7 +65,7 @@ pub fn encode(family: Family, rules: &[Rule]) -> Result<Vec<Message>, Unsupporte
     };
     let mut out = Vec::new();
     for (table, steps) in restore_steps(rules) {
-        if table != Table::Nat {
+        if !matches!(table, Table::Nat | Table::Raw) {
             return unsupported(format!("table {table}"));
         }
         let mut base_chains_created: Vec<&str> = Vec::new();
@@ -79,9 +80,12 @@ pub fn encode(family: Family, rules: &[Rule]) -> Result<Vec<Message>, Unsupporte
                     what: format!("create chain {table}/{chain}"),
                 }),
                 RestoreStep::Rule(rule) => {
-                    if let Some(hook) = nat_hook(&rule.chain)
+                    if is_builtin_chain(&rule.chain)
                         && !base_chains_created.contains(&rule.chain.as_str())
                     {
+                        let Some(hook) = builtin_hook(table, &rule.chain) else {
+                            return unsupported(format!("built-in chain {table}/{}", rule.chain));
+                        };
                         base_chains_created.push(&rule.chain);
                         out.push(base_chain(af, table, &rule.chain, hook));
                     }
@@ -103,20 +107,41 @@ fn new_table(af: u8, table: Table) -> Message {
     }
 }
 
-/// Hook number and priority of a nat built-in chain.
-fn nat_hook(chain: &str) -> Option<(u32, i32)> {
-    match chain {
-        "PREROUTING" => Some((0, -100)),
-        "INPUT" => Some((1, 100)),
-        "OUTPUT" => Some((3, -100)),
-        "POSTROUTING" => Some((4, 100)),
-        _ => None,
-    }
+/// A built-in chain as iptables-nft creates it: hook number, priority and chain type.
+struct Hook {
+    number: u32,
+    priority: i32,
+    kind: &'static str,
 }
 
-fn base_chain(af: u8, table: Table, chain: &str, (hook, priority): (u32, i32)) -> Message {
+/// The built-in chains of the tables covered here; None for a user chain.
+fn builtin_hook(table: Table, chain: &str) -> Option<Hook> {
+    let number = match chain {
+        "PREROUTING" => 0,
+        "INPUT" => 1,
+        "OUTPUT" => 3,
+        "POSTROUTING" => 4,
+        _ => return None,
+    };
+    let (priority, kind) = match (table, chain) {
+        (Table::Nat, "PREROUTING" | "OUTPUT") => (-100, "nat"),
+        (Table::Nat, _) => (100, "nat"),
+        (Table::Raw, "PREROUTING" | "OUTPUT") => (-300, "filter"),
+        _ => return None,
+    };
+    Some(Hook {
+        number,
+        priority,
+        kind,
+    })
+}
+
+fn base_chain(af: u8, table: Table, chain: &str, hook: Hook) -> Message {
     const NF_ACCEPT: u32 = 1;
-    let hook_attrs = Attrs::new().u32(1, hook).u32(2, priority as u32).done();
+    let hook_attrs = Attrs::new()
+        .u32(1, hook.number)
+        .u32(2, hook.priority as u32)
+        .done();
     Message {
         kind: NFT_MSG_NEWCHAIN,
         flags: NLM_F_CREATE,
@@ -126,7 +151,7 @@ fn base_chain(af: u8, table: Table, chain: &str, (hook, priority): (u32, i32)) -
             .string(3, chain)
             .nested(4, &hook_attrs)
             .u32(5, NF_ACCEPT)
-            .string(7, "nat")
+            .string(7, hook.kind)
             .done(),
         what: format!("create built-in chain {table}/{chain}"),
     }
@@ -183,6 +208,12 @@ fn new_rule(af: u8, family: Family, rule: &Rule) -> Result<Message, Unsupported>
                 };
                 payload(&mut exprs, PAYLOAD_TRANSPORT, offset, 2);
                 cmp(&mut exprs, *negate, &parse_port(port)?.to_be_bytes());
+            }
+            Match::DstPorts { ports, negate } => {
+                if header.proto.is_none() {
+                    return unsupported("multiport without its protocol");
+                }
+                multiport_dst(&mut exprs, ports, *negate)?;
             }
             Match::UidOwner { id, negate } => owner(&mut exprs, OWNER_UID, id, *negate, true)?,
             Match::GidOwner { id, negate } => owner(&mut exprs, OWNER_GID, id, *negate, false)?,
@@ -245,7 +276,7 @@ impl<'a> Header<'a> {
                 // Both ports of one tcp/udp match are one extension; keep to one port per rule.
                 Match::SrcPort { .. } if !sport && !dport => sport = true,
                 Match::DstPort { .. } if !sport && !dport => dport = true,
-                Match::UidOwner { .. } | Match::GidOwner { .. } => {}
+                Match::UidOwner { .. } | Match::GidOwner { .. } | Match::DstPorts { .. } => {}
                 other => return unsupported(format!("{other:?}")),
             }
         }
@@ -412,6 +443,31 @@ fn owner(
     Ok(())
 }
 
+/// `-m multiport --dports a,b,...` (single ports only): an xt match, revision 1,
+/// `struct xt_multiport_v1`.
+fn multiport_dst(exprs: &mut Attrs, ports: &[String], negate: bool) -> Result<(), Unsupported> {
+    const XT_MULTIPORT_DESTINATION: u8 = 1;
+    const MAX_PORTS: usize = 15;
+    if ports.is_empty() || ports.len() > MAX_PORTS {
+        return unsupported(format!("{} multiport ports", ports.len()));
+    }
+    // flags, count, ports[15], pflags[15] (range markers, none here), invert.
+    let mut info = vec![0u8; 2 + 2 * MAX_PORTS + MAX_PORTS + 1];
+    info[0] = XT_MULTIPORT_DESTINATION;
+    info[1] = ports.len() as u8;
+    for (i, port) in ports.iter().enumerate() {
+        info[2 + 2 * i..4 + 2 * i].copy_from_slice(&parse_port(port)?.to_ne_bytes());
+    }
+    info[2 + 3 * MAX_PORTS] = u8::from(negate);
+    let data = Attrs::new()
+        .string(1, "multiport")
+        .u32(2, 1)
+        .bytes(3, &info)
+        .done();
+    expr(exprs, "match", data);
+    Ok(())
+}
+
 fn counter(exprs: &mut Attrs) {
     let data = Attrs::new().u64(1, 0).u64(2, 0).done();
     expr(exprs, "counter", data);
@@ -462,6 +518,18 @@ fn target(exprs: &mut Attrs, family: Family, target: &Target) -> Result<(), Unsu
             let data = Attrs::new()
                 .string(1, "REDIRECT")
                 .u32(2, 0)
+                .bytes(3, &info)
+                .done();
+            expr(exprs, "target", data);
+        }
+        Target::CtZone(zone) => {
+            // xt CT, revision 2: `struct xt_ct_target_info_v1` with only the zone set (the
+            // trailing kernel pointer included: 72 bytes).
+            let mut info = vec![0u8; 72];
+            info[2..4].copy_from_slice(&zone.to_ne_bytes());
+            let data = Attrs::new()
+                .string(1, "CT")
+                .u32(2, 2)
                 .bytes(3, &info)
                 .done();
             expr(exprs, "target", data);
@@ -672,6 +740,12 @@ mod tests {
         let mut b = RuleSetBuilder::new(false);
         b.append(Table::Mangle, "PREROUTING", vec![], Target::Return);
         assert!(encode(Family::V4, &b.build().v4).is_err());
+        let mut b = RuleSetBuilder::new(false);
+        b.append(Table::Raw, "INPUT", vec![], Target::Return);
+        assert!(
+            encode(Family::V4, &b.build().v4).is_err(),
+            "raw has no INPUT"
+        );
         let err = one_rule_err(vec![Match::UidOwner {
             id: "istio-proxy".into(),
             negate: false,
