@@ -165,3 +165,49 @@ fn netlink_encoding_leaves_the_kernel_exactly_as_iptables_nft_restore_does() {
         );
     }
 }
+
+#[test]
+fn a_refused_transaction_names_the_message_and_changes_nothing() {
+    require_tool("nft", "nftables");
+    let ns = Netns::new("nlrefuse");
+    let mut b = istio_cni::rules::model::RuleSetBuilder::new(false);
+    b.append(
+        istio_cni::rules::Table::Nat,
+        "OUTPUT",
+        vec![],
+        istio_cni::rules::Target::Jump("ISTIO_OUTPUT".into()),
+    );
+    b.append(
+        istio_cni::rules::Table::Nat,
+        "ISTIO_OUTPUT",
+        vec![],
+        istio_cni::rules::Target::Return,
+    );
+    let rules = b.build();
+    let send = {
+        let rules = rules.clone();
+        move || {
+            let msgs =
+                istio_cni::rules::iptables_nft::encode(istio_cni::rules::Family::V4, &rules.v4)
+                    .expect("encodable");
+            istio_cni::netlink::nft_batch::send(&msgs).map_err(|e| e.to_string())
+        }
+    };
+    ns.spawn(send.clone())
+        .join()
+        .unwrap()
+        .expect("first transaction");
+    let before = String::from_utf8_lossy(&ns.exec("nft", &["list", "ruleset"]).stdout).to_string();
+    let err = ns
+        .spawn(send)
+        .join()
+        .unwrap()
+        .expect_err("ISTIO_OUTPUT exists already");
+    assert!(
+        err.contains("create chain nat/ISTIO_OUTPUT") && err.contains("exists"),
+        "{err}"
+    );
+    let after = String::from_utf8_lossy(&ns.exec("nft", &["list", "ruleset"]).stdout).to_string();
+    assert_eq!(before, after, "a refused transaction must change nothing");
+    assert_eq!(after.matches("jump ISTIO_OUTPUT").count(), 1);
+}

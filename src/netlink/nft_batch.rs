@@ -27,8 +27,8 @@ pub enum BatchError {
         what: String,
         source: std::io::Error,
     },
-    #[error("nf_tables acknowledged {acked} of {sent} messages")]
-    Incomplete { acked: usize, sent: usize },
+    #[error("nf_tables closed the conversation without answering the transaction")]
+    Unanswered,
 }
 
 /// Appends one netlink message: header, `nfgenmsg` and the attributes.
@@ -43,8 +43,10 @@ fn push_message(buf: &mut Vec<u8>, kind: u16, flags: u16, seq: u32, family: u8, 
     buf.extend_from_slice(&res_id.to_be_bytes());
 }
 
-/// The whole batch as one datagram: BATCH_BEGIN, the messages (each asking for an ACK, so every
-/// one is answered), BATCH_END.
+/// The whole batch as one datagram: BATCH_BEGIN, the messages, BATCH_END. Only the last message
+/// asks for an ACK: the kernel answers a failing message with its error whatever its flags, and
+/// reports errors in message order, so "the last one acknowledged, nothing failed before it" is
+/// the whole transaction committed — with one reply to read instead of one per message.
 pub fn frame(messages: &[Message], first_seq: u32) -> Vec<u8> {
     let mut buf =
         Vec::with_capacity(64 + messages.iter().map(|m| 20 + m.attrs.len()).sum::<usize>());
@@ -58,10 +60,15 @@ pub fn frame(messages: &[Message], first_seq: u32) -> Vec<u8> {
     );
     for (i, m) in messages.iter().enumerate() {
         let start = buf.len();
+        let ack = if i + 1 == messages.len() {
+            NLM_F_ACK
+        } else {
+            0
+        };
         push_message(
             &mut buf,
             (NFNL_SUBSYS_NFTABLES << 8) | m.kind,
-            NLM_F_REQUEST | NLM_F_ACK | m.flags,
+            NLM_F_REQUEST | ack | m.flags,
             first_seq + 1 + i as u32,
             m.family,
             0,
@@ -99,9 +106,10 @@ pub fn send(messages: &[Message]) -> Result<(), BatchError> {
     const FIRST_SEQ: u32 = 1;
     socket.send(&frame(messages, FIRST_SEQ), 0)?;
 
-    let mut acked = 0;
+    let last_seq = FIRST_SEQ + messages.len() as u32;
+    let mut committed = false;
     let mut buf = vec![0u8; 65536];
-    while acked < messages.len() {
+    while !committed {
         let n = socket.recv(&mut &mut buf[..], 0)?;
         if n == 0 {
             break;
@@ -122,7 +130,7 @@ pub fn send(messages: &[Message]) -> Result<(), BatchError> {
             if kind == NLMSG_ERROR && len >= HEADER_LEN + 4 {
                 let code = i32::from_ne_bytes(field(HEADER_LEN));
                 if code == 0 {
-                    acked += 1;
+                    committed |= seq == last_seq;
                 } else {
                     let what = seq
                         .checked_sub(FIRST_SEQ + 1)
@@ -138,11 +146,8 @@ pub fn send(messages: &[Message]) -> Result<(), BatchError> {
             offset += len.next_multiple_of(4);
         }
     }
-    if acked < messages.len() {
-        return Err(BatchError::Incomplete {
-            acked,
-            sent: messages.len(),
-        });
+    if !committed {
+        return Err(BatchError::Unanswered);
     }
     Ok(())
 }
@@ -167,7 +172,8 @@ mod tests {
         assert_eq!(&buf[4..6], &NFNL_MSG_BATCH_BEGIN.to_ne_bytes());
         assert_eq!(&buf[8..12], &7u32.to_ne_bytes());
         assert_eq!(&buf[18..20], &[0, 10]);
-        // NEWTABLE: length 28, type 10<<8, REQUEST|ACK|CREATE, seq 8, AF_INET.
+        // NEWTABLE (the last message, so it asks for the ACK): length 28, type 10<<8,
+        // REQUEST|ACK|CREATE, seq 8, AF_INET.
         assert_eq!(&buf[20..24], &28u32.to_ne_bytes());
         assert_eq!(&buf[24..26], &(10u16 << 8).to_ne_bytes());
         assert_eq!(&buf[26..28], &(0x1u16 | 0x4 | 0x400).to_ne_bytes());
