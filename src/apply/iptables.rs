@@ -168,9 +168,6 @@ pub fn detect(family: Family, force: Option<ForceBinary>) -> Result<Binaries, Ap
     })
 }
 
-/// Hands the process over to `iptables-restore --noflush` for one family's rules (the fast path
-/// for a fresh namespace where nothing else is left to do: the restore's exit status becomes
-/// ours). Returns only when that was not possible; the caller then applies normally.
 /// Applies `rules` by sending the nf_tables messages `iptables-nft-restore --noflush` would send
 /// ([`crate::rules::iptables_nft`]), both families in one transaction, from the calling thread's
 /// netns. Err when the rules are not covered by that encoding or the kernel refused them; either

@@ -118,5 +118,4 @@ mod tests {
 }
 
 pub mod nft_batch;
-pub mod nftables;
 pub mod routes;
