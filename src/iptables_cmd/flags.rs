@@ -15,6 +15,9 @@ use crate::rules::capture::{
 /// the current network namespace. Every flag also reads the environment variable named in its
 /// description when the flag is absent; flags may be written --flag=value or --flag value.
 #[derive(FromArgs, Debug, Default)]
+#[argh(
+    note = "Environment only: ISTIO_OUTBOUND_OWNER_GROUPS, ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE, ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR, ENVOY_USER and DRY_RUN_FILE_PATH as in Istio; ISTIO_IPTABLES_LOG sets the log filter (default info); ISTIO_IPTABLES_RESTORE_ONLY=true always applies through iptables-restore (by default, with iptables-nft, the rules are sent to the kernel over netlink, encoded exactly as iptables-nft-restore would)."
+)]
 pub struct Flags {
     /// port to which all outbound TCP traffic is redirected (default 15001)
     #[argh(option, short = 'p')]
@@ -580,6 +583,27 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         flags.resolve(&env, &n.explicit_false).map(|(s, _)| s)
+    }
+
+    #[test]
+    fn help_names_the_env_only_switches() {
+        let help = Flags::from_args(&["istio-iptables"], &["--help"])
+            .expect_err("--help exits early")
+            .output;
+        for var in [
+            "ISTIO_IPTABLES_RESTORE_ONLY",
+            "ISTIO_IPTABLES_LOG",
+            "DRY_RUN_FILE_PATH",
+        ] {
+            assert!(help.contains(var), "{var} missing from --help");
+        }
+    }
+
+    #[test]
+    fn restore_only_comes_from_the_environment() {
+        assert!(!resolve(&[], &[]).unwrap().restore_only);
+        let s = resolve(&[], &[("ISTIO_IPTABLES_RESTORE_ONLY", "true")]).unwrap();
+        assert!(s.restore_only);
     }
 
     #[test]
