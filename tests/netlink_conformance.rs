@@ -359,3 +359,31 @@ fn every_covered_rule_shape_matches_iptables_nft_restore() {
     };
     assert_eq!(listing(&ours), listing(&oracle));
 }
+
+/// A built-in chain that exists already keeps its owner's policy, as with iptables-nft-restore.
+#[test]
+fn an_existing_builtin_chain_keeps_its_policy() {
+    use istio_cni::rules::model::{Proto, RuleSetBuilder, Table, Target};
+    require_tool("iptables-nft", "iptables");
+    let ns = Netns::new("nlpolicy");
+    ns.exec("iptables-nft", &["-t", "raw", "-P", "PREROUTING", "DROP"]);
+    let mut b = RuleSetBuilder::new(false);
+    b.append(
+        Table::Raw,
+        "PREROUTING",
+        vec![istio_cni::rules::Match::Proto(Proto::Udp)],
+        Target::CtZone(1),
+    );
+    let rules = b.build();
+    ns.spawn(move || istio_cni::apply::iptables::apply_nft_netlink(&rules))
+        .join()
+        .unwrap()
+        .expect("applied");
+    let listing = String::from_utf8_lossy(
+        &ns.exec("iptables-nft", &["-t", "raw", "-S", "PREROUTING"])
+            .stdout,
+    )
+    .to_string();
+    assert!(listing.contains("-P PREROUTING DROP"), "{listing}");
+    assert!(listing.contains("-j CT --zone 1"), "{listing}");
+}

@@ -136,8 +136,11 @@ fn builtin_hook(table: Table, chain: &str) -> Option<Hook> {
     })
 }
 
+/// Creates a built-in chain, or leaves it as it is when it exists already. iptables-nft also sends
+/// the policy (accept), but only for chains its cache says are missing; a new base chain's policy
+/// is accept anyway, and leaving the attribute out means an existing chain keeps whatever policy
+/// its owner gave it.
 fn base_chain(af: u8, table: Table, chain: &str, hook: Hook) -> Message {
-    const NF_ACCEPT: u32 = 1;
     let hook_attrs = Attrs::new()
         .u32(1, hook.number)
         .u32(2, hook.priority as u32)
@@ -150,7 +153,6 @@ fn base_chain(af: u8, table: Table, chain: &str, hook: Hook) -> Message {
             .string(1, table.name())
             .string(3, chain)
             .nested(4, &hook_attrs)
-            .u32(5, NF_ACCEPT)
             .string(7, hook.kind)
             .done(),
         what: format!("create built-in chain {table}/{chain}"),
@@ -698,12 +700,12 @@ mod tests {
             .filter(|m| m.kind == NFT_MSG_NEWCHAIN && m.flags == NLM_F_CREATE)
             .collect();
         assert_eq!(base.len(), 1);
-        // nat/PREROUTING, hook 0 at priority -100, policy accept, type nat.
+        // nat/PREROUTING, hook 0 at priority -100, type nat (no policy: see `base_chain`).
         assert_eq!(
             hex(&base[0].attrs),
             "080001006e6174000f000300505245524f5554494e470000\
              14000480080001000000000008000200ffffff9c\
-             0800050000000001080007006e617400"
+             080007006e617400"
         );
     }
 
