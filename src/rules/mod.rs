@@ -1,6 +1,7 @@
 //! The one rule engine: a typed model of redirect rules ([`model`]), the builders that fill it
-//! ([`capture`] for sidecars), and its renderers ([`iptables`] restore text). Pure: no processes,
-//! files or namespaces are touched here.
+//! ([`capture`] for sidecars, [`nft_capture`], [`ambient`]), and its renderers ([`iptables`]
+//! restore text, [`nftables`] text, and [`iptables_nft`]: the nf_tables messages iptables-nft
+//! would send). Pure: no processes, files or namespaces are touched here.
 //! May call: nothing else in this crate.
 
 pub mod ambient;
