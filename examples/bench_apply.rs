@@ -107,10 +107,14 @@ fn main() {
     for i in 0..iterations {
         let name = format!("bench-{}-{i}", std::process::id());
         // Alternate which goes first so drift on a noisy machine hits both equally.
-        let run_ours = |n: &str| {
+        // `restore_only`: the opt-out, the same run made to go through iptables-restore.
+        let run_ours = |n: &str, restore_only: bool| {
             let mut c = Command::new(&binary);
             // A fresh netns has no pod address to detect the IP family from: pin it.
             c.arg("istio-iptables").args(INIT_ARGS).arg("--ipv6=false");
+            if restore_only {
+                c.env("ISTIO_IPTABLES_RESTORE_ONLY", "true");
+            }
             time_in_fresh_netns(n, c, None)
         };
         let run_bare = |n: &str| {
@@ -118,23 +122,14 @@ fn main() {
             c.arg("--noflush");
             time_in_fresh_netns(n, c, Some(&restore))
         };
-        // The opt-out: the same run made to go through iptables-restore.
-        let run_ours_via_restore = |n: &str| {
-            let mut c = Command::new(&binary);
-            c.arg("istio-iptables")
-                .args(INIT_ARGS)
-                .arg("--ipv6=false")
-                .env("ISTIO_IPTABLES_RESTORE_ONLY", "true");
-            time_in_fresh_netns(n, c, None)
-        };
         if i % 2 == 0 {
-            ours.push(run_ours(&format!("{name}a")));
+            ours.push(run_ours(&format!("{name}a"), false));
             bare.push(run_bare(&format!("{name}b")));
-            ours_via_restore.push(run_ours_via_restore(&format!("{name}c")));
+            ours_via_restore.push(run_ours(&format!("{name}c"), true));
         } else {
-            ours_via_restore.push(run_ours_via_restore(&format!("{name}c")));
+            ours_via_restore.push(run_ours(&format!("{name}c"), true));
             bare.push(run_bare(&format!("{name}b")));
-            ours.push(run_ours(&format!("{name}a")));
+            ours.push(run_ours(&format!("{name}a"), false));
         }
         let start = Instant::now();
         let ok = Command::new(&binary)

@@ -17,7 +17,7 @@ use support::{Netns, bin, require_tool};
 const CAPTURE: &str = "tools/istio-iptables/pkg/capture/testdata/";
 const NETLINK_USED: &str = "applied over nfnetlink";
 
-/// Flag sets beyond Istio's cases (on top of `-p 15001 -z 15006 -u 1337 -m REDIRECT`): the
+/// Flag sets beyond Istio's cases (on top of [`BASE`]): the
 /// injector's defaults and the knobs operators set most.
 const EXTRA: &[&[&str]] = &[
     &["-i", "*", "-x", "", "-b", "*", "-d", "15090,15021,15020"],
@@ -29,6 +29,19 @@ const EXTRA: &[&[&str]] = &[
     &["-i", "*", "-b", "*", "-c", "eth9"],
     &["-i", "fd00:10::/56,10.96.0.0/12", "-b", "*", "--ipv6=true"],
 ];
+
+/// The flags every extra run starts from.
+const BASE: &[&str] = &["-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT"];
+
+/// `BASE` plus `extra`, IPv4 only unless `extra` says otherwise (a fresh namespace has no address
+/// to detect the family from).
+fn injector_args(extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = BASE.iter().chain(extra).map(|s| s.to_string()).collect();
+    if !args.iter().any(|a| a.starts_with("--ipv6")) {
+        args.push("--ipv6=false".into());
+    }
+    args
+}
 
 /// A named run: its argv and environment.
 type Run = (String, Vec<String>, Vec<(String, String)>);
@@ -86,15 +99,7 @@ fn netlink_encoding_leaves_the_kernel_exactly_as_iptables_nft_restore_does() {
     }
     assert!(runs.len() >= 14, "expected Istio's capture cases");
     for extra in EXTRA {
-        let mut args: Vec<String> = ["-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT"]
-            .iter()
-            .chain(extra.iter())
-            .map(|s| s.to_string())
-            .collect();
-        if !args.iter().any(|a| a.starts_with("--ipv6")) {
-            args.push("--ipv6=false".into());
-        }
-        runs.push((format!("injector {extra:?}"), args, vec![]));
+        runs.push((format!("injector {extra:?}"), injector_args(extra), vec![]));
     }
 
     // Owner groups by number (Istio's own cases name a group this host may not have).
@@ -102,14 +107,12 @@ fn netlink_encoding_leaves_the_kernel_exactly_as_iptables_nft_restore_does() {
         ("ISTIO_OUTBOUND_OWNER_GROUPS", "202,1000"),
         ("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "202"),
     ] {
-        let mut args: Vec<String> = ["-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT"]
-            .iter()
-            .chain(EXTRA[0].iter())
-            .map(|s| s.to_string())
-            .collect();
-        args.push("--ipv6=false".into());
         let env = vec![(var.to_string(), groups.to_string())];
-        runs.push((format!("injector with {var}={groups}"), args, env));
+        runs.push((
+            format!("injector with {var}={groups}"),
+            injector_args(EXTRA[0]),
+            env,
+        ));
     }
 
     let mut failures = Vec::new();

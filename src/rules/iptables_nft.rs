@@ -217,8 +217,8 @@ fn new_rule(af: u8, family: Family, rule: &Rule) -> Result<Message, Unsupported>
                 }
                 multiport_dst(&mut exprs, ports, *negate)?;
             }
-            Match::UidOwner { id, negate } => owner(&mut exprs, OWNER_UID, id, *negate, true)?,
-            Match::GidOwner { id, negate } => owner(&mut exprs, OWNER_GID, id, *negate, false)?,
+            Match::UidOwner { id, negate } => owner(&mut exprs, OWNER_UID, id, *negate)?,
+            Match::GidOwner { id, negate } => owner(&mut exprs, OWNER_GID, id, *negate)?,
             _ => {}
         }
     }
@@ -418,18 +418,12 @@ fn parse_port(text: &str) -> Result<u16, Unsupported> {
 
 /// `-m owner --uid-owner`/`--gid-owner` (numeric ids only: names need the user database, which
 /// iptables-restore reads): an xt match, revision 1, `struct xt_owner_match_info`.
-fn owner(
-    exprs: &mut Attrs,
-    kind: u8,
-    id: &str,
-    negate: bool,
-    uid: bool,
-) -> Result<(), Unsupported> {
+fn owner(exprs: &mut Attrs, kind: u8, id: &str, negate: bool) -> Result<(), Unsupported> {
     let Ok(id) = id.parse::<u32>() else {
         return unsupported(format!("owner {id}"));
     };
     let mut info = Vec::with_capacity(24);
-    let (uid_range, gid_range) = if uid { (id, 0) } else { (0, id) };
+    let (uid_range, gid_range) = if kind == OWNER_UID { (id, 0) } else { (0, id) };
     for v in [uid_range, uid_range, gid_range, gid_range] {
         info.extend_from_slice(&v.to_ne_bytes());
     }
