@@ -4,7 +4,9 @@
 //!
 //! Files: `config` (flags/env, pure; argv goes through the shared `cli` normaliser, selector YAML
 //! through serde-saphyr), `cniconf` (merge logic, pure), `kubeconfig` (pure render),
-//! `fsutil` (atomic file effects), `installer` (install pass, check, cleanup), `guard` (watch loop),
+//! `fsutil` (atomic file effects), `installer` (install pass, check, cleanup; split into
+//! `select` (which file), `merge` (writing our entry), `restore` (cleanup and the `.conf` record)),
+//! `guard` (watch loop),
 //! `upgrade` (shutdown keep/clean decision), `caps` (capability dropping).
 
 pub mod caps;
