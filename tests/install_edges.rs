@@ -73,13 +73,19 @@ fn a_symlinked_primary_is_merged_through_its_target_and_restored_on_cleanup() {
     // A dangling link that sorts first is skipped, and named in the log.
     symlink("gone.conflist", d.net.join("05-dangling.conflist")).expect("dangling");
 
-    let mut agent = start(&d.base_env(), &[]);
+    let mut env = d.base_env();
+    env.push(("LOG_OUTPUT_LEVEL".into(), "info,cni-plugin:debug".into()));
+    let mut agent = start(&env, &[]);
     assert!(
         wait_for(T, || read(&target).filter(|c| has_istio_entry(c))).is_some(),
         "the linked primary was never merged:\n{}",
         agent.output()
     );
-    assert_eq!(read(&target), Some(testdata_str("list.conflist.golden")));
+    // The golden carries `cni_agent_run_dir: /path/to/kubeconfig`; ours is a temp dir.
+    assert_eq!(
+        read(&target).map(|c| c.replace(&d.run.display().to_string(), "/path/to/kubeconfig")),
+        Some(testdata_str("list.conflist.golden"))
+    );
     assert!(is_link(&link), "the link is kept");
     assert_eq!(
         fs::read_link(&link).expect("readlink"),
@@ -87,6 +93,7 @@ fn a_symlinked_primary_is_merged_through_its_target_and_restored_on_cleanup() {
     );
     assert!(is_link(&d.net), "the conf dir link is kept");
     agent.wait_line("05-dangling.conflist", T);
+    agent.wait_line("istio-cni is installed; watching for changes", T);
 
     // The owner rewrites its file in place, then replaces it atomically, both in its own
     // directory (outside the conf dir): each change is noticed and repaired through the link.
@@ -105,6 +112,17 @@ fn a_symlinked_primary_is_merged_through_its_target_and_restored_on_cleanup() {
         agent.output()
     );
     assert!(is_link(&link));
+    // A new higher-priority config dropped into the real directory is seen through the conf dir
+    // link and becomes the primary.
+    fs::write(real_dir.join("01-new.conflist"), testdata("list.conflist")).expect("new primary");
+    assert!(
+        wait_for(REPAIR, || d
+            .read("01-new.conflist")
+            .filter(|c| has_istio_entry(c)))
+        .is_some(),
+        "a change in the linked conf dir was missed:\n{}",
+        agent.output()
+    );
 
     assert!(agent.terminate(T).success(), "{}", agent.output());
     assert!(is_link(&link), "cleanup keeps the link");
@@ -115,8 +133,16 @@ fn a_symlinked_primary_is_merged_through_its_target_and_restored_on_cleanup() {
     );
     assert_eq!(
         d.names(),
-        vec!["05-dangling.conflist", "10-list.conflist"],
+        vec![
+            "01-new.conflist",
+            "05-dangling.conflist",
+            "10-list.conflist"
+        ],
         "nothing else in the conf dir"
+    );
+    assert_eq!(
+        d.read("01-new.conflist"),
+        Some(testdata_str("list-no-istio.conflist"))
     );
     assert!(fs::metadata(d.net.join("05-dangling.conflist")).is_err());
     let mut in_store: Vec<_> = fs::read_dir(&store)
@@ -139,7 +165,10 @@ fn duplicate_istio_entries_collapse_to_one_and_sigterm_removes_them_all() {
     d.put("10-list.conflist", two.as_bytes());
     let mut agent = start(&d.base_env(), &[]);
     assert!(
-        wait_for(T, || d.read("10-list.conflist").filter(|c| one_entry_last(c))).is_some(),
+        wait_for(T, || d
+            .read("10-list.conflist")
+            .filter(|c| one_entry_last(c)))
+        .is_some(),
         "two entries were kept: {:?}\n{}",
         d.read("10-list.conflist"),
         agent.output()
@@ -216,8 +245,15 @@ fn ambient_enabled_refuses_to_start_and_touches_nothing() {
         let status = agent.wait(T);
         let out = agent.output();
         assert!(!status.success(), "{extra:?} {args:?}: exit 0\n{out}");
-        for needle in ["AMBIENT_ENABLED", "not implemented", "AMBIENT_ENABLED=false"] {
-            assert!(out.contains(needle), "{extra:?} {args:?}: no {needle:?} in:\n{out}");
+        for needle in [
+            "AMBIENT_ENABLED",
+            "not implemented",
+            "AMBIENT_ENABLED=false",
+        ] {
+            assert!(
+                out.contains(needle),
+                "{extra:?} {args:?}: no {needle:?} in:\n{out}"
+            );
         }
         assert_eq!(
             d.read("10-list.conflist"),

@@ -76,6 +76,8 @@ pub struct Installer {
     /// Binary targets verified identical to us, by file version.
     verified: HashMap<PathBuf, FileStamp>,
     warned_preempted: Option<String>,
+    /// Candidate symlinks already reported as dangling (reported again once fixed and broken).
+    dangling_logged: BTreeSet<String>,
 }
 
 /// Where the guard watches, and which names in each directory matter.
@@ -109,6 +111,7 @@ impl Installer {
             restore,
             verified: HashMap::new(),
             warned_preempted: None,
+            dangling_logged: BTreeSet::new(),
         })
     }
 
@@ -155,7 +158,41 @@ impl Installer {
                 only: Some(PLUGIN_BINARY.to_string()),
             });
         }
+        t.extend(self.link_watch_targets());
         t
+    }
+
+    /// A config that is a symlink changes where its target lives, which the conf dir watch does
+    /// not see: watch the target's directory for that one name (for a dangling link, where the
+    /// target would appear, if that directory exists).
+    fn link_watch_targets(&self) -> Vec<WatchTarget> {
+        let Ok(entries) = fs::read_dir(self.dir()) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let wanted = super::cniconf::is_candidate_name(&name)
+                || self.cfg.cni_conf_name.as_deref() == Some(name.as_str());
+            if !wanted || !entry.file_type().is_ok_and(|t| t.is_symlink()) {
+                continue;
+            }
+            let path = entry.path();
+            let to = fs::canonicalize(&path)
+                .or_else(|_| fs::read_link(&path).map(|l| self.dir().join(l)))
+                .ok();
+            if let Some((dir, file)) = to
+                .as_deref()
+                .and_then(|p| Some((p.parent()?, p.file_name()?)))
+                && dir != self.dir()
+            {
+                out.push(WatchTarget {
+                    dir: dir.to_path_buf(),
+                    only: Some(file.to_string_lossy().into_owned()),
+                });
+            }
+        }
+        out
     }
 
     /// A cheap fingerprint of everything `validate` looks at (conf dir entries, token, CA,

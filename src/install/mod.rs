@@ -307,7 +307,11 @@ mod tests {
             .chain(args.iter().copied())
             .map(str::to_string)
             .collect();
-        let lookup = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        let lookup = |k: &str| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        };
         match config::parse(&argv, &lookup) {
             Ok(Parsed::Run(c)) => *c,
             _ => panic!("{args:?} {env:?} does not parse"),

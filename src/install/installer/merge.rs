@@ -1,5 +1,7 @@
 //! Writing our entry: finding the primary and merging into it (§2.5).
 
+use std::fs;
+
 use tracing::info;
 
 use super::{InstallError, Installer, Outcome, RestoreRecord};
@@ -60,7 +62,7 @@ impl Installer {
                 .clone()
                 .unwrap_or_else(|| DEFAULT_STANDALONE_FILENAME.to_string());
             let path = self.dir().join(&name);
-            fsutil::write_atomic(&path, &self.istio.standalone_bytes(), self.conf_mode())
+            fsutil::write_atomic_following(&path, &self.istio.standalone_bytes(), self.conf_mode())
                 .map_err(|e| err(e.to_string()))?;
             info!(path = %path.display(), "wrote the standalone istio-cni config");
             self.last_written = Some(name);
@@ -104,7 +106,16 @@ impl Installer {
         } else {
             fsutil::mode_of(&primary_path).unwrap_or(self.conf_mode())
         };
-        fsutil::write_atomic(&target, &bytes, mode).map_err(|e| err(e.to_string()))?;
+        // A symlinked config is written where the link points (the link is kept). A converted
+        // `.conf` link is different: a list cannot live under a `.conf` name, so our `.conflist`
+        // is a file of its own, the link is removed (its target untouched) and comes back on
+        // cleanup.
+        let primary_link = fs::symlink_metadata(&primary_path)
+            .is_ok_and(|m| m.file_type().is_symlink())
+            .then(|| fs::read_link(&primary_path).ok())
+            .flatten();
+        let written = fsutil::write_atomic_following(&target, &bytes, mode)
+            .map_err(|e| err(e.to_string()))?;
         if converts {
             // Written first, removed second: there is never a moment without a config.
             fsutil::remove_if_exists(&primary_path).map_err(|e| err(e.to_string()))?;
@@ -113,22 +124,16 @@ impl Installer {
                 original: primary.name.clone(),
                 content: String::from_utf8_lossy(&primary.bytes).into_owned(),
                 mode,
+                link: primary_link,
             }));
-        } else if !owned
-            && primary.kind == Kind::List
-            && self
-                .restore
-                .as_ref()
-                .is_some_and(|r| r.conflist == primary.name)
-            && cniconf::remove(&primary.name, &primary.value)
-                .ok()
-                .flatten()
-                .is_none()
-        {
-            // The owner rewrote the list itself: there is no `.conf` to restore any more.
-            self.set_restore(None);
         }
-        info!(path = %target.display(), primary = %primary.name, "wrote the istio-cni entry into the CNI config");
+        // A list we converted that lost our entry keeps its restore record: whether the `.conf`
+        // comes back is decided at cleanup, from the list's content then (see `restore`).
+        if written == target {
+            info!(path = %target.display(), primary = %primary.name, "wrote the istio-cni entry into the CNI config");
+        } else {
+            info!(path = %target.display(), written = %written.display(), primary = %primary.name, "wrote the istio-cni entry into the CNI config (through its symlink)");
+        }
         if !owned {
             self.touched.insert(target_name.clone());
         }

@@ -1,6 +1,11 @@
 //! Cleanup of a chained config and the record that restores a converted primary `.conf` (L8).
+//!
+//! The record stays valid as long as the list, minus any istio-cni entries, is exactly what
+//! converting the original gave: the primary (or anyone) dropping our entry does not void it;
+//! a change to the primary's own plugins does, and then cleanup keeps that content and says why.
 
 use std::fs;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -20,6 +25,10 @@ pub(super) struct RestoreRecord {
     /// The original content.
     pub(super) content: String,
     pub(super) mode: u32,
+    /// The original was a symlink to this (as read from the link): cleanup puts the link back;
+    /// the file it points to was never written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) link: Option<PathBuf>,
 }
 
 impl Installer {
@@ -71,47 +80,62 @@ impl Installer {
             }
             return;
         }
-        let remaining = match cniconf::remove(name, &value) {
-            Ok(Some(v)) => v,
-            Ok(None) => return,
+        let stripped = match cniconf::remove(name, &value) {
+            Ok(v) => v,
             Err(e) => {
                 warn!("not cleaning up: {e}");
                 return;
             }
         };
-        if let Some(rec) = self.restore.clone().filter(|r| r.conflist == name)
-            && self.unchanged_since_conversion(&rec, &remaining)
-        {
-            let original = self.dir().join(&rec.original);
-            match fsutil::write_atomic(&original, rec.content.as_bytes(), rec.mode)
-                .and_then(|_| fsutil::remove_if_exists(&path).map(|_| ()))
-            {
-                Ok(()) => info!(path = %original.display(), "restored the original CNI config"),
-                Err(e) => warn!("restoring the original CNI config: {e}"),
+        if let Some(rec) = self.restore.clone().filter(|r| r.conflist == name) {
+            if self.unchanged_since_conversion(&rec, stripped.as_ref().unwrap_or(&value)) {
+                self.restore_original(&rec);
+                return;
             }
-            return;
+            info!(
+                path = %path.display(),
+                original = %rec.original,
+                "not restoring the original CNI config: its plugins were changed by another \
+                 component since we converted it; keeping the current content"
+            );
         }
+        let Some(remaining) = stripped else {
+            return;
+        };
         let mode = fsutil::mode_of(&path).unwrap_or(0o600);
-        match fsutil::write_atomic(&path, &cniconf::marshal(&remaining), mode) {
-            Ok(()) => {
-                info!(path = %path.display(), "removed the istio-cni entry from the CNI config")
-            }
+        match fsutil::write_atomic_following(&path, &cniconf::marshal(&remaining), mode) {
+            Ok(written) => info!(
+                path = %path.display(),
+                written = %written.display(),
+                "removed every istio-cni entry from the CNI config"
+            ),
             Err(e) => warn!("{e}"),
         }
     }
 
-    /// Whether the list (without our entry) is still exactly what converting the original gave.
-    pub(super) fn unchanged_since_conversion(
-        &self,
-        rec: &RestoreRecord,
-        remaining: &Value,
-    ) -> bool {
+    /// Puts the converted original back (its content, or the symlink it was), then removes the
+    /// list we wrote in its place; the original comes first so there is always a config.
+    fn restore_original(&self, rec: &RestoreRecord) {
+        let original = self.dir().join(&rec.original);
+        let put_back = match &rec.link {
+            Some(to) => fsutil::symlink_atomic(to, &original),
+            None => fsutil::write_atomic(&original, rec.content.as_bytes(), rec.mode),
+        };
+        match put_back.and_then(|_| fsutil::remove_if_exists(&self.dir().join(&rec.conflist))) {
+            Ok(_) => info!(path = %original.display(), "restored the original CNI config"),
+            Err(e) => warn!("restoring the original CNI config: {e}"),
+        }
+    }
+
+    /// Whether `list` (without istio-cni entries) is still exactly what converting the original
+    /// gave.
+    pub(super) fn unchanged_since_conversion(&self, rec: &RestoreRecord, list: &Value) -> bool {
         let Ok(orig) = cniconf::classify(&rec.original, rec.content.as_bytes()) else {
             return false;
         };
         cniconf::insert(&rec.original, &orig.value, &self.istio)
             .ok()
             .and_then(|v| cniconf::remove(&rec.conflist, &v).ok().flatten())
-            .is_some_and(|v| &v == remaining)
+            .is_some_and(|v| &v == list)
     }
 }

@@ -1,5 +1,6 @@
 //! Which file is the primary, and is what we wrote still valid (§2.4)?
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
 
@@ -17,17 +18,40 @@ impl Installer {
     }
 
     /// Valid candidates, highest priority first (one read per file, so checks and merges see
-    /// the same bytes).
-    pub(super) fn scan(&self) -> Vec<Candidate> {
+    /// the same bytes). Symlinks count as the file they point to, as for libcni; a dangling one
+    /// is skipped and named in a warning (once while it stays dangling).
+    pub(super) fn scan(&mut self) -> Vec<Candidate> {
         let Ok(entries) = fs::read_dir(self.dir()) else {
             return Vec::new();
         };
-        let mut names: Vec<String> = entries
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| cniconf::is_candidate_name(n))
-            .collect();
+        let mut names = Vec::new();
+        let mut dangling = BTreeSet::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !cniconf::is_candidate_name(&name) {
+                continue;
+            }
+            match entry.file_type() {
+                Ok(t) if t.is_file() => names.push(name),
+                Ok(t) if t.is_symlink() => match fs::metadata(entry.path()) {
+                    Ok(m) if m.is_file() => names.push(name),
+                    Ok(_) => debug!("skipping CNI config symlink {name}: not a file"),
+                    Err(e) => {
+                        if !self.dangling_logged.contains(&name) {
+                            let to = fs::read_link(entry.path()).unwrap_or_default();
+                            warn!(
+                                path = %entry.path().display(),
+                                "skipping dangling CNI config symlink {name} -> {}: {e}",
+                                to.display()
+                            );
+                        }
+                        dangling.insert(name);
+                    }
+                },
+                _ => {}
+            }
+        }
+        self.dangling_logged = dangling;
         names.sort();
         names
             .into_iter()

@@ -374,3 +374,141 @@ fn json_files_count_in_priority_order() {
     assert!(e.net.join("05-first.json").exists());
     assert!(!e.net.join("05-first.conflist").exists());
 }
+
+/// The converted list with its plugins rewritten by `f`, as a primary rewriting it would.
+fn rewrite_plugins(e: &Env, name: &str, f: impl FnOnce(&mut Vec<Value>)) {
+    let mut v: Value = serde_json::from_str(&read(e, name)).expect("json");
+    f(v.get_mut("plugins")
+        .and_then(Value::as_array_mut)
+        .expect("plugins"));
+    fs::write(e.net.join(name), cniconf::marshal(&v)).expect("rewrite");
+}
+
+fn drop_istio(p: &mut Vec<Value>) {
+    p.retain(|x| x.get("type").and_then(Value::as_str) != Some(cniconf::ISTIO_TYPE));
+}
+
+#[test]
+fn the_restore_record_survives_the_primary_dropping_our_entry() {
+    // Re-added by a pass, or cleanup arriving before the re-add: the .conf comes back either way.
+    for readd in [true, false] {
+        let e = env();
+        put(&e, "10-bridge.conf", "bridge.conf");
+        let mut i = installer(&e);
+        i.install_all().expect("installs");
+        rewrite_plugins(&e, "10-bridge.conflist", drop_istio);
+        if readd {
+            assert!(i.validate().is_err());
+            i.install_all().expect("re-adds");
+            pretty_assertions::assert_eq!(
+                read(&e, "10-bridge.conflist"),
+                golden("bridge.conf.golden")
+            );
+        }
+        i.cleanup();
+        assert!(!e.net.join("10-bridge.conflist").exists(), "readd={readd}");
+        assert_eq!(
+            read(&e, "10-bridge.conf"),
+            golden("bridge.conf"),
+            "readd={readd}"
+        );
+        assert!(!i.cfg.run_dir.join(RESTORE_RECORD).exists());
+    }
+}
+
+#[test]
+fn a_real_change_to_the_converted_list_keeps_the_owners_content() {
+    // With or without our entry still in it: their content wins, no .conf comes back.
+    for keep_ours in [true, false] {
+        let e = env();
+        put(&e, "10-bridge.conf", "bridge.conf");
+        let mut i = installer(&e);
+        i.install_all().expect("installs");
+        rewrite_plugins(&e, "10-bridge.conflist", |p| {
+            if !keep_ours {
+                drop_istio(p);
+            }
+            p[0]["bridge"] = Value::String("cni1".to_string());
+        });
+        i.cleanup();
+        assert!(
+            !e.net.join("10-bridge.conf").exists(),
+            "keep_ours={keep_ours}"
+        );
+        let left = read(&e, "10-bridge.conflist");
+        assert!(
+            left.contains("cni1") && !left.contains("istio-cni"),
+            "keep_ours={keep_ours}: {left}"
+        );
+    }
+}
+
+#[test]
+fn a_symlinked_conf_is_converted_and_the_link_comes_back() {
+    let e = env();
+    let store = e.net.parent().expect("root").join("store");
+    fs::create_dir(&store).expect("store");
+    fs::copy(format!("{TD}bridge.conf"), store.join("bridge.conf")).expect("target");
+    std::os::unix::fs::symlink("../store/bridge.conf", e.net.join("10-bridge.conf")).expect("link");
+    let mut i = installer(&e);
+    i.install_all().expect("installs");
+    pretty_assertions::assert_eq!(read(&e, "10-bridge.conflist"), golden("bridge.conf.golden"));
+    assert!(
+        fs::symlink_metadata(e.net.join("10-bridge.conf")).is_err(),
+        "link replaced"
+    );
+    assert_eq!(i.validate(), Ok(()));
+    i.cleanup();
+    assert!(!e.net.join("10-bridge.conflist").exists());
+    assert_eq!(
+        fs::read_link(e.net.join("10-bridge.conf")).expect("link is back"),
+        Path::new("../store/bridge.conf")
+    );
+    assert_eq!(
+        fs::read_to_string(store.join("bridge.conf")).expect("target"),
+        golden("bridge.conf"),
+        "the target was never written"
+    );
+}
+
+#[test]
+fn symlinked_lists_are_written_through_and_dangling_ones_skipped() {
+    let e = env();
+    let store = e.net.parent().expect("root").join("store");
+    fs::create_dir(&store).expect("store");
+    fs::copy(format!("{TD}list.conflist"), store.join("list.conflist")).expect("target");
+    std::os::unix::fs::symlink("../store/list.conflist", e.net.join("10-list.conflist"))
+        .expect("link");
+    std::os::unix::fs::symlink("nowhere", e.net.join("01-gone.conflist")).expect("dangling");
+    std::os::unix::fs::symlink("../store", e.net.join("02-dir.conflist")).expect("dir link");
+    let mut i = installer(&e);
+    i.install_all().expect("installs");
+    assert!(
+        fs::symlink_metadata(e.net.join("10-list.conflist"))
+            .expect("lstat")
+            .file_type()
+            .is_symlink()
+    );
+    pretty_assertions::assert_eq!(
+        fs::read_to_string(store.join("list.conflist")).expect("target"),
+        golden("list.conflist.golden")
+    );
+    assert_eq!(i.validate(), Ok(()));
+    assert!(
+        i.watch_targets()
+            .iter()
+            .any(|t| t.dir == fs::canonicalize(&store).expect("abs")
+                && t.only.as_deref() == Some("list.conflist"))
+    );
+    i.cleanup();
+    pretty_assertions::assert_eq!(
+        fs::read_to_string(store.join("list.conflist")).expect("target"),
+        golden("list-no-istio.conflist")
+    );
+    assert!(
+        fs::symlink_metadata(e.net.join("10-list.conflist"))
+            .expect("lstat")
+            .file_type()
+            .is_symlink()
+    );
+}
