@@ -137,41 +137,10 @@ fn replaces_an_old_istio_entry() {
     );
 }
 
-#[test]
-fn owned_config_from_list_with_the_legacy_filename_key() {
-    case(
-        &[("10-list.conflist", "list.conflist")],
-        &[
-            ("AMBIENT_ENABLED", "true"),
-            ("ISTIO_OWNED_CNI_CONFIG", "true"),
-            ("ISTIO_OWNED_CNI_CONF_FILENAME", "02-istio-conf.conflist"),
-        ],
-        "02-istio-conf.conflist",
-        "istio-owned.conflist.golden",
-        &[
-            ("02-istio-conf.conflist", None),
-            ("10-list.conflist", Some("list.conflist")),
-        ],
-    );
-}
-
-#[test]
-fn owned_config_from_bridge() {
-    case(
-        &[("10-bridge.conf", "bridge.conf")],
-        &[
-            ("AMBIENT_ENABLED", "true"),
-            ("ISTIO_OWNED_CNI_CONFIG", "true"),
-            ("ISTIO_OWNED_CNI_CONFIG_FILENAME", "02-istio-conf.conflist"),
-        ],
-        "02-istio-conf.conflist",
-        "istio-owned-bridge.conflist.golden",
-        &[
-            ("02-istio-conf.conflist", None),
-            ("10-bridge.conf", Some("bridge.conf")),
-        ],
-    );
-}
+// Istio-owned mode needs AMBIENT_ENABLED, which this build refuses at startup (no ambient node
+// agent yet; tests/install_edges.rs). Its goldens are checked by the installer's unit tests
+// (`owned_mode_writes_a_separate_file_and_deletes_only_it`) and the legacy filename key by the
+// config tests, so they stay right for when the agent lands.
 
 #[test]
 fn standalone_default_name() {

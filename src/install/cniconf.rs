@@ -170,7 +170,9 @@ pub fn classify(name: &str, bytes: &[u8]) -> Result<Candidate, ConfError> {
     })
 }
 
-/// Whether a list carries any istio-cni entry (whatever its content).
+/// Whether a list carries any istio-cni entry (whatever its content). Every function here treats
+/// the istio-cni entries of a list as a set: a list can hold several (an old agent's, one added
+/// by hand, a restored backup), and each one makes the plugin run again for every pod.
 pub fn has_istio_entry(list: &Value) -> bool {
     list.get("plugins")
         .and_then(Value::as_array)
@@ -182,8 +184,8 @@ fn is_istio_entry(v: &Value) -> bool {
 }
 
 /// Merges our entry into the primary config (§2.5 step 4): a single plugin becomes a new list
-/// `k8s-pod-network` (its cniVersion dropped); a list loses its first old istio entry and gets
-/// ours appended last.
+/// `k8s-pod-network` (its cniVersion dropped); a list loses every istio-cni entry, wherever it
+/// sits (Istio drops only the first), and gets ours appended last, after the primary's plugins.
 pub fn insert(file: &str, primary: &Value, istio: &IstioPlugin) -> Result<Value, ConfError> {
     let shape = |reason: &str| ConfError::Shape {
         file: file.to_string(),
@@ -217,14 +219,13 @@ pub fn insert(file: &str, primary: &Value, istio: &IstioPlugin) -> Result<Value,
         Some(_) => return Err(shape("`plugins` is not a list")),
         None => return Err(shape("existing config has neither `type` nor `plugins`")),
     };
-    if let Some(pos) = plugins.iter().position(is_istio_entry) {
-        plugins.remove(pos);
-    }
+    plugins.retain(|p| !is_istio_entry(p));
     plugins.push(entry);
     Ok(Value::Object(out))
 }
 
-/// Removes the first istio entry from a list (cleanup). `Ok(None)` = there was none.
+/// Removes every istio-cni entry from a list (cleanup; Istio removes only the first, leaving one
+/// that points at a deleted binary). `Ok(None)` = there was none.
 pub fn remove(file: &str, list: &Value) -> Result<Option<Value>, ConfError> {
     let mut out = list.as_object().cloned().ok_or_else(|| ConfError::Shape {
         file: file.to_string(),
@@ -236,17 +237,17 @@ pub fn remove(file: &str, list: &Value) -> Result<Option<Value>, ConfError> {
             reason: "no `plugins` list".to_string(),
         });
     };
-    match plugins.iter().position(is_istio_entry) {
-        Some(pos) => {
-            plugins.remove(pos);
-            Ok(Some(Value::Object(out)))
-        }
-        None => Ok(None),
+    let before = plugins.len();
+    plugins.retain(|p| !is_istio_entry(p));
+    if plugins.len() == before {
+        return Ok(None);
     }
+    Ok(Some(Value::Object(out)))
 }
 
-/// Checks a chained file we wrote: every plugin an object with a string type, our entry present
-/// and equal to what we would write now.
+/// Checks a chained file we wrote: every plugin an object with a string type, exactly one
+/// istio-cni entry, last (after the primary's plugins, where `insert` puts it), and equal to what
+/// we would write now.
 pub fn check_chained(ours: &Value, istio: &IstioPlugin) -> Result<(), String> {
     let plugins = ours
         .get("plugins")
@@ -257,11 +258,19 @@ pub fn check_chained(ours: &Value, istio: &IstioPlugin) -> Result<(), String> {
             return Err("a plugin in our config has no string type".to_string());
         }
     }
-    let entry = istio.list_entry();
-    match plugins.iter().find(|p| is_istio_entry(p)) {
-        None => Err("istio-cni entry is missing".to_string()),
-        Some(p) if *p != entry => Err("istio-cni entry differs from the expected one".to_string()),
-        Some(_) => Ok(()),
+    match plugins.iter().filter(|p| is_istio_entry(p)).count() {
+        0 => return Err("istio-cni entry is missing".to_string()),
+        1 => {}
+        n => return Err(format!("{n} istio-cni entries (exactly one expected)")),
+    }
+    match plugins.last() {
+        Some(p) if !is_istio_entry(p) => {
+            Err("the istio-cni entry is not the last plugin".to_string())
+        }
+        Some(p) if *p != istio.list_entry() => {
+            Err("istio-cni entry differs from the expected one".to_string())
+        }
+        _ => Ok(()),
     }
 }
 
@@ -520,6 +529,39 @@ mod tests {
                 .and_then(Value::as_array)
                 .expect("plugins");
             assert_eq!(plugins, &primary_plugins(&cand), "{input}");
+        }
+    }
+
+    #[test]
+    fn istio_entries_are_a_set_merge_keeps_one_last_and_remove_takes_all() {
+        let p = test_plugin(false);
+        let ours = p.list_entry();
+        let stale: Value = serde_json::json!({"type": "istio-cni", "name": "istio-cni", "old": 1});
+        let bridge: Value = serde_json::json!({"type": "bridge"});
+        let tuning: Value = serde_json::json!({"type": "tuning"});
+        let list = |plugins: Vec<Value>| serde_json::json!({"name": "n", "plugins": plugins});
+        for plugins in [
+            vec![stale.clone(), bridge.clone(), stale.clone(), tuning.clone()],
+            vec![ours.clone(), bridge.clone(), tuning.clone(), ours.clone()],
+            vec![bridge.clone(), ours.clone(), tuning.clone()],
+            vec![bridge.clone(), tuning.clone(), ours.clone(), stale.clone()],
+        ] {
+            let input = list(plugins.clone());
+            let merged = insert("x", &input, &p).expect("merges");
+            assert_eq!(
+                merged,
+                list(vec![bridge.clone(), tuning.clone(), ours.clone()]),
+                "{plugins:?}"
+            );
+            assert_eq!(check_chained(&merged, &p), Ok(()));
+            if plugins.iter().filter(|x| is_istio_entry(x)).count() > 1 || plugins[2] != ours {
+                assert!(check_chained(&input, &p).is_err(), "{plugins:?} passed");
+            }
+            assert_eq!(
+                remove("x", &input).expect("ok"),
+                Some(list(vec![bridge.clone(), tuning.clone()])),
+                "{plugins:?}"
+            );
         }
     }
 

@@ -99,6 +99,40 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), FsError> 
     sync_dir(dir)
 }
 
+/// The file a config path stands for: the path itself, or, when it is a symlink, the file the
+/// link chain ends at (libcni and Istio read through links, so that is the file that counts).
+pub fn resolve_link(path: &Path) -> Result<PathBuf, FsError> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => {
+            fs::canonicalize(path).map_err(|e| FsError::new("resolving symlink", path, e))
+        }
+        _ => Ok(path.to_path_buf()),
+    }
+}
+
+/// [`write_atomic`] through a symlink: writes the file the link points to (temp file in the
+/// target's directory + rename), so the link itself is kept. Returns the path written.
+pub fn write_atomic_following(path: &Path, data: &[u8], mode: u32) -> Result<PathBuf, FsError> {
+    let target = resolve_link(path)?;
+    write_atomic(&target, data, mode)?;
+    Ok(target)
+}
+
+/// Creates (or replaces) `link` as a symlink to `to`, atomically: the link is made under a temp
+/// name in the same directory and renamed into place.
+pub fn symlink_atomic(to: &Path, link: &Path) -> Result<(), FsError> {
+    let (dir, name) = split(link)?;
+    remove_stale_temps(dir, &name);
+    let tmp = dir.join(format!("{}{}", temp_prefix(&name), std::process::id()));
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(to, &tmp).map_err(|e| FsError::new("creating symlink", &tmp, e))?;
+    if let Err(e) = fs::rename(&tmp, link) {
+        let _ = fs::remove_file(&tmp);
+        return Err(FsError::new("renaming symlink onto", link, e));
+    }
+    sync_dir(dir)
+}
+
 /// Removes a file; a missing file is fine.
 pub fn remove_if_exists(path: &Path) -> Result<bool, FsError> {
     match fs::remove_file(path) {
@@ -216,6 +250,44 @@ mod tests {
         assert_eq!(mode_of(&p), Some(0o600));
         let names: Vec<_> = fs::read_dir(dir.path()).expect("ls").flatten().collect();
         assert_eq!(names.len(), 1, "no temp files left");
+    }
+
+    #[test]
+    fn writes_through_links_keep_the_link() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = dir.path().join("store");
+        fs::create_dir(&store).expect("store");
+        fs::write(store.join("real.conflist"), b"old").expect("real");
+        let link = dir.path().join("10.conflist");
+        std::os::unix::fs::symlink("store/real.conflist", &link).expect("link");
+        let written = write_atomic_following(&link, b"new", 0o600).expect("write");
+        assert_eq!(
+            written,
+            fs::canonicalize(store.join("real.conflist")).expect("abs")
+        );
+        assert!(
+            fs::symlink_metadata(&link)
+                .expect("lstat")
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(fs::read(&link).expect("read"), b"new");
+        assert_eq!(fs::read_dir(&store).expect("ls").count(), 1, "no temp left");
+        let dangling = dir.path().join("05.conflist");
+        std::os::unix::fs::symlink("gone", &dangling).expect("dangling");
+        let e = write_atomic_following(&dangling, b"x", 0o600).expect_err("dangling");
+        assert!(e.to_string().contains("05.conflist"), "{e}");
+        fs::remove_file(&link).expect("rm link");
+        symlink_atomic(Path::new("store/real.conflist"), &link).expect("relink");
+        assert_eq!(
+            fs::read_link(&link).expect("readlink"),
+            Path::new("store/real.conflist")
+        );
+        symlink_atomic(Path::new("store/other"), &link).expect("replace link");
+        assert_eq!(
+            fs::read_link(&link).expect("readlink"),
+            Path::new("store/other")
+        );
     }
 
     #[test]

@@ -233,7 +233,6 @@ fn sleep(rx: &Receiver<Msg>, d: Duration) -> bool {
 }
 
 fn run(installer: &mut Installer, obs: &dyn GuardObserver, tx: Sender<Msg>, rx: Receiver<Msg>) {
-    let targets = installer.watch_targets();
     let mut throttle = Throttle::new();
     // After a failed pass or one that found no primary: how long to wait for a change, and the
     // inputs that pass saw (a change that slipped in before the new watcher voids the hold).
@@ -245,6 +244,8 @@ fn run(installer: &mut Installer, obs: &dyn GuardObserver, tx: Sender<Msg>, rx: 
         if drain(&rx) {
             return;
         }
+        // Recomputed every round: a symlinked config can start pointing somewhere else.
+        let targets = installer.watch_targets();
         let watcher = make_watcher(&tx, &targets);
         let poll = if watcher.is_some() {
             RESYNC

@@ -4,7 +4,9 @@
 //!
 //! Files: `config` (flags/env, pure; argv goes through the shared `cli` normaliser, selector YAML
 //! through serde-saphyr), `cniconf` (merge logic, pure), `kubeconfig` (pure render),
-//! `fsutil` (atomic file effects), `installer` (install pass, check, cleanup), `guard` (watch loop),
+//! `fsutil` (atomic file effects), `installer` (install pass, check, cleanup; split into
+//! `select` (which file), `merge` (writing our entry), `restore` (cleanup and the `.conf` record)),
+//! `guard` (watch loop),
 //! `upgrade` (shutdown keep/clean decision), `caps` (capability dropping).
 
 pub mod caps;
@@ -51,6 +53,11 @@ pub fn main(args: Vec<String>) -> i32 {
             return 1;
         }
     };
+    // Before logging (a log file is a file too) and before any install step.
+    if let Some(refusal) = refuse_unsupported(&cfg) {
+        eprintln!("install-cni: {refusal}");
+        return 1;
+    }
     if let Err(e) = logging::init(log_settings(&cfg)) {
         eprintln!("install-cni: {e}");
         return 1;
@@ -80,6 +87,18 @@ pub fn main(args: Vec<String>) -> i32 {
     let code = rt.block_on(run(*cfg));
     rt.shutdown_timeout(Duration::from_secs(2));
     code
+}
+
+/// Settings this build accepts but cannot serve. Ambient mode needs the node agent, which is not
+/// part of this build: installing the plugin with `ambient_enabled` and reporting ready would
+/// send ambient pods to an agent that does not exist, so we refuse before touching anything.
+fn refuse_unsupported(cfg: &Config) -> Option<&'static str> {
+    cfg.install.ambient_enabled.then_some(
+        "AMBIENT_ENABLED=true (--ambient-enabled) asks for ambient mode, which is not implemented \
+         in this build: no node agent would serve ambient pods. Set AMBIENT_ENABLED=false (chart: \
+         ambient.enabled=false) to run in sidecar mode, or deploy Istio's own istio-cni for \
+         ambient. Nothing was installed or changed.",
+    )
 }
 
 fn to_tracing(l: LogLevel) -> Option<tracing::Level> {
@@ -212,11 +231,6 @@ async fn run(cfg: Config) -> i32 {
             return 1;
         }
     }
-    if ic.ambient_enabled {
-        warn!(
-            "AMBIENT_ENABLED is set, but this build has no ambient node agent yet; only the installer runs"
-        );
-    }
     if cfg.repair.enabled {
         info!(
             "the repair controller is not part of this build; REPAIR_* settings are validated only"
@@ -282,4 +296,41 @@ async fn run(cfg: Config) -> i32 {
     tokio::time::sleep(Duration::from_millis(50)).await;
     info!("install-cni stopped");
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(args: &[&str], env: &[(&str, &str)]) -> Config {
+        let argv: Vec<String> = std::iter::once("install-cni")
+            .chain(args.iter().copied())
+            .map(str::to_string)
+            .collect();
+        let lookup = |k: &str| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        };
+        match config::parse(&argv, &lookup) {
+            Ok(Parsed::Run(c)) => *c,
+            _ => panic!("{args:?} {env:?} does not parse"),
+        }
+    }
+
+    #[test]
+    fn ambient_mode_is_refused_naming_the_setting() {
+        for cfg in [
+            parsed(&[], &[("AMBIENT_ENABLED", "true")]),
+            parsed(&["--ambient-enabled"], &[]),
+        ] {
+            let msg = refuse_unsupported(&cfg).expect("refused");
+            assert!(msg.contains("AMBIENT_ENABLED=false") && msg.contains("not implemented"));
+        }
+        assert_eq!(refuse_unsupported(&parsed(&[], &[])), None);
+        assert_eq!(
+            refuse_unsupported(&parsed(&[], &[("AMBIENT_ENABLED", "false")])),
+            None
+        );
+    }
 }

@@ -1,0 +1,514 @@
+//! Unit tests of the installer against temp dirs and the Istio goldens.
+
+use super::*;
+use crate::install::cniconf;
+use crate::install::config::LogLevel;
+use serde_json::Value;
+
+const TD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/testdata/install/");
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    net: PathBuf,
+    bin: PathBuf,
+    cfg: InstallConfig,
+    exe: PathBuf,
+}
+
+fn env() -> Env {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().to_path_buf();
+    let (net, bin, sa) = (root.join("net"), root.join("bin"), root.join("sa"));
+    for d in [&net, &bin, &sa] {
+        fs::create_dir_all(d).expect("mkdir");
+    }
+    fs::copy(format!("{TD}kube-ca.crt"), sa.join("ca.crt")).expect("ca");
+    fs::write(sa.join("token"), "service_account_token_string").expect("token");
+    let exe = root.join("exe");
+    fs::write(&exe, b"#!/bin/true\n").expect("exe");
+    fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let cfg = InstallConfig {
+        mounted_cni_net_dir: net.clone(),
+        cni_conf_name: None,
+        chained: true,
+        istio_owned_cni_config: false,
+        owned_filename: "02-istio-conf.conflist".to_string(),
+        cni_bin_dirs: vec![bin.clone(), root.join("missing-bin")],
+        run_dir: PathBuf::from("/path/to/kubeconfig"),
+        kubeconfig_mode: 0o600,
+        cni_conf_group_read: false,
+        kube_ca_file: sa.join("ca.crt"),
+        skip_tls_verify: false,
+        service_account_dir: sa,
+        k8s_service_host: Some("10.96.0.1".to_string()),
+        k8s_service_port: Some("443".to_string()),
+        k8s_service_protocol: "https".to_string(),
+        ambient_enabled: false,
+        enable_ambient_detection_retry: false,
+        native_nftables: false,
+        exclude_namespaces: vec![],
+        pod_namespace: "my-namespace".to_string(),
+        enablement_selectors: vec![],
+        plugin_log_level: LogLevel::Debug,
+        ambient_disable_safe_upgrade: false,
+        node_name: String::new(),
+    };
+    Env {
+        _tmp: tmp,
+        net,
+        bin,
+        cfg,
+        exe,
+    }
+}
+
+/// The goldens embed `cni_agent_run_dir: /path/to/kubeconfig`; the kubeconfig itself must go
+/// somewhere writable, so the run dir is swapped after building the plugin entry.
+fn installer(e: &Env) -> Installer {
+    let mut i = Installer::new(e.cfg.clone(), e.exe.clone()).expect("installer");
+    i.cfg.run_dir = e.net.parent().expect("root").join("run");
+    i
+}
+
+fn golden(name: &str) -> String {
+    fs::read_to_string(format!("{TD}{name}")).expect("golden")
+}
+
+fn put(e: &Env, name: &str, src: &str) {
+    fs::copy(format!("{TD}{src}"), e.net.join(name)).expect("copy input");
+}
+
+fn read(e: &Env, name: &str) -> String {
+    fs::read_to_string(e.net.join(name)).unwrap_or_else(|err| panic!("{name}: {err}"))
+}
+
+#[test]
+fn merges_into_the_first_list_and_installs_everything() {
+    let e = env();
+    put(&e, "10-list.conflist", "list.conflist");
+    put(&e, "20-bridge.conf", "bridge.conf");
+    let mut i = installer(&e);
+    assert_eq!(i.install_all().expect("installs"), Outcome::Installed);
+    pretty_assertions::assert_eq!(read(&e, "10-list.conflist"), golden("list.conflist.golden"));
+    assert!(fsutil::same_content(&e.exe, &e.bin.join("istio-cni")).expect("cmp"));
+    let kc = fs::read_to_string(i.cfg.kubeconfig_path()).expect("kubeconfig");
+    pretty_assertions::assert_eq!(kc, golden("kubeconfig-tls"));
+    assert_eq!(i.validate(), Ok(()));
+}
+
+#[test]
+fn single_conf_becomes_conflist_and_is_restored() {
+    let e = env();
+    put(&e, "10-bridge.conf", "bridge.conf");
+    let mut i = installer(&e);
+    i.install_all().expect("installs");
+    assert!(!e.net.join("10-bridge.conf").exists());
+    pretty_assertions::assert_eq!(read(&e, "10-bridge.conflist"), golden("bridge.conf.golden"));
+    assert_eq!(i.validate(), Ok(()));
+    i.cleanup();
+    assert!(!e.net.join("10-bridge.conflist").exists());
+    assert_eq!(read(&e, "10-bridge.conf"), golden("bridge.conf"));
+    assert!(!e.bin.join("istio-cni").exists());
+    assert!(!i.cfg.kubeconfig_path().exists());
+}
+
+#[test]
+fn named_primary_variants() {
+    for (name, src) in [
+        ("list.conflist", "list.conflist"),
+        ("list.conf", "list.conflist"),
+        ("undetectable.file", "list.conflist"),
+    ] {
+        let e = env();
+        let file = if name == "list.conf" {
+            "list.conflist"
+        } else {
+            name
+        };
+        put(&e, file, src);
+        let mut cfg = e.cfg.clone();
+        cfg.cni_conf_name = Some(name.to_string());
+        let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
+        i.cfg.run_dir = e.net.parent().expect("root").join("run");
+        i.install_all().expect("installs");
+        pretty_assertions::assert_eq!(
+            read(&e, file),
+            golden("list.conflist.golden"),
+            "case {name}"
+        );
+        assert_eq!(
+            i.validate(),
+            Ok(()),
+            "case {name}: the result must validate"
+        );
+    }
+}
+
+#[test]
+fn named_bridge_conflist_falls_back_to_conf() {
+    let e = env();
+    put(&e, "bridge.conf", "bridge.conf");
+    let mut cfg = e.cfg.clone();
+    cfg.cni_conf_name = Some("bridge.conflist".to_string());
+    let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
+    i.cfg.run_dir = e.net.parent().expect("root").join("run");
+    i.install_all().expect("installs");
+    pretty_assertions::assert_eq!(read(&e, "bridge.conflist"), golden("bridge.conf.golden"));
+}
+
+#[test]
+fn replaces_an_old_entry_and_cleanup_matches_golden() {
+    let e = env();
+    put(&e, "10-list.conflist", "list-with-istio.conflist");
+    let mut i = installer(&e);
+    i.install_all().expect("installs");
+    pretty_assertions::assert_eq!(
+        read(&e, "10-list.conflist"),
+        golden("list-with-istio.conflist.golden")
+    );
+    i.cleanup();
+    pretty_assertions::assert_eq!(
+        read(&e, "10-list.conflist"),
+        golden("list-no-istio.conflist")
+    );
+}
+
+#[test]
+fn owned_mode_writes_a_separate_file_and_deletes_only_it() {
+    for (src, golden_name) in [
+        ("list.conflist", "istio-owned.conflist.golden"),
+        ("bridge.conf", "istio-owned-bridge.conflist.golden"),
+    ] {
+        let e = env();
+        put(&e, &format!("10-{src}"), src);
+        let mut cfg = e.cfg.clone();
+        cfg.istio_owned_cni_config = true;
+        cfg.ambient_enabled = true;
+        let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
+        i.cfg.run_dir = e.net.parent().expect("root").join("run");
+        i.install_all().expect("installs");
+        pretty_assertions::assert_eq!(read(&e, "02-istio-conf.conflist"), golden(golden_name));
+        assert_eq!(
+            read(&e, &format!("10-{src}")),
+            golden(src),
+            "primary untouched"
+        );
+        assert_eq!(i.validate(), Ok(()));
+        // L9: a content change in the primary invalidates our copy.
+        let changed = golden(src).replace("cni0", "cni1");
+        fs::write(e.net.join(format!("10-{src}")), changed).expect("edit");
+        assert!(i.validate().is_err());
+        i.install_all().expect("reinstalls");
+        assert!(read(&e, "02-istio-conf.conflist").contains("cni1"));
+        i.cleanup();
+        assert!(!e.net.join("02-istio-conf.conflist").exists());
+        assert!(e.net.join(format!("10-{src}")).exists());
+    }
+}
+
+#[test]
+fn owned_flag_without_ambient_never_deletes_the_primary() {
+    // Istio bug B2: cleanup deleted the primary here.
+    let e = env();
+    put(&e, "10-list.conflist", "list.conflist");
+    let mut cfg = e.cfg.clone();
+    cfg.istio_owned_cni_config = true;
+    let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
+    i.cfg.run_dir = e.net.parent().expect("root").join("run");
+    i.install_all().expect("installs");
+    pretty_assertions::assert_eq!(read(&e, "10-list.conflist"), golden("list.conflist.golden"));
+    i.cleanup();
+    pretty_assertions::assert_eq!(
+        read(&e, "10-list.conflist"),
+        String::from_utf8(cniconf::marshal(
+            &serde_json::from_str::<Value>(&golden("list.conflist")).expect("json")
+        ))
+        .expect("utf8")
+    );
+}
+
+#[test]
+fn standalone_default_and_named() {
+    for name in [None, Some("specific-name.conf")] {
+        let e = env();
+        let mut cfg = e.cfg.clone();
+        cfg.chained = false;
+        cfg.cni_conf_name = name.map(str::to_string);
+        let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
+        i.cfg.run_dir = e.net.parent().expect("root").join("run");
+        i.install_all().expect("installs");
+        let file = name.unwrap_or("YYY-istio-cni.conf");
+        pretty_assertions::assert_eq!(read(&e, file), golden("istio-cni.conf"));
+        assert_eq!(i.validate(), Ok(()));
+        i.cleanup();
+        assert!(!e.net.join(file).exists());
+    }
+}
+
+#[test]
+fn waits_without_a_primary_and_detects_preemption() {
+    let e = env();
+    let mut i = installer(&e);
+    assert!(matches!(i.install_all(), Ok(Outcome::WaitingForPrimary(_))));
+    put(&e, "10-list.conflist", "list.conflist");
+    i.install_all().expect("installs");
+    assert_eq!(i.validate(), Ok(()));
+    put(&e, "05-other.conflist", "list.conflist");
+    assert!(i.validate().is_err(), "a higher-priority file preempts us");
+    i.install_all().expect("reinstalls");
+    assert_eq!(i.validate(), Ok(()));
+    pretty_assertions::assert_eq!(
+        read(&e, "05-other.conflist"),
+        golden("list.conflist.golden")
+    );
+}
+
+#[test]
+fn cleanup_removes_our_entry_from_every_primary_we_used() {
+    let e = env();
+    put(&e, "10-list.conflist", "list.conflist");
+    let mut i = installer(&e);
+    i.install_all().expect("installs");
+    put(&e, "05-other.conflist", "list.conflist");
+    assert!(i.validate().is_err());
+    i.install_all().expect("moves to the new primary");
+    assert!(
+        read(&e, "10-list.conflist").contains("istio-cni"),
+        "the old one keeps its entry meanwhile"
+    );
+    i.cleanup();
+    for f in ["05-other.conflist", "10-list.conflist"] {
+        pretty_assertions::assert_eq!(read(&e, f), golden("list-no-istio.conflist"), "{f}");
+    }
+}
+
+#[test]
+fn invalid_files_sorting_first_are_skipped() {
+    let e = env();
+    fs::write(e.net.join("00-garbage.conf"), "not json").expect("w");
+    fs::write(e.net.join("01-empty.conflist"), "").expect("w");
+    fs::write(e.net.join("02-notype.conf"), r#"{"name":"x"}"#).expect("w");
+    fs::write(
+        e.net.join("03-noname.conflist"),
+        r#"{"plugins":[{"type":"x"}]}"#,
+    )
+    .expect("w");
+    fs::write(e.net.join("04-noplugins.conflist"), r#"{"name":"x"}"#).expect("w");
+    fs::write(e.net.join("05-ignored.txt"), r#"{"type":"x"}"#).expect("w");
+    put(&e, "10-list.conflist", "list.conflist");
+    let mut i = installer(&e);
+    i.install_all().expect("installs");
+    pretty_assertions::assert_eq!(read(&e, "10-list.conflist"), golden("list.conflist.golden"));
+    assert_eq!(read(&e, "00-garbage.conf"), "not json", "never touched");
+    assert_eq!(i.validate(), Ok(()));
+}
+
+#[test]
+fn a_named_primary_that_appears_later_is_waited_for() {
+    let e = env();
+    put(&e, "05-other.conflist", "list.conflist");
+    let mut cfg = e.cfg.clone();
+    cfg.cni_conf_name = Some("10-list.conflist".to_string());
+    let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
+    i.cfg.run_dir = e.net.parent().expect("root").join("run");
+    assert!(
+        matches!(i.install_all(), Ok(Outcome::WaitingForPrimary(w)) if w.contains("10-list.conflist"))
+    );
+    put(&e, "10-list.conf", "list.conflist");
+    // The .conf variant stands in for the named .conflist.
+    i.install_all().expect("installs");
+    assert!(read(&e, "10-list.conf").contains("istio-cni"));
+    assert_eq!(
+        read(&e, "05-other.conflist"),
+        golden("list.conflist"),
+        "intentionally preempting file untouched"
+    );
+    assert_eq!(i.validate(), Ok(()));
+}
+
+#[test]
+fn missing_or_empty_conf_dir_waits() {
+    let e = env();
+    let mut i = installer(&e);
+    fs::remove_dir(&e.net).expect("rm dir");
+    assert!(matches!(i.install_all(), Ok(Outcome::WaitingForPrimary(_))));
+    fs::create_dir(&e.net).expect("mkdir");
+    assert!(matches!(i.install_all(), Ok(Outcome::WaitingForPrimary(_))));
+}
+
+#[test]
+fn token_rotation_and_binary_changes_invalidate() {
+    let e = env();
+    put(&e, "10-list.conflist", "list.conflist");
+    let mut i = installer(&e);
+    i.install_all().expect("installs");
+    fs::write(e.cfg.service_account_dir.join("token"), "bar").expect("rotate");
+    assert!(i.validate().is_err());
+    i.install_all().expect("reinstalls");
+    assert!(
+        fs::read_to_string(i.cfg.kubeconfig_path())
+            .expect("kc")
+            .contains("token: bar\n")
+    );
+    fs::write(e.bin.join("istio-cni"), b"other").expect("tamper");
+    assert!(i.validate().is_err());
+    i.install_all().expect("reinstalls");
+    assert_eq!(i.validate(), Ok(()));
+}
+
+#[test]
+fn json_files_count_in_priority_order() {
+    let e = env();
+    fs::write(
+        e.net.join("05-first.json"),
+        r#"{"cniVersion":"0.4.0","name":"n","type":"bridge"}"#,
+    )
+    .expect("json");
+    put(&e, "10-list.conflist", "list.conflist");
+    let mut i = installer(&e);
+    i.install_all().expect("installs");
+    assert!(!e.net.join("05-first.json").exists());
+    assert!(read(&e, "05-first.conflist").contains("istio-cni"));
+    assert_eq!(read(&e, "10-list.conflist"), golden("list.conflist"));
+    i.cleanup();
+    assert!(e.net.join("05-first.json").exists());
+    assert!(!e.net.join("05-first.conflist").exists());
+}
+
+/// The converted list with its plugins rewritten by `f`, as a primary rewriting it would.
+fn rewrite_plugins(e: &Env, name: &str, f: impl FnOnce(&mut Vec<Value>)) {
+    let mut v: Value = serde_json::from_str(&read(e, name)).expect("json");
+    f(v.get_mut("plugins")
+        .and_then(Value::as_array_mut)
+        .expect("plugins"));
+    fs::write(e.net.join(name), cniconf::marshal(&v)).expect("rewrite");
+}
+
+fn drop_istio(p: &mut Vec<Value>) {
+    p.retain(|x| x.get("type").and_then(Value::as_str) != Some(cniconf::ISTIO_TYPE));
+}
+
+#[test]
+fn the_restore_record_survives_the_primary_dropping_our_entry() {
+    // Re-added by a pass, or cleanup arriving before the re-add: the .conf comes back either way.
+    for readd in [true, false] {
+        let e = env();
+        put(&e, "10-bridge.conf", "bridge.conf");
+        let mut i = installer(&e);
+        i.install_all().expect("installs");
+        rewrite_plugins(&e, "10-bridge.conflist", drop_istio);
+        if readd {
+            assert!(i.validate().is_err());
+            i.install_all().expect("re-adds");
+            pretty_assertions::assert_eq!(
+                read(&e, "10-bridge.conflist"),
+                golden("bridge.conf.golden")
+            );
+        }
+        i.cleanup();
+        assert!(!e.net.join("10-bridge.conflist").exists(), "readd={readd}");
+        assert_eq!(
+            read(&e, "10-bridge.conf"),
+            golden("bridge.conf"),
+            "readd={readd}"
+        );
+        assert!(!i.cfg.run_dir.join(RESTORE_RECORD).exists());
+    }
+}
+
+#[test]
+fn a_real_change_to_the_converted_list_keeps_the_owners_content() {
+    // With or without our entry still in it: their content wins, no .conf comes back.
+    for keep_ours in [true, false] {
+        let e = env();
+        put(&e, "10-bridge.conf", "bridge.conf");
+        let mut i = installer(&e);
+        i.install_all().expect("installs");
+        rewrite_plugins(&e, "10-bridge.conflist", |p| {
+            if !keep_ours {
+                drop_istio(p);
+            }
+            p[0]["bridge"] = Value::String("cni1".to_string());
+        });
+        i.cleanup();
+        assert!(
+            !e.net.join("10-bridge.conf").exists(),
+            "keep_ours={keep_ours}"
+        );
+        let left = read(&e, "10-bridge.conflist");
+        assert!(
+            left.contains("cni1") && !left.contains("istio-cni"),
+            "keep_ours={keep_ours}: {left}"
+        );
+    }
+}
+
+#[test]
+fn a_symlinked_conf_is_converted_and_the_link_comes_back() {
+    let e = env();
+    let store = e.net.parent().expect("root").join("store");
+    fs::create_dir(&store).expect("store");
+    fs::copy(format!("{TD}bridge.conf"), store.join("bridge.conf")).expect("target");
+    std::os::unix::fs::symlink("../store/bridge.conf", e.net.join("10-bridge.conf")).expect("link");
+    let mut i = installer(&e);
+    i.install_all().expect("installs");
+    pretty_assertions::assert_eq!(read(&e, "10-bridge.conflist"), golden("bridge.conf.golden"));
+    assert!(
+        fs::symlink_metadata(e.net.join("10-bridge.conf")).is_err(),
+        "link replaced"
+    );
+    assert_eq!(i.validate(), Ok(()));
+    i.cleanup();
+    assert!(!e.net.join("10-bridge.conflist").exists());
+    assert_eq!(
+        fs::read_link(e.net.join("10-bridge.conf")).expect("link is back"),
+        Path::new("../store/bridge.conf")
+    );
+    assert_eq!(
+        fs::read_to_string(store.join("bridge.conf")).expect("target"),
+        golden("bridge.conf"),
+        "the target was never written"
+    );
+}
+
+#[test]
+fn symlinked_lists_are_written_through_and_dangling_ones_skipped() {
+    let e = env();
+    let store = e.net.parent().expect("root").join("store");
+    fs::create_dir(&store).expect("store");
+    fs::copy(format!("{TD}list.conflist"), store.join("list.conflist")).expect("target");
+    std::os::unix::fs::symlink("../store/list.conflist", e.net.join("10-list.conflist"))
+        .expect("link");
+    std::os::unix::fs::symlink("nowhere", e.net.join("01-gone.conflist")).expect("dangling");
+    std::os::unix::fs::symlink("../store", e.net.join("02-dir.conflist")).expect("dir link");
+    let mut i = installer(&e);
+    i.install_all().expect("installs");
+    assert!(
+        fs::symlink_metadata(e.net.join("10-list.conflist"))
+            .expect("lstat")
+            .file_type()
+            .is_symlink()
+    );
+    pretty_assertions::assert_eq!(
+        fs::read_to_string(store.join("list.conflist")).expect("target"),
+        golden("list.conflist.golden")
+    );
+    assert_eq!(i.validate(), Ok(()));
+    assert!(
+        i.watch_targets()
+            .iter()
+            .any(|t| t.dir == fs::canonicalize(&store).expect("abs")
+                && t.only.as_deref() == Some("list.conflist"))
+    );
+    i.cleanup();
+    pretty_assertions::assert_eq!(
+        fs::read_to_string(store.join("list.conflist")).expect("target"),
+        golden("list-no-istio.conflist")
+    );
+    assert!(
+        fs::symlink_metadata(e.net.join("10-list.conflist"))
+            .expect("lstat")
+            .file_type()
+            .is_symlink()
+    );
+}
