@@ -11,9 +11,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use support::cni_driver::*;
 use nix::sched::{CloneFlags, setns};
 use serde_json::{Value, json};
+use support::cni_driver::*;
 
 use istio_cni::iptables_cmd::INJECTOR_DEFAULT_ARGS as INIT_ARGS;
 
@@ -445,4 +445,72 @@ fn app_traffic_is_redirected_and_the_pods_proxy_uid_is_not() {
         support::accept_within(&proxy, Duration::from_millis(200)).is_none(),
         "the proxy's own traffic was redirected"
     );
+}
+
+/// Cost of the user-namespace entry, by hand:
+/// `cargo test --test netns_userns -- --ignored --nocapture`. Prints the median time of
+/// opening the netns and applying the default sidecar rules (what the plugin does after its API
+/// lookup), in fresh namespaces: ordinary vs user-namespaced, netlink vs iptables-restore.
+#[test]
+#[ignore]
+fn bench_user_namespace_entry() {
+    use istio_cni::apply::{SidecarOptions, apply_sidecar_here};
+    use std::time::Instant;
+    const ROUNDS: usize = 30;
+    let rules = istio_cni::rules::capture::build(&Default::default());
+    let time_apply = |netns: &str, restore_only: bool| {
+        let rules = rules.clone();
+        let start = Instant::now();
+        let ns = istio_cni::netns::Netns::open(std::path::Path::new(netns)).expect("open");
+        let opts = SidecarOptions {
+            restore_only,
+            userns: ns.userns_entry().cloned(),
+            ..Default::default()
+        };
+        ns.run(move || apply_sidecar_here(&rules, &opts, None))
+            .expect("netns")
+            .expect("apply");
+        start.elapsed()
+    };
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2].as_secs_f64() * 1000.0
+    };
+    // The entry alone: fork, setns into the user namespace and the netns, exit.
+    let pod = UsernsPod::new(Creation::NetnsAfterMap, MAP);
+    let ns = istio_cni::netns::Netns::open(std::path::Path::new(&pod.netns())).expect("open");
+    let entry = ns.userns_entry().expect("a user-namespaced netns").clone();
+    let entering: Vec<Duration> = (0..ROUNDS)
+        .map(|_| {
+            let start = Instant::now();
+            // SAFETY: the work makes no call at all.
+            unsafe { entry.run_forked(|| 0) }.expect("forked child");
+            start.elapsed()
+        })
+        .collect();
+    println!("fork + enter alone: {:.2} ms", median(entering));
+    for restore_only in [false, true] {
+        let plain: Vec<Duration> = (0..ROUNDS)
+            .map(|_| {
+                let ns = NetnsGuard::new("usb");
+                time_apply(&ns.path().display().to_string(), restore_only)
+            })
+            .collect();
+        let userns: Vec<Duration> = (0..ROUNDS)
+            .map(|_| {
+                let pod = UsernsPod::new(Creation::NetnsAfterMap, MAP);
+                time_apply(&pod.netns(), restore_only)
+            })
+            .collect();
+        let path = if restore_only {
+            "iptables-restore"
+        } else {
+            "netlink"
+        };
+        println!(
+            "{path}: ordinary netns {:.2} ms, user-namespaced {:.2} ms (median of {ROUNDS})",
+            median(plain),
+            median(userns)
+        );
+    }
 }

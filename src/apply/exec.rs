@@ -78,7 +78,14 @@ impl ProcessExecutor {
 impl Executor for ProcessExecutor {
     fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, SpawnError> {
         let spawn_err = |source| SpawnError {
-            command: cmd.display(),
+            command: match &self.userns {
+                Some(entry) => format!(
+                    "{} (entering the user namespace owning {})",
+                    cmd.display(),
+                    entry.path().display()
+                ),
+                None => cmd.display(),
+            },
             source,
         };
         let mut command = Command::new(&cmd.program);

@@ -184,7 +184,7 @@ impl UsernsEntry {
     ///
     /// # Safety
     /// The process must be single-threaded (a fresh child), as `setns(CLONE_NEWUSER)` requires.
-    pub unsafe fn enter(&self) -> std::io::Result<()> {
+    unsafe fn enter(&self) -> std::io::Result<()> {
         let check = |rc: libc::c_long| {
             if rc == 0 {
                 Ok(())
@@ -262,7 +262,11 @@ impl UsernsEntry {
         match unsafe { nix::unistd::fork() }.map_err(|e| child_err(e.into()))? {
             nix::unistd::ForkResult::Child => unsafe {
                 reply = match self.enter() {
-                    Ok(()) => [0, work()],
+                    // A panic must never unwind into the parent's code running on in this copy.
+                    Ok(()) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+                        Ok(answer) => [0, answer],
+                        Err(_) => libc::_exit(1),
+                    },
                     Err(e) => [1, e.raw_os_error().unwrap_or(0) as u64],
                 };
                 libc::write(
