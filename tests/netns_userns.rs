@@ -32,6 +32,8 @@ enum Creation {
 struct UsernsPod {
     holders: Vec<Child>,
     pid: u32,
+    /// Set by [`UsernsPod::attach`]: the `ip netns` name bound to this netns.
+    attached: Option<String>,
 }
 
 impl UsernsPod {
@@ -54,6 +56,7 @@ impl UsernsPod {
         let mut pod = UsernsPod {
             holders: vec![],
             pid: 0,
+            attached: None,
         };
         match creation {
             Creation::Together => {
@@ -91,6 +94,14 @@ impl UsernsPod {
 
     fn netns(&self) -> String {
         format!("/proc/{}/ns/net", self.pid)
+    }
+
+    /// Binds the netns to `/var/run/netns/<name>` (as runtimes hand it to CNI); removed on drop.
+    fn attach(&mut self) -> String {
+        let name = unique("icus-");
+        run_checked("ip", &["netns", "attach", &name, &self.pid.to_string()]);
+        self.attached = Some(name.clone());
+        format!("/var/run/netns/{name}")
     }
 
     /// Runs a command in the pod netns only (host user namespace), checked.
@@ -166,6 +177,9 @@ impl UsernsPod {
 
 impl Drop for UsernsPod {
     fn drop(&mut self) {
+        if let Some(name) = &self.attached {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+        }
         for child in self.holders.iter_mut().rev() {
             let _ = child.kill();
             let _ = child.wait();
@@ -245,8 +259,10 @@ fn plugin_programs_a_user_namespaced_pod_over_netlink_and_restore() {
 
     for creation in [Creation::Together, Creation::NetnsAfterMap] {
         // Default path: one nf_tables transaction, sent from inside the pod's user namespace.
-        let pod = UsernsPod::new(creation, MAP);
-        let first = add(&pod.netns(), "app", &conf, &[]);
+        // CNI_NETNS as runtimes pass it: a bind mount under /var/run/netns.
+        let mut pod = UsernsPod::new(creation, MAP);
+        let netns = pod.attach();
+        let first = add(&netns, "app", &conf, &[]);
         assert_eq!(
             first.code, 0,
             "{creation:?}: {}{}",
@@ -259,7 +275,7 @@ fn plugin_programs_a_user_namespaced_pod_over_netlink_and_restore() {
         );
         assert_eq!(pod.rules(), expected, "{creation:?}");
         // A runtime retry: the state check (iptables-save, iptables -C) runs in the pod too.
-        let again = add(&pod.netns(), "app", &conf, &[]);
+        let again = add(&netns, "app", &conf, &[]);
         assert_eq!(
             again.code, 0,
             "{creation:?}: {}{}",
@@ -380,6 +396,20 @@ fn tproxy_routes_are_set_in_a_user_namespaced_netns() {
     let routes = String::from_utf8_lossy(&routes.stdout);
     assert!(routes.contains("local default dev lo"), "{routes}");
     assert!(pod.rules().contains("TPROXY"));
+}
+
+#[test]
+fn dual_stack_rules_and_loopback_address_in_a_user_namespaced_netns() {
+    require_tool("ip6tables-nft-save", "iptables");
+    let pod = UsernsPod::new(Creation::Together, MAP);
+    pod.net_exec("ip", &["addr", "add", "10.9.9.2/32", "dev", "lo"]);
+    pod.net_exec("ip", &["addr", "add", "fd09::2/128", "dev", "lo", "nodad"]);
+    assert_ok(&istio_iptables(&pod, &["--dual-stack"]), "dual stack");
+    let v6 = String::from_utf8_lossy(&pod.net_exec("ip6tables-nft-save", &[]).stdout).into_owned()
+        + &String::from_utf8_lossy(&pod.net_exec("ip6tables-legacy-save", &[]).stdout);
+    assert!(v6.contains("-m owner --uid-owner 1337 -j RETURN"), "{v6}");
+    let lo = pod.net_exec("ip", &["-6", "addr", "show", "dev", "lo"]);
+    assert!(String::from_utf8_lossy(&lo.stdout).contains("::6/128"));
 }
 
 /// Connects from inside the pod as uid `uid` of the pod's user namespace (`None`: as this test
