@@ -106,10 +106,24 @@ impl UsernsPod {
 
     /// Runs a command in the pod netns only (host user namespace), checked.
     fn net_exec(&self, program: &str, args: &[&str]) -> Output {
-        let netns = format!("--net={}", self.netns());
-        let mut all = vec![netns.as_str(), program];
-        all.extend_from_slice(args);
-        run_checked("nsenter", &all)
+        let mut command = vec![program];
+        command.extend_from_slice(args);
+        let out = self.net_exec_unchecked(&command);
+        assert!(
+            out.status.success(),
+            "{command:?} in the pod netns failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// Runs a command in the pod netns only (host user namespace), whatever its exit code.
+    fn net_exec_unchecked(&self, command: &[&str]) -> Output {
+        Command::new("nsenter")
+            .arg(format!("--net={}", self.netns()))
+            .args(command)
+            .output()
+            .expect("run nsenter")
     }
 
     /// Runs a command inside the pod's user namespace and netns, as Istio's `nsenter` does.
@@ -383,6 +397,20 @@ fn istio_iptables_cni_mode_programs_a_user_namespaced_netns() {
             );
         }
     }
+}
+
+#[test]
+fn istio_iptables_run_in_the_netns_from_the_host_user_namespace() {
+    // Without --cni-mode the netns we run in is the target; here it is owned by the pod's user
+    // namespace while we are not in it (e.g. `nsenter --net` from the node).
+    let pod = UsernsPod::new(Creation::NetnsAfterMap, MAP);
+    pod.net_exec("ip", &["addr", "add", "10.9.9.2/32", "dev", "lo"]);
+    let bin = support::bin();
+    let mut args = vec![bin, "istio-iptables"];
+    args.extend_from_slice(INIT_ARGS);
+    let out = pod.net_exec_unchecked(&args);
+    assert_ok(&out, "istio-iptables under nsenter --net");
+    assert!(pod.rules().contains("-m owner --uid-owner 1337 -j RETURN"));
 }
 
 #[test]
