@@ -29,6 +29,8 @@ pub enum BatchError {
     },
     #[error("nf_tables closed the conversation without answering the transaction")]
     Unanswered,
+    #[error(transparent)]
+    Entry(#[from] crate::netns::NetnsError),
 }
 
 /// Appends one netlink message: header, `nfgenmsg` and the attributes.
@@ -115,8 +117,7 @@ pub fn send_entering(
     let mut replies = vec![0u8; REPLY_BUFFER];
     let last = last_seq(messages);
     // SAFETY: `exchange` only makes system calls on the buffers allocated above.
-    let word = unsafe { entry.run_forked(|| exchange(&framed, last, &mut replies).to_word()) }
-        .map_err(|e| BatchError::Io(std::io::Error::other(e)))?;
+    let word = unsafe { entry.run_forked(|| exchange(&framed, last, &mut replies).to_word()) }?;
     Answer::from_word(word).into_result(messages)
 }
 
