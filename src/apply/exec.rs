@@ -4,6 +4,8 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use crate::netns::UsernsEntry;
+
 /// One command to run: program, arguments, optional stdin, extra environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cmd {
@@ -60,14 +62,30 @@ pub trait Executor {
     fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, SpawnError>;
 }
 
-/// Runs real processes (in the calling thread's network namespace).
+/// Runs real processes (in the calling thread's network namespace; with a [`UsernsEntry`], each
+/// child first enters the user namespace owning the pod's netns, then that netns).
 #[derive(Debug, Default)]
-pub struct ProcessExecutor;
+pub struct ProcessExecutor {
+    userns: Option<UsernsEntry>,
+}
+
+impl ProcessExecutor {
+    pub fn entering(userns: Option<UsernsEntry>) -> ProcessExecutor {
+        ProcessExecutor { userns }
+    }
+}
 
 impl Executor for ProcessExecutor {
     fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, SpawnError> {
         let spawn_err = |source| SpawnError {
-            command: cmd.display(),
+            command: match &self.userns {
+                Some(entry) => format!(
+                    "{} (entering the user namespace owning {})",
+                    cmd.display(),
+                    entry.path().display()
+                ),
+                None => cmd.display(),
+            },
             source,
         };
         let mut command = Command::new(&cmd.program);
@@ -81,6 +99,9 @@ impl Executor for ProcessExecutor {
             })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(entry) = &self.userns {
+            entry.prepare(&mut command);
+        }
         let mut child = command.spawn().map_err(spawn_err)?;
         if let (Some(input), Some(mut pipe)) = (&cmd.stdin, child.stdin.take()) {
             pipe.write_all(input.as_bytes()).map_err(spawn_err)?;

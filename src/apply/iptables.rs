@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use super::exec::{Cmd, CmdOutput, Executor, SpawnError};
+use crate::netns::UsernsEntry;
 use crate::rules::iptables::{render_restore, rule_args};
 use crate::rules::model::is_builtin_chain;
 use crate::rules::{Family, Rule, RuleSet};
@@ -173,10 +174,24 @@ pub fn detect(family: Family, force: Option<ForceBinary>) -> Result<Binaries, Ap
 /// netns. Err when the rules are not covered by that encoding or the kernel refused them; either
 /// way nothing has changed, and the caller runs iptables-restore instead.
 pub fn apply_nft_netlink(rules: &RuleSet) -> Result<(), String> {
+    apply_nft_netlink_entering(rules, None)
+}
+
+/// [`apply_nft_netlink`]; with a [`UsernsEntry`] the transaction is sent from a forked child inside
+/// the user namespace owning the netns (what `-m owner` matches need there).
+pub fn apply_nft_netlink_entering(
+    rules: &RuleSet,
+    userns: Option<&UsernsEntry>,
+) -> Result<(), String> {
+    use crate::netlink::nft_batch;
     use crate::rules::iptables_nft::encode;
     let mut messages = encode(Family::V4, &rules.v4).map_err(|e| e.to_string())?;
     messages.extend(encode(Family::V6, &rules.v6).map_err(|e| e.to_string())?);
-    crate::netlink::nft_batch::send(&messages).map_err(|e| e.to_string())
+    match userns {
+        Some(entry) => nft_batch::send_entering(&messages, entry),
+        None => nft_batch::send(&messages),
+    }
+    .map_err(|e| e.to_string())
 }
 
 /// How a sidecar apply should treat existing state.
@@ -189,6 +204,9 @@ pub struct SidecarOptions {
     pub env: Vec<(String, String)>,
     /// Never send the nf_tables messages directly; always run iptables-restore.
     pub restore_only: bool,
+    /// Set for a netns owned by another user namespace (`hostUsers: false`): every command and
+    /// the nf_tables transaction run in a child that entered it.
+    pub userns: Option<UsernsEntry>,
 }
 
 /// What an apply did, for logs and tests.
@@ -599,7 +617,7 @@ pub fn apply_sidecar_here(
     // The common case — plain apply with the nft flavour — needs no process at all.
     let plain = !opts.reconcile && !opts.force_apply && !opts.cleanup_only && !opts.restore_only;
     if plain && !bins.is_empty() && bins.iter().all(Binaries::is_nft_flavour) {
-        match apply_nft_netlink(rules) {
+        match apply_nft_netlink_entering(rules, opts.userns.as_ref()) {
             Ok(()) => {
                 tracing::debug!("applied over nfnetlink, encoded as iptables-nft does");
                 return Ok(Outcome::Applied);
@@ -607,7 +625,8 @@ pub fn apply_sidecar_here(
             Err(reason) => tracing::debug!(%reason, "applying with iptables-restore instead"),
         }
     }
-    apply_sidecar(&mut super::exec::ProcessExecutor, &bins, rules, opts)
+    let mut exec = super::exec::ProcessExecutor::entering(opts.userns.clone());
+    apply_sidecar(&mut exec, &bins, rules, opts)
 }
 
 #[cfg(test)]

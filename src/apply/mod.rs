@@ -1,6 +1,6 @@
 //! Applying rule sets: iptables/ip6tables(-save/-restore) binary detection, locking, state
 //! verification, reconcile/cleanup, and the dry-run transcript in Istio's format.
-//! May call: `rules`, `netlink` (nf_tables transactions).
+//! May call: `rules`, `netlink` (nf_tables transactions), `netns` (entering a pod's user namespace).
 
 pub mod exec;
 pub mod iptables;

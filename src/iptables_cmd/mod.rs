@@ -162,23 +162,50 @@ fn nft_transaction(settings: &Settings) -> String {
     }
 }
 
+/// Where the rules go: into `--network-namespace` (CNI mode) or the netns we run in.
+enum Target {
+    Pod(crate::netns::Netns),
+    Here(Option<crate::netns::Netns>),
+}
+
+impl Target {
+    /// Opens the target netns once; it tells whether tools must also enter the user namespace
+    /// owning it (`hostUsers: false`). Our own netns is only inspected: without procfs we work as
+    /// before.
+    fn open(settings: &Settings) -> Result<Target, String> {
+        match (&settings.network_namespace, settings.cni_mode) {
+            (Some(ns), true) => crate::netns::Netns::open(Path::new(ns))
+                .map(Target::Pod)
+                .map_err(|e| e.to_string()),
+            _ => Ok(Target::Here(crate::netns::Netns::current().ok())),
+        }
+    }
+
+    fn userns(&self) -> Option<crate::netns::UsernsEntry> {
+        match self {
+            Target::Pod(ns) | Target::Here(Some(ns)) => ns.userns_entry().cloned(),
+            Target::Here(None) => None,
+        }
+    }
+}
+
 fn apply_nft(settings: &Settings) -> Result<(), String> {
     let transaction = nft_transaction(settings);
     let capture = settings.capture.clone();
     let cleanup_only = settings.cleanup_only;
+    let target = Target::open(settings)?;
+    let userns = target.userns();
     let work = move || -> Result<(), String> {
-        apply::nft::apply_transaction(&mut apply::ProcessExecutor, &transaction)
+        apply::nft::apply_transaction(&mut apply::ProcessExecutor::entering(userns), &transaction)
             .map_err(|e| e.to_string())?;
         if !cleanup_only {
             crate::netlink::routes::apply_sidecar_routes(&capture).map_err(|e| e.to_string())?;
         }
         Ok(())
     };
-    match (&settings.network_namespace, settings.cni_mode) {
-        (Some(ns), true) => {
-            crate::netns::run_in(Path::new(ns), work).map_err(|e| e.to_string())??
-        }
-        _ => work()?,
+    match target {
+        Target::Pod(netns) => netns.run(work).map_err(|e| e.to_string())??,
+        Target::Here(_) => work()?,
     }
     info!("nftables rules done");
     Ok(())
@@ -191,6 +218,7 @@ fn apply_rules(settings: &Settings, rules: RuleSet) -> Result<(), String> {
         force_apply: settings.force_apply,
         env: vec![],
         restore_only: settings.restore_only,
+        userns: None,
     };
     let force = settings.force_binary;
     let capture = settings.capture.clone();
@@ -201,13 +229,18 @@ fn apply_rules(settings: &Settings, rules: RuleSet) -> Result<(), String> {
         }
         Ok(outcome)
     };
-    let outcome = match (&settings.network_namespace, settings.cni_mode) {
-        (Some(ns), true) => {
+    let target = Target::open(settings)?;
+    opts.userns = target.userns();
+    let outcome = match target {
+        Target::Pod(netns) => {
             // A pod-scoped lock: concurrent pods never wait on each other's xtables lock.
-            opts.env.push(("XTABLES_LOCKFILE".into(), ns.clone()));
-            crate::netns::run_in(Path::new(ns), move || work(opts)).map_err(|e| e.to_string())??
+            opts.env.push((
+                "XTABLES_LOCKFILE".into(),
+                netns.path().display().to_string(),
+            ));
+            netns.run(move || work(opts)).map_err(|e| e.to_string())??
         }
-        _ => work(opts)?,
+        Target::Here(_) => work(opts)?,
     };
     info!(?outcome, "iptables rules done");
     Ok(())

@@ -1,7 +1,8 @@
 //! Host facts and kernel network state: interface addresses (IPv6 detection), and addresses, ip
 //! rules and routes set via rtnetlink (no `ip` subprocess); nf_tables transactions sent over
 //! nfnetlink ([`nft_batch`]).
-//! May call: `rules` (only the message type that `rules::iptables_nft` encodes).
+//! May call: `rules` (only the message type that `rules::iptables_nft` encodes), `netns` (sending
+//! from inside a pod's user namespace).
 
 use std::net::IpAddr;
 

@@ -1,10 +1,10 @@
 //! Sends one nf_tables transaction — the messages `rules::iptables_nft` encodes — over an
 //! nfnetlink socket in the calling thread's network namespace, and reports the kernel's answer.
 //! The kernel applies a batch all or nothing: a rejected message leaves every table as it was.
+//! For a netns owned by another user namespace the batch goes out from a forked child that
+//! entered it ([`send_entering`]).
 
 use std::time::Duration;
-
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
 use crate::rules::iptables_nft::{Message, NLM_F_REQUEST};
 
@@ -29,6 +29,8 @@ pub enum BatchError {
     },
     #[error("nf_tables closed the conversation without answering the transaction")]
     Unanswered,
+    #[error(transparent)]
+    Entry(#[from] crate::netns::NetnsError),
 }
 
 /// Appends one netlink message: header, `nfgenmsg` and the attributes.
@@ -89,67 +91,202 @@ pub fn frame(messages: &[Message], first_seq: u32) -> Vec<u8> {
     buf
 }
 
-/// Sends `messages` as one transaction and waits for the kernel's answer to each.
+/// Sends `messages` as one transaction from the calling thread's netns and waits for the
+/// kernel's answer.
 pub fn send(messages: &[Message]) -> Result<(), BatchError> {
     if messages.is_empty() {
         return Ok(());
     }
-    let mut socket = Socket::new(NETLINK_NETFILTER)?;
-    socket.bind_auto()?;
-    socket.connect(&SocketAddr::new(0, 0))?;
-    nix::sys::socket::setsockopt(
-        &socket,
-        nix::sys::socket::sockopt::ReceiveTimeout,
-        &nix::sys::time::TimeVal::new(REPLY_TIMEOUT.as_secs() as i64, 0),
-    )
-    .map_err(std::io::Error::from)?;
-    const FIRST_SEQ: u32 = 1;
-    socket.send(&frame(messages, FIRST_SEQ), 0)?;
+    let framed = frame(messages, FIRST_SEQ);
+    let mut replies = vec![0u8; REPLY_BUFFER];
+    let answer = exchange(&framed, last_seq(messages), &mut replies);
+    answer.into_result(messages)
+}
 
-    let last_seq = FIRST_SEQ + messages.len() as u32;
-    let mut committed = false;
-    let mut buf = vec![0u8; 65536];
-    while !committed {
-        let n = socket.recv(&mut &mut buf[..], 0)?;
-        if n == 0 {
-            break;
+/// Sends `messages` as one transaction from a forked child that entered the netns's user
+/// namespace first: the kernel checks `-m owner` matches against the sender's user namespace,
+/// and only a single-threaded process may enter one.
+pub fn send_entering(
+    messages: &[Message],
+    entry: &crate::netns::UsernsEntry,
+) -> Result<(), BatchError> {
+    if messages.is_empty() {
+        return Ok(());
+    }
+    let framed = frame(messages, FIRST_SEQ);
+    let mut replies = vec![0u8; REPLY_BUFFER];
+    let last = last_seq(messages);
+    // SAFETY: `exchange` only makes system calls on the buffers allocated above.
+    let word = unsafe { entry.run_forked(|| exchange(&framed, last, &mut replies).to_word()) }?;
+    Answer::from_word(word).into_result(messages)
+}
+
+const FIRST_SEQ: u32 = 1;
+const REPLY_BUFFER: usize = 65536;
+
+fn last_seq(messages: &[Message]) -> u32 {
+    FIRST_SEQ + messages.len() as u32
+}
+
+/// The kernel's answer to a batch, small enough for a forked child to hand back as one word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Committed,
+    /// The message with this sequence number failed with this errno.
+    Rejected {
+        seq: u32,
+        errno: i32,
+    },
+    Unanswered,
+    /// The socket itself failed.
+    Io {
+        errno: i32,
+    },
+    Malformed,
+}
+
+impl Answer {
+    fn to_word(self) -> u64 {
+        let (tag, seq, errno) = match self {
+            Answer::Committed => (0u64, 0, 0),
+            Answer::Rejected { seq, errno } => (1, seq, errno),
+            Answer::Unanswered => (2, 0, 0),
+            Answer::Io { errno } => (3, 0, errno),
+            Answer::Malformed => (4, 0, 0),
+        };
+        (tag << 56) | ((errno as u64 & 0xff_ffff) << 32) | seq as u64
+    }
+
+    fn from_word(word: u64) -> Answer {
+        let seq = word as u32;
+        let errno = ((word >> 32) & 0xff_ffff) as i32;
+        match word >> 56 {
+            0 => Answer::Committed,
+            1 => Answer::Rejected { seq, errno },
+            2 => Answer::Unanswered,
+            3 => Answer::Io { errno },
+            _ => Answer::Malformed,
         }
-        let mut offset = 0;
-        while offset + HEADER_LEN <= n {
-            let field = |at: usize| -> [u8; 4] {
-                let mut word = [0; 4];
-                word.copy_from_slice(&buf[offset + at..offset + at + 4]);
-                word
-            };
-            let len = u32::from_ne_bytes(field(0)) as usize;
-            let kind = u16::from_ne_bytes([buf[offset + 4], buf[offset + 5]]);
-            let seq = u32::from_ne_bytes(field(8));
-            if len < HEADER_LEN || offset + len > n {
-                return Err(std::io::Error::other("malformed nfnetlink reply").into());
-            }
-            if kind == NLMSG_ERROR && len >= HEADER_LEN + 4 {
-                let code = i32::from_ne_bytes(field(HEADER_LEN));
-                if code == 0 {
-                    committed |= seq == last_seq;
-                } else {
-                    let what = seq
-                        .checked_sub(FIRST_SEQ + 1)
-                        .and_then(|i| messages.get(i as usize))
-                        .map(|m| m.what.clone())
-                        .unwrap_or_else(|| "apply the batch".to_string());
-                    return Err(BatchError::Rejected {
-                        what,
-                        source: std::io::Error::from_raw_os_error(-code),
-                    });
+    }
+
+    fn into_result(self, messages: &[Message]) -> Result<(), BatchError> {
+        match self {
+            Answer::Committed => Ok(()),
+            Answer::Rejected { seq, errno } => Err(BatchError::Rejected {
+                what: seq
+                    .checked_sub(FIRST_SEQ + 1)
+                    .and_then(|i| messages.get(i as usize))
+                    .map(|m| m.what.clone())
+                    .unwrap_or_else(|| "apply the batch".to_string()),
+                source: std::io::Error::from_raw_os_error(errno),
+            }),
+            Answer::Unanswered => Err(BatchError::Unanswered),
+            Answer::Io { errno } => Err(std::io::Error::from_raw_os_error(errno).into()),
+            Answer::Malformed => Err(std::io::Error::other("malformed nfnetlink reply").into()),
+        }
+    }
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// Sends the framed batch and reads the kernel's replies until the last message is acknowledged
+/// or one failed. Raw system calls on the given buffers only (no allocation), so a forked child of
+/// a multi-threaded process may run it.
+fn exchange(framed: &[u8], last_seq: u32, buf: &mut [u8]) -> Answer {
+    // SAFETY: plain socket calls; every pointer and length comes from a live buffer or struct.
+    unsafe {
+        let fd = libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_NETFILTER,
+        );
+        if fd < 0 {
+            return Answer::Io { errno: errno() };
+        }
+        let answer = exchange_on(fd, framed, last_seq, buf);
+        libc::close(fd);
+        answer
+    }
+}
+
+/// [`exchange`] on an open socket.
+unsafe fn exchange_on(fd: libc::c_int, framed: &[u8], last_seq: u32, buf: &mut [u8]) -> Answer {
+    let timeout = libc::timeval {
+        tv_sec: REPLY_TIMEOUT.as_secs() as libc::time_t,
+        tv_usec: 0,
+    };
+    // SAFETY: (for the block) pointers and lengths of live values.
+    unsafe {
+        if libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const timeout).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        ) != 0
+        {
+            return Answer::Io { errno: errno() };
+        }
+        let mut kernel: libc::sockaddr_nl = std::mem::zeroed();
+        kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        let sent = libc::sendto(
+            fd,
+            framed.as_ptr().cast(),
+            framed.len(),
+            0,
+            (&raw const kernel).cast(),
+            size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        );
+        if sent < 0 {
+            return Answer::Io { errno: errno() };
+        }
+        loop {
+            let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
+            if n < 0 {
+                if errno() == libc::EINTR {
+                    continue;
                 }
+                return Answer::Io { errno: errno() };
             }
-            offset += len.next_multiple_of(4);
+            if n == 0 {
+                return Answer::Unanswered;
+            }
+            match scan_replies(&buf[..n as usize], last_seq) {
+                Some(answer) => return answer,
+                None => continue,
+            }
         }
     }
-    if !committed {
-        return Err(BatchError::Unanswered);
+}
+
+/// Reads one datagram of replies: Some(answer) once the batch is decided, None to read on.
+fn scan_replies(buf: &[u8], last_seq: u32) -> Option<Answer> {
+    let word = |at: usize| -> [u8; 4] { [buf[at], buf[at + 1], buf[at + 2], buf[at + 3]] };
+    let mut offset = 0;
+    while offset + HEADER_LEN <= buf.len() {
+        let len = u32::from_ne_bytes(word(offset)) as usize;
+        let kind = u16::from_ne_bytes([buf[offset + 4], buf[offset + 5]]);
+        let seq = u32::from_ne_bytes(word(offset + 8));
+        if len < HEADER_LEN || offset + len > buf.len() {
+            return Some(Answer::Malformed);
+        }
+        if kind == NLMSG_ERROR && len >= HEADER_LEN + 4 {
+            let code = i32::from_ne_bytes(word(offset + HEADER_LEN));
+            if code != 0 {
+                return Some(Answer::Rejected {
+                    seq,
+                    errno: code.saturating_neg(),
+                });
+            }
+            if seq == last_seq {
+                return Some(Answer::Committed);
+            }
+        }
+        offset += len.next_multiple_of(4);
     }
-    Ok(())
+    None
 }
 
 #[cfg(test)]
@@ -181,5 +318,46 @@ mod tests {
         assert_eq!(buf[36], 2);
         assert_eq!(&buf[40..48], &[8, 0, 1, 0, b'n', b'a', b't', 0]);
         assert_eq!(&buf[52..54], &NFNL_MSG_BATCH_END.to_ne_bytes());
+    }
+
+    #[test]
+    fn answers_survive_the_trip_through_one_word() {
+        for answer in [
+            Answer::Committed,
+            Answer::Rejected {
+                seq: 4_000_000,
+                errno: libc::EINVAL,
+            },
+            Answer::Unanswered,
+            Answer::Io { errno: libc::EPERM },
+            Answer::Malformed,
+        ] {
+            assert_eq!(Answer::from_word(answer.to_word()), answer);
+        }
+    }
+
+    #[test]
+    fn replies_decide_on_the_first_error_or_the_last_ack() {
+        let reply = |seq: u32, code: i32| {
+            let mut m = Vec::new();
+            m.extend_from_slice(&36u32.to_ne_bytes());
+            m.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
+            m.extend_from_slice(&0u16.to_ne_bytes());
+            m.extend_from_slice(&seq.to_ne_bytes());
+            m.extend_from_slice(&0u32.to_ne_bytes());
+            m.extend_from_slice(&code.to_ne_bytes());
+            m.extend_from_slice(&[0; 16]);
+            m
+        };
+        assert_eq!(scan_replies(&reply(3, 0), 3), Some(Answer::Committed));
+        assert_eq!(scan_replies(&reply(2, 0), 3), None);
+        assert_eq!(
+            scan_replies(&reply(2, -libc::EINVAL), 3),
+            Some(Answer::Rejected {
+                seq: 2,
+                errno: libc::EINVAL
+            })
+        );
+        assert_eq!(scan_replies(&reply(3, 0)[..20], 3), Some(Answer::Malformed));
     }
 }

@@ -1,10 +1,18 @@
 //! Entering a network namespace. Namespaces are per thread, so the work runs on a fresh, dedicated
 //! thread that `setns`es into the target and ends afterwards: no shared (tokio) thread is ever
 //! moved. Child processes started from that thread (iptables-restore, nft) inherit its namespace.
+//!
+//! A pod with `hostUsers: false` has a netns owned by its own user namespace. The kernel refuses
+//! `-m owner` matches unless the writer is in that user namespace, and a multi-threaded process
+//! cannot enter one; so [`Netns`] also holds the owning user namespace when it is not ours, and
+//! [`UsernsEntry`] moves a child process (spawned tool or forked helper) into it before it works.
 //! May call: nothing else in this crate.
 
 use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nix::sched::{CloneFlags, setns};
 
@@ -20,6 +28,299 @@ pub enum NetnsError {
     Enter { path: PathBuf, source: nix::Error },
     #[error("the worker thread for network namespace {path} failed: {reason}")]
     Thread { path: PathBuf, reason: String },
+    #[error(
+        "cannot enter the user namespace owning network namespace {path} \
+         (a pod with hostUsers: false): {source}"
+    )]
+    EnterUserns {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the helper process in network namespace {path} failed: {source}")]
+    Child {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// A network namespace, opened once: its fd, and the fd of the user namespace owning it when that
+/// is not the one this process runs in.
+#[derive(Debug)]
+pub struct Netns {
+    path: PathBuf,
+    net: Arc<OwnedFd>,
+    userns: Option<UsernsEntry>,
+}
+
+/// How a child process gets into a netns owned by another user namespace: enter that user
+/// namespace, then the netns (see [`UsernsEntry::enter`]).
+#[derive(Debug, Clone)]
+pub struct UsernsEntry {
+    path: PathBuf,
+    userns: Arc<OwnedFd>,
+    net: Arc<OwnedFd>,
+}
+
+/// `struct __user_cap_header_struct` / `__user_cap_data_struct` of capget(2)/capset(2).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// (st_dev, st_ino): the identity of a namespace file.
+fn identity(meta: &std::fs::Metadata) -> (u64, u64) {
+    (meta.dev(), meta.ino())
+}
+
+impl Netns {
+    /// Opens the netns at `path` (e.g. `/var/run/netns/x` or `/proc/<pid>/ns/net`) and finds the
+    /// user namespace owning it (one ioctl and one fstat more than a plain open).
+    pub fn open(path: &Path) -> Result<Netns, NetnsError> {
+        let file = File::open(path).map_err(|source| NetnsError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let net = Arc::new(OwnedFd::from(file));
+        // SAFETY: NS_GET_USERNS takes no argument and returns a new fd (or -1) that we own.
+        let raw = unsafe { libc::ioctl(net.as_raw_fd(), libc::NS_GET_USERNS) };
+        let userns = if raw >= 0 {
+            // SAFETY: `raw` is a fresh fd owned by nobody else.
+            let owner = unsafe { OwnedFd::from_raw_fd(raw) };
+            let owner = File::from(owner);
+            let ours = std::fs::metadata("/proc/self/ns/user").map(|m| identity(&m));
+            let theirs = owner.metadata().map(|m| identity(&m));
+            match (theirs, ours) {
+                (Ok(theirs), Ok(ours)) if theirs != ours => Some(UsernsEntry {
+                    path: path.to_path_buf(),
+                    userns: Arc::new(OwnedFd::from(owner)),
+                    net: net.clone(),
+                }),
+                _ => None,
+            }
+        } else {
+            match nix::errno::Errno::last() {
+                // Not a namespace file at all (a regular file answers ENOTTY).
+                nix::errno::Errno::ENOTTY | nix::errno::Errno::EINVAL => {
+                    return Err(NetnsError::Enter {
+                        path: path.to_path_buf(),
+                        source: nix::errno::Errno::last(),
+                    });
+                }
+                // EPERM: the owner is outside our view (an ancestor of our user namespace), so we
+                // cannot enter it anyway; work as before.
+                _ => None,
+            }
+        };
+        Ok(Netns {
+            path: path.to_path_buf(),
+            net,
+            userns,
+        })
+    }
+
+    /// The netns of the calling thread.
+    pub fn current() -> Result<Netns, NetnsError> {
+        Netns::open(Path::new("/proc/thread-self/ns/net"))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Set when another user namespace owns this netns: child processes must enter it first.
+    pub fn userns_entry(&self) -> Option<&UsernsEntry> {
+        self.userns.as_ref()
+    }
+
+    /// Runs `work` on a fresh thread inside this netns and returns its result. The calling thread
+    /// is not moved.
+    pub fn run<T, F>(&self, work: F) -> Result<T, NetnsError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let net = self.net.clone();
+        let owned_path = self.path.clone();
+        let handle = std::thread::Builder::new()
+            .name("netns".into())
+            .spawn(move || -> Result<T, NetnsError> {
+                setns(&*net, CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter {
+                    path: owned_path,
+                    source,
+                })?;
+                Ok(work())
+            })
+            .map_err(|e| NetnsError::Thread {
+                path: self.path.clone(),
+                reason: e.to_string(),
+            })?;
+        handle.join().map_err(|panic| NetnsError::Thread {
+            path: self.path.clone(),
+            reason: panic_message(&panic),
+        })?
+    }
+}
+
+impl UsernsEntry {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Moves the calling process into the user namespace, then the netns. It keeps its uid (so
+    /// host-owned files stay readable as their owner) and makes its capabilities in that user
+    /// namespace ambient, so a tool it execs keeps them even though it is not that namespace's
+    /// root. Only raw system calls: safe between fork and exec.
+    ///
+    /// # Safety
+    /// The process must be single-threaded (a fresh child), as `setns(CLONE_NEWUSER)` requires.
+    unsafe fn enter(&self) -> std::io::Result<()> {
+        let check = |rc: libc::c_long| {
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        };
+        // SAFETY: plain system calls on fds this value keeps open and on local structs.
+        unsafe {
+            check(libc::setns(self.userns.as_raw_fd(), libc::CLONE_NEWUSER).into())?;
+            check(libc::setns(self.net.as_raw_fd(), libc::CLONE_NEWNET).into())?;
+            // Entering gave us every capability there (permitted); ambient ones need them
+            // inheritable too.
+            let header = CapHeader {
+                version: LINUX_CAPABILITY_VERSION_3,
+                pid: 0,
+            };
+            let mut data = [CapData::default(); 2];
+            check(libc::syscall(
+                libc::SYS_capget,
+                &raw const header,
+                data.as_mut_ptr(),
+            ))?;
+            for word in &mut data {
+                word.inheritable = word.permitted;
+            }
+            check(libc::syscall(
+                libc::SYS_capset,
+                &raw const header,
+                data.as_ptr(),
+            ))?;
+            for cap in 0..64u32 {
+                if data[(cap / 32) as usize].permitted & (1 << (cap % 32)) != 0 {
+                    // Fails only for capabilities this kernel does not know.
+                    libc::prctl(
+                        libc::PR_CAP_AMBIENT,
+                        libc::PR_CAP_AMBIENT_RAISE,
+                        cap as libc::c_ulong,
+                        0 as libc::c_ulong,
+                        0 as libc::c_ulong,
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes `cmd` enter the namespaces in the child before it execs.
+    pub fn prepare(&self, cmd: &mut std::process::Command) {
+        use std::os::unix::process::CommandExt;
+        let entry = self.clone();
+        // SAFETY: the hook runs in the fresh single-threaded child and only makes system calls.
+        unsafe {
+            cmd.pre_exec(move || entry.enter());
+        }
+    }
+
+    /// Runs `work` in a forked child that entered the namespaces, and returns its answer. No exec:
+    /// the cost is one fork.
+    ///
+    /// # Safety
+    /// The parent is multi-threaded, so `work` must be async-signal-safe: raw system calls on
+    /// memory allocated before the call, no allocation, no locks, no panics.
+    pub unsafe fn run_forked(&self, work: impl FnOnce() -> u64) -> Result<u64, NetnsError> {
+        let child_err = |source: std::io::Error| NetnsError::Child {
+            path: self.path.clone(),
+            source,
+        };
+        let (read, write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| child_err(e.into()))?;
+        // Reply: [0, answer] after the work, or [1, errno] when entering failed.
+        let mut reply = [0u64; 2];
+        // SAFETY: the child only runs `enter` and `work` (both async-signal-safe per the
+        // contracts), writes the reply and exits without unwinding or running destructors.
+        match unsafe { nix::unistd::fork() }.map_err(|e| child_err(e.into()))? {
+            nix::unistd::ForkResult::Child => unsafe {
+                reply = match self.enter() {
+                    // A panic must never unwind into the parent's code running on in this copy.
+                    Ok(()) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+                        Ok(answer) => [0, answer],
+                        Err(_) => libc::_exit(1),
+                    },
+                    Err(e) => [1, e.raw_os_error().unwrap_or(0) as u64],
+                };
+                libc::write(
+                    write.as_raw_fd(),
+                    reply.as_ptr().cast(),
+                    size_of_val(&reply),
+                );
+                libc::_exit(0)
+            },
+            nix::unistd::ForkResult::Parent { child } => {
+                drop(write);
+                let got = read_full(&read, &mut reply);
+                let status = nix::sys::wait::waitpid(child, None);
+                match (got, status) {
+                    (Ok(n), _) if n == size_of_val(&reply) => {}
+                    (Err(e), _) => return Err(child_err(e)),
+                    (Ok(_), status) => {
+                        return Err(child_err(std::io::Error::other(format!(
+                            "it ended without an answer ({status:?})"
+                        ))));
+                    }
+                }
+                match reply {
+                    [0, answer] => Ok(answer),
+                    [_, errno] => Err(NetnsError::EnterUserns {
+                        path: self.path.clone(),
+                        source: std::io::Error::from_raw_os_error(errno as i32),
+                    }),
+                }
+            }
+        }
+    }
+}
+
+/// Reads until `reply` is full or the writer is gone; returns the byte count.
+fn read_full(fd: &OwnedFd, reply: &mut [u64; 2]) -> std::io::Result<usize> {
+    let len = size_of_val(reply);
+    let base = reply.as_mut_ptr().cast::<u8>();
+    let mut done = 0;
+    while done < len {
+        // SAFETY: writes stay inside `reply`.
+        let n = unsafe { libc::read(fd.as_raw_fd(), base.add(done).cast(), len - done) };
+        match n {
+            0 => break,
+            n if n > 0 => done += n as usize,
+            _ => {
+                let err = std::io::Error::last_os_error();
+                if err.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
+            }
+        }
+    }
+    Ok(done)
 }
 
 /// Runs `work` inside the network namespace at `path` (e.g. `/var/run/netns/x` or
@@ -29,28 +330,7 @@ where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
-    let file = File::open(path).map_err(|source| NetnsError::Open {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let owned_path = path.to_path_buf();
-    let handle = std::thread::Builder::new()
-        .name("netns".into())
-        .spawn(move || -> Result<T, NetnsError> {
-            setns(&file, CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter {
-                path: owned_path,
-                source,
-            })?;
-            Ok(work())
-        })
-        .map_err(|e| NetnsError::Thread {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
-    handle.join().map_err(|panic| NetnsError::Thread {
-        path: path.to_path_buf(),
-        reason: panic_message(&panic),
-    })?
+    Netns::open(path)?.run(work)
 }
 
 /// The text of a panic payload, for error messages.
@@ -79,5 +359,11 @@ mod tests {
         let file = tempfile::NamedTempFile::new().unwrap();
         let err = run_in(file.path(), || ()).unwrap_err();
         assert!(matches!(err, NetnsError::Enter { .. }), "{err}");
+    }
+
+    #[test]
+    fn own_netns_needs_no_user_namespace_entry() {
+        let ns = Netns::current().unwrap();
+        assert!(ns.userns_entry().is_none());
     }
 }

@@ -113,14 +113,17 @@ pub fn program(
             warnings,
         });
     }
+    let pod_netns = crate::netns::Netns::open(netns)?;
+    let userns = pod_netns.userns_entry().cloned();
     let opts = SidecarOptions {
         // The xtables lock is scoped to the pod, so concurrent ADDs of other pods do not queue.
         env: vec![("XTABLES_LOCKFILE".to_string(), netns.display().to_string())],
         restore_only: backend == Backend::IptablesRestore,
+        userns: userns.clone(),
         ..Default::default()
     };
     let ns_name = netns.display().to_string();
-    let (result, ipv6, warnings) = crate::netns::run_in(netns, move || {
+    let (result, ipv6, warnings) = pod_netns.run(move || {
         let mut warnings = Vec::new();
         cfg.enable_ipv6 = detect_ipv6(dual_stack, &mut warnings);
         let applied = match backend {
@@ -139,14 +142,16 @@ pub fn program(
                 }
             }
             Backend::Nftables => crate::apply::nft::apply_transaction(
-                &mut crate::apply::ProcessExecutor,
+                &mut crate::apply::ProcessExecutor::entering(userns),
                 &nft_text(&cfg),
             )
             .map(|_| Outcome::Applied),
         }
         .map_err(|e| e.to_string())
         .and_then(|outcome| {
-            // ::6 on lo (IPv6) and the TPROXY policy route, as Istio adds after the rules.
+            // ::6 on lo (IPv6) and the TPROXY policy route, as Istio adds after the rules. From
+            // this thread also for a user-namespaced pod: rtnetlink asks only for CAP_NET_ADMIN
+            // over the netns's user namespace, which host root has.
             crate::netlink::routes::apply_sidecar_routes(&cfg)
                 .map(|_| outcome)
                 .map_err(|e| format!("routes: {e}"))

@@ -13,9 +13,10 @@ use nix::sched::{CloneFlags, setns};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-// The tool and root checks are shared with the plugin tests' support module.
+// The tool and root checks are shared with the plugin tests' support module (public for tests
+// that need both, e.g. netns_userns).
 #[path = "../cni_driver/mod.rs"]
-mod cni_driver;
+pub mod cni_driver;
 pub use cni_driver::{require_root, require_tool};
 
 /// Runs a command and returns its output; panics with its output on failure.
