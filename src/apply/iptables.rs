@@ -200,6 +200,18 @@ pub enum Outcome {
     CleanedUp,
 }
 
+/// Logs name outcomes in words (`applied`), not Rust syntax (`Some(Applied)`).
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Outcome::Applied => "applied",
+            Outcome::AlreadyApplied => "already applied",
+            Outcome::Reconciled => "reconciled",
+            Outcome::CleanedUp => "cleaned up",
+        })
+    }
+}
+
 fn run_checked(exec: &mut dyn Executor, cmd: &Cmd) -> Result<CmdOutput, ApplyError> {
     let out = exec.run(cmd)?;
     if out.success {

@@ -209,6 +209,6 @@ fn apply_rules(settings: &Settings, rules: RuleSet) -> Result<(), String> {
         }
         _ => work(opts)?,
     };
-    info!(?outcome, "iptables rules done");
+    info!(%outcome, "iptables rules done");
     Ok(())
 }

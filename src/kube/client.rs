@@ -16,6 +16,7 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::error::{Call, KubeError};
+use super::names;
 
 /// Where a client's configuration came from; logged by the roles at start-up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,6 +279,7 @@ impl KubeClient {
         name: &str,
         timeout: Duration,
     ) -> Result<Pod, KubeError> {
+        check_pod_names(Call::GetPod, namespace, name)?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         bounded(
             Call::GetPod,
@@ -293,6 +295,7 @@ impl KubeClient {
         name: &str,
         timeout: Duration,
     ) -> Result<Namespace, KubeError> {
+        check_name(Call::GetNamespace, "namespace", names::check_namespace(name))?;
         let api: Api<Namespace> = Api::all(self.client.clone());
         bounded(Call::GetNamespace, name.to_string(), timeout, api.get(name)).await
     }
@@ -383,6 +386,7 @@ impl KubeClient {
         patch: &MetadataPatch,
         timeout: Duration,
     ) -> Result<Pod, KubeError> {
+        check_pod_names(call, namespace, name)?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let body = Patch::Merge(patch.to_merge_patch());
         let params = PatchParams::default();
@@ -410,6 +414,7 @@ impl KubeClient {
         preconditions: Option<PodPreconditions>,
         timeout: Duration,
     ) -> Result<(), KubeError> {
+        check_pod_names(Call::DeletePod, namespace, name)?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let mut params = DeleteParams::default();
         if let Some(pre) = preconditions {
@@ -437,6 +442,7 @@ impl KubeClient {
     ) -> Result<(), KubeError> {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
         let name = pod.metadata.name.as_deref().unwrap_or_default();
+        check_name(Call::CreateEvent, "namespace", names::check_namespace(namespace))?;
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let body = event.to_event(pod, Time(k8s_openapi::jiff::Timestamp::now()));
         bounded(
@@ -527,6 +533,24 @@ impl PodPreconditions {
             resource_version: pod.metadata.resource_version.clone(),
         }
     }
+}
+
+/// Refuses a namespace/pod pair that cannot be part of a request path, before any request.
+fn check_pod_names(call: Call, namespace: &str, name: &str) -> Result<(), KubeError> {
+    check_name(call, "namespace", names::check_namespace(namespace))?;
+    check_name(call, "pod name", names::check_pod_name(name))
+}
+
+fn check_name(
+    call: Call,
+    field: &'static str,
+    checked: Result<(), names::InvalidName>,
+) -> Result<(), KubeError> {
+    checked.map_err(|source| KubeError::InvalidName {
+        call,
+        field,
+        source,
+    })
 }
 
 /// Runs one call under a deadline and names the call and object in any error.

@@ -17,6 +17,39 @@ pub enum Call {
     CreateEvent,
 }
 
+impl Call {
+    /// The RBAC verb and resource the call needs (what a ClusterRole must grant).
+    pub fn permission(self) -> (&'static str, &'static str) {
+        match self {
+            Call::GetPod => ("get", "pods"),
+            Call::GetNamespace => ("get", "namespaces"),
+            Call::ListPods => ("list", "pods"),
+            Call::ListNamespaces => ("list", "namespaces"),
+            Call::PatchPod => ("patch", "pods"),
+            Call::PatchPodStatus => ("patch", "pods/status"),
+            Call::DeletePod => ("delete", "pods"),
+            Call::CreateEvent => ("create", "events"),
+        }
+    }
+
+    /// Whether the call is about an object in a namespace (its object is then `<ns>/<name>...`).
+    fn is_namespaced(self) -> bool {
+        matches!(
+            self,
+            Call::GetPod | Call::PatchPod | Call::PatchPodStatus | Call::DeletePod | Call::CreateEvent
+        )
+    }
+}
+
+/// The scope a 403 was about: " in namespace X" for namespaced calls, " at cluster scope" otherwise.
+fn scope_of(call: Call, object: &str) -> String {
+    match object.split_once('/') {
+        Some((namespace, _)) if call.is_namespaced() => format!(" in namespace {namespace}"),
+        _ if call.is_namespaced() => String::new(),
+        _ => " at cluster scope".to_string(),
+    }
+}
+
 impl fmt::Display for Call {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -48,6 +81,15 @@ pub enum KubeError {
     #[error("cannot build Kubernetes client: {0}")]
     BuildClient(#[source] kube::Error),
 
+    /// Refused before any request: the name cannot be part of a request path.
+    #[error("{call}: invalid {field}: {source}")]
+    InvalidName {
+        call: Call,
+        /// "namespace" or "pod name".
+        field: &'static str,
+        #[source]
+        source: super::names::InvalidName,
+    },
     #[error("{call} {object}: no answer within {timeout:?}")]
     Timeout {
         call: Call,
@@ -60,7 +102,13 @@ pub enum KubeError {
         object: String,
         message: String,
     },
-    #[error("{call} {object}: forbidden: {message}")]
+    #[error(
+        "{call} {object}: forbidden: the service account in the kubeconfig cannot {verb} {resource}{scope}; \
+         grant it in the istio-cni ClusterRole (API server: {message})",
+        verb = call.permission().0,
+        resource = call.permission().1,
+        scope = scope_of(*call, object)
+    )]
     Forbidden {
         call: Call,
         object: String,
@@ -176,7 +224,8 @@ impl KubeError {
             | KubeError::KubeconfigEnv(_)
             | KubeError::InCluster(_)
             | KubeError::BuildClient(_) => None,
-            KubeError::Timeout { call, .. }
+            KubeError::InvalidName { call, .. }
+            | KubeError::Timeout { call, .. }
             | KubeError::NotFound { call, .. }
             | KubeError::Forbidden { call, .. }
             | KubeError::Unauthorized { call, .. }
@@ -196,8 +245,9 @@ impl KubeError {
         matches!(self, KubeError::Timeout { .. })
     }
 
-    /// True when trying the same call again later may succeed: the server was slow, unreachable or
-    /// failed on its side. NotFound/Forbidden/Conflict need something else to change first.
+    /// True when trying the same call again later may succeed: the server was slow, unreachable,
+    /// overloaded (429) or failed on its side (5xx). A bad name, 400, 401, 403, 404, 409 and 422
+    /// need something else to change first, so callers fail at once on them.
     pub fn is_transient(&self) -> bool {
         match self {
             KubeError::Timeout { .. }
