@@ -133,28 +133,31 @@ fn forbidden_and_not_found_fail_at_once_naming_permission_and_object() {
 }
 
 #[test]
-fn service_unavailable_then_ok_succeeds_after_a_retry() {
+fn transient_errors_then_ok_succeed_after_quick_retries() {
     let api = FakeApiServer::start();
     api.put_pod(sidecar_pod("ns1", "p", json!({}), json!([]), json!({})));
     let dir = tempfile::tempdir().unwrap();
     api.write_kubeconfig(dir.path());
-    // Two 503s, then the pod: retried with a short jittered backoff (Istio sleeps 1 s each).
-    api.fault(Fault::fail(503).times(2));
     let netns = NetnsGuard::new("503");
     let out = dir.path().join("dry.txt");
     let mut env = cni_env("ADD", &netns.path().display().to_string(), "ns1", "p");
     env.push(("DRY_RUN_FILE_PATH", out.display().to_string()));
-    let started = Instant::now();
-    let run = run_plugin(&env, &conf(dir.path()).to_string());
-    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
-    let took = started.elapsed();
-    assert_eq!(api.request_count(), 3, "two 503s, then success");
-    assert!(took < Duration::from_millis(1500), "took {took:?}");
-    assert!(
-        std::fs::read_to_string(&out)
-            .unwrap()
-            .contains("ISTIO_REDIRECT")
-    );
+    // Two failures, then the pod: retried with a short jittered backoff (Istio sleeps 1 s each).
+    for code in [500, 503] {
+        api.server.clear_requests();
+        api.fault(Fault::fail(code).times(2));
+        let started = Instant::now();
+        let run = run_plugin(&env, &conf(dir.path()).to_string());
+        let took = started.elapsed();
+        assert_eq!(run.code, 0, "{code}: {}{}", run.stdout, run.stderr);
+        assert_eq!(api.request_count(), 3, "{code}: two failures, then success");
+        assert!(took < Duration::from_millis(1500), "{code}: took {took:?}");
+        assert!(
+            std::fs::read_to_string(&out)
+                .unwrap()
+                .contains("ISTIO_REDIRECT")
+        );
+    }
 }
 
 #[test]

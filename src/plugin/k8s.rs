@@ -54,14 +54,20 @@ pub struct KubeClient {
 }
 
 impl KubeClient {
+    /// kube's own retry of 429/503/504 is turned off: the ADD flow retries transient errors itself
+    /// (one policy, deadline-aware, logged), and a final error then says 503, not "no answer".
     pub async fn from_kubeconfig(path: &Path) -> Result<KubeClient, KubeCallError> {
-        crate::kube::KubeClient::from_kubeconfig_file(path)
+        let client_error = |source| KubeCallError::Client {
+            path: path.display().to_string(),
+            source,
+        };
+        let mut config = crate::kube::config_from_kubeconfig_file(path)
             .await
+            .map_err(client_error)?;
+        config.default_retry = false;
+        crate::kube::KubeClient::from_config(config)
             .map(|client| KubeClient { client })
-            .map_err(|source| KubeCallError::Client {
-                path: path.display().to_string(),
-                source,
-            })
+            .map_err(client_error)
     }
 }
 

@@ -1,0 +1,43 @@
+//! What the plugin's log records say: outcomes in words, never Rust debug syntax
+//! (`"outcome":"Some(Applied)"`).
+
+mod cni_driver;
+
+use cni_driver::*;
+use serde_json::json;
+
+#[test]
+fn outcomes_are_logged_in_words() {
+    require_tool("iptables-restore", "iptables");
+    let api = FakeApiServer::start();
+    api.put_pod(sidecar_pod("ns1", "p", json!({}), json!([]), json!({})));
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    let netns = NetnsGuard::new("logw");
+    let conf = json!({
+        "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "istio-cni",
+        "cni_agent_run_dir": dir.path().display().to_string(),
+        "exclude_namespaces": ["kube-system"], "pod_namespace": "istio-system",
+        "plugin_log_level": "debug"
+    });
+    let ns_path = netns.path().display().to_string();
+    let mut stderr = String::new();
+    for (ns, pod) in [("ns1", "p"), ("ns1", "p"), ("kube-system", "coredns")] {
+        let run = run_plugin(&cni_env("ADD", &ns_path, ns, pod), &conf.to_string());
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+        stderr.push_str(&run.stderr);
+    }
+    for want in [
+        r#""outcome":"applied""#,
+        r#""outcome":"already applied""#,
+        r#""outcome":"excluded namespace""#,
+    ] {
+        assert!(stderr.contains(want), "{want} missing:\n{stderr}");
+    }
+    for debug_syntax in ["Some(", "None", "Applied", "Excluded"] {
+        assert!(
+            !stderr.contains(debug_syntax),
+            "{debug_syntax} in the logs:\n{stderr}"
+        );
+    }
+}
