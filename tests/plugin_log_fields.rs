@@ -41,3 +41,24 @@ fn outcomes_are_logged_in_words() {
         );
     }
 }
+
+#[test]
+fn a_missing_kubeconfig_is_named_once_without_double_quotes() {
+    let dir = tempfile::tempdir().unwrap(); // no kubeconfig in it
+    let netns = NetnsGuard::new("kcq");
+    let conf = json!({
+        "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "istio-cni",
+        "cni_agent_run_dir": dir.path().display().to_string()
+    });
+    let run = run_plugin(
+        &cni_env("ADD", &netns.path().display().to_string(), "ns1", "p"),
+        &conf.to_string(),
+    );
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    let msg = run.json()["msg"].as_str().unwrap_or_default().to_string();
+    let path = dir.path().join("istio-cni-kubeconfig").display().to_string();
+    assert_eq!(msg.matches(&path).count(), 1, "{msg}");
+    assert!(!msg.contains('"') && !msg.contains('\''), "{msg}");
+    assert!(msg.contains("No such file or directory"), "{msg}");
+    assert!(run.stderr.contains(r#""command":"ADD""#), "{}", run.stderr);
+}

@@ -68,13 +68,13 @@ impl fmt::Display for Call {
 /// Why building a client failed, or why one call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
-    #[error("cannot load kubeconfig {path}: {source}")]
+    #[error("cannot load kubeconfig {path}: {}", kubeconfig_reason(source, Some(path)))]
     Kubeconfig {
         path: PathBuf,
         #[source]
         source: kube::config::KubeconfigError,
     },
-    #[error("cannot load kubeconfig from $KUBECONFIG: {0}")]
+    #[error("cannot load kubeconfig from $KUBECONFIG: {}", kubeconfig_reason(.0, None))]
     KubeconfigEnv(#[source] kube::config::KubeconfigError),
     #[error("cannot load in-cluster config (is this not running within a pod?): {0}")]
     InCluster(#[source] kube::config::InClusterError),
@@ -259,6 +259,24 @@ impl KubeError {
     }
 }
 
+/// kube's kubeconfig errors print paths with `{:?}` inside quotes (`'"/path"'`); say the same
+/// with each path shown once and plainly (`named`: the path the message already shows).
+fn kubeconfig_reason(err: &kube::config::KubeconfigError, named: Option<&PathBuf>) -> String {
+    use kube::config::{KubeconfigError as K, LoadDataError as D};
+    let data = |what: &str, e: &D| match e {
+        D::ReadFile(io, path) => format!("cannot read {what} {}: {io}", path.display()),
+        other => format!("cannot load {what}: {other}"),
+    };
+    match err {
+        K::ReadConfig(io, path) if Some(path) == named => io.to_string(),
+        K::ReadConfig(io, path) => format!("cannot read {}: {io}", path.display()),
+        K::LoadCertificateAuthority(e) => data("certificate authority", e),
+        K::LoadClientCertificate(e) => data("client certificate", e),
+        K::LoadClientKey(e) => data("client key", e),
+        other => other.to_string(),
+    }
+}
+
 /// The kind of the first `std::io::Error` in the error's source chain, if any. Connect failures
 /// arrive wrapped several layers deep (hyper-util -> tower buffer -> kube).
 fn io_error_kind(err: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
@@ -323,6 +341,36 @@ mod tests {
         );
         assert!(matches!(err, KubeError::ConnectRefused { .. }), "{err:?}");
         assert!(err.is_transient());
+    }
+
+    #[test]
+    fn kubeconfig_paths_are_shown_once_without_debug_quotes() {
+        let err = KubeError::Kubeconfig {
+            path: "/run/istio-cni/istio-cni-kubeconfig".into(),
+            source: kube::config::KubeconfigError::ReadConfig(
+                std::io::ErrorKind::NotFound.into(),
+                "/run/istio-cni/istio-cni-kubeconfig".into(),
+            ),
+        };
+        let text = err.to_string();
+        assert!(!text.contains('"') && !text.contains('\''), "{text}");
+        assert_eq!(
+            text,
+            "cannot load kubeconfig /run/istio-cni/istio-cni-kubeconfig: entity not found"
+        );
+        let ca = KubeError::KubeconfigEnv(
+            kube::config::KubeconfigError::LoadCertificateAuthority(
+                kube::config::LoadDataError::ReadFile(
+                    std::io::ErrorKind::PermissionDenied.into(),
+                    "/etc/ca.crt".into(),
+                ),
+            ),
+        );
+        assert_eq!(
+            ca.to_string(),
+            "cannot load kubeconfig from $KUBECONFIG: cannot read certificate authority \
+             /etc/ca.crt: permission denied"
+        );
     }
 
     #[test]

@@ -450,7 +450,6 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(60);
         rt.block_on(cmd_add(&env, conf, args, deadline, || async move {
             kube.ok_or_else(|| KubeCallError::Client {
-                path: "kubeconfig".into(),
                 source: crate::kube::KubeError::Kubeconfig {
                     path: "kubeconfig".into(),
                     source: kube::config::KubeconfigError::ReadConfig(

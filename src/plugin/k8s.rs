@@ -12,9 +12,9 @@ use crate::kube::KubeError;
 /// Why a read failed; the shared client's error is kept as the source.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeCallError {
-    #[error("cannot build a Kubernetes client from {path}: {source}")]
+    /// The source names the kubeconfig path.
+    #[error("cannot build a Kubernetes client: {source}")]
     Client {
-        path: String,
         #[source]
         source: KubeError,
     },
@@ -57,10 +57,7 @@ impl KubeClient {
     /// kube's own retry of 429/503/504 is turned off: the ADD flow retries transient errors itself
     /// (one policy, deadline-aware, logged), and a final error then says 503, not "no answer".
     pub async fn from_kubeconfig(path: &Path) -> Result<KubeClient, KubeCallError> {
-        let client_error = |source| KubeCallError::Client {
-            path: path.display().to_string(),
-            source,
-        };
+        let client_error = |source| KubeCallError::Client { source };
         let mut config = crate::kube::config_from_kubeconfig_file(path)
             .await
             .map_err(client_error)?;

@@ -139,13 +139,13 @@ fn run(log: &log::PluginLog) -> Reply {
             if let Some(dir) = config::salvage_run_dir(&stdin) {
                 log.attach(&dir.join("istio-cni.log"), &dir.join("log.sock"));
             }
-            error!(command = ?cmd, error = %e, "invalid network configuration");
+            error!(command = %cmd, error = %e, "invalid network configuration");
             return Reply::error(&e, &version);
         }
     };
     log.set_level(&conf.plugin_log_level);
     log.attach(&conf.log_file_path(), &conf.log_socket_path());
-    debug!(command = ?cmd, container = %env.container_id, netns = %env.netns, "CNI call");
+    debug!(command = %cmd, container = %env.container_id, netns = %env.netns, "CNI call");
     let result = match cmd {
         Command::Add => cmd_add(&env, &conf),
         Command::Del => {
@@ -162,7 +162,7 @@ fn run(log: &log::PluginLog) -> Reply {
     match result {
         Ok(out) => Reply::ok(out),
         Err(e) => {
-            error!(command = ?cmd, pod_args = %env.args, error = %e, "CNI call failed");
+            error!(command = %cmd, pod_args = %env.args, error = %e, "CNI call failed");
             Reply::error(&e, &conf.cni_version)
         }
     }
