@@ -862,7 +862,9 @@ async fn names_that_are_not_kubernetes_names_never_reach_the_server() {
         component: "c".into(),
     };
     assert!(matches!(
-        f.client.create_pod_event(&bad_event_pod, &event, CALL).await,
+        f.client
+            .create_pod_event(&bad_event_pod, &event, CALL)
+            .await,
         Err(KubeError::InvalidName { .. })
     ));
     assert_eq!(f.server.requests().len(), 0, "{:?}", f.server.requests());

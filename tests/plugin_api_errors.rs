@@ -177,8 +177,16 @@ fn ambient_detection_retry_ends_with_code_11() {
     let started = Instant::now();
     let run = add(&netns, "ns1", "p", &c);
     assert_eq!(run.json()["code"], 11, "{}", run.stdout);
-    assert!(msg(&run).contains("cannot get pods in namespace ns1"), "{}", run.stdout);
-    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(
+        msg(&run).contains("cannot get pods in namespace ns1"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
 
     // An API server that never answers: the deadline cuts the retries, still code 11.
     api.fault(Fault::slow(Duration::from_secs(30)));
@@ -188,5 +196,9 @@ fn ambient_detection_retry_ends_with_code_11() {
     let run = add(&netns, "ns1", "p", &c);
     assert_eq!(run.json()["code"], 11, "{}", run.stdout);
     assert!(msg(&run).contains("ambient"), "{}", run.stdout);
-    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
 }

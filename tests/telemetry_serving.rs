@@ -42,12 +42,17 @@ fn forwarded_records_are_escaped_on_one_line() {
         let out = agent.output();
         // Tabs separate the text format's columns; nothing else may be a control character.
         assert!(
-            !out.chars().any(|c| c.is_control() && c != '\n' && c != '\t'),
+            !out.chars()
+                .any(|c| c.is_control() && c != '\n' && c != '\t'),
             "control characters reached the log:\n{out:?}"
         );
         for forged in ["FORGED", "FORGED-TIME", "FORGED-VALUE", "FORGED-KEY"] {
             let lines_with: Vec<&str> = out.lines().filter(|l| l.contains(forged)).collect();
-            assert_eq!(lines_with, [line.as_str()], "{forged} forged a line:\n{out}");
+            assert_eq!(
+                lines_with,
+                [line.as_str()],
+                "{forged} forged a line:\n{out}"
+            );
         }
         if json {
             let v: serde_json::Value = serde_json::from_str(&line).expect("one JSON line");
@@ -82,13 +87,16 @@ fn oversize_log_batch_gets_413_and_a_warning() {
     let body = serde_json::to_string(&[record.to_string()]).expect("body");
     let (code, text) = post_ignoring_write_errors(&sock, &body);
     assert_eq!(code, 413, "{text}");
-    assert!(text.contains("log batch larger than 2097152 bytes"), "{text}");
+    assert!(
+        text.contains("log batch larger than 2097152 bytes"),
+        "{text}"
+    );
     let warning = agent.wait_line("plugin log batch refused", T);
     assert!(warning.contains("\twarn\tcni-agent\t"), "{warning}");
     assert!(warning.contains("limit_bytes=2097152"), "{warning}");
     // The sink keeps working for batches within the limit.
-    let small = serde_json::to_string(&[r#"{"level":"info","time":"t","msg":"after-413"}"#])
-        .expect("body");
+    let small =
+        serde_json::to_string(&[r#"{"level":"info","time":"t","msg":"after-413"}"#]).expect("body");
     assert_eq!(uds_post(&sock, "/log", &small).map(|r| r.0), Some(200));
     agent.wait_line("after-413", T);
     assert!(agent.terminate(T).success());
@@ -114,7 +122,10 @@ fn post_ignoring_write_errors(sock: &std::path::Path, body: &str) -> (u16, Strin
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("no HTTP answer: {raw:?}"));
-    let text = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let text = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     (status, text)
 }
 
@@ -182,7 +193,10 @@ fn metrics_follow_the_accept_header() {
             "{accept:?}:\n{body}"
         );
         assert!(!body.contains("# EOF"), "{accept:?}:\n{body}");
-        assert!(body.contains("# TYPE istio_cni_install_ready gauge\n"), "{body}");
+        assert!(
+            body.contains("# TYPE istio_cni_install_ready gauge\n"),
+            "{body}"
+        );
     }
 
     let openmetrics = [
@@ -197,7 +211,10 @@ fn metrics_follow_the_accept_header() {
             content_type,
             "application/openmetrics-text; version=1.0.0; charset=utf-8"
         );
-        assert!(body.contains("# TYPE istio_cni_installs counter\n"), "{body}");
+        assert!(
+            body.contains("# TYPE istio_cni_installs counter\n"),
+            "{body}"
+        );
         assert!(body.ends_with("# EOF\n"), "{body}");
     }
     assert!(agent.terminate(T).success());

@@ -62,7 +62,7 @@ pub enum ApplyError {
         family: &'static str,
         reason: String,
     },
-    #[error("{command} failed (exit {code:?}): {stderr}")]
+    #[error("{command} failed ({}): {stderr}", exit_text(*code))]
     Failed {
         command: String,
         code: Option<i32>,
@@ -210,6 +210,11 @@ impl std::fmt::Display for Outcome {
             Outcome::CleanedUp => "cleaned up",
         })
     }
+}
+
+/// "exit 2", or "killed by a signal" when there is no exit code.
+fn exit_text(code: Option<i32>) -> String {
+    code.map_or_else(|| "killed by a signal".to_string(), |c| format!("exit {c}"))
 }
 
 fn run_checked(exec: &mut dyn Executor, cmd: &Cmd) -> Result<CmdOutput, ApplyError> {

@@ -295,7 +295,11 @@ impl KubeClient {
         name: &str,
         timeout: Duration,
     ) -> Result<Namespace, KubeError> {
-        check_name(Call::GetNamespace, "namespace", names::check_namespace(name))?;
+        check_name(
+            Call::GetNamespace,
+            "namespace",
+            names::check_namespace(name),
+        )?;
         let api: Api<Namespace> = Api::all(self.client.clone());
         bounded(Call::GetNamespace, name.to_string(), timeout, api.get(name)).await
     }
@@ -442,7 +446,11 @@ impl KubeClient {
     ) -> Result<(), KubeError> {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
         let name = pod.metadata.name.as_deref().unwrap_or_default();
-        check_name(Call::CreateEvent, "namespace", names::check_namespace(namespace))?;
+        check_name(
+            Call::CreateEvent,
+            "namespace",
+            names::check_namespace(namespace),
+        )?;
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let body = event.to_event(pod, Time(k8s_openapi::jiff::Timestamp::now()));
         bounded(

@@ -36,7 +36,11 @@ impl Call {
     fn is_namespaced(self) -> bool {
         matches!(
             self,
-            Call::GetPod | Call::PatchPod | Call::PatchPodStatus | Call::DeletePod | Call::CreateEvent
+            Call::GetPod
+                | Call::PatchPod
+                | Call::PatchPodStatus
+                | Call::DeletePod
+                | Call::CreateEvent
         )
     }
 }
@@ -68,7 +72,10 @@ impl fmt::Display for Call {
 /// Why building a client failed, or why one call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
-    #[error("cannot load kubeconfig {path}: {}", kubeconfig_reason(source, Some(path)))]
+    #[error(
+        "cannot load kubeconfig {path}: {}",
+        kubeconfig_reason(source, Some(path))
+    )]
     Kubeconfig {
         path: PathBuf,
         #[source]
@@ -358,14 +365,12 @@ mod tests {
             text,
             "cannot load kubeconfig /run/istio-cni/istio-cni-kubeconfig: entity not found"
         );
-        let ca = KubeError::KubeconfigEnv(
-            kube::config::KubeconfigError::LoadCertificateAuthority(
-                kube::config::LoadDataError::ReadFile(
-                    std::io::ErrorKind::PermissionDenied.into(),
-                    "/etc/ca.crt".into(),
-                ),
+        let ca = KubeError::KubeconfigEnv(kube::config::KubeconfigError::LoadCertificateAuthority(
+            kube::config::LoadDataError::ReadFile(
+                std::io::ErrorKind::PermissionDenied.into(),
+                "/etc/ca.crt".into(),
             ),
-        );
+        ));
         assert_eq!(
             ca.to_string(),
             "cannot load kubeconfig from $KUBECONFIG: cannot read certificate authority \

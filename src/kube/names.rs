@@ -34,9 +34,15 @@ impl fmt::Display for NameRule {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NameProblem {
     Empty,
-    TooLong { chars: usize, max: usize },
+    TooLong {
+        chars: usize,
+        max: usize,
+    },
     /// A character outside `[a-z0-9-]` (and `.` for subdomains), with its byte offset.
-    BadChar { ch: char, at: usize },
+    BadChar {
+        ch: char,
+        at: usize,
+    },
     /// A label (a whole label name, or one `.`-separated part) starts or ends with `-`, or a part
     /// is empty (`a..b`, `.a`, `a.`).
     BadEdge,
@@ -106,7 +112,10 @@ fn problem(value: &str, rule: NameRule) -> Option<NameProblem> {
         return Some(NameProblem::TooLong { chars, max });
     }
     let allowed = |c: char| {
-        c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (c == '.' && rule == NameRule::Subdomain)
+        c.is_ascii_lowercase()
+            || c.is_ascii_digit()
+            || c == '-'
+            || (c == '.' && rule == NameRule::Subdomain)
     };
     if let Some((at, ch)) = value.char_indices().find(|(_, c)| !allowed(*c)) {
         return Some(NameProblem::BadChar { ch, at });

@@ -163,7 +163,11 @@ mod tests {
         ));
         assert_eq!(result, Err("503"));
         // Gives up before the deadline (timer granularity allowed for).
-        assert!(started.elapsed() < Duration::from_millis(170), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_millis(170),
+            "{:?}",
+            started.elapsed()
+        );
         assert!(calls.get() >= 3, "{}", calls.get());
     }
 

@@ -153,8 +153,9 @@ mod tests {
             }
         ));
         assert!(
-            err.to_string()
-                .starts_with("CNI_ARGS K8S_POD_NAMESPACE: \"../../etc\" is not a valid DNS-1123 label"),
+            err.to_string().starts_with(
+                "CNI_ARGS K8S_POD_NAMESPACE: \"../../etc\" is not a valid DNS-1123 label"
+            ),
             "{err}"
         );
         let a = CniArgs::parse("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=a/b").unwrap();

@@ -214,11 +214,9 @@ impl Shipper {
                                     // Agent gone: drop records rather than stall the plugin.
                                     break;
                                 };
-                                let sent = tokio::time::timeout(
-                                    FLUSH_TIMEOUT,
-                                    c.post_json("/log", body),
-                                )
-                                .await;
+                                let sent =
+                                    tokio::time::timeout(FLUSH_TIMEOUT, c.post_json("/log", body))
+                                        .await;
                                 if !matches!(sent, Ok(Ok(_))) {
                                     conn = None;
                                 }
@@ -404,7 +402,11 @@ mod tests {
             .flat_map(|b| serde_json::from_slice::<Vec<String>>(b).unwrap())
             .collect();
         assert_eq!(all.len(), 3);
-        assert!(all[1].contains("log record of 5000 bytes not sent"), "{}", all[1]);
+        assert!(
+            all[1].contains("log record of 5000 bytes not sent"),
+            "{}",
+            all[1]
+        );
     }
 
     #[test]

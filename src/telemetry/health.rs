@@ -77,9 +77,7 @@ async fn readyz(State(r): State<Readiness>) -> impl IntoResponse {
 /// OpenMetrics or the classic text format, as the scraper's `Accept` header asks; the
 /// Content-Type says which one was sent.
 async fn metrics_handler(State(m): State<Metrics>, headers: HeaderMap) -> impl IntoResponse {
-    let accept = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok());
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let format = metrics::Format::negotiate(accept);
     (
         [(header::CONTENT_TYPE, format.content_type())],

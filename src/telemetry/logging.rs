@@ -258,7 +258,8 @@ mod tests {
 
     #[test]
     fn control_characters_are_escaped() {
-        let forged = "ok\n2024-01-01T00:00:00Z\terror\tcni-agent\tforged \u{1b}[31mred\r\u{9b}x\u{7f}";
+        let forged =
+            "ok\n2024-01-01T00:00:00Z\terror\tcni-agent\tforged \u{1b}[31mred\r\u{9b}x\u{7f}";
         let text = escape_controls(forged, Controls::All);
         assert_eq!(
             text,

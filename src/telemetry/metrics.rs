@@ -241,7 +241,10 @@ mod tests {
             assert!(text.contains(want), "{want:?} missing:\n{text}");
         }
         assert!(!text.contains("# EOF"), "{text}");
-        assert!(!text.contains("# TYPE istio_cni_installs counter"), "{text}");
+        assert!(
+            !text.contains("# TYPE istio_cni_installs counter"),
+            "{text}"
+        );
         assert!(text.ends_with('\n'));
         let openmetrics = render_as(&m.registry(), Format::OpenMetrics);
         assert!(openmetrics.ends_with("# EOF\n"), "{openmetrics}");
@@ -264,9 +267,14 @@ mod tests {
             (Some("*/*"), Format::Classic),
             (Some("text/plain;version=0.0.4"), Format::Classic),
             (Some("text/plain; version=0.0.4; q=1.0"), Format::Classic),
-            (Some("application/openmetrics-text; version=1.0.0"), Format::OpenMetrics),
             (
-                Some("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"),
+                Some("application/openmetrics-text; version=1.0.0"),
+                Format::OpenMetrics,
+            ),
+            (
+                Some(
+                    "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+                ),
                 Format::OpenMetrics,
             ),
             (
