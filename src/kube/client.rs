@@ -29,6 +29,17 @@ pub enum ConfigSource {
     InCluster,
 }
 
+/// How logs name the source: the path, `$KUBECONFIG` or `in-cluster`.
+impl std::fmt::Display for ConfigSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigSource::File(path) => write!(f, "{}", path.display()),
+            ConfigSource::KubeconfigEnv => f.write_str("$KUBECONFIG"),
+            ConfigSource::InCluster => f.write_str("in-cluster"),
+        }
+    }
+}
+
 /// Reads one kubeconfig file (current context) into a client config.
 pub async fn config_from_kubeconfig_file(path: &Path) -> Result<kube::Config, KubeError> {
     let kubeconfig = Kubeconfig::read_from(path).map_err(|source| KubeError::Kubeconfig {
@@ -638,6 +649,8 @@ mod tests {
         std::fs::write(&good, KUBECONFIG_SKIP_TLS).expect("write");
         let (config, source) = load_config(Some(&good)).await.expect("loads");
         assert_eq!(source, ConfigSource::File(good.clone()));
+        assert_eq!(source.to_string(), good.display().to_string());
+        assert_eq!(ConfigSource::InCluster.to_string(), "in-cluster");
         assert_eq!(config.cluster_url.to_string(), "https://10.96.0.1:443/");
 
         let missing = dir.path().join("absent");

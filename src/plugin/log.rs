@@ -102,7 +102,13 @@ pub fn format_record(
     for (k, v) in fields {
         obj.entry(k.clone()).or_insert_with(|| v.clone());
     }
-    serde_json::Value::Object(obj).to_string()
+    // JSON escapes C0 controls (newline, ESC); DEL and C1 are escaped as in the agent's logs.
+    let line = serde_json::Value::Object(obj).to_string();
+    crate::telemetry::logging::escape_controls(
+        &line,
+        crate::telemetry::logging::Controls::BeyondAscii,
+    )
+    .into_owned()
 }
 
 /// A size-capped append-only file with one backup (`<name>.1`).
@@ -380,6 +386,9 @@ mod tests {
         assert_eq!(v["msg"], "hello");
         assert_eq!(v["pod"], "ns/p");
         assert_eq!(v["time"], "1970-01-01T00:00:00.000000Z");
+        fields.insert("pod\n".into(), "a\u{1b}[31m\u{9b}".into());
+        let line = format_record(&Level::INFO, UNIX_EPOCH, "x\ry", &fields);
+        assert!(!line.chars().any(char::is_control), "{line:?}");
     }
 
     #[test]
