@@ -43,8 +43,9 @@ fn readiness_follows_the_install_and_metrics_count_it() {
         "{body}"
     );
     // Labelled families of components without samples yet are not listed; gauges always are.
+    // Without an Accept header the classic text format: counters are typed by their sample name.
     for name in [
-        "# TYPE istio_cni_installs counter",
+        "# TYPE istio_cni_installs_total counter",
         "# TYPE istio_cni_install_ready gauge",
         "# TYPE ztunnel_connected gauge",
     ] {

@@ -801,3 +801,105 @@ async fn namespace_watcher_follows_label_changes() {
         .expect("unlabel");
     assert!(matches!(next_any(&mut stream).await, WatchEvent::Delete(_)));
 }
+
+#[tokio::test]
+async fn names_that_are_not_kubernetes_names_never_reach_the_server() {
+    let f = fixture().await;
+    f.server.clear_requests();
+    let pod_names = [
+        ("../../etc", "a"),
+        ("ns1", "a/b"),
+        ("ns1", "../ns2/pods/x"),
+        ("ns1", "p?watch=true"),
+        ("NS1", "a"),
+        ("ns1", ""),
+        ("", "a"),
+        ("ns1", "a%2Fb"),
+    ];
+    for (namespace, name) in pod_names {
+        let err = f
+            .client
+            .get_pod(namespace, name, CALL)
+            .await
+            .expect_err("invalid");
+        assert!(
+            matches!(err, KubeError::InvalidName { .. }) && !err.is_transient(),
+            "{namespace:?}/{name:?}: {err:?}"
+        );
+        let patch = MetadataPatch::default().set_label("a", "b");
+        for err in [
+            f.client
+                .patch_pod_metadata(namespace, name, &patch, CALL)
+                .await
+                .expect_err("invalid"),
+            f.client
+                .patch_pod_status_metadata(namespace, name, &patch, CALL)
+                .await
+                .expect_err("invalid"),
+            f.client
+                .delete_pod(namespace, name, None, CALL)
+                .await
+                .expect_err("invalid"),
+        ] {
+            assert!(matches!(err, KubeError::InvalidName { .. }), "{err:?}");
+        }
+    }
+    let err = f
+        .client
+        .get_namespace("../../etc", CALL)
+        .await
+        .expect_err("invalid");
+    assert_eq!(
+        err.to_string(),
+        "get namespace: invalid namespace: \"../../etc\" is not a valid DNS-1123 label: \
+         character '.' at offset 0 is not allowed (only a-z, 0-9, '-' and, in pod names, '.')"
+    );
+    let bad_event_pod = pod("a/b", "p", "n1");
+    let event = PodEvent {
+        event_type: EventType::Warning,
+        reason: "R".into(),
+        message: "m".into(),
+        component: "c".into(),
+    };
+    assert!(matches!(
+        f.client
+            .create_pod_event(&bad_event_pod, &event, CALL)
+            .await,
+        Err(KubeError::InvalidName { .. })
+    ));
+    assert_eq!(f.server.requests().len(), 0, "{:?}", f.server.requests());
+}
+
+#[tokio::test]
+async fn forbidden_names_the_missing_permission() {
+    let f = fixture().await;
+    f.server.add_pod(pod("ns1", "a", "n1")).expect("pod");
+    f.server.set_fault(Fault::fail(403)).await;
+    let err = f.client.get_pod("ns1", "a", CALL).await.expect_err("403");
+    let text = err.to_string();
+    assert!(
+        text.contains("cannot get pods in namespace ns1") && text.contains("ClusterRole"),
+        "{text}"
+    );
+    let err = f
+        .client
+        .list_namespaces(&Selectors::default(), CALL)
+        .await
+        .expect_err("403");
+    assert!(
+        err.to_string()
+            .contains("cannot list namespaces at cluster scope"),
+        "{err}"
+    );
+    let patch = MetadataPatch::default().set_annotation("a", "b");
+    let err = f
+        .client
+        .patch_pod_status_metadata("ns1", "a", &patch, CALL)
+        .await
+        .expect_err("403");
+    assert!(
+        err.to_string()
+            .contains("cannot patch pods/status in namespace ns1"),
+        "{err}"
+    );
+}

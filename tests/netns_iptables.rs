@@ -370,7 +370,7 @@ fn fresh_namespace_is_programmed_over_netlink_and_reruns_still_verify() {
     assert_ok(&second);
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert!(
-        !stderr.contains("applied over nfnetlink") && stderr.contains("AlreadyApplied"),
+        !stderr.contains("applied over nfnetlink") && stderr.contains("outcome=already applied"),
         "{stderr}"
     );
     assert_eq!(env.pod.iptables_state(), applied);

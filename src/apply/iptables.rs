@@ -63,7 +63,7 @@ pub enum ApplyError {
         family: &'static str,
         reason: String,
     },
-    #[error("{command} failed (exit {code:?}): {stderr}")]
+    #[error("{command} failed ({}): {stderr}", exit_text(*code))]
     Failed {
         command: String,
         code: Option<i32>,
@@ -216,6 +216,23 @@ pub enum Outcome {
     AlreadyApplied,
     Reconciled,
     CleanedUp,
+}
+
+/// Logs name outcomes in words (`applied`), not Rust syntax (`Some(Applied)`).
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Outcome::Applied => "applied",
+            Outcome::AlreadyApplied => "already applied",
+            Outcome::Reconciled => "reconciled",
+            Outcome::CleanedUp => "cleaned up",
+        })
+    }
+}
+
+/// "exit 2", or "killed by a signal" when there is no exit code.
+fn exit_text(code: Option<i32>) -> String {
+    code.map_or_else(|| "killed by a signal".to_string(), |c| format!("exit {c}"))
 }
 
 fn run_checked(exec: &mut dyn Executor, cmd: &Cmd) -> Result<CmdOutput, ApplyError> {

@@ -19,10 +19,12 @@ pub struct FsError {
 
 impl FsError {
     pub fn new(op: &'static str, path: &Path, source: io::Error) -> Self {
-        // Same hint as Istio: a read-only host dir usually means a platform with another bin dir.
+        // Written files are CNI configs (and the run dir's kubeconfig); binaries get their own
+        // hint in `copy_atomic`.
         let hint = if is_erofs(&source) {
-            " (read-only file system: this platform may keep CNI binaries elsewhere; set \
-             global.platform in the chart or point --cni-bin-dirs at a writable directory)"
+            " (read-only file system: the agent writes the CNI config dir; mount the host's CNI \
+             config dir read-write (chart: cni.cniConfDir, here --mounted-cni-net-dir) and the \
+             run dir (--cni-agent-run-dir))"
         } else {
             ""
         };
@@ -36,6 +38,17 @@ impl FsError {
 
     pub fn is_read_only(&self) -> bool {
         is_erofs(&self.source)
+    }
+
+    /// Same hint as Istio for binaries: a read-only host bin dir usually means a platform that
+    /// keeps CNI binaries elsewhere.
+    fn about_binaries(mut self) -> Self {
+        if self.is_read_only() {
+            self.hint = " (read-only file system: this platform may keep CNI binaries elsewhere; \
+                         set global.platform in the chart or point --cni-bin-dirs at a writable \
+                         directory)";
+        }
+        self
     }
 }
 
@@ -212,6 +225,10 @@ fn read_full(f: &mut File, buf: &mut [u8]) -> io::Result<usize> {
 
 /// Copies `src` to `dst` atomically with `mode` (temp + fsync + rename + fsync dir).
 pub fn copy_atomic(src: &Path, dst: &Path, mode: u32) -> Result<(), FsError> {
+    copy_atomic_in(src, dst, mode).map_err(FsError::about_binaries)
+}
+
+fn copy_atomic_in(src: &Path, dst: &Path, mode: u32) -> Result<(), FsError> {
     let (dir, name) = split(dst)?;
     remove_stale_temps(dir, &name);
     let mut input = File::open(src).map_err(|e| FsError::new("opening", src, e))?;
@@ -296,7 +313,8 @@ mod tests {
             "creating temp file in",
             Path::new("/host/opt/cni/bin"),
             io::Error::from_raw_os_error(libc::EROFS),
-        );
+        )
+        .about_binaries();
         assert!(e.is_read_only());
         let text = e.to_string();
         assert!(
@@ -309,6 +327,29 @@ mod tests {
             io::Error::from_raw_os_error(libc::EACCES),
         );
         assert!(!other.to_string().contains("global.platform"));
+    }
+
+    #[test]
+    fn a_read_only_conf_dir_hint_talks_about_the_conf_dir() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conf = FsError::new(
+            "creating temp file in",
+            Path::new("/host/etc/cni/net.d"),
+            io::Error::from_raw_os_error(libc::EROFS),
+        );
+        let text = conf.to_string();
+        assert!(
+            text.contains("CNI config dir") && text.contains("--mounted-cni-net-dir"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("binaries") && !text.contains("global.platform"),
+            "{text}"
+        );
+        // Only a read-only file system gets a hint.
+        let missing = dir.path().join("absent").join("x");
+        let err = copy_atomic(&missing, &dir.path().join("y"), 0o755).expect_err("no source");
+        assert!(!err.to_string().contains("global.platform"), "{err}");
     }
 
     #[test]

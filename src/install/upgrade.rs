@@ -171,7 +171,7 @@ pub async fn checker(namespace: &str, node: &str) -> Box<dyn UpgradeCheck> {
     }
     match KubeClient::for_agent(None).await {
         Ok((client, source)) => {
-            info!(source = ?source, "upgrade check on shutdown uses the Kubernetes API");
+            info!(source = %source, "upgrade check on shutdown uses the Kubernetes API");
             Box::new(DaemonSetCheck {
                 client,
                 namespace: namespace.to_string(),

@@ -242,6 +242,6 @@ fn apply_rules(settings: &Settings, rules: RuleSet) -> Result<(), String> {
         }
         Target::Here(_) => work(opts)?,
     };
-    info!(?outcome, "iptables rules done");
+    info!(%outcome, "iptables rules done");
     Ok(())
 }

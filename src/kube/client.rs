@@ -16,6 +16,7 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::error::{Call, KubeError};
+use super::names;
 
 /// Where a client's configuration came from; logged by the roles at start-up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +27,17 @@ pub enum ConfigSource {
     KubeconfigEnv,
     /// The pod's service account (KUBERNETES_SERVICE_HOST/PORT + token + CA).
     InCluster,
+}
+
+/// How logs name the source: the path, `$KUBECONFIG` or `in-cluster`.
+impl std::fmt::Display for ConfigSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigSource::File(path) => write!(f, "{}", path.display()),
+            ConfigSource::KubeconfigEnv => f.write_str("$KUBECONFIG"),
+            ConfigSource::InCluster => f.write_str("in-cluster"),
+        }
+    }
 }
 
 /// Reads one kubeconfig file (current context) into a client config.
@@ -278,6 +290,7 @@ impl KubeClient {
         name: &str,
         timeout: Duration,
     ) -> Result<Pod, KubeError> {
+        check_pod_names(Call::GetPod, namespace, name)?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         bounded(
             Call::GetPod,
@@ -293,6 +306,11 @@ impl KubeClient {
         name: &str,
         timeout: Duration,
     ) -> Result<Namespace, KubeError> {
+        check_name(
+            Call::GetNamespace,
+            "namespace",
+            names::check_namespace(name),
+        )?;
         let api: Api<Namespace> = Api::all(self.client.clone());
         bounded(Call::GetNamespace, name.to_string(), timeout, api.get(name)).await
     }
@@ -383,6 +401,7 @@ impl KubeClient {
         patch: &MetadataPatch,
         timeout: Duration,
     ) -> Result<Pod, KubeError> {
+        check_pod_names(call, namespace, name)?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let body = Patch::Merge(patch.to_merge_patch());
         let params = PatchParams::default();
@@ -410,6 +429,7 @@ impl KubeClient {
         preconditions: Option<PodPreconditions>,
         timeout: Duration,
     ) -> Result<(), KubeError> {
+        check_pod_names(Call::DeletePod, namespace, name)?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let mut params = DeleteParams::default();
         if let Some(pre) = preconditions {
@@ -437,6 +457,11 @@ impl KubeClient {
     ) -> Result<(), KubeError> {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
         let name = pod.metadata.name.as_deref().unwrap_or_default();
+        check_name(
+            Call::CreateEvent,
+            "namespace",
+            names::check_namespace(namespace),
+        )?;
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let body = event.to_event(pod, Time(k8s_openapi::jiff::Timestamp::now()));
         bounded(
@@ -529,6 +554,24 @@ impl PodPreconditions {
     }
 }
 
+/// Refuses a namespace/pod pair that cannot be part of a request path, before any request.
+fn check_pod_names(call: Call, namespace: &str, name: &str) -> Result<(), KubeError> {
+    check_name(call, "namespace", names::check_namespace(namespace))?;
+    check_name(call, "pod name", names::check_pod_name(name))
+}
+
+fn check_name(
+    call: Call,
+    field: &'static str,
+    checked: Result<(), names::InvalidName>,
+) -> Result<(), KubeError> {
+    checked.map_err(|source| KubeError::InvalidName {
+        call,
+        field,
+        source,
+    })
+}
+
 /// Runs one call under a deadline and names the call and object in any error.
 async fn bounded<T>(
     call: Call,
@@ -606,6 +649,8 @@ mod tests {
         std::fs::write(&good, KUBECONFIG_SKIP_TLS).expect("write");
         let (config, source) = load_config(Some(&good)).await.expect("loads");
         assert_eq!(source, ConfigSource::File(good.clone()));
+        assert_eq!(source.to_string(), good.display().to_string());
+        assert_eq!(ConfigSource::InCluster.to_string(), "in-cluster");
         assert_eq!(config.cluster_url.to_string(), "https://10.96.0.1:443/");
 
         let missing = dir.path().join("absent");

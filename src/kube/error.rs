@@ -17,6 +17,43 @@ pub enum Call {
     CreateEvent,
 }
 
+impl Call {
+    /// The RBAC verb and resource the call needs (what a ClusterRole must grant).
+    pub fn permission(self) -> (&'static str, &'static str) {
+        match self {
+            Call::GetPod => ("get", "pods"),
+            Call::GetNamespace => ("get", "namespaces"),
+            Call::ListPods => ("list", "pods"),
+            Call::ListNamespaces => ("list", "namespaces"),
+            Call::PatchPod => ("patch", "pods"),
+            Call::PatchPodStatus => ("patch", "pods/status"),
+            Call::DeletePod => ("delete", "pods"),
+            Call::CreateEvent => ("create", "events"),
+        }
+    }
+
+    /// Whether the call is about an object in a namespace (its object is then `<ns>/<name>...`).
+    fn is_namespaced(self) -> bool {
+        matches!(
+            self,
+            Call::GetPod
+                | Call::PatchPod
+                | Call::PatchPodStatus
+                | Call::DeletePod
+                | Call::CreateEvent
+        )
+    }
+}
+
+/// The scope a 403 was about: " in namespace X" for namespaced calls, " at cluster scope" otherwise.
+fn scope_of(call: Call, object: &str) -> String {
+    match object.split_once('/') {
+        Some((namespace, _)) if call.is_namespaced() => format!(" in namespace {namespace}"),
+        _ if call.is_namespaced() => String::new(),
+        _ => " at cluster scope".to_string(),
+    }
+}
+
 impl fmt::Display for Call {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -35,19 +72,31 @@ impl fmt::Display for Call {
 /// Why building a client failed, or why one call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
-    #[error("cannot load kubeconfig {path}: {source}")]
+    #[error(
+        "cannot load kubeconfig {path}: {}",
+        kubeconfig_reason(source, Some(path))
+    )]
     Kubeconfig {
         path: PathBuf,
         #[source]
         source: kube::config::KubeconfigError,
     },
-    #[error("cannot load kubeconfig from $KUBECONFIG: {0}")]
+    #[error("cannot load kubeconfig from $KUBECONFIG: {}", kubeconfig_reason(.0, None))]
     KubeconfigEnv(#[source] kube::config::KubeconfigError),
     #[error("cannot load in-cluster config (is this not running within a pod?): {0}")]
     InCluster(#[source] kube::config::InClusterError),
     #[error("cannot build Kubernetes client: {0}")]
     BuildClient(#[source] kube::Error),
 
+    /// Refused before any request: the name cannot be part of a request path.
+    #[error("{call}: invalid {field}: {source}")]
+    InvalidName {
+        call: Call,
+        /// "namespace" or "pod name".
+        field: &'static str,
+        #[source]
+        source: super::names::InvalidName,
+    },
     #[error("{call} {object}: no answer within {timeout:?}")]
     Timeout {
         call: Call,
@@ -60,7 +109,13 @@ pub enum KubeError {
         object: String,
         message: String,
     },
-    #[error("{call} {object}: forbidden: {message}")]
+    #[error(
+        "{call} {object}: forbidden: the service account in the kubeconfig cannot {verb} {resource}{scope}; \
+         grant it in the istio-cni ClusterRole (API server: {message})",
+        verb = call.permission().0,
+        resource = call.permission().1,
+        scope = scope_of(*call, object)
+    )]
     Forbidden {
         call: Call,
         object: String,
@@ -176,7 +231,8 @@ impl KubeError {
             | KubeError::KubeconfigEnv(_)
             | KubeError::InCluster(_)
             | KubeError::BuildClient(_) => None,
-            KubeError::Timeout { call, .. }
+            KubeError::InvalidName { call, .. }
+            | KubeError::Timeout { call, .. }
             | KubeError::NotFound { call, .. }
             | KubeError::Forbidden { call, .. }
             | KubeError::Unauthorized { call, .. }
@@ -196,8 +252,9 @@ impl KubeError {
         matches!(self, KubeError::Timeout { .. })
     }
 
-    /// True when trying the same call again later may succeed: the server was slow, unreachable or
-    /// failed on its side. NotFound/Forbidden/Conflict need something else to change first.
+    /// True when trying the same call again later may succeed: the server was slow, unreachable,
+    /// overloaded (429) or failed on its side (5xx). A bad name, 400, 401, 403, 404, 409 and 422
+    /// need something else to change first, so callers fail at once on them.
     pub fn is_transient(&self) -> bool {
         match self {
             KubeError::Timeout { .. }
@@ -206,6 +263,24 @@ impl KubeError {
             KubeError::Api { code, .. } => *code >= 500 || *code == 429,
             _ => false,
         }
+    }
+}
+
+/// kube's kubeconfig errors print paths with `{:?}` inside quotes (`'"/path"'`); say the same
+/// with each path shown once and plainly (`named`: the path the message already shows).
+fn kubeconfig_reason(err: &kube::config::KubeconfigError, named: Option<&PathBuf>) -> String {
+    use kube::config::{KubeconfigError as K, LoadDataError as D};
+    let data = |what: &str, e: &D| match e {
+        D::ReadFile(io, path) => format!("cannot read {what} {}: {io}", path.display()),
+        other => format!("cannot load {what}: {other}"),
+    };
+    match err {
+        K::ReadConfig(io, path) if Some(path) == named => io.to_string(),
+        K::ReadConfig(io, path) => format!("cannot read {}: {io}", path.display()),
+        K::LoadCertificateAuthority(e) => data("certificate authority", e),
+        K::LoadClientCertificate(e) => data("client certificate", e),
+        K::LoadClientKey(e) => data("client key", e),
+        other => other.to_string(),
     }
 }
 
@@ -273,6 +348,34 @@ mod tests {
         );
         assert!(matches!(err, KubeError::ConnectRefused { .. }), "{err:?}");
         assert!(err.is_transient());
+    }
+
+    #[test]
+    fn kubeconfig_paths_are_shown_once_without_debug_quotes() {
+        let err = KubeError::Kubeconfig {
+            path: "/run/istio-cni/istio-cni-kubeconfig".into(),
+            source: kube::config::KubeconfigError::ReadConfig(
+                std::io::ErrorKind::NotFound.into(),
+                "/run/istio-cni/istio-cni-kubeconfig".into(),
+            ),
+        };
+        let text = err.to_string();
+        assert!(!text.contains('"') && !text.contains('\''), "{text}");
+        assert_eq!(
+            text,
+            "cannot load kubeconfig /run/istio-cni/istio-cni-kubeconfig: entity not found"
+        );
+        let ca = KubeError::KubeconfigEnv(kube::config::KubeconfigError::LoadCertificateAuthority(
+            kube::config::LoadDataError::ReadFile(
+                std::io::ErrorKind::PermissionDenied.into(),
+                "/etc/ca.crt".into(),
+            ),
+        ));
+        assert_eq!(
+            ca.to_string(),
+            "cannot load kubeconfig from $KUBECONFIG: cannot read certificate authority \
+             /etc/ca.crt: permission denied"
+        );
     }
 
     #[test]

@@ -3,13 +3,16 @@
 //! Owns: building a `kube::Client` (kubeconfig file, $KUBECONFIG, in-cluster; rustls with ring
 //! only), the typed calls the roles make (get/list/watch pods and namespaces, metadata patches on
 //! pods and `pods/status`, pod delete, pod events), each under an explicit deadline and with
-//! errors that name the call, the object and the cause; and [`testserver`], a small in-process
+//! errors that name the call, the object and the cause; names checked before they become
+//! request paths ([`names`]); which failures are worth retrying, and how ([`retry`]); and [`testserver`], a small in-process
 //! Kubernetes API server for tests and the demo (also run as the hidden `test-apiserver` role).
 //!
 //! May call: nothing else in this crate.
 
 mod client;
 mod error;
+pub mod names;
+pub mod retry;
 pub mod testserver;
 
 pub use client::{
@@ -17,6 +20,8 @@ pub use client::{
     WatchBackoff, WatchStream, config_from_kubeconfig_file, load_config, load_config_with,
 };
 pub use error::{Call, KubeError};
+pub use names::InvalidName;
+pub use retry::RetryPolicy;
 
 /// Watch events and errors, re-exported so callers need no direct kube-runtime import.
 pub use kube::runtime::watcher::{Error as WatchError, Event as WatchEvent};

@@ -7,17 +7,25 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use super::ambient;
-use super::args::CniArgs;
+use super::ambient::{self, SelectorError};
+use super::args::{ArgsError, CniArgs};
 use super::cni::{CniEnv, CniError, code};
 use super::config::NetConf;
 use super::k8s::{KubeCallError, KubeReads};
 use super::pod::PodInfo;
 use super::result::CniResult;
 use super::sidecar::{self, EngineEnv, Redirect};
+use crate::kube::retry::{RetryPolicy, retry_transient};
 
-/// Spacing of lookup retries.
-const RETRY_SPACING: Duration = Duration::from_secs(1);
+/// Spacing of lookup retries (transient failures only): 200 ms doubling to 1 s, jittered.
+/// Istio waits a constant 1 s; starting shorter gets a pod through an API blip sooner.
+const LOOKUP_RETRY: RetryPolicy = RetryPolicy {
+    first: Duration::from_millis(200),
+    max: Duration::from_secs(1),
+    max_attempts: None,
+};
+/// Attempts of the ambient check without `enable_ambient_detection_retry` (Istio: 1 + 1 retry).
+const AMBIENT_ATTEMPTS: u32 = 2;
 /// Timeout of the ambient event POST (the agent's own budget is about that).
 const AMBIENT_EVENT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -34,23 +42,59 @@ pub enum AddOutcome {
     DryRun { path: PathBuf, ipv6: bool },
 }
 
+/// How logs name the outcome (the reason of a skip and the dry-run path are separate fields).
+impl std::fmt::Display for AddOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AddOutcome::NotKubernetes => "not a kubernetes pod",
+            AddOutcome::Excluded => "excluded namespace",
+            AddOutcome::OwnPod => "own agent pod",
+            AddOutcome::Skipped(_) => "skipped",
+            AddOutcome::NoRedirection => "no redirection",
+            AddOutcome::Ambient => "ambient",
+            AddOutcome::Redirected { .. } => "redirected",
+            AddOutcome::DryRun { .. } => "dry run",
+        })
+    }
+}
+
+/// Why the ambient check could not decide.
+#[derive(Debug, thiserror::Error)]
+enum AmbientCheckError {
+    #[error(transparent)]
+    Lookup(#[from] KubeCallError),
+    #[error(transparent)]
+    Selector(#[from] SelectorError),
+}
+
 /// Our own agent pod: starting it must never depend on the agent.
 pub fn is_cni_pod(conf: &NetConf, args: &CniArgs) -> bool {
     args.pod_name.starts_with("istio-cni-node-") && args.pod_namespace == conf.pod_namespace
 }
 
-/// Steps before any Kubernetes access. `Some` = done, nothing to program.
-pub fn precheck(conf: &NetConf, args: &CniArgs) -> Option<AddOutcome> {
+/// Steps before any Kubernetes access. `Some` = done, nothing to program. A pod namespace or
+/// name that is not a Kubernetes name fails here, before any request: no pod can carry it, it
+/// must not become an API path, and ADD fails closed (the pod may need capture).
+pub fn precheck(conf: &NetConf, args: &CniArgs) -> Result<Option<AddOutcome>, CniError> {
     if !args.is_kubernetes_pod() {
-        return Some(AddOutcome::NotKubernetes);
+        return Ok(Some(AddOutcome::NotKubernetes));
     }
+    args.check_kubernetes_names().map_err(invalid_name)?;
     if conf.exclude_namespaces.contains(&args.pod_namespace) {
-        return Some(AddOutcome::Excluded);
+        return Ok(Some(AddOutcome::Excluded));
     }
     if is_cni_pod(conf, args) {
-        return Some(AddOutcome::OwnPod);
+        return Ok(Some(AddOutcome::OwnPod));
     }
-    None
+    Ok(None)
+}
+
+fn invalid_name(e: ArgsError) -> CniError {
+    CniError::new(
+        code::INVALID_ENV,
+        format!("{e}; no Kubernetes pod can have this name, so it is not looked up and ADD fails"),
+    )
+    .with_details("CNI_ARGS")
 }
 
 fn internal(e: impl std::fmt::Display) -> CniError {
@@ -64,73 +108,75 @@ fn left(deadline: Instant) -> Duration {
         .max(Duration::from_millis(1))
 }
 
-/// GET pod with retries until `lookup_until` (Istio: 30 × 1 s). Between failures the own-pod
-/// guard is re-checked as a degraded fail-safe (an identity we can prove without the API).
+/// GET pod, retrying transient failures until `lookup_until` (Istio: 30 × 1 s, every error).
+/// Permanent failures (403, 404, ...) end at once. Before failing, the own-pod guard is checked
+/// again as a degraded fail-safe (an identity we can prove without the API).
 async fn get_pod_with_retries<K: KubeReads>(
     kube: &K,
     conf: &NetConf,
     args: &CniArgs,
     lookup_until: Instant,
 ) -> Result<Option<PodInfo>, KubeCallError> {
-    loop {
-        let timeout = conf.kube_call_timeout.min(left(lookup_until));
-        match kube
-            .get_pod(&args.pod_namespace, &args.pod_name, timeout)
-            .await
-        {
-            Ok(pod) => return Ok(Some(PodInfo::from_pod(&pod))),
-            Err(e) => {
-                if is_cni_pod(conf, args) {
-                    warn!(error = %e, "pod lookup failing; skipping our own agent pod (degraded)");
-                    return Ok(None);
-                }
-                if Instant::now() + RETRY_SPACING >= lookup_until {
-                    return Err(e);
-                }
-                debug!(error = %e, "pod lookup failed; retrying");
-                tokio::time::sleep(RETRY_SPACING).await;
-            }
+    let result = retry_transient(
+        LOOKUP_RETRY,
+        lookup_until,
+        KubeCallError::is_transient,
+        |e, delay| debug!(error = %e, retry_in_ms = delay.as_millis() as u64, "pod lookup failed; retrying"),
+        || {
+            let timeout = conf.kube_call_timeout.min(left(lookup_until));
+            kube.get_pod(&args.pod_namespace, &args.pod_name, timeout)
+        },
+    )
+    .await;
+    match result {
+        Ok(pod) => Ok(Some(PodInfo::from_pod(&pod))),
+        Err(e) if is_cni_pod(conf, args) => {
+            warn!(error = %e, "pod lookup failing; skipping our own agent pod (degraded)");
+            Ok(None)
         }
+        Err(e) => Err(e),
     }
 }
 
-/// Ambient check: GET pod and namespace (1 s apart, 2 attempts, or 31 with
-/// `enable_ambient_detection_retry`), then the selectors.
+/// Ambient check: GET pod and namespace, then the selectors. Transient failures are retried once
+/// (Istio's 2 attempts), or for `pod_lookup_timeout` with `enable_ambient_detection_retry`
+/// (Istio: 31 attempts 1 s apart); permanent ones end the check at once. Never past `deadline`.
 async fn ambient_check<K: KubeReads>(
     kube: &K,
     conf: &NetConf,
     args: &CniArgs,
     deadline: Instant,
-) -> Result<(PodInfo, bool), String> {
-    let attempts = if conf.enable_ambient_detection_retry {
-        31
+) -> Result<(PodInfo, bool), AmbientCheckError> {
+    let (policy, until) = if conf.enable_ambient_detection_retry {
+        (
+            LOOKUP_RETRY,
+            (Instant::now() + conf.pod_lookup_timeout).min(deadline),
+        )
     } else {
-        2
+        let policy = RetryPolicy {
+            max_attempts: Some(AMBIENT_ATTEMPTS),
+            ..LOOKUP_RETRY
+        };
+        (policy, deadline)
     };
-    let mut last = String::new();
-    for attempt in 0..attempts {
-        if attempt > 0 {
-            if Instant::now() + RETRY_SPACING >= deadline {
-                break;
-            }
-            tokio::time::sleep(RETRY_SPACING).await;
-        }
-        let t = conf.kube_call_timeout.min(left(deadline));
-        let pod = kube.get_pod(&args.pod_namespace, &args.pod_name, t).await;
-        let t = conf.kube_call_timeout.min(left(deadline));
-        let ns = kube.get_namespace(&args.pod_namespace, t).await;
-        match (pod, ns) {
-            (Ok(pod), Ok(ns)) => {
-                let info = PodInfo::from_pod(&pod);
-                let ns_labels = ns.metadata.labels.unwrap_or_default();
-                let ambient = ambient::is_ambient(&conf.enablement_selectors, &info, &ns_labels)
-                    .map_err(|e| e.to_string())?;
-                return Ok((info, ambient));
-            }
-            (Err(e), _) | (_, Err(e)) => last = e.to_string(),
-        }
-    }
-    Err(last)
+    let (pod, ns) = retry_transient(
+        policy,
+        until,
+        KubeCallError::is_transient,
+        |e, delay| debug!(error = %e, retry_in_ms = delay.as_millis() as u64, "ambient lookup failed; retrying"),
+        || async {
+            let t = conf.kube_call_timeout.min(left(until));
+            let pod = kube.get_pod(&args.pod_namespace, &args.pod_name, t).await?;
+            let t = conf.kube_call_timeout.min(left(until));
+            let ns = kube.get_namespace(&args.pod_namespace, t).await?;
+            Ok::<_, KubeCallError>((pod, ns))
+        },
+    )
+    .await?;
+    let info = PodInfo::from_pod(&pod);
+    let ns_labels = ns.metadata.labels.unwrap_or_default();
+    let ambient = ambient::is_ambient(&conf.enablement_selectors, &info, &ns_labels)?;
+    Ok((info, ambient))
 }
 
 async fn send_ambient_event(conf: &NetConf, env: &CniEnv, args: &CniArgs) -> Result<(), CniError> {
@@ -175,8 +221,8 @@ where
 {
     let started = Instant::now();
     let pod_ref = format!("{}/{}", args.pod_namespace, args.pod_name);
-    if let Some(done) = precheck(conf, args) {
-        info!(pod = %pod_ref, outcome = ?done, "nothing to do for this pod");
+    if let Some(done) = precheck(conf, args)? {
+        info!(pod = %pod_ref, outcome = %done, "nothing to do for this pod");
         return Ok(done);
     }
     let dry_run = std::env::var_os("DRY_RUN_FILE_PATH")
@@ -308,7 +354,7 @@ where
             info!(
                 pod = %pod_ref,
                 ipv6 = programmed.ipv6,
-                outcome = ?programmed.outcome,
+                outcome = %programmed.outcome.as_ref().map_or_else(|| "unknown".to_string(), ToString::to_string),
                 took_ms = started.elapsed().as_millis() as u64,
                 "sidecar redirection programmed"
             );
@@ -325,11 +371,33 @@ mod tests {
     use k8s_openapi::api::core::v1::{Namespace, Pod};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// Answers from fixed objects, failing the first `fail_first` pod reads.
+    /// Answers from fixed objects, failing the first `fail_first` pod reads with `code`.
     struct FakeKube {
         pod: Option<Pod>,
         fail_first: usize,
         pod_calls: AtomicUsize,
+        code: u16,
+    }
+
+    impl FakeKube {
+        fn new(pod: Option<Pod>, fail_first: usize, code: u16) -> FakeKube {
+            FakeKube {
+                pod,
+                fail_first,
+                pod_calls: AtomicUsize::new(0),
+                code,
+            }
+        }
+    }
+
+    fn api_error(code: u16) -> KubeCallError {
+        KubeCallError::Api(crate::kube::KubeError::Api {
+            call: crate::kube::Call::GetPod,
+            object: "ns/p".into(),
+            code,
+            reason: "Boom".into(),
+            message: "boom".into(),
+        })
     }
 
     impl KubeReads for FakeKube {
@@ -342,7 +410,7 @@ mod tests {
             let n = self.pod_calls.fetch_add(1, Ordering::SeqCst);
             let result = match (&self.pod, n < self.fail_first) {
                 (Some(p), false) => Ok(p.clone()),
-                _ => Err(KubeCallError::Api("boom".into())),
+                _ => Err(api_error(self.code)),
             };
             async move { result }
         }
@@ -382,8 +450,13 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(60);
         rt.block_on(cmd_add(&env, conf, args, deadline, || async move {
             kube.ok_or_else(|| KubeCallError::Client {
-                path: "kubeconfig".into(),
-                reason: "missing".into(),
+                source: crate::kube::KubeError::Kubeconfig {
+                    path: "kubeconfig".into(),
+                    source: kube::config::KubeconfigError::ReadConfig(
+                        std::io::ErrorKind::NotFound.into(),
+                        "kubeconfig".into(),
+                    ),
+                },
             })
         }))
     }
@@ -413,22 +486,64 @@ mod tests {
             "spec": {"containers": [{"name": "app"}]}
         }))
         .unwrap();
-        let kube = FakeKube {
-            pod: Some(plain.clone()),
-            fail_first: 2,
-            pod_calls: AtomicUsize::new(0),
-        };
+        let kube = FakeKube::new(Some(plain.clone()), 2, 503);
         assert!(matches!(
             run(&c, &args("ns", "p"), Some(kube)),
             Ok(AddOutcome::Skipped(_))
         ));
-        let kube = FakeKube {
-            pod: None,
-            fail_first: 0,
-            pod_calls: AtomicUsize::new(0),
-        };
+        let kube = FakeKube::new(None, 0, 500);
         let e = run(&c, &args("ns", "p"), Some(kube)).unwrap_err();
         assert!(e.msg.contains("ns/p") && e.msg.contains("boom"), "{e}");
+    }
+
+    #[test]
+    fn permanent_errors_are_not_retried() {
+        let c = conf();
+        for code in [400, 401, 403, 404, 409, 422] {
+            let kube = FakeKube::new(None, 0, code);
+            let started = Instant::now();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let until = Instant::now() + Duration::from_secs(5);
+            let err = rt
+                .block_on(get_pod_with_retries(&kube, &c, &args("ns", "p"), until))
+                .unwrap_err();
+            assert!(!err.is_transient(), "{code}: {err}");
+            assert_eq!(kube.pod_calls.load(Ordering::SeqCst), 1, "{code} retried");
+            assert!(started.elapsed() < Duration::from_millis(100));
+        }
+    }
+
+    #[test]
+    fn names_that_no_pod_can_have_fail_before_the_client() {
+        let c = conf();
+        for (ns, name, key) in [
+            ("../../etc", "a/b", "K8S_POD_NAMESPACE"),
+            ("ns", "a/b", "K8S_POD_NAME"),
+            ("kube-system", "../x", "K8S_POD_NAME"),
+            ("istio-system", "istio-cni-node-\n", "K8S_POD_NAME"),
+        ] {
+            let e = run(&c, &args(ns, name), None).unwrap_err();
+            assert_eq!(e.code, code::INVALID_ENV, "{e}");
+            assert!(e.msg.starts_with(&format!("CNI_ARGS {key}: ")), "{e}");
+            assert!(!e.msg.contains("kubeconfig"), "client was built: {e}");
+        }
+    }
+
+    #[test]
+    fn outcomes_display_without_debug_syntax() {
+        let shown = [
+            AddOutcome::Skipped("no istio-proxy"),
+            AddOutcome::Redirected { ipv6: true },
+            AddOutcome::DryRun {
+                path: "/x".into(),
+                ipv6: false,
+            },
+        ]
+        .map(|o| o.to_string());
+        assert_eq!(shown, ["skipped", "redirected", "dry run"]);
     }
 
     #[test]

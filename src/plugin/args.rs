@@ -1,17 +1,29 @@
 //! `CNI_ARGS`: `KEY=VALUE` pairs separated by `;`. Keys other than the Kubernetes ones are an
 //! error unless `IgnoreUnknown` is true (runtimes always send it).
 
-/// Why `CNI_ARGS` could not be read.
+use crate::kube::names::{self, InvalidName, echo};
+
+/// Why `CNI_ARGS` could not be read. Values are echoed bounded and escaped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArgsError {
-    #[error("ARGS: invalid pair {0:?}")]
+    #[error("ARGS: invalid pair \"{}\"", echo(.0))]
     InvalidPair(String),
     #[error(
-        "ARGS: error parsing value of pair {pair:?}: boolean unmarshal error: invalid value {value:?}"
+        "ARGS: error parsing value of pair \"{}\": boolean unmarshal error: invalid value \"{}\"",
+        echo(pair),
+        echo(value)
     )]
     BadBool { pair: String, value: String },
-    #[error("ARGS: unknown args {0:?}")]
+    #[error("ARGS: unknown args [{}]", .0.iter().map(|p| format!("\"{}\"", echo(p))).collect::<Vec<_>>().join(", "))]
     Unknown(Vec<String>),
+    /// `K8S_POD_NAMESPACE` / `K8S_POD_NAME` that is not a Kubernetes name: no pod can have it, and
+    /// it must never become part of an API request path.
+    #[error("CNI_ARGS {key}: {source}")]
+    InvalidName {
+        key: &'static str,
+        #[source]
+        source: InvalidName,
+    },
 }
 
 /// The keys the plugin understands.
@@ -66,6 +78,19 @@ impl CniArgs {
         Ok(args)
     }
 
+    /// The pod's namespace must be a DNS-1123 label and its name a DNS-1123 subdomain, as the
+    /// API server requires of every pod.
+    pub fn check_kubernetes_names(&self) -> Result<(), ArgsError> {
+        let named = |key, checked: Result<(), InvalidName>| {
+            checked.map_err(|source| ArgsError::InvalidName { key, source })
+        };
+        named(
+            "K8S_POD_NAMESPACE",
+            names::check_namespace(&self.pod_namespace),
+        )?;
+        named("K8S_POD_NAME", names::check_pod_name(&self.pod_name))
+    }
+
     /// Both Kubernetes identity keys are present.
     pub fn is_kubernetes_pod(&self) -> bool {
         !self.pod_name.is_empty() && !self.pod_namespace.is_empty()
@@ -111,5 +136,35 @@ mod tests {
             ArgsError::BadBool { .. }
         ));
         assert_eq!(CniArgs::parse("").unwrap(), CniArgs::default());
+        let long = format!("K8S_POD_NAME{}", "x\n".repeat(5000));
+        let text = CniArgs::parse(&long).unwrap_err().to_string();
+        assert!(text.len() < 200 && !text.contains('\n'), "{text}");
+    }
+
+    #[test]
+    fn kubernetes_names_are_checked_naming_the_key() {
+        let a = CniArgs::parse("K8S_POD_NAMESPACE=../../etc;K8S_POD_NAME=a/b").unwrap();
+        let err = a.check_kubernetes_names().unwrap_err();
+        assert!(matches!(
+            err,
+            ArgsError::InvalidName {
+                key: "K8S_POD_NAMESPACE",
+                ..
+            }
+        ));
+        assert!(
+            err.to_string().starts_with(
+                "CNI_ARGS K8S_POD_NAMESPACE: \"../../etc\" is not a valid DNS-1123 label"
+            ),
+            "{err}"
+        );
+        let a = CniArgs::parse("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=a/b").unwrap();
+        let err = a.check_kubernetes_names().unwrap_err().to_string();
+        assert!(
+            err.starts_with("CNI_ARGS K8S_POD_NAME: \"a/b\" is not a valid DNS-1123 subdomain"),
+            "{err}"
+        );
+        let a = CniArgs::parse("K8S_POD_NAMESPACE=istio-system;K8S_POD_NAME=web-0.x").unwrap();
+        assert_eq!(a.check_kubernetes_names(), Ok(()));
     }
 }

@@ -76,6 +76,20 @@ pub enum Command {
     Gc,
 }
 
+/// The spec's name (`ADD`), for logs.
+impl std::fmt::Display for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Command::Add => "ADD",
+            Command::Del => "DEL",
+            Command::Check => "CHECK",
+            Command::Version => "VERSION",
+            Command::Status => "STATUS",
+            Command::Gc => "GC",
+        })
+    }
+}
+
 impl Command {
     fn parse(name: &str) -> Option<Command> {
         Some(match name {

@@ -7,16 +7,30 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 
-/// Why a read failed.
-#[derive(Debug, Clone, thiserror::Error)]
+use crate::kube::KubeError;
+
+/// Why a read failed; the shared client's error is kept as the source.
+#[derive(Debug, thiserror::Error)]
 pub enum KubeCallError {
-    #[error("cannot build a Kubernetes client from {path}: {reason}")]
-    Client { path: String, reason: String },
-    #[error("{what}: no answer within {timeout:?}")]
-    Timeout { what: String, timeout: Duration },
+    /// The source names the kubeconfig path.
+    #[error("cannot build a Kubernetes client: {source}")]
+    Client {
+        #[source]
+        source: KubeError,
+    },
     /// The shared client's error; it names the call, the object and the cause.
-    #[error("{0}")]
-    Api(String),
+    #[error(transparent)]
+    Api(#[from] KubeError),
+}
+
+impl KubeCallError {
+    /// Worth trying again (refused, reset, timeout, 429, 5xx); see [`KubeError::is_transient`].
+    pub fn is_transient(&self) -> bool {
+        match self {
+            KubeCallError::Client { .. } => false,
+            KubeCallError::Api(e) => e.is_transient(),
+        }
+    }
 }
 
 /// Reads the plugin needs.
@@ -40,24 +54,17 @@ pub struct KubeClient {
 }
 
 impl KubeClient {
+    /// kube's own retry of 429/503/504 is turned off: the ADD flow retries transient errors itself
+    /// (one policy, deadline-aware, logged), and a final error then says 503, not "no answer".
     pub async fn from_kubeconfig(path: &Path) -> Result<KubeClient, KubeCallError> {
-        crate::kube::KubeClient::from_kubeconfig_file(path)
+        let client_error = |source| KubeCallError::Client { source };
+        let mut config = crate::kube::config_from_kubeconfig_file(path)
             .await
+            .map_err(client_error)?;
+        config.default_retry = false;
+        crate::kube::KubeClient::from_config(config)
             .map(|client| KubeClient { client })
-            .map_err(|e| KubeCallError::Client {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })
-    }
-}
-
-fn call_error(e: crate::kube::KubeError, timeout: Duration) -> KubeCallError {
-    match e {
-        crate::kube::KubeError::Timeout { call, object, .. } => KubeCallError::Timeout {
-            what: format!("{call} {object}"),
-            timeout,
-        },
-        other => KubeCallError::Api(other.to_string()),
+            .map_err(client_error)
     }
 }
 
@@ -74,7 +81,7 @@ impl KubeReads for KubeClient {
             client
                 .get_pod(&namespace, &name, timeout)
                 .await
-                .map_err(|e| call_error(e, timeout))
+                .map_err(KubeCallError::from)
         }
     }
 
@@ -89,7 +96,7 @@ impl KubeReads for KubeClient {
             client
                 .get_namespace(&name, timeout)
                 .await
-                .map_err(|e| call_error(e, timeout))
+                .map_err(KubeCallError::from)
         }
     }
 }

@@ -17,6 +17,8 @@ use tracing_subscriber::layer::{Context, Layer};
 
 /// Rotate the plugin log file past this size.
 pub const MAX_LOG_FILE: u64 = 10 * 1024 * 1024;
+/// Largest body the agent's log sink accepts.
+const MAX_BATCH_BYTES: usize = crate::telemetry::logsink::MAX_BATCH_BYTES;
 /// How long process exit waits for queued records to reach the agent.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -100,7 +102,13 @@ pub fn format_record(
     for (k, v) in fields {
         obj.entry(k.clone()).or_insert_with(|| v.clone());
     }
-    serde_json::Value::Object(obj).to_string()
+    // JSON escapes C0 controls (newline, ESC); DEL and C1 are escaped as in the agent's logs.
+    let line = serde_json::Value::Object(obj).to_string();
+    crate::telemetry::logging::escape_controls(
+        &line,
+        crate::telemetry::logging::Controls::BeyondAscii,
+    )
+    .into_owned()
 }
 
 /// A size-capped append-only file with one backup (`<name>.1`).
@@ -140,6 +148,42 @@ impl RollingFile {
     }
 }
 
+/// `/log` bodies (JSON arrays of record strings) of at most `limit` bytes each, in order. A record
+/// that alone would exceed the limit is replaced by a warning saying so (the agent would refuse
+/// the whole body with 413).
+fn batch_bodies(records: Vec<String>, limit: usize) -> Vec<Vec<u8>> {
+    let mut bodies = Vec::new();
+    let mut body = b"[".to_vec();
+    for record in records {
+        let mut encoded = serde_json::to_vec(&record).unwrap_or_default();
+        if encoded.len() + 2 > limit {
+            let note = format_record(
+                &Level::WARN,
+                SystemTime::now(),
+                &format!(
+                    "log record of {} bytes not sent to the node agent: larger than its log sink accepts",
+                    record.len()
+                ),
+                &serde_json::Map::new(),
+            );
+            encoded = serde_json::to_vec(&note).unwrap_or_default();
+        }
+        if body.len() > 1 && body.len() + 1 + encoded.len() + 1 > limit {
+            body.push(b']');
+            bodies.push(std::mem::replace(&mut body, b"[".to_vec()));
+        }
+        if body.len() > 1 {
+            body.push(b',');
+        }
+        body.extend_from_slice(&encoded);
+    }
+    if body.len() > 1 {
+        body.push(b']');
+        bodies.push(body);
+    }
+    bodies
+}
+
 /// Streams records to the agent's log socket from a background thread.
 struct Shipper {
     tx: tokio::sync::mpsc::UnboundedSender<String>,
@@ -168,19 +212,20 @@ impl Shipper {
                             while let Ok(more) = rx.try_recv() {
                                 batch.push(more);
                             }
-                            let body = serde_json::to_vec(&batch).unwrap_or_default();
-                            if conn.is_none() {
-                                conn = super::uds::Connection::open(&socket).await.ok();
-                            }
-                            let Some(c) = conn.as_mut() else {
-                                // Agent gone: drop records rather than stall the plugin.
-                                continue;
-                            };
-                            let sent =
-                                tokio::time::timeout(FLUSH_TIMEOUT, c.post_json("/log", body))
-                                    .await;
-                            if !matches!(sent, Ok(Ok(_))) {
-                                conn = None;
+                            for body in batch_bodies(batch, MAX_BATCH_BYTES) {
+                                if conn.is_none() {
+                                    conn = super::uds::Connection::open(&socket).await.ok();
+                                }
+                                let Some(c) = conn.as_mut() else {
+                                    // Agent gone: drop records rather than stall the plugin.
+                                    break;
+                                };
+                                let sent =
+                                    tokio::time::timeout(FLUSH_TIMEOUT, c.post_json("/log", body))
+                                        .await;
+                                if !matches!(sent, Ok(Ok(_))) {
+                                    conn = None;
+                                }
                             }
                         }
                     });
@@ -341,6 +386,36 @@ mod tests {
         assert_eq!(v["msg"], "hello");
         assert_eq!(v["pod"], "ns/p");
         assert_eq!(v["time"], "1970-01-01T00:00:00.000000Z");
+        fields.insert("pod\n".into(), "a\u{1b}[31m\u{9b}".into());
+        let line = format_record(&Level::INFO, UNIX_EPOCH, "x\ry", &fields);
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+    }
+
+    #[test]
+    fn batches_stay_under_the_sink_limit() {
+        let records: Vec<String> = (0..10).map(|i| format!("record-{i}")).collect();
+        let bodies = batch_bodies(records.clone(), 40);
+        assert!(bodies.len() > 1);
+        let mut seen = Vec::new();
+        for body in &bodies {
+            assert!(body.len() <= 40, "{}", String::from_utf8_lossy(body));
+            seen.extend(serde_json::from_slice::<Vec<String>>(body).unwrap());
+        }
+        assert_eq!(seen, records);
+        assert_eq!(batch_bodies(vec![], 40), Vec::<Vec<u8>>::new());
+
+        let huge = "x".repeat(5000);
+        let bodies = batch_bodies(vec!["a".into(), huge, "b".into()], 1000);
+        let all: Vec<String> = bodies
+            .iter()
+            .flat_map(|b| serde_json::from_slice::<Vec<String>>(b).unwrap())
+            .collect();
+        assert_eq!(all.len(), 3);
+        assert!(
+            all[1].contains("log record of 5000 bytes not sent"),
+            "{}",
+            all[1]
+        );
     }
 
     #[test]

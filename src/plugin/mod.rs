@@ -30,6 +30,9 @@ use tracing::{debug, error};
 use cni::{CniError, Command, Invocation, code};
 use config::NetConf;
 
+/// How long after the ADD deadline the backstop timeout fires.
+const DEADLINE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Where the last panic happened (filled by the panic hook, read when turning it into an error).
 static PANIC_LOCATION: Mutex<Option<String>> = Mutex::new(None);
 
@@ -136,13 +139,13 @@ fn run(log: &log::PluginLog) -> Reply {
             if let Some(dir) = config::salvage_run_dir(&stdin) {
                 log.attach(&dir.join("istio-cni.log"), &dir.join("log.sock"));
             }
-            error!(command = ?cmd, error = %e, "invalid network configuration");
+            error!(command = %cmd, error = %e, "invalid network configuration");
             return Reply::error(&e, &version);
         }
     };
     log.set_level(&conf.plugin_log_level);
     log.attach(&conf.log_file_path(), &conf.log_socket_path());
-    debug!(command = ?cmd, container = %env.container_id, netns = %env.netns, "CNI call");
+    debug!(command = %cmd, container = %env.container_id, netns = %env.netns, "CNI call");
     let result = match cmd {
         Command::Add => cmd_add(&env, &conf),
         Command::Del => {
@@ -159,7 +162,7 @@ fn run(log: &log::PluginLog) -> Reply {
     match result {
         Ok(out) => Reply::ok(out),
         Err(e) => {
-            error!(command = ?cmd, pod_args = %env.args, error = %e, "CNI call failed");
+            error!(command = %cmd, pod_args = %env.args, error = %e, "CNI call failed");
             Reply::error(&e, &conf.cni_version)
         }
     }
@@ -229,7 +232,9 @@ fn cmd_add(env: &cni::CniEnv, conf: &NetConf) -> Result<Option<String>, CniError
         if std::env::var_os("ISTIO_CNI_RS_TEST_PANIC").is_some() {
             panic!("panic requested by ISTIO_CNI_RS_TEST_PANIC");
         }
-        tokio::time::timeout(conf.add_timeout, flow)
+        // A backstop only: every step is cut at `deadline` and fails with its own error (e.g. the
+        // ambient check's code 11); the grace lets that error win over this generic one.
+        tokio::time::timeout_at((deadline + DEADLINE_GRACE).into(), flow)
             .await
             .map_err(|_| {
                 CniError::internal(format!(

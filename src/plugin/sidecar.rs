@@ -146,6 +146,15 @@ fn validate_ports_or_wildcard(list: &str) -> Result<(), String> {
     }
 }
 
+/// Port lists where `*` means nothing to the rule engine (Istio accepts it here and then fails
+/// when applying the rules); ADD fails at once, naming the annotation.
+fn validate_ports_without_wildcard(list: &str) -> Result<(), String> {
+    if list.split(',').any(|p| p.trim() == "*") {
+        return Err("`*` is only accepted by includeInboundPorts; list the ports".into());
+    }
+    validate_ports(list)
+}
+
 /// Comma list of prefixes (`a.b.c.d/n`), no spaces, no bare addresses.
 fn validate_cidrs(list: &str) -> Result<(), String> {
     if list.is_empty() {
@@ -296,7 +305,7 @@ pub fn redirect(pod: &PodInfo, engine: &EngineEnv) -> Result<Redirect, Annotatio
         an,
         ANN_EXCLUDE_INBOUND_PORTS,
         DEFAULT_EXCLUDE_PORT,
-        validate_ports_or_wildcard,
+        validate_ports_without_wildcard,
     )?;
     let (_, include_in) = annotation(
         an,
@@ -308,13 +317,13 @@ pub fn redirect(pod: &PodInfo, engine: &EngineEnv) -> Result<Redirect, Annotatio
         an,
         ANN_EXCLUDE_OUTBOUND_PORTS,
         DEFAULT_EXCLUDE_PORT,
-        validate_ports_or_wildcard,
+        validate_ports_without_wildcard,
     )?;
     let (_, include_out) = annotation(
         an,
         ANN_INCLUDE_OUTBOUND_PORTS,
         "",
-        validate_ports_or_wildcard,
+        validate_ports_without_wildcard,
     )?;
     let exclude_in = exclude_inbound_ports(&exclude_in);
     let (_, exclude_ifaces) = annotation(an, ANN_EXCLUDE_INTERFACES, "", validate_interfaces)?;
@@ -529,7 +538,7 @@ mod tests {
             (ANN_EXCLUDE_OUTBOUND_IP_RANGES, "10.0.0.0/8"),
             (ANN_INCLUDE_INBOUND_PORTS, "1111, 2222"),
             (ANN_EXCLUDE_OUTBOUND_PORTS, "5555,6666"),
-            (ANN_INCLUDE_OUTBOUND_PORTS, "*"),
+            (ANN_INCLUDE_OUTBOUND_PORTS, "7777"),
             (ANN_EXCLUDE_INTERFACES, "eth1, net_2"),
             (ANN_KUBEVIRT_INTERFACES, "k0"),
         ]);
@@ -550,6 +559,23 @@ mod tests {
             capture(&p).config.reroute_virtual_interfaces,
             vec!["r0", "r1"]
         );
+    }
+
+    #[test]
+    fn wildcard_fails_naming_the_annotation_except_for_include_inbound() {
+        for key in [
+            ANN_EXCLUDE_INBOUND_PORTS,
+            ANN_INCLUDE_OUTBOUND_PORTS,
+            ANN_EXCLUDE_OUTBOUND_PORTS,
+        ] {
+            for value in ["*", "80,*"] {
+                let err = redirect(&sidecar_pod(&[(key, value)]), &engine()).unwrap_err();
+                assert_eq!(err.annotation, key);
+                assert!(err.to_string().contains(key), "{err}");
+            }
+        }
+        let c = capture(&sidecar_pod(&[(ANN_INCLUDE_INBOUND_PORTS, "*")])).config;
+        assert_eq!(c.inbound_ports, InboundPorts::All);
     }
 
     #[test]

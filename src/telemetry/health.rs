@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
@@ -74,13 +74,14 @@ async fn readyz(State(r): State<Readiness>) -> impl IntoResponse {
     }
 }
 
-async fn metrics_handler(State(m): State<Metrics>) -> impl IntoResponse {
+/// OpenMetrics or the classic text format, as the scraper's `Accept` header asks; the
+/// Content-Type says which one was sent.
+async fn metrics_handler(State(m): State<Metrics>, headers: HeaderMap) -> impl IntoResponse {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = metrics::Format::negotiate(accept);
     (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        metrics::render(&m.registry()),
+        [(header::CONTENT_TYPE, format.content_type())],
+        metrics::render_as(&m.registry(), format),
     )
 }
 

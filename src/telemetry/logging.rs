@@ -169,31 +169,70 @@ where
             extra.extend(map);
         }
         if self.json {
+            // JSON escapes C0 controls itself; DEL and C1 (e.g. U+009B, a one-character CSI)
+            // are escaped here.
+            let esc = |s: &str| escape_controls(s, Controls::BeyondAscii).into_owned();
             let mut obj = Map::new();
-            obj.insert("time".into(), Value::String(time));
+            obj.insert("time".into(), Value::String(esc(&time)));
             obj.insert("level".into(), Value::String(level.into()));
             obj.insert("scope".into(), Value::String(scope.into()));
-            obj.insert("msg".into(), Value::String(c.message));
+            obj.insert("msg".into(), Value::String(esc(&c.message)));
             for (k, v) in extra {
-                obj.entry(k).or_insert(v);
+                let v = match v {
+                    Value::String(s) => Value::String(esc(&s)),
+                    other => other,
+                };
+                obj.entry(esc(&k)).or_insert(v);
             }
             let line = serde_json::to_string(&Value::Object(obj)).map_err(|_| fmt::Error)?;
-            writeln!(w, "{line}")
+            writeln!(w, "{}", escape_controls(&line, Controls::BeyondAscii))
         } else {
-            write!(w, "{time}\t{level}\t{scope}\t{}", c.message)?;
+            // One record, one line, no terminal escapes: every control character in every part
+            // (forwarded plugin records included) is written escaped.
+            let esc = |s: &str| escape_controls(s, Controls::All).into_owned();
+            write!(w, "{}\t{level}\t{scope}\t{}", esc(&time), esc(&c.message))?;
             let mut first = true;
             for (k, v) in extra {
                 w.write_char(if first { '\t' } else { ' ' })?;
                 first = false;
-                // One record, one line: newlines in values are escaped.
                 match v {
-                    Value::String(s) => write!(w, "{k}={}", s.replace('\n', "\\n"))?,
-                    other => write!(w, "{k}={other}")?,
+                    Value::String(s) => write!(w, "{}={}", esc(&k), esc(&s))?,
+                    other => write!(w, "{}={}", esc(&k), esc(&other.to_string()))?,
                 }
             }
             writeln!(w)
         }
     }
+}
+
+/// Which control characters [`escape_controls`] rewrites.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Controls {
+    /// Every control character (C0 incl. tab/newline/ESC, DEL, C1): for the text format.
+    All,
+    /// DEL and C1 only: for text already JSON-encoded, where C0 is escaped by the encoder.
+    BeyondAscii,
+}
+
+/// `s` with control characters written as escapes (`\n`, `\r`, `\t`, `\u{1b}`, ...), so a
+/// logged value can neither start a forged line nor drive the terminal.
+pub fn escape_controls(s: &str, which: Controls) -> std::borrow::Cow<'_, str> {
+    let hit = |c: char| match which {
+        Controls::All => c.is_control(),
+        Controls::BeyondAscii => c.is_control() && !c.is_ascii_control() || c == '\u{7f}',
+    };
+    if !s.chars().any(hit) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if hit(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// `2024-01-02T03:04:05.123456Z`.
@@ -215,6 +254,24 @@ mod tests {
         assert_eq!(rfc3339_micros(UNIX_EPOCH), "1970-01-01T00:00:00.000000Z");
         let t = UNIX_EPOCH + Duration::from_micros(1_709_251_199_123_456);
         assert_eq!(rfc3339_micros(t), "2024-02-29T23:59:59.123456Z");
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        let forged =
+            "ok\n2024-01-01T00:00:00Z\terror\tcni-agent\tforged \u{1b}[31mred\r\u{9b}x\u{7f}";
+        let text = escape_controls(forged, Controls::All);
+        assert_eq!(
+            text,
+            "ok\\n2024-01-01T00:00:00Z\\terror\\tcni-agent\\tforged \\u{1b}[31mred\\r\\u{9b}x\\u{7f}"
+        );
+        assert!(!text.chars().any(char::is_control));
+        let json = escape_controls(forged, Controls::BeyondAscii);
+        assert!(json.contains('\n') && json.contains("\\u{9b}") && json.contains("\\u{7f}"));
+        assert!(matches!(
+            escape_controls("plain é", Controls::All),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! a JSON array of strings to `/log`, each string one JSON log record; every record is re-emitted
 //! under the `cni-plugin` scope with its own level, time and extra keys. A batch is emitted under
 //! one lock, so lines of two plugin processes never interleave. The `cni-plugin` scope keeps its
-//! own level (Istio bug B16 forced it to the agent's).
+//! own level (Istio bug B16 forced it to the agent's). Control characters in forwarded records are
+//! escaped by the log formatter, so a record cannot forge lines or send terminal escapes. A body
+//! over [`MAX_BATCH_BYTES`] is refused with 413 and a warning naming its size; every other body,
+//! valid or not, gets 200 (a plugin must never fail over logging).
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -11,13 +14,18 @@ use std::sync::Mutex;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::http::StatusCode;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::routing::any;
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 use tracing::Level;
 
 use super::logging::PLUGIN_TARGET;
+
+/// Largest `/log` body accepted (the plugin splits its batches below this).
+pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
 
 static EMIT: Mutex<()> = Mutex::new(());
 
@@ -37,7 +45,9 @@ pub async fn serve(path: PathBuf, stop: CancellationToken) -> io::Result<()> {
     let listener = tokio::net::UnixListener::bind(&path)?;
     // Plugins run as the kubelet's user; anyone on the node may log.
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
-    let app: Router<()> = Router::new().route("/log", any(handle));
+    let app: Router<()> = Router::new()
+        .route("/log", any(handle))
+        .layer(DefaultBodyLimit::max(MAX_BATCH_BYTES));
     tokio::spawn(async move {
         let res = axum::serve(listener, app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -50,12 +60,32 @@ pub async fn serve(path: PathBuf, stop: CancellationToken) -> io::Result<()> {
     Ok(())
 }
 
-async fn handle(body: Bytes) -> StatusCode {
-    // Always 200, as Istio: a plugin must never fail because its logs could not be shipped.
-    if let Ok(lines) = serde_json::from_slice::<Vec<String>>(&body) {
-        emit_batch(&lines);
+async fn handle(headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> (StatusCode, String) {
+    match body {
+        Ok(body) => {
+            // 200 for anything readable, as Istio: unparsable batches are dropped.
+            if let Ok(lines) = serde_json::from_slice::<Vec<String>>(&body) {
+                emit_batch(&lines);
+            }
+            (StatusCode::OK, String::new())
+        }
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            let size = headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .map_or_else(|| "unknown".to_string(), |v| format!("{v} bytes"));
+            tracing::warn!(
+                size = %size,
+                limit_bytes = MAX_BATCH_BYTES,
+                "plugin log batch refused: larger than the log sink accepts; its records are lost"
+            );
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("log batch larger than {MAX_BATCH_BYTES} bytes\n"),
+            )
+        }
+        Err(rejection) => (rejection.status(), rejection.body_text()),
     }
-    StatusCode::OK
 }
 
 /// Re-emits one batch of plugin records.
