@@ -63,9 +63,14 @@ fn names_that_are_not_kubernetes_names_fail_at_once_without_a_request() {
             "\"..\"",
         ),
         (
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE=Default;K8S_POD_NAME=p".to_string(),
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=a%2Fb;K8S_POD_NAME=p".to_string(),
             "K8S_POD_NAMESPACE",
-            "\"Default\"",
+            "\"a%2Fb\"",
+        ),
+        (
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=p q".to_string(),
+            "K8S_POD_NAME",
+            "\"p q\"",
         ),
         (
             format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME={long}"),

@@ -46,11 +46,10 @@ fn check(annotations: Value, proxy_env: Value, security: Value, golden_file: &st
 /// Runs one case with `CNI_NETNS` = `netns` (which need not exist: a dry run only reads it).
 fn check_in(netns: &str, annotations: Value, proxy_env: Value, security: Value, golden_file: &str) {
     let api = FakeApiServer::start();
-    // Istio's tests call the pod testNS/testPod; no API server accepts upper case in those names
-    // and the plugin refuses them before any request, so the lower-case forms are used.
+    // Istio's own fixture names: upper case cannot change a request path, so they pass the check.
     api.put_pod(sidecar_pod(
-        "testns",
-        "testpod",
+        "testNS",
+        "testPod",
         annotations,
         proxy_env,
         security,
@@ -58,7 +57,7 @@ fn check_in(netns: &str, annotations: Value, proxy_env: Value, security: Value, 
     let run_dir = tempfile::tempdir().unwrap();
     api.write_kubeconfig(run_dir.path());
     let out = run_dir.path().join("dry-run.txt");
-    let mut env = cni_env("ADD", netns, "testns", "testpod");
+    let mut env = cni_env("ADD", netns, "testNS", "testPod");
     env.push(("DRY_RUN_FILE_PATH", out.display().to_string()));
     let conf = plugin_conf("1.0.0", run_dir.path(), true);
     let run = run_plugin(&env, &conf.to_string());
