@@ -72,8 +72,8 @@ pub fn main(args: Vec<String>) -> i32 {
         return 0;
     }
     if let Err(e) = init_logging(&flags.log_target, flags.log_as_json) {
-        eprintln!("istio-iptables: {e}");
-        return EXIT_USAGE;
+        eprintln!("istio-iptables: --log_target: {e}");
+        return EXIT_FAILURE;
     }
     run(&flags, &ProcessEnv, &normalised.explicit_false)
 }

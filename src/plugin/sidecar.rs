@@ -107,9 +107,10 @@ pub struct AnnotationError {
 pub enum RedirectError {
     #[error(transparent)]
     Annotation(#[from] AnnotationError),
-    /// A value from the plugin's own environment (owner groups, loopback CIDR).
-    #[error("plugin environment: {0}")]
-    Environment(InvalidValue),
+    /// A value from elsewhere: the plugin's own environment (owner groups, loopback CIDR) or the
+    /// proxy's securityContext.
+    #[error("{0}")]
+    Value(InvalidValue),
 }
 
 /// How the pod's traffic is to be captured.
@@ -350,7 +351,7 @@ pub fn redirect(pod: &PodInfo, engine: &EngineEnv) -> Result<Redirect, RedirectE
         } else {
             InterceptionMode::Redirect
         },
-        inbound_ports: match include_in.as_str() {
+        inbound_ports: match include_in.trim() {
             "" => InboundPorts::None,
             "*" => InboundPorts::All,
             list => InboundPorts::List(split_list(list)),
@@ -390,7 +391,7 @@ pub fn redirect(pod: &PodInfo, engine: &EngineEnv) -> Result<Redirect, RedirectE
             Field::OutboundPortsExclude => ANN_EXCLUDE_OUTBOUND_PORTS,
             Field::ExcludeInterfaces => ANN_EXCLUDE_INTERFACES,
             Field::RerouteVirtualInterfaces => reroute_key,
-            _ => return RedirectError::Environment(e),
+            _ => return RedirectError::Value(e),
         };
         RedirectError::Annotation(AnnotationError {
             annotation: key,
@@ -581,6 +582,13 @@ mod tests {
         assert_eq!(c.outbound_ports_include, vec!["7777"]);
         assert_eq!(c.exclude_interfaces, vec!["eth1", "net_2"]);
         assert_eq!(c.reroute_virtual_interfaces, vec!["k0", "k1"]);
+        let p = sidecar_pod(&[
+            (ANN_INCLUDE_INBOUND_PORTS, " * "),
+            (ANN_INCLUDE_OUTBOUND_IP_RANGES, " *"),
+        ]);
+        let c = capture(&p).config;
+        assert_eq!(c.inbound_ports, InboundPorts::All);
+        assert!(c.outbound_ranges_include.wildcard);
         let p = sidecar_pod(&[(ANN_EXCLUDE_OUTBOUND_IP_RANGES, " 10.0.0.0/8, fd00::/8 ")]);
         let c = capture(&p).config;
         assert_eq!(c.outbound_ranges_exclude.v4, vec!["10.0.0.0/8"]);
@@ -631,7 +639,7 @@ mod tests {
         };
         let e = redirect(&sidecar_pod(&[]), &env).unwrap_err();
         assert!(
-            matches!(e, RedirectError::Environment(ref v) if v.value == "b c"),
+            matches!(e, RedirectError::Value(ref v) if v.value == "b c"),
             "{e}"
         );
     }

@@ -70,11 +70,11 @@ pub struct RangeError {
 }
 
 impl IpRanges {
-    /// Parses a comma-separated list; empty items are dropped, `*` means every address.
+    /// Parses a comma-separated list (items trimmed, empty ones dropped); `*` means every address.
     /// A bare address is taken as a host prefix. Host bits are kept (`10.1.2.3/8` stays).
     pub fn parse(list: &str) -> Result<IpRanges, RangeError> {
         let mut ranges = IpRanges::default();
-        if list == "*" {
+        if list.trim() == "*" {
             ranges.wildcard = true;
             return Ok(ranges);
         }
