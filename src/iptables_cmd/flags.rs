@@ -412,7 +412,12 @@ impl Flags {
 
         let uids = r.string(&self.proxy_uid, Some("PROXY_UID"), "");
         let gids = r.string(&self.proxy_gid, Some("PROXY_GID"), "");
-        let proxy_uid_from_user = if uids.is_empty() {
+        // A list with no items (empty, blank, ",") counts as not given: an empty UID list would
+        // drop the proxy's exemption and loop its traffic back to itself.
+        c.proxy_uids = split_list(&uids);
+        let gid_list = split_list(&gids);
+        let proxy_gid_given = !gid_list.is_empty();
+        let proxy_uid_from_user = if c.proxy_uids.is_empty() {
             Some(
                 env.get("ENVOY_USER")
                     .unwrap_or_else(|| "istio-proxy".to_string()),
@@ -420,11 +425,10 @@ impl Flags {
         } else {
             None
         };
-        c.proxy_uids = split_list(&uids);
-        c.proxy_gids = if gids.is_empty() {
-            c.proxy_uids.clone()
+        c.proxy_gids = if proxy_gid_given {
+            gid_list
         } else {
-            split_list(&gids)
+            c.proxy_uids.clone()
         };
 
         let mode = r.string(
@@ -592,7 +596,7 @@ impl Flags {
 
         let settings = Settings {
             proxy_uid_from_user,
-            proxy_gid_given: !gids.is_empty(),
+            proxy_gid_given,
             ipv6,
             dual_stack,
             dns,

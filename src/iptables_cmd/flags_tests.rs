@@ -75,6 +75,15 @@ fn later_env_alias_wins_and_explicit_false_beats_env() {
 }
 
 #[test]
+fn a_proxy_uid_list_without_items_counts_as_not_given() {
+    for blank in ["", " ", ",", " , "] {
+        let s = resolve(&["-u", blank, "-g", blank], &[("ENVOY_USER", "envoy")]).unwrap();
+        assert_eq!(s.proxy_uid_from_user.as_deref(), Some("envoy"), "{blank:?}");
+        assert!(!s.proxy_gid_given, "{blank:?}");
+    }
+}
+
+#[test]
 fn gid_defaults_to_uid_list() {
     let s = resolve(&["-u", "3,4"], &[]).unwrap();
     assert_eq!(s.capture.proxy_gids, vec!["3", "4"]);
