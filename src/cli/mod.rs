@@ -9,8 +9,8 @@ use std::time::Duration;
 pub struct FlagShapes<'a> {
     /// Long names (without `--`) of boolean switches.
     pub switches: &'a [&'a str],
-    /// Short letters of options that take a value.
-    pub value_shorts: &'a [char],
+    /// Short letters and the long name (dash form) each stands for.
+    pub shorts: &'a [(char, &'a str)],
     /// Long names spelled with underscores upstream (`log_output_level`); rewritten to dashes.
     pub underscore_longs: &'a [&'a str],
     /// Rewrite every underscore in long names to a dash (commands with no underscore-named flags
@@ -19,6 +19,11 @@ pub struct FlagShapes<'a> {
     /// Long names of booleans that argh takes as value options (`--flag true|false`), so that an
     /// explicit false stays visible to the parser: bare `--flag` becomes `--flag true`.
     pub bool_options: &'a [&'a str],
+    /// Long names of options whose every occurrence adds a value (pflag string arrays). Any other
+    /// option given twice keeps its last value, as pflag does.
+    pub repeatable: &'a [&'a str],
+    /// Whether the command takes positional arguments at all.
+    pub positionals: bool,
 }
 
 /// argv rewritten into the one form argh understands, plus the switches set to false explicitly.
@@ -28,27 +33,47 @@ pub struct Normalised {
     pub explicit_false: HashSet<String>,
 }
 
-/// A pflag form argh cannot take was malformed.
+/// A command line pflag would refuse (or that would be silently misread).
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid value {value:?} for flag --{flag}: {reason}")]
-pub struct FlagError {
-    pub flag: String,
-    pub value: String,
-    pub reason: String,
+pub enum FlagError {
+    #[error("invalid value {value:?} for flag --{flag}: {reason}")]
+    BadValue {
+        flag: String,
+        value: String,
+        reason: String,
+    },
+    #[error("unexpected argument {arg:?}: {hint}")]
+    Positional { arg: String, hint: String },
 }
 
-/// Rewrites pflag forms into argh's: `--k=v` → `--k v`; `-pV`/`-p=V` → `-p V`; `--switch=true` →
+/// One parsed command-line element, named by its long form.
+enum Item {
+    Switch(String, bool),
+    Option(String, String),
+    /// A flag only argh knows (or rejects), passed on as it is.
+    Unknown(String),
+    Positional(String),
+}
+
+/// Rewrites pflag forms into argh's and applies pflag's rules argh lacks. Every flag comes out in
+/// its long form: `--k=v`, `-pV`, `-p=V` → `--k v`; `-h` → `--help`; `--switch=true` →
 /// `--switch`; `--switch=false` is dropped and remembered (so an env var cannot turn it back on).
+/// A repeated option keeps its last value and a repeated switch its last setting. A positional
+/// argument is an error unless the command takes some.
 pub fn normalise_args(args: &[String], shapes: &FlagShapes) -> Result<Normalised, FlagError> {
-    let mut out = Normalised::default();
+    let mut items = Vec::new();
+    let mut help = false;
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         if arg == "--" {
-            out.args.push(arg.clone());
-            out.args.extend(iter.by_ref().cloned());
+            let rest: Vec<String> = iter.by_ref().cloned().collect();
+            if let (false, Some(first)) = (shapes.positionals, rest.first()) {
+                return Err(positional_error(first, None));
+            }
+            items.extend(rest.into_iter().map(Item::Positional));
             break;
         }
-        if let Some(long) = arg.strip_prefix("--") {
+        let (name, value) = if let Some(long) = arg.strip_prefix("--") {
             let (name, value) = match long.split_once('=') {
                 Some((n, v)) => (n, Some(v)),
                 None => (long, None),
@@ -58,45 +83,116 @@ pub fn normalise_args(args: &[String], shapes: &FlagShapes) -> Result<Normalised
             } else {
                 name.to_string()
             };
-            if shapes.switches.contains(&name.as_str()) {
-                match value.map(|v| parse_go_bool(v).ok_or(v)) {
-                    None | Some(Ok(true)) => out.args.push(format!("--{name}")),
-                    Some(Ok(false)) => {
-                        out.explicit_false.insert(name);
-                    }
-                    Some(Err(v)) => {
-                        return Err(FlagError {
-                            flag: name,
-                            value: v.to_string(),
-                            reason: "expected true or false".into(),
-                        });
-                    }
-                }
-            } else {
-                out.args.push(format!("--{name}"));
-                match value {
-                    Some(v) => out.args.push(v.to_string()),
-                    None if shapes.bool_options.contains(&name.as_str()) => {
-                        out.args.push("true".to_string())
-                    }
-                    None => {}
-                }
+            (name, value)
+        } else if let Some((name, value)) = short_flag(arg, shapes) {
+            (name, value)
+        } else if arg == "-h" {
+            ("help".to_string(), None)
+        } else if arg.starts_with('-') && arg.len() > 1 {
+            items.push(Item::Unknown(arg.clone()));
+            continue;
+        } else {
+            if !shapes.positionals {
+                return Err(positional_error(arg, items.last()));
             }
+            items.push(Item::Positional(arg.clone()));
             continue;
+        };
+        if name == "help" {
+            help = true;
+        } else if shapes.switches.contains(&name.as_str()) {
+            let on = match value.map(|v| parse_go_bool(v).ok_or(v)) {
+                None => true,
+                Some(Ok(b)) => b,
+                Some(Err(v)) => {
+                    return Err(FlagError::BadValue {
+                        flag: name,
+                        value: v.to_string(),
+                        reason: "expected true or false".into(),
+                    });
+                }
+            };
+            items.push(Item::Switch(name, on));
+        } else {
+            let value = match value {
+                Some(v) => v.to_string(),
+                None if shapes.bool_options.contains(&name.as_str()) => "true".to_string(),
+                None => match iter.next() {
+                    Some(v) => v.clone(),
+                    // Last on the line: argh says whether it is unknown or lacks its value.
+                    None => {
+                        items.push(Item::Unknown(format!("--{name}")));
+                        continue;
+                    }
+                },
+            };
+            items.push(Item::Option(name, value));
         }
-        let mut chars = arg.chars();
-        if let (Some('-'), Some(short), rest) = (chars.next(), chars.next(), chars.as_str())
-            && shapes.value_shorts.contains(&short)
-            && !rest.is_empty()
-        {
-            out.args.push(format!("-{short}"));
-            out.args
-                .push(rest.strip_prefix('=').unwrap_or(rest).to_string());
-            continue;
-        }
-        out.args.push(arg.clone());
     }
-    Ok(out)
+    Ok(assemble(items, help, shapes))
+}
+
+/// `-X`, `-XV` or `-X=V` for a known short letter: its long name and the attached value.
+fn short_flag<'a>(arg: &'a str, shapes: &FlagShapes) -> Option<(String, Option<&'a str>)> {
+    let rest = arg.strip_prefix('-')?;
+    let letter = rest.chars().next()?;
+    let long = shapes.shorts.iter().find(|(c, _)| *c == letter)?.1;
+    let attached = &rest[letter.len_utf8()..];
+    let value = match attached {
+        "" => None,
+        v => Some(v.strip_prefix('=').unwrap_or(v)),
+    };
+    Some((long.to_string(), value))
+}
+
+fn positional_error(arg: &str, previous: Option<&Item>) -> FlagError {
+    let hint = match previous {
+        Some(Item::Switch(name, _)) if parse_go_bool(arg).is_some() => {
+            format!("a boolean flag takes its value after '=' (--{name}={arg})")
+        }
+        _ => "this command takes no positional arguments (quote list values that contain spaces)"
+            .to_string(),
+    };
+    FlagError::Positional {
+        arg: arg.to_string(),
+        hint,
+    }
+}
+
+/// Builds argh's argv: the last setting of each switch and option (every value of a repeatable
+/// option), then the positionals.
+fn assemble(items: Vec<Item>, help: bool, shapes: &FlagShapes) -> Normalised {
+    let mut out = Normalised::default();
+    let mut seen = HashSet::new();
+    let mut kept = Vec::new();
+    for item in items.into_iter().rev() {
+        match &item {
+            Item::Switch(name, _) | Item::Option(name, _)
+                if !shapes.repeatable.contains(&name.as_str()) && !seen.insert(name.clone()) => {}
+            _ => kept.push(item),
+        }
+    }
+    let mut positionals = Vec::new();
+    for item in kept.into_iter().rev() {
+        match item {
+            Item::Switch(name, true) => out.args.push(format!("--{name}")),
+            Item::Switch(name, false) => {
+                out.explicit_false.insert(name);
+            }
+            Item::Option(name, value) => out.args.extend([format!("--{name}"), value]),
+            Item::Unknown(arg) => out.args.push(arg),
+            Item::Positional(arg) => positionals.push(arg),
+        }
+    }
+    if help {
+        out.args.push("--help".to_string());
+    }
+    // `--` only when needed: argh would not see a positional `help` after it.
+    if positionals.iter().any(|p| p.starts_with('-')) {
+        out.args.push("--".to_string());
+    }
+    out.args.extend(positionals);
+    out
 }
 
 /// Go's `strconv.ParseBool`.
@@ -172,10 +268,17 @@ mod tests {
 
     const SHAPES: FlagShapes = FlagShapes {
         switches: &["dry-run", "redirect-dns"],
-        value_shorts: &['p', 'z'],
-        underscore_longs: &["log_output_level"],
+        shorts: &[
+            ('p', "envoy-port"),
+            ('z', "capture-port"),
+            ('u', "proxy-uid"),
+            ('n', "dry-run"),
+        ],
+        underscore_longs: &["log_output_level", "log_target"],
         all_underscores: false,
         bool_options: &["ambient-enabled"],
+        repeatable: &["log-target"],
+        positionals: false,
     };
 
     fn norm(args: &[&str]) -> Result<Normalised, FlagError> {
@@ -186,7 +289,7 @@ mod tests {
     }
 
     #[test]
-    fn splits_equals_and_attached_shorts() {
+    fn splits_equals_and_attached_shorts_into_long_forms() {
         let n = norm(&[
             "--proxy-uid=1337",
             "-p15001",
@@ -199,15 +302,13 @@ mod tests {
         assert_eq!(
             n.args,
             vec![
-                "--proxy-uid",
-                "1337",
-                "-p",
+                "--envoy-port",
                 "15001",
-                "-z",
+                "--capture-port",
                 "15006",
                 "--log-output-level",
                 "default:info",
-                "-u",
+                "--proxy-uid",
                 "1"
             ]
         );
@@ -218,16 +319,19 @@ mod tests {
         let n = norm(&["--dry-run=true", "--redirect-dns=false"]).unwrap();
         assert_eq!(n.args, vec!["--dry-run"]);
         assert!(n.explicit_false.contains("redirect-dns"));
-        assert_eq!(norm(&["--dry-run=maybe"]).unwrap_err().flag, "dry-run");
+        let e = norm(&["--dry-run=maybe"]).unwrap_err();
+        assert!(
+            matches!(e, FlagError::BadValue { ref flag, .. } if flag == "dry-run"),
+            "{e}"
+        );
     }
 
     #[test]
     fn bool_options_get_an_explicit_value() {
+        let n = norm(&["--ambient-enabled"]).unwrap();
+        assert_eq!(n.args, vec!["--ambient-enabled", "true"]);
         let n = norm(&["--ambient-enabled", "--ambient-enabled=false"]).unwrap();
-        assert_eq!(
-            n.args,
-            vec!["--ambient-enabled", "true", "--ambient-enabled", "false"]
-        );
+        assert_eq!(n.args, vec!["--ambient-enabled", "false"]);
     }
 
     #[test]
@@ -236,6 +340,60 @@ mod tests {
             norm(&["--dns-servers="]).unwrap().args,
             vec!["--dns-servers", ""]
         );
+        assert_eq!(norm(&["-p", ""]).unwrap().args, vec!["--envoy-port", ""]);
+    }
+
+    #[test]
+    fn a_repeated_option_keeps_its_last_value_whatever_the_spelling() {
+        let n = norm(&["-p", "15001", "--envoy-port=15002", "-p16000"]).unwrap();
+        assert_eq!(n.args, vec!["--envoy-port", "16000"]);
+        let n = norm(&["--log_target", "stdout", "--log-target=/tmp/x"]).unwrap();
+        assert_eq!(
+            n.args,
+            vec!["--log-target", "stdout", "--log-target", "/tmp/x"],
+            "string arrays keep every value"
+        );
+    }
+
+    #[test]
+    fn a_repeated_switch_keeps_its_last_setting() {
+        let n = norm(&["-n", "--dry-run=false"]).unwrap();
+        assert!(n.args.is_empty() && n.explicit_false.contains("dry-run"));
+        let n = norm(&["--dry-run=false", "-n"]).unwrap();
+        assert_eq!(n.args, vec!["--dry-run"]);
+        assert!(n.explicit_false.is_empty());
+    }
+
+    #[test]
+    fn dash_h_is_help() {
+        assert_eq!(norm(&["-h"]).unwrap().args, vec!["--help"]);
+    }
+
+    #[test]
+    fn a_value_that_looks_like_a_flag_is_still_the_value() {
+        let n = norm(&["-p", "-z", "--redirect-dns", "-X"]).unwrap();
+        assert_eq!(n.args, vec!["--envoy-port", "-z", "--redirect-dns", "-X"]);
+    }
+
+    #[test]
+    fn stray_positionals_are_errors() {
+        assert_eq!(norm(&["-p"]).unwrap().args, vec!["--envoy-port"]);
+        let e = norm(&["-p", "1", "stray"]).unwrap_err();
+        assert!(
+            matches!(e, FlagError::Positional { ref arg, .. } if arg == "stray"),
+            "{e}"
+        );
+        let e = norm(&["--redirect-dns", "false"]).unwrap_err().to_string();
+        assert!(e.contains("--redirect-dns=false"), "{e}");
+        assert!(norm(&["--", "x"]).is_err());
+        let with_positionals = FlagShapes {
+            positionals: true,
+            ..SHAPES
+        };
+        let n = normalise_args(&["version".to_string()], &with_positionals).unwrap();
+        assert_eq!(n.args, vec!["version"]);
+        let n = normalise_args(&["--".into(), "-x".into()], &with_positionals).unwrap();
+        assert_eq!(n.args, vec!["--", "-x"]);
     }
 
     #[test]

@@ -410,11 +410,13 @@ pub struct Config {
 /// Parses `args` (the full argv, program name first) with `env` as the environment.
 pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Parsed, ConfigError> {
     let shapes = crate::cli::FlagShapes {
-        switches: &[],
-        value_shorts: &[],
+        switches: &["version"],
+        shorts: &[],
         underscore_longs: &[],
         all_underscores: true,
         bool_options: BOOL_FLAGS,
+        repeatable: &[],
+        positionals: true,
     };
     let rest = crate::cli::normalise_args(args.get(1..).unwrap_or(&[]), &shapes)
         .map_err(|e| ConfigError::Args(e.to_string()))?
@@ -1056,6 +1058,46 @@ mod tests {
         match r {
             Ok(_) => "no error".to_string(),
             Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn unreadable_boolean_variables_are_errors_and_empty_ones_keep_the_default() {
+        for var in [
+            "CHAINED_CNI_PLUGIN",
+            "ISTIO_OWNED_CNI_CONFIG",
+            "CNI_CONF_GROUP_READ",
+            "SKIP_TLS_VERIFY",
+            "AMBIENT_ENABLED",
+            "ENABLE_AMBIENT_DETECTION_RETRY",
+            "NATIVE_NFTABLES",
+            "AMBIENT_DISABLE_SAFE_UPGRADE",
+            "REPAIR_ENABLED",
+            "REPAIR_DELETE_PODS",
+            "REPAIR_LABEL_PODS",
+            "REPAIR_REPAIR_PODS",
+            "AMBIENT_DNS_CAPTURE",
+            "AMBIENT_IPV6",
+            "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP",
+            "AMBIENT_USE_SCOPED_XTABLES_LOCKING",
+            "AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE",
+            "ALLOW_SWITCH_TO_HOST_NS",
+            "LOG_AS_JSON",
+        ] {
+            for value in ["yes", "on", "enabled"] {
+                match run(&[], &[(var, value)]) {
+                    Err(ConfigError::Invalid { name, value: v, .. }) => {
+                        assert_eq!((name, v), (format!("env {var}"), value.to_string()))
+                    }
+                    other => panic!("{var}={value:?} was not refused: {other:?}"),
+                }
+            }
+            // viper's rule: an empty variable is unset, so the (safe) default stays.
+            assert_eq!(
+                run(&[], &[(var, "")]).ok(),
+                run(&[], &[]).ok(),
+                "{var}=\"\""
+            );
         }
     }
 

@@ -1,6 +1,8 @@
 //! The flags of `istio-iptables`, as Istio names them, and their resolution (flag > env > default)
 //! into typed [`Settings`]. Pure: the environment and the host facts come in as arguments.
 
+use std::collections::HashSet;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use argh::FromArgs;
@@ -10,13 +12,17 @@ use crate::rules::capture::{
     CaptureConfig, DEFAULT_LOOPBACK_V4, InboundPorts, InterceptionMode, IpRanges, OwnerGroups,
     split_list,
 };
+use crate::rules::capture_values::{Field, InvalidValue, parse_port};
 
 /// istio-iptables: set up (or check, or clean up) the traffic-capture rules of an Istio sidecar in
 /// the current network namespace. Every flag also reads the environment variable named in its
-/// description when the flag is absent; flags may be written --flag=value or --flag value.
+/// description when the flag is absent; flags may be written --flag=value or --flag value, a
+/// repeated flag keeps its last value, lists are comma-separated (spaces around items ignored).
+/// Boolean variables must be true/false/1/0/t/f (any other value, even empty, is an error).
 #[derive(FromArgs, Debug, Default)]
 #[argh(
-    note = "Environment only: ISTIO_OUTBOUND_OWNER_GROUPS, ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE, ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR, ENVOY_USER and DRY_RUN_FILE_PATH as in Istio; ISTIO_IPTABLES_LOG sets the log filter (default info); ISTIO_IPTABLES_RESTORE_ONLY=true always applies through iptables-restore (by default, with iptables-nft, the rules are sent to the kernel over netlink, encoded exactly as iptables-nft-restore would)."
+    help_triggers("-h", "--help"),
+    note = "Bad values (ports, UIDs, interface names, marks, reserved route tables 0/253/254/255) are refused before anything is changed. Environment only: ISTIO_OUTBOUND_OWNER_GROUPS, ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE, ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR, ENVOY_USER and DRY_RUN_FILE_PATH as in Istio; ISTIO_IPTABLES_LOG sets the log filter (default info); ISTIO_IPTABLES_RESTORE_ONLY=true always applies through iptables-restore (by default, with iptables-nft, the rules are sent to the kernel over netlink, encoded exactly as iptables-nft-restore would)."
 )]
 pub struct Flags {
     /// port to which all outbound TCP traffic is redirected (default 15001)
@@ -121,19 +127,19 @@ pub struct Flags {
     /// comma-separated DNS servers for --redirect-dns, printed as given (default: /etc/resolv.conf; empty: none)
     #[argh(option)]
     pub dns_servers: Option<String>,
-    /// accepted for compatibility with pilot-agent; logs go to stderr
+    /// where logs go: stdout, stderr or a file path; repeat for several (default stderr)
     #[argh(option)]
-    pub log_target: Option<String>,
-    /// log as JSON (accepted for compatibility)
+    pub log_target: Vec<String>,
+    /// log JSON lines instead of text
     #[argh(switch)]
     pub log_as_json: bool,
-    /// log level, e.g. default:info (accepted for compatibility)
+    /// accepted for compatibility and ignored; ISTIO_IPTABLES_LOG sets the level
     #[argh(option)]
     pub log_output_level: Option<String>,
-    /// accepted for compatibility
+    /// accepted for compatibility and ignored
     #[argh(option)]
     pub log_stacktrace_level: Option<String>,
-    /// accepted for compatibility
+    /// accepted for compatibility and ignored
     #[argh(option)]
     pub log_caller: Option<String>,
     /// print the version and exit
@@ -159,8 +165,24 @@ pub const SHAPES: FlagShapes = FlagShapes {
         "log-as-json",
         "version",
     ],
-    value_shorts: &[
-        'p', 'z', 'e', 'u', 'g', 'm', 'b', 'd', 'c', 'i', 'x', 'q', 'o', 'k', 't', 'r',
+    shorts: &[
+        ('p', "envoy-port"),
+        ('z', "inbound-capture-port"),
+        ('e', "inbound-tunnel-port"),
+        ('u', "proxy-uid"),
+        ('g', "proxy-gid"),
+        ('m', "istio-inbound-interception-mode"),
+        ('b', "istio-inbound-ports"),
+        ('d', "istio-local-exclude-ports"),
+        ('c', "istio-exclude-interfaces"),
+        ('i', "istio-service-cidr"),
+        ('x', "istio-service-exclude-cidr"),
+        ('q', "istio-outbound-ports"),
+        ('o', "istio-local-outbound-ports-exclude"),
+        ('k', "kube-virt-interfaces"),
+        ('t', "istio-inbound-tproxy-mark"),
+        ('r', "istio-inbound-tproxy-route-table"),
+        ('n', "dry-run"),
     ],
     underscore_longs: &[
         "log_target",
@@ -171,6 +193,9 @@ pub const SHAPES: FlagShapes = FlagShapes {
     ],
     all_underscores: false,
     bool_options: &[],
+    // pilot-agent's --log_target is a string array.
+    repeatable: &["log-target"],
+    positionals: false,
 };
 
 /// Whether IPv6 rules are wanted.
@@ -235,8 +260,7 @@ fn bad(name: &str, value: &str, reason: impl Into<String>) -> SettingError {
 
 struct Resolver<'a> {
     env: &'a dyn Env,
-    explicit_false: &'a std::collections::HashSet<String>,
-    warnings: Vec<String>,
+    explicit_false: &'a HashSet<String>,
 }
 
 impl Resolver<'_> {
@@ -249,86 +273,127 @@ impl Resolver<'_> {
             .unwrap_or_else(|| default.to_string())
     }
 
-    /// A switch: the flag wins (either way); else the env vars in order, the later winning;
-    /// invalid env values are ignored with a warning, as upstream ignores them.
-    fn switch(&mut self, long: &str, flag: bool, envs: &[&str]) -> bool {
+    /// A switch: the flag wins (either way); else the env vars in order, the later winning.
+    /// Unlike Istio, which ignores a value it cannot parse, a variable that is set but is not a Go
+    /// boolean (`yes`, `on`, empty) is an error: these switches guard real changes, and a typo
+    /// must not turn a dry run into an apply.
+    fn switch(&self, long: &str, flag: bool, envs: &[&str]) -> Result<bool, SettingError> {
         if flag {
-            return true;
+            return Ok(true);
         }
         if self.explicit_false.contains(long) {
-            return false;
+            return Ok(false);
         }
         let mut value = false;
         for name in envs {
             if let Some(raw) = self.env.get(name) {
-                match parse_go_bool(&raw) {
-                    Some(b) => value = b,
-                    None => self
-                        .warnings
-                        .push(format!("ignoring {name}={raw:?}: not a boolean")),
-                }
+                value = parse_go_bool(&raw).ok_or_else(|| {
+                    bad(
+                        name,
+                        &raw,
+                        "not a boolean (use true/false, 1/0, t/f); refusing to guess",
+                    )
+                })?;
             }
         }
-        value
+        Ok(value)
     }
 }
 
-fn check_port(name: &str, value: &str) -> Result<(), SettingError> {
-    match value.parse::<u32>() {
-        Ok(p) if (1..=65535).contains(&p) => Ok(()),
-        _ => Err(bad(name, value, "not a port number between 1 and 65535")),
-    }
-}
-
-fn port_list(name: &str, value: &str) -> Result<Vec<String>, SettingError> {
-    let ports = split_list(value);
-    for p in &ports {
-        check_port(name, p).map_err(|e| bad(name, value, format!("{:?} {}", p, e.reason)))?;
-    }
-    Ok(ports)
-}
-
-fn check_mark(name: &str, value: &str) -> Result<(), SettingError> {
-    let parsed = match value.strip_prefix("0x") {
-        Some(hex) => u32::from_str_radix(hex, 16).ok(),
-        None => value.parse::<u32>().ok(),
+/// The flag (or, when the flag is absent and the variable set, the environment variable) a capture
+/// field comes from, and the value given there, for error messages.
+fn source_of(flags: &Flags, env: &dyn Env, field: Field) -> (String, Option<String>) {
+    let (flag, value, var): (&str, Option<&String>, Option<&str>) = match field {
+        Field::ProxyPort => ("envoy-port", flags.envoy_port.as_ref(), None),
+        Field::InboundCapturePort => (
+            "inbound-capture-port",
+            flags.inbound_capture_port.as_ref(),
+            Some("INBOUND_CAPTURE_PORT"),
+        ),
+        Field::InboundTunnelPort => (
+            "inbound-tunnel-port",
+            flags.inbound_tunnel_port.as_ref(),
+            Some("INBOUND_TUNNEL_PORT"),
+        ),
+        Field::ProxyUids => ("proxy-uid", flags.proxy_uid.as_ref(), Some("PROXY_UID")),
+        Field::ProxyGids => ("proxy-gid", flags.proxy_gid.as_ref(), Some("PROXY_GID")),
+        Field::InboundPorts => (
+            "istio-inbound-ports",
+            flags.istio_inbound_ports.as_ref(),
+            Some("ISTIO_INBOUND_PORTS"),
+        ),
+        Field::InboundPortsExclude => (
+            "istio-local-exclude-ports",
+            flags.istio_local_exclude_ports.as_ref(),
+            Some("ISTIO_LOCAL_EXCLUDE_PORTS"),
+        ),
+        Field::ExcludeInterfaces => (
+            "istio-exclude-interfaces",
+            flags.istio_exclude_interfaces.as_ref(),
+            Some("ISTIO_EXCLUDE_INTERFACES"),
+        ),
+        Field::OutboundPortsInclude => (
+            "istio-outbound-ports",
+            flags.istio_outbound_ports.as_ref(),
+            Some("ISTIO_OUTBOUND_PORTS"),
+        ),
+        Field::OutboundPortsExclude => (
+            "istio-local-outbound-ports-exclude",
+            flags.istio_local_outbound_ports_exclude.as_ref(),
+            Some("ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE"),
+        ),
+        Field::RerouteVirtualInterfaces => (
+            "kube-virt-interfaces",
+            flags.kube_virt_interfaces.as_ref(),
+            Some("KUBE_VIRT_INTERFACES"),
+        ),
+        Field::TproxyMark => (
+            "istio-inbound-tproxy-mark",
+            flags.istio_inbound_tproxy_mark.as_ref(),
+            Some("ISTIO_INBOUND_TPROXY_MARK"),
+        ),
+        Field::TproxyRouteTable => (
+            "istio-inbound-tproxy-route-table",
+            flags.istio_inbound_tproxy_route_table.as_ref(),
+            Some("ISTIO_INBOUND_TPROXY_ROUTE_TABLE"),
+        ),
+        Field::DnsServers => ("dns-servers", flags.dns_servers.as_ref(), None),
+        Field::OwnerGroupsInclude => ("", None, Some("ISTIO_OUTBOUND_OWNER_GROUPS")),
+        Field::OwnerGroupsExclude => ("", None, Some("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE")),
+        Field::LoopbackV4 => ("", None, Some("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR")),
     };
-    parsed
-        .map(|_| ())
-        .ok_or_else(|| bad(name, value, "not a 32-bit number (decimal or 0x hex)"))
+    match (value, var.and_then(|v| env.get(v).map(|raw| (v, raw)))) {
+        (None, Some((var, raw))) => (var.to_string(), Some(raw)),
+        (value, _) => (format!("--{flag}"), value.cloned()),
+    }
 }
 
-fn check_loopback_cidr(value: &str) -> Result<(), SettingError> {
-    let name = "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR";
-    let (addr, bits) = value
-        .split_once('/')
-        .ok_or_else(|| bad(name, value, "not a CIDR"))?;
-    let addr: std::net::Ipv4Addr = addr
-        .parse()
-        .map_err(|_| bad(name, value, "not an IPv4 CIDR"))?;
-    let bits: u8 = bits
-        .parse()
-        .map_err(|_| bad(name, value, "prefix length is not a number"))?;
-    if !addr.is_loopback() {
-        return Err(bad(name, value, "not a loopback address"));
-    }
-    if !(8..=32).contains(&bits) {
-        return Err(bad(name, value, "prefix length must be between 8 and 32"));
-    }
-    Ok(())
+/// Every value of the capture config that reaches the kernel, named by the flag or variable it
+/// came from. Run once the settings are resolved and again once host facts are filled in.
+pub fn check_capture(
+    flags: &Flags,
+    env: &dyn Env,
+    capture: &CaptureConfig,
+) -> Result<(), SettingError> {
+    capture.validate().map_err(|e: InvalidValue| {
+        let (name, given) = source_of(flags, env, e.field);
+        match given.filter(|g| *g != e.value) {
+            Some(list) => bad(&name, &e.value, format!("{} (in {list:?})", e.reason)),
+            None => bad(&name, &e.value, e.reason),
+        }
+    })
 }
 
 impl Flags {
-    /// Resolves flags + env into settings. Returns warnings to log alongside.
+    /// Resolves flags + env into settings, every value checked (nothing is touched before).
     pub fn resolve(
         &self,
         env: &dyn Env,
-        explicit_false: &std::collections::HashSet<String>,
-    ) -> Result<(Settings, Vec<String>), SettingError> {
-        let mut r = Resolver {
+        explicit_false: &HashSet<String>,
+    ) -> Result<Settings, SettingError> {
+        let r = Resolver {
             env,
             explicit_false,
-            warnings: Vec::new(),
         };
         let mut c = CaptureConfig {
             proxy_port: r.string(&self.envoy_port, None, "15001"),
@@ -344,13 +409,15 @@ impl Flags {
             ),
             ..CaptureConfig::default()
         };
-        check_port("--envoy-port", &c.proxy_port)?;
-        check_port("--inbound-capture-port", &c.inbound_capture_port)?;
-        check_port("--inbound-tunnel-port", &c.inbound_tunnel_port)?;
 
         let uids = r.string(&self.proxy_uid, Some("PROXY_UID"), "");
         let gids = r.string(&self.proxy_gid, Some("PROXY_GID"), "");
-        let proxy_uid_from_user = if uids.is_empty() {
+        // A list with no items (empty, blank, ",") counts as not given: an empty UID list would
+        // drop the proxy's exemption and loop its traffic back to itself.
+        c.proxy_uids = split_list(&uids);
+        let gid_list = split_list(&gids);
+        let proxy_gid_given = !gid_list.is_empty();
+        let proxy_uid_from_user = if c.proxy_uids.is_empty() {
             Some(
                 env.get("ENVOY_USER")
                     .unwrap_or_else(|| "istio-proxy".to_string()),
@@ -358,11 +425,10 @@ impl Flags {
         } else {
             None
         };
-        c.proxy_uids = split_list(&uids);
-        c.proxy_gids = if gids.is_empty() {
-            c.proxy_uids.clone()
+        c.proxy_gids = if proxy_gid_given {
+            gid_list
         } else {
-            split_list(&gids)
+            c.proxy_uids.clone()
         };
 
         let mode = r.string(
@@ -382,17 +448,16 @@ impl Flags {
             }
         };
         let inbound = r.string(&self.istio_inbound_ports, Some("ISTIO_INBOUND_PORTS"), "");
-        c.inbound_ports = match inbound.as_str() {
+        c.inbound_ports = match inbound.trim() {
             "" => InboundPorts::None,
             "*" => InboundPorts::All,
-            list => InboundPorts::List(port_list("--istio-inbound-ports", list)?),
+            list => InboundPorts::List(split_list(list)),
         };
-        let exclude_ports = r.string(
+        c.inbound_ports_exclude = split_list(&r.string(
             &self.istio_local_exclude_ports,
             Some("ISTIO_LOCAL_EXCLUDE_PORTS"),
             "",
-        );
-        c.inbound_ports_exclude = port_list("--istio-local-exclude-ports", &exclude_ports)?;
+        ));
         c.exclude_interfaces = split_list(&r.string(
             &self.istio_exclude_interfaces,
             Some("ISTIO_EXCLUDE_INTERFACES"),
@@ -406,7 +471,7 @@ impl Flags {
             Some("ISTIO_SERVICE_EXCLUDE_CIDR"),
             "",
         );
-        if exclude == "*" {
+        if exclude.trim() == "*" {
             return Err(bad(
                 "--istio-service-exclude-cidr",
                 &exclude,
@@ -415,14 +480,13 @@ impl Flags {
         }
         c.outbound_ranges_exclude = IpRanges::parse(&exclude)
             .map_err(|e| bad("--istio-service-exclude-cidr", &e.value, e.reason))?;
-        let out_ports = r.string(&self.istio_outbound_ports, Some("ISTIO_OUTBOUND_PORTS"), "");
-        c.outbound_ports_include = port_list("--istio-outbound-ports", &out_ports)?;
-        let out_exclude = r.string(
+        c.outbound_ports_include =
+            split_list(&r.string(&self.istio_outbound_ports, Some("ISTIO_OUTBOUND_PORTS"), ""));
+        c.outbound_ports_exclude = split_list(&r.string(
             &self.istio_local_outbound_ports_exclude,
             Some("ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE"),
             "",
-        );
-        c.outbound_ports_exclude = port_list("--istio-local-outbound-ports-exclude", &out_exclude)?;
+        ));
         c.reroute_virtual_interfaces =
             split_list(&r.string(&self.kube_virt_interfaces, Some("KUBE_VIRT_INTERFACES"), ""));
         c.tproxy_mark = r.string(
@@ -430,40 +494,32 @@ impl Flags {
             Some("ISTIO_INBOUND_TPROXY_MARK"),
             "1337",
         );
-        check_mark("--istio-inbound-tproxy-mark", &c.tproxy_mark)?;
         c.tproxy_route_table = r.string(
             &self.istio_inbound_tproxy_route_table,
             Some("ISTIO_INBOUND_TPROXY_ROUTE_TABLE"),
             "133",
         );
-        c.tproxy_route_table.parse::<u32>().map_err(|_| {
-            bad(
-                "--istio-inbound-tproxy-route-table",
-                &c.tproxy_route_table,
-                "not a table number",
-            )
-        })?;
 
         c.redirect_dns = r.switch(
             "redirect-dns",
             self.redirect_dns,
             &["REDIRECT_DNS", "ISTIO_META_DNS_CAPTURE"],
-        );
+        )?;
         c.drop_invalid = r.switch(
             "drop-invalid",
             self.drop_invalid,
             &["DROP_INVALID", "INVALID_DROP"],
-        );
+        )?;
         let dual_stack = r.switch(
             "dual-stack",
             self.dual_stack,
             &["DUAL_STACK", "ISTIO_DUAL_STACK"],
-        );
+        )?;
         c.capture_all_dns = r.switch(
             "capture-all-dns",
             self.capture_all_dns,
             &["CAPTURE_ALL_DNS"],
-        );
+        )?;
 
         // Env-only settings.
         let groups = env
@@ -472,7 +528,7 @@ impl Flags {
         let groups_exclude = env
             .get("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE")
             .unwrap_or_default();
-        c.owner_groups = if groups == "*" {
+        c.owner_groups = if groups.trim() == "*" {
             OwnerGroups::AllExcept(split_list(&groups_exclude))
         } else {
             let list = split_list(&groups);
@@ -488,7 +544,6 @@ impl Flags {
         c.loopback_v4 = env
             .get("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR")
             .unwrap_or_else(|| DEFAULT_LOOPBACK_V4.into());
-        check_loopback_cidr(&c.loopback_v4)?;
 
         let ipv6 = match self.ipv6.as_deref() {
             None | Some("auto") => Ipv6Choice::Auto,
@@ -500,16 +555,21 @@ impl Flags {
         };
         let dns = match &self.dns_servers {
             None => DnsSource::ResolvConf,
-            Some(list) => DnsSource::Given(split_list(list)),
+            Some(list) => {
+                let servers = split_list(list);
+                if let Some(s) = servers.iter().find(|s| s.parse::<IpAddr>().is_err()) {
+                    return Err(bad("--dns-servers", s, "not an IP address"));
+                }
+                DnsSource::Given(servers)
+            }
         };
         let probe = r.string(
             &self.iptables_probe_port,
             Some("IPTABLES_PROBE_PORT"),
             "15002",
         );
-        let probe_port: u16 = probe
-            .parse()
-            .map_err(|_| bad("--iptables-probe-port", &probe, "not a port number"))?;
+        let probe_port =
+            parse_port(&probe).map_err(|reason| bad("--iptables-probe-port", &probe, reason))?;
         let timeout = r.string(&self.probe_timeout, Some("PROBE_TIMEOUT"), "5s");
         let probe_timeout = parse_go_duration(&timeout)
             .ok_or_else(|| bad("--probe-timeout", &timeout, "not a duration like 5s"))?;
@@ -536,147 +596,39 @@ impl Flags {
 
         let settings = Settings {
             proxy_uid_from_user,
-            proxy_gid_given: !gids.is_empty(),
+            proxy_gid_given,
             ipv6,
             dual_stack,
             dns,
-            dry_run: r.switch("dry-run", self.dry_run, &["DRY_RUN"]),
+            dry_run: r.switch("dry-run", self.dry_run, &["DRY_RUN"])?,
             dry_run_file: env.get("DRY_RUN_FILE_PATH").filter(|s| !s.is_empty()),
             skip_rule_apply: r.switch(
                 "skip-rule-apply",
                 self.skip_rule_apply,
                 &["SKIP_RULE_APPLY"],
-            ),
-            run_validation: r.switch("run-validation", self.run_validation, &["RUN_VALIDATION"]),
+            )?,
+            run_validation: r.switch("run-validation", self.run_validation, &["RUN_VALIDATION"])?,
             probe_port,
             probe_timeout,
             network_namespace,
-            cni_mode: r.switch("cni-mode", self.cni_mode, &["CNI_MODE"]),
-            reconcile: r.switch("reconcile", self.reconcile, &["RECONCILE"]),
-            cleanup_only: r.switch("cleanup-only", self.cleanup_only, &["CLEANUP_ONLY"]),
-            force_apply: r.switch("force-apply", self.force_apply, &["FORCE_APPLY"]),
+            cni_mode: r.switch("cni-mode", self.cni_mode, &["CNI_MODE"])?,
+            reconcile: r.switch("reconcile", self.reconcile, &["RECONCILE"])?,
+            cleanup_only: r.switch("cleanup-only", self.cleanup_only, &["CLEANUP_ONLY"])?,
+            force_apply: r.switch("force-apply", self.force_apply, &["FORCE_APPLY"])?,
             native_nftables: r.switch(
                 "native-nftables",
                 self.native_nftables,
                 &["NATIVE_NFTABLES"],
-            ),
+            )?,
             force_binary,
-            restore_only: r.switch("restore-only", false, &["ISTIO_IPTABLES_RESTORE_ONLY"]),
+            restore_only: r.switch("restore-only", false, &["ISTIO_IPTABLES_RESTORE_ONLY"])?,
             capture: c,
         };
-        Ok((settings, r.warnings))
+        check_capture(self, env, &settings.capture)?;
+        Ok(settings)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::{HashMap, HashSet};
-
-    fn resolve(args: &[&str], env: &[(&str, &str)]) -> Result<Settings, SettingError> {
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        let n = crate::cli::normalise_args(&args, &SHAPES).unwrap();
-        let refs: Vec<&str> = n.args.iter().map(String::as_str).collect();
-        let flags = Flags::from_args(&["istio-iptables"], &refs).unwrap();
-        let env: HashMap<String, String> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        flags.resolve(&env, &n.explicit_false).map(|(s, _)| s)
-    }
-
-    #[test]
-    fn help_names_the_env_only_switches() {
-        let help = Flags::from_args(&["istio-iptables"], &["--help"])
-            .expect_err("--help exits early")
-            .output;
-        for var in [
-            "ISTIO_IPTABLES_RESTORE_ONLY",
-            "ISTIO_IPTABLES_LOG",
-            "DRY_RUN_FILE_PATH",
-        ] {
-            assert!(help.contains(var), "{var} missing from --help");
-        }
-    }
-
-    #[test]
-    fn restore_only_comes_from_the_environment() {
-        assert!(!resolve(&[], &[]).unwrap().restore_only);
-        let s = resolve(&[], &[("ISTIO_IPTABLES_RESTORE_ONLY", "true")]).unwrap();
-        assert!(s.restore_only);
-    }
-
-    #[test]
-    fn flag_beats_env_beats_default() {
-        let s = resolve(
-            &["-z", "16006"],
-            &[
-                ("INBOUND_CAPTURE_PORT", "17006"),
-                ("INBOUND_TUNNEL_PORT", "18008"),
-            ],
-        )
-        .unwrap();
-        assert_eq!(s.capture.inbound_capture_port, "16006");
-        assert_eq!(s.capture.inbound_tunnel_port, "18008");
-        assert_eq!(s.capture.proxy_port, "15001");
-    }
-
-    #[test]
-    fn later_env_alias_wins_and_explicit_false_beats_env() {
-        let s = resolve(
-            &[],
-            &[
-                ("REDIRECT_DNS", "false"),
-                ("ISTIO_META_DNS_CAPTURE", "true"),
-            ],
-        )
-        .unwrap();
-        assert!(s.capture.redirect_dns);
-        let s = resolve(
-            &["--redirect-dns=false"],
-            &[("ISTIO_META_DNS_CAPTURE", "true")],
-        )
-        .unwrap();
-        assert!(!s.capture.redirect_dns);
-    }
-
-    #[test]
-    fn gid_defaults_to_uid_list() {
-        let s = resolve(&["-u", "3,4"], &[]).unwrap();
-        assert_eq!(s.capture.proxy_gids, vec!["3", "4"]);
-        assert!(s.proxy_uid_from_user.is_none());
-    }
-
-    #[test]
-    fn bad_values_name_flag_and_value() {
-        let e = resolve(&["-x", "*"], &[]).unwrap_err();
-        assert_eq!(e.name, "--istio-service-exclude-cidr");
-        let e = resolve(&["-p", "70000"], &[]).unwrap_err();
-        assert_eq!(
-            (e.name.as_str(), e.value.as_str()),
-            ("--envoy-port", "70000")
-        );
-        let e = resolve(&["-m", "BOGUS"], &[]).unwrap_err();
-        assert_eq!(e.value, "BOGUS");
-        let e = resolve(&["-i", "10.0.0.0/8,300.1.1.1/8"], &[]).unwrap_err();
-        assert_eq!(e.value, "300.1.1.1/8");
-        assert!(resolve(&["-b", "80,abc"], &[]).is_err());
-        let e = resolve(&[], &[("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "10.0.0.1/32")]).unwrap_err();
-        assert_eq!(e.name, "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR");
-    }
-
-    #[test]
-    fn owner_groups_from_env() {
-        let s = resolve(&[], &[("ISTIO_OUTBOUND_OWNER_GROUPS", "java,202")]).unwrap();
-        assert_eq!(
-            s.capture.owner_groups,
-            OwnerGroups::Only(vec!["java".into(), "202".into()])
-        );
-        let s = resolve(&[], &[("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "888,ftp")]).unwrap();
-        assert_eq!(
-            s.capture.owner_groups,
-            OwnerGroups::AllExcept(vec!["888".into(), "ftp".into()])
-        );
-        let _ = HashSet::<String>::new();
-    }
-}
+#[path = "flags_tests.rs"]
+mod tests;

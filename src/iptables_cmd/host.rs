@@ -32,14 +32,8 @@ pub fn fill_host_facts(settings: &mut Settings) -> Result<Option<HostIp>, String
     };
     if settings.capture.redirect_dns && !settings.capture.capture_all_dns {
         let servers = match &settings.dns {
-            DnsSource::Given(list) => {
-                for s in list {
-                    s.parse::<IpAddr>().map_err(|_| {
-                        format!("invalid value {s:?} for --dns-servers: not an IP address")
-                    })?;
-                }
-                list.clone()
-            }
+            // Checked when the flags were resolved.
+            DnsSource::Given(list) => list.clone(),
             DnsSource::ResolvConf => {
                 let text = std::fs::read_to_string("/etc/resolv.conf")
                     .map_err(|e| format!("cannot read /etc/resolv.conf for DNS capture: {e}"))?;

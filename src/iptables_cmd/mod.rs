@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use argh::FromArgs;
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
 use crate::apply::{self, SidecarOptions};
 use crate::cli::{Env, ProcessEnv, normalise_args};
@@ -46,7 +46,6 @@ pub const EXIT_VALIDATION_FAILED: i32 = 126;
 
 /// Entry point of the `istio-iptables` role.
 pub fn main(args: Vec<String>) -> i32 {
-    init_logging();
     let normalised = match normalise_args(args.get(1..).unwrap_or_default(), &SHAPES) {
         Ok(n) => n,
         Err(e) => {
@@ -72,32 +71,41 @@ pub fn main(args: Vec<String>) -> i32 {
         println!("istio-iptables (istio-cni-rs) {}", crate::VERSION);
         return 0;
     }
+    if let Err(e) = init_logging(&flags.log_target, flags.log_as_json) {
+        eprintln!("istio-iptables: --log_target: {e}");
+        return EXIT_FAILURE;
+    }
     run(&flags, &ProcessEnv, &normalised.explicit_false)
 }
 
-fn init_logging() {
+/// Logs in the shared Istio format (text or, with --log_as_json, JSON lines) to each
+/// --log_target (stdout, stderr or a file; default stderr, so that a dry run's stdout carries only
+/// the transcript). ISTIO_IPTABLES_LOG sets the filter (default info).
+fn init_logging(targets: &[String], json: bool) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ISTIO_IPTABLES_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let writer = crate::telemetry::logging::targets_writer(targets)?;
     let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .with_target(false)
+        .event_format(crate::telemetry::logging::IstioFormat { json })
+        .with_writer(writer)
         .with_env_filter(filter)
         .try_init();
+    Ok(())
 }
 
 fn run(flags: &Flags, env: &dyn Env, explicit_false: &HashSet<String>) -> i32 {
-    let (mut settings, warnings) = match flags.resolve(env, explicit_false) {
+    let mut settings = match flags.resolve(env, explicit_false) {
         Ok(s) => s,
         Err(e) => {
             error!("{e}");
             return EXIT_FAILURE;
         }
     };
-    for w in warnings {
-        warn!("{w}");
-    }
-    let host_ip = match host::fill_host_facts(&mut settings) {
+    let host_ip = match host::fill_host_facts(&mut settings).and_then(|ip| {
+        flags::check_capture(flags, env, &settings.capture)
+            .map(|_| ip)
+            .map_err(|e| e.to_string())
+    }) {
         Ok(ip) => ip,
         Err(e) => {
             error!("{e}");

@@ -16,6 +16,7 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
 use crate::rules::capture::CaptureConfig;
+use crate::rules::capture_values::{parse_route_table, parse_tproxy_mark};
 
 /// A netlink request failed.
 #[derive(Debug, thiserror::Error)]
@@ -200,12 +201,14 @@ pub fn replace_local_default_route(
     )
 }
 
-fn parse_number(what: &'static str, value: &str) -> Result<u32, NetlinkError> {
-    let parsed = match value.strip_prefix("0x") {
-        Some(hex) => u32::from_str_radix(hex, 16).ok(),
-        None => value.parse().ok(),
-    };
-    parsed.ok_or_else(|| NetlinkError::Number {
+/// The mark or table as a number, by the one check every role validated it with up front (a
+/// reserved table here would put a local default route into the pod's main table).
+fn parse_number(
+    what: &'static str,
+    value: &str,
+    parse: fn(&str) -> Result<u32, &'static str>,
+) -> Result<u32, NetlinkError> {
+    parse(value).map_err(|_| NetlinkError::Number {
         what,
         value: value.to_string(),
     })
@@ -218,8 +221,12 @@ pub fn apply_sidecar_routes(cfg: &CaptureConfig) -> Result<(), NetlinkError> {
         add_address("lo", IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6)), 128)?;
     }
     if cfg.needs_tproxy_routes() {
-        let mark = parse_number("TPROXY mark", &cfg.tproxy_mark)?;
-        let table = parse_number("TPROXY route table", &cfg.tproxy_route_table)?;
+        let mark = parse_number("TPROXY mark", &cfg.tproxy_mark, parse_tproxy_mark)?;
+        let table = parse_number(
+            "TPROXY route table",
+            &cfg.tproxy_route_table,
+            parse_route_table,
+        )?;
         let families: &[bool] = if cfg.enable_ipv6 {
             &[false, true]
         } else {

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::rules::capture::{CaptureConfig, InboundPorts, InterceptionMode, IpRanges, split_list};
+use crate::rules::capture_values::{Field, InvalidValue, check_interface, parse_port};
 
 use super::pod::{ISTIO_INIT, ISTIO_PROXY, PodInfo};
 
@@ -101,6 +102,17 @@ pub struct AnnotationError {
     pub reason: String,
 }
 
+/// Why a pod's redirect cannot be built; ADD fails with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RedirectError {
+    #[error(transparent)]
+    Annotation(#[from] AnnotationError),
+    /// A value from elsewhere: the plugin's own environment (owner groups, loopback CIDR) or the
+    /// proxy's securityContext.
+    #[error("{0}")]
+    Value(InvalidValue),
+}
+
 /// How the pod's traffic is to be captured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Redirect {
@@ -121,25 +133,33 @@ pub struct CaptureSettings {
 
 type Validator = fn(&str) -> Result<(), String>;
 
-fn parse_port(p: &str) -> Result<u16, String> {
-    p.trim()
-        .parse::<u16>()
-        .map_err(|e| format!("failed parsing port {p:?}: {e}"))
-}
-
-/// Comma list of ports; the whole value may be empty (after trimming).
-fn validate_ports(list: &str) -> Result<(), String> {
+/// The items of an annotation list, trimmed as Istio's validator trims ports (we trim every
+/// list); an empty item (`80,,90`, a trailing comma) is refused, as Istio's validator refuses it.
+fn list_items<'a>(list: &'a str, what: &str) -> Result<Vec<&'a str>, String> {
     let trimmed = list.trim();
     if trimmed.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     trimmed
         .split(',')
-        .try_for_each(|p| parse_port(p).map(|_| ()))
+        .map(str::trim)
+        .map(|item| match item {
+            "" => Err(format!("empty {what} in the list")),
+            item => Ok(item),
+        })
+        .collect()
+}
+
+/// Comma list of ports (1..=65535; Istio also takes 0, which captures nothing); may be empty.
+fn validate_ports(list: &str) -> Result<(), String> {
+    for p in list_items(list, "port")? {
+        parse_port(p).map_err(|reason| format!("port {p:?}: {reason}"))?;
+    }
+    Ok(())
 }
 
 fn validate_ports_or_wildcard(list: &str) -> Result<(), String> {
-    if list == "*" {
+    if list.trim() == "*" {
         Ok(())
     } else {
         validate_ports(list)
@@ -155,12 +175,9 @@ fn validate_ports_without_wildcard(list: &str) -> Result<(), String> {
     validate_ports(list)
 }
 
-/// Comma list of prefixes (`a.b.c.d/n`), no spaces, no bare addresses.
+/// Comma list of prefixes (`a.b.c.d/n`), no bare addresses.
 fn validate_cidrs(list: &str) -> Result<(), String> {
-    if list.is_empty() {
-        return Ok(());
-    }
-    for cidr in list.split(',') {
+    for cidr in list_items(list, "CIDR")? {
         let ok = cidr.split_once('/').is_some_and(|(addr, bits)| {
             addr.parse::<std::net::IpAddr>().is_ok_and(|a| {
                 let max = if a.is_ipv4() { 32 } else { 128 };
@@ -179,7 +196,7 @@ fn validate_cidrs(list: &str) -> Result<(), String> {
 }
 
 fn validate_cidrs_or_wildcard(list: &str) -> Result<(), String> {
-    if list == "*" {
+    if list.trim() == "*" {
         Ok(())
     } else {
         validate_cidrs(list)
@@ -187,32 +204,9 @@ fn validate_cidrs_or_wildcard(list: &str) -> Result<(), String> {
 }
 
 fn validate_interfaces(list: &str) -> Result<(), String> {
-    if list.is_empty() {
-        return Ok(());
+    for name in list_items(list, "interface name")? {
+        check_interface(name).map_err(|reason| format!("interface {name:?}: {reason}"))?;
     }
-    for name in list.split(',') {
-        let name = name.trim();
-        if name.is_empty() {
-            return Err("empty interface name".into());
-        }
-        if name.len() > 15 {
-            return Err(format!("interface name {name:?} too long (max 15 chars)"));
-        }
-        let mut chars = name.chars();
-        let valid = chars
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
-            && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
-        if !valid {
-            return Err(format!(
-                "interface name {name:?} contains invalid characters"
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn always_valid(_: &str) -> Result<(), String> {
     Ok(())
 }
 
@@ -236,16 +230,12 @@ fn annotation(
 }
 
 /// Appends the always-excluded ports to the inbound exclusion list, dropping exact duplicates
-/// (first occurrence kept; unparseable items are kept as they are).
+/// (first occurrence kept; items trimmed, empty ones dropped, unparseable ones kept as they are).
 pub fn exclude_inbound_ports(value: &str) -> String {
-    let mut list = value.trim().to_string();
-    if !list.is_empty() && !list.ends_with(',') {
-        list.push(',');
-    }
-    list.push_str(ALWAYS_EXCLUDED_INBOUND);
     let mut seen = std::collections::HashSet::new();
-    list.split(',')
-        .filter(|p| seen.insert(*p))
+    split_list(&format!("{value},{ALWAYS_EXCLUDED_INBOUND}"))
+        .into_iter()
+        .filter(|p| seen.insert(p.clone()))
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -282,7 +272,7 @@ impl EngineEnv {
 }
 
 /// Builds the redirect for a selected pod.
-pub fn redirect(pod: &PodInfo, engine: &EngineEnv) -> Result<Redirect, AnnotationError> {
+pub fn redirect(pod: &PodInfo, engine: &EngineEnv) -> Result<Redirect, RedirectError> {
     use crate::rules::capture::OwnerGroups;
     let an = &pod.annotations;
     let (_, mode) = annotation(an, ANN_INTERCEPTION_MODE, "REDIRECT", |m| match m {
@@ -327,11 +317,16 @@ pub fn redirect(pod: &PodInfo, engine: &EngineEnv) -> Result<Redirect, Annotatio
     )?;
     let exclude_in = exclude_inbound_ports(&exclude_in);
     let (_, exclude_ifaces) = annotation(an, ANN_EXCLUDE_INTERFACES, "", validate_interfaces)?;
-    // The deprecated kubevirt key counts only when the new one is absent.
-    let (found, mut reroute) = annotation(an, ANN_REROUTE_VIRTUAL_INTERFACES, "", always_valid)?;
-    if !found {
-        reroute = annotation(an, ANN_KUBEVIRT_INTERFACES, "", always_valid)?.1;
-    }
+    // The deprecated kubevirt key counts only when the new one is absent. Istio takes any value
+    // here and lets iptables fail on a bad name; we check names as for excludeInterfaces.
+    let (found, mut reroute) =
+        annotation(an, ANN_REROUTE_VIRTUAL_INTERFACES, "", validate_interfaces)?;
+    let reroute_key = if found {
+        ANN_REROUTE_VIRTUAL_INTERFACES
+    } else {
+        reroute = annotation(an, ANN_KUBEVIRT_INTERFACES, "", validate_interfaces)?.1;
+        ANN_KUBEVIRT_INTERFACES
+    };
 
     let mut warnings = Vec::new();
     let mut env_bool = |name: &str| {
@@ -365,7 +360,7 @@ pub fn redirect(pod: &PodInfo, engine: &EngineEnv) -> Result<Redirect, Annotatio
         } else {
             InterceptionMode::Redirect
         },
-        inbound_ports: match include_in.as_str() {
+        inbound_ports: match include_in.trim() {
             "" => InboundPorts::None,
             "*" => InboundPorts::All,
             list => InboundPorts::List(split_list(list)),
@@ -395,6 +390,24 @@ pub fn redirect(pod: &PodInfo, engine: &EngineEnv) -> Result<Redirect, Annotatio
     if let Some(lo) = &engine.loopback_v4 {
         config.loopback_v4 = lo.clone();
     }
+    // Values the annotation validators let through (e.g. `*` where only a port can go) and the
+    // plugin's own environment: refused here, before the pod's netns is touched.
+    config.validate().map_err(|e| {
+        let key = match e.field {
+            Field::InboundPorts => ANN_INCLUDE_INBOUND_PORTS,
+            Field::InboundPortsExclude => ANN_EXCLUDE_INBOUND_PORTS,
+            Field::OutboundPortsInclude => ANN_INCLUDE_OUTBOUND_PORTS,
+            Field::OutboundPortsExclude => ANN_EXCLUDE_OUTBOUND_PORTS,
+            Field::ExcludeInterfaces => ANN_EXCLUDE_INTERFACES,
+            Field::RerouteVirtualInterfaces => reroute_key,
+            _ => return RedirectError::Value(e),
+        };
+        RedirectError::Annotation(AnnotationError {
+            annotation: key,
+            value: an.get(key).cloned().unwrap_or_default(),
+            reason: e.to_string(),
+        })
+    })?;
     Ok(Redirect::Capture(Box::new(CaptureSettings {
         config,
         dual_stack,
@@ -424,6 +437,13 @@ mod tests {
             p.annotations.insert(k.to_string(), v.to_string());
         }
         p
+    }
+
+    fn annotation_error(p: &PodInfo) -> AnnotationError {
+        match redirect(p, &engine()) {
+            Err(RedirectError::Annotation(e)) => e,
+            other => panic!("expected an annotation error, got {other:?}"),
+        }
     }
 
     fn capture(p: &PodInfo) -> CaptureSettings {
@@ -480,6 +500,10 @@ mod tests {
         assert_eq!(exclude_inbound_ports("3306"), "3306,15020,15021,15090");
         assert_eq!(exclude_inbound_ports(" 15021,80, "), "15021,80,15020,15090");
         assert_eq!(exclude_inbound_ports("x,x"), "x,15020,15021,15090");
+        assert_eq!(
+            exclude_inbound_ports("8080, 15020 ,9090"),
+            "8080,15020,9090,15021,15090"
+        );
     }
 
     #[test]
@@ -505,7 +529,7 @@ mod tests {
         let p = sidecar_pod(&[(ANN_INTERCEPTION_MODE, "NONE")]);
         assert_eq!(redirect(&p, &engine()).unwrap(), Redirect::None);
         let p = sidecar_pod(&[(ANN_INTERCEPTION_MODE, "tproxy")]);
-        let e = redirect(&p, &engine()).unwrap_err();
+        let e = annotation_error(&p);
         assert_eq!(e.annotation, ANN_INTERCEPTION_MODE);
         assert!(e.to_string().contains("\"tproxy\""), "{e}");
     }
@@ -522,8 +546,16 @@ mod tests {
             (ANN_EXCLUDE_OUTBOUND_PORTS, "-1"),
             (ANN_EXCLUDE_INTERFACES, "eth0,this-name-is-too-long"),
             (ANN_EXCLUDE_INTERFACES, "eth0,"),
+            (ANN_EXCLUDE_INTERFACES, "eth0,a/b"),
+            (ANN_INCLUDE_INBOUND_PORTS, "80, 0"),
+            (ANN_EXCLUDE_INBOUND_PORTS, "8080,,9090"),
+            (ANN_EXCLUDE_INBOUND_PORTS, "8080, 9090,"),
+            (ANN_INCLUDE_OUTBOUND_PORTS, "*"),
+            (ANN_EXCLUDE_OUTBOUND_IP_RANGES, "10.0.0.0/8,"),
+            (ANN_REROUTE_VIRTUAL_INTERFACES, "a b"),
+            (ANN_KUBEVIRT_INTERFACES, "abcdefghijklmnop"),
         ] {
-            let e = redirect(&sidecar_pod(&[(key, value)]), &engine()).unwrap_err();
+            let e = annotation_error(&sidecar_pod(&[(key, value)]));
             assert_eq!(e.annotation, key);
             assert_eq!(e.value, value);
             let msg = e.to_string();
@@ -537,20 +569,39 @@ mod tests {
             (ANN_INCLUDE_OUTBOUND_IP_RANGES, "127.0.0.0/8,fd00::/8"),
             (ANN_EXCLUDE_OUTBOUND_IP_RANGES, "10.0.0.0/8"),
             (ANN_INCLUDE_INBOUND_PORTS, "1111, 2222"),
-            (ANN_EXCLUDE_OUTBOUND_PORTS, "5555,6666"),
-            (ANN_INCLUDE_OUTBOUND_PORTS, "7777"),
+            (ANN_EXCLUDE_INBOUND_PORTS, "8080, 9090, 15021"),
+            (ANN_EXCLUDE_OUTBOUND_PORTS, "5555 ,6666"),
+            (ANN_INCLUDE_OUTBOUND_PORTS, " 7777"),
             (ANN_EXCLUDE_INTERFACES, "eth1, net_2"),
-            (ANN_KUBEVIRT_INTERFACES, "k0"),
+            (ANN_KUBEVIRT_INTERFACES, "k0, k1"),
         ]);
         let c = capture(&p).config;
         assert_eq!(c.outbound_ranges_include.v4, vec!["127.0.0.0/8"]);
         assert_eq!(c.outbound_ranges_include.v6, vec!["fd00::/8"]);
+        // Every list item reaches the rules trimmed.
         assert_eq!(
             c.inbound_ports,
-            InboundPorts::List(vec!["1111".into(), " 2222".into()])
+            InboundPorts::List(vec!["1111".into(), "2222".into()])
+        );
+        assert_eq!(
+            c.inbound_ports_exclude,
+            vec!["8080", "9090", "15021", "15020", "15090"]
         );
         assert_eq!(c.outbound_ports_exclude, vec!["5555", "6666"]);
-        assert_eq!(c.reroute_virtual_interfaces, vec!["k0"]);
+        assert_eq!(c.outbound_ports_include, vec!["7777"]);
+        assert_eq!(c.exclude_interfaces, vec!["eth1", "net_2"]);
+        assert_eq!(c.reroute_virtual_interfaces, vec!["k0", "k1"]);
+        let p = sidecar_pod(&[
+            (ANN_INCLUDE_INBOUND_PORTS, " * "),
+            (ANN_INCLUDE_OUTBOUND_IP_RANGES, " *"),
+        ]);
+        let c = capture(&p).config;
+        assert_eq!(c.inbound_ports, InboundPorts::All);
+        assert!(c.outbound_ranges_include.wildcard);
+        let p = sidecar_pod(&[(ANN_EXCLUDE_OUTBOUND_IP_RANGES, " 10.0.0.0/8, fd00::/8 ")]);
+        let c = capture(&p).config;
+        assert_eq!(c.outbound_ranges_exclude.v4, vec!["10.0.0.0/8"]);
+        assert_eq!(c.outbound_ranges_exclude.v6, vec!["fd00::/8"]);
         let p = sidecar_pod(&[
             (ANN_KUBEVIRT_INTERFACES, "k0"),
             (ANN_REROUTE_VIRTUAL_INTERFACES, "r0,r1"),
@@ -569,13 +620,34 @@ mod tests {
             ANN_EXCLUDE_OUTBOUND_PORTS,
         ] {
             for value in ["*", "80,*"] {
-                let err = redirect(&sidecar_pod(&[(key, value)]), &engine()).unwrap_err();
+                let err = annotation_error(&sidecar_pod(&[(key, value)]));
                 assert_eq!(err.annotation, key);
                 assert!(err.to_string().contains(key), "{err}");
             }
         }
         let c = capture(&sidecar_pod(&[(ANN_INCLUDE_INBOUND_PORTS, "*")])).config;
         assert_eq!(c.inbound_ports, InboundPorts::All);
+    }
+
+    #[test]
+    fn rendered_rules_carry_the_trimmed_items() {
+        use crate::plugin::program::{Backend, dry_run_text};
+        let p = sidecar_pod(&[
+            (ANN_EXCLUDE_INBOUND_PORTS, "8080, 9090"),
+            (ANN_EXCLUDE_OUTBOUND_PORTS, " 5432 "),
+            (ANN_EXCLUDE_INTERFACES, "eth1, eth2"),
+        ]);
+        let cfg = capture(&p).config;
+        for backend in [Backend::Iptables, Backend::Nftables] {
+            let text = dry_run_text(&cfg, backend);
+            for item in ["9090", "5432", "eth2"] {
+                assert!(text.contains(item), "{item} missing:\n{text}");
+            }
+            assert!(
+                !text.contains("  "),
+                "an untrimmed item was rendered:\n{text}"
+            );
+        }
     }
 
     #[test]
@@ -608,5 +680,14 @@ mod tests {
             OwnerGroups::Only(vec!["a".into(), "b".into()])
         );
         assert_eq!(c.config.loopback_v4, "127.0.0.0/8");
+        let env = EngineEnv {
+            owner_groups_include: Some("a,b c".into()),
+            ..env
+        };
+        let e = redirect(&sidecar_pod(&[]), &env).unwrap_err();
+        assert!(
+            matches!(e, RedirectError::Value(ref v) if v.value == "b c"),
+            "{e}"
+        );
     }
 }

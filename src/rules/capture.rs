@@ -70,11 +70,11 @@ pub struct RangeError {
 }
 
 impl IpRanges {
-    /// Parses a comma-separated list; empty items are dropped, `*` means every address.
+    /// Parses a comma-separated list (items trimmed, empty ones dropped); `*` means every address.
     /// A bare address is taken as a host prefix. Host bits are kept (`10.1.2.3/8` stays).
     pub fn parse(list: &str) -> Result<IpRanges, RangeError> {
         let mut ranges = IpRanges::default();
-        if list == "*" {
+        if list.trim() == "*" {
             ranges.wildcard = true;
             return Ok(ranges);
         }
@@ -123,9 +123,13 @@ fn parse_prefix(item: &str) -> Result<(IpAddr, u8), RangeError> {
     }
 }
 
-/// Splits a comma-separated list, dropping empty items (Istio does not trim spaces).
+/// Splits a comma-separated list, trimming whitespace around each item and dropping empty items
+/// (`"6000, 7000,"` → `6000`, `7000`). Istio's istio-iptables drops empty items but keeps spaces,
+/// so `8080, 9090` from an annotation fails there; its annotation validator trims, as we do
+/// everywhere.
 pub fn split_list(list: &str) -> Vec<String> {
     list.split(',')
+        .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_string)
         .collect()
@@ -728,6 +732,20 @@ mod tests {
         assert_eq!(r.v4, vec!["10.1.2.3/8", "127.0.0.2/32"]);
         assert_eq!(r.v6, vec!["2001:db8::/32"]);
         assert!(r.has_loopback_v4 && !r.has_loopback_v6);
+    }
+
+    #[test]
+    fn lists_are_trimmed_and_empty_items_dropped() {
+        assert_eq!(
+            split_list(" 15090,15021 ,\t8080, 9090,, ,"),
+            vec!["15090", "15021", "8080", "9090"]
+        );
+        assert!(split_list(" ").is_empty());
+        let r = IpRanges::parse("10.0.0.0/8, fd00::/8").unwrap();
+        assert_eq!(
+            (r.v4, r.v6),
+            (vec!["10.0.0.0/8".into()], vec!["fd00::/8".into()])
+        );
     }
 
     #[test]

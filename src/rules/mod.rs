@@ -1,11 +1,13 @@
 //! The one rule engine: a typed model of redirect rules ([`model`]), the builders that fill it
-//! ([`capture`] for sidecars, [`nft_capture`], [`ambient`]), and its renderers ([`iptables`]
-//! restore text, [`nftables`] text, and [`iptables_nft`]: the nf_tables messages iptables-nft
-//! would send). Pure: no processes, files or namespaces are touched here.
+//! ([`capture`] for sidecars, whose values [`capture_values`] checks, [`nft_capture`],
+//! [`ambient`]), and its renderers ([`iptables`] restore text, [`nftables`] text, and
+//! [`iptables_nft`]: the nf_tables messages iptables-nft would send). Pure: no processes, files
+//! or namespaces are touched here.
 //! May call: nothing else in this crate.
 
 pub mod ambient;
 pub mod capture;
+pub mod capture_values;
 pub mod iptables;
 pub mod iptables_nft;
 pub mod model;

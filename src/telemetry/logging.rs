@@ -69,18 +69,12 @@ pub fn scope_of(target: &str) -> &'static str {
 
 /// Installs the global subscriber.
 pub fn init(settings: LogSettings) -> Result<(), String> {
-    let writer = if let Some(path) = &settings.file {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| format!("opening log file {}: {e}", path.display()))?;
-        BoxMakeWriter::new(Mutex::new(f))
-    } else if settings.stdout {
-        BoxMakeWriter::new(io::stdout)
-    } else {
-        BoxMakeWriter::new(io::stderr)
+    let target = match &settings.file {
+        Some(path) => path.to_string_lossy().into_owned(),
+        None if settings.stdout => "stdout".to_string(),
+        None => "stderr".to_string(),
     };
+    let writer = targets_writer(&[target])?;
     let levels = settings.levels.clone();
     let filter = tracing_subscriber::filter::filter_fn(move |meta| {
         levels.allows(scope_of(meta.target()), meta.level())
@@ -95,6 +89,61 @@ pub fn init(settings: LogSettings) -> Result<(), String> {
         .with(tracing_subscriber::Layer::with_filter(layer, filter))
         .try_init()
         .map_err(|e| format!("setting up logging: {e}"))
+}
+
+/// One log destination, as pilot-agent's `--log_target` names it.
+enum Target {
+    Stdout,
+    Stderr,
+    File(Mutex<std::fs::File>),
+}
+
+/// Writes each record to every target.
+struct Tee(std::sync::Arc<Vec<Target>>);
+
+impl io::Write for Tee {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        for target in self.0.iter() {
+            match target {
+                Target::Stdout => io::stdout().lock().write_all(buf)?,
+                Target::Stderr => io::stderr().lock().write_all(buf)?,
+                Target::File(f) => f
+                    .lock()
+                    .map_err(|_| io::Error::other("log file lock poisoned"))?
+                    .write_all(buf)?,
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A writer for `--log_target` values: `stdout`, `stderr` or a file path (opened for append);
+/// several targets each get every record; none means stderr.
+pub fn targets_writer(targets: &[String]) -> Result<BoxMakeWriter, String> {
+    let mut opened = Vec::new();
+    for target in targets {
+        opened.push(match target.as_str() {
+            "stdout" => Target::Stdout,
+            "stderr" => Target::Stderr,
+            path => {
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| format!("opening log file {path}: {e}"))?;
+                Target::File(Mutex::new(f))
+            }
+        });
+    }
+    if opened.is_empty() {
+        opened.push(Target::Stderr);
+    }
+    let targets = std::sync::Arc::new(opened);
+    Ok(BoxMakeWriter::new(move || Tee(targets.clone())))
 }
 
 /// The formatter.
