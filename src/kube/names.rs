@@ -62,9 +62,9 @@ impl fmt::Display for NameProblem {
                 "character '{}' at offset {at} is not allowed (only ASCII letters, digits, '-' and, in pod names, '.')",
                 ch.escape_debug()
             ),
-            NameProblem::BadEdge => f.write_str(
-                "each part must start and end with a letter or digit (no empty parts)",
-            ),
+            NameProblem::BadEdge => {
+                f.write_str("each part must start and end with a letter or digit (no empty parts)")
+            }
         }
     }
 }
@@ -114,9 +114,7 @@ fn problem(value: &str, rule: NameRule) -> Option<NameProblem> {
         return Some(NameProblem::TooLong { chars, max });
     }
     let allowed = |c: char| {
-        c.is_ascii_alphanumeric()
-            || c == '-'
-            || (c == '.' && rule == NameRule::Subdomain)
+        c.is_ascii_alphanumeric() || c == '-' || (c == '.' && rule == NameRule::Subdomain)
     };
     if let Some((at, ch)) = value.char_indices().find(|(_, c)| !allowed(*c)) {
         return Some(NameProblem::BadChar { ch, at });
@@ -158,7 +156,15 @@ mod tests {
     #[test]
     fn namespaces_are_labels() {
         // Upper case cannot change a path; Istio's fixtures use it (testNS).
-        for ok in ["a", "default", "istio-system", "a1", "0", "testNS", &"a".repeat(63)] {
+        for ok in [
+            "a",
+            "default",
+            "istio-system",
+            "a1",
+            "0",
+            "testNS",
+            &"a".repeat(63),
+        ] {
             assert_eq!(check_namespace(ok), Ok(()), "{ok}");
         }
         let bad = [
@@ -183,7 +189,14 @@ mod tests {
 
     #[test]
     fn pod_names_are_subdomains() {
-        for ok in ["p", "web-0", "a.b.c", "my-pod-7d9f8.x1", "testPod", &"a".repeat(253)] {
+        for ok in [
+            "p",
+            "web-0",
+            "a.b.c",
+            "my-pod-7d9f8.x1",
+            "testPod",
+            &"a".repeat(253),
+        ] {
             assert_eq!(check_pod_name(ok), Ok(()), "{ok}");
         }
         for bad in [
