@@ -106,7 +106,9 @@ fn run(flags: &Flags, env: &dyn Env, explicit_false: &HashSet<String>) -> i32 {
     };
     if !settings.skip_rule_apply {
         let result = match (settings.native_nftables, settings.dry_run) {
+            (false, true) if settings.cleanup_only => cleanup_dry_run(&settings),
             (false, true) => dry_run(&settings, &rules::capture::build(&settings.capture)),
+            (false, false) if settings.cleanup_only => cleanup(&settings),
             (false, false) => apply_rules(&settings, rules::capture::build(&settings.capture)),
             (true, true) => emit_dry_run(&settings, nft_transaction(&settings)),
             (true, false) => apply_nft(&settings),
@@ -132,11 +134,82 @@ fn run(flags: &Flags, env: &dyn Env, explicit_false: &HashSet<String>) -> i32 {
 }
 
 fn dry_run(settings: &Settings, rules: &RuleSet) -> Result<(), String> {
-    let lines =
-        apply::transcript::sidecar(rules, settings.capture.enable_ipv6, settings.cleanup_only);
+    let lines = apply::transcript::sidecar(rules, settings.capture.enable_ipv6);
     let mut text = lines.join("\n");
     text.push('\n');
     emit_dry_run(settings, text)
+}
+
+/// Runs `work` where the rules live: in `--network-namespace` in CNI mode, else right here.
+fn in_target_netns<T: Send + 'static>(
+    settings: &Settings,
+    work: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    match (&settings.network_namespace, settings.cni_mode) {
+        (Some(ns), true) => crate::netns::run_in(Path::new(ns), work).map_err(|e| e.to_string())?,
+        _ => work(),
+    }
+}
+
+/// The rule lists a cleanup removes: the configuration's, with IPv6 rules even when IPv6 is off
+/// (used when ip6tables holds chains of ours).
+fn cleanup_rules(settings: &Settings) -> RuleSet {
+    let mut v4 = rules::capture::build(&settings.capture);
+    let with_v6 = rules::capture::build(&rules::capture::CaptureConfig {
+        enable_ipv6: true,
+        ..settings.capture.clone()
+    });
+    v4.v6 = with_v6.v6;
+    v4
+}
+
+/// `--cleanup-only --dry-run`: the plan the real cleanup would run now (its saves are read, as
+/// the real run does; a failing save counts as empty, like Istio's dry-run stub).
+fn cleanup_dry_run(settings: &Settings) -> Result<(), String> {
+    let rules = cleanup_rules(settings);
+    let ipv6 = settings.capture.enable_ipv6;
+    let force = settings.force_binary;
+    let plan = in_target_netns(settings, move || {
+        let input = apply::CleanupInput {
+            v4: &rules.v4,
+            v6: &rules.v6,
+            ipv6_enabled: ipv6,
+        };
+        apply::cleanup_plan_here(&input, &[], force).map_err(|e| e.to_string())
+    })?;
+    let mut text = plan.transcript().join("\n");
+    text.push('\n');
+    emit_dry_run(settings, text)
+}
+
+/// `--cleanup-only`: removes what this configuration creates (rules, our chains, leftover jumps
+/// into them, in every family that has any) and its TPROXY routes and `::6/128` on lo.
+fn cleanup(settings: &Settings) -> Result<(), String> {
+    let rules = cleanup_rules(settings);
+    let capture = settings.capture.clone();
+    let force = settings.force_binary;
+    let env = lock_env(settings);
+    let outcome = in_target_netns(settings, move || {
+        let input = apply::CleanupInput {
+            v4: &rules.v4,
+            v6: &rules.v6,
+            ipv6_enabled: capture.enable_ipv6,
+        };
+        let outcome =
+            apply::cleanup_sidecar_here(&input, &env, force).map_err(|e| e.to_string())?;
+        crate::netlink::routes::remove_sidecar_routes(&capture).map_err(|e| e.to_string())?;
+        Ok(outcome)
+    })?;
+    info!(?outcome, "iptables rules done");
+    Ok(())
+}
+
+/// A pod-scoped xtables lock in CNI mode: concurrent pods never wait on each other's lock.
+fn lock_env(settings: &Settings) -> Vec<(String, String)> {
+    match (&settings.network_namespace, settings.cni_mode) {
+        (Some(ns), true) => vec![("XTABLES_LOCKFILE".into(), ns.clone())],
+        _ => vec![],
+    }
 }
 
 /// Prints a dry-run text and writes it to $DRY_RUN_FILE_PATH when set.
@@ -169,46 +242,34 @@ fn apply_nft(settings: &Settings) -> Result<(), String> {
     let work = move || -> Result<(), String> {
         apply::nft::apply_transaction(&mut apply::ProcessExecutor, &transaction)
             .map_err(|e| e.to_string())?;
-        if !cleanup_only {
+        if cleanup_only {
+            crate::netlink::routes::remove_sidecar_routes(&capture).map_err(|e| e.to_string())?;
+        } else {
             crate::netlink::routes::apply_sidecar_routes(&capture).map_err(|e| e.to_string())?;
         }
         Ok(())
     };
-    match (&settings.network_namespace, settings.cni_mode) {
-        (Some(ns), true) => {
-            crate::netns::run_in(Path::new(ns), work).map_err(|e| e.to_string())??
-        }
-        _ => work()?,
-    }
+    in_target_netns(settings, work)?;
     info!("nftables rules done");
     Ok(())
 }
 
 fn apply_rules(settings: &Settings, rules: RuleSet) -> Result<(), String> {
-    let mut opts = SidecarOptions {
+    let opts = SidecarOptions {
         reconcile: settings.reconcile,
-        cleanup_only: settings.cleanup_only,
+        cleanup_only: false,
         force_apply: settings.force_apply,
-        env: vec![],
+        env: lock_env(settings),
         restore_only: settings.restore_only,
+        reconcile_also: rules::capture::other_mode(&settings.capture),
     };
     let force = settings.force_binary;
     let capture = settings.capture.clone();
-    let work = move |opts: SidecarOptions| -> Result<apply::Outcome, String> {
+    let outcome = in_target_netns(settings, move || {
         let outcome = apply::apply_sidecar_here(&rules, &opts, force).map_err(|e| e.to_string())?;
-        if !opts.cleanup_only {
-            crate::netlink::routes::apply_sidecar_routes(&capture).map_err(|e| e.to_string())?;
-        }
+        crate::netlink::routes::apply_sidecar_routes(&capture).map_err(|e| e.to_string())?;
         Ok(outcome)
-    };
-    let outcome = match (&settings.network_namespace, settings.cni_mode) {
-        (Some(ns), true) => {
-            // A pod-scoped lock: concurrent pods never wait on each other's xtables lock.
-            opts.env.push(("XTABLES_LOCKFILE".into(), ns.clone()));
-            crate::netns::run_in(Path::new(ns), move || work(opts)).map_err(|e| e.to_string())??
-        }
-        _ => work(opts)?,
-    };
+    })?;
     info!(?outcome, "iptables rules done");
     Ok(())
 }

@@ -127,10 +127,13 @@ pub fn program(
             Backend::Iptables | Backend::IptablesRestore => {
                 let rules = build(&cfg);
                 match apply_sidecar_here(&rules, &opts, None) {
-                    // A repeated ADD with changed settings: converge (the pod is not running yet).
+                    // A repeated ADD with changed settings (the refusal changed nothing): converge,
+                    // the pod is not running yet. Rules of the other interception mode go too, so
+                    // a changed interceptionMode ends with exactly the new plan.
                     Err(crate::apply::ApplyError::Drift { .. }) => {
                         let reconcile = SidecarOptions {
                             reconcile: true,
+                            reconcile_also: crate::rules::capture::other_mode(&cfg),
                             ..opts.clone()
                         };
                         apply_sidecar_here(&rules, &reconcile, None)

@@ -1,0 +1,483 @@
+//! Removing a sidecar rule set: one plan, built from the rule model of the configuration and the
+//! state `*-save` reports, that both `--cleanup-only` runs and `--cleanup-only --dry-run` prints —
+//! so the dry run shows exactly the commands the real run performs.
+//!
+//! The plan, per family (IPv4, then IPv6 when IPv6 is enabled or ip6tables holds chains of ours):
+//! 1. Istio's list: the planned rules in reverse as `-D` — every rule in a built-in chain, whatever
+//!    its target, and the rules of our chains that jump to our chains;
+//! 2. from the state: every other rule (in any chain) that still jumps into one of our chains;
+//! 3. `-F`/`-X` of each planned chain (reverse first-seen order, as Istio), then of every other chain
+//!    of ours the state holds. "Ours" is [`owned_chains`]: the chains the rule model creates, in
+//!    the tables it creates them in — never a user's chain that merely starts with `ISTIO`.
+//!
+//! Commands run one by one and a failing one is not fatal (as in Istio: a rule of the plan that is
+//! not there cannot be deleted); the final `*-save` then tells whether any chain of ours is left.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::exec::{Cmd, Executor};
+use super::iptables::{ApplyError, Binaries, family_prefix, run_checked, with_env};
+use super::state::{State, has_owned_chains, jump_target, normalise, parse_save, rule_words};
+use crate::rules::capture::{is_owned_chain, owned_chains};
+use crate::rules::iptables::rule_args;
+use crate::rules::model::is_builtin_chain;
+use crate::rules::{Family, Rule, Table};
+
+/// One step of a cleanup plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// `<family>-save`: the state the plan is made from (first) or the final state (last).
+    Save(Family),
+    /// `<family> -t TABLE ARGS…`: one `-D`, `-F` or `-X`.
+    Command {
+        family: Family,
+        table: String,
+        args: Vec<String>,
+    },
+}
+
+impl Step {
+    fn command(family: Family, table: &str, args: Vec<String>) -> Step {
+        Step::Command {
+            family,
+            table: table.to_string(),
+            args,
+        }
+    }
+
+    /// The step as Istio's dry-run transcript prints it.
+    pub fn display(&self) -> String {
+        match self {
+            Step::Save(family) => format!("{}-save", family_prefix(*family)),
+            Step::Command {
+                family,
+                table,
+                args,
+            } => format!("{} -t {table} {}", family_prefix(*family), args.join(" ")),
+        }
+    }
+
+    /// The step as a process of the resolved binaries.
+    fn to_cmd(&self, bins: &Binaries, env: &[(String, String)]) -> Cmd {
+        match self {
+            Step::Save(_) => with_env(Cmd::new(&bins.save, Vec::<String>::new()), env),
+            Step::Command { table, args, .. } => {
+                let mut full = vec!["-t".to_string(), table.clone()];
+                full.extend(args.iter().cloned());
+                full.extend(bins.lock_args());
+                with_env(Cmd::new(&bins.iptables, full), env)
+            }
+        }
+    }
+
+    fn family(&self) -> Family {
+        match self {
+            Step::Save(family) | Step::Command { family, .. } => *family,
+        }
+    }
+}
+
+/// The commands that remove `planned` (one family) and, when the state is known, everything else of
+/// ours it holds. Pure.
+pub fn family_steps(family: Family, planned: &[Rule], state: Option<&State>) -> Vec<Step> {
+    let owned = owned_chains();
+    let mut steps = Vec::new();
+    // Normalised rules the plan already deletes, per (table, chain), so the state pass below does
+    // not delete them twice.
+    let mut deleted: BTreeMap<(&str, &str), Vec<String>> = BTreeMap::new();
+    for rule in planned.iter().rev() {
+        let in_ours = !is_builtin_chain(&rule.chain);
+        let jumps_to_ours = rule
+            .target
+            .jump_chain()
+            .is_some_and(|t| !is_builtin_chain(t));
+        if in_ours && !jumps_to_ours {
+            continue;
+        }
+        let args = rule_args(rule);
+        deleted
+            .entry((rule.table.name(), rule.chain.as_str()))
+            .or_default()
+            .push(normalise(&args.join(" ")));
+        let mut cmd = vec!["-D".to_string(), rule.chain.clone()];
+        cmd.extend(args);
+        steps.push(Step::command(family, rule.table.name(), cmd));
+    }
+    if let Some(state) = state {
+        for (table, chains) in state {
+            for (chain, rules) in chains {
+                for rule in rules {
+                    if !jump_target(rule).is_some_and(|t| is_owned_chain(&owned, table, t)) {
+                        continue;
+                    }
+                    let already = deleted.get_mut(&(table.as_str(), chain.as_str()));
+                    let key = normalise(rule);
+                    if let Some(list) = already
+                        && let Some(i) = list.iter().position(|r| *r == key)
+                    {
+                        list.swap_remove(i);
+                        continue;
+                    }
+                    let mut cmd = vec!["-D".to_string(), chain.clone()];
+                    cmd.extend(rule_words(rule));
+                    steps.push(Step::command(family, table, cmd));
+                }
+            }
+        }
+    }
+    let mut seen: BTreeSet<(Table, &str)> = BTreeSet::new();
+    let flush_and_delete = |steps: &mut Vec<Step>, table: &str, chain: &str| {
+        steps.push(Step::command(
+            family,
+            table,
+            vec!["-F".into(), chain.into()],
+        ));
+        steps.push(Step::command(
+            family,
+            table,
+            vec!["-X".into(), chain.into()],
+        ));
+    };
+    for rule in planned.iter().rev() {
+        if !is_builtin_chain(&rule.chain) && seen.insert((rule.table, rule.chain.as_str())) {
+            flush_and_delete(&mut steps, rule.table.name(), &rule.chain);
+        }
+    }
+    if let Some(state) = state {
+        for (table, chains) in state {
+            for chain in chains.keys() {
+                let planned_here = seen.iter().any(|(t, c)| t.name() == table && c == chain);
+                if is_owned_chain(&owned, table, chain) && !planned_here {
+                    flush_and_delete(&mut steps, table, chain);
+                }
+            }
+        }
+    }
+    steps
+}
+
+/// A whole cleanup: the saves it was made from, each family's commands, the final saves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CleanupPlan {
+    pub steps: Vec<Step>,
+}
+
+impl CleanupPlan {
+    /// The plan as the dry run prints it (Istio's recording-stub format), one line per step.
+    pub fn transcript(&self) -> Vec<String> {
+        self.steps.iter().map(Step::display).collect()
+    }
+}
+
+/// The rules to remove per family, and whether IPv6 is enabled for this configuration.
+pub struct CleanupInput<'a> {
+    pub v4: &'a [Rule],
+    /// The IPv6 rules of the configuration as if IPv6 were enabled: used when it is, or when
+    /// ip6tables holds chains of ours.
+    pub v6: &'a [Rule],
+    pub ipv6_enabled: bool,
+}
+
+/// Reads the state of each family (`bins[i]` for [`Family::ALL`]`[i]`; None when not installed)
+/// and makes the plan. A save that fails counts as an empty state (as Istio's dry-run stub).
+pub fn make_plan(
+    exec: &mut dyn Executor,
+    bins: [Option<&Binaries>; 2],
+    input: &CleanupInput,
+    env: &[(String, String)],
+) -> Result<CleanupPlan, ApplyError> {
+    let mut states = Vec::new();
+    let mut steps = Vec::new();
+    for b in bins.iter().flatten() {
+        steps.push(Step::Save(b.family));
+        let out = exec.run(&Step::Save(b.family).to_cmd(b, env))?;
+        states.push((b.family, out.success.then(|| parse_save(&out.stdout))));
+    }
+    let mut families = Vec::new();
+    for (family, state) in &states {
+        let wanted = match family {
+            Family::V4 => true,
+            Family::V6 => input.ipv6_enabled || state.as_ref().is_some_and(has_owned_chains),
+        };
+        if wanted {
+            let planned = match family {
+                Family::V4 => input.v4,
+                Family::V6 => input.v6,
+            };
+            steps.extend(family_steps(*family, planned, state.as_ref()));
+            families.push(*family);
+        }
+    }
+    steps.extend(families.into_iter().map(Step::Save));
+    Ok(CleanupPlan { steps })
+}
+
+/// Runs a plan made by [`make_plan`] (its first saves already ran). Commands that fail are logged
+/// and skipped; an error only when a chain of ours is still there at the end.
+pub fn run_plan(
+    exec: &mut dyn Executor,
+    bins: [Option<&Binaries>; 2],
+    plan: &CleanupPlan,
+    env: &[(String, String)],
+) -> Result<(), ApplyError> {
+    let bins_of = |family: Family| bins.iter().flatten().find(|b| b.family == family).copied();
+    let first_saves = plan
+        .steps
+        .iter()
+        .take_while(|s| matches!(s, Step::Save(_)))
+        .count();
+    let mut left = Vec::new();
+    for step in &plan.steps[first_saves..] {
+        let Some(b) = bins_of(step.family()) else {
+            continue;
+        };
+        let cmd = step.to_cmd(b, env);
+        tracing::debug!(command = %step.display(), "cleanup");
+        match step {
+            Step::Save(family) => {
+                let state = parse_save(&run_checked(exec, &cmd)?.stdout);
+                if has_owned_chains(&state) {
+                    left.push(family_prefix(*family));
+                }
+            }
+            Step::Command { .. } => run_command(exec, &cmd)?,
+        }
+    }
+    match left.is_empty() {
+        true => Ok(()),
+        false => Err(ApplyError::CleanupIncomplete {
+            family: left.join(", "),
+        }),
+    }
+}
+
+/// Runs `-D`/`-F`/`-X` steps of one family; a command that fails is logged, not fatal.
+pub(super) fn run_commands(
+    exec: &mut dyn Executor,
+    bins: &Binaries,
+    steps: &[Step],
+    env: &[(String, String)],
+) -> Result<(), ApplyError> {
+    for step in steps.iter().filter(|s| matches!(s, Step::Command { .. })) {
+        tracing::debug!(command = %step.display(), "cleanup");
+        run_command(exec, &step.to_cmd(bins, env))?;
+    }
+    Ok(())
+}
+
+fn run_command(exec: &mut dyn Executor, cmd: &Cmd) -> Result<(), ApplyError> {
+    let out = exec.run(cmd)?;
+    if !out.success {
+        tracing::debug!(command = %cmd.display(), stderr = %out.stderr.trim(), "not applicable");
+    }
+    Ok(())
+}
+
+/// The restore text that undoes a restore of `rules` that committed `tables` in a family that held
+/// none of our chains before: the planned rules of built-in chains deleted, our chains flushed and
+/// deleted. Pure.
+pub fn undo_restore_text(rules: &[Rule], tables: &BTreeSet<Table>) -> String {
+    let mut out = String::new();
+    for table in tables {
+        let mut deletes = Vec::new();
+        let mut chains: Vec<&str> = Vec::new();
+        for rule in rules.iter().rev().filter(|r| r.table == *table) {
+            if is_builtin_chain(&rule.chain) {
+                deletes.push(format!("-D {} {}", rule.chain, rule_args(rule).join(" ")));
+            } else if !chains.contains(&rule.chain.as_str()) {
+                chains.push(&rule.chain);
+            }
+            if let Some(target) = rule.target.jump_chain()
+                && !is_builtin_chain(target)
+                && !chains.contains(&target)
+            {
+                chains.push(target);
+            }
+        }
+        if deletes.is_empty() && chains.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("*{table}\n"));
+        for line in deletes
+            .iter()
+            .cloned()
+            .chain(chains.iter().map(|c| format!("-F {c}")))
+            .chain(chains.iter().map(|c| format!("-X {c}")))
+        {
+            out.push_str(&line);
+            out.push('\n');
+        }
+        out.push_str("COMMIT\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::exec::{CmdOutput, SpawnError};
+    use crate::rules::capture::{CaptureConfig, InboundPorts, InterceptionMode, build};
+
+    fn tproxy_cfg() -> CaptureConfig {
+        CaptureConfig {
+            mode: InterceptionMode::Tproxy,
+            inbound_ports: InboundPorts::List(vec!["80".into()]),
+            exclude_interfaces: vec!["eth9".into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn without_state_the_plan_is_istios_list_and_keeps_builtin_rules_of_any_target() {
+        let rules = build(&tproxy_cfg());
+        let lines: Vec<String> = family_steps(Family::V4, &rules.v4, None)
+            .iter()
+            .map(Step::display)
+            .collect();
+        for expected in [
+            "iptables -t mangle -D OUTPUT -p tcp -m connmark --mark 1337 -j CONNMARK --restore-mark",
+            "iptables -t mangle -D PREROUTING -p tcp -m mark --mark 1337 -j CONNMARK --save-mark",
+            "iptables -t nat -D PREROUTING -i eth9 -j RETURN",
+            "iptables -t mangle -D OUTPUT -o eth9 -j RETURN",
+            "iptables -t nat -D OUTPUT -j ISTIO_OUTPUT",
+            "iptables -t mangle -F ISTIO_DIVERT",
+            "iptables -t mangle -X ISTIO_DIVERT",
+        ] {
+            assert!(
+                lines.iter().any(|l| l == expected),
+                "{expected} missing: {lines:#?}"
+            );
+        }
+        assert!(!lines.iter().any(|l| l.contains("-D ISTIO_REDIRECT")));
+    }
+
+    #[test]
+    fn with_state_leftover_jumps_and_our_other_chains_go_but_user_chains_stay() {
+        let state = parse_save(
+            "*nat\n:OUTPUT ACCEPT [0:0]\n:ISTIO_OUTPUT - [0:0]\n:ISTIO_OUTPUT_DNS - [0:0]\n-A OUTPUT -j ISTIO_OUTPUT\n-A OUTPUT -o lo -j ISTIO_OUTPUT_DNS\n-A ISTIO_OUTPUT -j ISTIO_OUTPUT_DNS\nCOMMIT\n*filter\n:ISTIO_FW - [0:0]\n:INPUT ACCEPT [0:0]\n-A INPUT -j ISTIO_FW\nCOMMIT\n",
+        );
+        let rules = build(&CaptureConfig::default());
+        let lines: Vec<String> = family_steps(Family::V4, &rules.v4, Some(&state))
+            .iter()
+            .map(Step::display)
+            .collect();
+        assert_eq!(
+            lines
+                .iter()
+                .filter(|l| l.contains("-D OUTPUT -j ISTIO_OUTPUT"))
+                .count(),
+            1,
+            "{lines:#?}"
+        );
+        for expected in [
+            "iptables -t nat -D OUTPUT -o lo -j ISTIO_OUTPUT_DNS",
+            "iptables -t nat -D ISTIO_OUTPUT -j ISTIO_OUTPUT_DNS",
+            "iptables -t nat -F ISTIO_OUTPUT_DNS",
+            "iptables -t nat -X ISTIO_OUTPUT_DNS",
+        ] {
+            assert!(
+                lines.iter().any(|l| l == expected),
+                "{expected} missing: {lines:#?}"
+            );
+        }
+        assert!(!lines.iter().any(|l| l.contains("ISTIO_FW")), "{lines:#?}");
+    }
+
+    #[test]
+    fn undo_text_removes_what_a_committed_table_added() {
+        let rules = build(&tproxy_cfg());
+        let text = undo_restore_text(&rules.v4, &BTreeSet::from([Table::Mangle]));
+        assert!(text.starts_with("*mangle\n"), "{text}");
+        assert!(
+            text.contains("-D PREROUTING -p tcp -j ISTIO_INBOUND\n"),
+            "{text}"
+        );
+        assert!(text.contains("-X ISTIO_TPROXY\n"), "{text}");
+        assert!(!text.contains("*nat"), "{text}");
+    }
+
+    /// Answers saves with canned text and records every command.
+    struct Recorder {
+        saves: [String; 2],
+        ran: Vec<String>,
+    }
+
+    impl Executor for Recorder {
+        fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, SpawnError> {
+            self.ran.push(cmd.display());
+            let stdout = match cmd.program.as_str() {
+                "iptables-save" => self.saves[0].clone(),
+                "ip6tables-save" => self.saves[1].clone(),
+                _ => String::new(),
+            };
+            Ok(CmdOutput {
+                success: true,
+                stdout,
+                ..Default::default()
+            })
+        }
+    }
+
+    fn plain_bins(family: Family) -> Binaries {
+        let prefix = family_prefix(family);
+        Binaries {
+            family,
+            iptables: prefix.to_string(),
+            save: format!("{prefix}-save"),
+            restore: format!("{prefix}-restore"),
+            legacy: false,
+        }
+    }
+
+    #[test]
+    fn the_real_run_performs_exactly_the_dry_run_transcript() {
+        let cfg = CaptureConfig {
+            enable_ipv6: true,
+            ..tproxy_cfg()
+        };
+        let v4_only = build(&tproxy_cfg());
+        let both = build(&cfg);
+        let v6_state = "*nat\n:OUTPUT ACCEPT [0:0]\n:ISTIO_OUTPUT - [0:0]\n-A OUTPUT -j ISTIO_OUTPUT\nCOMMIT\n";
+        let mut rec = Recorder {
+            saves: [String::new(), v6_state.to_string()],
+            ran: vec![],
+        };
+        let (b4, b6) = (plain_bins(Family::V4), plain_bins(Family::V6));
+        let bins = [Some(&b4), Some(&b6)];
+        // IPv6 not enabled for this run, but ip6tables holds our chains: both families go.
+        let input = CleanupInput {
+            v4: &v4_only.v4,
+            v6: &both.v6,
+            ipv6_enabled: false,
+        };
+        let plan = make_plan(&mut rec, bins, &input, &[]).unwrap();
+        rec.saves[1].clear();
+        run_plan(&mut rec, bins, &plan, &[]).unwrap();
+        assert_eq!(rec.ran, plan.transcript());
+        assert!(
+            plan.transcript()
+                .iter()
+                .any(|l| l.starts_with("ip6tables -t mangle -D PREROUTING"))
+        );
+        assert_eq!(plan.transcript().last().unwrap(), "ip6tables-save");
+    }
+
+    #[test]
+    fn a_chain_of_ours_left_at_the_end_is_an_error() {
+        let saved = "*nat\n:ISTIO_OUTPUT - [0:0]\nCOMMIT\n".to_string();
+        let mut rec = Recorder {
+            saves: [saved, String::new()],
+            ran: vec![],
+        };
+        let b4 = plain_bins(Family::V4);
+        let rules = build(&CaptureConfig::default());
+        let input = CleanupInput {
+            v4: &rules.v4,
+            v6: &[],
+            ipv6_enabled: false,
+        };
+        let plan = make_plan(&mut rec, [Some(&b4), None], &input, &[]).unwrap();
+        let err = run_plan(&mut rec, [Some(&b4), None], &plan, &[]).unwrap_err();
+        assert!(err.to_string().contains("iptables"), "{err}");
+    }
+}
