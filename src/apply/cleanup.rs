@@ -16,8 +16,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::exec::{Cmd, Executor};
-use super::iptables::{ApplyError, Binaries, family_prefix, run_checked, with_env};
-use super::state::{State, has_owned_chains, jump_target, normalise, parse_save, rule_words};
+use super::iptables::{
+    ApplyError, Binaries, drop_created_tables, family_prefix, nf_family, run_checked, with_env,
+};
+use super::state::{
+    State, has_owned_chains, jump_target, normalise, parse_save, rule_words, table_section,
+};
 use crate::rules::capture::{is_owned_chain, owned_chains};
 use crate::rules::iptables::rule_args;
 use crate::rules::model::is_builtin_chain;
@@ -162,7 +166,29 @@ pub struct CleanupPlan {
     pub steps: Vec<Step>,
 }
 
+/// The tables some command of `steps` works on.
+pub(super) fn steps_tables(steps: &[Step]) -> BTreeSet<String> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Command { table, .. } => Some(table.clone()),
+            Step::Save(_) => None,
+        })
+        .collect()
+}
+
 impl CleanupPlan {
+    /// The tables the plan has commands for in one family.
+    fn tables_of(&self, family: Family) -> BTreeSet<String> {
+        let of_family: Vec<Step> = self
+            .steps
+            .iter()
+            .filter(|s| s.family() == family)
+            .cloned()
+            .collect();
+        steps_tables(&of_family)
+    }
+
     /// The plan as the dry run prints it (Istio's recording-stub format), one line per step.
     pub fn transcript(&self) -> Vec<String> {
         self.steps.iter().map(Step::display).collect()
@@ -189,6 +215,7 @@ pub fn make_plan(
     let mut states = Vec::new();
     let mut steps = Vec::new();
     for b in bins.iter().flatten() {
+        tracing::debug!(command = %Step::Save(b.family).display(), "cleanup");
         steps.push(Step::Save(b.family));
         let out = exec.run(&Step::Save(b.family).to_cmd(b, env))?;
         states.push((b.family, out.success.then(|| parse_save(&out.stdout))));
@@ -235,10 +262,12 @@ pub fn run_plan(
         tracing::debug!(command = %step.display(), "cleanup");
         match step {
             Step::Save(family) => {
-                let state = parse_save(&run_checked(exec, &cmd)?.stdout);
+                let text = run_checked(exec, &cmd)?.stdout;
+                let state = parse_save(&text);
                 if has_owned_chains(&state) {
                     left.push(family_prefix(*family));
                 }
+                drop_emptied_tables(b, &text, &plan.tables_of(*family));
             }
             Step::Command { .. } => run_command(exec, &cmd)?,
         }
@@ -249,6 +278,71 @@ pub fn run_plan(
             family: left.join(", "),
         }),
     }
+}
+
+/// With iptables-nft, what the apply's restore created implicitly goes too, so the namespace looks
+/// as before: a touched table left with nothing but idle built-in chains (no rule, policy ACCEPT)
+/// is deleted, and in a table that keeps other content, each idle built-in chain is. These are
+/// netlink requests, not commands (they do not show in the dry run), and change no packet's fate.
+/// Anything with a rule, a user chain, another policy or a native nft chain stays. Legacy tables
+/// and chains cannot be unloaded and stay.
+pub(super) fn drop_emptied_tables(bins: &Binaries, save: &str, touched: &BTreeSet<String>) {
+    if !bins.is_nft_flavour() {
+        return;
+    }
+    let Ok(chains) = crate::netlink::nft_batch::list_chains(nf_family(bins.family)) else {
+        return;
+    };
+    let mut empty_tables = Vec::new();
+    for table in touched {
+        let Some(section) = table_section(save, table) else {
+            continue;
+        };
+        let mut idle = Vec::new();
+        let mut busy = false;
+        for line in section.lines() {
+            if line.starts_with('*') || line == "COMMIT" {
+                continue;
+            }
+            let declared = line.strip_prefix(':').map(|decl| {
+                let mut words = decl.split_whitespace();
+                (words.next().unwrap_or(""), words.next())
+            });
+            match declared {
+                Some((chain, Some("ACCEPT"))) if is_builtin_chain(chain) => idle.push(chain),
+                Some((chain, _)) => {
+                    busy = true;
+                    idle.retain(|c| *c != chain);
+                }
+                // A rule: its chain is not idle.
+                None => {
+                    busy = true;
+                    let chain = line.split_whitespace().nth(1).unwrap_or("");
+                    idle.retain(|c| *c != chain);
+                }
+            }
+        }
+        let in_kernel: Vec<&str> = chains
+            .iter()
+            .filter(|(t, _)| t == table)
+            .map(|(_, c)| c.as_str())
+            .collect();
+        let native = in_kernel
+            .iter()
+            .any(|c| !is_builtin_chain(c) && !section.contains(&format!(":{c} ")));
+        if !busy && !native {
+            empty_tables.push(table.clone());
+            continue;
+        }
+        for chain in idle.into_iter().filter(|c| in_kernel.contains(c)) {
+            if let Err(e) =
+                crate::netlink::nft_batch::delete_chain(nf_family(bins.family), table, chain)
+            {
+                tracing::debug!(%table, %chain, error = %e, "idle chain not deleted");
+            }
+        }
+    }
+    drop_created_tables(bins, empty_tables);
 }
 
 /// Runs `-D`/`-F`/`-X` steps of one family; a command that fails is logged, not fatal.

@@ -219,3 +219,23 @@ pub(super) fn replace_tables_cmd(bins: &Binaries, text: String, env: &[(String, 
 pub(super) fn save_cmd(bins: &Binaries, env: &[(String, String)]) -> Cmd {
     with_env(Cmd::new(&bins.save, Vec::<String>::new()), env)
 }
+
+/// Deletes nf_tables tables an undone apply had created (iptables-nft only: legacy tables cannot
+/// be unloaded). Best effort: a table someone filled in the meantime stays.
+pub(super) fn drop_created_tables(bins: &Binaries, tables: Vec<String>) {
+    if !bins.is_nft_flavour() {
+        return;
+    }
+    for table in tables {
+        if let Err(e) = crate::netlink::nft_batch::delete_table(nf_family(bins.family), &table) {
+            tracing::debug!(%table, error = %e, "created table not deleted");
+        }
+    }
+}
+
+pub(super) fn nf_family(family: Family) -> u8 {
+    match family {
+        Family::V4 => libc::AF_INET as u8,
+        Family::V6 => libc::AF_INET6 as u8,
+    }
+}

@@ -16,12 +16,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::cleanup::{
-    CleanupInput, CleanupPlan, family_steps, make_plan, run_commands, run_plan, undo_restore_text,
+    CleanupInput, CleanupPlan, drop_emptied_tables, family_steps, make_plan, run_commands,
+    run_plan, steps_tables, undo_restore_text,
 };
 use super::exec::Executor;
 use super::iptables::{
-    ApplyError, Binaries, ForceBinary, apply_nft_netlink, detect, family_prefix, legacy_has_tables,
-    replace_tables_cmd, restore_cmd, run_checked, save_cmd, with_env,
+    ApplyError, Binaries, ForceBinary, apply_nft_netlink, detect, drop_created_tables,
+    family_prefix, legacy_has_tables, nf_family, replace_tables_cmd, restore_cmd, run_checked,
+    save_cmd, with_env,
 };
 use super::state::{
     Comparison, State, compare_with_plan, has_owned_chains, parse_save, table_section,
@@ -129,7 +131,9 @@ pub fn apply_sidecar(
         });
     }
     let residue = drifted.iter().any(|(_, _, ours)| *ours);
-    let swap = |exec: &mut dyn Executor| -> Result<(), ApplyError> {
+    // Tables a reconcile took rules out of, per family: emptied ones are dropped afterwards.
+    let mut cleaned: Vec<(&Binaries, BTreeSet<String>)> = Vec::new();
+    let mut swap = |exec: &mut dyn Executor| -> Result<(), ApplyError> {
         for (b, family_rules, ours) in &drifted {
             if *ours {
                 let state = snapshots
@@ -144,7 +148,9 @@ pub fn apply_sidecar(
                         .filter(|r| is_builtin_chain(&r.chain) && !family_rules.contains(r))
                         .cloned(),
                 );
-                run_commands(exec, b, &family_steps(b.family, &remove, state), &opts.env)?;
+                let steps = family_steps(b.family, &remove, state);
+                run_commands(exec, b, &steps, &opts.env)?;
+                cleaned.push((b, steps_tables(&steps)));
             }
             run_checked(
                 exec,
@@ -171,6 +177,10 @@ pub fn apply_sidecar(
                 rollback: Box::new(rollback),
             },
         });
+    }
+    for (b, tables) in cleaned {
+        let text = run_checked(exec, &save_cmd(b, &opts.env))?.stdout;
+        drop_emptied_tables(b, &text, &tables);
     }
     Ok(if residue {
         Outcome::Reconciled
@@ -292,26 +302,6 @@ fn restore_snapshots(
         drop_created_tables(snap.bins, created);
     }
     Ok(())
-}
-
-/// Deletes nf_tables tables an undone apply had created (iptables-nft only: legacy tables cannot
-/// be unloaded). Best effort: a table someone filled in the meantime stays.
-fn drop_created_tables(bins: &Binaries, tables: Vec<String>) {
-    if !bins.is_nft_flavour() {
-        return;
-    }
-    for table in tables {
-        if let Err(e) = crate::netlink::nft_batch::delete_table(nf_family(bins.family), &table) {
-            tracing::debug!(%table, error = %e, "created table not deleted");
-        }
-    }
-}
-
-fn nf_family(family: Family) -> u8 {
-    match family {
-        Family::V4 => libc::AF_INET as u8,
-        Family::V6 => libc::AF_INET6 as u8,
-    }
 }
 
 /// Drops new TCP/UDP traffic in every touched family while the rules are swapped, so nothing slips

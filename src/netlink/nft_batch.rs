@@ -156,6 +156,23 @@ const NFT_MSG_GETCHAIN: u16 = 4;
 const NFT_MSG_DELTABLE: u16 = 2;
 const NFTA_TABLE_NAME: u16 = 1;
 
+const NFT_MSG_DELCHAIN: u16 = 5;
+
+/// Deletes one (empty) nf_tables chain of a family's table, as one transaction.
+pub fn delete_chain(family: u8, table: &str, chain: &str) -> Result<(), BatchError> {
+    use crate::rules::iptables_nft::Attrs;
+    send(&[Message {
+        kind: NFT_MSG_DELCHAIN,
+        flags: 0,
+        family,
+        attrs: Attrs::new()
+            .string(NFTA_CHAIN_TABLE, table)
+            .string(NFTA_CHAIN_NAME, chain)
+            .done(),
+        what: format!("delete chain {chain} of table {table}"),
+    }])
+}
+
 /// Deletes one nf_tables table of a family (with whatever it holds), as one transaction.
 pub fn delete_table(family: u8, name: &str) -> Result<(), BatchError> {
     use crate::rules::iptables_nft::Attrs;
