@@ -5,6 +5,9 @@
 
 mod support;
 
+use support::user_state::{
+    Flavour, assert_same, namespace_with_user_state, observed, run, without_idle_legacy_tables,
+};
 use support::{Netns, bin, require_tool};
 
 /// The injector's arguments without the ones the cases set (`-m`, `-b`, `-i`).
@@ -28,126 +31,6 @@ fn tools() {
     require_tool("nft", "nftables");
 }
 
-/// Which iptables flavour the namespace uses.
-#[derive(Clone, Copy, PartialEq)]
-enum Flavour {
-    Nft,
-    Legacy,
-}
-
-impl Flavour {
-    fn tool(self, family: &str, suffix: &str) -> String {
-        match self {
-            Flavour::Nft => format!("{family}-nft{suffix}"),
-            Flavour::Legacy => format!("{family}-legacy{suffix}"),
-        }
-    }
-}
-
-fn run(ns: &Netns, program: &str, args: &[&str]) -> String {
-    let out = ns.try_exec(program, args);
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A namespace with an interface holding an IPv4 and a ULA IPv6 address, and user state in every
-/// place a sidecar apply touches: a filter chain named `ISTIO_FW` (both families), a nat OUTPUT
-/// rule, an nft table, a policy rule and a route table.
-pub fn namespace_with_user_state(tag: &str, flavour: Flavour) -> Netns {
-    let ns = Netns::new(tag);
-    for args in [
-        vec![
-            "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
-        ],
-        vec!["link", "set", "eth0p", "up"],
-        vec!["link", "set", "eth0", "up"],
-        vec!["addr", "add", "10.254.7.2/24", "dev", "eth0"],
-        vec!["addr", "add", "fd00::7:2/64", "dev", "eth0", "nodad"],
-        vec![
-            "rule", "add", "fwmark", "0x99", "lookup", "99", "pref", "500",
-        ],
-        vec![
-            "route", "add", "local", "default", "dev", "lo", "table", "99",
-        ],
-    ] {
-        run(&ns, "ip", &args);
-    }
-    for family in ["iptables", "ip6tables"] {
-        let ipt = flavour.tool(family, "");
-        run(&ns, &ipt, &["-t", "filter", "-N", "ISTIO_FW"]);
-        run(
-            &ns,
-            &ipt,
-            &[
-                "-t", "filter", "-A", "ISTIO_FW", "-p", "tcp", "--dport", "9", "-j", "ACCEPT",
-            ],
-        );
-        run(
-            &ns,
-            &ipt,
-            &["-t", "filter", "-A", "INPUT", "-j", "ISTIO_FW"],
-        );
-    }
-    run(
-        &ns,
-        &flavour.tool("iptables", ""),
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "OUTPUT",
-            "-d",
-            "192.0.2.1/32",
-            "-j",
-            "RETURN",
-        ],
-    );
-    run(
-        &ns,
-        "nft",
-        &[
-            "add table inet userfw; add chain inet userfw c; add rule inet userfw c tcp dport 9999 accept",
-        ],
-    );
-    ns
-}
-
-/// Everything a cleanup must give back, as text: rules of both families (no counters), the nft
-/// ruleset, policy rules, every route table and the addresses on lo.
-pub fn observed(ns: &Netns, flavour: Flavour) -> String {
-    let mut out = String::new();
-    for family in ["iptables", "ip6tables"] {
-        let save = run(ns, &flavour.tool(family, "-save"), &[]);
-        out.push_str(&format!("## {family}\n"));
-        for line in save.lines().filter(|l| !l.starts_with('#')) {
-            let line = match line.strip_prefix(':') {
-                Some(_) => line.split(" [").next().unwrap_or(line),
-                None => line,
-            };
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    for (title, program, args) in [
-        ("nft", "nft", vec!["list", "ruleset"]),
-        ("rule4", "ip", vec!["-4", "rule"]),
-        ("rule6", "ip", vec!["-6", "rule"]),
-        ("route4", "ip", vec!["-4", "route", "show", "table", "all"]),
-        ("route6", "ip", vec!["-6", "route", "show", "table", "all"]),
-        ("lo", "ip", vec!["addr", "show", "dev", "lo"]),
-    ] {
-        // Link-local addresses come and go with IPv6 duplicate address detection: not ours.
-        let text = run(ns, program, &args);
-        let lines: Vec<&str> = text.lines().filter(|l| !l.contains("fe80")).collect();
-        out.push_str(&format!("## {title}\n{}\n", lines.join("\n")));
-    }
-    out
-}
-
 fn istio_iptables(ns: &Netns, flavour: Flavour, args: &[&str]) -> std::process::Output {
     let mut full = vec!["istio-iptables"];
     full.extend_from_slice(args);
@@ -163,32 +46,6 @@ fn ok(out: std::process::Output, what: &str) {
         "{what} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Legacy tables, once loaded, cannot be unloaded: compare legacy states without the table
-/// sections that hold nothing but empty built-in chains that accept everything.
-fn without_idle_legacy_tables(text: &str) -> String {
-    let mut out = Vec::new();
-    let mut table: Vec<&str> = Vec::new();
-    for line in text.lines() {
-        if line.starts_with('*') {
-            table = vec![line];
-        } else if !table.is_empty() {
-            table.push(line);
-            if line == "COMMIT" {
-                let idle = table[1..table.len() - 1]
-                    .iter()
-                    .all(|l| l.starts_with(':') && l.ends_with(" ACCEPT"));
-                if !idle {
-                    out.extend(table.drain(..));
-                }
-                table.clear();
-            }
-        } else {
-            out.push(line);
-        }
-    }
-    out.join("\n")
 }
 
 /// Apply with `flags`, clean up with `cleanup_flags`: the state before comes back; a second apply
@@ -210,17 +67,17 @@ fn round_trip(tag: &str, flavour: Flavour, flags: &[&str], cleanup_flags: &[&str
     cleanup.extend_from_slice(cleanup_flags);
     cleanup.push("--cleanup-only");
     ok(istio_iptables(&ns, flavour, &cleanup), "cleanup");
-    assert_eq!(
-        normal(observed(&ns, flavour)),
-        pristine,
-        "{flags:?}: cleanup did not give back the state before the apply"
+    assert_same(
+        &normal(observed(&ns, flavour)),
+        &pristine,
+        &format!("{flags:?}: cleanup did not give back the state before the apply"),
     );
 
     ok(istio_iptables(&ns, flavour, &apply), "apply after cleanup");
-    assert_eq!(
-        normal(observed(&ns, flavour)),
-        applied,
-        "{flags:?}: apply → cleanup → apply differs from one apply"
+    assert_same(
+        &normal(observed(&ns, flavour)),
+        &applied,
+        &format!("{flags:?}: apply → cleanup → apply differs from one apply"),
     );
 }
 

@@ -131,8 +131,8 @@ pub fn apply_sidecar(
         });
     }
     let residue = drifted.iter().any(|(_, _, ours)| *ours);
-    // Tables a reconcile took rules out of, per family: emptied ones are dropped afterwards.
-    let mut cleaned: Vec<(&Binaries, BTreeSet<String>)> = Vec::new();
+    // Families a reconcile cleaned: the guardrails' filter chains are dropped afterwards if idle.
+    let mut cleaned: Vec<&Binaries> = Vec::new();
     let mut swap = |exec: &mut dyn Executor| -> Result<(), ApplyError> {
         for (b, family_rules, ours) in &drifted {
             if *ours {
@@ -150,7 +150,11 @@ pub fn apply_sidecar(
                 );
                 let steps = family_steps(b.family, &remove, state);
                 run_commands(exec, b, &steps, &opts.env)?;
-                cleaned.push((b, steps_tables(&steps)));
+                // What the old rules' restore created implicitly goes before the new restore, so
+                // the namespace ends as a fresh apply leaves it (same tables, same chain order).
+                let text = run_checked(exec, &save_cmd(b, &opts.env))?.stdout;
+                drop_emptied_tables(b, &text, &steps_tables(&steps));
+                cleaned.push(*b);
             }
             run_checked(
                 exec,
@@ -178,9 +182,13 @@ pub fn apply_sidecar(
             },
         });
     }
-    for (b, tables) in cleaned {
+    for b in cleaned {
         let text = run_checked(exec, &save_cmd(b, &opts.env))?.stdout;
-        drop_emptied_tables(b, &text, &tables);
+        drop_emptied_tables(
+            b,
+            &text,
+            &BTreeSet::from([Table::Filter.name().to_string()]),
+        );
     }
     Ok(if residue {
         Outcome::Reconciled
@@ -284,8 +292,9 @@ fn restore_snapshots(
         let now = parse_save(&run_checked(exec, &save_cmd(snap.bins, env))?.stdout);
         let mut text = String::new();
         let mut created = Vec::new();
-        for (table, chains) in &now {
-            if snap.state.get(table) == Some(chains) {
+        let tables: BTreeSet<&String> = now.keys().chain(snap.state.keys()).collect();
+        for table in tables {
+            if snap.state.get(table) == now.get(table) {
                 continue;
             }
             match table_section(&snap.text, table) {

@@ -267,7 +267,11 @@ fn apply_rules(settings: &Settings, rules: RuleSet) -> Result<(), String> {
     let capture = settings.capture.clone();
     let outcome = in_target_netns(settings, move || {
         let outcome = apply::apply_sidecar_here(&rules, &opts, force).map_err(|e| e.to_string())?;
-        crate::netlink::routes::apply_sidecar_routes(&capture).map_err(|e| e.to_string())?;
+        crate::netlink::routes::converge_sidecar_routes(
+            &capture,
+            outcome == apply::Outcome::Reconciled,
+        )
+        .map_err(|e| e.to_string())?;
         Ok(outcome)
     })?;
     info!(?outcome, "iptables rules done");

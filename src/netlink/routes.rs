@@ -232,10 +232,30 @@ fn ignore_absent(result: Result<(), NetlinkError>) -> Result<(), NetlinkError> {
 }
 
 /// Undoes [`apply_sidecar_routes`] for this configuration, whatever its interception mode and
-/// IPv6 setting, and only what is there: every `ip rule fwmark MARK lookup TABLE` and the
-/// `local default dev lo` route of TABLE in both families, and `::6/128` on `lo`. Other rules,
-/// routes and tables are left alone.
+/// IPv6 setting, and only what is there: the TPROXY policy routing ([`remove_tproxy_routes`]) and
+/// `::6/128` on `lo`. Other rules, routes, tables and addresses are left alone.
 pub fn remove_sidecar_routes(cfg: &CaptureConfig) -> Result<(), NetlinkError> {
+    remove_tproxy_routes(cfg)?;
+    let passthrough = IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6));
+    let mut msg = AddressMessage::default();
+    msg.header.family = AddressFamily::Inet6;
+    msg.header.prefix_len = 128;
+    msg.header.index = interface_index("lo")?;
+    msg.attributes = vec![
+        AddressAttribute::Local(passthrough),
+        AddressAttribute::Address(passthrough),
+    ];
+    ignore_absent(request(
+        RouteNetlinkMessage::DelAddress(msg),
+        0,
+        "delete address ::6/128 from lo",
+    ))
+}
+
+/// Removes every `ip rule fwmark MARK lookup TABLE` and the `local default dev lo` route of TABLE
+/// of this configuration, in both families, when present (after a cleanup, or a reconcile to a
+/// configuration without TPROXY inbound capture).
+pub fn remove_tproxy_routes(cfg: &CaptureConfig) -> Result<(), NetlinkError> {
     let mark = parse_number("TPROXY mark", &cfg.tproxy_mark)?;
     let table = parse_number("TPROXY route table", &cfg.tproxy_route_table)?;
     for ipv6 in [false, true] {
@@ -253,20 +273,7 @@ pub fn remove_sidecar_routes(cfg: &CaptureConfig) -> Result<(), NetlinkError> {
             &format!("delete local default route table {table}"),
         ))?;
     }
-    let passthrough = IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6));
-    let mut msg = AddressMessage::default();
-    msg.header.family = AddressFamily::Inet6;
-    msg.header.prefix_len = 128;
-    msg.header.index = interface_index("lo")?;
-    msg.attributes = vec![
-        AddressAttribute::Local(passthrough),
-        AddressAttribute::Address(passthrough),
-    ];
-    ignore_absent(request(
-        RouteNetlinkMessage::DelAddress(msg),
-        0,
-        "delete address ::6/128 from lo",
-    ))
+    Ok(())
 }
 
 /// What a sidecar rule set needs besides the rules: `::6/128` on `lo` when IPv6 is on, and, for
@@ -290,4 +297,13 @@ pub fn apply_sidecar_routes(cfg: &CaptureConfig) -> Result<(), NetlinkError> {
         }
     }
     Ok(())
+}
+
+/// The routes after an apply: [`apply_sidecar_routes`]; after a reconcile (`reconciled`) to a
+/// configuration without TPROXY inbound capture, the old TPROXY policy routing goes first.
+pub fn converge_sidecar_routes(cfg: &CaptureConfig, reconciled: bool) -> Result<(), NetlinkError> {
+    if reconciled && !cfg.needs_tproxy_routes() {
+        remove_tproxy_routes(cfg)?;
+    }
+    apply_sidecar_routes(cfg)
 }

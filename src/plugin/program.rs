@@ -150,7 +150,7 @@ pub fn program(
         .map_err(|e| e.to_string())
         .and_then(|outcome| {
             // ::6 on lo (IPv6) and the TPROXY policy route, as Istio adds after the rules.
-            crate::netlink::routes::apply_sidecar_routes(&cfg)
+            crate::netlink::routes::converge_sidecar_routes(&cfg, outcome == Outcome::Reconciled)
                 .map(|_| outcome)
                 .map_err(|e| format!("routes: {e}"))
         });

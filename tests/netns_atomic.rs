@@ -1,0 +1,172 @@
+//! A refused or failed `istio-iptables` apply changes nothing, in any table of either family;
+//! `--reconcile` converges to exactly what a fresh apply of the new configuration gives.
+
+mod support;
+
+use support::user_state::{
+    Flavour, assert_same, namespace_with_user_state, observed, run, without_idle_legacy_tables,
+};
+use support::{Netns, bin, require_tool};
+
+fn tools() {
+    require_tool("iptables-restore", "iptables");
+    require_tool("ip6tables-restore", "iptables");
+    require_tool("iptables-legacy-save", "iptables");
+    require_tool("nft", "nftables");
+}
+
+const REDIRECT: &[&str] = &[
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "REDIRECT",
+    "-i",
+    "*",
+    "-b",
+    "*",
+    "-d",
+    "15090,15021,15020",
+    "--ipv6=true",
+];
+const TPROXY: &[&str] = &[
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "TPROXY",
+    "-i",
+    "*",
+    "-b",
+    "80",
+    "--ipv6=true",
+];
+
+fn istio_iptables(ns: &Netns, flavour: Flavour, args: &[&str]) -> std::process::Output {
+    let mut full = vec!["istio-iptables"];
+    full.extend_from_slice(args);
+    if flavour == Flavour::Legacy {
+        full.extend_from_slice(&["--force-iptables-binary", "legacy"]);
+    }
+    ns.try_exec(bin(), &full)
+}
+
+fn ok(out: std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// REDIRECT applied; TPROXY without `--reconcile` is refused and leaves everything as it was;
+/// with it, the namespace ends exactly as a fresh TPROXY apply; and back again.
+fn mode_change(tag: &str, flavour: Flavour) {
+    let ns = namespace_with_user_state(tag, flavour);
+    ok(istio_iptables(&ns, flavour, REDIRECT), "REDIRECT apply");
+    let redirect = observed(&ns, flavour);
+
+    let refused = istio_iptables(&ns, flavour, TPROXY);
+    assert!(!refused.status.success(), "drifted rules must not be mixed");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--reconcile"), "{stderr}");
+    assert_same(
+        &observed(&ns, flavour),
+        &redirect,
+        "a refused apply changed the namespace",
+    );
+
+    let mut reconcile = TPROXY.to_vec();
+    reconcile.push("--reconcile");
+    ok(istio_iptables(&ns, flavour, &reconcile), "TPROXY reconcile");
+    let fresh = namespace_with_user_state(&format!("{tag}f"), flavour);
+    ok(
+        istio_iptables(&fresh, flavour, TPROXY),
+        "fresh TPROXY apply",
+    );
+    assert_same(
+        &observed(&ns, flavour),
+        &observed(&fresh, flavour),
+        "reconcile must end exactly where a fresh apply of the new configuration does",
+    );
+
+    let mut back = REDIRECT.to_vec();
+    back.push("--reconcile");
+    ok(istio_iptables(&ns, flavour, &back), "REDIRECT reconcile");
+    let ours_gone = observed(&ns, flavour);
+    let save = run(&ns, &flavour.tool("iptables", "-save"), &[]);
+    assert!(
+        !save.contains("CONNMARK") && !save.contains("TPROXY"),
+        "{save}"
+    );
+    if flavour == Flavour::Nft {
+        assert_eq!(
+            ours_gone, redirect,
+            "switching back must not leave TPROXY rules"
+        );
+    }
+}
+
+#[test]
+fn refused_mode_change_changes_nothing_and_reconcile_converges() {
+    tools();
+    mode_change("am", Flavour::Nft);
+}
+
+#[test]
+fn refused_mode_change_changes_nothing_with_legacy_iptables() {
+    tools();
+    mode_change("al", Flavour::Legacy);
+}
+
+/// A leftover chain of ours in nat only (mangle fresh): the TPROXY apply must not commit its
+/// mangle table before nat refuses.
+#[test]
+fn a_leftover_chain_in_one_table_blocks_every_table() {
+    tools();
+    let ns = namespace_with_user_state("ac", Flavour::Nft);
+    run(&ns, "iptables-nft", &["-t", "nat", "-N", "ISTIO_INBOUND"]);
+    let before = observed(&ns, Flavour::Nft);
+    let out = istio_iptables(&ns, Flavour::Nft, TPROXY);
+    assert!(!out.status.success());
+    assert_same(
+        &observed(&ns, Flavour::Nft),
+        &before,
+        "the refusal changed something",
+    );
+}
+
+/// A fresh apply whose nat table fails after its mangle table committed: the mangle table is
+/// undone, so the namespace is as before.
+#[test]
+fn a_restore_failing_after_an_earlier_table_committed_is_undone() {
+    tools();
+    for flavour in [Flavour::Nft, Flavour::Legacy] {
+        let ns = namespace_with_user_state("af", flavour);
+        let normal = |s: String| match flavour {
+            Flavour::Nft => s,
+            Flavour::Legacy => without_idle_legacy_tables(&s),
+        };
+        let before = normal(observed(&ns, flavour));
+        // Interface names longer than the kernel's 15 characters fail in nat PREROUTING only.
+        let mut args = TPROXY.to_vec();
+        args.extend_from_slice(&["-k", "averyveryverylonginterfacename"]);
+        let out = istio_iptables(&ns, flavour, &args);
+        assert!(
+            !out.status.success(),
+            "the nat table was expected to fail: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_same(
+            &normal(observed(&ns, flavour)),
+            &before,
+            &format!("{flavour:?}: the partial apply was not undone"),
+        );
+    }
+}
