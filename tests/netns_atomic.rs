@@ -170,3 +170,44 @@ fn a_restore_failing_after_an_earlier_table_committed_is_undone() {
         );
     }
 }
+
+/// Rules of ours stacked twice (as older cleanups left them) are drift, and a reconcile removes
+/// every copy.
+#[test]
+fn stacked_copies_of_our_rules_are_drift_and_reconcile_removes_them() {
+    tools();
+    let ns = namespace_with_user_state("as", Flavour::Nft);
+    ok(istio_iptables(&ns, Flavour::Nft, TPROXY), "TPROXY apply");
+    let once = observed(&ns, Flavour::Nft);
+    run(
+        &ns,
+        "iptables-nft",
+        &[
+            "-t",
+            "mangle",
+            "-A",
+            "PREROUTING",
+            "-p",
+            "tcp",
+            "-m",
+            "mark",
+            "--mark",
+            "1337",
+            "-j",
+            "CONNMARK",
+            "--save-mark",
+        ],
+    );
+    let stacked = observed(&ns, Flavour::Nft);
+    let again = istio_iptables(&ns, Flavour::Nft, TPROXY);
+    assert!(!again.status.success(), "stacked rules were called applied");
+    assert_same(
+        &observed(&ns, Flavour::Nft),
+        &stacked,
+        "the refusal changed something",
+    );
+    let mut reconcile = TPROXY.to_vec();
+    reconcile.push("--reconcile");
+    ok(istio_iptables(&ns, Flavour::Nft, &reconcile), "reconcile");
+    assert_same(&observed(&ns, Flavour::Nft), &once, "reconcile left a copy");
+}

@@ -230,7 +230,30 @@ fn cleanup_dry_run_on_a_fresh_namespace_prints_istios_documented_list() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let expected = "iptables-save
+    assert_eq!(String::from_utf8_lossy(&out.stdout), ISTIO_CLEANUP_EXAMPLE);
+    // Without iptables installed the dry run still prints the plan, from an empty state.
+    let out = std::process::Command::new(bin())
+        .args([
+            "istio-iptables",
+            "--dry-run",
+            "--cleanup-only",
+            "--proxy-uid=1337",
+            "--proxy-gid=1337",
+            "--ipv6=false",
+        ])
+        .env("PATH", "/nonexistent")
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), ISTIO_CLEANUP_EXAMPLE);
+}
+
+/// The example of Istio's cleanup dry run (istio-rules.md §3.5).
+const ISTIO_CLEANUP_EXAMPLE: &str = "iptables-save
 ip6tables-save
 iptables -t nat -D ISTIO_OUTPUT -o lo ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m owner --gid-owner 1337 -j ISTIO_IN_REDIRECT
 iptables -t nat -D ISTIO_OUTPUT -o lo ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m owner --uid-owner 1337 -j ISTIO_IN_REDIRECT
@@ -245,8 +268,6 @@ iptables -t nat -F ISTIO_INBOUND
 iptables -t nat -X ISTIO_INBOUND
 iptables-save
 ";
-    assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
-}
 
 #[test]
 fn cleanup_dry_run_prints_the_commands_the_real_run_then_performs() {

@@ -107,11 +107,25 @@ pub fn family_steps(family: Family, planned: &[Rule], state: Option<&State>) -> 
         cmd.extend(args);
         steps.push(Step::command(family, rule.table.name(), cmd));
     }
+    // Planned rules of built-in chains, by their saved form: extra copies in the state (a rule
+    // applied twice) go too.
+    let planned_builtin: BTreeSet<(&str, &str, String)> = deleted
+        .iter()
+        .filter(|((_, chain), _)| is_builtin_chain(chain))
+        .flat_map(|((table, chain), rules)| rules.iter().map(|r| (*table, *chain, r.clone())))
+        .collect();
     if let Some(state) = state {
         for (table, chains) in state {
             for (chain, rules) in chains {
                 for rule in rules {
-                    if !jump_target(rule).is_some_and(|t| is_owned_chain(&owned, table, t)) {
+                    let jumps_to_ours =
+                        jump_target(rule).is_some_and(|t| is_owned_chain(&owned, table, t));
+                    let planned_here = planned_builtin.contains(&(
+                        table.as_str(),
+                        chain.as_str(),
+                        normalise(rule),
+                    ));
+                    if !jumps_to_ours && !planned_here {
                         continue;
                     }
                     let already = deleted.get_mut(&(table.as_str(), chain.as_str()));
@@ -213,15 +227,20 @@ pub fn make_plan(
     env: &[(String, String)],
 ) -> Result<CleanupPlan, ApplyError> {
     let mut states = Vec::new();
-    let mut steps = Vec::new();
     for b in bins.iter().flatten() {
         tracing::debug!(command = %Step::Save(b.family).display(), "cleanup");
-        steps.push(Step::Save(b.family));
         let out = exec.run(&Step::Save(b.family).to_cmd(b, env))?;
         states.push((b.family, out.success.then(|| parse_save(&out.stdout))));
     }
+    Ok(plan_from_states(&states, input))
+}
+
+/// The plan for the states read (None: unreadable, planned as empty). Pure. Without any state it
+/// is Istio's dry-run list: both saves, the IPv4 (and, when enabled, IPv6) commands, final saves.
+pub fn plan_from_states(states: &[(Family, Option<State>)], input: &CleanupInput) -> CleanupPlan {
+    let mut steps: Vec<Step> = states.iter().map(|(f, _)| Step::Save(*f)).collect();
     let mut families = Vec::new();
-    for (family, state) in &states {
+    for (family, state) in states {
         let wanted = match family {
             Family::V4 => true,
             Family::V6 => input.ipv6_enabled || state.as_ref().is_some_and(has_owned_chains),
@@ -236,7 +255,7 @@ pub fn make_plan(
         }
     }
     steps.extend(families.into_iter().map(Step::Save));
-    Ok(CleanupPlan { steps })
+    CleanupPlan { steps }
 }
 
 /// Runs a plan made by [`make_plan`] (its first saves already ran). Commands that fail are logged

@@ -162,6 +162,20 @@ pub fn compare_with_plan<'a>(current: &State, plan: &'a [Rule]) -> Comparison<'a
         if is_owned_chain(&owned, table, chain) && existing.len() != rules.len() {
             return Comparison::Different;
         }
+        // A planned rule of a built-in chain present more often than planned was applied twice.
+        let count =
+            |list: &mut dyn Iterator<Item = String>, key: &str| list.filter(|r| r == key).count();
+        let stacked = rules.iter().any(|r| {
+            let key = normalise(&rule_args(r).join(" "));
+            let planned = count(
+                &mut rules.iter().map(|p| normalise(&rule_args(p).join(" "))),
+                &key,
+            );
+            count(&mut existing.iter().map(|e| normalise(e)), &key) > planned
+        });
+        if stacked {
+            return Comparison::Different;
+        }
         let existing: BTreeSet<String> = existing.iter().map(|r| normalise(r)).collect();
         unsure.extend(
             rules
@@ -186,25 +200,53 @@ pub fn compare_with_plan<'a>(current: &State, plan: &'a [Rule]) -> Comparison<'a
 }
 
 /// Canonical form of a rule for comparison: iptables-save re-orders and re-spells some matches
-/// (`-p tcp` gains `-m tcp`, ports and prefixes are rewritten), so compare the sorted word multiset
-/// without the implicit protocol modules.
+/// (`-p tcp` gains `-m tcp`, prefixes and marks are rewritten, `--set-mark` becomes `--set-xmark`,
+/// default masks and addresses are printed), so compare the sorted word multiset in the saved
+/// spelling, without the implicit protocol modules.
 pub fn normalise(rule: &str) -> String {
     let words: Vec<&str> = rule.split_whitespace().collect();
     let mut out: Vec<String> = Vec::with_capacity(words.len());
     let mut i = 0;
     while i < words.len() {
-        if words[i] == "-m" && matches!(words.get(i + 1), Some(&"tcp") | Some(&"udp")) {
+        let (word, next) = (words[i], words.get(i + 1).copied());
+        let skip_pair = match (word, next) {
+            ("-m", Some("tcp" | "udp")) => true,
+            ("--nfmask" | "--ctmask", Some("0xffffffff")) => true,
+            ("--on-ip", Some("0.0.0.0" | "::")) => true,
+            _ => false,
+        };
+        if skip_pair {
             i += 2;
             continue;
         }
-        let w = words[i];
-        let w = w.strip_suffix("/32").unwrap_or(w);
-        let w = w.strip_suffix("/128").unwrap_or(w);
-        out.push(w.to_string());
+        let previous = i.checked_sub(1).map(|p| words[p]);
+        let w = match (word, previous) {
+            ("--set-mark", _) => "--set-xmark".to_string(),
+            (value, Some("--set-mark")) if !value.contains('/') => {
+                format!("{}/0xffffffff", hex_mark(value))
+            }
+            (value, Some("--mark" | "--tproxy-mark" | "--set-mark" | "--set-xmark")) => {
+                value.split('/').map(hex_mark).collect::<Vec<_>>().join("/")
+            }
+            (w, _) => {
+                let w = w.strip_suffix("/32").unwrap_or(w);
+                w.strip_suffix("/128").unwrap_or(w).to_string()
+            }
+        };
+        out.push(w);
         i += 1;
     }
     out.sort();
     out.join(" ")
+}
+
+/// A mark as iptables-save prints it (hex); anything unparsable stays as written.
+fn hex_mark(value: &str) -> String {
+    let parsed = match value.strip_prefix("0x") {
+        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+        None => value.parse::<u32>().ok(),
+    };
+    parsed.map_or_else(|| value.to_string(), |n| format!("{n:#x}"))
 }
 
 #[cfg(test)]
@@ -251,6 +293,29 @@ mod tests {
     }
 
     #[test]
+    fn a_planned_rule_applied_twice_is_drift() {
+        let rules = crate::rules::capture::build(&Default::default());
+        let mut text = String::from("*nat\n");
+        for rule in &rules.v4 {
+            text.push_str(&format!(
+                "-A {} {}\n",
+                rule.chain,
+                rule_args(rule).join(" ")
+            ));
+        }
+        text.push_str("COMMIT\n");
+        assert!(matches!(
+            compare_with_plan(&parse_save(&text), &rules.v4),
+            Comparison::Same
+        ));
+        text = text.replace("COMMIT", "-A OUTPUT -j ISTIO_OUTPUT\nCOMMIT");
+        assert!(matches!(
+            compare_with_plan(&parse_save(&text), &rules.v4),
+            Comparison::Different
+        ));
+    }
+
+    #[test]
     fn normalise_ignores_implicit_modules_and_host_prefixes() {
         assert_eq!(
             normalise("-p tcp -m tcp --dport 15008 -j RETURN"),
@@ -260,5 +325,25 @@ mod tests {
             normalise("-d 127.0.0.1 -j RETURN"),
             normalise("-d 127.0.0.1/32 -j RETURN")
         );
+    }
+
+    #[test]
+    fn normalise_spells_marks_as_iptables_save_does() {
+        for (planned, saved) in [
+            (
+                "-p tcp -m mark --mark 1337 -j CONNMARK --save-mark",
+                "-p tcp -m mark --mark 0x539 -j CONNMARK --save-mark --nfmask 0xffffffff --ctmask 0xffffffff",
+            ),
+            (
+                "! -d 127.0.0.1/32 -p tcp -o lo -m owner --uid-owner 1337 -j MARK --set-mark 1338",
+                "! -d 127.0.0.1/32 -o lo -p tcp -m owner --uid-owner 1337 -j MARK --set-xmark 0x53a/0xffffffff",
+            ),
+            (
+                "! -d 127.0.0.1/32 -p tcp -j TPROXY --tproxy-mark 1337/0xffffffff --on-port 15006",
+                "! -d 127.0.0.1/32 -p tcp -j TPROXY --on-port 15006 --on-ip 0.0.0.0 --tproxy-mark 0x539/0xffffffff",
+            ),
+        ] {
+            assert_eq!(normalise(planned), normalise(saved), "{planned}");
+        }
     }
 }

@@ -169,6 +169,7 @@ fn cleanup_dry_run(settings: &Settings) -> Result<(), String> {
     let rules = cleanup_rules(settings);
     let ipv6 = settings.capture.enable_ipv6;
     let force = settings.force_binary;
+    let stateless = rules.clone();
     let plan = in_target_netns(settings, move || {
         let input = apply::CleanupInput {
             v4: &rules.v4,
@@ -176,7 +177,18 @@ fn cleanup_dry_run(settings: &Settings) -> Result<(), String> {
             ipv6_enabled: ipv6,
         };
         apply::cleanup_plan_here(&input, &[], force).map_err(|e| e.to_string())
-    })?;
+    })
+    .unwrap_or_else(|e| {
+        // No binaries or no namespace to read: plan from an empty state, as Istio's stub does.
+        warn!("dry run: cannot read the current rules ({e}); planning from an empty state");
+        let input = apply::CleanupInput {
+            v4: &stateless.v4,
+            v6: &stateless.v6,
+            ipv6_enabled: ipv6,
+        };
+        let empty = [(rules::Family::V4, None), (rules::Family::V6, None)];
+        apply::cleanup::plan_from_states(&empty, &input)
+    });
     let mut text = plan.transcript().join("\n");
     text.push('\n');
     emit_dry_run(settings, text)
@@ -245,7 +257,9 @@ fn apply_nft(settings: &Settings) -> Result<(), String> {
         if cleanup_only {
             crate::netlink::routes::remove_sidecar_routes(&capture).map_err(|e| e.to_string())?;
         } else {
-            crate::netlink::routes::apply_sidecar_routes(&capture).map_err(|e| e.to_string())?;
+            // Each run replaces our tables, so the routes follow the flags of this run.
+            crate::netlink::routes::converge_sidecar_routes(&capture, true)
+                .map_err(|e| e.to_string())?;
         }
         Ok(())
     };

@@ -150,7 +150,9 @@ pub fn program(
         .map_err(|e| e.to_string())
         .and_then(|outcome| {
             // ::6 on lo (IPv6) and the TPROXY policy route, as Istio adds after the rules.
-            crate::netlink::routes::converge_sidecar_routes(&cfg, outcome == Outcome::Reconciled)
+            // nftables replaces our tables on every run: the routes follow the settings too.
+            let replaced = outcome == Outcome::Reconciled || backend == Backend::Nftables;
+            crate::netlink::routes::converge_sidecar_routes(&cfg, replaced)
                 .map(|_| outcome)
                 .map_err(|e| format!("routes: {e}"))
         });

@@ -112,7 +112,12 @@ pub fn observed(ns: &Netns, flavour: Flavour) -> String {
         ));
     }
     let nft = run(ns, "nft", &["list", "ruleset"]);
-    let lines: Vec<&str> = nft.lines().collect();
+    // nft prints an xtables target (TPROXY) as `xt target NAME` or not at all, depending on the
+    // target revision iptables probed; iptables-save above shows the rule itself.
+    let lines: Vec<&str> = nft
+        .lines()
+        .map(|l| l.split(" xt target ").next().unwrap_or(l).trim_end())
+        .collect();
     out.push_str(&format!("## nft\n{}", sorted_blocks(&lines, |l| l == "}")));
     for (title, program, args) in [
         ("rule4", "ip", vec!["-4", "rule"]),
