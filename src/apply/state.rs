@@ -209,12 +209,12 @@ pub fn normalise(rule: &str) -> String {
     let mut i = 0;
     while i < words.len() {
         let (word, next) = (words[i], words.get(i + 1).copied());
-        let skip_pair = match (word, next) {
-            ("-m", Some("tcp" | "udp")) => true,
-            ("--nfmask" | "--ctmask", Some("0xffffffff")) => true,
-            ("--on-ip", Some("0.0.0.0" | "::")) => true,
-            _ => false,
-        };
+        let skip_pair = matches!(
+            (word, next),
+            ("-m", Some("tcp" | "udp"))
+                | ("--nfmask" | "--ctmask", Some("0xffffffff"))
+                | ("--on-ip", Some("0.0.0.0" | "::"))
+        );
         if skip_pair {
             i += 2;
             continue;
