@@ -125,21 +125,56 @@ fn refused_mode_change_changes_nothing_with_legacy_iptables() {
     mode_change("al", Flavour::Legacy);
 }
 
-/// A leftover chain of ours in nat only (mangle fresh): the TPROXY apply must not commit its
-/// mangle table before nat refuses.
+/// A leftover chain of ours in one table of one family blocks every table of both families: the
+/// TPROXY restore must not commit mangle before nat refuses, and a dual-stack REDIRECT apply (one
+/// netlink transaction) must not commit IPv4 when IPv6 holds the leftover.
 #[test]
 fn a_leftover_chain_in_one_table_blocks_every_table() {
     tools();
-    let ns = namespace_with_user_state("ac", Flavour::Nft);
-    run(&ns, "iptables-nft", &["-t", "nat", "-N", "ISTIO_INBOUND"]);
-    let before = observed(&ns, Flavour::Nft);
-    let out = istio_iptables(&ns, Flavour::Nft, TPROXY);
-    assert!(!out.status.success());
-    assert_same(
-        &observed(&ns, Flavour::Nft),
-        &before,
-        "the refusal changed something",
-    );
+    let mut redirect_dual = REDIRECT.to_vec();
+    redirect_dual.retain(|a| *a != "-m" && *a != "REDIRECT");
+    for (tag, tool, chain, args) in [
+        ("ac", "iptables-nft", "ISTIO_INBOUND", TPROXY.to_vec()),
+        ("a6", "ip6tables-nft", "ISTIO_OUTPUT", redirect_dual),
+    ] {
+        let ns = namespace_with_user_state(tag, Flavour::Nft);
+        run(&ns, tool, &["-t", "nat", "-N", chain]);
+        let before = observed(&ns, Flavour::Nft);
+        let out = istio_iptables(&ns, Flavour::Nft, &args);
+        assert!(
+            !out.status.success(),
+            "{args:?} was applied over a leftover"
+        );
+        assert_same(
+            &observed(&ns, Flavour::Nft),
+            &before,
+            &format!("{args:?}: the refusal changed something"),
+        );
+    }
+}
+
+/// A reconcile whose new rules fail after the old ones were removed puts every table back.
+#[test]
+fn a_failed_reconcile_puts_the_old_rules_back() {
+    tools();
+    for flavour in [Flavour::Nft, Flavour::Legacy] {
+        let ns = namespace_with_user_state("ar", flavour);
+        ok(istio_iptables(&ns, flavour, REDIRECT), "REDIRECT apply");
+        let normal = |s: String| match flavour {
+            Flavour::Nft => s,
+            Flavour::Legacy => without_idle_legacy_tables(&s),
+        };
+        let before = normal(observed(&ns, flavour));
+        let mut args = TPROXY.to_vec();
+        args.extend_from_slice(&["-k", "averyveryverylonginterfacename", "--reconcile"]);
+        let out = istio_iptables(&ns, flavour, &args);
+        assert!(!out.status.success(), "the nat table was expected to fail");
+        assert_same(
+            &normal(observed(&ns, flavour)),
+            &before,
+            &format!("{flavour:?}: the failed reconcile was not rolled back"),
+        );
+    }
 }
 
 /// A fresh apply whose nat table fails after its mangle table committed: the mangle table is

@@ -67,6 +67,8 @@ struct Snapshot<'a> {
     bins: &'a Binaries,
     text: String,
     state: State,
+    /// With iptables-nft, the chains the kernel held (`*-save` also lists absent built-in chains).
+    chains: Option<Vec<(String, String)>>,
 }
 
 /// Applies the sidecar rules for every family that has rules (`bins` lists the families in use).
@@ -113,10 +115,15 @@ pub fn apply_sidecar(
         if !in_place {
             drifted.push((*b, *family_rules, has_owned_chains(&state)));
         }
+        let chains = b
+            .is_nft_flavour()
+            .then(|| crate::netlink::nft_batch::list_chains(nf_family(b.family)).ok())
+            .flatten();
         snapshots.push(Snapshot {
             bins: b,
             text,
             state,
+            chains,
         });
     }
     if drifted.is_empty() {
@@ -309,8 +316,25 @@ fn restore_snapshots(
             run_checked(exec, &replace_tables_cmd(snap.bins, text, env))?;
         }
         drop_created_tables(snap.bins, created);
+        if let Some(before) = &snap.chains {
+            drop_created_builtin_chains(snap.bins, before);
+        }
     }
     Ok(())
+}
+
+/// Deletes the built-in chains iptables-nft created since `before` (the guardrails', or the ones a
+/// replaced table declares); best effort: a chain that holds rules stays.
+fn drop_created_builtin_chains(bins: &Binaries, before: &[(String, String)]) {
+    let family = nf_family(bins.family);
+    let Ok(now) = crate::netlink::nft_batch::list_chains(family) else {
+        return;
+    };
+    for (table, chain) in now {
+        if is_builtin_chain(&chain) && !before.contains(&(table.clone(), chain.clone())) {
+            let _ = crate::netlink::nft_batch::delete_chain(family, &table, &chain);
+        }
+    }
 }
 
 /// Drops new TCP/UDP traffic in every touched family while the rules are swapped, so nothing slips

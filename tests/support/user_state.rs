@@ -114,11 +114,40 @@ pub fn observed(ns: &Netns, flavour: Flavour) -> String {
     let nft = run(ns, "nft", &["list", "ruleset"]);
     // nft prints an xtables target (TPROXY) as `xt target NAME` or not at all, depending on the
     // target revision iptables probed; iptables-save above shows the rule itself.
+    // Chains are listed in creation order, which carries no meaning either: sorted per table.
     let lines: Vec<&str> = nft
         .lines()
         .map(|l| l.split(" xt target ").next().unwrap_or(l).trim_end())
+        .filter(|l| !l.is_empty())
         .collect();
-    out.push_str(&format!("## nft\n{}", sorted_blocks(&lines, |l| l == "}")));
+    let mut tables = Vec::new();
+    let mut table: Vec<&str> = Vec::new();
+    for line in lines {
+        if line == "}" {
+            // iptables-nft tables: their rules are compared through `*-save` above (nft prints
+            // xtables targets differently depending on who encoded them); their tables, chains,
+            // hooks and policies are compared here.
+            let iptables_nft = table
+                .first()
+                .is_some_and(|h| h.starts_with("table ip ") || h.starts_with("table ip6 "));
+            if iptables_nft {
+                table.retain(|l| !l.starts_with("\t\t") || l.starts_with("\t\ttype "));
+            }
+            let (head, chains) = table
+                .split_first()
+                .map_or((None, &[][..]), |(h, c)| (Some(*h), c));
+            tables.push(format!(
+                "{}\n{}}}\n",
+                head.unwrap_or(""),
+                sorted_blocks(chains, |l| l == "\t}")
+            ));
+            table.clear();
+        } else {
+            table.push(line);
+        }
+    }
+    tables.sort();
+    out.push_str(&format!("## nft\n{}", tables.concat()));
     for (title, program, args) in [
         ("rule4", "ip", vec!["-4", "rule"]),
         ("rule6", "ip", vec!["-6", "rule"]),
