@@ -25,9 +25,7 @@ use super::iptables::{
     family_prefix, legacy_has_tables, nf_family, replace_tables_cmd, restore_cmd, run_checked,
     save_cmd, with_env,
 };
-use super::state::{
-    Comparison, State, compare_with_plan, has_owned_chains, parse_save, table_section,
-};
+use super::state::{Comparison, State, compare_with_plan, holds_any_of, parse_save, table_section};
 use crate::apply::exec::Cmd;
 use crate::rules::capture::{is_owned_chain, owned_chains};
 use crate::rules::iptables::{render_restore, rule_args};
@@ -113,7 +111,7 @@ pub fn apply_sidecar(
             Comparison::Unsure(rules) => rules_present(exec, b, &rules, &opts.env)?,
         };
         if !in_place {
-            drifted.push((*b, *family_rules, has_owned_chains(&state)));
+            drifted.push((*b, *family_rules, holds_any_of(&state, family_rules)));
         }
         let chains = b
             .is_nft_flavour()

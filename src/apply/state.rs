@@ -90,6 +90,22 @@ pub fn has_owned_chains(state: &State) -> bool {
     })
 }
 
+/// Whether the state holds anything of a plan: a chain of ours, or a planned rule of a built-in
+/// chain (applying on top would stack a second copy).
+pub fn holds_any_of(state: &State, plan: &[Rule]) -> bool {
+    has_owned_chains(state)
+        || plan
+            .iter()
+            .filter(|r| crate::rules::model::is_builtin_chain(&r.chain))
+            .any(|r| {
+                let key = normalise(&rule_args(r).join(" "));
+                state
+                    .get(r.table.name())
+                    .and_then(|chains| chains.get(&r.chain))
+                    .is_some_and(|rules| rules.iter().any(|e| normalise(e) == key))
+            })
+}
+
 /// The jump or goto target of a saved rule.
 pub fn jump_target(rule: &str) -> Option<&str> {
     let words: Vec<&str> = rule.split_whitespace().collect();
