@@ -48,13 +48,15 @@ const TPROXY: &[&str] = &[
     "--ipv6=true",
 ];
 
+/// Runs istio-iptables; legacy is picked the way an operator does, with FORCE_IPTABLES_BINARY.
 fn istio_iptables(ns: &Netns, flavour: Flavour, args: &[&str]) -> std::process::Output {
-    let mut full = vec!["istio-iptables"];
+    let mut full = match flavour {
+        Flavour::Legacy => vec!["FORCE_IPTABLES_BINARY=legacy"],
+        Flavour::Nft => vec!["-u", "FORCE_IPTABLES_BINARY"],
+    };
+    full.extend_from_slice(&[bin(), "istio-iptables"]);
     full.extend_from_slice(args);
-    if flavour == Flavour::Legacy {
-        full.extend_from_slice(&["--force-iptables-binary", "legacy"]);
-    }
-    ns.try_exec(bin(), &full)
+    ns.try_exec("env", &full)
 }
 
 fn ok(out: std::process::Output, what: &str) {

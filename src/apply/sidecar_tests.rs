@@ -76,6 +76,27 @@ fn tproxy() -> CaptureConfig {
 const REDIRECT_APPLIED: &str = "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:ISTIO_INBOUND - [0:0]\n:ISTIO_IN_REDIRECT - [0:0]\n:ISTIO_OUTPUT - [0:0]\n:ISTIO_REDIRECT - [0:0]\n-A OUTPUT -j ISTIO_OUTPUT\n-A ISTIO_INBOUND -p tcp -m tcp --dport 15008 -j RETURN\nCOMMIT\n";
 
 #[test]
+fn a_fresh_namespace_costs_one_restore_per_family_and_nothing_else() {
+    let mut script = Script::new();
+    let rules = build(&CaptureConfig {
+        enable_ipv6: true,
+        ..tproxy()
+    });
+    let fresh = Fresh::from([(Family::V4, BTreeSet::new()), (Family::V6, BTreeSet::new())]);
+    let outcome = apply_sidecar(
+        &mut script,
+        &[bins(Family::V4), bins(Family::V6)],
+        &rules,
+        &SidecarOptions::default(),
+        &fresh,
+    )
+    .unwrap();
+    assert_eq!(outcome, Outcome::Applied);
+    let programs: Vec<&str> = script.ran.iter().map(|c| c.program.as_str()).collect();
+    assert_eq!(programs, ["iptables-restore", "ip6tables-restore"]);
+}
+
+#[test]
 fn drift_without_reconcile_is_refused_before_any_write() {
     let mut script = Script::new();
     script.saves[0] = REDIRECT_APPLIED.to_string();
