@@ -155,6 +155,13 @@ fn exclude_and_virtual_interfaces_round_trip() {
 }
 
 #[test]
+fn cleanup_with_flags_of_the_other_mode_still_removes_the_tproxy_rules() {
+    tools();
+    let applied = ["-i", "*", "-m", "TPROXY", "-b", "80", "-c", "eth9", DUAL];
+    round_trip("co", Flavour::Nft, &applied, &["-c", "eth9", V4]);
+}
+
+#[test]
 fn legacy_flavour_round_trips() {
     tools();
     let flags = [

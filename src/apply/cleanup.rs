@@ -83,7 +83,15 @@ impl Step {
 
 /// The commands that remove `planned` (one family) and, when the state is known, everything else of
 /// ours it holds. Pure.
-pub fn family_steps(family: Family, planned: &[Rule], state: Option<&State>) -> Vec<Step> {
+///
+/// `also`: rules of related configurations (the other interception mode) whose built-in-chain
+/// rules are removed too, but only where the state shows them.
+pub fn family_steps(
+    family: Family,
+    planned: &[Rule],
+    also: &[Rule],
+    state: Option<&State>,
+) -> Vec<Step> {
     let owned = owned_chains();
     let mut steps = Vec::new();
     // Normalised rules the plan already deletes, per (table, chain), so the state pass below does
@@ -109,11 +117,18 @@ pub fn family_steps(family: Family, planned: &[Rule], state: Option<&State>) -> 
     }
     // Planned rules of built-in chains, by their saved form: extra copies in the state (a rule
     // applied twice) go too.
-    let planned_builtin: BTreeSet<(&str, &str, String)> = deleted
+    let mut planned_builtin: BTreeSet<(&str, &str, String)> = deleted
         .iter()
         .filter(|((_, chain), _)| is_builtin_chain(chain))
         .flat_map(|((table, chain), rules)| rules.iter().map(|r| (*table, *chain, r.clone())))
         .collect();
+    planned_builtin.extend(also.iter().filter(|r| is_builtin_chain(&r.chain)).map(|r| {
+        (
+            r.table.name(),
+            r.chain.as_str(),
+            normalise(&rule_args(r).join(" ")),
+        )
+    }));
     if let Some(state) = state {
         for (table, chains) in state {
             for (chain, rules) in chains {
@@ -216,6 +231,9 @@ pub struct CleanupInput<'a> {
     /// ip6tables holds chains of ours.
     pub v6: &'a [Rule],
     pub ipv6_enabled: bool,
+    /// Per family, rules of the same flags in the other interception mode: removed from built-in
+    /// chains where the state shows them (an apply made with the other mode).
+    pub also: [&'a [Rule]; 2],
 }
 
 /// Reads the state of each family (`bins[i]` for [`Family::ALL`]`[i]`; None when not installed)
@@ -246,11 +264,11 @@ pub fn plan_from_states(states: &[(Family, Option<State>)], input: &CleanupInput
             Family::V6 => input.ipv6_enabled || state.as_ref().is_some_and(has_owned_chains),
         };
         if wanted {
-            let planned = match family {
-                Family::V4 => input.v4,
-                Family::V6 => input.v6,
+            let (planned, also) = match family {
+                Family::V4 => (input.v4, input.also[0]),
+                Family::V6 => (input.v6, input.also[1]),
             };
-            steps.extend(family_steps(*family, planned, state.as_ref()));
+            steps.extend(family_steps(*family, planned, also, state.as_ref()));
             families.push(*family);
         }
     }
@@ -443,7 +461,7 @@ mod tests {
     #[test]
     fn without_state_the_plan_is_istios_list_and_keeps_builtin_rules_of_any_target() {
         let rules = build(&tproxy_cfg());
-        let lines: Vec<String> = family_steps(Family::V4, &rules.v4, None)
+        let lines: Vec<String> = family_steps(Family::V4, &rules.v4, &[], None)
             .iter()
             .map(Step::display)
             .collect();
@@ -470,7 +488,7 @@ mod tests {
             "*nat\n:OUTPUT ACCEPT [0:0]\n:ISTIO_OUTPUT - [0:0]\n:ISTIO_OUTPUT_DNS - [0:0]\n-A OUTPUT -j ISTIO_OUTPUT\n-A OUTPUT -o lo -j ISTIO_OUTPUT_DNS\n-A ISTIO_OUTPUT -j ISTIO_OUTPUT_DNS\nCOMMIT\n*filter\n:ISTIO_FW - [0:0]\n:INPUT ACCEPT [0:0]\n-A INPUT -j ISTIO_FW\nCOMMIT\n",
         );
         let rules = build(&CaptureConfig::default());
-        let lines: Vec<String> = family_steps(Family::V4, &rules.v4, Some(&state))
+        let lines: Vec<String> = family_steps(Family::V4, &rules.v4, &[], Some(&state))
             .iter()
             .map(Step::display)
             .collect();
@@ -562,6 +580,7 @@ mod tests {
             v4: &v4_only.v4,
             v6: &both.v6,
             ipv6_enabled: false,
+            also: [&[], &[]],
         };
         let plan = make_plan(&mut rec, bins, &input, &[]).unwrap();
         rec.saves[1].clear();
@@ -588,6 +607,7 @@ mod tests {
             v4: &rules.v4,
             v6: &[],
             ipv6_enabled: false,
+            also: [&[], &[]],
         };
         let plan = make_plan(&mut rec, [Some(&b4), None], &input, &[]).unwrap();
         let err = run_plan(&mut rec, [Some(&b4), None], &plan, &[]).unwrap_err();

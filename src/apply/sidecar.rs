@@ -82,6 +82,7 @@ pub fn apply_sidecar(
             v4: &rules.v4,
             v6: &rules.v6,
             ipv6_enabled: !rules.v6.is_empty(),
+            also: [&[], &[]],
         };
         let pick = |f: Family| bins.iter().find(|b| b.family == f);
         let by_family = [pick(Family::V4), pick(Family::V6)];
@@ -145,15 +146,8 @@ pub fn apply_sidecar(
                     .iter()
                     .find(|s| s.bins.family == b.family)
                     .map(|s| &s.state);
-                let mut remove = family_rules.to_vec();
-                remove.extend(
-                    opts.reconcile_also
-                        .family(b.family)
-                        .iter()
-                        .filter(|r| is_builtin_chain(&r.chain) && !family_rules.contains(r))
-                        .cloned(),
-                );
-                let steps = family_steps(b.family, &remove, state);
+                let also = opts.reconcile_also.family(b.family);
+                let steps = family_steps(b.family, family_rules, also, state);
                 run_commands(exec, b, &steps, &opts.env)?;
                 // What the old rules' restore created implicitly goes before the new restore, so
                 // the namespace ends as a fresh apply leaves it (same tables, same chain order).
@@ -436,6 +430,7 @@ pub fn apply_sidecar_here(
             v4: &rules.v4,
             v6: &rules.v6,
             ipv6_enabled: !rules.v6.is_empty(),
+            also: [&[], &[]],
         };
         return cleanup_sidecar_here(&input, &opts.env, force);
     }

@@ -152,21 +152,22 @@ fn in_target_netns<T: Send + 'static>(
 }
 
 /// The rule lists a cleanup removes: the configuration's, with IPv6 rules even when IPv6 is off
-/// (used when ip6tables holds chains of ours).
-fn cleanup_rules(settings: &Settings) -> RuleSet {
-    let mut v4 = rules::capture::build(&settings.capture);
-    let with_v6 = rules::capture::build(&rules::capture::CaptureConfig {
+/// (used when ip6tables holds chains of ours), and the same in the other interception mode (its
+/// built-in-chain rules go where present).
+fn cleanup_rules(settings: &Settings) -> [RuleSet; 2] {
+    let mut planned = rules::capture::build(&settings.capture);
+    let with_v6 = rules::capture::CaptureConfig {
         enable_ipv6: true,
         ..settings.capture.clone()
-    });
-    v4.v6 = with_v6.v6;
-    v4
+    };
+    planned.v6 = rules::capture::build(&with_v6).v6;
+    [planned, rules::capture::other_mode(&with_v6)]
 }
 
 /// `--cleanup-only --dry-run`: the plan the real cleanup would run now (its saves are read, as
 /// the real run does; a failing save counts as empty, like Istio's dry-run stub).
 fn cleanup_dry_run(settings: &Settings) -> Result<(), String> {
-    let rules = cleanup_rules(settings);
+    let [rules, other] = cleanup_rules(settings);
     let ipv6 = settings.capture.enable_ipv6;
     let force = settings.force_binary;
     let stateless = rules.clone();
@@ -175,6 +176,7 @@ fn cleanup_dry_run(settings: &Settings) -> Result<(), String> {
             v4: &rules.v4,
             v6: &rules.v6,
             ipv6_enabled: ipv6,
+            also: [&other.v4, &other.v6],
         };
         apply::cleanup_plan_here(&input, &[], force).map_err(|e| e.to_string())
     })
@@ -185,6 +187,7 @@ fn cleanup_dry_run(settings: &Settings) -> Result<(), String> {
             v4: &stateless.v4,
             v6: &stateless.v6,
             ipv6_enabled: ipv6,
+            also: [&[], &[]],
         };
         let empty = [(rules::Family::V4, None), (rules::Family::V6, None)];
         apply::cleanup::plan_from_states(&empty, &input)
@@ -197,7 +200,7 @@ fn cleanup_dry_run(settings: &Settings) -> Result<(), String> {
 /// `--cleanup-only`: removes what this configuration creates (rules, our chains, leftover jumps
 /// into them, in every family that has any) and its TPROXY routes and `::6/128` on lo.
 fn cleanup(settings: &Settings) -> Result<(), String> {
-    let rules = cleanup_rules(settings);
+    let [rules, other] = cleanup_rules(settings);
     let capture = settings.capture.clone();
     let force = settings.force_binary;
     let env = lock_env(settings);
@@ -206,6 +209,7 @@ fn cleanup(settings: &Settings) -> Result<(), String> {
             v4: &rules.v4,
             v6: &rules.v6,
             ipv6_enabled: capture.enable_ipv6,
+            also: [&other.v4, &other.v6],
         };
         let outcome =
             apply::cleanup_sidecar_here(&input, &env, force).map_err(|e| e.to_string())?;
