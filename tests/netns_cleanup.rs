@@ -196,6 +196,19 @@ fn native_nftables_cleanup_removes_only_our_tables_and_routes() {
                 DUAL,
             ],
         ),
+        (
+            "cq",
+            vec![
+                "--native-nftables",
+                "-i",
+                "*",
+                "-k",
+                "veth9",
+                "--redirect-dns",
+                "--capture-all-dns",
+                DUAL,
+            ],
+        ),
     ] {
         round_trip(tag, Flavour::Nft, &flags, &flags);
     }
