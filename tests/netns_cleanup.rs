@@ -62,6 +62,13 @@ fn round_trip(tag: &str, flavour: Flavour, flags: &[&str], cleanup_flags: &[&str
     ok(istio_iptables(&ns, flavour, &apply), "apply");
     let applied = normal(observed(&ns, flavour));
     assert_ne!(applied, pristine, "{flags:?} applied nothing");
+    // The same flags again: nothing to do (the user's ISTIO_FW chain is not drift).
+    ok(istio_iptables(&ns, flavour, &apply), "second apply");
+    assert_same(
+        &normal(observed(&ns, flavour)),
+        &applied,
+        &format!("{flags:?}: a second apply changed the namespace"),
+    );
 
     let mut cleanup: Vec<&str> = BASE.to_vec();
     cleanup.extend_from_slice(cleanup_flags);

@@ -115,8 +115,19 @@ pub fn observed(ns: &Netns, flavour: Flavour) -> String {
     // nft prints an xtables target (TPROXY) as `xt target NAME` or not at all, depending on the
     // target revision iptables probed; iptables-save above shows the rule itself.
     // Chains are listed in creation order, which carries no meaning either: sorted per table.
-    let lines: Vec<&str> = nft
+    // Counters count traffic (IPv6 neighbour discovery...), not configuration.
+    let uncounted: Vec<String> = nft
         .lines()
+        .map(|l| match l.split_once("counter packets ") {
+            Some((head, tail)) => {
+                let rest = tail.splitn(4, ' ').nth(3).unwrap_or("");
+                format!("{head}counter {rest}")
+            }
+            None => l.to_string(),
+        })
+        .collect();
+    let lines: Vec<&str> = uncounted
+        .iter()
         .map(|l| l.split(" xt target ").next().unwrap_or(l).trim_end())
         .filter(|l| !l.is_empty())
         .collect();
