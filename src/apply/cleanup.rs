@@ -2,10 +2,13 @@
 //! state `*-save` reports, that both `--cleanup-only` runs and `--cleanup-only --dry-run` prints —
 //! so the dry run shows exactly the commands the real run performs.
 //!
-//! The plan, per family (IPv4, then IPv6 when IPv6 is enabled or ip6tables holds chains of ours):
+//! The plan, per family (IPv4, then IPv6 when IPv6 is enabled or ip6tables holds any of our
+//! chains or planned rules):
 //! 1. Istio's list: the planned rules in reverse as `-D` — every rule in a built-in chain, whatever
 //!    its target, and the rules of our chains that jump to our chains;
-//! 2. from the state: every other rule (in any chain) that still jumps into one of our chains;
+//! 2. from the state: every other rule (in any chain) that still jumps into one of our chains,
+//!    further copies of planned built-in-chain rules, and the built-in-chain rules of the same
+//!    configuration in the other interception mode;
 //! 3. `-F`/`-X` of each planned chain (reverse first-seen order, as Istio), then of every other chain
 //!    of ours the state holds. "Ours" is [`owned_chains`]: the chains the rule model creates, in
 //!    the tables it creates them in — never a user's chain that merely starts with `ISTIO`.
@@ -20,7 +23,8 @@ use super::iptables::{
     ApplyError, Binaries, drop_created_tables, family_prefix, nf_family, run_checked, with_env,
 };
 use super::state::{
-    State, has_owned_chains, jump_target, normalise, parse_save, rule_words, table_section,
+    State, has_owned_chains, holds_any_of, jump_target, normalise, parse_save, rule_words,
+    table_section,
 };
 use crate::rules::capture::{is_owned_chain, owned_chains};
 use crate::rules::iptables::rule_args;
@@ -261,7 +265,9 @@ pub fn plan_from_states(states: &[(Family, Option<State>)], input: &CleanupInput
     for (family, state) in states {
         let wanted = match family {
             Family::V4 => true,
-            Family::V6 => input.ipv6_enabled || state.as_ref().is_some_and(has_owned_chains),
+            Family::V6 => {
+                input.ipv6_enabled || state.as_ref().is_some_and(|s| holds_any_of(s, input.v6))
+            }
         };
         if wanted {
             let (planned, also) = match family {
