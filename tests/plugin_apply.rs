@@ -216,3 +216,81 @@ fn first_add_is_programmed_over_netlink_and_reruns_keep_the_rules() {
         "processes left in the pod netns"
     );
 }
+
+/// `iptables-save` of both families and flavours, without comments and counters.
+fn rules_of(netns: &NetnsGuard) -> String {
+    let mut all = String::new();
+    for tool in [
+        "iptables-nft-save",
+        "ip6tables-nft-save",
+        "iptables-legacy-save",
+        "ip6tables-legacy-save",
+    ] {
+        let out = netns.exec(tool, &[]);
+        assert!(out.status.success(), "{tool}");
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if line.starts_with('#') {
+                continue;
+            }
+            all.push_str(line.split(" [").next().unwrap_or(line));
+            all.push('\n');
+        }
+    }
+    all
+}
+
+#[test]
+fn readd_with_changed_interception_mode_converges_to_a_fresh_apply() {
+    require_tool("iptables-restore", "iptables");
+    let api = FakeApiServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    let pod = |mode: &str| {
+        sidecar_pod(
+            "ns1",
+            "mode",
+            json!({"sidecar.istio.io/interceptionMode": mode}),
+            json!([]),
+            json!({}),
+        )
+    };
+    let add = |netns: &NetnsGuard| {
+        let env = cni_env("ADD", &netns.path().display().to_string(), "ns1", "mode");
+        let run = run_plugin(&env, &conf(dir.path()).to_string());
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    };
+    let fresh = |mode: &str| {
+        api.put_pod(pod(mode));
+        let netns = NetnsGuard::new("fresh");
+        add(&netns);
+        rules_of(&netns)
+    };
+    let (redirect, tproxy) = (fresh("REDIRECT"), fresh("TPROXY"));
+
+    let netns = NetnsGuard::new("mode");
+    api.put_pod(pod("REDIRECT"));
+    add(&netns);
+    for (mode, expected) in [("TPROXY", &tproxy), ("REDIRECT", &redirect)] {
+        api.put_pod(pod(mode));
+        add(&netns);
+        let now = rules_of(&netns);
+        let mut rule_lines: Vec<&str> = now.lines().filter(|l| l.starts_with("-A")).collect();
+        let total = rule_lines.len();
+        rule_lines.sort();
+        rule_lines.dedup();
+        assert_eq!(
+            rule_lines.len(),
+            total,
+            "duplicate rules after re-ADD:\n{now}"
+        );
+        assert_eq!(
+            &now, expected,
+            "re-ADD as {mode} must end as a fresh {mode} ADD does"
+        );
+    }
+    let rules = String::from_utf8_lossy(&netns.exec("ip", &["rule"]).stdout).into_owned();
+    assert!(
+        !rules.contains("lookup 133"),
+        "TPROXY policy route left behind:\n{rules}"
+    );
+}

@@ -2,13 +2,18 @@
 //! verification, reconcile/cleanup, and the dry-run transcript in Istio's format.
 //! May call: `rules`, `netlink` (nf_tables transactions), `netns` (entering a pod's user namespace).
 
+pub mod cleanup;
 pub mod exec;
 pub mod iptables;
 pub mod nft;
+pub mod sidecar;
+pub mod state;
 pub mod transcript;
 
+pub use cleanup::{CleanupInput, CleanupPlan};
 pub use exec::{Cmd, CmdOutput, Executor, ProcessExecutor};
-pub use iptables::{
-    ApplyError, Binaries, ForceBinary, Outcome, SidecarOptions, apply_sidecar, apply_sidecar_here,
-    detect,
+pub use iptables::{ApplyError, Binaries, ForceBinary, detect};
+pub use sidecar::{
+    Outcome, SidecarOptions, apply_sidecar, apply_sidecar_here, cleanup_plan_here,
+    cleanup_sidecar_here,
 };

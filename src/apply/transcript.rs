@@ -4,25 +4,20 @@
 use std::io::Write;
 use std::path::Path;
 
-use super::iptables::planned_cleanup_commands;
 use crate::rules::iptables::render_restore;
 use crate::rules::{Family, RuleSet};
 
-/// What a sidecar run would execute: initial saves, the restores (or, for cleanup, the delete
-/// commands), and the final saves.
-pub fn sidecar(rules: &RuleSet, ipv6: bool, cleanup_only: bool) -> Vec<String> {
+/// What a sidecar apply would execute: initial saves, the restores and the final saves. (A
+/// cleanup prints its plan: [`super::cleanup::CleanupPlan::transcript`].)
+pub fn sidecar(rules: &RuleSet, ipv6: bool) -> Vec<String> {
     let mut out = vec!["iptables-save".to_string(), "ip6tables-save".to_string()];
     let families: &[Family] = if ipv6 { &Family::ALL } else { &[Family::V4] };
     for &family in families {
-        if cleanup_only {
-            out.extend(planned_cleanup_commands(family, rules.family(family)));
-        } else {
-            out.extend(
-                render_restore(rules.family(family))
-                    .lines()
-                    .map(str::to_string),
-            );
-        }
+        out.extend(
+            render_restore(rules.family(family))
+                .lines()
+                .map(str::to_string),
+        );
     }
     out.push("iptables-save".into());
     if ipv6 {

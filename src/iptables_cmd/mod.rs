@@ -10,10 +10,11 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use argh::FromArgs;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::apply::{self, SidecarOptions};
 use crate::cli::{Env, ProcessEnv, normalise_args};
+use crate::netns::UsernsEntry;
 use crate::rules::{self, RuleSet};
 use flags::{Flags, SHAPES, Settings};
 
@@ -114,7 +115,9 @@ fn run(flags: &Flags, env: &dyn Env, explicit_false: &HashSet<String>) -> i32 {
     };
     if !settings.skip_rule_apply {
         let result = match (settings.native_nftables, settings.dry_run) {
+            (false, true) if settings.cleanup_only => cleanup_dry_run(&settings),
             (false, true) => dry_run(&settings, &rules::capture::build(&settings.capture)),
+            (false, false) if settings.cleanup_only => cleanup(&settings),
             (false, false) => apply_rules(&settings, rules::capture::build(&settings.capture)),
             (true, true) => emit_dry_run(&settings, nft_transaction(&settings)),
             (true, false) => apply_nft(&settings),
@@ -140,11 +143,102 @@ fn run(flags: &Flags, env: &dyn Env, explicit_false: &HashSet<String>) -> i32 {
 }
 
 fn dry_run(settings: &Settings, rules: &RuleSet) -> Result<(), String> {
-    let lines =
-        apply::transcript::sidecar(rules, settings.capture.enable_ipv6, settings.cleanup_only);
+    let lines = apply::transcript::sidecar(rules, settings.capture.enable_ipv6);
     let mut text = lines.join("\n");
     text.push('\n');
     emit_dry_run(settings, text)
+}
+
+/// Runs `work` where the rules live: in `--network-namespace` in CNI mode, else right here.
+/// `work` gets the user-namespace entry its tools must take when that netns is owned by another
+/// user namespace (`hostUsers: false` pods).
+fn in_target_netns<T: Send + 'static>(
+    settings: &Settings,
+    work: impl FnOnce(Option<UsernsEntry>) -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    let target = Target::open(settings)?;
+    let userns = target.userns();
+    match target {
+        Target::Pod(netns) => netns.run(move || work(userns)).map_err(|e| e.to_string())?,
+        Target::Here(_) => work(userns),
+    }
+}
+
+/// The rule lists a cleanup removes: the configuration's, with IPv6 rules even when IPv6 is off
+/// (used when ip6tables holds chains of ours), and the same in the other interception mode (its
+/// built-in-chain rules go where present).
+fn cleanup_rules(settings: &Settings) -> [RuleSet; 2] {
+    let mut planned = rules::capture::build(&settings.capture);
+    let with_v6 = rules::capture::CaptureConfig {
+        enable_ipv6: true,
+        ..settings.capture.clone()
+    };
+    planned.v6 = rules::capture::build(&with_v6).v6;
+    [planned, rules::capture::other_mode(&with_v6)]
+}
+
+/// `--cleanup-only --dry-run`: the plan the real cleanup would run now (its saves are read, as
+/// the real run does; a failing save counts as empty, like Istio's dry-run stub).
+fn cleanup_dry_run(settings: &Settings) -> Result<(), String> {
+    let [rules, other] = cleanup_rules(settings);
+    let ipv6 = settings.capture.enable_ipv6;
+    let force = settings.force_binary;
+    let stateless = rules.clone();
+    let plan = in_target_netns(settings, move |userns| {
+        let input = apply::CleanupInput {
+            v4: &rules.v4,
+            v6: &rules.v6,
+            ipv6_enabled: ipv6,
+            also: [&other.v4, &other.v6],
+        };
+        apply::cleanup_plan_here(&input, &[], force, userns.as_ref()).map_err(|e| e.to_string())
+    })
+    .unwrap_or_else(|e| {
+        // No binaries or no namespace to read: plan from an empty state, as Istio's stub does.
+        warn!("dry run: cannot read the current rules ({e}); planning from an empty state");
+        let input = apply::CleanupInput {
+            v4: &stateless.v4,
+            v6: &stateless.v6,
+            ipv6_enabled: ipv6,
+            also: [&[], &[]],
+        };
+        let empty = [(rules::Family::V4, None), (rules::Family::V6, None)];
+        apply::cleanup::plan_from_states(&empty, &input)
+    });
+    let mut text = plan.transcript().join("\n");
+    text.push('\n');
+    emit_dry_run(settings, text)
+}
+
+/// `--cleanup-only`: removes what this configuration creates (rules, our chains, leftover jumps
+/// into them, in every family that has any) and its TPROXY routes and `::6/128` on lo.
+fn cleanup(settings: &Settings) -> Result<(), String> {
+    let [rules, other] = cleanup_rules(settings);
+    let capture = settings.capture.clone();
+    let force = settings.force_binary;
+    let env = lock_env(settings);
+    let outcome = in_target_netns(settings, move |userns| {
+        let input = apply::CleanupInput {
+            v4: &rules.v4,
+            v6: &rules.v6,
+            ipv6_enabled: capture.enable_ipv6,
+            also: [&other.v4, &other.v6],
+        };
+        let outcome = apply::cleanup_sidecar_here(&input, &env, force, userns.as_ref())
+            .map_err(|e| e.to_string())?;
+        crate::netlink::routes::remove_sidecar_routes(&capture).map_err(|e| e.to_string())?;
+        Ok(outcome)
+    })?;
+    info!(%outcome, "iptables rules done");
+    Ok(())
+}
+
+/// A pod-scoped xtables lock in CNI mode: concurrent pods never wait on each other's lock.
+fn lock_env(settings: &Settings) -> Vec<(String, String)> {
+    match (&settings.network_namespace, settings.cni_mode) {
+        (Some(ns), true) => vec![("XTABLES_LOCKFILE".into(), ns.clone())],
+        _ => vec![],
+    }
 }
 
 /// Prints a dry-run text and writes it to $DRY_RUN_FILE_PATH when set.
@@ -201,55 +295,45 @@ fn apply_nft(settings: &Settings) -> Result<(), String> {
     let transaction = nft_transaction(settings);
     let capture = settings.capture.clone();
     let cleanup_only = settings.cleanup_only;
-    let target = Target::open(settings)?;
-    let userns = target.userns();
-    let work = move || -> Result<(), String> {
+    let work = move |userns: Option<UsernsEntry>| -> Result<(), String> {
         apply::nft::apply_transaction(&mut apply::ProcessExecutor::entering(userns), &transaction)
             .map_err(|e| e.to_string())?;
-        if !cleanup_only {
-            crate::netlink::routes::apply_sidecar_routes(&capture).map_err(|e| e.to_string())?;
+        if cleanup_only {
+            crate::netlink::routes::remove_sidecar_routes(&capture).map_err(|e| e.to_string())?;
+        } else {
+            // Each run replaces our tables, so the routes follow the flags of this run.
+            crate::netlink::routes::converge_sidecar_routes(&capture, true)
+                .map_err(|e| e.to_string())?;
         }
         Ok(())
     };
-    match target {
-        Target::Pod(netns) => netns.run(work).map_err(|e| e.to_string())??,
-        Target::Here(_) => work()?,
-    }
+    in_target_netns(settings, work)?;
     info!("nftables rules done");
     Ok(())
 }
 
 fn apply_rules(settings: &Settings, rules: RuleSet) -> Result<(), String> {
-    let mut opts = SidecarOptions {
+    let opts = SidecarOptions {
         reconcile: settings.reconcile,
-        cleanup_only: settings.cleanup_only,
+        cleanup_only: false,
         force_apply: settings.force_apply,
-        env: vec![],
+        env: lock_env(settings),
         restore_only: settings.restore_only,
         userns: None,
+        reconcile_also: rules::capture::other_mode(&settings.capture),
     };
     let force = settings.force_binary;
     let capture = settings.capture.clone();
-    let work = move |opts: SidecarOptions| -> Result<apply::Outcome, String> {
+    let outcome = in_target_netns(settings, move |userns| {
+        let opts = SidecarOptions { userns, ..opts };
         let outcome = apply::apply_sidecar_here(&rules, &opts, force).map_err(|e| e.to_string())?;
-        if !opts.cleanup_only {
-            crate::netlink::routes::apply_sidecar_routes(&capture).map_err(|e| e.to_string())?;
-        }
+        crate::netlink::routes::converge_sidecar_routes(
+            &capture,
+            outcome == apply::Outcome::Reconciled,
+        )
+        .map_err(|e| e.to_string())?;
         Ok(outcome)
-    };
-    let target = Target::open(settings)?;
-    opts.userns = target.userns();
-    let outcome = match target {
-        Target::Pod(netns) => {
-            // A pod-scoped lock: concurrent pods never wait on each other's xtables lock.
-            opts.env.push((
-                "XTABLES_LOCKFILE".into(),
-                netns.path().display().to_string(),
-            ));
-            netns.run(move || work(opts)).map_err(|e| e.to_string())??
-        }
-        Target::Here(_) => work(opts)?,
-    };
+    })?;
     info!(%outcome, "iptables rules done");
     Ok(())
 }

@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+
 use crate::rules::iptables_nft::{Message, NLM_F_REQUEST};
 
 const NFNL_MSG_BATCH_BEGIN: u16 = 16;
@@ -287,6 +289,130 @@ fn scan_replies(buf: &[u8], last_seq: u32) -> Option<Answer> {
         offset += len.next_multiple_of(4);
     }
     None
+}
+
+const NFT_MSG_GETCHAIN: u16 = 4;
+const NFT_MSG_DELTABLE: u16 = 2;
+const NFTA_TABLE_NAME: u16 = 1;
+
+const NFT_MSG_DELCHAIN: u16 = 5;
+
+/// Deletes one (empty) nf_tables chain of a family's table, as one transaction.
+pub fn delete_chain(family: u8, table: &str, chain: &str) -> Result<(), BatchError> {
+    use crate::rules::iptables_nft::Attrs;
+    send(&[Message {
+        kind: NFT_MSG_DELCHAIN,
+        flags: 0,
+        family,
+        attrs: Attrs::new()
+            .string(NFTA_CHAIN_TABLE, table)
+            .string(NFTA_CHAIN_NAME, chain)
+            .done(),
+        what: format!("delete chain {chain} of table {table}"),
+    }])
+}
+
+/// Deletes one nf_tables table of a family (with whatever it holds), as one transaction.
+pub fn delete_table(family: u8, name: &str) -> Result<(), BatchError> {
+    use crate::rules::iptables_nft::Attrs;
+    send(&[Message {
+        kind: NFT_MSG_DELTABLE,
+        flags: 0,
+        family,
+        attrs: Attrs::new().string(NFTA_TABLE_NAME, name).done(),
+        what: format!("delete table {name}"),
+    }])
+}
+
+const NLM_F_DUMP: u16 = 0x300;
+const NLMSG_DONE: u16 = 3;
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+
+/// The `(table, chain)` names of every nf_tables chain of one family (`AF_INET`/`AF_INET6`) in the
+/// calling thread's network namespace: one netlink dump, no process. This is how an apply learns
+/// cheaply whether iptables-nft already holds chains of ours.
+pub fn list_chains(family: u8) -> Result<Vec<(String, String)>, BatchError> {
+    let mut socket = Socket::new(NETLINK_NETFILTER)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    nix::sys::socket::setsockopt(
+        &socket,
+        nix::sys::socket::sockopt::ReceiveTimeout,
+        &nix::sys::time::TimeVal::new(REPLY_TIMEOUT.as_secs() as i64, 0),
+    )
+    .map_err(std::io::Error::from)?;
+    let mut request = Vec::with_capacity(HEADER_LEN + 4);
+    push_message(
+        &mut request,
+        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        1,
+        family,
+        0,
+    );
+    socket.send(&request, 0)?;
+    let mut chains = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let n = socket.recv(&mut &mut buf[..], 0)?;
+        if n == 0 {
+            return Err(BatchError::Unanswered);
+        }
+        let mut offset = 0;
+        while offset + HEADER_LEN <= n {
+            let len = u32::from_ne_bytes([
+                buf[offset],
+                buf[offset + 1],
+                buf[offset + 2],
+                buf[offset + 3],
+            ]) as usize;
+            let kind = u16::from_ne_bytes([buf[offset + 4], buf[offset + 5]]);
+            if len < HEADER_LEN || offset + len > n {
+                return Err(std::io::Error::other("malformed nfnetlink reply").into());
+            }
+            let body = &buf[offset + HEADER_LEN..offset + len];
+            match kind {
+                NLMSG_DONE => return Ok(chains),
+                NLMSG_ERROR if body.len() >= 4 => {
+                    let code = i32::from_ne_bytes([body[0], body[1], body[2], body[3]]);
+                    if code != 0 {
+                        return Err(BatchError::Rejected {
+                            what: "list chains".into(),
+                            source: std::io::Error::from_raw_os_error(-code),
+                        });
+                    }
+                }
+                _ if body.len() >= 4 => chains.extend(chain_names(&body[4..])),
+                _ => {}
+            }
+            offset += len.next_multiple_of(4);
+        }
+    }
+}
+
+/// Table and chain name from the attributes of one `NFT_MSG_NEWCHAIN` dump record.
+fn chain_names(mut attrs: &[u8]) -> Option<(String, String)> {
+    let (mut table, mut name) = (None, None);
+    while attrs.len() >= 4 {
+        let len = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
+        let kind = u16::from_ne_bytes([attrs[2], attrs[3]]) & 0x3fff;
+        if len < 4 || len > attrs.len() {
+            break;
+        }
+        let text = || {
+            String::from_utf8_lossy(&attrs[4..len])
+                .trim_end_matches('\0')
+                .to_string()
+        };
+        match kind {
+            NFTA_CHAIN_TABLE => table = Some(text()),
+            NFTA_CHAIN_NAME => name = Some(text()),
+            _ => {}
+        }
+        attrs = &attrs[len.next_multiple_of(4).min(attrs.len())..];
+    }
+    Some((table?, name?))
 }
 
 #[cfg(test)]

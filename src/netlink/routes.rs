@@ -167,12 +167,8 @@ pub fn ensure_fwmark_rule(
     )
 }
 
-/// `ip route replace local 0.0.0.0/0 (or ::/0) dev IFACE table TABLE`.
-pub fn replace_local_default_route(
-    ipv6: bool,
-    iface: &str,
-    table: u32,
-) -> Result<(), NetlinkError> {
+/// The `local 0.0.0.0/0 (or ::/0) dev IFACE table TABLE` route.
+fn local_default_route(ipv6: bool, iface: &str, table: u32) -> Result<RouteMessage, NetlinkError> {
     let mut msg = RouteMessage::default();
     msg.header.address_family = if ipv6 {
         AddressFamily::Inet6
@@ -194,8 +190,17 @@ pub fn replace_local_default_route(
         RouteAttribute::Oif(interface_index(iface)?),
         RouteAttribute::Table(table),
     ];
+    Ok(msg)
+}
+
+/// `ip route replace local 0.0.0.0/0 (or ::/0) dev IFACE table TABLE`.
+pub fn replace_local_default_route(
+    ipv6: bool,
+    iface: &str,
+    table: u32,
+) -> Result<(), NetlinkError> {
     request(
-        RouteNetlinkMessage::NewRoute(msg),
+        RouteNetlinkMessage::NewRoute(local_default_route(ipv6, iface, table)?),
         NLM_F_CREATE | NLM_F_REPLACE,
         &format!("replace local default route table {table}"),
     )
@@ -212,6 +217,70 @@ fn parse_number(
         what,
         value: value.to_string(),
     })
+}
+
+/// A delete that found nothing to delete (or a family the kernel does not have) is not an error.
+fn ignore_absent(result: Result<(), NetlinkError>) -> Result<(), NetlinkError> {
+    match result {
+        Err(NetlinkError::Request { source, .. })
+            if matches!(
+                source.raw_os_error(),
+                Some(libc::ENOENT | libc::ESRCH | libc::EADDRNOTAVAIL | libc::EAFNOSUPPORT)
+            ) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// Undoes [`apply_sidecar_routes`] for this configuration, whatever its interception mode and
+/// IPv6 setting, and only what is there: the TPROXY policy routing ([`remove_tproxy_routes`]) and
+/// `::6/128` on `lo`. Other rules, routes, tables and addresses are left alone.
+pub fn remove_sidecar_routes(cfg: &CaptureConfig) -> Result<(), NetlinkError> {
+    remove_tproxy_routes(cfg)?;
+    let passthrough = IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6));
+    let mut msg = AddressMessage::default();
+    msg.header.family = AddressFamily::Inet6;
+    msg.header.prefix_len = 128;
+    msg.header.index = interface_index("lo")?;
+    msg.attributes = vec![
+        AddressAttribute::Local(passthrough),
+        AddressAttribute::Address(passthrough),
+    ];
+    ignore_absent(request(
+        RouteNetlinkMessage::DelAddress(msg),
+        0,
+        "delete address ::6/128 from lo",
+    ))
+}
+
+/// Removes every `ip rule fwmark MARK lookup TABLE` and the `local default dev lo` route of TABLE
+/// of this configuration, in both families, when present (after a cleanup, or a reconcile to a
+/// configuration without TPROXY inbound capture).
+pub fn remove_tproxy_routes(cfg: &CaptureConfig) -> Result<(), NetlinkError> {
+    let mark = parse_number("TPROXY mark", &cfg.tproxy_mark, parse_tproxy_mark)?;
+    let table = parse_number(
+        "TPROXY route table",
+        &cfg.tproxy_route_table,
+        parse_route_table,
+    )?;
+    for ipv6 in [false, true] {
+        let what = format!("ip rule del fwmark {mark} lookup {table}");
+        // Bounded: each successful delete removes one copy.
+        for _ in 0..64 {
+            let rule = fwmark_rule(ipv6, mark, None, None, table);
+            if request(RouteNetlinkMessage::DelRule(rule), 0, &what).is_err() {
+                break;
+            }
+        }
+        ignore_absent(request(
+            RouteNetlinkMessage::DelRoute(local_default_route(ipv6, "lo", table)?),
+            0,
+            &format!("delete local default route table {table}"),
+        ))?;
+    }
+    Ok(())
 }
 
 /// What a sidecar rule set needs besides the rules: `::6/128` on `lo` when IPv6 is on, and, for
@@ -239,4 +308,13 @@ pub fn apply_sidecar_routes(cfg: &CaptureConfig) -> Result<(), NetlinkError> {
         }
     }
     Ok(())
+}
+
+/// The routes after an apply: [`apply_sidecar_routes`]; after a reconcile (`reconciled`) to a
+/// configuration without TPROXY inbound capture, the old TPROXY policy routing goes first.
+pub fn converge_sidecar_routes(cfg: &CaptureConfig, reconciled: bool) -> Result<(), NetlinkError> {
+    if reconciled && !cfg.needs_tproxy_routes() {
+        remove_tproxy_routes(cfg)?;
+    }
+    apply_sidecar_routes(cfg)
 }

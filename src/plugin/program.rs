@@ -130,10 +130,13 @@ pub fn program(
             Backend::Iptables | Backend::IptablesRestore => {
                 let rules = build(&cfg);
                 match apply_sidecar_here(&rules, &opts, None) {
-                    // A repeated ADD with changed settings: converge (the pod is not running yet).
+                    // A repeated ADD with changed settings (the refusal changed nothing): converge,
+                    // the pod is not running yet. Rules of the other interception mode go too, so
+                    // a changed interceptionMode ends with exactly the new plan.
                     Err(crate::apply::ApplyError::Drift { .. }) => {
                         let reconcile = SidecarOptions {
                             reconcile: true,
+                            reconcile_also: crate::rules::capture::other_mode(&cfg),
                             ..opts.clone()
                         };
                         apply_sidecar_here(&rules, &reconcile, None)
@@ -151,8 +154,10 @@ pub fn program(
         .and_then(|outcome| {
             // ::6 on lo (IPv6) and the TPROXY policy route, as Istio adds after the rules. From
             // this thread also for a user-namespaced pod: rtnetlink asks only for CAP_NET_ADMIN
-            // over the netns's user namespace, which host root has.
-            crate::netlink::routes::apply_sidecar_routes(&cfg)
+            // over the netns's user namespace, which host root has. nftables replaces our tables
+            // on every run: the routes follow the settings too.
+            let replaced = outcome == Outcome::Reconciled || backend == Backend::Nftables;
+            crate::netlink::routes::converge_sidecar_routes(&cfg, replaced)
                 .map(|_| outcome)
                 .map_err(|e| format!("routes: {e}"))
         });

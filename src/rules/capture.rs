@@ -1,11 +1,14 @@
 //! Sidecar traffic capture: the typed capture config and the builder that turns it into the rule
 //! model in Istio's exact order. Shared by `istio-iptables` and the CNI plugin.
 
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::model::{CtState, Family, Match, Proto, RuleSet, RuleSetBuilder, Table, Target};
+use super::model::{
+    CtState, Family, Match, Proto, RuleSet, RuleSetBuilder, Table, Target, is_builtin_chain,
+};
 
 /// Chain names of the sidecar rule set.
 pub mod chain {
@@ -621,6 +624,50 @@ pub fn build(cfg: &CaptureConfig) -> RuleSet {
     b.build()
 }
 
+/// Every `(table, chain)` user chain the sidecar builder can create, in either family: derived
+/// from the builder itself run with every feature on, so cleanup and drift checks only ever touch
+/// chains this rule model owns (a user's `ISTIO_FW` in filter is not one of them).
+pub fn owned_chains() -> BTreeSet<(Table, String)> {
+    let mut owned = BTreeSet::new();
+    for mode in [InterceptionMode::Redirect, InterceptionMode::Tproxy] {
+        let everything = CaptureConfig {
+            mode,
+            inbound_ports: InboundPorts::All,
+            redirect_dns: true,
+            capture_all_dns: true,
+            drop_invalid: true,
+            enable_ipv6: true,
+            ..Default::default()
+        };
+        let rules = build(&everything);
+        for rule in rules.v4.iter().chain(&rules.v6) {
+            let targets = std::iter::once(rule.chain.as_str()).chain(rule.target.jump_chain());
+            for chain in targets.filter(|c| !is_builtin_chain(c)) {
+                owned.insert((rule.table, chain.to_string()));
+            }
+        }
+    }
+    owned
+}
+
+/// The same configuration in the other interception mode (REDIRECT ↔ TPROXY): what a reconcile
+/// after a mode change must also take out of the built-in chains.
+pub fn other_mode(cfg: &CaptureConfig) -> RuleSet {
+    let mode = match cfg.mode {
+        InterceptionMode::Redirect => InterceptionMode::Tproxy,
+        InterceptionMode::Tproxy => InterceptionMode::Redirect,
+    };
+    build(&CaptureConfig {
+        mode,
+        ..cfg.clone()
+    })
+}
+
+/// Whether `chain` in `table` (by name, as `iptables-save` prints it) is one [`owned_chains`] lists.
+pub fn is_owned_chain(owned: &BTreeSet<(Table, String)>, table: &str, chain: &str) -> bool {
+    owned.iter().any(|(t, c)| t.name() == table && c == chain)
+}
+
 fn build_dns(b: &mut RuleSetBuilder, cfg: &CaptureConfig) {
     use Table::{Nat, Raw};
     use chain::*;
@@ -753,6 +800,31 @@ mod tests {
         let e = IpRanges::parse("10.0.0.0/8,nope/3").unwrap_err();
         assert_eq!(e.value, "nope/3");
         assert!(IpRanges::parse("10.0.0.0/33").is_err());
+    }
+
+    #[test]
+    fn owned_chains_are_exactly_the_ones_the_builder_creates() {
+        let owned = owned_chains();
+        let names: Vec<String> = owned.iter().map(|(t, c)| format!("{t}/{c}")).collect();
+        assert_eq!(
+            names,
+            [
+                "mangle/ISTIO_DIVERT",
+                "mangle/ISTIO_DROP",
+                "mangle/ISTIO_INBOUND",
+                "mangle/ISTIO_TPROXY",
+                "nat/ISTIO_INBOUND",
+                "nat/ISTIO_IN_REDIRECT",
+                "nat/ISTIO_OUTPUT",
+                "nat/ISTIO_OUTPUT_DNS",
+                "nat/ISTIO_REDIRECT",
+                "raw/ISTIO_INBOUND",
+                "raw/ISTIO_OUTPUT_DNS",
+            ]
+        );
+        assert!(!is_owned_chain(&owned, "filter", "ISTIO_FW"));
+        assert!(!is_owned_chain(&owned, "filter", "ISTIO_OUTPUT"));
+        assert!(is_owned_chain(&owned, "nat", "ISTIO_OUTPUT"));
     }
 
     #[test]

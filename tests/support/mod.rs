@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use nix::sched::{CloneFlags, setns};
 
+pub mod user_state;
+
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 // The tool and root checks are shared with the plugin tests' support module (public for tests

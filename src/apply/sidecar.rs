@@ -1,0 +1,528 @@
+//! Applying a sidecar rule set, all or nothing across tables and families.
+//!
+//! `iptables-restore` commits table by table, and each family is its own process, so a restore can
+//! land half-way. Every path therefore knows what to undo before it writes:
+//! * fresh (no chain of ours in a family, learnt without a process: an nf_tables chain dump or
+//!   procfs for legacy): one `*-restore --noflush` per family, as before; if one fails, the tables
+//!   that had committed (its error names the failing line) and the earlier families are undone
+//!   from the rule model;
+//! * otherwise the state is read with `*-save` first (the snapshot) and compared with the plan the
+//!   way Istio does (§3.5 of the reference): identical → nothing to do; drifted without
+//!   `--reconcile` → [`ApplyError::Drift`] before anything is written; with it → guardrails,
+//!   cleanup, apply, and on any failure every touched table is put back from the snapshot.
+//!
+//! The nf_tables netlink path ([`apply_nft_netlink`]) is one kernel transaction for both families.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::cleanup::{
+    CleanupInput, CleanupPlan, drop_emptied_tables, family_steps, make_plan, run_commands,
+    run_plan, steps_tables, undo_restore_text,
+};
+use super::exec::Executor;
+use super::iptables::{
+    ApplyError, Binaries, ForceBinary, apply_nft_netlink_entering, detect, drop_created_tables,
+    family_prefix, legacy_has_tables, nf_family, replace_tables_cmd, restore_cmd, run_checked,
+    save_cmd, with_env,
+};
+use super::state::{Comparison, State, compare_with_plan, holds_any_of, parse_save, table_section};
+use crate::apply::exec::Cmd;
+use crate::netns::UsernsEntry;
+use crate::rules::capture::{is_owned_chain, owned_chains};
+use crate::rules::iptables::{render_restore, rule_args};
+use crate::rules::model::is_builtin_chain;
+use crate::rules::{Family, Rule, RuleSet, Table};
+
+/// How a sidecar apply should treat existing state.
+#[derive(Debug, Clone, Default)]
+pub struct SidecarOptions {
+    pub reconcile: bool,
+    pub cleanup_only: bool,
+    pub force_apply: bool,
+    /// Environment for every command (e.g. a pod-scoped `XTABLES_LOCKFILE`).
+    pub env: Vec<(String, String)>,
+    /// Never send the nf_tables messages directly; always run iptables-restore.
+    pub restore_only: bool,
+    /// Rules a reconcile also removes from built-in chains when present: those of the same
+    /// configuration in the other interception mode (see [`crate::rules::capture::other_mode`]),
+    /// so switching REDIRECT ↔ TPROXY converges to exactly the new plan.
+    pub reconcile_also: RuleSet,
+    /// Set for a netns owned by another user namespace (`hostUsers: false`): every command and
+    /// the nf_tables transaction run in a child that entered it.
+    pub userns: Option<UsernsEntry>,
+}
+
+/// What an apply did, for logs and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Applied,
+    AlreadyApplied,
+    Reconciled,
+    CleanedUp,
+}
+
+/// Logs name outcomes in words (`applied`), not Rust syntax (`Some(Applied)`).
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Outcome::Applied => "applied",
+            Outcome::AlreadyApplied => "already applied",
+            Outcome::Reconciled => "reconciled",
+            Outcome::CleanedUp => "cleaned up",
+        })
+    }
+}
+
+/// Families known to hold none of our chains, each with the tables that existed before the apply.
+pub type Fresh = BTreeMap<Family, BTreeSet<String>>;
+
+/// What one family held before anything was written.
+struct Snapshot<'a> {
+    bins: &'a Binaries,
+    text: String,
+    state: State,
+    /// With iptables-nft, the chains the kernel held (`*-save` also lists absent built-in chains).
+    chains: Option<Vec<(String, String)>>,
+}
+
+/// Applies the sidecar rules for every family that has rules (`bins` lists the families in use).
+pub fn apply_sidecar(
+    exec: &mut dyn Executor,
+    bins: &[Binaries],
+    rules: &RuleSet,
+    opts: &SidecarOptions,
+    fresh: &Fresh,
+) -> Result<Outcome, ApplyError> {
+    if opts.cleanup_only {
+        let input = CleanupInput {
+            v4: &rules.v4,
+            v6: &rules.v6,
+            ipv6_enabled: !rules.v6.is_empty(),
+            also: [&[], &[]],
+        };
+        let pick = |f: Family| bins.iter().find(|b| b.family == f);
+        let by_family = [pick(Family::V4), pick(Family::V6)];
+        let plan = make_plan(exec, by_family, &input, &opts.env)?;
+        run_plan(exec, by_family, &plan, &opts.env)?;
+        return Ok(Outcome::CleanedUp);
+    }
+    let planned: Vec<(&Binaries, &[Rule])> = bins
+        .iter()
+        .map(|b| (b, rules.family(b.family)))
+        .filter(|(_, r)| !r.is_empty())
+        .collect();
+    if !opts.reconcile && planned.iter().all(|(b, _)| fresh.contains_key(&b.family)) {
+        apply_fresh(exec, &planned, fresh, &opts.env)?;
+        return Ok(Outcome::Applied);
+    }
+
+    let mut snapshots = Vec::new();
+    let mut drifted = Vec::new();
+    for (b, family_rules) in &planned {
+        let text = run_checked(exec, &save_cmd(b, &opts.env))?.stdout;
+        let state = parse_save(&text);
+        let in_place = match compare_with_plan(&state, family_rules) {
+            Comparison::Same => true,
+            Comparison::Different => false,
+            // The kernel re-spells some rules (marks in hex...): ask iptables itself.
+            Comparison::Unsure(rules) => rules_present(exec, b, &rules, &opts.env)?,
+        };
+        if !in_place {
+            drifted.push((*b, *family_rules, holds_any_of(&state, family_rules)));
+        }
+        let chains = b
+            .is_nft_flavour()
+            .then(|| crate::netlink::nft_batch::list_chains(nf_family(b.family)).ok())
+            .flatten();
+        snapshots.push(Snapshot {
+            bins: b,
+            text,
+            state,
+            chains,
+        });
+    }
+    if drifted.is_empty() {
+        return Ok(Outcome::AlreadyApplied);
+    }
+    if let Some((b, _, _)) = drifted.iter().find(|(_, _, ours)| *ours)
+        && !opts.reconcile
+    {
+        // Refused before anything was written.
+        return Err(ApplyError::Drift {
+            family: family_prefix(b.family),
+        });
+    }
+    let residue = drifted.iter().any(|(_, _, ours)| *ours);
+    // Families a reconcile cleaned: the guardrails' filter chains are dropped afterwards if idle.
+    let mut cleaned: Vec<&Binaries> = Vec::new();
+    let mut swap = |exec: &mut dyn Executor| -> Result<(), ApplyError> {
+        for (b, family_rules, ours) in &drifted {
+            if *ours {
+                let state = snapshots
+                    .iter()
+                    .find(|s| s.bins.family == b.family)
+                    .map(|s| &s.state);
+                let also = opts.reconcile_also.family(b.family);
+                let steps = family_steps(b.family, family_rules, also, state);
+                run_commands(exec, b, &steps, &opts.env)?;
+                // What the old rules' restore created implicitly goes before the new restore, so
+                // the namespace ends as a fresh apply leaves it (same tables, same chain order).
+                let text = run_checked(exec, &save_cmd(b, &opts.env))?.stdout;
+                drop_emptied_tables(b, &text, &steps_tables(&steps));
+                cleaned.push(*b);
+            }
+            run_checked(
+                exec,
+                &restore_cmd(b, render_restore(family_rules), &opts.env),
+            )?;
+        }
+        Ok(())
+    };
+    let touched: Vec<&Binaries> = drifted.iter().map(|(b, _, _)| *b).collect();
+    let result = if residue {
+        with_guardrails(exec, &touched, &opts.env, swap)
+    } else {
+        swap(exec)
+    };
+    if let Err(cause) = result {
+        let touched: Vec<&Snapshot> = snapshots
+            .iter()
+            .filter(|s| touched.iter().any(|b| b.family == s.bins.family))
+            .collect();
+        return Err(match restore_snapshots(exec, &touched, &opts.env) {
+            Ok(()) => cause,
+            Err(rollback) => ApplyError::RollbackFailed {
+                cause: Box::new(cause),
+                rollback: Box::new(rollback),
+            },
+        });
+    }
+    for b in cleaned {
+        let text = run_checked(exec, &save_cmd(b, &opts.env))?.stdout;
+        drop_emptied_tables(
+            b,
+            &text,
+            &BTreeSet::from([Table::Filter.name().to_string()]),
+        );
+    }
+    Ok(if residue {
+        Outcome::Reconciled
+    } else {
+        Outcome::Applied
+    })
+}
+
+/// One restore per family; when one fails, what already committed is undone.
+fn apply_fresh(
+    exec: &mut dyn Executor,
+    planned: &[(&Binaries, &[Rule])],
+    fresh: &Fresh,
+    env: &[(String, String)],
+) -> Result<(), ApplyError> {
+    for (i, (b, rules)) in planned.iter().enumerate() {
+        let text = render_restore(rules);
+        let cmd = restore_cmd(b, text.clone(), env);
+        let (cause, committed) = match exec.run(&cmd) {
+            Ok(out) if out.success => continue,
+            Ok(out) => (
+                ApplyError::Failed {
+                    command: cmd.display(),
+                    code: out.code,
+                    stderr: out.stderr.trim().to_string(),
+                },
+                committed_tables(&text, &out.stderr),
+            ),
+            Err(e) => (e.into(), BTreeSet::new()),
+        };
+        let mut undo = planned[..i]
+            .iter()
+            .map(|(b, rules)| (*b, *rules, rules.iter().map(|r| r.table).collect()))
+            .collect::<Vec<(&Binaries, &[Rule], BTreeSet<Table>)>>();
+        undo.push((b, rules, committed));
+        let mut rollback = Ok(());
+        for (b, rules, tables) in undo {
+            let text = undo_restore_text(rules, &tables);
+            if !text.is_empty()
+                && let Err(e) = run_checked(exec, &restore_cmd(b, text, env))
+            {
+                rollback = Err(e);
+                continue;
+            }
+            let before = fresh.get(&b.family).cloned().unwrap_or_default();
+            let created = tables
+                .iter()
+                .map(|t| t.name().to_string())
+                .filter(|t| !before.contains(t));
+            drop_created_tables(b, created.collect());
+        }
+        return Err(match rollback {
+            Ok(()) => cause,
+            Err(rollback) => ApplyError::RollbackFailed {
+                cause: Box::new(cause),
+                rollback: Box::new(rollback),
+            },
+        });
+    }
+    Ok(())
+}
+
+/// The tables of a restore `text` that committed before it failed: iptables-restore stops at the
+/// first failing line and names it (`line N failed`, `Error occurred at line: N`); every table whose
+/// `COMMIT` comes before that line has landed. Unnamed → every table counts as committed.
+fn committed_tables(text: &str, stderr: &str) -> BTreeSet<Table> {
+    let failed_line = stderr.split("line").skip(1).find_map(|rest| {
+        let digits: String = rest
+            .trim_start_matches([':', ' '])
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse::<usize>().ok()
+    });
+    let mut committed = BTreeSet::new();
+    let mut current = None;
+    for (i, line) in text.lines().enumerate() {
+        if let Some(name) = line.strip_prefix('*') {
+            current = [Table::Filter, Table::Mangle, Table::Nat, Table::Raw]
+                .into_iter()
+                .find(|t| t.name() == name.trim());
+        } else if line == "COMMIT"
+            && let Some(table) = current
+            && failed_line.is_none_or(|n| i + 1 < n)
+        {
+            committed.insert(table);
+        }
+    }
+    committed
+}
+
+/// Puts every table that changed since its snapshot back as it was (`*-restore` without
+/// `--noflush` replaces just the tables in its input); a table that did not exist is emptied and,
+/// with iptables-nft, deleted again.
+fn restore_snapshots(
+    exec: &mut dyn Executor,
+    snapshots: &[&Snapshot],
+    env: &[(String, String)],
+) -> Result<(), ApplyError> {
+    for snap in snapshots {
+        let now = parse_save(&run_checked(exec, &save_cmd(snap.bins, env))?.stdout);
+        let mut text = String::new();
+        let mut created = Vec::new();
+        let tables: BTreeSet<&String> = now.keys().chain(snap.state.keys()).collect();
+        for table in tables {
+            if snap.state.get(table) == now.get(table) {
+                continue;
+            }
+            match table_section(&snap.text, table) {
+                Some(section) => text.push_str(&section),
+                None => {
+                    text.push_str(&format!("*{table}\nCOMMIT\n"));
+                    created.push(table.clone());
+                }
+            }
+        }
+        if !text.is_empty() {
+            run_checked(exec, &replace_tables_cmd(snap.bins, text, env))?;
+        }
+        drop_created_tables(snap.bins, created);
+        if let Some(before) = &snap.chains {
+            drop_created_builtin_chains(snap.bins, before);
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the built-in chains iptables-nft created since `before` (the guardrails', or the ones a
+/// replaced table declares); best effort: a chain that holds rules stays.
+fn drop_created_builtin_chains(bins: &Binaries, before: &[(String, String)]) {
+    let family = nf_family(bins.family);
+    let Ok(now) = crate::netlink::nft_batch::list_chains(family) else {
+        return;
+    };
+    for (table, chain) in now {
+        if is_builtin_chain(&chain) && !before.contains(&(table.clone(), chain.clone())) {
+            let _ = crate::netlink::nft_batch::delete_chain(family, &table, &chain);
+        }
+    }
+}
+
+/// Drops new TCP/UDP traffic in every touched family while the rules are swapped, so nothing slips
+/// through uncaptured.
+fn with_guardrails(
+    exec: &mut dyn Executor,
+    bins: &[&Binaries],
+    env: &[(String, String)],
+    work: impl FnOnce(&mut dyn Executor) -> Result<(), ApplyError>,
+) -> Result<(), ApplyError> {
+    let guard_rules: Vec<[&str; 2]> = ["INPUT", "FORWARD", "OUTPUT"]
+        .iter()
+        .flat_map(|c| [[*c, "tcp"], [*c, "udp"]])
+        .collect();
+    let guard = |b: &Binaries, op: &str, chain: &str, proto: &str| {
+        let mut args: Vec<String> = ["-t", "filter", op, chain]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        if op == "-I" {
+            args.push("1".into());
+        }
+        args.extend(["-p", proto, "-j", "DROP"].iter().map(|s| s.to_string()));
+        args.extend(b.lock_args());
+        with_env(Cmd::new(&b.iptables, args), env)
+    };
+    let remove = |exec: &mut dyn Executor| {
+        for b in bins {
+            for [chain, proto] in &guard_rules {
+                let _ = exec.run(&guard(b, "-D", chain, proto));
+            }
+        }
+    };
+    let mut installed = Ok(());
+    'install: for b in bins {
+        for [chain, proto] in &guard_rules {
+            let _ = exec.run(&guard(b, "-D", chain, proto));
+            if let Err(e) = run_checked(exec, &guard(b, "-I", chain, proto)) {
+                installed = Err(e);
+                break 'install;
+            }
+        }
+    }
+    let result = installed.and_then(|()| work(exec));
+    remove(exec);
+    result
+}
+
+/// Checks rules one by one with `iptables -C` (exact, but one process per rule).
+fn rules_present(
+    exec: &mut dyn Executor,
+    b: &Binaries,
+    rules: &[&Rule],
+    env: &[(String, String)],
+) -> Result<bool, ApplyError> {
+    for rule in rules {
+        let mut args = vec![
+            "-t".to_string(),
+            rule.table.name().to_string(),
+            "-C".to_string(),
+            rule.chain.clone(),
+        ];
+        args.extend(rule_args(rule));
+        args.extend(b.lock_args());
+        if !exec
+            .run(&with_env(Cmd::new(&b.iptables, args), env))?
+            .success
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Whether a family holds none of our chains, learnt without starting a process; Some(tables that
+/// exist) when so. Legacy: no table loaded at all. iptables-nft: an nf_tables chain dump.
+fn probe_fresh(bins: &Binaries) -> Option<BTreeSet<String>> {
+    if bins.legacy {
+        return (!legacy_has_tables(bins.family)).then(BTreeSet::new);
+    }
+    if !bins.is_nft_flavour() {
+        return None;
+    }
+    let chains = crate::netlink::nft_batch::list_chains(nf_family(bins.family)).ok()?;
+    let owned = owned_chains();
+    if chains.iter().any(|(t, c)| is_owned_chain(&owned, t, c)) {
+        return None;
+    }
+    Some(chains.into_iter().map(|(table, _)| table).collect())
+}
+
+/// Detects the binaries for every family the rule set uses and applies it with real processes in
+/// the calling thread's network namespace (run it inside [`crate::netns::run_in`] for a pod).
+pub fn apply_sidecar_here(
+    rules: &RuleSet,
+    opts: &SidecarOptions,
+    force: Option<ForceBinary>,
+) -> Result<Outcome, ApplyError> {
+    if opts.cleanup_only {
+        let input = CleanupInput {
+            v4: &rules.v4,
+            v6: &rules.v6,
+            ipv6_enabled: !rules.v6.is_empty(),
+            also: [&[], &[]],
+        };
+        return cleanup_sidecar_here(&input, &opts.env, force, opts.userns.as_ref());
+    }
+    let mut bins = Vec::new();
+    for family in Family::ALL {
+        if !rules.family(family).is_empty() {
+            bins.push(detect(family, force)?);
+        }
+    }
+    // The common case — plain apply with the nft flavour — needs no process at all.
+    let plain = !opts.reconcile && !opts.force_apply && !opts.restore_only;
+    if plain && !bins.is_empty() && bins.iter().all(Binaries::is_nft_flavour) {
+        match apply_nft_netlink_entering(rules, opts.userns.as_ref()) {
+            Ok(()) => {
+                tracing::debug!("applied over nfnetlink, encoded as iptables-nft does");
+                return Ok(Outcome::Applied);
+            }
+            Err(reason) => tracing::debug!(%reason, "applying with iptables-restore instead"),
+        }
+    }
+    let fresh: Fresh = if opts.reconcile {
+        Fresh::new()
+    } else {
+        bins.iter()
+            .filter_map(|b| probe_fresh(b).map(|tables| (b.family, tables)))
+            .collect()
+    };
+    apply_sidecar(
+        &mut super::exec::ProcessExecutor::entering(opts.userns.clone()),
+        &bins,
+        rules,
+        opts,
+        &fresh,
+    )
+}
+
+/// The binaries a cleanup uses: IPv4 always, IPv6 when installed.
+fn cleanup_bins(force: Option<ForceBinary>) -> Result<[Option<Binaries>; 2], ApplyError> {
+    Ok([
+        Some(detect(Family::V4, force)?),
+        detect(Family::V6, force).ok(),
+    ])
+}
+
+/// The cleanup plan for the calling thread's network namespace (what `--cleanup-only --dry-run`
+/// prints): reads the state of both families (read only).
+pub fn cleanup_plan_here(
+    input: &CleanupInput,
+    env: &[(String, String)],
+    force: Option<ForceBinary>,
+    userns: Option<&UsernsEntry>,
+) -> Result<CleanupPlan, ApplyError> {
+    let bins = cleanup_bins(force)?;
+    make_plan(
+        &mut super::exec::ProcessExecutor::entering(userns.cloned()),
+        [bins[0].as_ref(), bins[1].as_ref()],
+        input,
+        env,
+    )
+}
+
+/// Makes the cleanup plan in the calling thread's network namespace and runs it.
+pub fn cleanup_sidecar_here(
+    input: &CleanupInput,
+    env: &[(String, String)],
+    force: Option<ForceBinary>,
+    userns: Option<&UsernsEntry>,
+) -> Result<Outcome, ApplyError> {
+    let bins = cleanup_bins(force)?;
+    let by_family = [bins[0].as_ref(), bins[1].as_ref()];
+    let mut exec = super::exec::ProcessExecutor::entering(userns.cloned());
+    let plan = make_plan(&mut exec, by_family, input, env)?;
+    run_plan(&mut exec, by_family, &plan, env)?;
+    Ok(Outcome::CleanedUp)
+}
+
+#[cfg(test)]
+#[path = "sidecar_tests.rs"]
+mod tests;

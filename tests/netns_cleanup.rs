@@ -1,0 +1,339 @@
+//! `istio-iptables --cleanup-only` in real namespaces that also hold unrelated user rules, chains,
+//! nft tables and policy routes: for a matrix of flag sets and both backends, apply then clean up
+//! must give back exactly the state before (rules of both families, `nft list ruleset`, `ip rule`,
+//! routes, `lo` addresses), and apply → cleanup → apply must equal one apply.
+
+mod support;
+
+use support::user_state::{
+    Flavour, assert_same, namespace_with_user_state, observed, run, without_idle_legacy_tables,
+};
+use support::{Netns, bin, require_tool};
+
+/// The injector's arguments without the ones the cases set (`-m`, `-b`, `-i`).
+const BASE: &[&str] = &[
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-x",
+    "",
+    "-d",
+    "15090,15021,15020",
+];
+
+fn tools() {
+    require_tool("iptables-restore", "iptables");
+    require_tool("ip6tables-restore", "iptables");
+    require_tool("iptables-legacy-save", "iptables");
+    require_tool("nft", "nftables");
+}
+
+fn istio_iptables(ns: &Netns, flavour: Flavour, args: &[&str]) -> std::process::Output {
+    let mut full = vec!["istio-iptables"];
+    full.extend_from_slice(args);
+    if flavour == Flavour::Legacy {
+        full.extend_from_slice(&["--force-iptables-binary", "legacy"]);
+    }
+    ns.try_exec(bin(), &full)
+}
+
+fn ok(out: std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Apply with `flags`, clean up with `cleanup_flags`: the state before comes back; a second apply
+/// after the cleanup equals the first.
+fn round_trip(tag: &str, flavour: Flavour, flags: &[&str], cleanup_flags: &[&str]) {
+    let ns = namespace_with_user_state(tag, flavour);
+    let normal = |s: String| match flavour {
+        Flavour::Nft => s,
+        Flavour::Legacy => without_idle_legacy_tables(&s),
+    };
+    let pristine = normal(observed(&ns, flavour));
+    let mut apply: Vec<&str> = BASE.to_vec();
+    apply.extend_from_slice(flags);
+    ok(istio_iptables(&ns, flavour, &apply), "apply");
+    let applied = normal(observed(&ns, flavour));
+    assert_ne!(applied, pristine, "{flags:?} applied nothing");
+    // The same flags again: nothing to do (the user's ISTIO_FW chain is not drift).
+    ok(istio_iptables(&ns, flavour, &apply), "second apply");
+    assert_same(
+        &normal(observed(&ns, flavour)),
+        &applied,
+        &format!("{flags:?}: a second apply changed the namespace"),
+    );
+
+    let mut cleanup: Vec<&str> = BASE.to_vec();
+    cleanup.extend_from_slice(cleanup_flags);
+    cleanup.push("--cleanup-only");
+    ok(istio_iptables(&ns, flavour, &cleanup), "cleanup");
+    assert_same(
+        &normal(observed(&ns, flavour)),
+        &pristine,
+        &format!("{flags:?}: cleanup did not give back the state before the apply"),
+    );
+
+    ok(istio_iptables(&ns, flavour, &apply), "apply after cleanup");
+    assert_same(
+        &normal(observed(&ns, flavour)),
+        &applied,
+        &format!("{flags:?}: apply → cleanup → apply differs from one apply"),
+    );
+}
+
+const V4: &str = "--ipv6=false";
+const DUAL: &str = "--ipv6=true";
+
+#[test]
+fn redirect_default_round_trips() {
+    tools();
+    round_trip("cr", Flavour::Nft, &["-i", "*", "-b", "*", V4], &[V4]);
+}
+
+#[test]
+fn tproxy_with_exclude_interface_round_trips() {
+    tools();
+    let flags = ["-i", "*", "-m", "TPROXY", "-b", "80,8080", "-c", "eth9", V4];
+    round_trip("ct", Flavour::Nft, &flags, &flags);
+}
+
+#[test]
+fn dual_stack_tproxy_is_cleaned_in_both_families_even_when_cleanup_sees_no_ipv6() {
+    tools();
+    let flags = [
+        "-i", "*", "-m", "TPROXY", "-b", "80,8080", "-c", "eth9", DUAL,
+    ];
+    round_trip(
+        "c6",
+        Flavour::Nft,
+        &flags,
+        &["-m", "TPROXY", "-b", "80,8080", "-c", "eth9", V4],
+    );
+}
+
+#[test]
+fn dns_capture_round_trips_in_both_families() {
+    tools();
+    let flags = [
+        "--redirect-dns",
+        "--dns-servers",
+        "10.96.0.10,fd00::10",
+        DUAL,
+    ];
+    round_trip("cd", Flavour::Nft, &flags, &flags);
+    let all = ["--redirect-dns", "--capture-all-dns", V4];
+    round_trip("ca", Flavour::Nft, &all, &all);
+}
+
+#[test]
+fn exclude_and_virtual_interfaces_round_trip() {
+    tools();
+    let flags = [
+        "-i",
+        "*",
+        "-b",
+        "*",
+        "-c",
+        "eth9",
+        "-k",
+        "veth9,veth8",
+        DUAL,
+    ];
+    round_trip("ck", Flavour::Nft, &flags, &flags);
+    let listed = [
+        "-k",
+        "veth9",
+        "-i",
+        "10.0.0.0/8",
+        "-m",
+        "TPROXY",
+        "-b",
+        "*",
+        V4,
+    ];
+    round_trip("cl", Flavour::Nft, &listed, &listed);
+}
+
+#[test]
+fn cleanup_with_flags_of_the_other_mode_still_removes_the_tproxy_rules() {
+    tools();
+    let applied = ["-i", "*", "-m", "TPROXY", "-b", "80", "-c", "eth9", DUAL];
+    round_trip("co", Flavour::Nft, &applied, &["-c", "eth9", V4]);
+}
+
+#[test]
+fn legacy_flavour_round_trips() {
+    tools();
+    let flags = [
+        "-m",
+        "TPROXY",
+        "-b",
+        "80",
+        "-c",
+        "eth9",
+        "--redirect-dns",
+        "--capture-all-dns",
+        DUAL,
+    ];
+    round_trip("cg", Flavour::Legacy, &flags, &flags);
+}
+
+#[test]
+fn native_nftables_cleanup_removes_only_our_tables_and_routes() {
+    tools();
+    for (tag, flags) in [
+        ("cn", vec!["--native-nftables", "-i", "*", "-b", "*", V4]),
+        (
+            "cm",
+            vec![
+                "--native-nftables",
+                "-m",
+                "TPROXY",
+                "-b",
+                "80",
+                "-c",
+                "eth9",
+                DUAL,
+            ],
+        ),
+        (
+            "cq",
+            vec![
+                "--native-nftables",
+                "-i",
+                "*",
+                "-k",
+                "veth9",
+                "--redirect-dns",
+                "--capture-all-dns",
+                DUAL,
+            ],
+        ),
+    ] {
+        round_trip(tag, Flavour::Nft, &flags, &flags);
+    }
+}
+
+#[test]
+fn cleanup_leaves_a_user_chain_named_istio_and_its_rules() {
+    tools();
+    let ns = namespace_with_user_state("cu", Flavour::Nft);
+    ok(
+        istio_iptables(&ns, Flavour::Nft, &["--cleanup-only", V4]),
+        "cleanup",
+    );
+    let save = run(&ns, "iptables-nft-save", &[]);
+    assert!(
+        save.contains("-A ISTIO_FW -p tcp -m tcp --dport 9 -j ACCEPT"),
+        "{save}"
+    );
+    assert!(save.contains("-A INPUT -j ISTIO_FW"), "{save}");
+}
+
+#[test]
+fn cleanup_dry_run_on_a_fresh_namespace_prints_istios_documented_list() {
+    tools();
+    let ns = Netns::new("cy");
+    let out = ns.try_exec(
+        bin(),
+        &[
+            "istio-iptables",
+            "--dry-run",
+            "--cleanup-only",
+            "--proxy-uid=1337",
+            "--proxy-gid=1337",
+            "--ipv6=false",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), ISTIO_CLEANUP_EXAMPLE);
+    // Without iptables installed the dry run still prints the plan, from an empty state.
+    let out = std::process::Command::new(bin())
+        .args([
+            "istio-iptables",
+            "--dry-run",
+            "--cleanup-only",
+            "--proxy-uid=1337",
+            "--proxy-gid=1337",
+            "--ipv6=false",
+        ])
+        .env("PATH", "/nonexistent")
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), ISTIO_CLEANUP_EXAMPLE);
+}
+
+/// The example of Istio's cleanup dry run (istio-rules.md §3.5).
+const ISTIO_CLEANUP_EXAMPLE: &str = "iptables-save
+ip6tables-save
+iptables -t nat -D ISTIO_OUTPUT -o lo ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m owner --gid-owner 1337 -j ISTIO_IN_REDIRECT
+iptables -t nat -D ISTIO_OUTPUT -o lo ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m owner --uid-owner 1337 -j ISTIO_IN_REDIRECT
+iptables -t nat -D OUTPUT -j ISTIO_OUTPUT
+iptables -t nat -F ISTIO_OUTPUT
+iptables -t nat -X ISTIO_OUTPUT
+iptables -t nat -F ISTIO_IN_REDIRECT
+iptables -t nat -X ISTIO_IN_REDIRECT
+iptables -t nat -F ISTIO_REDIRECT
+iptables -t nat -X ISTIO_REDIRECT
+iptables -t nat -F ISTIO_INBOUND
+iptables -t nat -X ISTIO_INBOUND
+iptables-save
+";
+
+#[test]
+fn cleanup_dry_run_prints_the_commands_the_real_run_then_performs() {
+    tools();
+    let ns = namespace_with_user_state("cz", Flavour::Nft);
+    let mut apply: Vec<&str> = BASE.to_vec();
+    apply.extend_from_slice(&["-i", "*", "-m", "TPROXY", "-b", "80", DUAL]);
+    ok(istio_iptables(&ns, Flavour::Nft, &apply), "apply");
+    // The cleanup is asked with other flags: leftovers of ours come from the state.
+    let cleanup = ["--cleanup-only", V4];
+    let mut dry = vec!["--dry-run"];
+    dry.extend_from_slice(&cleanup);
+    let printed = istio_iptables(&ns, Flavour::Nft, &dry);
+    assert!(printed.status.success());
+    let printed: Vec<String> = String::from_utf8_lossy(&printed.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(
+        printed
+            .iter()
+            .any(|l| l.starts_with("ip6tables -t nat -D OUTPUT")),
+        "{printed:#?}"
+    );
+    let real = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns.name, bin(), "istio-iptables"])
+        .args(cleanup)
+        .env("ISTIO_IPTABLES_LOG", "debug")
+        .output()
+        .expect("run");
+    assert!(
+        real.status.success(),
+        "{}",
+        String::from_utf8_lossy(&real.stderr)
+    );
+    let logged: Vec<String> = String::from_utf8_lossy(&real.stderr)
+        .lines()
+        .filter_map(|l| l.split("\tcleanup\tcommand=").nth(1))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(logged, printed);
+}
