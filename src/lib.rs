@@ -1,17 +1,18 @@
 //! istio-cni in Rust: one multicall executable that is the CNI plugin (`istio-cni`), the installer
 //! and node agent (`install-cni`) and the rule tool (`istio-iptables`).
 //!
-//! Rooms (one folder each) and who may call whom — data flows one way:
+//! Rooms (one folder each) and who may call whom — data flows one way (`tests/room_boundaries.rs`
+//! holds every room to this table and to docs/architecture.md's copy of it):
 //! CLI/env -> typed config -> decision -> rule model -> renderer -> applier.
 //!
 //! | room | owns | may call |
 //! | --- | --- | --- |
 //! | [`cli`] | argv normalising (pflag forms), env fallbacks shared by every role | — |
 //! | [`rules`] | the redirect rule model, its builders (sidecar capture, ambient) and renderers (iptables-restore text, nftables) — pure, no effects | — |
-//! | [`iptables_cmd`] | the `istio-iptables` role: flags/env -> capture config -> rules -> apply/dry-run/validation | `cli`, `rules`, `apply`, `netlink` |
-//! | [`apply`] | running iptables/ip6tables(-save/-restore) and nft: binary detection, locking, verify/reconcile/cleanup, dry-run recording | `rules` |
-//! | [`netns`] | entering a network namespace on a dedicated thread | — |
-//! | [`netlink`] | addresses, ip rules and routes via netlink (no `ip` subprocess) | — |
+//! | [`iptables_cmd`] | the `istio-iptables` role: flags/env -> capture config -> rules -> apply/dry-run/validation | `cli`, `rules`, `apply`, `netns`, `netlink`, `telemetry` |
+//! | [`apply`] | applying rule sets all or nothing: one nf_tables transaction, or iptables/ip6tables(-save/-restore) and nft: binary detection, locking, verify/reconcile/rollback, the cleanup plan, dry-run recording | `rules`, `netlink`, `netns` |
+//! | [`netns`] | the netns handle (with the user namespace owning it), entered on a dedicated thread or by a child process | — |
+//! | [`netlink`] | addresses, ip rules and routes via rtnetlink; nf_tables transactions via nfnetlink | `rules` (message type only), `netns` |
 //! | [`kube`] | the one Kubernetes client module (kubeconfig/in-cluster, typed helpers) and the test API server | — |
 //! | [`plugin`] | the `istio-cni` CNI plugin role | `cli`, `rules`, `apply`, `netns`, `netlink`, `kube`, `telemetry` |
 //! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup | `cli`, `kube`, `telemetry` |
