@@ -228,7 +228,8 @@ fn cmd_add(env: &cni::CniEnv, conf: &NetConf) -> Result<Option<String>, CniError
         k8s::KubeClient::from_kubeconfig(&kubeconfig).await
     });
     let outcome = runtime.block_on(async {
-        // Lets the tests prove that a panic becomes a CNI error (never set in production).
+        // Lets the tests prove that a panic becomes a CNI error (`test-hooks` builds only).
+        #[cfg(feature = "test-hooks")]
         if std::env::var_os("ISTIO_CNI_RS_TEST_PANIC").is_some() {
             panic!("panic requested by ISTIO_CNI_RS_TEST_PANIC");
         }
