@@ -17,6 +17,7 @@ pub mod log;
 pub mod pod;
 pub mod program;
 pub mod result;
+pub mod runtime;
 pub mod sidecar;
 pub mod uds;
 
@@ -219,9 +220,7 @@ fn cmd_add(env: &cni::CniEnv, conf: &NetConf) -> Result<Option<String>, CniError
             "plugin's netns and netns from CNI_NETNS should not be the same",
         ));
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+    let runtime = runtime::get()
         .map_err(|e| CniError::internal(format!("cannot start the async runtime: {e}")))?;
     let kubeconfig = conf.kubeconfig_path();
     let flow = add::cmd_add(env, conf, &args, deadline, || async move {
@@ -244,8 +243,7 @@ fn cmd_add(env: &cni::CniEnv, conf: &NetConf) -> Result<Option<String>, CniError
                 ))
             })?
     });
-    // Don't wait for stray blocking work (a hung iptables) past the deadline.
-    runtime.shutdown_background();
+    // The runtime is never dropped, so stray blocking work (a hung iptables) is not waited for.
     outcome?;
     Ok(Some(pretty(&reply)))
 }
