@@ -1,7 +1,7 @@
 //! The demo: one Kubernetes node's worth of istio-cni, no cluster needed. Everything runs inside a
 //! throw-away "node" network namespace with temp dirs standing in for the host's CNI directories:
 //!
-//! 1. a test API server (this binary's `test-apiserver` role) serves two pods from an embedded
+//! 1. a test API server (the test-only `test-apiserver` binary) serves two pods from an embedded
 //!    default: `productpage` (sidecar-injected) and `plain-app` (no sidecar);
 //! 2. `install-cni` installs itself as the `istio-cni` plugin and merges its entry into the node's
 //!    bridge conflist;
@@ -172,9 +172,17 @@ fn our_entry(conflist: &Path) -> Option<Value> {
 }
 
 fn main() -> Result<(), String> {
-    let binary = std::env::args()
-        .nth(1)
-        .ok_or("usage: demo <path to istio-cni-rs>")?;
+    let mut args = std::env::args().skip(1);
+    let binary = args
+        .next()
+        .ok_or("usage: demo <path to istio-cni-rs> [<path to test-apiserver>]")?;
+    // The test API server is its own (test-only) binary, by default next to istio-cni-rs.
+    let apiserver = args.next().unwrap_or_else(|| {
+        Path::new(&binary)
+            .with_file_name("test-apiserver")
+            .display()
+            .to_string()
+    });
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let root = tmp.path();
     let (net, bin, run_dir, sa) = (
@@ -204,9 +212,8 @@ fn main() -> Result<(), String> {
 
     // 1. The API server, inside the node namespace.
     let mut api = Process(node.spawn(
-        &binary,
+        &apiserver,
         &[
-            "test-apiserver",
             "--fixtures",
             &fixtures_file.display().to_string(),
             "--token",

@@ -45,16 +45,11 @@ fn main() {
     let code = match role.as_str() {
         "istio-cni" => istio_cni::plugin::main(args),
         "install-cni" => istio_cni::install::main(args),
-        "test-apiserver" => istio_cni::kube::testserver::main(args),
         _ => istio_cni::iptables_cmd::main(args),
     };
     std::process::exit(code);
 }
 
 fn is_role(name: &str) -> bool {
-    // `test-apiserver` is hidden (not in USAGE): the fake Kubernetes API for tests and the demo.
-    matches!(
-        name,
-        "istio-cni" | "install-cni" | "istio-iptables" | "test-apiserver"
-    )
+    matches!(name, "istio-cni" | "install-cni" | "istio-iptables")
 }

@@ -1,6 +1,12 @@
 //! The kube client module against the test API server: a real kube client (from the kubeconfig the
 //! server writes) doing gets, lists, patches, deletes and watches, with faults injected.
 
+#[cfg(not(feature = "testserver"))]
+compile_error!(
+    "tests/kube_client.rs needs the test API server: build with `--features testserver` \
+     (scripts/test does; the crate's dev-dependency on itself normally turns it on)"
+);
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -482,8 +488,37 @@ async fn injected_failures_map_to_typed_errors() {
         .expect("new token accepted");
 }
 
+/// The test API server is its own test-only binary: the product answers `test-apiserver` as an
+/// unknown role (usage, exit 2) instead of serving.
+#[test]
+fn the_product_binary_has_no_test_apiserver_role() {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_istio-cni-rs"))
+        .args(["test-apiserver", "--port", "0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn istio-cni-rs");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > PATIENCE {
+            let _ = child.kill();
+            panic!("istio-cni-rs test-apiserver kept running: the test role is in the product");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("usage:"), "{stderr}");
+    assert!(!stderr.contains("test-apiserver"), "{stderr}");
+}
+
 #[tokio::test]
-async fn test_apiserver_role_serves_fixtures_until_sigterm() {
+async fn test_apiserver_binary_serves_fixtures_until_sigterm() {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
     let dir = tempfile::tempdir().expect("tempdir");
@@ -493,8 +528,7 @@ async fn test_apiserver_role_serves_fixtures_until_sigterm() {
         {"metadata": {"name": "fx", "namespace": "ns1"}, "spec": {"nodeName": "n1", "containers": []}}
     ]});
     std::fs::write(&fixtures, list.to_string()).expect("fixtures");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_istio-cni-rs"))
-        .arg("test-apiserver")
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_test-apiserver"))
         .arg("--port")
         .arg("0")
         .arg("--fixtures")

@@ -1,5 +1,6 @@
 //! Benchmark, run by `just bench` (ignored in the test run; by hand:
-//! `ISTIO_CNI_RS_BIN=target/static/istio-cni-rs cargo test --test plugin_bench -- --ignored --nocapture`).
+//! `ISTIO_CNI_RS_BIN=target/static/istio-cni-rs cargo test --test plugin_bench -- --ignored --nocapture`,
+//! optionally with `ISTIO_CNI_RS_TEST_APISERVER` naming a release-built `test-apiserver`).
 //! Prints a Markdown table: wall time of a sidecar ADD through
 //! the real binary (API lookup against a local fake server, netns entry, IPv6 detection,
 //! programming the rules) against a bare `iptables-nft-restore --noflush` of the same rules, each in a
@@ -32,13 +33,13 @@ fn stats(mut samples: Vec<Duration>) -> String {
 fn sidecar_add_vs_bare_restore() {
     require_tool("iptables-nft-restore", "iptables");
     let dir = tempfile::tempdir().unwrap();
-    // The API server runs as the same (release) binary in its own process, so the measurement is
-    // not skewed by a debug-built server inside this test process.
+    // The API server runs in its own process (scripts/bench points ISTIO_CNI_RS_TEST_APISERVER at
+    // a release build), so the measurement is not skewed by a debug-built server in this process.
     let fixtures = dir.path().join("fixtures.json");
     let pod = sidecar_pod("ns1", "bench", json!({}), json!([]), json!({}));
     std::fs::write(&fixtures, json!([pod]).to_string()).unwrap();
-    let mut api = Command::new(binary())
-        .args(["test-apiserver", "--token", "test-token", "--fixtures"])
+    let mut api = Command::new(test_apiserver_binary())
+        .args(["--token", "test-token", "--fixtures"])
         .arg(&fixtures)
         .stdout(Stdio::piped())
         .spawn()

@@ -4,8 +4,9 @@
 //! only), the typed calls the roles make (get/list/watch pods and namespaces, metadata patches on
 //! pods and `pods/status`, pod delete, pod events), each under an explicit deadline and with
 //! errors that name the call, the object and the cause; names checked before they become
-//! request paths ([`names`]); which failures are worth retrying, and how ([`retry`]); and [`testserver`], a small in-process
-//! Kubernetes API server for tests and the demo (also run as the hidden `test-apiserver` role).
+//! request paths ([`names`]); which failures are worth retrying, and how ([`retry`]); and `testserver`, a small in-process
+//! Kubernetes API server for tests and the demo (also the `test-apiserver` binary); test-only,
+//! compiled in only with the `testserver` feature.
 //!
 //! May call: nothing else in this crate.
 
@@ -13,6 +14,7 @@ mod client;
 mod error;
 pub mod names;
 pub mod retry;
+#[cfg(feature = "testserver")]
 pub mod testserver;
 
 pub use client::{

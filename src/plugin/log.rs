@@ -184,10 +184,11 @@ fn batch_bodies(records: Vec<String>, limit: usize) -> Vec<Vec<u8>> {
     bodies
 }
 
-/// Streams records to the agent's log socket from a background thread.
+/// Streams records to the agent's log socket: a task on the plugin's one runtime, so it runs while
+/// ADD awaits and, for whatever is still queued, in [`PluginLog::finish`].
 struct Shipper {
     tx: tokio::sync::mpsc::UnboundedSender<String>,
-    done: std::sync::mpsc::Receiver<()>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl Shipper {
@@ -196,44 +197,31 @@ impl Shipper {
         if !socket.exists() {
             return None;
         }
+        let runtime = super::runtime::get().ok()?;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-        let (done_tx, done) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("log-uds".into())
-            .spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build();
-                if let Ok(rt) = rt {
-                    rt.block_on(async move {
-                        let mut conn: Option<super::uds::Connection> = None;
-                        while let Some(first) = rx.recv().await {
-                            let mut batch = vec![first];
-                            while let Ok(more) = rx.try_recv() {
-                                batch.push(more);
-                            }
-                            for body in batch_bodies(batch, MAX_BATCH_BYTES) {
-                                if conn.is_none() {
-                                    conn = super::uds::Connection::open(&socket).await.ok();
-                                }
-                                let Some(c) = conn.as_mut() else {
-                                    // Agent gone: drop records rather than stall the plugin.
-                                    break;
-                                };
-                                let sent =
-                                    tokio::time::timeout(FLUSH_TIMEOUT, c.post_json("/log", body))
-                                        .await;
-                                if !matches!(sent, Ok(Ok(_))) {
-                                    conn = None;
-                                }
-                            }
-                        }
-                    });
+        let task = runtime.spawn(async move {
+            let mut conn: Option<super::uds::Connection> = None;
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                while let Ok(more) = rx.try_recv() {
+                    batch.push(more);
                 }
-                let _ = done_tx.send(());
-            })
-            .ok()?;
-        Some(Shipper { tx, done })
+                for body in batch_bodies(batch, MAX_BATCH_BYTES) {
+                    if conn.is_none() {
+                        conn = super::uds::Connection::open(&socket).await.ok();
+                    }
+                    let Some(c) = conn.as_mut() else {
+                        // Agent gone: drop records rather than stall the plugin.
+                        break;
+                    };
+                    let sent = tokio::time::timeout(FLUSH_TIMEOUT, c.post_json("/log", body)).await;
+                    if !matches!(sent, Ok(Ok(_))) {
+                        conn = None;
+                    }
+                }
+            }
+        });
+        Some(Shipper { tx, task })
     }
 }
 
@@ -357,9 +345,12 @@ impl PluginLog {
             .lock()
             .ok()
             .and_then(|mut s| s.shipper.take());
-        if let Some(Shipper { tx, done }) = shipper {
+        if let Some(Shipper { tx, task }) = shipper {
             drop(tx);
-            let _ = done.recv_timeout(FLUSH_TIMEOUT);
+            if let Ok(runtime) = super::runtime::get() {
+                // The timer is made inside the runtime: `timeout` needs its context.
+                let _ = runtime.block_on(async { tokio::time::timeout(FLUSH_TIMEOUT, task).await });
+            }
         }
     }
 }

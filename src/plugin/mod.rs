@@ -17,6 +17,7 @@ pub mod log;
 pub mod pod;
 pub mod program;
 pub mod result;
+pub mod runtime;
 pub mod sidecar;
 pub mod uds;
 
@@ -219,16 +220,15 @@ fn cmd_add(env: &cni::CniEnv, conf: &NetConf) -> Result<Option<String>, CniError
             "plugin's netns and netns from CNI_NETNS should not be the same",
         ));
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+    let runtime = runtime::get()
         .map_err(|e| CniError::internal(format!("cannot start the async runtime: {e}")))?;
     let kubeconfig = conf.kubeconfig_path();
     let flow = add::cmd_add(env, conf, &args, deadline, || async move {
         k8s::KubeClient::from_kubeconfig(&kubeconfig).await
     });
     let outcome = runtime.block_on(async {
-        // Lets the tests prove that a panic becomes a CNI error (never set in production).
+        // Lets the tests prove that a panic becomes a CNI error (`test-hooks` builds only).
+        #[cfg(feature = "test-hooks")]
         if std::env::var_os("ISTIO_CNI_RS_TEST_PANIC").is_some() {
             panic!("panic requested by ISTIO_CNI_RS_TEST_PANIC");
         }
@@ -243,8 +243,7 @@ fn cmd_add(env: &cni::CniEnv, conf: &NetConf) -> Result<Option<String>, CniError
                 ))
             })?
     });
-    // Don't wait for stray blocking work (a hung iptables) past the deadline.
-    runtime.shutdown_background();
+    // The runtime is never dropped, so stray blocking work (a hung iptables) is not waited for.
     outcome?;
     Ok(Some(pretty(&reply)))
 }

@@ -22,6 +22,22 @@ pub fn binary() -> PathBuf {
         .expect("set ISTIO_CNI_RS_BIN to the istio-cni-rs binary")
 }
 
+// Never skip: without the test API server these tests cannot run at all.
+#[cfg(not(feature = "testserver"))]
+compile_error!(
+    "the plugin tests need the test API server: build them with `--features testserver` \
+     (scripts/test does; the crate's dev-dependency on itself normally turns it on)"
+);
+
+/// The test-only API server binary: `$ISTIO_CNI_RS_TEST_APISERVER` (the benchmarks point it at a
+/// release build), else the one cargo built for the tests.
+pub fn test_apiserver_binary() -> PathBuf {
+    std::env::var_os("ISTIO_CNI_RS_TEST_APISERVER")
+        .map(PathBuf::from)
+        .or_else(|| option_env!("CARGO_BIN_EXE_test-apiserver").map(PathBuf::from))
+        .expect("set ISTIO_CNI_RS_TEST_APISERVER to the test-apiserver binary")
+}
+
 /// Fails (never skips) when a tool is missing, naming the package to install.
 pub fn require_tool(tool: &str, package: &str) {
     let dirs = std::env::var_os("PATH").unwrap_or_default();
