@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use argh::FromArgs;
 use serde::{Deserialize, Serialize};
 
+use crate::kube::selector::{self, LabelSelector};
+
 /// install-cni: installs the Istio CNI plugin on this node, guards its config, serves health/metrics.
 /// Every option can also be set through the env var named in its description (flag > env >
 /// default); `--flag=value`, bare boolean flags and underscore names are accepted.
@@ -267,54 +269,28 @@ impl LogConfig {
     }
 }
 
-/// One Kubernetes label selector requirement.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SelectorRequirement {
-    pub key: String,
-    pub operator: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub values: Vec<String>,
-}
-
-/// A Kubernetes label selector.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LabelSelector {
-    #[serde(
-        rename = "matchLabels",
-        default,
-        skip_serializing_if = "BTreeMap::is_empty"
-    )]
-    pub match_labels: BTreeMap<String, String>,
-    #[serde(
-        rename = "matchExpressions",
-        default,
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub match_expressions: Vec<SelectorRequirement>,
-}
-
 /// One ambient enablement selector (pod + namespace label selectors), as the plugin expects it.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnablementSelector {
     #[serde(
         rename = "podSelector",
         default,
+        deserialize_with = "selector::deserialize_strict",
         skip_serializing_if = "Option::is_none"
     )]
     pub pod_selector: Option<LabelSelector>,
     #[serde(
         rename = "namespaceSelector",
         default,
+        deserialize_with = "selector::deserialize_strict",
         skip_serializing_if = "Option::is_none"
     )]
     pub namespace_selector: Option<LabelSelector>,
 }
 
 /// Settings of the install pass, the guard and cleanup.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct InstallConfig {
     pub mounted_cni_net_dir: PathBuf,
     pub cni_conf_name: Option<String>,
@@ -392,7 +368,7 @@ pub struct AgentConfig {
 }
 
 /// The whole `install-cni` configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub install: InstallConfig,
     pub repair: RepairConfig,
@@ -622,29 +598,7 @@ pub fn parse_selectors(text: &str) -> Result<Vec<EnablementSelector>, String> {
             .into_iter()
             .flatten()
         {
-            for req in &ls.match_expressions {
-                match req.operator.as_str() {
-                    "In" | "NotIn" if req.values.is_empty() => {
-                        return Err(format!(
-                            "operator {} on key {:?} needs values",
-                            req.operator, req.key
-                        ));
-                    }
-                    "Exists" | "DoesNotExist" if !req.values.is_empty() => {
-                        return Err(format!(
-                            "operator {} on key {:?} takes no values",
-                            req.operator, req.key
-                        ));
-                    }
-                    "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
-                    other => {
-                        return Err(format!("unknown operator {other:?} on key {:?}", req.key));
-                    }
-                }
-                if req.key.is_empty() {
-                    return Err("empty key in matchExpressions".to_string());
-                }
-            }
+            selector::Selector::compile(ls).map_err(|e| e.to_string())?;
         }
     }
     Ok(selectors)

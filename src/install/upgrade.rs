@@ -3,17 +3,17 @@
 //! captured while the new agent comes up. Istio only asks in ambient mode; we ask in sidecar mode
 //! too (L10), retry a few times and keep everything when the answer never comes (B11).
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement};
+use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use tracing::{info, warn};
 
 use crate::kube::KubeClient;
+use crate::kube::selector::{map_selector_matches, node_selector_matches};
 
 /// A boxed future (the trait must stay object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -102,7 +102,7 @@ impl UpgradeCheck for DaemonSetCheck {
             };
             let labels = node.metadata.labels.clone().unwrap_or_default();
             let name = node.metadata.name.clone().unwrap_or_default();
-            let targeted = selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+            let targeted = map_selector_matches(&selector, &labels)
                 && required
                     .as_ref()
                     .is_none_or(|r| node_selector_matches(r, &labels, &name));
@@ -111,54 +111,6 @@ impl UpgradeCheck for DaemonSetCheck {
             }
             Ok(targeted)
         })
-    }
-}
-
-/// Kubernetes node-selector semantics: terms are ORed, requirements within a term ANDed, an empty
-/// term matches nothing; `matchFields` supports `metadata.name`.
-pub fn node_selector_matches(
-    sel: &NodeSelector,
-    labels: &BTreeMap<String, String>,
-    node_name: &str,
-) -> bool {
-    sel.node_selector_terms.iter().any(|term| {
-        let exprs = term.match_expressions.as_deref().unwrap_or_default();
-        let fields = term.match_fields.as_deref().unwrap_or_default();
-        if exprs.is_empty() && fields.is_empty() {
-            return false;
-        }
-        exprs
-            .iter()
-            .all(|r| requirement_matches(r, labels.get(&r.key).map(String::as_str)))
-            && fields.iter().all(|r| {
-                let value = (r.key == "metadata.name").then_some(node_name);
-                requirement_matches(r, value)
-            })
-    })
-}
-
-fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let values = r.values.as_deref().unwrap_or_default();
-    let number = |s: &str| s.parse::<i64>().ok();
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let (Some(v), Some(bound)) = (
-                value.and_then(number),
-                values.first().and_then(|b| number(b)),
-            ) else {
-                return false;
-            };
-            if r.operator == "Gt" {
-                v > bound
-            } else {
-                v < bound
-            }
-        }
-        _ => false,
     }
 }
 
@@ -258,73 +210,6 @@ mod tests {
             .build()
             .expect("runtime")
             .block_on(f)
-    }
-
-    fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
-        NodeSelectorRequirement {
-            key: key.to_string(),
-            operator: op.to_string(),
-            values: Some(values.iter().map(|v| v.to_string()).collect()),
-        }
-    }
-
-    #[test]
-    fn node_selector_semantics() {
-        use k8s_openapi::api::core::v1::NodeSelectorTerm;
-        let labels: BTreeMap<String, String> = [
-            ("pool".to_string(), "mesh".to_string()),
-            ("cpu".to_string(), "8".to_string()),
-        ]
-        .into();
-        let sel = |terms: Vec<NodeSelectorTerm>| NodeSelector {
-            node_selector_terms: terms,
-        };
-        let term =
-            |e: Vec<NodeSelectorRequirement>, f: Vec<NodeSelectorRequirement>| NodeSelectorTerm {
-                match_expressions: Some(e),
-                match_fields: Some(f),
-            };
-        assert!(node_selector_matches(
-            &sel(vec![term(vec![req("pool", "In", &["mesh"])], vec![])]),
-            &labels,
-            "n1"
-        ));
-        assert!(!node_selector_matches(
-            &sel(vec![term(vec![req("pool", "NotIn", &["mesh"])], vec![])]),
-            &labels,
-            "n1"
-        ));
-        assert!(node_selector_matches(
-            &sel(vec![
-                term(vec![req("pool", "In", &["other"])], vec![]),
-                term(
-                    vec![req("cpu", "Gt", &["4"]), req("gpu", "DoesNotExist", &[])],
-                    vec![]
-                )
-            ]),
-            &labels,
-            "n1"
-        ));
-        assert!(node_selector_matches(
-            &sel(vec![term(
-                vec![],
-                vec![req("metadata.name", "In", &["n1"])]
-            )]),
-            &labels,
-            "n1"
-        ));
-        assert!(!node_selector_matches(
-            &sel(vec![term(
-                vec![],
-                vec![req("metadata.name", "In", &["n2"])]
-            )]),
-            &labels,
-            "n1"
-        ));
-        assert!(
-            !node_selector_matches(&sel(vec![term(vec![], vec![])]), &labels, "n1"),
-            "empty term matches nothing"
-        );
     }
 
     #[test]

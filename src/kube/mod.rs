@@ -4,7 +4,7 @@
 //! only), the typed calls the roles make (get/list/watch pods and namespaces, metadata patches on
 //! pods and `pods/status`, pod delete, pod events), each under an explicit deadline and with
 //! errors that name the call, the object and the cause; names checked before they become
-//! request paths ([`names`]); which failures are worth retrying, and how ([`retry`]); and [`testserver`], a small in-process
+//! request paths ([`names`]); label selectors, one model for every role ([`selector`]); which failures are worth retrying, and how ([`retry`]); and [`testserver`], a small in-process
 //! Kubernetes API server for tests and the demo (also run as the hidden `test-apiserver` role).
 //!
 //! May call: nothing else in this crate.
@@ -13,6 +13,7 @@ mod client;
 mod error;
 pub mod names;
 pub mod retry;
+pub mod selector;
 pub mod testserver;
 
 pub use client::{
