@@ -7,13 +7,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Node;
-use kube::Api;
 use tracing::{info, warn};
 
-use crate::kube::KubeClient;
 use crate::kube::selector::{map_selector_matches, node_selector_matches};
+use crate::kube::{KubeClient, KubeError};
 
 /// A boxed future (the trait must stay object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -50,26 +47,26 @@ enum Got<T> {
     Gone,
 }
 
-async fn get<K>(api: Api<K>, name: &str) -> Result<Got<K>, String>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match tokio::time::timeout(CALL_TIMEOUT, api.get_opt(name)).await {
-        Err(_) => Err(format!("GET {name}: no answer within {CALL_TIMEOUT:?}")),
-        Ok(Ok(Some(obj))) => Ok(Got::Found(obj)),
-        Ok(Ok(None)) => Ok(Got::Gone),
-        // Our RBAC is removed together with the DaemonSet on uninstall.
-        Ok(Err(kube::Error::Api(s))) if s.code == 401 || s.code == 403 => Ok(Got::Gone),
-        Ok(Err(e)) => Err(format!("GET {name}: {e}")),
+/// Not found, and (our RBAC is removed together with the DaemonSet on uninstall) 401/403, mean
+/// the object is gone for us.
+fn got<T>(answer: Result<Option<T>, KubeError>) -> Result<Got<T>, KubeError> {
+    match answer {
+        Ok(Some(obj)) => Ok(Got::Found(obj)),
+        Ok(None) | Err(KubeError::Forbidden { .. } | KubeError::Unauthorized { .. }) => {
+            Ok(Got::Gone)
+        }
+        Err(e) => Err(e),
     }
 }
 
 impl UpgradeCheck for DaemonSetCheck {
     fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, String>> {
         Box::pin(async move {
-            let ds_api: Api<DaemonSet> =
-                Api::namespaced(self.client.client().clone(), &self.namespace);
-            let ds = match get(ds_api, DAEMONSET_NAME).await? {
+            let answer = self
+                .client
+                .get_daemonset(&self.namespace, DAEMONSET_NAME, CALL_TIMEOUT)
+                .await;
+            let ds = match got(answer).map_err(|e| e.to_string())? {
                 Got::Gone => {
                     info!(namespace = %self.namespace, "DaemonSet {DAEMONSET_NAME} is gone: uninstall");
                     return Ok(false);
@@ -95,8 +92,8 @@ impl UpgradeCheck for DaemonSetCheck {
             if self.node.is_empty() {
                 return Err("NODE_NAME is not set; cannot tell whether the DaemonSet still targets this node".into());
             }
-            let node_api: Api<Node> = Api::all(self.client.client().clone());
-            let node = match get(node_api, &self.node).await? {
+            let answer = self.client.get_node(&self.node, CALL_TIMEOUT).await;
+            let node = match got(answer).map_err(|e| e.to_string())? {
                 Got::Found(n) => n,
                 Got::Gone => return Ok(false),
             };

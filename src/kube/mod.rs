@@ -10,6 +10,8 @@
 //! May call: nothing else in this crate.
 
 mod client;
+mod cluster;
+mod config;
 mod error;
 pub mod names;
 pub mod retry;
@@ -17,9 +19,10 @@ pub mod selector;
 pub mod testserver;
 
 pub use client::{
-    ConfigSource, EventType, KubeClient, MetadataPatch, PodEvent, PodPreconditions, Selectors,
-    WatchBackoff, WatchStream, config_from_kubeconfig_file, load_config, load_config_with,
+    EventType, KubeClient, MetadataPatch, PodEvent, PodPreconditions, Selectors, WatchBackoff,
+    WatchStream,
 };
+pub use config::{ConfigSource, config_from_kubeconfig_file, load_config, load_config_with};
 pub use error::{Call, KubeError};
 pub use names::InvalidName;
 pub use retry::RetryPolicy;
