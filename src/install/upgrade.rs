@@ -15,16 +15,25 @@ use crate::kube::{KubeClient, KubeError};
 /// A boxed future (the trait must stay object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Why the upgrade check could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeCheckError {
+    #[error("NODE_NAME is not set; cannot tell whether the DaemonSet still targets this node")]
+    NodeNameUnset,
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+}
+
 /// Answers whether the agent is stopping for an upgrade/restart (true) or for good (false).
 pub trait UpgradeCheck: Send + Sync {
-    fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, String>>;
+    fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, UpgradeCheckError>>;
 }
 
 /// Used when no Kubernetes API is configured: always "not an upgrade", so shutdown cleans up.
 pub struct NoApi;
 
 impl UpgradeCheck for NoApi {
-    fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, String>> {
+    fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, UpgradeCheckError>> {
         Box::pin(async { Ok(false) })
     }
 }
@@ -60,13 +69,13 @@ fn got<T>(answer: Result<Option<T>, KubeError>) -> Result<Got<T>, KubeError> {
 }
 
 impl UpgradeCheck for DaemonSetCheck {
-    fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, String>> {
+    fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, UpgradeCheckError>> {
         Box::pin(async move {
             let answer = self
                 .client
                 .get_daemonset(&self.namespace, DAEMONSET_NAME, CALL_TIMEOUT)
                 .await;
-            let ds = match got(answer).map_err(|e| e.to_string())? {
+            let ds = match got(answer)? {
                 Got::Gone => {
                     info!(namespace = %self.namespace, "DaemonSet {DAEMONSET_NAME} is gone: uninstall");
                     return Ok(false);
@@ -90,10 +99,10 @@ impl UpgradeCheck for DaemonSetCheck {
                 return Ok(true);
             }
             if self.node.is_empty() {
-                return Err("NODE_NAME is not set; cannot tell whether the DaemonSet still targets this node".into());
+                return Err(UpgradeCheckError::NodeNameUnset);
             }
             let answer = self.client.get_node(&self.node, CALL_TIMEOUT).await;
-            let node = match got(answer).map_err(|e| e.to_string())? {
+            let node = match got(answer)? {
                 Got::Found(n) => n,
                 Got::Gone => return Ok(false),
             };
@@ -154,7 +163,7 @@ pub async fn should_keep(
         info!("AMBIENT_DISABLE_SAFE_UPGRADE is set: cleaning up on shutdown");
         return false;
     }
-    let mut last_err = String::new();
+    let mut last_err = None;
     for attempt in 1..=ATTEMPTS {
         match check.is_upgrade().await {
             Ok(keep) => {
@@ -167,14 +176,16 @@ pub async fn should_keep(
             }
             Err(e) => {
                 warn!(attempt, "upgrade check failed: {e}");
-                last_err = e;
+                last_err = Some(e);
             }
         }
         if attempt < ATTEMPTS {
             tokio::time::sleep(retry_delay).await;
         }
     }
-    warn!("upgrade check kept failing ({last_err}); keeping the installation to be safe");
+    if let Some(e) = last_err {
+        warn!("upgrade check kept failing ({e}); keeping the installation to be safe");
+    }
     true
 }
 
@@ -190,10 +201,10 @@ mod tests {
     }
 
     impl UpgradeCheck for Flaky {
-        fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, String>> {
+        fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, UpgradeCheckError>> {
             let n = self.calls.fetch_add(1, Ordering::SeqCst);
             let out = if n < self.fail_first {
-                Err("apiserver unavailable".to_string())
+                Err(UpgradeCheckError::NodeNameUnset)
             } else {
                 Ok(self.answer)
             };
