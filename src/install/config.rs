@@ -20,7 +20,7 @@ use flags::BOOL_FLAGS;
 pub use flags::Flags;
 pub use resolve::from_flags;
 pub use sections::*;
-pub use values::{parse_log_levels, parse_selectors};
+pub use values::{SelectorsError, parse_log_levels, parse_selectors};
 
 /// Parses `args` (the full argv, program name first) with `env` as the environment.
 pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Parsed, ConfigError> {

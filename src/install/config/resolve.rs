@@ -131,7 +131,7 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
 
     let selectors_raw = r.env_raw("AMBIENT_ENABLEMENT_SELECTOR");
     let enablement_selectors = match &selectors_raw {
-        Some(raw) => parse_selectors(&raw.value).map_err(|e| invalid(raw, e))?,
+        Some(raw) => parse_selectors(&raw.value).map_err(|e| invalid(raw, e.to_string()))?,
         None => Vec::new(),
     };
 

@@ -260,7 +260,20 @@ fn selectors_from_yaml_and_json() {
         serde_json::to_value(&parsed[1]).expect("serializes")["namespaceSelector"]["matchLabels"]["enabled"],
         "true"
     );
-    assert!(parse_selectors("- podSelector: [unclosed").is_err());
+    assert!(matches!(
+        parse_selectors("- podSelector: [unclosed"),
+        Err(SelectorsError::Yaml(_))
+    ));
+    assert!(matches!(
+        parse_selectors(r#"[{"podSelector": 3]"#),
+        Err(SelectorsError::Json(_))
+    ));
+    let err = parse_selectors(
+        r#"[{"podSelector":{"matchExpressions":[{"key":"k","operator":"Near"}]}}]"#,
+    )
+    .expect_err("unknown operator");
+    assert!(matches!(err, SelectorsError::Selector(_)), "{err:?}");
+    assert!(err.to_string().contains("\"Near\" on key \"k\""), "{err}");
 }
 
 #[test]

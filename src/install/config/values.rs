@@ -168,8 +168,19 @@ pub fn parse_log_levels(s: &str) -> Result<(LogLevel, BTreeMap<String, LogLevel>
     Ok((default, scopes))
 }
 
+/// Why `AMBIENT_ENABLEMENT_SELECTOR` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectorsError {
+    #[error("bad JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("bad YAML: {0}")]
+    Yaml(#[source] serde_saphyr::Error),
+    #[error(transparent)]
+    Selector(#[from] selector::SelectorError),
+}
+
 /// Parses `AMBIENT_ENABLEMENT_SELECTOR` (JSON or the chart's YAML).
-pub fn parse_selectors(text: &str) -> Result<Vec<EnablementSelector>, String> {
+pub fn parse_selectors(text: &str) -> Result<Vec<EnablementSelector>, SelectorsError> {
     let trimmed = text.trim();
     if trimmed.is_empty() {
         return Ok(Vec::new());
@@ -178,9 +189,9 @@ pub fn parse_selectors(text: &str) -> Result<Vec<EnablementSelector>, String> {
     let selectors: Option<Vec<EnablementSelector>> = match serde_json::from_str(trimmed) {
         Ok(v) => v,
         Err(json_err) if trimmed.starts_with('[') || trimmed.starts_with('{') => {
-            serde_saphyr::from_str(trimmed).map_err(|_| format!("bad JSON: {json_err}"))?
+            serde_saphyr::from_str(trimmed).map_err(|_| SelectorsError::Json(json_err))?
         }
-        Err(_) => serde_saphyr::from_str(trimmed).map_err(|e| format!("bad YAML: {e}"))?,
+        Err(_) => serde_saphyr::from_str(trimmed).map_err(SelectorsError::Yaml)?,
     };
     let selectors = selectors.unwrap_or_default();
     for sel in &selectors {
@@ -188,7 +199,7 @@ pub fn parse_selectors(text: &str) -> Result<Vec<EnablementSelector>, String> {
             .into_iter()
             .flatten()
         {
-            selector::Selector::compile(ls).map_err(|e| e.to_string())?;
+            selector::Selector::compile(ls)?;
         }
     }
     Ok(selectors)
