@@ -905,6 +905,39 @@ async fn names_that_are_not_kubernetes_names_never_reach_the_server() {
 }
 
 #[tokio::test]
+async fn daemonset_and_node_names_are_checked_before_any_request() {
+    let f = fixture().await;
+    f.server.clear_requests();
+    for (namespace, name) in [
+        ("../x", "ds"),
+        ("ns1", "a/b"),
+        ("ns1", ""),
+        ("ns1", "ds?x=1"),
+    ] {
+        let err = f
+            .client
+            .get_daemonset(namespace, name, CALL)
+            .await
+            .expect_err("invalid");
+        assert!(
+            matches!(err, KubeError::InvalidName { .. }) && !err.is_transient(),
+            "{namespace:?}/{name:?}: {err:?}"
+        );
+    }
+    let err = f
+        .client
+        .get_node("../nodes/x", CALL)
+        .await
+        .expect_err("invalid");
+    assert!(
+        err.to_string()
+            .starts_with("get node: invalid node name: \"../nodes/x\""),
+        "{err}"
+    );
+    assert_eq!(f.server.requests().len(), 0, "{:?}", f.server.requests());
+}
+
+#[tokio::test]
 async fn forbidden_names_the_missing_permission() {
     let f = fixture().await;
     f.server.add_pod(pod("ns1", "a", "n1")).expect("pod");

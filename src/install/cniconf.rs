@@ -485,15 +485,16 @@ mod tests {
 
     #[test]
     fn entry_carries_exclusions_and_selectors() {
-        use crate::install::config::{EnablementSelector, LabelSelector};
+        use crate::install::config::EnablementSelector;
+        use crate::kube::selector::LabelSelector;
         let mut p = test_plugin(true);
         p.exclude_namespaces = Some(vec!["kube-system".to_string(), "istio-system".to_string()]);
         let mut labels = std::collections::BTreeMap::new();
         labels.insert("istio.io/dataplane-mode".to_string(), "ambient".to_string());
         p.enablement_selectors = vec![EnablementSelector {
             pod_selector: Some(LabelSelector {
-                match_labels: labels,
-                match_expressions: vec![],
+                match_labels: Some(labels),
+                match_expressions: None,
             }),
             namespace_selector: None,
         }];

@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 
 use tracing::{debug, info, warn};
 
-use super::cniconf::IstioPlugin;
+use super::cniconf::{ConfError, IstioPlugin};
 use super::config::{InstallConfig, PLUGIN_BINARY};
-use super::fsutil::{self, FileStamp};
-use super::kubeconfig::{self, KubeconfigInputs};
+use super::fsutil::{self, FileStamp, FsError};
+use super::kubeconfig::{self, KubeconfigError, KubeconfigInputs};
 
 mod merge;
 mod restore;
@@ -28,21 +28,43 @@ pub const RESTORE_RECORD: &str = "istio-cni-restore.json";
 /// Why an install pass failed; the variant is the `result` label of `istio_cni_installs_total`.
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
+    #[error("copying the plugin binary: reading {}: {source}", path.display())]
+    ReadSelf {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("copying the plugin binary: none of the CNI bin directories exists: {dirs}")]
+    NoBinDir { dirs: String },
     #[error("copying the plugin binary: {0}")]
-    CopyBinaries(String),
+    CopyBinaries(#[source] FsError),
     #[error("writing the plugin kubeconfig: {0}")]
-    Kubeconfig(String),
+    KubeconfigInputs(#[source] KubeconfigError),
+    #[error("writing the plugin kubeconfig: creating {}: {source}", path.display())]
+    RunDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("writing the plugin kubeconfig: {0}")]
+    WriteKubeconfig(#[source] FsError),
     #[error("writing the CNI config: {0}")]
-    CniConfig(String),
+    MergeConfig(#[source] ConfError),
+    #[error("writing the CNI config: {0}")]
+    WriteConfig(#[source] FsError),
 }
 
 impl InstallError {
     /// Istio's metric label for this failure.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Self::CopyBinaries(_) => "COPY_BINARIES_FAILURE",
-            Self::Kubeconfig(_) => "CREATE_KUBECONFIG_FAILURE",
-            Self::CniConfig(_) => "CREATE_CNI_CONFIG_FAILURE",
+            Self::ReadSelf { .. } | Self::NoBinDir { .. } | Self::CopyBinaries(_) => {
+                "COPY_BINARIES_FAILURE"
+            }
+            Self::KubeconfigInputs(_) | Self::RunDir { .. } | Self::WriteKubeconfig(_) => {
+                "CREATE_KUBECONFIG_FAILURE"
+            }
+            Self::MergeConfig(_) | Self::WriteConfig(_) => "CREATE_CNI_CONFIG_FAILURE",
         }
     }
 }
@@ -93,8 +115,9 @@ impl Installer {
     pub fn new(cfg: InstallConfig, self_exe: PathBuf) -> Result<Self, InstallError> {
         let self_mode = fs::metadata(&self_exe)
             .map(|m| m.permissions().mode() & 0o7777)
-            .map_err(|e| {
-                InstallError::CopyBinaries(format!("reading {}: {e}", self_exe.display()))
+            .map_err(|source| InstallError::ReadSelf {
+                path: self_exe.clone(),
+                source,
             })?;
         let istio = IstioPlugin::from_config(&cfg);
         let restore = fs::read(cfg.run_dir.join(RESTORE_RECORD))
@@ -253,17 +276,16 @@ impl Installer {
     fn copy_binaries(&mut self) -> Result<(), InstallError> {
         let targets = self.bin_targets();
         if targets.is_empty() {
-            return Err(InstallError::CopyBinaries(format!(
-                "none of the CNI bin directories exists: {}",
-                join_paths(&self.cfg.cni_bin_dirs)
-            )));
+            return Err(InstallError::NoBinDir {
+                dirs: join_paths(&self.cfg.cni_bin_dirs),
+            });
         }
         for target in targets {
             if self.binary_ok(&target) {
                 continue;
             }
             fsutil::copy_atomic(&self.self_exe, &target, self.self_mode)
-                .map_err(|e| InstallError::CopyBinaries(e.to_string()))?;
+                .map_err(InstallError::CopyBinaries)?;
             info!(path = %target.display(), "installed the CNI plugin binary");
             if let Some(stamp) = FileStamp::of(&target) {
                 self.verified.insert(target, stamp);
@@ -281,14 +303,14 @@ impl Installer {
             c.k8s_service_host.as_deref(),
             c.k8s_service_port.as_deref(),
         )
-        .map_err(|e| InstallError::Kubeconfig(e.to_string()))?;
+        .map_err(InstallError::KubeconfigInputs)?;
         kubeconfig::read_inputs(
             server,
             c.skip_tls_verify,
             &c.kube_ca_file,
             &c.service_account_dir.join("token"),
         )
-        .map_err(|e| InstallError::Kubeconfig(e.to_string()))
+        .map_err(InstallError::KubeconfigInputs)
     }
 
     fn kubeconfig_ok(&self, expected: &str) -> bool {
@@ -303,12 +325,13 @@ impl Installer {
         if self.kubeconfig_ok(&text) {
             return Ok(());
         }
-        fs::create_dir_all(&self.cfg.run_dir).map_err(|e| {
-            InstallError::Kubeconfig(format!("creating {}: {e}", self.cfg.run_dir.display()))
+        fs::create_dir_all(&self.cfg.run_dir).map_err(|source| InstallError::RunDir {
+            path: self.cfg.run_dir.clone(),
+            source,
         })?;
         let path = self.cfg.kubeconfig_path();
         fsutil::write_atomic(&path, text.as_bytes(), self.cfg.kubeconfig_mode)
-            .map_err(|e| InstallError::Kubeconfig(e.to_string()))?;
+            .map_err(InstallError::WriteKubeconfig)?;
         info!(path = %path.display(), "wrote the plugin kubeconfig");
         debug!(kubeconfig = %kubeconfig::redacted(&inputs), "plugin kubeconfig content");
         Ok(())

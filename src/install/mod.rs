@@ -2,12 +2,13 @@
 //! CNI config, writes the plugin kubeconfig, guards all of it, and cleans up on shutdown.
 //! May call: `cli`, `kube`, `telemetry`.
 //!
-//! Files: `config` (flags/env, pure; argv goes through the shared `cli` normaliser, selector YAML
-//! through serde-saphyr), `cniconf` (merge logic, pure), `kubeconfig` (pure render),
+//! Files: `config` (flags/env, pure; split into `flags`, `values` (how each kind of value is read;
+//! selector YAML through serde-saphyr into `kube::selector`), `resolve` (flag > env > default),
+//! `sections`; argv goes through the shared `cli` normaliser), `cniconf` (merge logic, pure), `kubeconfig` (pure render),
 //! `fsutil` (atomic file effects), `installer` (install pass, check, cleanup; split into
 //! `select` (which file), `merge` (writing our entry), `restore` (cleanup and the `.conf` record)),
 //! `guard` (watch loop),
-//! `upgrade` (shutdown keep/clean decision), `caps` (capability dropping).
+//! `upgrade` (shutdown keep/clean decision; its API reads go through `kube`), `caps` (capability dropping).
 
 pub mod caps;
 pub mod cniconf;

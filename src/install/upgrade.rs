@@ -3,31 +3,37 @@
 //! captured while the new agent comes up. Istio only asks in ambient mode; we ask in sidecar mode
 //! too (L10), retry a few times and keep everything when the answer never comes (B11).
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement};
-use kube::Api;
 use tracing::{info, warn};
 
-use crate::kube::KubeClient;
+use crate::kube::selector::{map_selector_matches, node_selector_matches};
+use crate::kube::{KubeClient, KubeError};
 
 /// A boxed future (the trait must stay object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Why the upgrade check could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeCheckError {
+    #[error("NODE_NAME is not set; cannot tell whether the DaemonSet still targets this node")]
+    NodeNameUnset,
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+}
+
 /// Answers whether the agent is stopping for an upgrade/restart (true) or for good (false).
 pub trait UpgradeCheck: Send + Sync {
-    fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, String>>;
+    fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, UpgradeCheckError>>;
 }
 
 /// Used when no Kubernetes API is configured: always "not an upgrade", so shutdown cleans up.
 pub struct NoApi;
 
 impl UpgradeCheck for NoApi {
-    fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, String>> {
+    fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, UpgradeCheckError>> {
         Box::pin(async { Ok(false) })
     }
 }
@@ -50,26 +56,26 @@ enum Got<T> {
     Gone,
 }
 
-async fn get<K>(api: Api<K>, name: &str) -> Result<Got<K>, String>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match tokio::time::timeout(CALL_TIMEOUT, api.get_opt(name)).await {
-        Err(_) => Err(format!("GET {name}: no answer within {CALL_TIMEOUT:?}")),
-        Ok(Ok(Some(obj))) => Ok(Got::Found(obj)),
-        Ok(Ok(None)) => Ok(Got::Gone),
-        // Our RBAC is removed together with the DaemonSet on uninstall.
-        Ok(Err(kube::Error::Api(s))) if s.code == 401 || s.code == 403 => Ok(Got::Gone),
-        Ok(Err(e)) => Err(format!("GET {name}: {e}")),
+/// Not found, and (our RBAC is removed together with the DaemonSet on uninstall) 401/403, mean
+/// the object is gone for us.
+fn got<T>(answer: Result<Option<T>, KubeError>) -> Result<Got<T>, KubeError> {
+    match answer {
+        Ok(Some(obj)) => Ok(Got::Found(obj)),
+        Ok(None) | Err(KubeError::Forbidden { .. } | KubeError::Unauthorized { .. }) => {
+            Ok(Got::Gone)
+        }
+        Err(e) => Err(e),
     }
 }
 
 impl UpgradeCheck for DaemonSetCheck {
-    fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, String>> {
+    fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, UpgradeCheckError>> {
         Box::pin(async move {
-            let ds_api: Api<DaemonSet> =
-                Api::namespaced(self.client.client().clone(), &self.namespace);
-            let ds = match get(ds_api, DAEMONSET_NAME).await? {
+            let answer = self
+                .client
+                .get_daemonset(&self.namespace, DAEMONSET_NAME, CALL_TIMEOUT)
+                .await;
+            let ds = match got(answer)? {
                 Got::Gone => {
                     info!(namespace = %self.namespace, "DaemonSet {DAEMONSET_NAME} is gone: uninstall");
                     return Ok(false);
@@ -93,16 +99,16 @@ impl UpgradeCheck for DaemonSetCheck {
                 return Ok(true);
             }
             if self.node.is_empty() {
-                return Err("NODE_NAME is not set; cannot tell whether the DaemonSet still targets this node".into());
+                return Err(UpgradeCheckError::NodeNameUnset);
             }
-            let node_api: Api<Node> = Api::all(self.client.client().clone());
-            let node = match get(node_api, &self.node).await? {
+            let answer = self.client.get_node(&self.node, CALL_TIMEOUT).await;
+            let node = match got(answer)? {
                 Got::Found(n) => n,
                 Got::Gone => return Ok(false),
             };
             let labels = node.metadata.labels.clone().unwrap_or_default();
             let name = node.metadata.name.clone().unwrap_or_default();
-            let targeted = selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+            let targeted = map_selector_matches(&selector, &labels)
                 && required
                     .as_ref()
                     .is_none_or(|r| node_selector_matches(r, &labels, &name));
@@ -111,54 +117,6 @@ impl UpgradeCheck for DaemonSetCheck {
             }
             Ok(targeted)
         })
-    }
-}
-
-/// Kubernetes node-selector semantics: terms are ORed, requirements within a term ANDed, an empty
-/// term matches nothing; `matchFields` supports `metadata.name`.
-pub fn node_selector_matches(
-    sel: &NodeSelector,
-    labels: &BTreeMap<String, String>,
-    node_name: &str,
-) -> bool {
-    sel.node_selector_terms.iter().any(|term| {
-        let exprs = term.match_expressions.as_deref().unwrap_or_default();
-        let fields = term.match_fields.as_deref().unwrap_or_default();
-        if exprs.is_empty() && fields.is_empty() {
-            return false;
-        }
-        exprs
-            .iter()
-            .all(|r| requirement_matches(r, labels.get(&r.key).map(String::as_str)))
-            && fields.iter().all(|r| {
-                let value = (r.key == "metadata.name").then_some(node_name);
-                requirement_matches(r, value)
-            })
-    })
-}
-
-fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let values = r.values.as_deref().unwrap_or_default();
-    let number = |s: &str| s.parse::<i64>().ok();
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let (Some(v), Some(bound)) = (
-                value.and_then(number),
-                values.first().and_then(|b| number(b)),
-            ) else {
-                return false;
-            };
-            if r.operator == "Gt" {
-                v > bound
-            } else {
-                v < bound
-            }
-        }
-        _ => false,
     }
 }
 
@@ -205,7 +163,7 @@ pub async fn should_keep(
         info!("AMBIENT_DISABLE_SAFE_UPGRADE is set: cleaning up on shutdown");
         return false;
     }
-    let mut last_err = String::new();
+    let mut last_err = None;
     for attempt in 1..=ATTEMPTS {
         match check.is_upgrade().await {
             Ok(keep) => {
@@ -218,14 +176,16 @@ pub async fn should_keep(
             }
             Err(e) => {
                 warn!(attempt, "upgrade check failed: {e}");
-                last_err = e;
+                last_err = Some(e);
             }
         }
         if attempt < ATTEMPTS {
             tokio::time::sleep(retry_delay).await;
         }
     }
-    warn!("upgrade check kept failing ({last_err}); keeping the installation to be safe");
+    if let Some(e) = last_err {
+        warn!("upgrade check kept failing ({e}); keeping the installation to be safe");
+    }
     true
 }
 
@@ -241,10 +201,10 @@ mod tests {
     }
 
     impl UpgradeCheck for Flaky {
-        fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, String>> {
+        fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, UpgradeCheckError>> {
             let n = self.calls.fetch_add(1, Ordering::SeqCst);
             let out = if n < self.fail_first {
-                Err("apiserver unavailable".to_string())
+                Err(UpgradeCheckError::NodeNameUnset)
             } else {
                 Ok(self.answer)
             };
@@ -258,73 +218,6 @@ mod tests {
             .build()
             .expect("runtime")
             .block_on(f)
-    }
-
-    fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
-        NodeSelectorRequirement {
-            key: key.to_string(),
-            operator: op.to_string(),
-            values: Some(values.iter().map(|v| v.to_string()).collect()),
-        }
-    }
-
-    #[test]
-    fn node_selector_semantics() {
-        use k8s_openapi::api::core::v1::NodeSelectorTerm;
-        let labels: BTreeMap<String, String> = [
-            ("pool".to_string(), "mesh".to_string()),
-            ("cpu".to_string(), "8".to_string()),
-        ]
-        .into();
-        let sel = |terms: Vec<NodeSelectorTerm>| NodeSelector {
-            node_selector_terms: terms,
-        };
-        let term =
-            |e: Vec<NodeSelectorRequirement>, f: Vec<NodeSelectorRequirement>| NodeSelectorTerm {
-                match_expressions: Some(e),
-                match_fields: Some(f),
-            };
-        assert!(node_selector_matches(
-            &sel(vec![term(vec![req("pool", "In", &["mesh"])], vec![])]),
-            &labels,
-            "n1"
-        ));
-        assert!(!node_selector_matches(
-            &sel(vec![term(vec![req("pool", "NotIn", &["mesh"])], vec![])]),
-            &labels,
-            "n1"
-        ));
-        assert!(node_selector_matches(
-            &sel(vec![
-                term(vec![req("pool", "In", &["other"])], vec![]),
-                term(
-                    vec![req("cpu", "Gt", &["4"]), req("gpu", "DoesNotExist", &[])],
-                    vec![]
-                )
-            ]),
-            &labels,
-            "n1"
-        ));
-        assert!(node_selector_matches(
-            &sel(vec![term(
-                vec![],
-                vec![req("metadata.name", "In", &["n1"])]
-            )]),
-            &labels,
-            "n1"
-        ));
-        assert!(!node_selector_matches(
-            &sel(vec![term(
-                vec![],
-                vec![req("metadata.name", "In", &["n2"])]
-            )]),
-            &labels,
-            "n1"
-        ));
-        assert!(
-            !node_selector_matches(&sel(vec![term(vec![], vec![])]), &labels, "n1"),
-            "empty term matches nothing"
-        );
     }
 
     #[test]

@@ -1,9 +1,8 @@
 //! Client construction (kubeconfig file, $KUBECONFIG, in-cluster) and the typed calls the roles make.
 
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -11,90 +10,12 @@ use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Event, EventSource, Namespace, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt, watcher};
 
+use super::config::{ConfigSource, config_from_kubeconfig_file, load_config};
 use super::error::{Call, KubeError};
 use super::names;
-
-/// Where a client's configuration came from; logged by the roles at start-up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConfigSource {
-    /// An explicit kubeconfig path (the plugin's netconf `kubeconfig` field, an agent flag).
-    File(PathBuf),
-    /// The file(s) named by $KUBECONFIG.
-    KubeconfigEnv,
-    /// The pod's service account (KUBERNETES_SERVICE_HOST/PORT + token + CA).
-    InCluster,
-}
-
-/// How logs name the source: the path, `$KUBECONFIG` or `in-cluster`.
-impl std::fmt::Display for ConfigSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ConfigSource::File(path) => write!(f, "{}", path.display()),
-            ConfigSource::KubeconfigEnv => f.write_str("$KUBECONFIG"),
-            ConfigSource::InCluster => f.write_str("in-cluster"),
-        }
-    }
-}
-
-/// Reads one kubeconfig file (current context) into a client config.
-pub async fn config_from_kubeconfig_file(path: &Path) -> Result<kube::Config, KubeError> {
-    let kubeconfig = Kubeconfig::read_from(path).map_err(|source| KubeError::Kubeconfig {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|source| KubeError::Kubeconfig {
-            path: path.to_path_buf(),
-            source,
-        })
-}
-
-/// The agent's order: explicit path > $KUBECONFIG (may list several files) > in-cluster.
-/// `~/.kube/config` is deliberately not consulted: the agent runs in a pod, not in a user's shell.
-pub async fn load_config(
-    explicit: Option<&Path>,
-) -> Result<(kube::Config, ConfigSource), KubeError> {
-    load_config_with(explicit, std::env::var_os("KUBECONFIG").as_deref()).await
-}
-
-/// [`load_config`] with the value of $KUBECONFIG passed in (testable without touching the
-/// process environment).
-pub async fn load_config_with(
-    explicit: Option<&Path>,
-    kubeconfig_env: Option<&OsStr>,
-) -> Result<(kube::Config, ConfigSource), KubeError> {
-    if let Some(path) = explicit {
-        let config = config_from_kubeconfig_file(path).await?;
-        return Ok((config, ConfigSource::File(path.to_path_buf())));
-    }
-    // Like kubectl: a path list, empty entries ignored, merged with the first file winning.
-    let env_paths: Vec<PathBuf> = kubeconfig_env
-        .map(|value| {
-            std::env::split_paths(value)
-                .filter(|p| !p.as_os_str().is_empty())
-                .collect()
-        })
-        .unwrap_or_default();
-    if !env_paths.is_empty() {
-        let merged = env_paths
-            .iter()
-            .try_fold(Kubeconfig::default(), |merged, path| {
-                Kubeconfig::read_from(path).and_then(|next| merged.merge(next))
-            })
-            .map_err(KubeError::KubeconfigEnv)?;
-        let config = kube::Config::from_custom_kubeconfig(merged, &KubeConfigOptions::default())
-            .await
-            .map_err(KubeError::KubeconfigEnv)?;
-        return Ok((config, ConfigSource::KubeconfigEnv));
-    }
-    let config = kube::Config::incluster().map_err(KubeError::InCluster)?;
-    Ok((config, ConfigSource::InCluster))
-}
 
 /// Label and field selectors for list/watch calls. Empty means "everything".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -560,7 +481,7 @@ fn check_pod_names(call: Call, namespace: &str, name: &str) -> Result<(), KubeEr
     check_name(call, "pod name", names::check_pod_name(name))
 }
 
-fn check_name(
+pub(super) fn check_name(
     call: Call,
     field: &'static str,
     checked: Result<(), names::InvalidName>,
@@ -573,7 +494,7 @@ fn check_name(
 }
 
 /// Runs one call under a deadline and names the call and object in any error.
-async fn bounded<T>(
+pub(super) async fn bounded<T>(
     call: Call,
     object: String,
     timeout: Duration,
@@ -604,159 +525,4 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const KUBECONFIG_WITH_CA: &str = include_str!("testdata/kubeconfig-with-ca.yaml");
-    const KUBECONFIG_SKIP_TLS: &str = include_str!("testdata/kubeconfig-skip-tls.yaml");
-
-    async fn config_from_yaml(yaml: &str) -> kube::Config {
-        let kubeconfig = Kubeconfig::from_yaml(yaml).expect("fixture parses");
-        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .expect("fixture makes a config")
-    }
-
-    // Guards the rustls provider choice: with exactly one provider (ring) compiled in, building a
-    // client with a CA must not panic for want of a process-level CryptoProvider.
-    #[tokio::test]
-    async fn client_builds_from_config_with_ca() {
-        let config = config_from_yaml(KUBECONFIG_WITH_CA).await;
-        assert!(
-            config
-                .root_cert
-                .as_ref()
-                .is_some_and(|certs| certs.len() == 1)
-        );
-        assert!(!config.accept_invalid_certs);
-        assert!(KubeClient::from_config(config).is_ok());
-    }
-
-    // Istio's SKIP_TLS_VERIFY kubeconfig has no CA; kube must fall back to bundled webpki roots
-    // instead of the (possibly empty) system store.
-    #[tokio::test]
-    async fn client_builds_from_skip_tls_config_without_ca() {
-        let config = config_from_yaml(KUBECONFIG_SKIP_TLS).await;
-        assert!(config.root_cert.is_none());
-        assert!(config.accept_invalid_certs);
-        assert!(KubeClient::from_config(config).is_ok());
-    }
-
-    #[tokio::test]
-    async fn explicit_path_wins_and_names_the_file_on_error() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let good = dir.path().join("kubeconfig");
-        std::fs::write(&good, KUBECONFIG_SKIP_TLS).expect("write");
-        let (config, source) = load_config(Some(&good)).await.expect("loads");
-        assert_eq!(source, ConfigSource::File(good.clone()));
-        assert_eq!(source.to_string(), good.display().to_string());
-        assert_eq!(ConfigSource::InCluster.to_string(), "in-cluster");
-        assert_eq!(config.cluster_url.to_string(), "https://10.96.0.1:443/");
-
-        let missing = dir.path().join("absent");
-        let err = load_config(Some(&missing)).await.expect_err("fails");
-        assert!(err.to_string().contains("absent"), "{err}");
-    }
-
-    #[tokio::test]
-    async fn kubeconfig_env_is_used_when_no_path_is_given() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let first = dir.path().join("first");
-        let second = dir.path().join("second");
-        std::fs::write(&first, KUBECONFIG_WITH_CA).expect("write");
-        std::fs::write(&second, KUBECONFIG_SKIP_TLS).expect("write");
-        let list = std::env::join_paths([first.as_path(), Path::new(""), second.as_path()])
-            .expect("path list");
-        let (config, source) = load_config_with(None, Some(&list)).await.expect("loads");
-        assert_eq!(source, ConfigSource::KubeconfigEnv);
-        // The first file to define the cluster wins: it has the CA.
-        assert!(config.root_cert.is_some());
-
-        let explicit = load_config_with(Some(&second), Some(&list))
-            .await
-            .expect("loads");
-        assert_eq!(explicit.1, ConfigSource::File(second.clone()));
-    }
-
-    #[tokio::test]
-    async fn without_path_or_env_it_is_in_cluster() {
-        // Outside a pod the in-cluster attempt must fail with the in-cluster error, never
-        // silently fall back to ~/.kube/config.
-        if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
-            return;
-        }
-        let err = load_config_with(None, Some(OsStr::new("")))
-            .await
-            .expect_err("not in a pod");
-        assert!(matches!(err, KubeError::InCluster(_)), "{err:?}");
-    }
-
-    #[test]
-    fn selectors_join_terms_and_skip_empty_ones() {
-        let s = Selectors::on_node("n1")
-            .and_fields("")
-            .and_fields("status.phase=Running,");
-        assert_eq!(
-            s.fields.as_deref(),
-            Some("spec.nodeName=n1,status.phase=Running")
-        );
-        let s = Selectors::default().and_labels("app=a").and_labels("!skip");
-        assert_eq!(s.labels.as_deref(), Some("app=a,!skip"));
-        assert_eq!(Selectors::default().and_fields(",").fields, None);
-    }
-
-    #[test]
-    fn metadata_patch_sets_and_removes_keys() {
-        let patch = MetadataPatch::default()
-            .set_annotation("ambient.istio.io/redirection", "enabled")
-            .remove_label("old");
-        assert_eq!(
-            patch.to_merge_patch(),
-            serde_json::json!({"metadata": {
-                "labels": {"old": null},
-                "annotations": {"ambient.istio.io/redirection": "enabled"}
-            }})
-        );
-    }
-
-    #[test]
-    fn pod_event_refers_to_the_pod() {
-        let pod: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7"}
-        }))
-        .expect("pod");
-        let event = PodEvent {
-            event_type: EventType::Warning,
-            reason: "DeleteBrokenPod".into(),
-            message: "pod detected as broken, deleted".into(),
-            component: "cni-repair".into(),
-        };
-        let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).expect("time"));
-        let built = event.to_event(&pod, now);
-        assert_eq!(built.metadata.name.as_deref(), Some("p.17979cfe362a0000"));
-        assert_eq!(built.metadata.namespace.as_deref(), Some("ns"));
-        assert_eq!(built.involved_object.uid.as_deref(), Some("u1"));
-        assert_eq!(built.involved_object.kind.as_deref(), Some("Pod"));
-        assert_eq!(built.type_.as_deref(), Some("Warning"));
-        assert_eq!(
-            built.source.and_then(|s| s.component).as_deref(),
-            Some("cni-repair")
-        );
-    }
-
-    #[test]
-    fn backoff_doubles_to_max_and_resets() {
-        let settings = WatchBackoff {
-            min: Duration::from_millis(100),
-            max: Duration::from_millis(350),
-        };
-        let mut b = DoublingBackoff {
-            settings,
-            next: settings.min,
-        };
-        let seen: Vec<u128> = b.by_ref().take(4).map(|d| d.as_millis()).collect();
-        assert_eq!(seen, [100, 200, 350, 350]);
-        b.reset();
-        assert_eq!(b.next(), Some(Duration::from_millis(100)));
-    }
-}
+mod tests;

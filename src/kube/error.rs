@@ -15,6 +15,8 @@ pub enum Call {
     PatchPodStatus,
     DeletePod,
     CreateEvent,
+    GetDaemonSet,
+    GetNode,
 }
 
 impl Call {
@@ -29,6 +31,8 @@ impl Call {
             Call::PatchPodStatus => ("patch", "pods/status"),
             Call::DeletePod => ("delete", "pods"),
             Call::CreateEvent => ("create", "events"),
+            Call::GetDaemonSet => ("get", "daemonsets"),
+            Call::GetNode => ("get", "nodes"),
         }
     }
 
@@ -41,6 +45,7 @@ impl Call {
                 | Call::PatchPodStatus
                 | Call::DeletePod
                 | Call::CreateEvent
+                | Call::GetDaemonSet
         )
     }
 }
@@ -65,6 +70,8 @@ impl fmt::Display for Call {
             Call::PatchPodStatus => "patch pod status",
             Call::DeletePod => "delete pod",
             Call::CreateEvent => "create event",
+            Call::GetDaemonSet => "get daemonset",
+            Call::GetNode => "get node",
         })
     }
 }
@@ -92,7 +99,7 @@ pub enum KubeError {
     #[error("{call}: invalid {field}: {source}")]
     InvalidName {
         call: Call,
-        /// "namespace" or "pod name".
+        /// "namespace", "pod name", "daemonset name" or "node name".
         field: &'static str,
         #[source]
         source: super::names::InvalidName,

@@ -4,23 +4,28 @@
 //! only), the typed calls the roles make (get/list/watch pods and namespaces, metadata patches on
 //! pods and `pods/status`, pod delete, pod events), each under an explicit deadline and with
 //! errors that name the call, the object and the cause; names checked before they become
-//! request paths ([`names`]); which failures are worth retrying, and how ([`retry`]); and `testserver`, a small in-process
+//! request paths ([`names`]); label selectors, one model for every role ([`selector`]); which
+//! failures are worth retrying, and how ([`retry`]); and `testserver`, a small in-process
 //! Kubernetes API server for tests and the demo (also the `test-apiserver` binary); test-only,
 //! compiled in only with the `testserver` feature.
 //!
 //! May call: nothing else in this crate.
 
 mod client;
+mod cluster;
+mod config;
 mod error;
 pub mod names;
 pub mod retry;
+pub mod selector;
 #[cfg(feature = "testserver")]
 pub mod testserver;
 
 pub use client::{
-    ConfigSource, EventType, KubeClient, MetadataPatch, PodEvent, PodPreconditions, Selectors,
-    WatchBackoff, WatchStream, config_from_kubeconfig_file, load_config, load_config_with,
+    EventType, KubeClient, MetadataPatch, PodEvent, PodPreconditions, Selectors, WatchBackoff,
+    WatchStream,
 };
+pub use config::{ConfigSource, config_from_kubeconfig_file, load_config, load_config_with};
 pub use error::{Call, KubeError};
 pub use names::InvalidName;
 pub use retry::RetryPolicy;

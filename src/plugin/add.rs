@@ -63,7 +63,7 @@ impl std::fmt::Display for AddOutcome {
 enum AmbientCheckError {
     #[error(transparent)]
     Lookup(#[from] KubeCallError),
-    #[error(transparent)]
+    #[error("invalid enablement selector: {0}")]
     Selector(#[from] SelectorError),
 }
 

@@ -7,66 +7,20 @@ use serde_json::{Value, json};
 use super::config::EnablementSelector;
 use super::pod::PodInfo;
 use super::result::CniResult;
+use crate::kube::selector::{LabelSelector, Selector};
 
-/// A label selector that cannot be evaluated.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid enablement selector: {0}")]
-pub struct SelectorError(pub String);
+pub use crate::kube::selector::SelectorError;
 
-/// Evaluates a Kubernetes label selector (`matchLabels` + `matchExpressions`); absent or empty
-/// selects everything.
+/// Evaluates an enablement label selector; absent selects everything (Istio's enablement
+/// semantics), present-but-empty too (Kubernetes').
 pub fn selector_matches(
-    selector: Option<&Value>,
+    selector: Option<&LabelSelector>,
     labels: &BTreeMap<String, String>,
 ) -> Result<bool, SelectorError> {
-    let Some(sel) = selector else {
-        return Ok(true);
-    };
-    let Some(sel) = sel.as_object() else {
-        return Err(SelectorError(format!("expected an object, got {sel}")));
-    };
-    if let Some(ml) = sel.get("matchLabels").filter(|v| !v.is_null()) {
-        let ml = ml
-            .as_object()
-            .ok_or_else(|| SelectorError("matchLabels must be an object".into()))?;
-        for (k, v) in ml {
-            let v = v
-                .as_str()
-                .ok_or_else(|| SelectorError(format!("matchLabels[{k}] must be a string")))?;
-            if labels.get(k).map(String::as_str) != Some(v) {
-                return Ok(false);
-            }
-        }
+    match selector {
+        None => Ok(true),
+        Some(sel) => Ok(Selector::compile(sel)?.matches(labels)),
     }
-    if let Some(exprs) = sel.get("matchExpressions").filter(|v| !v.is_null()) {
-        let exprs = exprs
-            .as_array()
-            .ok_or_else(|| SelectorError("matchExpressions must be an array".into()))?;
-        for e in exprs {
-            let key = e
-                .get("key")
-                .and_then(Value::as_str)
-                .ok_or_else(|| SelectorError("matchExpressions entry without key".into()))?;
-            let op = e.get("operator").and_then(Value::as_str).unwrap_or("");
-            let values: Vec<&str> = e
-                .get("values")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            let have = labels.get(key).map(String::as_str);
-            let ok = match op {
-                "In" => have.is_some_and(|h| values.contains(&h)),
-                "NotIn" => have.is_none_or(|h| !values.contains(&h)),
-                "Exists" => have.is_some(),
-                "DoesNotExist" => have.is_none(),
-                other => return Err(SelectorError(format!("unknown operator {other:?}"))),
-            };
-            if !ok {
-                return Ok(false);
-            }
-        }
-    }
-    Ok(true)
 }
 
 /// Whether the pod is enrolled in ambient: never host-network or sidecar pods; otherwise any
@@ -139,17 +93,21 @@ mod tests {
             .collect()
     }
 
+    fn sel(v: Value) -> Option<LabelSelector> {
+        Some(serde_json::from_value(v).expect("selector JSON"))
+    }
+
     fn chart_default() -> Vec<EnablementSelector> {
         vec![
             EnablementSelector {
-                pod_selector: Some(json!({"matchLabels": {"istio.io/dataplane-mode": "ambient"}})),
+                pod_selector: sel(json!({"matchLabels": {"istio.io/dataplane-mode": "ambient"}})),
                 namespace_selector: None,
             },
             EnablementSelector {
-                pod_selector: Some(
+                pod_selector: sel(
                     json!({"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]}),
                 ),
-                namespace_selector: Some(
+                namespace_selector: sel(
                     json!({"matchLabels": {"istio.io/dataplane-mode": "ambient"}}),
                 ),
             },
@@ -176,7 +134,7 @@ mod tests {
     #[test]
     fn operators() {
         let l = labels(&[("a", "1")]);
-        let sel = |e: Value| selector_matches(Some(&json!({"matchExpressions": [e]})), &l);
+        let sel = |e: Value| selector_matches(sel(json!({"matchExpressions": [e]})).as_ref(), &l);
         assert!(sel(json!({"key": "a", "operator": "In", "values": ["1", "2"]})).unwrap());
         assert!(sel(json!({"key": "a", "operator": "Exists"})).unwrap());
         assert!(sel(json!({"key": "b", "operator": "DoesNotExist"})).unwrap());

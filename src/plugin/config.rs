@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::cni::{CniError, code, validate_network_name};
+use crate::kube::selector::LabelSelector;
 
 /// Where the agent keeps its sockets, the plugin kubeconfig and the plugin log file.
 pub const DEFAULT_AGENT_RUN_DIR: &str = "/var/run/istio-cni";
@@ -19,11 +20,12 @@ pub const DEFAULT_KUBE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the pod lookup is retried (Istio: 30 attempts, 1 s apart).
 pub const DEFAULT_POD_LOOKUP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// One ambient enablement selector pair (raw label selectors, compiled when used).
+/// One ambient enablement selector pair, read as Istio's plugin reads it (shape checked when the
+/// config is parsed, operators and keys when the selector is used; absent selects everything).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EnablementSelector {
-    pub pod_selector: Option<Value>,
-    pub namespace_selector: Option<Value>,
+    pub pod_selector: Option<LabelSelector>,
+    pub namespace_selector: Option<LabelSelector>,
 }
 
 /// The parsed configuration.
@@ -166,12 +168,14 @@ impl NetConf {
         let selectors: Vec<Map<String, Value>> =
             field(&obj, "enablement_selectors")?.unwrap_or_default();
         let enablement_selectors = selectors
-            .into_iter()
-            .map(|s| EnablementSelector {
-                pod_selector: s.get("podSelector").filter(|v| !v.is_null()).cloned(),
-                namespace_selector: s.get("namespaceSelector").filter(|v| !v.is_null()).cloned(),
+            .iter()
+            .map(|s| {
+                Ok(EnablementSelector {
+                    pod_selector: field(s, "podSelector")?,
+                    namespace_selector: field(s, "namespaceSelector")?,
+                })
             })
-            .collect();
+            .collect::<Result<_, CniError>>()?;
         let run_dir: String = field(&obj, "cni_agent_run_dir")?.unwrap_or_default();
 
         Ok(NetConf {
@@ -260,6 +264,21 @@ mod tests {
         assert!(conf.enablement_selectors[0].namespace_selector.is_none());
         assert!(conf.prev_result.is_some());
         assert_eq!(conf.add_timeout, DEFAULT_ADD_TIMEOUT);
+    }
+
+    #[test]
+    fn enablement_selectors_read_into_the_kube_selector_model() {
+        let conf = br#"{"name":"n","enablement_selectors":[{"podSelector":{"matchExpressions":[{"key":"a","operator":"Exists"}]},"namespaceSelector":null}]}"#;
+        let parsed = NetConf::parse(conf).expect("parses");
+        let pod = parsed.enablement_selectors[0].pod_selector.as_ref();
+        assert_eq!(
+            pod.and_then(|p| p.match_expressions.as_ref()).map(Vec::len),
+            Some(1)
+        );
+        assert!(parsed.enablement_selectors[0].namespace_selector.is_none());
+        let bad = br#"{"name":"n","enablement_selectors":[{"podSelector":{"matchLabels":3}}]}"#;
+        let err = NetConf::parse(bad).expect_err("wrong type");
+        assert!(err.msg.contains("podSelector"), "{}", err.msg);
     }
 
     #[test]

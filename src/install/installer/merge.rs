@@ -54,7 +54,6 @@ impl Installer {
     }
 
     pub(super) fn create_conf(&mut self, cands: &[Candidate]) -> Result<Outcome, InstallError> {
-        let err = |e: String| InstallError::CniConfig(e);
         if !self.cfg.chained {
             let name = self
                 .cfg
@@ -63,7 +62,7 @@ impl Installer {
                 .unwrap_or_else(|| DEFAULT_STANDALONE_FILENAME.to_string());
             let path = self.dir().join(&name);
             fsutil::write_atomic_following(&path, &self.istio.standalone_bytes(), self.conf_mode())
-                .map_err(|e| err(e.to_string()))?;
+                .map_err(InstallError::WriteConfig)?;
             info!(path = %path.display(), "wrote the standalone istio-cni config");
             self.last_written = Some(name);
             return Ok(Outcome::Installed);
@@ -82,7 +81,7 @@ impl Installer {
             return Ok(Outcome::WaitingForPrimary(what));
         };
         let merged = cniconf::insert(&primary.name, &primary.value, &self.istio)
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(InstallError::MergeConfig)?;
         let bytes = cniconf::marshal(&merged);
         let owned = self.cfg.owned_mode();
         let primary_path = self.dir().join(&primary.name);
@@ -115,10 +114,10 @@ impl Installer {
             .then(|| fs::read_link(&primary_path).ok())
             .flatten();
         let written = fsutil::write_atomic_following(&target, &bytes, mode)
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(InstallError::WriteConfig)?;
         if converts {
             // Written first, removed second: there is never a moment without a config.
-            fsutil::remove_if_exists(&primary_path).map_err(|e| err(e.to_string()))?;
+            fsutil::remove_if_exists(&primary_path).map_err(InstallError::WriteConfig)?;
             self.set_restore(Some(RestoreRecord {
                 conflist: target_name.clone(),
                 original: primary.name.clone(),

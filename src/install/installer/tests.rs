@@ -512,3 +512,30 @@ fn symlinked_lists_are_written_through_and_dangling_ones_skipped() {
             .is_symlink()
     );
 }
+
+#[test]
+fn install_errors_are_typed_keep_their_source_and_map_to_istio_labels() {
+    use std::error::Error as _;
+    let e = env();
+    let mut cfg = e.cfg.clone();
+    cfg.cni_bin_dirs = vec![e.net.parent().expect("root").join("nowhere")];
+    let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
+    let err = i.install_all().expect_err("no bin dir");
+    assert!(matches!(err, InstallError::NoBinDir { .. }), "{err:?}");
+    assert_eq!(err.metric_label(), "COPY_BINARIES_FAILURE");
+    assert!(err.to_string().contains("nowhere"), "{err}");
+
+    let missing = e.net.parent().expect("root").join("no-such-exe");
+    let err = Installer::new(e.cfg.clone(), missing)
+        .err()
+        .expect("missing exe");
+    assert!(matches!(err, InstallError::ReadSelf { .. }), "{err:?}");
+    assert!(err.source().is_some(), "the io::Error is kept");
+
+    let mut i = installer(&e);
+    fs::remove_file(e.cfg.service_account_dir.join("token")).expect("rm token");
+    let err = i.install_all().expect_err("no token");
+    assert!(matches!(err, InstallError::KubeconfigInputs(_)), "{err:?}");
+    assert_eq!(err.metric_label(), "CREATE_KUBECONFIG_FAILURE");
+    assert!(err.source().is_some(), "the kubeconfig error is kept");
+}

@@ -90,124 +90,23 @@ fn field_value(object: &Value, path: &str) -> String {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum LabelRequirement {
-    Equals(String, String),
-    NotEquals(String, String),
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    DoesNotExist(String),
-}
-
-/// Equality (`=`, `==`, `!=`), set (`in`, `notin`) and existence (`k`, `!k`) requirements.
+/// A `labelSelector` query parameter, in the one selector model (`kube::selector`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LabelSelector {
-    requirements: Vec<LabelRequirement>,
+    selector: crate::kube::selector::Selector,
 }
 
 impl LabelSelector {
     pub fn parse(text: &str) -> Result<Self, String> {
-        let mut requirements = Vec::new();
-        for raw in split_top_level(text) {
-            let raw = raw.trim();
-            if raw.is_empty() {
-                continue;
-            }
-            requirements.push(parse_requirement(raw)?);
-        }
-        Ok(LabelSelector { requirements })
+        let selector = crate::kube::selector::Selector::parse(text).map_err(|e| e.to_string())?;
+        Ok(LabelSelector { selector })
     }
 
     pub fn matches(&self, object: &Value) -> bool {
         let labels = object.get("metadata").and_then(|m| m.get("labels"));
-        let label = |key: &str| labels.and_then(|l| l.get(key)).and_then(Value::as_str);
-        self.requirements.iter().all(|req| match req {
-            LabelRequirement::Equals(k, v) => label(k) == Some(v.as_str()),
-            // As in Kubernetes: `k!=v` also matches objects without the label.
-            LabelRequirement::NotEquals(k, v) => label(k) != Some(v.as_str()),
-            LabelRequirement::In(k, vs) => label(k).is_some_and(|l| vs.iter().any(|v| v == l)),
-            LabelRequirement::NotIn(k, vs) => !label(k).is_some_and(|l| vs.iter().any(|v| v == l)),
-            LabelRequirement::Exists(k) => label(k).is_some(),
-            LabelRequirement::DoesNotExist(k) => label(k).is_none(),
-        })
+        self.selector
+            .matches_with(|key| labels.and_then(|l| l.get(key)).and_then(Value::as_str))
     }
-}
-
-/// Splits on commas outside parentheses (`a in (x,y),b` is two requirements).
-fn split_top_level(text: &str) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let mut depth = 0usize;
-    let mut start = 0;
-    for (i, c) in text.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth = depth.saturating_sub(1),
-            ',' if depth == 0 => {
-                parts.push(&text[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    parts.push(&text[start..]);
-    parts
-}
-
-fn parse_requirement(raw: &str) -> Result<LabelRequirement, String> {
-    if let Some(key) = raw.strip_prefix('!') {
-        return Ok(LabelRequirement::DoesNotExist(checked_key(key)?));
-    }
-    if let Some((key, value)) = raw.split_once("!=") {
-        return Ok(LabelRequirement::NotEquals(
-            checked_key(key)?,
-            value.trim().into(),
-        ));
-    }
-    if let Some((key, value)) = raw.split_once("==").or_else(|| raw.split_once('=')) {
-        return Ok(LabelRequirement::Equals(
-            checked_key(key)?,
-            value.trim().into(),
-        ));
-    }
-    for (op, negated) in [(" notin ", true), (" in ", false)] {
-        if let Some((key, set)) = raw.split_once(op) {
-            let values = parse_set(set)?;
-            let key = checked_key(key)?;
-            return Ok(if negated {
-                LabelRequirement::NotIn(key, values)
-            } else {
-                LabelRequirement::In(key, values)
-            });
-        }
-    }
-    Ok(LabelRequirement::Exists(checked_key(raw)?))
-}
-
-fn checked_key(key: &str) -> Result<String, String> {
-    let key = key.trim();
-    let valid = !key.is_empty()
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
-    if valid {
-        Ok(key.to_string())
-    } else {
-        Err(format!("invalid label key {key:?}"))
-    }
-}
-
-fn parse_set(set: &str) -> Result<Vec<String>, String> {
-    let inner = set
-        .trim()
-        .strip_prefix('(')
-        .and_then(|s| s.strip_suffix(')'))
-        .ok_or_else(|| format!("invalid label value set {set:?}"))?;
-    Ok(inner
-        .split(',')
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-        .collect())
 }
 
 #[cfg(test)]

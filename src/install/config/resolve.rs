@@ -1,0 +1,388 @@
+//! flag > env > default for every setting, into the config sections.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use super::flags::Flags;
+use super::sections::*;
+use super::values::*;
+
+/// Builds the config from parsed flags and the environment.
+pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+    let r = Resolver { env };
+    let mut warnings = Vec::new();
+
+    let chained = r.boolean(
+        &f.chained_cni_plugin,
+        "chained-cni-plugin",
+        "CHAINED_CNI_PLUGIN",
+        true,
+    )?;
+    let owned = r.boolean(
+        &f.istio_owned_cni_config,
+        "istio-owned-cni-config",
+        "ISTIO_OWNED_CNI_CONFIG",
+        false,
+    )?;
+    let ambient_enabled = r.boolean(
+        &f.ambient_enabled,
+        "ambient-enabled",
+        "AMBIENT_ENABLED",
+        false,
+    )?;
+
+    // Istio bug B1: the chart writes ISTIO_OWNED_CNI_CONF_FILENAME, the agent reads
+    // ISTIO_OWNED_CNI_CONFIG_FILENAME. Accept both; the correct name wins.
+    let owned_raw = r.raw(
+        &f.istio_owned_cni_config_filename,
+        "istio-owned-cni-config-filename",
+        "ISTIO_OWNED_CNI_CONFIG_FILENAME",
+    );
+    let legacy = r.env_raw("ISTIO_OWNED_CNI_CONF_FILENAME");
+    let owned_raw = match (owned_raw, legacy) {
+        (Some(o), Some(l)) => {
+            if o.value != l.value {
+                warnings.push(format!(
+                    "ignoring legacy env ISTIO_OWNED_CNI_CONF_FILENAME={:?}: {} is set to {:?}",
+                    l.value, o.name, o.value
+                ));
+            }
+            Some(o)
+        }
+        (Some(o), None) => Some(o),
+        (None, Some(l)) => {
+            warnings.push(
+                "env ISTIO_OWNED_CNI_CONF_FILENAME is a misspelt legacy name (Istio chart bug); \
+                 using it, please set ISTIO_OWNED_CNI_CONFIG_FILENAME instead"
+                    .to_string(),
+            );
+            Some(l)
+        }
+        (None, None) => None,
+    };
+    let owned_filename = match owned_raw {
+        Some(raw) => file_name_only(&raw)?,
+        None => DEFAULT_OWNED_FILENAME.to_string(),
+    };
+    let cni_conf_name = match r.raw(&f.cni_conf_name, "cni-conf-name", "CNI_CONF_NAME") {
+        Some(raw) => Some(file_name_only(&raw)?).filter(|s| !s.is_empty()),
+        None => None,
+    };
+
+    let bin_raw = r
+        .raw(&f.cni_bin_dirs, "cni-bin-dirs", "CNI_BIN_DIRS")
+        .unwrap_or(Raw {
+            name: "--cni-bin-dirs".to_string(),
+            value: "/host/opt/cni/bin,/host/secondary-bin-dir".to_string(),
+        });
+    let cni_bin_dirs: Vec<PathBuf> = split_list(&bin_raw.value)
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
+    if cni_bin_dirs.is_empty() {
+        return Err(invalid(&bin_raw, "needs at least one directory"));
+    }
+
+    let kubeconfig_mode = match r.raw(&f.kubeconfig_mode, "kubeconfig-mode", "KUBECONFIG_MODE") {
+        Some(raw) => match parse_go_int(&raw.value) {
+            Some(m) if (0..=0o7777).contains(&m) => m as u32,
+            _ => {
+                return Err(invalid(
+                    &raw,
+                    "expected a file mode such as 0600 (octal) or 384",
+                ));
+            }
+        },
+        None => 0o600,
+    };
+
+    let service_account_dir = PathBuf::from(r.string(
+        &f.service_account_dir,
+        "service-account-dir",
+        "SERVICE_ACCOUNT_DIR",
+        "/var/run/secrets/kubernetes.io/serviceaccount",
+    ));
+    let kube_ca_file = r
+        .raw(&f.kube_ca_file, "kube-ca-file", "KUBE_CA_FILE")
+        .map(|raw| PathBuf::from(raw.value))
+        .unwrap_or_else(|| service_account_dir.join("ca.crt"));
+
+    let log_levels_raw = r.raw(&f.log_output_level, "log-output-level", "LOG_OUTPUT_LEVEL");
+    let (default_level, scopes) = match &log_levels_raw {
+        Some(raw) => parse_log_levels(&raw.value).map_err(|e| invalid(raw, e))?,
+        None => (LogLevel::Info, BTreeMap::new()),
+    };
+    let log = LogConfig {
+        default_level,
+        scopes,
+        as_json: r.boolean(&f.log_as_json, "log-as-json", "LOG_AS_JSON", false)?,
+        target: match r
+            .string(&f.log_target, "log-target", "LOG_TARGET", "stderr")
+            .as_str()
+        {
+            "stderr" => LogTarget::Stderr,
+            "stdout" => LogTarget::Stdout,
+            path => LogTarget::File(PathBuf::from(path)),
+        },
+    };
+    // Istio bug B16: the plugin's scope keeps its own level instead of the agent's.
+    let plugin_log_level = log.level_of("cni-plugin");
+
+    let selectors_raw = r.env_raw("AMBIENT_ENABLEMENT_SELECTOR");
+    let enablement_selectors = match &selectors_raw {
+        Some(raw) => parse_selectors(&raw.value).map_err(|e| invalid(raw, e.to_string()))?,
+        None => Vec::new(),
+    };
+
+    let health_port = match r.raw(&f.health_port, "health-port", "HEALTH_PORT") {
+        Some(raw) => port(&raw)?,
+        None => 8000,
+    };
+    let monitoring_port = match r.raw(&f.monitoring_port, "monitoring-port", "MONITORING_PORT") {
+        Some(raw) => match parse_go_int(&raw.value) {
+            Some(p) if p <= 0 => None,
+            Some(p) if p <= 65535 => Some(p as u16),
+            _ => {
+                return Err(invalid(
+                    &raw,
+                    "expected a port number (<= 0 disables metrics)",
+                ));
+            }
+        },
+        None => Some(15014),
+    };
+
+    let node_name = r.env_string("NODE_NAME", "");
+    let install = InstallConfig {
+        mounted_cni_net_dir: PathBuf::from(r.string(
+            &f.mounted_cni_net_dir,
+            "mounted-cni-net-dir",
+            "MOUNTED_CNI_NET_DIR",
+            "/host/etc/cni/net.d",
+        )),
+        cni_conf_name,
+        chained,
+        istio_owned_cni_config: owned,
+        owned_filename,
+        cni_bin_dirs,
+        run_dir: PathBuf::from(r.string(
+            &f.cni_agent_run_dir,
+            "cni-agent-run-dir",
+            "CNI_AGENT_RUN_DIR",
+            "/var/run/istio-cni",
+        )),
+        kubeconfig_mode,
+        cni_conf_group_read: r.boolean(
+            &f.cni_conf_group_read,
+            "cni-conf-group-read",
+            "CNI_CONF_GROUP_READ",
+            false,
+        )?,
+        kube_ca_file,
+        skip_tls_verify: r.boolean(
+            &f.skip_tls_verify,
+            "skip-tls-verify",
+            "SKIP_TLS_VERIFY",
+            false,
+        )?,
+        service_account_dir,
+        k8s_service_host: r.env_raw("KUBERNETES_SERVICE_HOST").map(|r| r.value),
+        k8s_service_port: r.env_raw("KUBERNETES_SERVICE_PORT").map(|r| r.value),
+        k8s_service_protocol: r.env_string("KUBERNETES_SERVICE_PROTOCOL", "https"),
+        ambient_enabled,
+        enable_ambient_detection_retry: r.boolean(
+            &f.enable_ambient_detection_retry,
+            "enable-ambient-detection-retry",
+            "ENABLE_AMBIENT_DETECTION_RETRY",
+            false,
+        )?,
+        native_nftables: r.env_bool("NATIVE_NFTABLES", false)?,
+        exclude_namespaces: split_list(&r.env_string("EXCLUDE_NAMESPACES", "")),
+        pod_namespace: r.env_string("POD_NAMESPACE", ""),
+        enablement_selectors,
+        plugin_log_level,
+        ambient_disable_safe_upgrade: r.env_bool("AMBIENT_DISABLE_SAFE_UPGRADE", false)?,
+        node_name: node_name.clone(),
+    };
+    if owned && !install.owned_mode() {
+        warnings.push(format!(
+            "ISTIO_OWNED_CNI_CONFIG is set but has no effect: it needs CHAINED_CNI_PLUGIN=true (is {chained}) \
+             and AMBIENT_ENABLED=true (is {ambient_enabled}); merging into the primary config instead"
+        ));
+    }
+
+    let exit_code_raw = r.raw(
+        &f.repair_init_container_exit_code,
+        "repair-init-container-exit-code",
+        "REPAIR_INIT_CONTAINER_EXIT_CODE",
+    );
+    let init_container_exit_code = match &exit_code_raw {
+        Some(raw) => match parse_go_int(&raw.value) {
+            Some(c) if (i32::MIN as i64..=i32::MAX as i64).contains(&c) => c as i32,
+            _ => return Err(invalid(raw, "expected an integer exit code")),
+        },
+        None => 126,
+    };
+    let repair = RepairConfig {
+        enabled: r.boolean(&f.repair_enabled, "repair-enabled", "REPAIR_ENABLED", true)?,
+        delete_pods: r.boolean(
+            &f.repair_delete_pods,
+            "repair-delete-pods",
+            "REPAIR_DELETE_PODS",
+            false,
+        )?,
+        label_pods: r.boolean(
+            &f.repair_label_pods,
+            "repair-label-pods",
+            "REPAIR_LABEL_PODS",
+            false,
+        )?,
+        repair_pods: r.env_bool("REPAIR_REPAIR_PODS", false)?,
+        broken_pod_label_key: r.string(
+            &f.repair_broken_pod_label_key,
+            "repair-broken-pod-label-key",
+            "REPAIR_BROKEN_POD_LABEL_KEY",
+            "cni.istio.io/uninitialized",
+        ),
+        broken_pod_label_value: r.string(
+            &f.repair_broken_pod_label_value,
+            "repair-broken-pod-label-value",
+            "REPAIR_BROKEN_POD_LABEL_VALUE",
+            "true",
+        ),
+        node_name: r.string(
+            &f.repair_node_name,
+            "repair-node-name",
+            "REPAIR_NODE_NAME",
+            "",
+        ),
+        sidecar_annotation: r.string(
+            &f.repair_sidecar_annotation,
+            "repair-sidecar-annotation",
+            "REPAIR_SIDECAR_ANNOTATION",
+            "sidecar.istio.io/status",
+        ),
+        init_container_name: r.string(
+            &f.repair_init_container_name,
+            "repair-init-container-name",
+            "REPAIR_INIT_CONTAINER_NAME",
+            "istio-validation",
+        ),
+        init_container_termination_message: r.string(
+            &f.repair_init_container_termination_message,
+            "repair-init-container-termination-message",
+            "REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE",
+            "",
+        ),
+        init_container_exit_code,
+        label_selectors: r.string(
+            &f.repair_label_selectors,
+            "repair-label-selectors",
+            "REPAIR_LABEL_SELECTORS",
+            "",
+        ),
+        field_selectors: r.string(
+            &f.repair_field_selectors,
+            "repair-field-selectors",
+            "REPAIR_FIELD_SELECTORS",
+            "",
+        ),
+    };
+
+    let ip_env = |name: &str, default: &str| -> Result<IpAddr, ConfigError> {
+        match r.env_raw(name) {
+            Some(raw) => raw
+                .value
+                .trim()
+                .parse()
+                .map_err(|_| invalid(&raw, "expected an IP address")),
+            None => default
+                .parse()
+                .map_err(|_| ConfigError::Args(format!("bad built-in default for {name}"))),
+        }
+    };
+    let force_iptables_binary = match r.env_raw("FORCE_IPTABLES_BINARY") {
+        Some(raw) if raw.value == "legacy" || raw.value == "nft" => Some(raw.value),
+        Some(raw) => return Err(invalid(&raw, "expected `legacy` or `nft`")),
+        None => None,
+    };
+    let agent = AgentConfig {
+        ztunnel_uds_address: PathBuf::from(r.string(
+            &f.ztunnel_uds_address,
+            "ztunnel-uds-address",
+            "ZTUNNEL_UDS_ADDRESS",
+            "/var/run/ztunnel/ztunnel.sock",
+        )),
+        dns_capture: r.env_bool("AMBIENT_DNS_CAPTURE", false)?,
+        ipv6: r.env_bool("AMBIENT_IPV6", false)?,
+        reconcile_pod_rules_on_startup: r
+            .env_bool("AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", false)?,
+        system_namespace: r.env_string("SYSTEM_NAMESPACE", "istio-system"),
+        pod_name: r.env_string("POD_NAME", ""),
+        node_name,
+        host_probe_snat_ip: ip_env("HOST_PROBE_SNAT_IP", "169.254.7.127")?,
+        host_probe_snat_ipv6: ip_env(
+            "HOST_PROBE_SNAT_IPV6",
+            "fd16:9254:7127:1337:ffff:ffff:ffff:ffff",
+        )?,
+        scoped_xtables_locking: r.env_bool("AMBIENT_USE_SCOPED_XTABLES_LOCKING", true)?,
+        aws_branch_eni_probe: r.env_bool("AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE", true)?,
+        force_iptables_binary,
+        allow_switch_to_host_ns: r.env_bool("ALLOW_SWITCH_TO_HOST_NS", false)?,
+    };
+
+    if install.ambient_enabled && install.native_nftables && agent.force_iptables_binary.is_some() {
+        warnings.push(
+            "NATIVE_NFTABLES is set together with FORCE_IPTABLES_BINARY; the iptables binary choice \
+             has no effect with the nftables backend"
+                .to_string(),
+        );
+    }
+
+    // Read-and-ignored for drop-in compatibility; say so when someone sets them.
+    for (flag, name, env_name) in [
+        (&f.log_level, "log-level", "LOG_LEVEL"),
+        (
+            &f.cni_network_config,
+            "cni-network-config",
+            "CNI_NETWORK_CONFIG",
+        ),
+        (
+            &f.cni_network_config_file,
+            "cni-network-config-file",
+            "CNI_NETWORK_CONFIG_FILE",
+        ),
+        (&f.ctrlz_port, "ctrlz-port", "CTRLZ_PORT"),
+        (&f.log_rotate, "log-rotate", "LOG_ROTATE"),
+    ] {
+        if let Some(raw) = r.raw(flag, name, env_name) {
+            warnings.push(format!(
+                "{} is accepted for compatibility and ignored",
+                raw.name
+            ));
+        }
+    }
+
+    Ok(Config {
+        install,
+        repair,
+        agent,
+        log,
+        health_port,
+        monitoring_port,
+        host_proc_dir: PathBuf::from(r.string(
+            &f.host_proc_dir,
+            "host-proc-dir",
+            "HOST_PROC_DIR",
+            "/host/proc",
+        )),
+        host_netns_dir: PathBuf::from(r.string(
+            &f.host_netns_dir,
+            "host-netns-dir",
+            "HOST_NETNS_DIR",
+            "/host/var/run/netns",
+        )),
+        warnings,
+    })
+}

@@ -1,0 +1,218 @@
+//! The resolved configuration, one struct per consumer (install pass, repair, agent, logs).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::kube::selector::{self, LabelSelector};
+
+/// Default owned conflist name (Istio's).
+pub const DEFAULT_OWNED_FILENAME: &str = "02-istio-cni.conflist";
+/// Default standalone config name (Istio's).
+pub const DEFAULT_STANDALONE_FILENAME: &str = "YYY-istio-cni.conf";
+/// Name of the plugin kubeconfig in the run dir.
+pub const KUBECONFIG_FILENAME: &str = "istio-cni-kubeconfig";
+/// Name the plugin binary is installed under.
+pub const PLUGIN_BINARY: &str = "istio-cni";
+
+/// A configuration error; every variant names the flag/env var and the bad value.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid value {value:?} for {name}: {reason}")]
+    Invalid {
+        name: String,
+        value: String,
+        reason: String,
+    },
+    #[error("{0}")]
+    Args(String),
+}
+
+/// The outcome of parsing argv: run with a config, or print text and exit.
+#[derive(Debug)]
+pub enum Parsed {
+    Run(Box<Config>),
+    Exit { text: String, code: i32 },
+}
+
+/// A minimum log level of one scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+    Fatal,
+    None,
+}
+
+impl LogLevel {
+    pub(super) fn parse(s: &str) -> Option<Self> {
+        Some(match s.trim().to_ascii_lowercase().as_str() {
+            "debug" => Self::Debug,
+            "info" => Self::Info,
+            "warn" | "warning" => Self::Warn,
+            "error" => Self::Error,
+            "fatal" => Self::Fatal,
+            "none" => Self::None,
+            _ => return None,
+        })
+    }
+
+    /// The name as Istio spells it (also what the plugin's `plugin_log_level` takes).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Debug => "debug",
+            Self::Info => "info",
+            Self::Warn => "warn",
+            Self::Error => "error",
+            Self::Fatal => "fatal",
+            Self::None => "none",
+        }
+    }
+}
+
+/// Where logs are written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogTarget {
+    Stderr,
+    Stdout,
+    File(PathBuf),
+}
+
+/// Logging settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    /// Level of scopes not named explicitly.
+    pub default_level: LogLevel,
+    /// Explicit per-scope levels.
+    pub scopes: BTreeMap<String, LogLevel>,
+    pub as_json: bool,
+    pub target: LogTarget,
+}
+
+impl LogConfig {
+    /// Level of one scope.
+    pub fn level_of(&self, scope: &str) -> LogLevel {
+        self.scopes
+            .get(scope)
+            .copied()
+            .unwrap_or(self.default_level)
+    }
+}
+
+/// One ambient enablement selector (pod + namespace label selectors), as the plugin expects it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnablementSelector {
+    #[serde(
+        rename = "podSelector",
+        default,
+        deserialize_with = "selector::deserialize_strict",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub pod_selector: Option<LabelSelector>,
+    #[serde(
+        rename = "namespaceSelector",
+        default,
+        deserialize_with = "selector::deserialize_strict",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub namespace_selector: Option<LabelSelector>,
+}
+
+/// Settings of the install pass, the guard and cleanup.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstallConfig {
+    pub mounted_cni_net_dir: PathBuf,
+    pub cni_conf_name: Option<String>,
+    pub chained: bool,
+    pub istio_owned_cni_config: bool,
+    pub owned_filename: String,
+    pub cni_bin_dirs: Vec<PathBuf>,
+    pub run_dir: PathBuf,
+    pub kubeconfig_mode: u32,
+    pub cni_conf_group_read: bool,
+    pub kube_ca_file: PathBuf,
+    pub skip_tls_verify: bool,
+    pub service_account_dir: PathBuf,
+    pub k8s_service_host: Option<String>,
+    pub k8s_service_port: Option<String>,
+    pub k8s_service_protocol: String,
+    pub ambient_enabled: bool,
+    pub enable_ambient_detection_retry: bool,
+    pub native_nftables: bool,
+    pub exclude_namespaces: Vec<String>,
+    pub pod_namespace: String,
+    pub enablement_selectors: Vec<EnablementSelector>,
+    pub plugin_log_level: LogLevel,
+    pub ambient_disable_safe_upgrade: bool,
+    pub node_name: String,
+}
+
+impl InstallConfig {
+    /// The one predicate for "Istio owns a separate conflist", used by writing, validation AND
+    /// cleanup (Istio bug B2: cleanup used the raw flag and deleted the primary's config).
+    pub fn owned_mode(&self) -> bool {
+        self.istio_owned_cni_config && self.chained && self.ambient_enabled
+    }
+
+    /// Path of the plugin kubeconfig.
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.run_dir.join(KUBECONFIG_FILENAME)
+    }
+}
+
+/// Repair controller settings (parsed and validated here; the controller lives elsewhere).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepairConfig {
+    pub enabled: bool,
+    pub delete_pods: bool,
+    pub label_pods: bool,
+    pub repair_pods: bool,
+    pub broken_pod_label_key: String,
+    pub broken_pod_label_value: String,
+    pub node_name: String,
+    pub sidecar_annotation: String,
+    pub init_container_name: String,
+    pub init_container_termination_message: String,
+    pub init_container_exit_code: i32,
+    pub label_selectors: String,
+    pub field_selectors: String,
+}
+
+/// Ambient node-agent settings (parsed and validated here for the agent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentConfig {
+    pub ztunnel_uds_address: PathBuf,
+    pub dns_capture: bool,
+    pub ipv6: bool,
+    pub reconcile_pod_rules_on_startup: bool,
+    pub system_namespace: String,
+    pub pod_name: String,
+    pub node_name: String,
+    pub host_probe_snat_ip: IpAddr,
+    pub host_probe_snat_ipv6: IpAddr,
+    pub scoped_xtables_locking: bool,
+    pub aws_branch_eni_probe: bool,
+    pub force_iptables_binary: Option<String>,
+    pub allow_switch_to_host_ns: bool,
+}
+
+/// The whole `install-cni` configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub install: InstallConfig,
+    pub repair: RepairConfig,
+    pub agent: AgentConfig,
+    pub log: LogConfig,
+    pub health_port: u16,
+    /// `None` = metrics disabled.
+    pub monitoring_port: Option<u16>,
+    pub host_proc_dir: PathBuf,
+    pub host_netns_dir: PathBuf,
+    /// Warnings found while parsing, logged once logging is up.
+    pub warnings: Vec<String>,
+}
