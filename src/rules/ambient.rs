@@ -1,8 +1,11 @@
 //! Ambient mode: the rules the node agent programs inside an enrolled pod (redirect to ztunnel) and
 //! on the host (SNAT of kubelet probes), for both backends, in Istio's order and spelling.
 
+pub use super::ambient_nft::{host_nft_rules, inpod_nft_rules};
+use super::capture::{DEFAULT_LOOPBACK_V4 as LO_V4, LOOPBACK_V6 as LO_V6};
+use super::model::well_known::{CT_ZONE_UPSTREAM_DNS, DNS_PORT as DNS, LOOPBACK_IFACE};
 use super::model::{Match, Proto, RuleSet, RuleSetBuilder, Table, Target};
-use super::nftables::{NftRule, NftRuleSet, NftTable};
+use super::nft_model::MaskedMark;
 
 /// ztunnel's ports.
 pub const ZTUNNEL_OUTBOUND_PORT: &str = "15001";
@@ -10,9 +13,15 @@ pub const ZTUNNEL_INBOUND_PLAINTEXT_PORT: &str = "15006";
 pub const ZTUNNEL_HBONE_PORT: &str = "15008";
 pub const DNS_PORT: &str = "15053";
 /// Packets ztunnel itself sends carry this mark (0x539 = 1337) under this mask.
-pub const ZTUNNEL_MARK: &str = "0x539/0xfff";
+pub const ZTUNNEL_MARK: MaskedMark = MaskedMark {
+    value: 0x539,
+    mask: 0xfff,
+};
 /// Connections ztunnel accepted are marked so replies bypass redirection.
-pub const CONN_MARK: &str = "0x111/0xfff";
+pub const CONN_MARK: MaskedMark = MaskedMark {
+    value: 0x111,
+    mask: 0xfff,
+};
 /// Host address sets of pod IPs whose kubelet probes are SNATed.
 pub const PROBE_SET_V4: &str = "istio-inpod-probes-v4";
 pub const PROBE_SET_V6: &str = "istio-inpod-probes-v6";
@@ -63,7 +72,7 @@ pub struct PodOverrides {
     pub dns: PodDns,
 }
 
-fn dns_enabled(cfg: &AmbientConfig, pod: &PodOverrides) -> bool {
+pub(super) fn dns_enabled(cfg: &AmbientConfig, pod: &PodOverrides) -> bool {
     match pod.dns {
         PodDns::Enabled => true,
         PodDns::Disabled => false,
@@ -71,9 +80,9 @@ fn dns_enabled(cfg: &AmbientConfig, pod: &PodOverrides) -> bool {
     }
 }
 
-fn mark(value: &str, negate: bool) -> Match {
+fn mark(mark: MaskedMark, negate: bool) -> Match {
     Match::Mark {
-        value: value.into(),
+        value: mark.iptables(),
         negate,
     }
 }
@@ -94,8 +103,6 @@ fn jump(chain: &str) -> Target {
 }
 const TCP: Match = Match::Proto(Proto::Tcp);
 const UDP: Match = Match::Proto(Proto::Udp);
-const LO_V4: &str = "127.0.0.1/32";
-const LO_V6: &str = "::1/128";
 
 /// The in-pod iptables rules.
 pub fn inpod_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> RuleSet {
@@ -128,7 +135,7 @@ pub fn inpod_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> RuleSet {
         Mangle,
         IN_CHAIN,
         vec![mark(ZTUNNEL_MARK, false)],
-        Target::ConnmarkSetXmark(CONN_MARK.into()),
+        Target::ConnmarkSetXmark(CONN_MARK.iptables()),
     );
     if !pod.ingress {
         b.append_versioned(Nat, IN_CHAIN, p4, p6, |p| {
@@ -172,13 +179,13 @@ pub fn inpod_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> RuleSet {
         Mangle,
         OUT_CHAIN,
         vec![Match::ConnMark {
-            value: CONN_MARK.into(),
+            value: CONN_MARK.iptables(),
         }],
         Target::ConnmarkRestore { masks: true },
     );
     if dns {
         let port53 = |module| Match::DstPort {
-            port: "53".into(),
+            port: DNS.into(),
             negate: false,
             module,
         };
@@ -187,7 +194,7 @@ pub fn inpod_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> RuleSet {
             OUT_CHAIN,
             vec![
                 Match::OutIface {
-                    name: "lo".into(),
+                    name: LOOPBACK_IFACE.into(),
                     negate: true,
                 },
                 UDP,
@@ -206,7 +213,7 @@ pub fn inpod_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> RuleSet {
             Raw,
             OUT_CHAIN,
             vec![UDP, mark(ZTUNNEL_MARK, false), port53(Some(Proto::Udp))],
-            Target::CtZone(1),
+            Target::CtZone(CT_ZONE_UPSTREAM_DNS),
         );
         b.append(
             Raw,
@@ -215,12 +222,12 @@ pub fn inpod_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> RuleSet {
                 UDP,
                 mark(ZTUNNEL_MARK, true),
                 Match::SrcPort {
-                    port: "53".into(),
+                    port: DNS.into(),
                     negate: false,
                     module: Some(Proto::Udp),
                 },
             ],
-            Target::CtZone(1),
+            Target::CtZone(CT_ZONE_UPSTREAM_DNS),
         );
     }
     b.append(
@@ -234,7 +241,7 @@ pub fn inpod_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> RuleSet {
             vec![
                 dst(lo, true),
                 Match::OutIface {
-                    name: "lo".into(),
+                    name: LOOPBACK_IFACE.into(),
                     negate: false,
                 },
             ],
@@ -276,191 +283,4 @@ pub fn host_rules(cfg: &AmbientConfig) -> RuleSet {
         );
     }
     b.build()
-}
-
-/// The in-pod nftables rules.
-pub fn inpod_nft_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> NftRuleSet {
-    use NftTable::{AmbientMangle as MANGLE, AmbientNat as NAT, AmbientRaw as RAW};
-    let dns = dns_enabled(cfg, pod);
-    let ipv6 = cfg.enable_ipv6;
-    let (p4, p6) = (cfg.probe_snat_v4.as_str(), cfg.probe_snat_v6.as_str());
-    let mut rules = Vec::new();
-    let mut add = |table: NftTable, chain: &str, expr: String| {
-        rules.push(NftRule {
-            table,
-            chain: chain.into(),
-            index: None,
-            expr,
-        });
-    };
-    let (pre, out) = ("istio-prerouting", "istio-output");
-    add(MANGLE, "prerouting", format!("jump {pre}"));
-    add(MANGLE, "output", format!("jump {out}"));
-    add(NAT, "output", format!("jump {out}"));
-    if dns {
-        add(RAW, "prerouting", format!("jump {pre}"));
-        add(RAW, "output", format!("jump {out}"));
-    }
-    add(NAT, "prerouting", format!("jump {pre}"));
-    for vif in &pod.virtual_interfaces {
-        add(
-            NAT,
-            pre,
-            format!("iifname {vif} meta l4proto tcp counter redirect to :{ZTUNNEL_OUTBOUND_PORT}"),
-        );
-        add(
-            NAT,
-            pre,
-            format!("iifname {vif} meta l4proto tcp counter return"),
-        );
-    }
-    add(
-        MANGLE,
-        pre,
-        "meta mark & 0xfff == 0x539 counter ct mark set ct mark & 0xfffff000 |  0x111".into(),
-    );
-    if !pod.ingress {
-        add(
-            NAT,
-            pre,
-            format!("meta l4proto tcp ip saddr {p4} counter accept"),
-        );
-        if ipv6 {
-            add(
-                NAT,
-                pre,
-                format!("meta l4proto tcp ip6 saddr {p6} counter accept"),
-            );
-        }
-    }
-    add(
-        NAT,
-        out,
-        format!("meta l4proto tcp ip daddr {p4} counter accept"),
-    );
-    if ipv6 {
-        add(
-            NAT,
-            out,
-            format!("meta l4proto tcp ip6 daddr {p6} counter accept"),
-        );
-    }
-    if !pod.ingress {
-        // The doubled space in the IPv4 rule is how Istio spells it; kept for identical output.
-        add(
-            NAT,
-            pre,
-            format!(
-                "ip daddr != {LO_V4} tcp dport != {ZTUNNEL_HBONE_PORT} mark and 0xfff  != 0x539 counter redirect to :{ZTUNNEL_INBOUND_PLAINTEXT_PORT}"
-            ),
-        );
-        if ipv6 {
-            add(
-                NAT,
-                pre,
-                format!(
-                    "ip6 daddr != {LO_V6} tcp dport != {ZTUNNEL_HBONE_PORT} mark and 0xfff != 0x539 counter redirect to :{ZTUNNEL_INBOUND_PLAINTEXT_PORT}"
-                ),
-            );
-        }
-    }
-    add(
-        MANGLE,
-        out,
-        "ct mark and 0xfff == 0x111 counter meta mark set ct mark".into(),
-    );
-    if dns {
-        add(
-            NAT,
-            out,
-            format!(
-                "oifname != lo mark and 0xfff != 0x539 udp dport 53 counter redirect to :{DNS_PORT}"
-            ),
-        );
-        add(
-            NAT,
-            out,
-            format!(
-                "ip daddr != {LO_V4} tcp dport 53 mark and 0xfff != 0x539 counter redirect to :{DNS_PORT}"
-            ),
-        );
-        if ipv6 {
-            add(
-                NAT,
-                out,
-                format!(
-                    "ip6 daddr != {LO_V6} tcp dport 53 mark and 0xfff != 0x539 counter redirect to :{DNS_PORT}"
-                ),
-            );
-        }
-        add(
-            RAW,
-            out,
-            "udp dport 53 meta mark and 0xfff == 0x539 counter ct zone set 1".into(),
-        );
-        add(
-            RAW,
-            pre,
-            "udp sport 53 meta mark and 0xfff != 0x539 counter ct zone set 1".into(),
-        );
-    }
-    add(
-        NAT,
-        out,
-        "meta l4proto tcp mark and 0xfff == 0x111 counter accept".into(),
-    );
-    add(
-        NAT,
-        out,
-        format!("oifname lo ip daddr != {LO_V4} counter accept"),
-    );
-    if ipv6 {
-        add(
-            NAT,
-            out,
-            format!("oifname lo ip6 daddr != {LO_V6} counter accept"),
-        );
-    }
-    add(
-        NAT,
-        out,
-        format!(
-            "meta l4proto tcp ip daddr != {LO_V4} mark and 0xfff != 0x539 counter redirect to :{ZTUNNEL_OUTBOUND_PORT}"
-        ),
-    );
-    if ipv6 {
-        add(
-            NAT,
-            out,
-            format!(
-                "meta l4proto tcp ip6 daddr != {LO_V6} mark and 0xfff != 0x539 counter redirect to :{ZTUNNEL_OUTBOUND_PORT}"
-            ),
-        );
-    }
-    NftRuleSet { rules }
-}
-
-/// The host-side nftables rules; `kubelet_uid` is the UID kubelet's probes come from.
-pub fn host_nft_rules(cfg: &AmbientConfig, kubelet_uid: &str) -> NftRuleSet {
-    let mut rules = vec![NftRule {
-        table: NftTable::AmbientHostNat,
-        chain: "postrouting".into(),
-        index: None,
-        expr: format!(
-            "meta l4proto tcp skuid {kubelet_uid} ip daddr @{PROBE_SET_V4} counter snat to {}",
-            cfg.probe_snat_v4
-        ),
-    }];
-    if cfg.enable_ipv6 {
-        rules.push(NftRule {
-            table: NftTable::AmbientHostNat,
-            chain: "postrouting".into(),
-            index: None,
-            expr: format!(
-                "meta l4proto tcp skuid {kubelet_uid} ip6 daddr @{PROBE_SET_V6} counter snat to {}",
-                cfg.probe_snat_v6
-            ),
-        });
-    }
-    NftRuleSet { rules }
 }

@@ -125,20 +125,7 @@ impl NftTable {
     }
 }
 
-/// One nftables rule: table, chain, optional 0-based insert index, and the rule expression.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NftRule {
-    pub table: NftTable,
-    pub chain: String,
-    pub index: Option<usize>,
-    pub expr: String,
-}
-
-/// Rules in program order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NftRuleSet {
-    pub rules: Vec<NftRule>,
-}
+pub use super::nft_model::{NftRule, NftRuleSet};
 
 /// The transaction that replaces our tables with `set` (tables without rules are left alone).
 pub fn render_transaction(set: &NftRuleSet, tables: &[NftTable]) -> String {
@@ -153,9 +140,7 @@ pub fn render_transaction(set: &NftRuleSet, tables: &[NftTable]) -> String {
         let used = |name: &str| {
             rules.iter().any(|r| r.chain == name)
                 || (table.declares_jump_targets()
-                    && rules
-                        .iter()
-                        .any(|r| r.expr.ends_with(&format!("jump {name}"))))
+                    && rules.iter().any(|r| r.jump_target() == Some(name)))
         };
         for chain in table.chains().iter().filter(|c| used(c.name)) {
             match chain.base {
@@ -173,10 +158,15 @@ pub fn render_transaction(set: &NftRuleSet, tables: &[NftTable]) -> String {
                 Some(index) if *count > 0 && index < *count => {
                     out.push_str(&format!(
                         "insert rule inet {t} {} index {index} {}\n",
-                        rule.chain, rule.expr
+                        rule.chain,
+                        rule.body()
                     ));
                 }
-                _ => out.push_str(&format!("add rule inet {t} {} {}\n", rule.chain, rule.expr)),
+                _ => out.push_str(&format!(
+                    "add rule inet {t} {} {}\n",
+                    rule.chain,
+                    rule.body()
+                )),
             }
             *count += 1;
         }
@@ -194,14 +184,15 @@ pub fn render_cleanup(tables: &[NftTable]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::nft_model::{NftExpr, expr::iif};
     use super::*;
 
-    fn rule(chain: &str, index: Option<usize>, expr: &str) -> NftRule {
+    fn rule(chain: &str, index: Option<usize>, iface: &str) -> NftRule {
         NftRule {
             table: NftTable::SidecarNat,
             chain: chain.into(),
             index,
-            expr: expr.into(),
+            exprs: vec![iif(iface), NftExpr::Counter, NftExpr::Return],
         }
     }
 
@@ -209,9 +200,9 @@ mod tests {
     fn indexed_rules_insert_only_when_needed() {
         let set = NftRuleSet {
             rules: vec![
-                rule("prerouting", Some(0), "iifname a counter return"),
-                rule("prerouting", Some(0), "iifname b counter return"),
-                rule("prerouting", Some(5), "iifname c counter return"),
+                rule("prerouting", Some(0), "a"),
+                rule("prerouting", Some(0), "b"),
+                rule("prerouting", Some(5), "c"),
             ],
         };
         assert_eq!(
@@ -222,6 +213,29 @@ mod tests {
              insert rule inet istio-proxy-nat prerouting index 0 iifname b counter return\n\
              add rule inet istio-proxy-nat prerouting iifname c counter return\n"
         );
+    }
+
+    #[test]
+    fn ambient_declares_chains_named_by_a_typed_jump_only() {
+        let jump_to = |chain: &str, target: &str| NftRule {
+            table: NftTable::AmbientNat,
+            chain: chain.into(),
+            index: None,
+            exprs: vec![NftExpr::Jump(target.into())],
+        };
+        // Only a `Jump` statement declares a chain; other text naming a chain does not.
+        let set = NftRuleSet {
+            rules: vec![
+                jump_to("prerouting", "istio-prerouting"),
+                NftRule {
+                    exprs: vec![NftExpr::RedirectTo("istio-output".into())],
+                    ..jump_to("output", "")
+                },
+            ],
+        };
+        let text = render_transaction(&set, &NftTable::AMBIENT_POD);
+        assert!(text.contains("add chain inet istio-ambient-nat istio-prerouting\n"));
+        assert!(!text.contains("add chain inet istio-ambient-nat istio-output\n"));
     }
 
     #[test]
