@@ -13,7 +13,7 @@ use super::model::{Family, Proto};
 use super::nft_model::expr::{daddr, dport, iif, jump, oif, redirect, saddr, sport, tcp};
 use super::nft_model::{
     AddrValue, MarkKey, MarkSource, MaskSpelling, MaskedMark, NftExpr, NftRule, NftRuleSet,
-    OwnerKey, Side,
+    OwnerKind, Side,
 };
 use super::nftables::NftTable;
 
@@ -228,7 +228,7 @@ pub fn host_nft_rules(cfg: &AmbientConfig, kubelet_uid: &str) -> NftRuleSet {
             vec![
                 tcp(),
                 NftExpr::Owner {
-                    key: OwnerKey::Uid,
+                    key: OwnerKind::Uid,
                     id: kubelet_uid.into(),
                     negate: false,
                     with_meta: false,

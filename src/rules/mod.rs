@@ -8,6 +8,7 @@
 pub mod ambient;
 pub mod ambient_nft;
 pub mod capture;
+pub mod capture_plan;
 pub mod capture_values;
 pub mod iptables;
 pub mod iptables_nft;

@@ -3,16 +3,17 @@
 //! IPv4 rules) of typed expressions, in the order of Istio's nftables capture.
 
 use super::capture::{
-    CaptureConfig, DNS_PROXY_PORT, INBOUND_PASSTHROUGH_V4, INBOUND_PASSTHROUGH_V6, InboundPorts,
-    LOOPBACK_V6, OUTBOUND_MARK, OwnerGroups,
+    CaptureConfig, DNS_PROXY_PORT, INBOUND_PASSTHROUGH_V4, INBOUND_PASSTHROUGH_V6, LOOPBACK_V6,
+    OUTBOUND_MARK, OwnerGroups,
 };
+use super::capture_plan::{CapturePlan, DnsPlan, InboundPlan, host_prefix};
 use super::model::well_known::{
     CT_ZONE_APP_DNS, CT_ZONE_UPSTREAM_DNS, DNS_PORT, LOOPBACK_IFACE as LO,
 };
 use super::model::{Family, Proto};
 use super::nft_model::expr::{daddr, dport, iif, jump, oif, ports, redirect, saddr, sport, tcp};
 use super::nft_model::{
-    MarkKey, MarkSource, NftCtState, NftExpr, NftRule, NftRuleSet, OwnerKey, Side,
+    MarkKey, MarkSource, NftCtState, NftExpr, NftRule, NftRuleSet, OwnerKind, Side,
 };
 use super::nftables::NftTable;
 
@@ -79,7 +80,7 @@ impl Builder {
     }
 }
 
-fn owner(key: OwnerKey, id: &str, negate: bool) -> NftExpr {
+fn owner(key: OwnerKind, id: &str, negate: bool) -> NftExpr {
     NftExpr::Owner {
         key,
         id: id.into(),
@@ -100,13 +101,6 @@ fn mark_set(value: &str) -> NftExpr {
     NftExpr::MetaMarkSet(MarkSource::Value(value.into()))
 }
 
-/// The proxy's owners: every configured uid, then every gid.
-fn proxy_owners(cfg: &CaptureConfig) -> impl Iterator<Item = (OwnerKey, &str)> {
-    let uids = cfg.proxy_uids.iter().map(|id| (OwnerKey::Uid, id.as_str()));
-    let gids = cfg.proxy_gids.iter().map(|id| (OwnerKey::Gid, id.as_str()));
-    uids.chain(gids)
-}
-
 /// Builds the nftables sidecar capture rules.
 pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
     use chain::*;
@@ -114,8 +108,9 @@ pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
         ipv6: cfg.enable_ipv6,
         rules: Vec::new(),
     };
-    let tproxy = cfg.is_tproxy();
-    let dns = cfg.effective_redirect_dns();
+    let plan = CapturePlan::new(cfg);
+    let tproxy = plan.tproxy;
+    let dns = plan.dns.is_on();
     let loopback = (cfg.loopback_v4.as_str(), LOOPBACK_V6);
     let passthrough = (INBOUND_PASSTHROUGH_V4, INBOUND_PASSTHROUGH_V6);
     let tunnel = cfg.inbound_tunnel_port.as_str();
@@ -168,7 +163,7 @@ pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
         vec![tcp(), Counter, redirect(&cfg.inbound_capture_port)],
     );
 
-    if cfg.inbound_ports != InboundPorts::None {
+    if plan.inbound != InboundPlan::Off {
         let inbound_table = if tproxy { MANGLE } else { NAT };
         let capture = cfg.inbound_capture_port.as_str();
         if tproxy {
@@ -194,9 +189,9 @@ pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
             vec![tcp(), Counter, jump(INBOUND)],
         );
         let established = || NftExpr::CtState(vec![NftCtState::Related, NftCtState::Established]);
-        match &cfg.inbound_ports {
-            InboundPorts::All => {
-                for port in &cfg.inbound_ports_exclude {
+        match plan.inbound {
+            InboundPlan::AllExcept(excluded) => {
+                for port in excluded {
                     b.add(
                         inbound_table,
                         INBOUND,
@@ -214,7 +209,7 @@ pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
                     b.add(NAT, INBOUND, vec![tcp(), Counter, jump(IN_REDIRECT)]);
                 }
             }
-            InboundPorts::List(ports) => {
+            InboundPlan::Only(ports) => {
                 for port in ports {
                     if tproxy {
                         b.add(
@@ -236,7 +231,7 @@ pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
                     }
                 }
             }
-            InboundPorts::None => {}
+            InboundPlan::Off => {}
         }
     }
 
@@ -254,26 +249,20 @@ pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
         vec![oif(LO, false), saddr(family, src), Counter, Return]
     });
 
-    let include = &cfg.outbound_ranges_include;
-    let loopback_included = include.has_loopback_v4 || include.has_loopback_v6;
-    for (key, id) in proxy_owners(cfg) {
-        let kept_ports: &[&str] = if dns && key == OwnerKey::Uid {
-            &[DNS_PORT, tunnel]
-        } else {
-            &[tunnel]
-        };
+    for o in &plan.owners {
+        let (key, id) = (o.kind, o.id);
         b.add_both(NAT, ISTIO_OUTPUT, loopback, |family, lo| {
             vec![
                 oif(LO, false),
                 tcp(),
                 daddr(family, lo, true),
-                ports(Proto::Tcp, Side::Dst, kept_ports, true),
+                ports(Proto::Tcp, Side::Dst, &o.kept_loopback_ports, true),
                 owner(key, id, false),
                 Counter,
                 jump(IN_REDIRECT),
             ]
         });
-        if !loopback_included {
+        if !plan.loopback_included {
             let mut exprs = vec![oif(LO, false)];
             if dns {
                 exprs.extend([tcp(), dport(Proto::Tcp, DNS_PORT, true)]);
@@ -293,21 +282,23 @@ pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
                 b.add(
                     NAT,
                     ISTIO_OUTPUT,
-                    vec![owner(OwnerKey::Gid, g, false), Counter, Return],
+                    vec![owner(OwnerKind::Gid, g, false), Counter, Return],
                 );
             }
         }
         OwnerGroups::Only(groups) => {
             let mut exprs: Vec<NftExpr> = groups
                 .iter()
-                .map(|g| owner(OwnerKey::Gid, g, true))
+                .map(|g| owner(OwnerKind::Gid, g, true))
                 .collect();
             exprs.extend([Counter, Return]);
             b.add(NAT, ISTIO_OUTPUT, exprs);
         }
     }
-    if dns {
-        build_dns(&mut b, cfg);
+    match plan.dns {
+        DnsPlan::Off => {}
+        DnsPlan::All => build_dns(&mut b, &plan, None),
+        DnsPlan::Servers { v4, v6 } => build_dns(&mut b, &plan, Some((v4, v6))),
     }
     b.add_both(NAT, ISTIO_OUTPUT, loopback, |family, lo| {
         vec![daddr(family, lo, false), Counter, Return]
@@ -334,6 +325,7 @@ pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
             vec![tcp_dport(port), Counter, jump(REDIRECT)],
         );
     }
+    let include = &cfg.outbound_ranges_include;
     if include.wildcard {
         b.add(NAT, ISTIO_OUTPUT, vec![Counter, jump(REDIRECT)]);
         for iface in &cfg.reroute_virtual_interfaces {
@@ -372,13 +364,13 @@ pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
         }
     }
     if tproxy {
-        build_tproxy_marks(&mut b, cfg);
+        build_tproxy_marks(&mut b, cfg, &plan);
     }
     NftRuleSet { rules: b.rules }
 }
 
 /// TPROXY: connection marks, and the loop prevention for the proxy's own loopback traffic.
-fn build_tproxy_marks(b: &mut Builder, cfg: &CaptureConfig) {
+fn build_tproxy_marks(b: &mut Builder, cfg: &CaptureConfig, plan: &CapturePlan) {
     use chain::*;
     let tproxy_mark = cfg.tproxy_mark.as_str();
     let loopback = (cfg.loopback_v4.as_str(), LOOPBACK_V6);
@@ -403,7 +395,8 @@ fn build_tproxy_marks(b: &mut Builder, cfg: &CaptureConfig) {
             Return,
         ],
     );
-    for (key, id) in proxy_owners(cfg) {
+    for o in &plan.owners {
+        let (key, id) = (o.kind, o.id);
         b.add_both(MANGLE, OUTPUT, loopback, |family, lo| {
             vec![
                 oif(LO, false),
@@ -465,22 +458,19 @@ fn build_tproxy_marks(b: &mut Builder, cfg: &CaptureConfig) {
     );
 }
 
-fn build_dns(b: &mut Builder, cfg: &CaptureConfig) {
+/// DNS capture: every DNS destination (`servers` is `None`) or only the (IPv4, IPv6) servers.
+fn build_dns(b: &mut Builder, plan: &CapturePlan, servers: Option<(&[String], &[String])>) {
     use chain::*;
-    let all = cfg.capture_all_dns;
-    let v4 = &cfg.dns_servers_v4;
-    let v6: &[String] = if cfg.enable_ipv6 {
-        &cfg.dns_servers_v6
-    } else {
-        &[]
-    };
-    let servers = [(Family::V4, v4.as_slice(), "32"), (Family::V6, v6, "128")];
-    let host = |s: &str, bits: &str| format!("{s}/{bits}");
+    let all = servers.is_none();
+    let (v4, v6_configured) = servers.unwrap_or((&[], &[]));
+    // IPv6 servers get rules only with IPv6 on; they still add the jump below (Istio's output).
+    let v6 = if b.ipv6 { v6_configured } else { &[] };
+    let servers = [(Family::V4, v4), (Family::V6, v6)];
     let dns_dport = |proto| dport(proto, DNS_PORT, false);
     let udp_sport = |port: &str| sport(Proto::Udp, port);
     let zone = NftExpr::CtZoneSet;
     b.add(RAW, OUTPUT, vec![Counter, jump(OUTPUT_DNS)]);
-    if all || !v4.is_empty() || !cfg.dns_servers_v6.is_empty() {
+    if all || !v4.is_empty() || !v6_configured.is_empty() {
         b.add(NAT, ISTIO_OUTPUT, vec![Counter, jump(OUTPUT_DNS)]);
     }
     if all {
@@ -501,13 +491,13 @@ fn build_dns(b: &mut Builder, cfg: &CaptureConfig) {
         );
     } else {
         for proto in [Proto::Tcp, Proto::Udp] {
-            for (family, list, bits) in servers {
+            for (family, list) in servers {
                 for s in list {
                     b.add(
                         NAT,
                         OUTPUT_DNS,
                         vec![
-                            daddr(family, &host(s, bits), false),
+                            daddr(family, &host_prefix(family, s), false),
                             dns_dport(proto),
                             Counter,
                             redirect(DNS_PROXY_PORT),
@@ -517,7 +507,8 @@ fn build_dns(b: &mut Builder, cfg: &CaptureConfig) {
             }
         }
     }
-    for (key, id) in proxy_owners(cfg) {
+    for o in &plan.owners {
+        let (key, id) = (o.kind, o.id);
         let meta_owner = || NftExpr::Owner {
             key,
             id: id.into(),
@@ -562,9 +553,9 @@ fn build_dns(b: &mut Builder, cfg: &CaptureConfig) {
     if !v4.is_empty() || !v6.is_empty() {
         b.add(RAW, PREROUTING, vec![Counter, jump(INBOUND)]);
     }
-    for (family, list, bits) in servers {
+    for (family, list) in servers {
         for s in list {
-            let h = host(s, bits);
+            let h = host_prefix(family, s);
             b.add(
                 RAW,
                 OUTPUT_DNS,

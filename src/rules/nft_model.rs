@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+pub use super::capture_plan::OwnerKind;
 use super::model::{Family, Proto};
 use super::nftables::NftTable;
 
@@ -21,13 +22,6 @@ pub enum AddrValue {
     Prefix(String),
     /// A named set of the same table (`@name`).
     Set(String),
-}
-
-/// Whose socket owner a packet is matched on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OwnerKey {
-    Uid,
-    Gid,
 }
 
 /// Which mark a match or statement reads.
@@ -116,7 +110,7 @@ pub enum NftExpr {
     },
     /// `skuid 1337`, `skgid != 1337`; `meta skuid 1337` when `with_meta` (Istio's DNS rules).
     Owner {
-        key: OwnerKey,
+        key: OwnerKind,
         id: String,
         negate: bool,
         with_meta: bool,
@@ -241,8 +235,8 @@ impl fmt::Display for NftExpr {
                 with_meta,
             } => {
                 let key = match key {
-                    OwnerKey::Uid => "skuid",
-                    OwnerKey::Gid => "skgid",
+                    OwnerKind::Uid => "skuid",
+                    OwnerKind::Gid => "skgid",
                 };
                 let meta = if *with_meta { "meta " } else { "" };
                 write!(f, "{meta}{key} {}{id}", not(*negate))
@@ -416,7 +410,7 @@ mod tests {
                 daddr(Family::V6, "::1/128", true),
                 ports(Proto::Tcp, Side::Dst, &["53", "15008"], true),
                 NftExpr::Owner {
-                    key: OwnerKey::Uid,
+                    key: OwnerKind::Uid,
                     id: "1337".into(),
                     negate: false,
                     with_meta: false
