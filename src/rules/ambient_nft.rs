@@ -15,16 +15,7 @@ use super::nft_model::{
     AddrValue, MarkKey, MarkSource, MaskSpelling, MaskedMark, NftExpr, NftRule, NftRuleSet,
     OwnerKind, Side,
 };
-use super::nftables::NftTable;
-
-/// Chain names of the ambient nftables tables.
-pub mod chain {
-    pub const PREROUTING: &str = "prerouting";
-    pub const OUTPUT: &str = "output";
-    pub const POSTROUTING: &str = "postrouting";
-    pub const ISTIO_PREROUTING: &str = "istio-prerouting";
-    pub const ISTIO_OUTPUT: &str = "istio-output";
-}
+use super::nftables::{NftTable, ambient_chain as chain};
 
 use NftExpr::{Accept, Counter, Return};
 

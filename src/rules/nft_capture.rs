@@ -15,21 +15,7 @@ use super::nft_model::expr::{daddr, dport, iif, jump, oif, ports, redirect, sadd
 use super::nft_model::{
     MarkKey, MarkSource, NftCtState, NftExpr, NftRule, NftRuleSet, OwnerKind, Side,
 };
-use super::nftables::NftTable;
-
-/// Chain names of the sidecar nftables tables.
-pub mod chain {
-    pub const PREROUTING: &str = "prerouting";
-    pub const OUTPUT: &str = "output";
-    pub const INBOUND: &str = "istio-inbound";
-    pub const REDIRECT: &str = "istio-redirect";
-    pub const IN_REDIRECT: &str = "istio-in-redirect";
-    pub const ISTIO_OUTPUT: &str = "istio-output";
-    pub const OUTPUT_DNS: &str = "istio-output-dns";
-    pub const DIVERT: &str = "istio-divert";
-    pub const TPROXY: &str = "istio-tproxy";
-    pub const DROP: &str = "istio-drop";
-}
+use super::nftables::{NftTable, sidecar_chain as chain};
 
 const NAT: NftTable = NftTable::SidecarNat;
 const MANGLE: NftTable = NftTable::SidecarMangle;

@@ -3,6 +3,29 @@
 //! chains that have rules (base chains with their hook spec first, then regular chains in a fixed
 //! order), then the rules, with indexed rules as `insert ... index N` where needed.
 
+/// Chain names of the sidecar nftables tables.
+pub mod sidecar_chain {
+    pub const PREROUTING: &str = "prerouting";
+    pub const OUTPUT: &str = "output";
+    pub const INBOUND: &str = "istio-inbound";
+    pub const REDIRECT: &str = "istio-redirect";
+    pub const IN_REDIRECT: &str = "istio-in-redirect";
+    pub const ISTIO_OUTPUT: &str = "istio-output";
+    pub const OUTPUT_DNS: &str = "istio-output-dns";
+    pub const DIVERT: &str = "istio-divert";
+    pub const TPROXY: &str = "istio-tproxy";
+    pub const DROP: &str = "istio-drop";
+}
+
+/// Chain names of the ambient nftables tables.
+pub mod ambient_chain {
+    pub const PREROUTING: &str = "prerouting";
+    pub const OUTPUT: &str = "output";
+    pub const POSTROUTING: &str = "postrouting";
+    pub const ISTIO_PREROUTING: &str = "istio-prerouting";
+    pub const ISTIO_OUTPUT: &str = "istio-output";
+}
+
 /// The tables our rule sets use (all family `inet`, both IP versions in one ruleset).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NftTable {
@@ -68,49 +91,51 @@ impl NftTable {
     }
 
     fn chains(self) -> &'static [ChainSpec] {
+        use ambient_chain as a;
+        use sidecar_chain as s;
         const NAT: &[ChainSpec] = &[
-            base("prerouting", "type nat hook prerouting priority -100"),
-            base("output", "type nat hook output priority -100"),
-            regular("istio-inbound"),
-            regular("istio-redirect"),
-            regular("istio-in-redirect"),
-            regular("istio-output"),
-            regular("istio-output-dns"),
+            base(s::PREROUTING, "type nat hook prerouting priority -100"),
+            base(s::OUTPUT, "type nat hook output priority -100"),
+            regular(s::INBOUND),
+            regular(s::REDIRECT),
+            regular(s::IN_REDIRECT),
+            regular(s::ISTIO_OUTPUT),
+            regular(s::OUTPUT_DNS),
         ];
         const MANGLE: &[ChainSpec] = &[
-            base("prerouting", "type filter hook prerouting priority -150"),
-            base("output", "type route hook output priority -150"),
-            regular("istio-divert"),
-            regular("istio-tproxy"),
-            regular("istio-inbound"),
-            regular("istio-drop"),
+            base(s::PREROUTING, "type filter hook prerouting priority -150"),
+            base(s::OUTPUT, "type route hook output priority -150"),
+            regular(s::DIVERT),
+            regular(s::TPROXY),
+            regular(s::INBOUND),
+            regular(s::DROP),
         ];
         const RAW: &[ChainSpec] = &[
-            base("prerouting", "type filter hook prerouting priority -300"),
-            base("output", "type filter hook output priority -300"),
-            regular("istio-inbound"),
-            regular("istio-output-dns"),
+            base(s::PREROUTING, "type filter hook prerouting priority -300"),
+            base(s::OUTPUT, "type filter hook output priority -300"),
+            regular(s::INBOUND),
+            regular(s::OUTPUT_DNS),
         ];
         const AMBIENT_NAT: &[ChainSpec] = &[
-            base("prerouting", "type nat hook prerouting priority -100"),
-            base("output", "type nat hook output priority -100"),
-            regular("istio-prerouting"),
-            regular("istio-output"),
+            base(a::PREROUTING, "type nat hook prerouting priority -100"),
+            base(a::OUTPUT, "type nat hook output priority -100"),
+            regular(a::ISTIO_PREROUTING),
+            regular(a::ISTIO_OUTPUT),
         ];
         const AMBIENT_MANGLE: &[ChainSpec] = &[
-            base("prerouting", "type filter hook prerouting priority -150"),
-            base("output", "type route hook output priority -150"),
-            regular("istio-prerouting"),
-            regular("istio-output"),
+            base(a::PREROUTING, "type filter hook prerouting priority -150"),
+            base(a::OUTPUT, "type route hook output priority -150"),
+            regular(a::ISTIO_PREROUTING),
+            regular(a::ISTIO_OUTPUT),
         ];
         const AMBIENT_RAW: &[ChainSpec] = &[
-            base("prerouting", "type filter hook prerouting priority -300"),
-            base("output", "type filter hook output priority -300"),
-            regular("istio-prerouting"),
-            regular("istio-output"),
+            base(a::PREROUTING, "type filter hook prerouting priority -300"),
+            base(a::OUTPUT, "type filter hook output priority -300"),
+            regular(a::ISTIO_PREROUTING),
+            regular(a::ISTIO_OUTPUT),
         ];
         const AMBIENT_HOST: &[ChainSpec] = &[base(
-            "postrouting",
+            a::POSTROUTING,
             "type nat hook postrouting priority 100",
         )];
         match self {
