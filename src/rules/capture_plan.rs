@@ -164,4 +164,90 @@ mod tests {
         assert_eq!(plan.inbound, InboundPlan::AllExcept(&["15090".to_string()]));
         assert_eq!(host_prefix(Family::V6, "::1"), "::1/128");
     }
+
+    /// The proxy-owner decision as each backend renders it: (kind, id, kept loopback ports) of
+    /// every rule sending the proxy's own loopback traffic to inbound capture (IPv4 rules).
+    fn rendered_owner_decisions(cfg: &CaptureConfig) -> [Vec<(OwnerKind, String, Vec<String>)>; 2] {
+        use super::super::model::{Match, Target};
+        use super::super::nft_model::NftExpr;
+        let iptables = super::super::capture::build(cfg)
+            .v4
+            .iter()
+            .filter(|r| r.target == Target::Jump(super::super::capture::chain::IN_REDIRECT.into()))
+            .filter_map(|r| {
+                let mut owner = None;
+                let mut ports = Vec::new();
+                for m in &r.matches {
+                    match m {
+                        Match::UidOwner { id, .. } => owner = Some((OwnerKind::Uid, id.clone())),
+                        Match::GidOwner { id, .. } => owner = Some((OwnerKind::Gid, id.clone())),
+                        Match::DstPort { port, .. } => ports = vec![port.clone()],
+                        Match::DstPorts { ports: p, .. } => ports = p.clone(),
+                        _ => {}
+                    }
+                }
+                owner.map(|(kind, id)| (kind, id, ports))
+            })
+            .collect();
+        let nft = super::super::nft_capture::build(cfg)
+            .rules
+            .iter()
+            .filter(|r| r.jump_target() == Some(super::super::nftables::sidecar_chain::IN_REDIRECT))
+            .filter(|r| {
+                !r.exprs.iter().any(|e| {
+                    matches!(
+                        e,
+                        NftExpr::Addr {
+                            family: Family::V6,
+                            ..
+                        }
+                    )
+                })
+            })
+            .filter_map(|r| {
+                let mut owner = None;
+                let mut ports = Vec::new();
+                for e in &r.exprs {
+                    match e {
+                        NftExpr::Owner { key, id, .. } => owner = Some((*key, id.clone())),
+                        NftExpr::Port { ports: p, .. } => ports = p.clone(),
+                        _ => {}
+                    }
+                }
+                owner.map(|(kind, id)| (kind, id, ports))
+            })
+            .collect();
+        [iptables, nft]
+    }
+
+    #[test]
+    fn both_backends_render_the_planned_proxy_owners() {
+        for (dns, uids, gids) in [
+            (false, vec!["1337"], vec!["1337"]),
+            (true, vec!["1337", "0"], vec![]),
+            (true, vec![], vec!["2000", "3000"]),
+            (false, vec![], vec![]),
+        ] {
+            let cfg = CaptureConfig {
+                redirect_dns: dns,
+                dns_servers_v4: vec!["10.96.0.10".into()],
+                proxy_uids: uids.iter().map(|s| s.to_string()).collect(),
+                proxy_gids: gids.iter().map(|s| s.to_string()).collect(),
+                enable_ipv6: true,
+                ..Default::default()
+            };
+            let plan = CapturePlan::new(&cfg);
+            let planned: Vec<_> = plan
+                .owners
+                .iter()
+                .map(|o| {
+                    let ports = o.kept_loopback_ports.iter().map(|p| p.to_string());
+                    (o.kind, o.id.to_string(), ports.collect())
+                })
+                .collect();
+            for rendered in rendered_owner_decisions(&cfg) {
+                assert_eq!(rendered, planned, "dns={dns} uids={uids:?} gids={gids:?}");
+            }
+        }
+    }
 }
