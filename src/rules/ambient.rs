@@ -72,7 +72,7 @@ pub struct PodOverrides {
     pub dns: PodDns,
 }
 
-pub(super) fn dns_enabled(cfg: &AmbientConfig, pod: &PodOverrides) -> bool {
+fn dns_enabled(cfg: &AmbientConfig, pod: &PodOverrides) -> bool {
     match pod.dns {
         PodDns::Enabled => true,
         PodDns::Disabled => false,
@@ -104,157 +104,222 @@ fn jump(chain: &str) -> Target {
 const TCP: Match = Match::Proto(Proto::Tcp);
 const UDP: Match = Match::Proto(Proto::Udp);
 
+/// One decision of the in-pod redirect, in program order. Both backends render the same steps
+/// ([`inpod_rules`] for iptables, [`inpod_nft_rules`] for nftables), each in Istio's spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InpodStep<'a> {
+    /// The base chains jump to the pod chains (raw too when DNS is captured).
+    EnterChains { raw: bool },
+    /// Inbound traffic on this interface is treated as outbound (sent to ztunnel's outbound port).
+    VirtualInterface(&'a str),
+    /// Connections ztunnel itself opens get [`CONN_MARK`].
+    MarkZtunnelConnections,
+    /// Kubelet probes (from the probe SNAT address) bypass ztunnel inbound.
+    AcceptProbesInbound,
+    /// Traffic to the probe SNAT address (probe replies) bypasses ztunnel.
+    AcceptProbesOutbound,
+    /// Inbound TCP not for the HBONE port and not from ztunnel goes to ztunnel's plaintext port.
+    RedirectInbound,
+    /// The connection mark is copied back to the packet.
+    RestoreConnMark,
+    /// DNS goes to ztunnel's DNS proxy; ztunnel's own DNS gets its conntrack zone.
+    CaptureDns,
+    /// Connections ztunnel opened are not redirected again.
+    AcceptZtunnelConnections,
+    /// Loopback traffic to non-loopback addresses (the pod's own IP) is not redirected.
+    AcceptLoopback,
+    /// Outbound TCP not from ztunnel goes to ztunnel's outbound port.
+    RedirectOutbound,
+}
+
+/// The in-pod redirect decisions for this pod: which steps, in Istio's order.
+pub fn inpod_plan<'a>(cfg: &AmbientConfig, pod: &'a PodOverrides) -> Vec<InpodStep<'a>> {
+    use InpodStep::*;
+    let dns = dns_enabled(cfg, pod);
+    let inbound = !pod.ingress;
+    let mut steps = vec![EnterChains { raw: dns }];
+    steps.extend(pod.virtual_interfaces.iter().map(|v| VirtualInterface(v)));
+    steps.push(MarkZtunnelConnections);
+    if inbound {
+        steps.push(AcceptProbesInbound);
+    }
+    steps.push(AcceptProbesOutbound);
+    if inbound {
+        steps.push(RedirectInbound);
+    }
+    steps.push(RestoreConnMark);
+    if dns {
+        steps.push(CaptureDns);
+    }
+    steps.extend([AcceptZtunnelConnections, AcceptLoopback, RedirectOutbound]);
+    steps
+}
+
 /// The in-pod iptables rules.
 pub fn inpod_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> RuleSet {
     use Table::{Mangle, Nat, Raw};
-    let dns = dns_enabled(cfg, pod);
     let (p4, p6) = (cfg.probe_snat_v4.as_str(), cfg.probe_snat_v6.as_str());
     let mut b = RuleSetBuilder::new(cfg.enable_ipv6);
-    b.append(Mangle, "PREROUTING", vec![], jump(IN_CHAIN));
-    b.append(Mangle, "OUTPUT", vec![], jump(OUT_CHAIN));
-    b.append(Nat, "OUTPUT", vec![], jump(OUT_CHAIN));
-    if dns {
-        b.append(Raw, "PREROUTING", vec![], jump(IN_CHAIN));
-        b.append(Raw, "OUTPUT", vec![], jump(OUT_CHAIN));
-    }
-    b.append(Nat, "PREROUTING", vec![], jump(IN_CHAIN));
-    for vif in &pod.virtual_interfaces {
-        let iface = || Match::InIface {
-            name: vif.clone(),
-            negate: false,
-        };
-        b.append(
-            Nat,
-            IN_CHAIN,
-            vec![iface(), TCP],
-            redirect(ZTUNNEL_OUTBOUND_PORT, true),
-        );
-        b.append(Nat, IN_CHAIN, vec![iface(), TCP], Target::Return);
-    }
-    b.append(
-        Mangle,
-        IN_CHAIN,
-        vec![mark(ZTUNNEL_MARK, false)],
-        Target::ConnmarkSetXmark(CONN_MARK.iptables()),
-    );
-    if !pod.ingress {
-        b.append_versioned(Nat, IN_CHAIN, p4, p6, |p| {
-            (
-                vec![
-                    Match::Src {
-                        addr: p.into(),
-                        negate: false,
-                    },
-                    TCP,
-                    Match::ProtoModule(Proto::Tcp),
-                ],
-                Target::Accept,
-            )
-        });
-    }
-    b.append_versioned(Nat, OUT_CHAIN, p4, p6, |p| {
-        (
-            vec![dst(p, false), TCP, Match::ProtoModule(Proto::Tcp)],
-            Target::Accept,
-        )
-    });
-    if !pod.ingress {
-        b.append_versioned(Nat, IN_CHAIN, LO_V4, LO_V6, |lo| {
-            (
-                vec![
-                    dst(lo, true),
-                    TCP,
-                    Match::DstPort {
-                        port: ZTUNNEL_HBONE_PORT.into(),
-                        negate: true,
-                        module: None,
-                    },
-                    mark(ZTUNNEL_MARK, true),
-                ],
-                redirect(ZTUNNEL_INBOUND_PLAINTEXT_PORT, true),
-            )
-        });
-    }
-    b.append(
-        Mangle,
-        OUT_CHAIN,
-        vec![Match::ConnMark {
-            value: CONN_MARK.iptables(),
-        }],
-        Target::ConnmarkRestore { masks: true },
-    );
-    if dns {
-        let port53 = |module| Match::DstPort {
-            port: DNS.into(),
-            negate: false,
-            module,
-        };
-        b.append(
-            Nat,
-            OUT_CHAIN,
-            vec![
-                Match::OutIface {
-                    name: LOOPBACK_IFACE.into(),
-                    negate: true,
-                },
-                UDP,
-                mark(ZTUNNEL_MARK, true),
-                port53(Some(Proto::Udp)),
-            ],
-            redirect(DNS_PORT, false),
-        );
-        b.append_versioned(Nat, OUT_CHAIN, LO_V4, LO_V6, |lo| {
-            (
-                vec![dst(lo, true), TCP, port53(None), mark(ZTUNNEL_MARK, true)],
-                redirect(DNS_PORT, true),
-            )
-        });
-        b.append(
-            Raw,
-            OUT_CHAIN,
-            vec![UDP, mark(ZTUNNEL_MARK, false), port53(Some(Proto::Udp))],
-            Target::CtZone(CT_ZONE_UPSTREAM_DNS),
-        );
-        b.append(
-            Raw,
-            IN_CHAIN,
-            vec![
-                UDP,
-                mark(ZTUNNEL_MARK, true),
-                Match::SrcPort {
-                    port: DNS.into(),
+    for step in inpod_plan(cfg, pod) {
+        match step {
+            InpodStep::EnterChains { raw } => {
+                b.append(Mangle, "PREROUTING", vec![], jump(IN_CHAIN));
+                b.append(Mangle, "OUTPUT", vec![], jump(OUT_CHAIN));
+                b.append(Nat, "OUTPUT", vec![], jump(OUT_CHAIN));
+                if raw {
+                    b.append(Raw, "PREROUTING", vec![], jump(IN_CHAIN));
+                    b.append(Raw, "OUTPUT", vec![], jump(OUT_CHAIN));
+                }
+                b.append(Nat, "PREROUTING", vec![], jump(IN_CHAIN));
+            }
+            InpodStep::VirtualInterface(vif) => {
+                let iface = || Match::InIface {
+                    name: vif.into(),
                     negate: false,
-                    module: Some(Proto::Udp),
-                },
-            ],
-            Target::CtZone(CT_ZONE_UPSTREAM_DNS),
-        );
+                };
+                b.append(
+                    Nat,
+                    IN_CHAIN,
+                    vec![iface(), TCP],
+                    redirect(ZTUNNEL_OUTBOUND_PORT, true),
+                );
+                b.append(Nat, IN_CHAIN, vec![iface(), TCP], Target::Return);
+            }
+            InpodStep::MarkZtunnelConnections => b.append(
+                Mangle,
+                IN_CHAIN,
+                vec![mark(ZTUNNEL_MARK, false)],
+                Target::ConnmarkSetXmark(CONN_MARK.iptables()),
+            ),
+            InpodStep::AcceptProbesInbound => {
+                b.append_versioned(Nat, IN_CHAIN, p4, p6, |p| {
+                    (
+                        vec![
+                            Match::Src {
+                                addr: p.into(),
+                                negate: false,
+                            },
+                            TCP,
+                            Match::ProtoModule(Proto::Tcp),
+                        ],
+                        Target::Accept,
+                    )
+                });
+            }
+            InpodStep::AcceptProbesOutbound => {
+                b.append_versioned(Nat, OUT_CHAIN, p4, p6, |p| {
+                    (
+                        vec![dst(p, false), TCP, Match::ProtoModule(Proto::Tcp)],
+                        Target::Accept,
+                    )
+                });
+            }
+            InpodStep::RedirectInbound => {
+                b.append_versioned(Nat, IN_CHAIN, LO_V4, LO_V6, |lo| {
+                    (
+                        vec![
+                            dst(lo, true),
+                            TCP,
+                            Match::DstPort {
+                                port: ZTUNNEL_HBONE_PORT.into(),
+                                negate: true,
+                                module: None,
+                            },
+                            mark(ZTUNNEL_MARK, true),
+                        ],
+                        redirect(ZTUNNEL_INBOUND_PLAINTEXT_PORT, true),
+                    )
+                });
+            }
+            InpodStep::RestoreConnMark => b.append(
+                Mangle,
+                OUT_CHAIN,
+                vec![Match::ConnMark {
+                    value: CONN_MARK.iptables(),
+                }],
+                Target::ConnmarkRestore { masks: true },
+            ),
+            InpodStep::CaptureDns => capture_dns(&mut b),
+            InpodStep::AcceptZtunnelConnections => b.append(
+                Nat,
+                OUT_CHAIN,
+                vec![TCP, mark(CONN_MARK, false)],
+                Target::Accept,
+            ),
+            InpodStep::AcceptLoopback => {
+                b.append_versioned(Nat, OUT_CHAIN, LO_V4, LO_V6, |lo| {
+                    (
+                        vec![
+                            dst(lo, true),
+                            Match::OutIface {
+                                name: LOOPBACK_IFACE.into(),
+                                negate: false,
+                            },
+                        ],
+                        Target::Accept,
+                    )
+                });
+            }
+            InpodStep::RedirectOutbound => {
+                b.append_versioned(Nat, OUT_CHAIN, LO_V4, LO_V6, |lo| {
+                    (
+                        vec![dst(lo, true), TCP, mark(ZTUNNEL_MARK, true)],
+                        redirect(ZTUNNEL_OUTBOUND_PORT, true),
+                    )
+                });
+            }
+        }
     }
+    b.build()
+}
+
+fn capture_dns(b: &mut RuleSetBuilder) {
+    use Table::{Nat, Raw};
+    let port53 = |module| Match::DstPort {
+        port: DNS.into(),
+        negate: false,
+        module,
+    };
     b.append(
         Nat,
         OUT_CHAIN,
-        vec![TCP, mark(CONN_MARK, false)],
-        Target::Accept,
+        vec![
+            Match::OutIface {
+                name: LOOPBACK_IFACE.into(),
+                negate: true,
+            },
+            UDP,
+            mark(ZTUNNEL_MARK, true),
+            port53(Some(Proto::Udp)),
+        ],
+        redirect(DNS_PORT, false),
     );
     b.append_versioned(Nat, OUT_CHAIN, LO_V4, LO_V6, |lo| {
         (
-            vec![
-                dst(lo, true),
-                Match::OutIface {
-                    name: LOOPBACK_IFACE.into(),
-                    negate: false,
-                },
-            ],
-            Target::Accept,
+            vec![dst(lo, true), TCP, port53(None), mark(ZTUNNEL_MARK, true)],
+            redirect(DNS_PORT, true),
         )
     });
-    b.append_versioned(Nat, OUT_CHAIN, LO_V4, LO_V6, |lo| {
-        (
-            vec![dst(lo, true), TCP, mark(ZTUNNEL_MARK, true)],
-            redirect(ZTUNNEL_OUTBOUND_PORT, true),
-        )
-    });
-    b.build()
+    b.append(
+        Raw,
+        OUT_CHAIN,
+        vec![UDP, mark(ZTUNNEL_MARK, false), port53(Some(Proto::Udp))],
+        Target::CtZone(CT_ZONE_UPSTREAM_DNS),
+    );
+    b.append(
+        Raw,
+        IN_CHAIN,
+        vec![
+            UDP,
+            mark(ZTUNNEL_MARK, true),
+            Match::SrcPort {
+                port: DNS.into(),
+                negate: false,
+                module: Some(Proto::Udp),
+            },
+        ],
+        Target::CtZone(CT_ZONE_UPSTREAM_DNS),
+    );
 }
 
 /// The host-side iptables rules: SNAT kubelet probes to enrolled pods (listed in the probe sets)
@@ -283,4 +348,63 @@ pub fn host_rules(cfg: &AmbientConfig) -> RuleSet {
         );
     }
     b.build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_follows_ingress_and_the_pod_dns_override() {
+        use InpodStep::*;
+        let cfg = AmbientConfig {
+            redirect_dns: true,
+            ..Default::default()
+        };
+        let pod = PodOverrides {
+            ingress: true,
+            virtual_interfaces: vec!["tun0".into()],
+            dns: PodDns::Disabled,
+        };
+        assert_eq!(
+            inpod_plan(&cfg, &pod),
+            vec![
+                EnterChains { raw: false },
+                VirtualInterface("tun0"),
+                MarkZtunnelConnections,
+                AcceptProbesOutbound,
+                RestoreConnMark,
+                AcceptZtunnelConnections,
+                AcceptLoopback,
+                RedirectOutbound,
+            ]
+        );
+        let plain = PodOverrides::default();
+        let steps = inpod_plan(&cfg, &plain);
+        assert!(steps.contains(&EnterChains { raw: true }) && steps.contains(&CaptureDns));
+        assert!(steps.contains(&RedirectInbound) && steps.contains(&AcceptProbesInbound));
+    }
+
+    #[test]
+    fn both_backends_leave_out_the_same_steps() {
+        // An ingress pod without DNS: no inbound redirect to ztunnel's plaintext port and no DNS
+        // proxy port in either backend.
+        let cfg = AmbientConfig::default();
+        let pod = PodOverrides {
+            ingress: true,
+            ..Default::default()
+        };
+        let iptables = format!("{:?}", inpod_rules(&cfg, &pod));
+        let nft = inpod_nft_rules(&cfg, &pod)
+            .rules
+            .iter()
+            .map(|r| r.body())
+            .collect::<Vec<_>>()
+            .join("\n");
+        for text in [iptables, nft] {
+            assert!(!text.contains(ZTUNNEL_INBOUND_PLAINTEXT_PORT), "{text}");
+            assert!(!text.contains(DNS_PORT), "{text}");
+            assert!(text.contains(ZTUNNEL_OUTBOUND_PORT), "{text}");
+        }
+    }
 }
