@@ -1,8 +1,11 @@
 //! Ambient mode: the rules the node agent programs inside an enrolled pod (redirect to ztunnel) and
 //! on the host (SNAT of kubelet probes), for both backends, in Istio's order and spelling.
 
+pub use super::ambient_nft::{host_nft_rules, inpod_nft_rules};
+use super::capture::{DEFAULT_LOOPBACK_V4 as LO_V4, LOOPBACK_V6 as LO_V6};
+use super::model::well_known::{CT_ZONE_UPSTREAM_DNS, DNS_PORT as DNS, LOOPBACK_IFACE};
 use super::model::{Match, Proto, RuleSet, RuleSetBuilder, Table, Target};
-use super::nftables::{NftRule, NftRuleSet, NftTable};
+use super::nft_model::MaskedMark;
 
 /// ztunnel's ports.
 pub const ZTUNNEL_OUTBOUND_PORT: &str = "15001";
@@ -10,9 +13,15 @@ pub const ZTUNNEL_INBOUND_PLAINTEXT_PORT: &str = "15006";
 pub const ZTUNNEL_HBONE_PORT: &str = "15008";
 pub const DNS_PORT: &str = "15053";
 /// Packets ztunnel itself sends carry this mark (0x539 = 1337) under this mask.
-pub const ZTUNNEL_MARK: &str = "0x539/0xfff";
+pub const ZTUNNEL_MARK: MaskedMark = MaskedMark {
+    value: 0x539,
+    mask: 0xfff,
+};
 /// Connections ztunnel accepted are marked so replies bypass redirection.
-pub const CONN_MARK: &str = "0x111/0xfff";
+pub const CONN_MARK: MaskedMark = MaskedMark {
+    value: 0x111,
+    mask: 0xfff,
+};
 /// Host address sets of pod IPs whose kubelet probes are SNATed.
 pub const PROBE_SET_V4: &str = "istio-inpod-probes-v4";
 pub const PROBE_SET_V6: &str = "istio-inpod-probes-v6";
@@ -71,9 +80,9 @@ fn dns_enabled(cfg: &AmbientConfig, pod: &PodOverrides) -> bool {
     }
 }
 
-fn mark(value: &str, negate: bool) -> Match {
+fn mark(mark: MaskedMark, negate: bool) -> Match {
     Match::Mark {
-        value: value.into(),
+        value: mark.iptables(),
         negate,
     }
 }
@@ -94,160 +103,223 @@ fn jump(chain: &str) -> Target {
 }
 const TCP: Match = Match::Proto(Proto::Tcp);
 const UDP: Match = Match::Proto(Proto::Udp);
-const LO_V4: &str = "127.0.0.1/32";
-const LO_V6: &str = "::1/128";
+
+/// One decision of the in-pod redirect, in program order. Both backends render the same steps
+/// ([`inpod_rules`] for iptables, [`inpod_nft_rules`] for nftables), each in Istio's spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InpodStep<'a> {
+    /// The base chains jump to the pod chains (raw too when DNS is captured).
+    EnterChains { raw: bool },
+    /// Inbound traffic on this interface is treated as outbound (sent to ztunnel's outbound port).
+    VirtualInterface(&'a str),
+    /// Connections ztunnel itself opens get [`CONN_MARK`].
+    MarkZtunnelConnections,
+    /// Kubelet probes (from the probe SNAT address) bypass ztunnel inbound.
+    AcceptProbesInbound,
+    /// Traffic to the probe SNAT address (probe replies) bypasses ztunnel.
+    AcceptProbesOutbound,
+    /// Inbound TCP not for the HBONE port and not from ztunnel goes to ztunnel's plaintext port.
+    RedirectInbound,
+    /// The connection mark is copied back to the packet.
+    RestoreConnMark,
+    /// DNS goes to ztunnel's DNS proxy; ztunnel's own DNS gets its conntrack zone.
+    CaptureDns,
+    /// Connections ztunnel opened are not redirected again.
+    AcceptZtunnelConnections,
+    /// Loopback traffic to non-loopback addresses (the pod's own IP) is not redirected.
+    AcceptLoopback,
+    /// Outbound TCP not from ztunnel goes to ztunnel's outbound port.
+    RedirectOutbound,
+}
+
+/// The in-pod redirect decisions for this pod: which steps, in Istio's order.
+pub fn inpod_plan<'a>(cfg: &AmbientConfig, pod: &'a PodOverrides) -> Vec<InpodStep<'a>> {
+    use InpodStep::*;
+    let dns = dns_enabled(cfg, pod);
+    let inbound = !pod.ingress;
+    let mut steps = vec![EnterChains { raw: dns }];
+    steps.extend(pod.virtual_interfaces.iter().map(|v| VirtualInterface(v)));
+    steps.push(MarkZtunnelConnections);
+    if inbound {
+        steps.push(AcceptProbesInbound);
+    }
+    steps.push(AcceptProbesOutbound);
+    if inbound {
+        steps.push(RedirectInbound);
+    }
+    steps.push(RestoreConnMark);
+    if dns {
+        steps.push(CaptureDns);
+    }
+    steps.extend([AcceptZtunnelConnections, AcceptLoopback, RedirectOutbound]);
+    steps
+}
 
 /// The in-pod iptables rules.
 pub fn inpod_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> RuleSet {
     use Table::{Mangle, Nat, Raw};
-    let dns = dns_enabled(cfg, pod);
     let (p4, p6) = (cfg.probe_snat_v4.as_str(), cfg.probe_snat_v6.as_str());
     let mut b = RuleSetBuilder::new(cfg.enable_ipv6);
-    b.append(Mangle, "PREROUTING", vec![], jump(IN_CHAIN));
-    b.append(Mangle, "OUTPUT", vec![], jump(OUT_CHAIN));
-    b.append(Nat, "OUTPUT", vec![], jump(OUT_CHAIN));
-    if dns {
-        b.append(Raw, "PREROUTING", vec![], jump(IN_CHAIN));
-        b.append(Raw, "OUTPUT", vec![], jump(OUT_CHAIN));
-    }
-    b.append(Nat, "PREROUTING", vec![], jump(IN_CHAIN));
-    for vif in &pod.virtual_interfaces {
-        let iface = || Match::InIface {
-            name: vif.clone(),
-            negate: false,
-        };
-        b.append(
-            Nat,
-            IN_CHAIN,
-            vec![iface(), TCP],
-            redirect(ZTUNNEL_OUTBOUND_PORT, true),
-        );
-        b.append(Nat, IN_CHAIN, vec![iface(), TCP], Target::Return);
-    }
-    b.append(
-        Mangle,
-        IN_CHAIN,
-        vec![mark(ZTUNNEL_MARK, false)],
-        Target::ConnmarkSetXmark(CONN_MARK.into()),
-    );
-    if !pod.ingress {
-        b.append_versioned(Nat, IN_CHAIN, p4, p6, |p| {
-            (
-                vec![
-                    Match::Src {
-                        addr: p.into(),
-                        negate: false,
-                    },
-                    TCP,
-                    Match::ProtoModule(Proto::Tcp),
-                ],
-                Target::Accept,
-            )
-        });
-    }
-    b.append_versioned(Nat, OUT_CHAIN, p4, p6, |p| {
-        (
-            vec![dst(p, false), TCP, Match::ProtoModule(Proto::Tcp)],
-            Target::Accept,
-        )
-    });
-    if !pod.ingress {
-        b.append_versioned(Nat, IN_CHAIN, LO_V4, LO_V6, |lo| {
-            (
-                vec![
-                    dst(lo, true),
-                    TCP,
-                    Match::DstPort {
-                        port: ZTUNNEL_HBONE_PORT.into(),
-                        negate: true,
-                        module: None,
-                    },
-                    mark(ZTUNNEL_MARK, true),
-                ],
-                redirect(ZTUNNEL_INBOUND_PLAINTEXT_PORT, true),
-            )
-        });
-    }
-    b.append(
-        Mangle,
-        OUT_CHAIN,
-        vec![Match::ConnMark {
-            value: CONN_MARK.into(),
-        }],
-        Target::ConnmarkRestore { masks: true },
-    );
-    if dns {
-        let port53 = |module| Match::DstPort {
-            port: "53".into(),
-            negate: false,
-            module,
-        };
-        b.append(
-            Nat,
-            OUT_CHAIN,
-            vec![
-                Match::OutIface {
-                    name: "lo".into(),
-                    negate: true,
-                },
-                UDP,
-                mark(ZTUNNEL_MARK, true),
-                port53(Some(Proto::Udp)),
-            ],
-            redirect(DNS_PORT, false),
-        );
-        b.append_versioned(Nat, OUT_CHAIN, LO_V4, LO_V6, |lo| {
-            (
-                vec![dst(lo, true), TCP, port53(None), mark(ZTUNNEL_MARK, true)],
-                redirect(DNS_PORT, true),
-            )
-        });
-        b.append(
-            Raw,
-            OUT_CHAIN,
-            vec![UDP, mark(ZTUNNEL_MARK, false), port53(Some(Proto::Udp))],
-            Target::CtZone(1),
-        );
-        b.append(
-            Raw,
-            IN_CHAIN,
-            vec![
-                UDP,
-                mark(ZTUNNEL_MARK, true),
-                Match::SrcPort {
-                    port: "53".into(),
+    for step in inpod_plan(cfg, pod) {
+        match step {
+            InpodStep::EnterChains { raw } => {
+                b.append(Mangle, "PREROUTING", vec![], jump(IN_CHAIN));
+                b.append(Mangle, "OUTPUT", vec![], jump(OUT_CHAIN));
+                b.append(Nat, "OUTPUT", vec![], jump(OUT_CHAIN));
+                if raw {
+                    b.append(Raw, "PREROUTING", vec![], jump(IN_CHAIN));
+                    b.append(Raw, "OUTPUT", vec![], jump(OUT_CHAIN));
+                }
+                b.append(Nat, "PREROUTING", vec![], jump(IN_CHAIN));
+            }
+            InpodStep::VirtualInterface(vif) => {
+                let iface = || Match::InIface {
+                    name: vif.into(),
                     negate: false,
-                    module: Some(Proto::Udp),
-                },
-            ],
-            Target::CtZone(1),
-        );
+                };
+                b.append(
+                    Nat,
+                    IN_CHAIN,
+                    vec![iface(), TCP],
+                    redirect(ZTUNNEL_OUTBOUND_PORT, true),
+                );
+                b.append(Nat, IN_CHAIN, vec![iface(), TCP], Target::Return);
+            }
+            InpodStep::MarkZtunnelConnections => b.append(
+                Mangle,
+                IN_CHAIN,
+                vec![mark(ZTUNNEL_MARK, false)],
+                Target::ConnmarkSetXmark(CONN_MARK.iptables()),
+            ),
+            InpodStep::AcceptProbesInbound => {
+                b.append_versioned(Nat, IN_CHAIN, p4, p6, |p| {
+                    (
+                        vec![
+                            Match::Src {
+                                addr: p.into(),
+                                negate: false,
+                            },
+                            TCP,
+                            Match::ProtoModule(Proto::Tcp),
+                        ],
+                        Target::Accept,
+                    )
+                });
+            }
+            InpodStep::AcceptProbesOutbound => {
+                b.append_versioned(Nat, OUT_CHAIN, p4, p6, |p| {
+                    (
+                        vec![dst(p, false), TCP, Match::ProtoModule(Proto::Tcp)],
+                        Target::Accept,
+                    )
+                });
+            }
+            InpodStep::RedirectInbound => {
+                b.append_versioned(Nat, IN_CHAIN, LO_V4, LO_V6, |lo| {
+                    (
+                        vec![
+                            dst(lo, true),
+                            TCP,
+                            Match::DstPort {
+                                port: ZTUNNEL_HBONE_PORT.into(),
+                                negate: true,
+                                module: None,
+                            },
+                            mark(ZTUNNEL_MARK, true),
+                        ],
+                        redirect(ZTUNNEL_INBOUND_PLAINTEXT_PORT, true),
+                    )
+                });
+            }
+            InpodStep::RestoreConnMark => b.append(
+                Mangle,
+                OUT_CHAIN,
+                vec![Match::ConnMark {
+                    value: CONN_MARK.iptables(),
+                }],
+                Target::ConnmarkRestore { masks: true },
+            ),
+            InpodStep::CaptureDns => capture_dns(&mut b),
+            InpodStep::AcceptZtunnelConnections => b.append(
+                Nat,
+                OUT_CHAIN,
+                vec![TCP, mark(CONN_MARK, false)],
+                Target::Accept,
+            ),
+            InpodStep::AcceptLoopback => {
+                b.append_versioned(Nat, OUT_CHAIN, LO_V4, LO_V6, |lo| {
+                    (
+                        vec![
+                            dst(lo, true),
+                            Match::OutIface {
+                                name: LOOPBACK_IFACE.into(),
+                                negate: false,
+                            },
+                        ],
+                        Target::Accept,
+                    )
+                });
+            }
+            InpodStep::RedirectOutbound => {
+                b.append_versioned(Nat, OUT_CHAIN, LO_V4, LO_V6, |lo| {
+                    (
+                        vec![dst(lo, true), TCP, mark(ZTUNNEL_MARK, true)],
+                        redirect(ZTUNNEL_OUTBOUND_PORT, true),
+                    )
+                });
+            }
+        }
     }
+    b.build()
+}
+
+fn capture_dns(b: &mut RuleSetBuilder) {
+    use Table::{Nat, Raw};
+    let port53 = |module| Match::DstPort {
+        port: DNS.into(),
+        negate: false,
+        module,
+    };
     b.append(
         Nat,
         OUT_CHAIN,
-        vec![TCP, mark(CONN_MARK, false)],
-        Target::Accept,
+        vec![
+            Match::OutIface {
+                name: LOOPBACK_IFACE.into(),
+                negate: true,
+            },
+            UDP,
+            mark(ZTUNNEL_MARK, true),
+            port53(Some(Proto::Udp)),
+        ],
+        redirect(DNS_PORT, false),
     );
     b.append_versioned(Nat, OUT_CHAIN, LO_V4, LO_V6, |lo| {
         (
-            vec![
-                dst(lo, true),
-                Match::OutIface {
-                    name: "lo".into(),
-                    negate: false,
-                },
-            ],
-            Target::Accept,
+            vec![dst(lo, true), TCP, port53(None), mark(ZTUNNEL_MARK, true)],
+            redirect(DNS_PORT, true),
         )
     });
-    b.append_versioned(Nat, OUT_CHAIN, LO_V4, LO_V6, |lo| {
-        (
-            vec![dst(lo, true), TCP, mark(ZTUNNEL_MARK, true)],
-            redirect(ZTUNNEL_OUTBOUND_PORT, true),
-        )
-    });
-    b.build()
+    b.append(
+        Raw,
+        OUT_CHAIN,
+        vec![UDP, mark(ZTUNNEL_MARK, false), port53(Some(Proto::Udp))],
+        Target::CtZone(CT_ZONE_UPSTREAM_DNS),
+    );
+    b.append(
+        Raw,
+        IN_CHAIN,
+        vec![
+            UDP,
+            mark(ZTUNNEL_MARK, true),
+            Match::SrcPort {
+                port: DNS.into(),
+                negate: false,
+                module: Some(Proto::Udp),
+            },
+        ],
+        Target::CtZone(CT_ZONE_UPSTREAM_DNS),
+    );
 }
 
 /// The host-side iptables rules: SNAT kubelet probes to enrolled pods (listed in the probe sets)
@@ -278,189 +350,61 @@ pub fn host_rules(cfg: &AmbientConfig) -> RuleSet {
     b.build()
 }
 
-/// The in-pod nftables rules.
-pub fn inpod_nft_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> NftRuleSet {
-    use NftTable::{AmbientMangle as MANGLE, AmbientNat as NAT, AmbientRaw as RAW};
-    let dns = dns_enabled(cfg, pod);
-    let ipv6 = cfg.enable_ipv6;
-    let (p4, p6) = (cfg.probe_snat_v4.as_str(), cfg.probe_snat_v6.as_str());
-    let mut rules = Vec::new();
-    let mut add = |table: NftTable, chain: &str, expr: String| {
-        rules.push(NftRule {
-            table,
-            chain: chain.into(),
-            index: None,
-            expr,
-        });
-    };
-    let (pre, out) = ("istio-prerouting", "istio-output");
-    add(MANGLE, "prerouting", format!("jump {pre}"));
-    add(MANGLE, "output", format!("jump {out}"));
-    add(NAT, "output", format!("jump {out}"));
-    if dns {
-        add(RAW, "prerouting", format!("jump {pre}"));
-        add(RAW, "output", format!("jump {out}"));
-    }
-    add(NAT, "prerouting", format!("jump {pre}"));
-    for vif in &pod.virtual_interfaces {
-        add(
-            NAT,
-            pre,
-            format!("iifname {vif} meta l4proto tcp counter redirect to :{ZTUNNEL_OUTBOUND_PORT}"),
-        );
-        add(
-            NAT,
-            pre,
-            format!("iifname {vif} meta l4proto tcp counter return"),
-        );
-    }
-    add(
-        MANGLE,
-        pre,
-        "meta mark & 0xfff == 0x539 counter ct mark set ct mark & 0xfffff000 |  0x111".into(),
-    );
-    if !pod.ingress {
-        add(
-            NAT,
-            pre,
-            format!("meta l4proto tcp ip saddr {p4} counter accept"),
-        );
-        if ipv6 {
-            add(
-                NAT,
-                pre,
-                format!("meta l4proto tcp ip6 saddr {p6} counter accept"),
-            );
-        }
-    }
-    add(
-        NAT,
-        out,
-        format!("meta l4proto tcp ip daddr {p4} counter accept"),
-    );
-    if ipv6 {
-        add(
-            NAT,
-            out,
-            format!("meta l4proto tcp ip6 daddr {p6} counter accept"),
-        );
-    }
-    if !pod.ingress {
-        // The doubled space in the IPv4 rule is how Istio spells it; kept for identical output.
-        add(
-            NAT,
-            pre,
-            format!(
-                "ip daddr != {LO_V4} tcp dport != {ZTUNNEL_HBONE_PORT} mark and 0xfff  != 0x539 counter redirect to :{ZTUNNEL_INBOUND_PLAINTEXT_PORT}"
-            ),
-        );
-        if ipv6 {
-            add(
-                NAT,
-                pre,
-                format!(
-                    "ip6 daddr != {LO_V6} tcp dport != {ZTUNNEL_HBONE_PORT} mark and 0xfff != 0x539 counter redirect to :{ZTUNNEL_INBOUND_PLAINTEXT_PORT}"
-                ),
-            );
-        }
-    }
-    add(
-        MANGLE,
-        out,
-        "ct mark and 0xfff == 0x111 counter meta mark set ct mark".into(),
-    );
-    if dns {
-        add(
-            NAT,
-            out,
-            format!(
-                "oifname != lo mark and 0xfff != 0x539 udp dport 53 counter redirect to :{DNS_PORT}"
-            ),
-        );
-        add(
-            NAT,
-            out,
-            format!(
-                "ip daddr != {LO_V4} tcp dport 53 mark and 0xfff != 0x539 counter redirect to :{DNS_PORT}"
-            ),
-        );
-        if ipv6 {
-            add(
-                NAT,
-                out,
-                format!(
-                    "ip6 daddr != {LO_V6} tcp dport 53 mark and 0xfff != 0x539 counter redirect to :{DNS_PORT}"
-                ),
-            );
-        }
-        add(
-            RAW,
-            out,
-            "udp dport 53 meta mark and 0xfff == 0x539 counter ct zone set 1".into(),
-        );
-        add(
-            RAW,
-            pre,
-            "udp sport 53 meta mark and 0xfff != 0x539 counter ct zone set 1".into(),
-        );
-    }
-    add(
-        NAT,
-        out,
-        "meta l4proto tcp mark and 0xfff == 0x111 counter accept".into(),
-    );
-    add(
-        NAT,
-        out,
-        format!("oifname lo ip daddr != {LO_V4} counter accept"),
-    );
-    if ipv6 {
-        add(
-            NAT,
-            out,
-            format!("oifname lo ip6 daddr != {LO_V6} counter accept"),
-        );
-    }
-    add(
-        NAT,
-        out,
-        format!(
-            "meta l4proto tcp ip daddr != {LO_V4} mark and 0xfff != 0x539 counter redirect to :{ZTUNNEL_OUTBOUND_PORT}"
-        ),
-    );
-    if ipv6 {
-        add(
-            NAT,
-            out,
-            format!(
-                "meta l4proto tcp ip6 daddr != {LO_V6} mark and 0xfff != 0x539 counter redirect to :{ZTUNNEL_OUTBOUND_PORT}"
-            ),
-        );
-    }
-    NftRuleSet { rules }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The host-side nftables rules; `kubelet_uid` is the UID kubelet's probes come from.
-pub fn host_nft_rules(cfg: &AmbientConfig, kubelet_uid: &str) -> NftRuleSet {
-    let mut rules = vec![NftRule {
-        table: NftTable::AmbientHostNat,
-        chain: "postrouting".into(),
-        index: None,
-        expr: format!(
-            "meta l4proto tcp skuid {kubelet_uid} ip daddr @{PROBE_SET_V4} counter snat to {}",
-            cfg.probe_snat_v4
-        ),
-    }];
-    if cfg.enable_ipv6 {
-        rules.push(NftRule {
-            table: NftTable::AmbientHostNat,
-            chain: "postrouting".into(),
-            index: None,
-            expr: format!(
-                "meta l4proto tcp skuid {kubelet_uid} ip6 daddr @{PROBE_SET_V6} counter snat to {}",
-                cfg.probe_snat_v6
-            ),
-        });
+    #[test]
+    fn the_plan_follows_ingress_and_the_pod_dns_override() {
+        use InpodStep::*;
+        let cfg = AmbientConfig {
+            redirect_dns: true,
+            ..Default::default()
+        };
+        let pod = PodOverrides {
+            ingress: true,
+            virtual_interfaces: vec!["tun0".into()],
+            dns: PodDns::Disabled,
+        };
+        assert_eq!(
+            inpod_plan(&cfg, &pod),
+            vec![
+                EnterChains { raw: false },
+                VirtualInterface("tun0"),
+                MarkZtunnelConnections,
+                AcceptProbesOutbound,
+                RestoreConnMark,
+                AcceptZtunnelConnections,
+                AcceptLoopback,
+                RedirectOutbound,
+            ]
+        );
+        let plain = PodOverrides::default();
+        let steps = inpod_plan(&cfg, &plain);
+        assert!(steps.contains(&EnterChains { raw: true }) && steps.contains(&CaptureDns));
+        assert!(steps.contains(&RedirectInbound) && steps.contains(&AcceptProbesInbound));
     }
-    NftRuleSet { rules }
+
+    #[test]
+    fn both_backends_leave_out_the_same_steps() {
+        // An ingress pod without DNS: no inbound redirect to ztunnel's plaintext port and no DNS
+        // proxy port in either backend.
+        let cfg = AmbientConfig::default();
+        let pod = PodOverrides {
+            ingress: true,
+            ..Default::default()
+        };
+        let iptables = format!("{:?}", inpod_rules(&cfg, &pod));
+        let nft = inpod_nft_rules(&cfg, &pod)
+            .rules
+            .iter()
+            .map(|r| r.body())
+            .collect::<Vec<_>>()
+            .join("\n");
+        for text in [iptables, nft] {
+            assert!(!text.contains(ZTUNNEL_INBOUND_PLAINTEXT_PORT), "{text}");
+            assert!(!text.contains(DNS_PORT), "{text}");
+            assert!(text.contains(ZTUNNEL_OUTBOUND_PORT), "{text}");
+        }
+    }
 }

@@ -1,17 +1,21 @@
-//! The one rule engine: a typed model of redirect rules ([`model`]), the builders that fill it
-//! ([`capture`] for sidecars, whose values [`capture_values`] checks, [`nft_capture`],
-//! [`ambient`]), and its renderers ([`iptables`] restore text, [`nftables`] text, and
+//! The one rule engine: a typed model of redirect rules ([`model`]) and of nftables rules
+//! ([`nft_model`]); the sidecar capture decisions made once ([`capture_plan`]); the builders
+//! ([`capture`] for sidecars, whose values [`capture_values`] checks, [`nft_capture`], [`ambient`]
+//! and [`ambient_nft`]); and the renderers ([`iptables`] restore text, [`nftables`] text, and
 //! [`iptables_nft`]: the nf_tables messages iptables-nft would send). Pure: no processes, files
 //! or namespaces are touched here.
 //! May call: nothing else in this crate.
 
 pub mod ambient;
+pub mod ambient_nft;
 pub mod capture;
+pub mod capture_plan;
 pub mod capture_values;
 pub mod iptables;
 pub mod iptables_nft;
 pub mod model;
 pub mod nft_capture;
+pub mod nft_model;
 pub mod nftables;
 
 pub use model::{Family, Match, Position, Proto, Rule, RuleSet, Table, Target};

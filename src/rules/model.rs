@@ -16,6 +16,19 @@ impl Family {
     pub const ALL: [Family; 2] = [Family::V4, Family::V6];
 }
 
+/// Values every backend prints the same way, named once.
+pub mod well_known {
+    /// The DNS port whose traffic the DNS capture redirects.
+    pub const DNS_PORT: &str = "53";
+    /// Conntrack zone of DNS between the proxy and upstream servers (keeps it apart from the
+    /// application's own DNS flows with the same 5-tuple).
+    pub const CT_ZONE_UPSTREAM_DNS: u16 = 1;
+    /// Conntrack zone of DNS between the application and the proxy.
+    pub const CT_ZONE_APP_DNS: u16 = 2;
+    /// The loopback interface.
+    pub const LOOPBACK_IFACE: &str = "lo";
+}
+
 /// Netfilter table. The declaration order is the rendering order (lexicographic by name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Table {

@@ -1,16 +1,27 @@
 //! Sidecar traffic capture for the nftables backend: the same [`CaptureConfig`] and the same
 //! decisions as [`super::capture`], built into one `inet` rule list (IPv6 twins right after their
-//! IPv4 rules) in the order and spelling of Istio's nftables capture.
+//! IPv4 rules) of typed expressions, in the order of Istio's nftables capture.
 
 use super::capture::{
-    CaptureConfig, DNS_PROXY_PORT, INBOUND_PASSTHROUGH_V4, INBOUND_PASSTHROUGH_V6, InboundPorts,
-    LOOPBACK_V6, OUTBOUND_MARK, OwnerGroups,
+    CaptureConfig, DNS_PROXY_PORT, INBOUND_PASSTHROUGH_V4, INBOUND_PASSTHROUGH_V6, LOOPBACK_V6,
+    OUTBOUND_MARK, OwnerGroups,
 };
-use super::nftables::{NftRule, NftRuleSet, NftTable};
+use super::capture_plan::{CapturePlan, DnsPlan, InboundPlan, host_prefix};
+use super::model::well_known::{
+    CT_ZONE_APP_DNS, CT_ZONE_UPSTREAM_DNS, DNS_PORT, LOOPBACK_IFACE as LO,
+};
+use super::model::{Family, Proto};
+use super::nft_model::expr::{daddr, dport, iif, jump, oif, ports, redirect, saddr, sport, tcp};
+use super::nft_model::{
+    MarkKey, MarkSource, NftCtState, NftExpr, NftRule, NftRuleSet, OwnerKind, Side,
+};
+use super::nftables::{NftTable, sidecar_chain as chain};
 
 const NAT: NftTable = NftTable::SidecarNat;
 const MANGLE: NftTable = NftTable::SidecarMangle;
 const RAW: NftTable = NftTable::SidecarRaw;
+
+use NftExpr::{Accept, Counter, Return};
 
 struct Builder {
     ipv6: bool,
@@ -18,492 +29,539 @@ struct Builder {
 }
 
 impl Builder {
-    fn add(&mut self, table: NftTable, chain: &str, expr: impl Into<String>) {
+    fn push(&mut self, table: NftTable, chain: &str, index: Option<usize>, exprs: Vec<NftExpr>) {
         self.rules.push(NftRule {
             table,
             chain: chain.to_string(),
-            index: None,
-            expr: expr.into(),
+            index,
+            exprs,
         });
+    }
+
+    fn add(&mut self, table: NftTable, chain: &str, exprs: Vec<NftExpr>) {
+        self.push(table, chain, None, exprs);
     }
 
     /// Adds only when IPv6 is enabled.
-    fn add6(&mut self, table: NftTable, chain: &str, expr: impl Into<String>) {
+    fn add6(&mut self, table: NftTable, chain: &str, exprs: Vec<NftExpr>) {
         if self.ipv6 {
-            self.add(table, chain, expr);
+            self.add(table, chain, exprs);
         }
     }
 
-    fn insert(&mut self, table: NftTable, chain: &str, index: usize, expr: impl Into<String>) {
-        self.rules.push(NftRule {
-            table,
-            chain: chain.to_string(),
-            index: Some(index),
-            expr: expr.into(),
-        });
+    /// Adds the IPv4 rule `make(V4, lo4)` and, with IPv6, its twin `make(V6, lo6)`.
+    fn add_both(
+        &mut self,
+        table: NftTable,
+        chain: &str,
+        (v4, v6): (&str, &str),
+        make: impl Fn(Family, &str) -> Vec<NftExpr>,
+    ) {
+        self.add(table, chain, make(Family::V4, v4));
+        self.add6(table, chain, make(Family::V6, v6));
+    }
+
+    fn insert(&mut self, table: NftTable, chain: &str, index: usize, exprs: Vec<NftExpr>) {
+        self.push(table, chain, Some(index), exprs);
     }
 }
 
-#[derive(Clone, Copy)]
-enum Owner {
-    Uid,
-    Gid,
+fn owner(key: OwnerKind, id: &str, negate: bool) -> NftExpr {
+    NftExpr::Owner {
+        key,
+        id: id.into(),
+        negate,
+        with_meta: false,
+    }
 }
 
-impl Owner {
-    fn key(self) -> &'static str {
-        match self {
-            Owner::Uid => "skuid",
-            Owner::Gid => "skgid",
-        }
+fn mark(key: MarkKey, value: &str, negate: bool) -> NftExpr {
+    NftExpr::Mark {
+        key,
+        value: value.into(),
+        negate,
     }
+}
+
+fn mark_set(value: &str) -> NftExpr {
+    NftExpr::MetaMarkSet(MarkSource::Value(value.into()))
 }
 
 /// Builds the nftables sidecar capture rules.
 pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
+    use chain::*;
     let mut b = Builder {
         ipv6: cfg.enable_ipv6,
         rules: Vec::new(),
     };
-    let tproxy = cfg.is_tproxy();
-    let dns = cfg.effective_redirect_dns();
-    let lo4 = cfg.loopback_v4.as_str();
+    let plan = CapturePlan::new(cfg);
+    let tproxy = plan.tproxy;
+    let dns = plan.dns.is_on();
+    let loopback = (cfg.loopback_v4.as_str(), LOOPBACK_V6);
+    let passthrough = (INBOUND_PASSTHROUGH_V4, INBOUND_PASSTHROUGH_V6);
     let tunnel = cfg.inbound_tunnel_port.as_str();
-    let mark = cfg.tproxy_mark.as_str();
+    let tproxy_mark = cfg.tproxy_mark.as_str();
+    let iface_return = |iface: &str, inbound: bool| {
+        let m = if inbound {
+            iif(iface)
+        } else {
+            oif(iface, false)
+        };
+        vec![m, Counter, Return]
+    };
 
     for iface in &cfg.exclude_interfaces {
-        b.add(NAT, "prerouting", format!("iifname {iface} counter return"));
-        b.add(NAT, "output", format!("oifname {iface} counter return"));
+        b.add(NAT, PREROUTING, iface_return(iface, true));
+        b.add(NAT, OUTPUT, iface_return(iface, false));
     }
     if tproxy {
         for iface in &cfg.exclude_interfaces {
-            b.add(
-                MANGLE,
-                "prerouting",
-                format!("iifname {iface} counter return"),
-            );
-            b.add(MANGLE, "output", format!("oifname {iface} counter return"));
+            b.add(MANGLE, PREROUTING, iface_return(iface, true));
+            b.add(MANGLE, OUTPUT, iface_return(iface, false));
         }
     }
     for iface in &cfg.reroute_virtual_interfaces {
-        b.insert(
-            NAT,
-            "prerouting",
-            0,
-            format!("iifname {iface} counter return"),
-        );
+        b.insert(NAT, PREROUTING, 0, iface_return(iface, true));
     }
     if cfg.drop_invalid {
+        let invalid = NftExpr::CtState(vec![NftCtState::Invalid]);
         b.add(
             MANGLE,
-            "prerouting",
-            "meta l4proto tcp ct state invalid counter jump istio-drop",
+            PREROUTING,
+            vec![tcp(), invalid, Counter, jump(DROP)],
         );
-        b.add(MANGLE, "istio-drop", "counter drop");
+        b.add(MANGLE, DROP, vec![Counter, NftExpr::Drop]);
     }
+    let tcp_dport = |port: &str| dport(Proto::Tcp, port, false);
     b.add(
         NAT,
-        "istio-inbound",
-        format!("meta l4proto tcp tcp dport {tunnel} counter return"),
+        INBOUND,
+        vec![tcp(), tcp_dport(tunnel), Counter, Return],
     );
     b.add(
         NAT,
-        "istio-redirect",
-        format!("meta l4proto tcp counter redirect to :{}", cfg.proxy_port),
+        REDIRECT,
+        vec![tcp(), Counter, redirect(&cfg.proxy_port)],
     );
     b.add(
         NAT,
-        "istio-in-redirect",
-        format!(
-            "meta l4proto tcp counter redirect to :{}",
-            cfg.inbound_capture_port
-        ),
+        IN_REDIRECT,
+        vec![tcp(), Counter, redirect(&cfg.inbound_capture_port)],
     );
 
-    if cfg.inbound_ports != InboundPorts::None {
+    if plan.inbound != InboundPlan::Off {
         let inbound_table = if tproxy { MANGLE } else { NAT };
-        let capture = &cfg.inbound_capture_port;
+        let capture = cfg.inbound_capture_port.as_str();
         if tproxy {
-            b.add(
-                MANGLE,
-                "istio-divert",
-                format!("counter meta mark set {mark}"),
-            );
-            b.add(MANGLE, "istio-divert", "counter accept");
-            b.add(
-                MANGLE,
-                "istio-tproxy",
-                format!("meta l4proto tcp ip daddr != {lo4} tproxy ip to :{capture} meta mark set {mark} counter accept"),
-            );
-            b.add6(
-                MANGLE,
-                "istio-tproxy",
-                format!(
-                    "meta l4proto tcp ip6 daddr != {LOOPBACK_V6} tproxy ip6 to :{capture} meta mark set {mark} counter accept"
-                ),
-            );
+            b.add(MANGLE, DIVERT, vec![Counter, mark_set(tproxy_mark)]);
+            b.add(MANGLE, DIVERT, vec![Counter, Accept]);
+            b.add_both(MANGLE, TPROXY, loopback, |family, lo| {
+                vec![
+                    tcp(),
+                    daddr(family, lo, true),
+                    NftExpr::Tproxy {
+                        family,
+                        port: capture.into(),
+                    },
+                    mark_set(tproxy_mark),
+                    Counter,
+                    Accept,
+                ]
+            });
         }
         b.add(
             inbound_table,
-            "prerouting",
-            "meta l4proto tcp counter jump istio-inbound",
+            PREROUTING,
+            vec![tcp(), Counter, jump(INBOUND)],
         );
-        match &cfg.inbound_ports {
-            InboundPorts::All => {
-                for port in &cfg.inbound_ports_exclude {
+        let established = || NftExpr::CtState(vec![NftCtState::Related, NftCtState::Established]);
+        match plan.inbound {
+            InboundPlan::AllExcept(excluded) => {
+                for port in excluded {
                     b.add(
                         inbound_table,
-                        "istio-inbound",
-                        format!("meta l4proto tcp tcp dport {port} counter return"),
+                        INBOUND,
+                        vec![tcp(), tcp_dport(port), Counter, Return],
                     );
                 }
                 if tproxy {
                     b.add(
                         MANGLE,
-                        "istio-inbound",
-                        "meta l4proto tcp ct state related,established counter jump istio-divert",
+                        INBOUND,
+                        vec![tcp(), established(), Counter, jump(DIVERT)],
                     );
-                    b.add(
-                        MANGLE,
-                        "istio-inbound",
-                        "meta l4proto tcp counter jump istio-tproxy",
-                    );
+                    b.add(MANGLE, INBOUND, vec![tcp(), Counter, jump(TPROXY)]);
                 } else {
-                    b.add(
-                        NAT,
-                        "istio-inbound",
-                        "meta l4proto tcp counter jump istio-in-redirect",
-                    );
+                    b.add(NAT, INBOUND, vec![tcp(), Counter, jump(IN_REDIRECT)]);
                 }
             }
-            InboundPorts::List(ports) => {
+            InboundPlan::Only(ports) => {
                 for port in ports {
                     if tproxy {
                         b.add(
                             MANGLE,
-                            "istio-inbound",
-                            format!("meta l4proto tcp ct state related,established tcp dport {port} counter jump istio-divert"),
+                            INBOUND,
+                            vec![tcp(), established(), tcp_dport(port), Counter, jump(DIVERT)],
                         );
                         b.add(
                             MANGLE,
-                            "istio-inbound",
-                            format!("meta l4proto tcp tcp dport {port} counter jump istio-tproxy"),
+                            INBOUND,
+                            vec![tcp(), tcp_dport(port), Counter, jump(TPROXY)],
                         );
                     } else {
                         b.add(
                             NAT,
-                            "istio-inbound",
-                            format!(
-                                "meta l4proto tcp tcp dport {port} counter jump istio-in-redirect"
-                            ),
+                            INBOUND,
+                            vec![tcp(), tcp_dport(port), Counter, jump(IN_REDIRECT)],
                         );
                     }
                 }
             }
-            InboundPorts::None => {}
+            InboundPlan::Off => {}
         }
     }
 
-    b.add(NAT, "output", "counter jump istio-output");
+    b.add(NAT, OUTPUT, vec![Counter, jump(ISTIO_OUTPUT)]);
     for port in &cfg.outbound_ports_exclude {
-        b.add(
-            NAT,
-            "istio-output",
-            format!("tcp dport {port} counter return"),
-        );
-        b.add(
-            NAT,
-            "istio-output",
-            format!("udp dport {port} counter return"),
-        );
-    }
-    b.add(
-        NAT,
-        "istio-output",
-        format!("oifname lo ip saddr {INBOUND_PASSTHROUGH_V4} counter return"),
-    );
-    b.add6(
-        NAT,
-        "istio-output",
-        format!("oifname lo ip6 saddr {INBOUND_PASSTHROUGH_V6} counter return"),
-    );
-
-    let include = &cfg.outbound_ranges_include;
-    let loopback_included = include.has_loopback_v4 || include.has_loopback_v6;
-    for (owner, ids) in [(Owner::Uid, &cfg.proxy_uids), (Owner::Gid, &cfg.proxy_gids)] {
-        let key = owner.key();
-        for id in ids {
-            let ports = if dns && matches!(owner, Owner::Uid) {
-                format!("{{ 53, {tunnel} }}")
-            } else {
-                tunnel.to_string()
-            };
+        for proto in [Proto::Tcp, Proto::Udp] {
             b.add(
                 NAT,
-                "istio-output",
-                format!("oifname lo meta l4proto tcp ip daddr != {lo4} tcp dport != {ports} {key} {id} counter jump istio-in-redirect"),
+                ISTIO_OUTPUT,
+                vec![dport(proto, port, false), Counter, Return],
             );
-            b.add6(
-                NAT,
-                "istio-output",
-                format!(
-                    "oifname lo meta l4proto tcp ip6 daddr != {LOOPBACK_V6} tcp dport != {ports} {key} {id} counter jump istio-in-redirect"
-                ),
-            );
-            if !loopback_included {
-                if dns {
-                    b.add(NAT, "istio-output", format!("oifname lo meta l4proto tcp tcp dport != 53 {key} != {id} counter return"));
-                } else {
-                    b.add(
-                        NAT,
-                        "istio-output",
-                        format!("oifname lo {key} != {id} counter return"),
-                    );
-                }
-            }
-            b.add(NAT, "istio-output", format!("{key} {id} counter return"));
         }
+    }
+    b.add_both(NAT, ISTIO_OUTPUT, passthrough, |family, src| {
+        vec![oif(LO, false), saddr(family, src), Counter, Return]
+    });
+
+    for o in &plan.owners {
+        let (key, id) = (o.kind, o.id);
+        b.add_both(NAT, ISTIO_OUTPUT, loopback, |family, lo| {
+            vec![
+                oif(LO, false),
+                tcp(),
+                daddr(family, lo, true),
+                ports(Proto::Tcp, Side::Dst, &o.kept_loopback_ports, true),
+                owner(key, id, false),
+                Counter,
+                jump(IN_REDIRECT),
+            ]
+        });
+        if !plan.loopback_included {
+            let mut exprs = vec![oif(LO, false)];
+            if dns {
+                exprs.extend([tcp(), dport(Proto::Tcp, DNS_PORT, true)]);
+            }
+            exprs.extend([owner(key, id, true), Counter, Return]);
+            b.add(NAT, ISTIO_OUTPUT, exprs);
+        }
+        b.add(
+            NAT,
+            ISTIO_OUTPUT,
+            vec![owner(key, id, false), Counter, Return],
+        );
     }
     match &cfg.owner_groups {
         OwnerGroups::AllExcept(groups) => {
             for g in groups {
-                b.add(NAT, "istio-output", format!("skgid {g} counter return"));
+                b.add(
+                    NAT,
+                    ISTIO_OUTPUT,
+                    vec![owner(OwnerKind::Gid, g, false), Counter, Return],
+                );
             }
         }
         OwnerGroups::Only(groups) => {
-            let mut expr: String = groups.iter().map(|g| format!("skgid != {g} ")).collect();
-            expr.push_str("counter return");
-            b.add(NAT, "istio-output", expr);
+            let mut exprs: Vec<NftExpr> = groups
+                .iter()
+                .map(|g| owner(OwnerKind::Gid, g, true))
+                .collect();
+            exprs.extend([Counter, Return]);
+            b.add(NAT, ISTIO_OUTPUT, exprs);
         }
     }
-    if dns {
-        build_dns(&mut b, cfg);
+    match plan.dns {
+        DnsPlan::Off => {}
+        DnsPlan::All => build_dns(&mut b, &plan, None),
+        DnsPlan::Servers { v4, v6 } => build_dns(&mut b, &plan, Some((v4, v6))),
     }
-    b.add(
-        NAT,
-        "istio-output",
-        format!("ip daddr {lo4} counter return"),
-    );
-    b.add6(
-        NAT,
-        "istio-output",
-        format!("ip6 daddr {LOOPBACK_V6} counter return"),
-    );
-    for cidr in &cfg.outbound_ranges_exclude.v4 {
-        b.add(
-            NAT,
-            "istio-output",
-            format!("ip daddr {cidr} counter return"),
-        );
-    }
-    for cidr in &cfg.outbound_ranges_exclude.v6 {
-        b.add6(
-            NAT,
-            "istio-output",
-            format!("ip6 daddr {cidr} counter return"),
-        );
+    b.add_both(NAT, ISTIO_OUTPUT, loopback, |family, lo| {
+        vec![daddr(family, lo, false), Counter, Return]
+    });
+    for (family, cidrs) in [
+        (Family::V4, &cfg.outbound_ranges_exclude.v4),
+        (Family::V6, &cfg.outbound_ranges_exclude.v6),
+    ] {
+        if family == Family::V6 && !b.ipv6 {
+            continue;
+        }
+        for cidr in cidrs {
+            b.add(
+                NAT,
+                ISTIO_OUTPUT,
+                vec![daddr(family, cidr, false), Counter, Return],
+            );
+        }
     }
     for port in &cfg.outbound_ports_include {
         b.add(
             NAT,
-            "istio-output",
-            format!("tcp dport {port} counter jump istio-redirect"),
+            ISTIO_OUTPUT,
+            vec![tcp_dport(port), Counter, jump(REDIRECT)],
         );
     }
+    let include = &cfg.outbound_ranges_include;
     if include.wildcard {
-        b.add(NAT, "istio-output", "counter jump istio-redirect");
+        b.add(NAT, ISTIO_OUTPUT, vec![Counter, jump(REDIRECT)]);
         for iface in &cfg.reroute_virtual_interfaces {
             b.insert(
                 NAT,
-                "prerouting",
+                PREROUTING,
                 0,
-                format!("iifname {iface} counter jump istio-redirect"),
+                vec![iif(iface), Counter, jump(REDIRECT)],
             );
         }
     } else {
-        for (family, cidrs) in [("ip", &include.v4), ("ip6", &include.v6)] {
-            if family == "ip6" && !b.ipv6 {
+        for (family, cidrs) in [(Family::V4, &include.v4), (Family::V6, &include.v6)] {
+            if family == Family::V6 && !b.ipv6 {
                 continue;
             }
             for cidr in cidrs {
                 for iface in &cfg.reroute_virtual_interfaces {
                     b.insert(
                         NAT,
-                        "prerouting",
+                        PREROUTING,
                         0,
-                        format!(
-                            "iifname {iface} {family} daddr {cidr} counter jump istio-redirect"
-                        ),
+                        vec![
+                            iif(iface),
+                            daddr(family, cidr, false),
+                            Counter,
+                            jump(REDIRECT),
+                        ],
                     );
                 }
                 b.add(
                     NAT,
-                    "istio-output",
-                    format!("{family} daddr {cidr} counter jump istio-redirect"),
+                    ISTIO_OUTPUT,
+                    vec![daddr(family, cidr, false), Counter, jump(REDIRECT)],
                 );
             }
         }
     }
     if tproxy {
-        b.add(
-            MANGLE,
-            "prerouting",
-            format!("meta l4proto tcp mark {mark} counter ct mark set mark"),
-        );
-        b.add(
-            MANGLE,
-            "output",
-            format!("oifname lo meta l4proto tcp mark {mark} counter return"),
-        );
-        for (owner, ids) in [(Owner::Uid, &cfg.proxy_uids), (Owner::Gid, &cfg.proxy_gids)] {
-            let key = owner.key();
-            for id in ids {
-                b.add(
-                    MANGLE,
-                    "output",
-                    format!("oifname lo meta l4proto tcp ip daddr != {lo4} {key} {id} counter meta mark set {OUTBOUND_MARK}"),
-                );
-                b.add6(
-                    MANGLE,
-                    "output",
-                    format!(
-                        "oifname lo meta l4proto tcp ip6 daddr != {LOOPBACK_V6} {key} {id} counter meta mark set {OUTBOUND_MARK}"
-                    ),
-                );
-            }
-        }
-        b.add(
-            MANGLE,
-            "output",
-            format!("meta l4proto tcp ct mark {mark} counter meta mark set ct mark"),
-        );
-        b.insert(
-            MANGLE,
-            "istio-inbound",
-            0,
-            format!("meta l4proto tcp mark {mark} counter return"),
-        );
-        b.insert(
-            MANGLE,
-            "istio-inbound",
-            1,
-            format!("iifname lo meta l4proto tcp ip saddr {INBOUND_PASSTHROUGH_V4} counter return"),
-        );
-        if b.ipv6 {
-            b.insert(
-                MANGLE,
-                "istio-inbound",
-                1,
-                format!(
-                    "iifname lo meta l4proto tcp ip6 saddr {INBOUND_PASSTHROUGH_V6} counter return"
-                ),
-            );
-        }
-        b.insert(
-            MANGLE,
-            "istio-inbound",
-            2,
-            format!("iifname lo meta l4proto tcp mark != {OUTBOUND_MARK} counter return"),
-        );
+        build_tproxy_marks(&mut b, cfg, &plan);
     }
     NftRuleSet { rules: b.rules }
 }
 
-fn build_dns(b: &mut Builder, cfg: &CaptureConfig) {
-    let all = cfg.capture_all_dns;
-    let v4 = &cfg.dns_servers_v4;
-    let v6: &[String] = if cfg.enable_ipv6 {
-        &cfg.dns_servers_v6
-    } else {
-        &[]
-    };
-    b.add(RAW, "output", "counter jump istio-output-dns");
-    if all || !v4.is_empty() || !cfg.dns_servers_v6.is_empty() {
-        b.add(NAT, "istio-output", "counter jump istio-output-dns");
+/// TPROXY: connection marks, and the loop prevention for the proxy's own loopback traffic.
+fn build_tproxy_marks(b: &mut Builder, cfg: &CaptureConfig, plan: &CapturePlan) {
+    use chain::*;
+    let tproxy_mark = cfg.tproxy_mark.as_str();
+    let loopback = (cfg.loopback_v4.as_str(), LOOPBACK_V6);
+    b.add(
+        MANGLE,
+        PREROUTING,
+        vec![
+            tcp(),
+            mark(MarkKey::MetaShort, tproxy_mark, false),
+            Counter,
+            NftExpr::CtMarkSet(MarkSource::Other),
+        ],
+    );
+    b.add(
+        MANGLE,
+        OUTPUT,
+        vec![
+            oif(LO, false),
+            tcp(),
+            mark(MarkKey::MetaShort, tproxy_mark, false),
+            Counter,
+            Return,
+        ],
+    );
+    for o in &plan.owners {
+        let (key, id) = (o.kind, o.id);
+        b.add_both(MANGLE, OUTPUT, loopback, |family, lo| {
+            vec![
+                oif(LO, false),
+                tcp(),
+                daddr(family, lo, true),
+                owner(key, id, false),
+                Counter,
+                mark_set(OUTBOUND_MARK),
+            ]
+        });
+    }
+    b.add(
+        MANGLE,
+        OUTPUT,
+        vec![
+            tcp(),
+            mark(MarkKey::Ct, tproxy_mark, false),
+            Counter,
+            NftExpr::MetaMarkSet(MarkSource::Other),
+        ],
+    );
+    b.insert(
+        MANGLE,
+        INBOUND,
+        0,
+        vec![
+            tcp(),
+            mark(MarkKey::MetaShort, tproxy_mark, false),
+            Counter,
+            Return,
+        ],
+    );
+    let passthrough = |family, src| vec![iif(LO), tcp(), saddr(family, src), Counter, Return];
+    b.insert(
+        MANGLE,
+        INBOUND,
+        1,
+        passthrough(Family::V4, INBOUND_PASSTHROUGH_V4),
+    );
+    if b.ipv6 {
+        b.insert(
+            MANGLE,
+            INBOUND,
+            1,
+            passthrough(Family::V6, INBOUND_PASSTHROUGH_V6),
+        );
+    }
+    b.insert(
+        MANGLE,
+        INBOUND,
+        2,
+        vec![
+            iif(LO),
+            tcp(),
+            mark(MarkKey::MetaShort, OUTBOUND_MARK, true),
+            Counter,
+            Return,
+        ],
+    );
+}
+
+/// DNS capture: every DNS destination (`servers` is `None`) or only the (IPv4, IPv6) servers.
+fn build_dns(b: &mut Builder, plan: &CapturePlan, servers: Option<(&[String], &[String])>) {
+    use chain::*;
+    let all = servers.is_none();
+    let (v4, v6_configured) = servers.unwrap_or((&[], &[]));
+    // IPv6 servers get rules only with IPv6 on; they still add the jump below (Istio's output).
+    let v6 = if b.ipv6 { v6_configured } else { &[] };
+    let servers = [(Family::V4, v4), (Family::V6, v6)];
+    let dns_dport = |proto| dport(proto, DNS_PORT, false);
+    let udp_sport = |port: &str| sport(Proto::Udp, port);
+    let zone = NftExpr::CtZoneSet;
+    b.add(RAW, OUTPUT, vec![Counter, jump(OUTPUT_DNS)]);
+    if all || !v4.is_empty() || !v6_configured.is_empty() {
+        b.add(NAT, ISTIO_OUTPUT, vec![Counter, jump(OUTPUT_DNS)]);
     }
     if all {
         b.add(
             NAT,
-            "istio-output-dns",
-            format!("meta l4proto tcp tcp dport 53 counter redirect to :{DNS_PROXY_PORT}"),
+            OUTPUT_DNS,
+            vec![
+                tcp(),
+                dns_dport(Proto::Tcp),
+                Counter,
+                redirect(DNS_PROXY_PORT),
+            ],
         );
         b.add(
             NAT,
-            "istio-output-dns",
-            format!("udp dport 53 counter redirect to :{DNS_PROXY_PORT}"),
+            OUTPUT_DNS,
+            vec![dns_dport(Proto::Udp), Counter, redirect(DNS_PROXY_PORT)],
         );
     } else {
-        for proto in ["tcp", "udp"] {
-            for s in v4 {
-                b.add(
-                    NAT,
-                    "istio-output-dns",
-                    format!(
-                        "ip daddr {s}/32 {proto} dport 53 counter redirect to :{DNS_PROXY_PORT}"
-                    ),
-                );
-            }
-            for s in v6 {
-                b.add(
-                    NAT,
-                    "istio-output-dns",
-                    format!(
-                        "ip6 daddr {s}/128 {proto} dport 53 counter redirect to :{DNS_PROXY_PORT}"
-                    ),
-                );
+        for proto in [Proto::Tcp, Proto::Udp] {
+            for (family, list) in servers {
+                for s in list {
+                    b.add(
+                        NAT,
+                        OUTPUT_DNS,
+                        vec![
+                            daddr(family, &host_prefix(family, s), false),
+                            dns_dport(proto),
+                            Counter,
+                            redirect(DNS_PROXY_PORT),
+                        ],
+                    );
+                }
             }
         }
     }
-    for (owner, ids) in [(Owner::Uid, &cfg.proxy_uids), (Owner::Gid, &cfg.proxy_gids)] {
-        let key = owner.key();
-        for id in ids {
-            b.add(
-                RAW,
-                "istio-output-dns",
-                format!("udp dport 53 meta {key} {id} counter ct zone set 1"),
-            );
-            b.add(
-                RAW,
-                "istio-output-dns",
-                format!("udp sport {DNS_PROXY_PORT} meta {key} {id} counter ct zone set 2"),
-            );
-        }
-    }
-    if all {
-        b.add(RAW, "prerouting", "counter jump istio-inbound");
+    for o in &plan.owners {
+        let (key, id) = (o.kind, o.id);
+        let meta_owner = || NftExpr::Owner {
+            key,
+            id: id.into(),
+            negate: false,
+            with_meta: true,
+        };
         b.add(
             RAW,
-            "istio-output-dns",
-            "udp dport 53 counter ct zone set 2",
+            OUTPUT_DNS,
+            vec![
+                dns_dport(Proto::Udp),
+                meta_owner(),
+                Counter,
+                zone(CT_ZONE_UPSTREAM_DNS),
+            ],
         );
-        b.add(RAW, "istio-inbound", "udp sport 53 counter ct zone set 1");
+        b.add(
+            RAW,
+            OUTPUT_DNS,
+            vec![
+                udp_sport(DNS_PROXY_PORT),
+                meta_owner(),
+                Counter,
+                zone(CT_ZONE_APP_DNS),
+            ],
+        );
+    }
+    if all {
+        b.add(RAW, PREROUTING, vec![Counter, jump(INBOUND)]);
+        b.add(
+            RAW,
+            OUTPUT_DNS,
+            vec![dns_dport(Proto::Udp), Counter, zone(CT_ZONE_APP_DNS)],
+        );
+        b.add(
+            RAW,
+            INBOUND,
+            vec![udp_sport(DNS_PORT), Counter, zone(CT_ZONE_UPSTREAM_DNS)],
+        );
         return;
     }
     if !v4.is_empty() || !v6.is_empty() {
-        b.add(RAW, "prerouting", "counter jump istio-inbound");
+        b.add(RAW, PREROUTING, vec![Counter, jump(INBOUND)]);
     }
-    for s in v4 {
-        b.add(
-            RAW,
-            "istio-output-dns",
-            format!("udp dport 53 ip daddr {s}/32 counter ct zone set 2"),
-        );
-        b.add(
-            RAW,
-            "istio-inbound",
-            format!("udp sport 53 ip saddr {s}/32 counter ct zone set 1"),
-        );
-    }
-    for s in v6 {
-        b.add(
-            RAW,
-            "istio-output-dns",
-            format!("udp dport 53 ip6 daddr {s}/128 counter ct zone set 2"),
-        );
-        b.add(
-            RAW,
-            "istio-inbound",
-            format!("udp sport 53 ip6 saddr {s}/128 counter ct zone set 1"),
-        );
+    for (family, list) in servers {
+        for s in list {
+            let h = host_prefix(family, s);
+            b.add(
+                RAW,
+                OUTPUT_DNS,
+                vec![
+                    dns_dport(Proto::Udp),
+                    daddr(family, &h, false),
+                    Counter,
+                    zone(CT_ZONE_APP_DNS),
+                ],
+            );
+            b.add(
+                RAW,
+                INBOUND,
+                vec![
+                    udp_sport(DNS_PORT),
+                    saddr(family, &h),
+                    Counter,
+                    zone(CT_ZONE_UPSTREAM_DNS),
+                ],
+            );
+        }
     }
 }

@@ -3,6 +3,29 @@
 //! chains that have rules (base chains with their hook spec first, then regular chains in a fixed
 //! order), then the rules, with indexed rules as `insert ... index N` where needed.
 
+/// Chain names of the sidecar nftables tables.
+pub mod sidecar_chain {
+    pub const PREROUTING: &str = "prerouting";
+    pub const OUTPUT: &str = "output";
+    pub const INBOUND: &str = "istio-inbound";
+    pub const REDIRECT: &str = "istio-redirect";
+    pub const IN_REDIRECT: &str = "istio-in-redirect";
+    pub const ISTIO_OUTPUT: &str = "istio-output";
+    pub const OUTPUT_DNS: &str = "istio-output-dns";
+    pub const DIVERT: &str = "istio-divert";
+    pub const TPROXY: &str = "istio-tproxy";
+    pub const DROP: &str = "istio-drop";
+}
+
+/// Chain names of the ambient nftables tables.
+pub mod ambient_chain {
+    pub const PREROUTING: &str = "prerouting";
+    pub const OUTPUT: &str = "output";
+    pub const POSTROUTING: &str = "postrouting";
+    pub const ISTIO_PREROUTING: &str = "istio-prerouting";
+    pub const ISTIO_OUTPUT: &str = "istio-output";
+}
+
 /// The tables our rule sets use (all family `inet`, both IP versions in one ruleset).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NftTable {
@@ -68,49 +91,51 @@ impl NftTable {
     }
 
     fn chains(self) -> &'static [ChainSpec] {
+        use ambient_chain as a;
+        use sidecar_chain as s;
         const NAT: &[ChainSpec] = &[
-            base("prerouting", "type nat hook prerouting priority -100"),
-            base("output", "type nat hook output priority -100"),
-            regular("istio-inbound"),
-            regular("istio-redirect"),
-            regular("istio-in-redirect"),
-            regular("istio-output"),
-            regular("istio-output-dns"),
+            base(s::PREROUTING, "type nat hook prerouting priority -100"),
+            base(s::OUTPUT, "type nat hook output priority -100"),
+            regular(s::INBOUND),
+            regular(s::REDIRECT),
+            regular(s::IN_REDIRECT),
+            regular(s::ISTIO_OUTPUT),
+            regular(s::OUTPUT_DNS),
         ];
         const MANGLE: &[ChainSpec] = &[
-            base("prerouting", "type filter hook prerouting priority -150"),
-            base("output", "type route hook output priority -150"),
-            regular("istio-divert"),
-            regular("istio-tproxy"),
-            regular("istio-inbound"),
-            regular("istio-drop"),
+            base(s::PREROUTING, "type filter hook prerouting priority -150"),
+            base(s::OUTPUT, "type route hook output priority -150"),
+            regular(s::DIVERT),
+            regular(s::TPROXY),
+            regular(s::INBOUND),
+            regular(s::DROP),
         ];
         const RAW: &[ChainSpec] = &[
-            base("prerouting", "type filter hook prerouting priority -300"),
-            base("output", "type filter hook output priority -300"),
-            regular("istio-inbound"),
-            regular("istio-output-dns"),
+            base(s::PREROUTING, "type filter hook prerouting priority -300"),
+            base(s::OUTPUT, "type filter hook output priority -300"),
+            regular(s::INBOUND),
+            regular(s::OUTPUT_DNS),
         ];
         const AMBIENT_NAT: &[ChainSpec] = &[
-            base("prerouting", "type nat hook prerouting priority -100"),
-            base("output", "type nat hook output priority -100"),
-            regular("istio-prerouting"),
-            regular("istio-output"),
+            base(a::PREROUTING, "type nat hook prerouting priority -100"),
+            base(a::OUTPUT, "type nat hook output priority -100"),
+            regular(a::ISTIO_PREROUTING),
+            regular(a::ISTIO_OUTPUT),
         ];
         const AMBIENT_MANGLE: &[ChainSpec] = &[
-            base("prerouting", "type filter hook prerouting priority -150"),
-            base("output", "type route hook output priority -150"),
-            regular("istio-prerouting"),
-            regular("istio-output"),
+            base(a::PREROUTING, "type filter hook prerouting priority -150"),
+            base(a::OUTPUT, "type route hook output priority -150"),
+            regular(a::ISTIO_PREROUTING),
+            regular(a::ISTIO_OUTPUT),
         ];
         const AMBIENT_RAW: &[ChainSpec] = &[
-            base("prerouting", "type filter hook prerouting priority -300"),
-            base("output", "type filter hook output priority -300"),
-            regular("istio-prerouting"),
-            regular("istio-output"),
+            base(a::PREROUTING, "type filter hook prerouting priority -300"),
+            base(a::OUTPUT, "type filter hook output priority -300"),
+            regular(a::ISTIO_PREROUTING),
+            regular(a::ISTIO_OUTPUT),
         ];
         const AMBIENT_HOST: &[ChainSpec] = &[base(
-            "postrouting",
+            a::POSTROUTING,
             "type nat hook postrouting priority 100",
         )];
         match self {
@@ -125,20 +150,7 @@ impl NftTable {
     }
 }
 
-/// One nftables rule: table, chain, optional 0-based insert index, and the rule expression.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NftRule {
-    pub table: NftTable,
-    pub chain: String,
-    pub index: Option<usize>,
-    pub expr: String,
-}
-
-/// Rules in program order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NftRuleSet {
-    pub rules: Vec<NftRule>,
-}
+pub use super::nft_model::{NftRule, NftRuleSet};
 
 /// The transaction that replaces our tables with `set` (tables without rules are left alone).
 pub fn render_transaction(set: &NftRuleSet, tables: &[NftTable]) -> String {
@@ -153,9 +165,7 @@ pub fn render_transaction(set: &NftRuleSet, tables: &[NftTable]) -> String {
         let used = |name: &str| {
             rules.iter().any(|r| r.chain == name)
                 || (table.declares_jump_targets()
-                    && rules
-                        .iter()
-                        .any(|r| r.expr.ends_with(&format!("jump {name}"))))
+                    && rules.iter().any(|r| r.jump_target() == Some(name)))
         };
         for chain in table.chains().iter().filter(|c| used(c.name)) {
             match chain.base {
@@ -173,10 +183,15 @@ pub fn render_transaction(set: &NftRuleSet, tables: &[NftTable]) -> String {
                 Some(index) if *count > 0 && index < *count => {
                     out.push_str(&format!(
                         "insert rule inet {t} {} index {index} {}\n",
-                        rule.chain, rule.expr
+                        rule.chain,
+                        rule.body()
                     ));
                 }
-                _ => out.push_str(&format!("add rule inet {t} {} {}\n", rule.chain, rule.expr)),
+                _ => out.push_str(&format!(
+                    "add rule inet {t} {} {}\n",
+                    rule.chain,
+                    rule.body()
+                )),
             }
             *count += 1;
         }
@@ -194,14 +209,15 @@ pub fn render_cleanup(tables: &[NftTable]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::nft_model::{NftExpr, expr::iif};
     use super::*;
 
-    fn rule(chain: &str, index: Option<usize>, expr: &str) -> NftRule {
+    fn rule(chain: &str, index: Option<usize>, iface: &str) -> NftRule {
         NftRule {
             table: NftTable::SidecarNat,
             chain: chain.into(),
             index,
-            expr: expr.into(),
+            exprs: vec![iif(iface), NftExpr::Counter, NftExpr::Return],
         }
     }
 
@@ -209,9 +225,9 @@ mod tests {
     fn indexed_rules_insert_only_when_needed() {
         let set = NftRuleSet {
             rules: vec![
-                rule("prerouting", Some(0), "iifname a counter return"),
-                rule("prerouting", Some(0), "iifname b counter return"),
-                rule("prerouting", Some(5), "iifname c counter return"),
+                rule("prerouting", Some(0), "a"),
+                rule("prerouting", Some(0), "b"),
+                rule("prerouting", Some(5), "c"),
             ],
         };
         assert_eq!(
@@ -222,6 +238,29 @@ mod tests {
              insert rule inet istio-proxy-nat prerouting index 0 iifname b counter return\n\
              add rule inet istio-proxy-nat prerouting iifname c counter return\n"
         );
+    }
+
+    #[test]
+    fn ambient_declares_chains_named_by_a_typed_jump_only() {
+        let jump_to = |chain: &str, target: &str| NftRule {
+            table: NftTable::AmbientNat,
+            chain: chain.into(),
+            index: None,
+            exprs: vec![NftExpr::Jump(target.into())],
+        };
+        // Only a `Jump` statement declares a chain; other text naming a chain does not.
+        let set = NftRuleSet {
+            rules: vec![
+                jump_to("prerouting", "istio-prerouting"),
+                NftRule {
+                    exprs: vec![NftExpr::RedirectTo("istio-output".into())],
+                    ..jump_to("output", "")
+                },
+            ],
+        };
+        let text = render_transaction(&set, &NftTable::AMBIENT_POD);
+        assert!(text.contains("add chain inet istio-ambient-nat istio-prerouting\n"));
+        assert!(!text.contains("add chain inet istio-ambient-nat istio-output\n"));
     }
 
     #[test]
