@@ -6,6 +6,7 @@ pub mod cleanup;
 pub mod exec;
 pub mod iptables;
 pub mod nft;
+pub mod routes;
 pub mod sidecar;
 pub mod state;
 pub mod transcript;
