@@ -1,8 +1,9 @@
 //! The one rule engine: a typed model of redirect rules ([`model`]), the builders that fill it
 //! ([`capture`] for sidecars, whose values [`capture_values`] checks, [`nft_capture`],
 //! [`ambient`]), and its renderers ([`iptables`] restore text, [`nftables`] text, and
-//! [`iptables_nft`]: the nf_tables messages iptables-nft would send). Pure: no processes, files
-//! or namespaces are touched here.
+//! [`iptables_nft`]: the nf_tables messages iptables-nft would send, described neutrally with a
+//! [`nla`] attribute tree and the [`xtables`] structs, for the netlink transport to frame).
+//! Pure: no processes, files, sockets or namespaces are touched here.
 //! May call: nothing else in this crate.
 
 pub mod ambient;
@@ -13,5 +14,7 @@ pub mod iptables_nft;
 pub mod model;
 pub mod nft_capture;
 pub mod nftables;
+pub mod nla;
+pub mod xtables;
 
 pub use model::{Family, Match, Position, Proto, Rule, RuleSet, Table, Target};
