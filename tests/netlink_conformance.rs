@@ -1,4 +1,4 @@
-//! The in-process nf_tables encoding (`rules::iptables_nft`) against iptables-nft-restore itself,
+//! The in-process nf_tables encoding (`rules::iptables_nft`, framed by `netlink::nft_batch`) against iptables-nft-restore itself,
 //! the external oracle: for every Istio capture case (and a few extra flag sets), the rules are
 //! applied for real in two fresh namespaces — once with `ISTIO_IPTABLES_RESTORE_ONLY=true`
 //! (iptables-nft-restore does it), once the default way (we send the messages) — and the kernel's
@@ -189,12 +189,8 @@ fn a_refused_transaction_names_the_message_and_changes_nothing() {
     let rules = b.build();
     let send = {
         let rules = rules.clone();
-        move || {
-            let msgs =
-                istio_cni::rules::iptables_nft::encode(istio_cni::rules::Family::V4, &rules.v4)
-                    .expect("encodable");
-            istio_cni::netlink::nft_batch::send(&msgs).map_err(|e| e.to_string())
-        }
+        // The rule engine describes the messages, the netlink transport frames and sends them.
+        move || istio_cni::apply::iptables::apply_nft_netlink(&rules)
     };
     ns.spawn(send.clone())
         .join()

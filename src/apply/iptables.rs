@@ -186,13 +186,20 @@ pub fn apply_nft_netlink_entering(
     rules: &RuleSet,
     userns: Option<&UsernsEntry>,
 ) -> Result<(), String> {
-    use crate::netlink::nft_batch;
+    use crate::netlink::nft_batch::Transaction;
     use crate::rules::iptables_nft::encode;
     let mut messages = encode(Family::V4, &rules.v4).map_err(|e| e.to_string())?;
     messages.extend(encode(Family::V6, &rules.v6).map_err(|e| e.to_string())?);
+    // The rule engine describes the messages; the netlink transport frames them.
+    let mut transaction = Transaction::new();
+    for m in messages {
+        transaction
+            .push(m.kind, m.flags, nf_family(m.family), &m.attrs, m.what)
+            .map_err(|e| e.to_string())?;
+    }
     match userns {
-        Some(entry) => nft_batch::send_entering(&messages, entry),
-        None => nft_batch::send(&messages),
+        Some(entry) => transaction.send_entering(entry),
+        None => transaction.send(),
     }
     .map_err(|e| e.to_string())
 }

@@ -1,11 +1,14 @@
 //! Applying rule sets: iptables/ip6tables(-save/-restore) binary detection, locking, state
 //! verification, reconcile/cleanup, and the dry-run transcript in Istio's format.
-//! May call: `rules`, `netlink` (nf_tables transactions), `netns` (entering a pod's user namespace).
+//! The routes a sidecar capture needs besides its rules are decided here too ([`routes`]).
+//! May call: `rules`, `netlink` (nf_tables transactions, rtnetlink routes), `netns` (entering a
+//! pod's user namespace).
 
 pub mod cleanup;
 pub mod exec;
 pub mod iptables;
 pub mod nft;
+pub mod routes;
 pub mod sidecar;
 pub mod state;
 pub mod transcript;

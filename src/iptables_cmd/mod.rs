@@ -226,7 +226,7 @@ fn cleanup(settings: &Settings) -> Result<(), String> {
         };
         let outcome = apply::cleanup_sidecar_here(&input, &env, force, userns.as_ref())
             .map_err(|e| e.to_string())?;
-        crate::netlink::routes::remove_sidecar_routes(&capture).map_err(|e| e.to_string())?;
+        apply::routes::remove_sidecar_routes(&capture).map_err(|e| e.to_string())?;
         Ok(outcome)
     })?;
     info!(%outcome, "iptables rules done");
@@ -299,11 +299,10 @@ fn apply_nft(settings: &Settings) -> Result<(), String> {
         apply::nft::apply_transaction(&mut apply::ProcessExecutor::entering(userns), &transaction)
             .map_err(|e| e.to_string())?;
         if cleanup_only {
-            crate::netlink::routes::remove_sidecar_routes(&capture).map_err(|e| e.to_string())?;
+            apply::routes::remove_sidecar_routes(&capture).map_err(|e| e.to_string())?;
         } else {
             // Each run replaces our tables, so the routes follow the flags of this run.
-            crate::netlink::routes::converge_sidecar_routes(&capture, true)
-                .map_err(|e| e.to_string())?;
+            apply::routes::converge_sidecar_routes(&capture, true).map_err(|e| e.to_string())?;
         }
         Ok(())
     };
@@ -327,11 +326,8 @@ fn apply_rules(settings: &Settings, rules: RuleSet) -> Result<(), String> {
     let outcome = in_target_netns(settings, move |userns| {
         let opts = SidecarOptions { userns, ..opts };
         let outcome = apply::apply_sidecar_here(&rules, &opts, force).map_err(|e| e.to_string())?;
-        crate::netlink::routes::converge_sidecar_routes(
-            &capture,
-            outcome == apply::Outcome::Reconciled,
-        )
-        .map_err(|e| e.to_string())?;
+        apply::routes::converge_sidecar_routes(&capture, outcome == apply::Outcome::Reconciled)
+            .map_err(|e| e.to_string())?;
         Ok(outcome)
     })?;
     info!(%outcome, "iptables rules done");

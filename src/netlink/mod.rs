@@ -1,8 +1,11 @@
-//! Host facts and kernel network state: interface addresses (IPv6 detection), and addresses, ip
-//! rules and routes set via rtnetlink (no `ip` subprocess); nf_tables transactions sent over
-//! nfnetlink ([`nft_batch`]).
-//! May call: `rules` (only the message type that `rules::iptables_nft` encodes), `netns` (sending
-//! from inside a pod's user namespace).
+//! The netlink transport and host facts: interface addresses (IPv6 detection); addresses, ip
+//! rules and routes via rtnetlink with plain parameters ([`routes`], no `ip` subprocess, no
+//! policy: which routes a capture needs is `apply`'s decision); nf_tables transactions over
+//! nfnetlink ([`nft_batch`]). This room owns the wire format — netlink and nfnetlink headers,
+//! batch framing, sequence numbers, one socket per transaction, the kernel's answers — and frames
+//! whatever neutral description it is given (message kind, flags, family, netlink-packet-core
+//! attributes).
+//! May call: `netns` (sending from inside a pod's user namespace).
 
 use std::net::IpAddr;
 

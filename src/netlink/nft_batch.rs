@@ -1,23 +1,39 @@
-//! Sends one nf_tables transaction — the messages `rules::iptables_nft` encodes — over an
-//! nfnetlink socket in the calling thread's network namespace, and reports the kernel's answer.
-//! The kernel applies a batch all or nothing: a rejected message leaves every table as it was.
-//! For a netns owned by another user namespace the batch goes out from a forked child that
-//! entered it ([`send_entering`]).
+//! nf_tables transactions over nfnetlink in the calling thread's network namespace. This module
+//! owns the wire format: the netlink header, the nfnetlink header (`nfgenmsg`), sequence numbers
+//! and the batch framing around the caller's messages (a message kind, flags, family and an
+//! attribute list, e.g. what `rules::iptables_nft` describes), one socket per transaction, and
+//! the kernel's answers, read with netlink-packet-core's buffers. The kernel applies a batch all
+//! or nothing: a rejected message leaves every table as it was. For a netns owned by another user
+//! namespace the batch goes out from a forked child that entered it
+//! ([`Transaction::send_entering`]).
 
 use std::time::Duration;
 
+use netlink_packet_core::{
+    DecodeError, DefaultNla, Emitable, ErrorBuffer, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+    NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer, NetlinkHeader, Nla, NlaBuffer, NlasIterator,
+};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
-
-use crate::rules::iptables_nft::{Message, NLM_F_REQUEST};
 
 const NFNL_MSG_BATCH_BEGIN: u16 = 16;
 const NFNL_MSG_BATCH_END: u16 = 17;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NLM_F_ACK: u16 = 0x4;
-const NLMSG_ERROR: u16 = 2;
+const NFNETLINK_V0: u8 = 0;
+/// `struct nlmsghdr`.
 const HEADER_LEN: usize = 16;
+/// `struct nfgenmsg`.
+const NFGENMSG_LEN: usize = 4;
 /// The kernel answers while it handles the send; this only bounds a kernel that never does.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+const FIRST_SEQ: u32 = 1;
+const REPLY_BUFFER: usize = 65536;
+
+const NFT_MSG_DELTABLE: u16 = 2;
+const NFT_MSG_GETCHAIN: u16 = 4;
+const NFT_MSG_DELCHAIN: u16 = 5;
+const NFTA_TABLE_NAME: u16 = 1;
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
 
 /// Why a transaction did not go through.
 #[derive(Debug, thiserror::Error)]
@@ -31,103 +47,175 @@ pub enum BatchError {
     },
     #[error("nf_tables closed the conversation without answering the transaction")]
     Unanswered,
+    #[error("malformed nfnetlink reply")]
+    Malformed(#[source] Option<DecodeError>),
+    #[error(
+        "cannot {what}: netlink attribute type {kind} would be {len} bytes long; \
+         its length field holds at most 65535"
+    )]
+    AttrTooLong { what: String, kind: u16, len: usize },
     #[error(transparent)]
     Entry(#[from] crate::netns::NetnsError),
 }
 
-/// Appends one netlink message: header, `nfgenmsg` and the attributes.
-fn push_message(buf: &mut Vec<u8>, kind: u16, flags: u16, seq: u32, family: u8, res_id: u16) {
-    buf.extend_from_slice(&((HEADER_LEN + 4) as u32).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(&flags.to_ne_bytes());
-    buf.extend_from_slice(&seq.to_ne_bytes());
-    buf.extend_from_slice(&0u32.to_ne_bytes());
-    buf.push(family);
-    buf.push(0);
-    buf.extend_from_slice(&res_id.to_be_bytes());
+/// One nf_tables transaction being framed: BATCH_BEGIN, then each message with its netlink and
+/// nfnetlink headers and consecutive sequence numbers; BATCH_END when it is sent. Everything is
+/// framed (and allocated) before anything is sent, so a forked child only makes system calls.
+#[derive(Debug)]
+pub struct Transaction {
+    buf: Vec<u8>,
+    /// What each message does, by position (for the kernel's refusals).
+    whats: Vec<String>,
+    /// Where the last message's header starts: it asks for the ACK.
+    last_header: Option<usize>,
 }
 
-/// The whole batch as one datagram: BATCH_BEGIN, the messages, BATCH_END. Only the last message
-/// asks for an ACK: the kernel answers a failing message with its error whatever its flags, and
-/// reports errors in message order, so "the last one acknowledged, nothing failed before it" is
-/// the whole transaction committed — with one reply to read instead of one per message.
-pub fn frame(messages: &[Message], first_seq: u32) -> Vec<u8> {
-    let mut buf =
-        Vec::with_capacity(64 + messages.iter().map(|m| 20 + m.attrs.len()).sum::<usize>());
-    push_message(
-        &mut buf,
-        NFNL_MSG_BATCH_BEGIN,
-        NLM_F_REQUEST,
-        first_seq,
-        0,
-        NFNL_SUBSYS_NFTABLES,
-    );
-    for (i, m) in messages.iter().enumerate() {
-        let start = buf.len();
-        let ack = if i + 1 == messages.len() {
-            NLM_F_ACK
-        } else {
-            0
-        };
-        push_message(
+impl Default for Transaction {
+    fn default() -> Self {
+        Transaction::new()
+    }
+}
+
+impl Transaction {
+    pub fn new() -> Transaction {
+        let mut buf = Vec::with_capacity(1024);
+        push_header(
             &mut buf,
-            (NFNL_SUBSYS_NFTABLES << 8) | m.kind,
-            NLM_F_REQUEST | ack | m.flags,
-            first_seq + 1 + i as u32,
-            m.family,
+            NFNL_MSG_BATCH_BEGIN,
+            NLM_F_REQUEST,
+            FIRST_SEQ,
+            0,
+            NFNL_SUBSYS_NFTABLES,
             0,
         );
-        buf.extend_from_slice(&m.attrs);
-        let len = (buf.len() - start) as u32;
-        buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+        Transaction {
+            buf,
+            whats: Vec::new(),
+            last_header: None,
+        }
     }
-    let seq = first_seq + 1 + messages.len() as u32;
-    push_message(
-        &mut buf,
-        NFNL_MSG_BATCH_END,
-        NLM_F_REQUEST,
-        seq,
-        0,
-        NFNL_SUBSYS_NFTABLES,
-    );
-    buf
+
+    pub fn is_empty(&self) -> bool {
+        self.whats.is_empty()
+    }
+
+    /// Adds one nf_tables message: `NFT_MSG_*` `kind`, `NLM_F_*` `flags` on top of
+    /// `NLM_F_REQUEST`, `AF_*` `family`, and its attributes. An attribute longer than its 16-bit
+    /// length field can say is refused, never truncated.
+    pub fn push<A: Nla>(
+        &mut self,
+        kind: u16,
+        flags: u16,
+        family: u8,
+        attrs: &[A],
+        what: String,
+    ) -> Result<(), BatchError> {
+        // A nest is at least as long as anything in it: checking the top level covers all.
+        if let Some(attr) = attrs
+            .iter()
+            .find(|a| a.value_len() + 4 > usize::from(u16::MAX))
+        {
+            return Err(BatchError::AttrTooLong {
+                what,
+                kind: attr.kind(),
+                len: attr.value_len() + 4,
+            });
+        }
+        let attrs_len = attrs.buffer_len();
+        let start = self.buf.len();
+        let seq = FIRST_SEQ + 1 + self.whats.len() as u32;
+        push_header(
+            &mut self.buf,
+            (NFNL_SUBSYS_NFTABLES << 8) | kind,
+            NLM_F_REQUEST | flags,
+            seq,
+            family,
+            0,
+            attrs_len,
+        );
+        let at = self.buf.len();
+        self.buf.resize(at + attrs_len, 0);
+        attrs.emit(&mut self.buf[at..]);
+        self.whats.push(what);
+        self.last_header = Some(start);
+        Ok(())
+    }
+
+    /// The whole batch as one datagram. Only the last message asks for an ACK: the kernel answers
+    /// a failing message with its error whatever its flags, and reports errors in message order,
+    /// so "the last one acknowledged, nothing failed before it" is the whole transaction committed
+    /// — with one reply to read instead of one per message.
+    fn framed(&mut self) -> Vec<u8> {
+        let mut buf = std::mem::take(&mut self.buf);
+        if let Some(at) = self.last_header {
+            let mut header = NetlinkBuffer::new(&mut buf[at..]);
+            let flags = header.flags();
+            header.set_flags(flags | NLM_F_ACK);
+        }
+        push_header(
+            &mut buf,
+            NFNL_MSG_BATCH_END,
+            NLM_F_REQUEST,
+            self.last_seq() + 1,
+            0,
+            NFNL_SUBSYS_NFTABLES,
+            0,
+        );
+        buf
+    }
+
+    fn last_seq(&self) -> u32 {
+        FIRST_SEQ + self.whats.len() as u32
+    }
+
+    /// Sends the transaction from the calling thread's netns and waits for the kernel's answer.
+    pub fn send(mut self) -> Result<(), BatchError> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let framed = self.framed();
+        let mut replies = vec![0u8; REPLY_BUFFER];
+        let answer = exchange(&framed, self.last_seq(), &mut replies);
+        answer.into_result(&self.whats)
+    }
+
+    /// Sends the transaction from a forked child that entered the netns's user namespace first:
+    /// the kernel checks `-m owner` matches against the sender's user namespace, and only a
+    /// single-threaded process may enter one.
+    pub fn send_entering(mut self, entry: &crate::netns::UsernsEntry) -> Result<(), BatchError> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let framed = self.framed();
+        let mut replies = vec![0u8; REPLY_BUFFER];
+        let last = self.last_seq();
+        // SAFETY: `exchange` only makes system calls on the buffers allocated above, and reads
+        // the replies through netlink-packet-core's borrowed views (no allocation).
+        let word = unsafe { entry.run_forked(|| exchange(&framed, last, &mut replies).to_word()) }?;
+        Answer::from_word(word).into_result(&self.whats)
+    }
 }
 
-/// Sends `messages` as one transaction from the calling thread's netns and waits for the
-/// kernel's answer.
-pub fn send(messages: &[Message]) -> Result<(), BatchError> {
-    if messages.is_empty() {
-        return Ok(());
-    }
-    let framed = frame(messages, FIRST_SEQ);
-    let mut replies = vec![0u8; REPLY_BUFFER];
-    let answer = exchange(&framed, last_seq(messages), &mut replies);
-    answer.into_result(messages)
-}
-
-/// Sends `messages` as one transaction from a forked child that entered the netns's user
-/// namespace first: the kernel checks `-m owner` matches against the sender's user namespace,
-/// and only a single-threaded process may enter one.
-pub fn send_entering(
-    messages: &[Message],
-    entry: &crate::netns::UsernsEntry,
-) -> Result<(), BatchError> {
-    if messages.is_empty() {
-        return Ok(());
-    }
-    let framed = frame(messages, FIRST_SEQ);
-    let mut replies = vec![0u8; REPLY_BUFFER];
-    let last = last_seq(messages);
-    // SAFETY: `exchange` only makes system calls on the buffers allocated above.
-    let word = unsafe { entry.run_forked(|| exchange(&framed, last, &mut replies).to_word()) }?;
-    Answer::from_word(word).into_result(messages)
-}
-
-const FIRST_SEQ: u32 = 1;
-const REPLY_BUFFER: usize = 65536;
-
-fn last_seq(messages: &[Message]) -> u32 {
-    FIRST_SEQ + messages.len() as u32
+/// Appends a netlink header (its length covering `payload_len` more bytes) and an `nfgenmsg`.
+fn push_header(
+    buf: &mut Vec<u8>,
+    kind: u16,
+    flags: u16,
+    seq: u32,
+    family: u8,
+    res_id: u16,
+    payload_len: usize,
+) {
+    let mut header = NetlinkHeader::default();
+    header.length = (HEADER_LEN + NFGENMSG_LEN + payload_len) as u32;
+    header.message_type = kind;
+    header.flags = flags;
+    header.sequence_number = seq;
+    let at = buf.len();
+    buf.resize(at + HEADER_LEN, 0);
+    header.emit(&mut buf[at..]);
+    buf.extend_from_slice(&[family, NFNETLINK_V0]);
+    buf.extend_from_slice(&res_id.to_be_bytes());
 }
 
 /// The kernel's answer to a batch, small enough for a forked child to hand back as one word.
@@ -171,20 +259,20 @@ impl Answer {
         }
     }
 
-    fn into_result(self, messages: &[Message]) -> Result<(), BatchError> {
+    fn into_result(self, whats: &[String]) -> Result<(), BatchError> {
         match self {
             Answer::Committed => Ok(()),
             Answer::Rejected { seq, errno } => Err(BatchError::Rejected {
                 what: seq
                     .checked_sub(FIRST_SEQ + 1)
-                    .and_then(|i| messages.get(i as usize))
-                    .map(|m| m.what.clone())
+                    .and_then(|i| whats.get(i as usize))
+                    .cloned()
                     .unwrap_or_else(|| "apply the batch".to_string()),
                 source: std::io::Error::from_raw_os_error(errno),
             }),
             Answer::Unanswered => Err(BatchError::Unanswered),
             Answer::Io { errno } => Err(std::io::Error::from_raw_os_error(errno).into()),
-            Answer::Malformed => Err(std::io::Error::other("malformed nfnetlink reply").into()),
+            Answer::Malformed => Err(BatchError::Malformed(None)),
         }
     }
 }
@@ -263,27 +351,34 @@ unsafe fn exchange_on(fd: libc::c_int, framed: &[u8], last_seq: u32, buf: &mut [
     }
 }
 
-/// Reads one datagram of replies: Some(answer) once the batch is decided, None to read on.
+/// Reads one datagram of replies: Some(answer) once the batch is decided, None to read on. Only
+/// borrowed views over `buf` (lengths checked first, so nothing here allocates or panics): a
+/// forked child runs it.
 fn scan_replies(buf: &[u8], last_seq: u32) -> Option<Answer> {
-    let word = |at: usize| -> [u8; 4] { [buf[at], buf[at + 1], buf[at + 2], buf[at + 3]] };
     let mut offset = 0;
     while offset + HEADER_LEN <= buf.len() {
-        let len = u32::from_ne_bytes(word(offset)) as usize;
-        let kind = u16::from_ne_bytes([buf[offset + 4], buf[offset + 5]]);
-        let seq = u32::from_ne_bytes(word(offset + 8));
-        if len < HEADER_LEN || offset + len > buf.len() {
+        let rest = &buf[offset..];
+        let reply = NetlinkBuffer::new(rest);
+        let len = reply.length() as usize;
+        if len < HEADER_LEN || len > rest.len() {
             return Some(Answer::Malformed);
         }
-        if kind == NLMSG_ERROR && len >= HEADER_LEN + 4 {
-            let code = i32::from_ne_bytes(word(offset + HEADER_LEN));
-            if code != 0 {
-                return Some(Answer::Rejected {
-                    seq,
-                    errno: code.saturating_neg(),
-                });
-            }
-            if seq == last_seq {
-                return Some(Answer::Committed);
+        let seq = reply.sequence_number();
+        if !(FIRST_SEQ..=last_seq).contains(&seq) {
+            // Not an answer to this transaction: a fresh socket gets no other.
+            return Some(Answer::Malformed);
+        }
+        let payload = reply.payload();
+        if reply.message_type() == NLMSG_ERROR && payload.len() >= 4 {
+            match ErrorBuffer::new(payload).code() {
+                Some(code) => {
+                    return Some(Answer::Rejected {
+                        seq,
+                        errno: code.get().saturating_neg(),
+                    });
+                }
+                None if seq == last_seq => return Some(Answer::Committed),
+                None => {}
             }
         }
         offset += len.next_multiple_of(4);
@@ -291,48 +386,48 @@ fn scan_replies(buf: &[u8], last_seq: u32) -> Option<Answer> {
     None
 }
 
-const NFT_MSG_GETCHAIN: u16 = 4;
-const NFT_MSG_DELTABLE: u16 = 2;
-const NFTA_TABLE_NAME: u16 = 1;
-
-const NFT_MSG_DELCHAIN: u16 = 5;
-
 /// Deletes one (empty) nf_tables chain of a family's table, as one transaction.
 pub fn delete_chain(family: u8, table: &str, chain: &str) -> Result<(), BatchError> {
-    use crate::rules::iptables_nft::Attrs;
-    send(&[Message {
-        kind: NFT_MSG_DELCHAIN,
-        flags: 0,
+    let mut tx = Transaction::new();
+    tx.push(
+        NFT_MSG_DELCHAIN,
+        0,
         family,
-        attrs: Attrs::new()
-            .string(NFTA_CHAIN_TABLE, table)
-            .string(NFTA_CHAIN_NAME, chain)
-            .done(),
-        what: format!("delete chain {chain} of table {table}"),
-    }])
+        &[
+            name_attr(NFTA_CHAIN_TABLE, table),
+            name_attr(NFTA_CHAIN_NAME, chain),
+        ],
+        format!("delete chain {chain} of table {table}"),
+    )?;
+    tx.send()
 }
 
 /// Deletes one nf_tables table of a family (with whatever it holds), as one transaction.
 pub fn delete_table(family: u8, name: &str) -> Result<(), BatchError> {
-    use crate::rules::iptables_nft::Attrs;
-    send(&[Message {
-        kind: NFT_MSG_DELTABLE,
-        flags: 0,
+    let mut tx = Transaction::new();
+    tx.push(
+        NFT_MSG_DELTABLE,
+        0,
         family,
-        attrs: Attrs::new().string(NFTA_TABLE_NAME, name).done(),
-        what: format!("delete table {name}"),
-    }])
+        &[name_attr(NFTA_TABLE_NAME, name)],
+        format!("delete table {name}"),
+    )?;
+    tx.send()
 }
 
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_DONE: u16 = 3;
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
+/// A NUL-terminated name attribute.
+fn name_attr(kind: u16, name: &str) -> DefaultNla {
+    let mut value = Vec::with_capacity(name.len() + 1);
+    value.extend_from_slice(name.as_bytes());
+    value.push(0);
+    DefaultNla::new(kind, value)
+}
 
 /// The `(table, chain)` names of every nf_tables chain of one family (`AF_INET`/`AF_INET6`) in the
 /// calling thread's network namespace: one netlink dump, no process. This is how an apply learns
 /// cheaply whether iptables-nft already holds chains of ours.
 pub fn list_chains(family: u8) -> Result<Vec<(String, String)>, BatchError> {
+    const DUMP_SEQ: u32 = 1;
     let mut socket = Socket::new(NETLINK_NETFILTER)?;
     socket.bind_auto()?;
     socket.connect(&SocketAddr::new(0, 0))?;
@@ -342,148 +437,71 @@ pub fn list_chains(family: u8) -> Result<Vec<(String, String)>, BatchError> {
         &nix::sys::time::TimeVal::new(REPLY_TIMEOUT.as_secs() as i64, 0),
     )
     .map_err(std::io::Error::from)?;
-    let mut request = Vec::with_capacity(HEADER_LEN + 4);
-    push_message(
+    let mut request = Vec::with_capacity(HEADER_LEN + NFGENMSG_LEN);
+    push_header(
         &mut request,
         (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN,
         NLM_F_REQUEST | NLM_F_DUMP,
-        1,
+        DUMP_SEQ,
         family,
+        0,
         0,
     );
     socket.send(&request, 0)?;
     let mut chains = Vec::new();
-    let mut buf = vec![0u8; 65536];
+    let mut buf = vec![0u8; REPLY_BUFFER];
     loop {
         let n = socket.recv(&mut &mut buf[..], 0)?;
         if n == 0 {
             return Err(BatchError::Unanswered);
         }
         let mut offset = 0;
-        while offset + HEADER_LEN <= n {
-            let len = u32::from_ne_bytes([
-                buf[offset],
-                buf[offset + 1],
-                buf[offset + 2],
-                buf[offset + 3],
-            ]) as usize;
-            let kind = u16::from_ne_bytes([buf[offset + 4], buf[offset + 5]]);
-            if len < HEADER_LEN || offset + len > n {
-                return Err(std::io::Error::other("malformed nfnetlink reply").into());
+        while offset < n {
+            let reply = NetlinkBuffer::new_checked(&buf[offset..n])
+                .map_err(|e| BatchError::Malformed(Some(e)))?;
+            if reply.sequence_number() != DUMP_SEQ {
+                return Err(BatchError::Malformed(None));
             }
-            let body = &buf[offset + HEADER_LEN..offset + len];
-            match kind {
+            let body = reply.payload();
+            match reply.message_type() {
                 NLMSG_DONE => return Ok(chains),
                 NLMSG_ERROR if body.len() >= 4 => {
-                    let code = i32::from_ne_bytes([body[0], body[1], body[2], body[3]]);
-                    if code != 0 {
+                    if let Some(code) = ErrorBuffer::new(body).code() {
                         return Err(BatchError::Rejected {
                             what: "list chains".into(),
-                            source: std::io::Error::from_raw_os_error(-code),
+                            source: std::io::Error::from_raw_os_error(-code.get()),
                         });
                     }
                 }
-                _ if body.len() >= 4 => chains.extend(chain_names(&body[4..])),
+                _ if body.len() >= NFGENMSG_LEN => {
+                    chains.extend(chain_names(&body[NFGENMSG_LEN..])?);
+                }
                 _ => {}
             }
-            offset += len.next_multiple_of(4);
+            offset += (reply.length() as usize).next_multiple_of(4);
         }
     }
 }
 
 /// Table and chain name from the attributes of one `NFT_MSG_NEWCHAIN` dump record.
-fn chain_names(mut attrs: &[u8]) -> Option<(String, String)> {
+fn chain_names(attrs: &[u8]) -> Result<Option<(String, String)>, BatchError> {
     let (mut table, mut name) = (None, None);
-    while attrs.len() >= 4 {
-        let len = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
-        let kind = u16::from_ne_bytes([attrs[2], attrs[3]]) & 0x3fff;
-        if len < 4 || len > attrs.len() {
-            break;
-        }
+    for attr in NlasIterator::new(attrs) {
+        let attr: NlaBuffer<&[u8]> = attr.map_err(|e| BatchError::Malformed(Some(e)))?;
         let text = || {
-            String::from_utf8_lossy(&attrs[4..len])
+            String::from_utf8_lossy(attr.value())
                 .trim_end_matches('\0')
                 .to_string()
         };
-        match kind {
+        match attr.kind() {
             NFTA_CHAIN_TABLE => table = Some(text()),
             NFTA_CHAIN_NAME => name = Some(text()),
             _ => {}
         }
-        attrs = &attrs[len.next_multiple_of(4).min(attrs.len())..];
     }
-    Some((table?, name?))
+    Ok(table.zip(name))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::rules::iptables_nft::{Attrs, NFT_MSG_NEWTABLE, NLM_F_CREATE};
-
-    #[test]
-    fn frames_a_batch_with_acks_and_lengths() {
-        let msg = Message {
-            kind: NFT_MSG_NEWTABLE,
-            flags: NLM_F_CREATE,
-            family: 2,
-            attrs: Attrs::new().string(1, "nat").done(),
-            what: "create table nat".into(),
-        };
-        let buf = frame(&[msg], 7);
-        assert_eq!(buf.len(), 20 + 28 + 20);
-        // BATCH_BEGIN: seq 7, res_id = nftables (big-endian 10).
-        assert_eq!(&buf[4..6], &NFNL_MSG_BATCH_BEGIN.to_ne_bytes());
-        assert_eq!(&buf[8..12], &7u32.to_ne_bytes());
-        assert_eq!(&buf[18..20], &[0, 10]);
-        // NEWTABLE (the last message, so it asks for the ACK): length 28, type 10<<8,
-        // REQUEST|ACK|CREATE, seq 8, AF_INET.
-        assert_eq!(&buf[20..24], &28u32.to_ne_bytes());
-        assert_eq!(&buf[24..26], &(10u16 << 8).to_ne_bytes());
-        assert_eq!(&buf[26..28], &(0x1u16 | 0x4 | 0x400).to_ne_bytes());
-        assert_eq!(&buf[28..32], &8u32.to_ne_bytes());
-        assert_eq!(buf[36], 2);
-        assert_eq!(&buf[40..48], &[8, 0, 1, 0, b'n', b'a', b't', 0]);
-        assert_eq!(&buf[52..54], &NFNL_MSG_BATCH_END.to_ne_bytes());
-    }
-
-    #[test]
-    fn answers_survive_the_trip_through_one_word() {
-        for answer in [
-            Answer::Committed,
-            Answer::Rejected {
-                seq: 4_000_000,
-                errno: libc::EINVAL,
-            },
-            Answer::Unanswered,
-            Answer::Io { errno: libc::EPERM },
-            Answer::Malformed,
-        ] {
-            assert_eq!(Answer::from_word(answer.to_word()), answer);
-        }
-    }
-
-    #[test]
-    fn replies_decide_on_the_first_error_or_the_last_ack() {
-        let reply = |seq: u32, code: i32| {
-            let mut m = Vec::new();
-            m.extend_from_slice(&36u32.to_ne_bytes());
-            m.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
-            m.extend_from_slice(&0u16.to_ne_bytes());
-            m.extend_from_slice(&seq.to_ne_bytes());
-            m.extend_from_slice(&0u32.to_ne_bytes());
-            m.extend_from_slice(&code.to_ne_bytes());
-            m.extend_from_slice(&[0; 16]);
-            m
-        };
-        assert_eq!(scan_replies(&reply(3, 0), 3), Some(Answer::Committed));
-        assert_eq!(scan_replies(&reply(2, 0), 3), None);
-        assert_eq!(
-            scan_replies(&reply(2, -libc::EINVAL), 3),
-            Some(Answer::Rejected {
-                seq: 2,
-                errno: libc::EINVAL
-            })
-        );
-        assert_eq!(scan_replies(&reply(3, 0)[..20], 3), Some(Answer::Malformed));
-    }
-}
+#[path = "nft_batch_tests.rs"]
+mod tests;

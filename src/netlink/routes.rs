@@ -1,5 +1,8 @@
-//! rtnetlink requests over a synchronous netlink socket, opened in the calling thread's network
-//! namespace: the `::6/128` address on `lo`, and TPROXY policy routing.
+//! rtnetlink requests in the calling thread's network namespace: addresses, `ip rule fwmark`
+//! policy rules and local default routes, with plain parameters (which mark, table, family and
+//! address is the caller's decision). A [`RouteSession`] holds one socket for a group of requests,
+//! opened on the first request only, and checks that every answer carries its request's sequence
+//! number.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -15,9 +18,6 @@ use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
-use crate::rules::capture::CaptureConfig;
-use crate::rules::capture_values::{parse_route_table, parse_tproxy_mark};
-
 /// A netlink request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NetlinkError {
@@ -30,62 +30,213 @@ pub enum NetlinkError {
     },
     #[error("interface {0} not found")]
     NoInterface(String),
-    #[error("invalid {what} {value:?}: not a number")]
-    Number { what: &'static str, value: String },
 }
 
-fn request(msg: RouteNetlinkMessage, flags: u16, what: &str) -> Result<(), NetlinkError> {
-    let mut socket = Socket::new(NETLINK_ROUTE).map_err(NetlinkError::Socket)?;
-    socket.bind_auto().map_err(NetlinkError::Socket)?;
-    socket
-        .connect(&SocketAddr::new(0, 0))
-        .map_err(NetlinkError::Socket)?;
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
-    let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(msg));
-    packet.finalize();
-    let mut buf = vec![0u8; packet.buffer_len()];
-    packet.serialize(&mut buf);
-    socket
-        .send(&buf, 0)
-        .map_err(|source| NetlinkError::Request {
-            what: what.to_string(),
-            source,
-        })?;
-    let mut reply = vec![0u8; 8192];
-    loop {
-        let n = socket
-            .recv(&mut &mut reply[..], 0)
-            .map_err(|source| NetlinkError::Request {
-                what: what.to_string(),
-                source,
-            })?;
-        let msg = <NetlinkMessage<RouteNetlinkMessage>>::deserialize(&reply[..n]).map_err(|e| {
-            NetlinkError::Request {
-                what: what.to_string(),
-                source: std::io::Error::other(e.to_string()),
-            }
-        })?;
-        match msg.payload {
-            NetlinkPayload::Error(e) if e.code.is_some() => {
-                return Err(NetlinkError::Request {
-                    what: what.to_string(),
-                    source: e.to_io(),
-                });
-            }
-            NetlinkPayload::Error(_) | NetlinkPayload::Done(_) => return Ok(()),
-            _ => continue,
-        }
+impl NetlinkError {
+    /// A delete that found nothing to delete (or a family the kernel does not have).
+    fn is_absent(&self) -> bool {
+        matches!(self, NetlinkError::Request { source, .. } if matches!(
+            source.raw_os_error(),
+            Some(libc::ENOENT | libc::ESRCH | libc::EADDRNOTAVAIL | libc::EAFNOSUPPORT)
+        ))
+    }
+
+    fn is_exists(&self) -> bool {
+        matches!(self, NetlinkError::Request { source, .. }
+            if source.raw_os_error() == Some(libc::EEXIST))
     }
 }
 
-fn ignore_exists(result: Result<(), NetlinkError>) -> Result<(), NetlinkError> {
-    match result {
-        Err(NetlinkError::Request { source, .. })
-            if source.raw_os_error() == Some(libc::EEXIST) =>
-        {
-            Ok(())
+/// One rtnetlink socket for a group of requests. Nothing is opened until the first request, so a
+/// group with nothing to do costs no system call.
+#[derive(Default)]
+pub struct RouteSession {
+    socket: Option<Socket>,
+    seq: u32,
+}
+
+/// More than any answer to one request (an ACK or an error echoing the request header).
+const REPLY_BUFFER: usize = 8192;
+/// Bounds the deletes of duplicate rules: each successful delete removes one copy.
+const MAX_DUPLICATES: usize = 64;
+
+impl RouteSession {
+    pub fn new() -> RouteSession {
+        RouteSession::default()
+    }
+
+    fn socket(&mut self) -> Result<&mut Socket, NetlinkError> {
+        if self.socket.is_none() {
+            let mut socket = Socket::new(NETLINK_ROUTE).map_err(NetlinkError::Socket)?;
+            socket.bind_auto().map_err(NetlinkError::Socket)?;
+            socket
+                .connect(&SocketAddr::new(0, 0))
+                .map_err(NetlinkError::Socket)?;
+            self.socket = Some(socket);
         }
+        Ok(self.socket.as_mut().expect("opened above"))
+    }
+
+    /// Sends one request asking for an ACK and waits for the answer carrying its sequence number.
+    fn request(
+        &mut self,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+        what: &str,
+    ) -> Result<(), NetlinkError> {
+        let failed = |source: std::io::Error| NetlinkError::Request {
+            what: what.to_string(),
+            source,
+        };
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+        header.sequence_number = seq;
+        let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(msg));
+        packet.finalize();
+        let mut buf = vec![0u8; packet.buffer_len()];
+        packet.serialize(&mut buf);
+        let socket = self.socket()?;
+        socket.send(&buf, 0).map_err(failed)?;
+        let mut reply = vec![0u8; REPLY_BUFFER];
+        loop {
+            let n = socket.recv(&mut &mut reply[..], 0).map_err(failed)?;
+            if n == 0 {
+                return Err(failed(std::io::Error::from(
+                    std::io::ErrorKind::UnexpectedEof,
+                )));
+            }
+            let msg = <NetlinkMessage<RouteNetlinkMessage>>::deserialize(&reply[..n])
+                .map_err(|e| failed(std::io::Error::other(e.to_string())))?;
+            if msg.header.sequence_number != seq {
+                // An answer to an earlier request of this session: not ours to judge.
+                continue;
+            }
+            match msg.payload {
+                NetlinkPayload::Error(e) if e.code.is_some() => return Err(failed(e.to_io())),
+                NetlinkPayload::Error(_) | NetlinkPayload::Done(_) => return Ok(()),
+                _ => continue,
+            }
+        }
+    }
+
+    /// Adds an address to an interface; an existing one is fine.
+    pub fn add_address(
+        &mut self,
+        iface: &str,
+        addr: IpAddr,
+        prefix_len: u8,
+    ) -> Result<(), NetlinkError> {
+        let msg = address_message(iface, addr, prefix_len)?;
+        let result = self.request(
+            RouteNetlinkMessage::NewAddress(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            &format!("add address {addr}/{prefix_len} to {iface}"),
+        );
+        match result {
+            Err(e) if e.is_exists() => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Deletes an address from an interface; an absent one is fine.
+    pub fn delete_address(
+        &mut self,
+        iface: &str,
+        addr: IpAddr,
+        prefix_len: u8,
+    ) -> Result<(), NetlinkError> {
+        let msg = address_message(iface, addr, prefix_len)?;
+        ignore_absent(self.request(
+            RouteNetlinkMessage::DelAddress(msg),
+            0,
+            &format!("delete address {addr}/{prefix_len} from {iface}"),
+        ))
+    }
+
+    /// Makes sure exactly one `ip rule fwmark MARK lookup TABLE` exists for one family. Without a
+    /// priority the kernel would add a duplicate on every run, so earlier copies are deleted
+    /// first.
+    pub fn ensure_fwmark_rule(
+        &mut self,
+        ipv6: bool,
+        mark: u32,
+        table: u32,
+    ) -> Result<(), NetlinkError> {
+        self.delete_fwmark_rules(ipv6, mark, table)?;
+        self.request(
+            RouteNetlinkMessage::NewRule(fwmark_rule(ipv6, mark, table)),
+            NLM_F_CREATE | NLM_F_EXCL,
+            &format!("ip rule add fwmark {mark} lookup {table}"),
+        )
+    }
+
+    /// Deletes every `ip rule fwmark MARK lookup TABLE` of one family. None there is fine; any
+    /// other refusal is reported.
+    pub fn delete_fwmark_rules(
+        &mut self,
+        ipv6: bool,
+        mark: u32,
+        table: u32,
+    ) -> Result<(), NetlinkError> {
+        let what = format!("ip rule del fwmark {mark} lookup {table}");
+        delete_repeatedly(|| {
+            self.request(
+                RouteNetlinkMessage::DelRule(fwmark_rule(ipv6, mark, table)),
+                0,
+                &what,
+            )
+        })
+    }
+
+    /// `ip route replace local 0.0.0.0/0 (or ::/0) dev IFACE table TABLE`.
+    pub fn replace_local_default_route(
+        &mut self,
+        ipv6: bool,
+        iface: &str,
+        table: u32,
+    ) -> Result<(), NetlinkError> {
+        self.request(
+            RouteNetlinkMessage::NewRoute(local_default_route(ipv6, iface, table)?),
+            NLM_F_CREATE | NLM_F_REPLACE,
+            &format!("replace local default route table {table}"),
+        )
+    }
+
+    /// `ip route del local 0.0.0.0/0 (or ::/0) dev IFACE table TABLE`; an absent one is fine.
+    pub fn delete_local_default_route(
+        &mut self,
+        ipv6: bool,
+        iface: &str,
+        table: u32,
+    ) -> Result<(), NetlinkError> {
+        ignore_absent(self.request(
+            RouteNetlinkMessage::DelRoute(local_default_route(ipv6, iface, table)?),
+            0,
+            &format!("delete local default route table {table}"),
+        ))
+    }
+}
+
+/// Runs `delete` until it reports nothing left (Ok), or a real failure (Err); at most
+/// [`MAX_DUPLICATES`] times.
+fn delete_repeatedly(
+    mut delete: impl FnMut() -> Result<(), NetlinkError>,
+) -> Result<(), NetlinkError> {
+    for _ in 0..MAX_DUPLICATES {
+        match delete() {
+            Ok(()) => continue,
+            Err(e) if e.is_absent() => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn ignore_absent(result: Result<(), NetlinkError>) -> Result<(), NetlinkError> {
+    match result {
+        Err(e) if e.is_absent() => Ok(()),
         other => other,
     }
 }
@@ -94,14 +245,21 @@ fn interface_index(name: &str) -> Result<u32, NetlinkError> {
     nix::net::if_::if_nametoindex(name).map_err(|_| NetlinkError::NoInterface(name.to_string()))
 }
 
-/// Adds an address to an interface; an existing one is fine.
-pub fn add_address(iface: &str, addr: IpAddr, prefix_len: u8) -> Result<(), NetlinkError> {
-    let mut msg = AddressMessage::default();
-    msg.header.family = if addr.is_ipv4() {
-        AddressFamily::Inet
-    } else {
+fn family(ipv6: bool) -> AddressFamily {
+    if ipv6 {
         AddressFamily::Inet6
-    };
+    } else {
+        AddressFamily::Inet
+    }
+}
+
+fn address_message(
+    iface: &str,
+    addr: IpAddr,
+    prefix_len: u8,
+) -> Result<AddressMessage, NetlinkError> {
+    let mut msg = AddressMessage::default();
+    msg.header.family = family(addr.is_ipv6());
     msg.header.prefix_len = prefix_len;
     msg.header.scope = AddressScope::Universe;
     msg.header.index = interface_index(iface)?;
@@ -109,72 +267,23 @@ pub fn add_address(iface: &str, addr: IpAddr, prefix_len: u8) -> Result<(), Netl
         AddressAttribute::Local(addr),
         AddressAttribute::Address(addr),
     ];
-    ignore_exists(request(
-        RouteNetlinkMessage::NewAddress(msg),
-        NLM_F_CREATE | NLM_F_EXCL,
-        &format!("add address {addr}/{prefix_len} to {iface}"),
-    ))
+    Ok(msg)
 }
 
-fn fwmark_rule(
-    ipv6: bool,
-    mark: u32,
-    mask: Option<u32>,
-    priority: Option<u32>,
-    table: u32,
-) -> RuleMessage {
+/// `ip rule fwmark MARK lookup TABLE`.
+fn fwmark_rule(ipv6: bool, mark: u32, table: u32) -> RuleMessage {
     let mut msg = RuleMessage::default();
-    msg.header.family = if ipv6 {
-        AddressFamily::Inet6
-    } else {
-        AddressFamily::Inet
-    };
+    msg.header.family = family(ipv6);
     msg.header.action = RuleAction::ToTable;
     msg.header.table = if table < 256 { table as u8 } else { 0 };
     msg.attributes = vec![RuleAttribute::FwMark(mark), RuleAttribute::Table(table)];
-    if let Some(mask) = mask {
-        msg.attributes.push(RuleAttribute::FwMask(mask));
-    }
-    if let Some(p) = priority {
-        msg.attributes.push(RuleAttribute::Priority(p));
-    }
     msg
-}
-
-/// Makes sure exactly one `ip rule fwmark MARK[/MASK] [pref PRIO] lookup TABLE` exists for one
-/// family. Without a priority the kernel would add a duplicate on every run, so earlier copies are
-/// deleted first.
-pub fn ensure_fwmark_rule(
-    ipv6: bool,
-    mark: u32,
-    mask: Option<u32>,
-    priority: Option<u32>,
-    table: u32,
-) -> Result<(), NetlinkError> {
-    let what = format!("ip rule fwmark {mark} lookup {table}");
-    // Bounded: each successful delete removes one copy.
-    for _ in 0..64 {
-        let rule = fwmark_rule(ipv6, mark, mask, priority, table);
-        if request(RouteNetlinkMessage::DelRule(rule), 0, &what).is_err() {
-            break;
-        }
-    }
-    let rule = fwmark_rule(ipv6, mark, mask, priority, table);
-    request(
-        RouteNetlinkMessage::NewRule(rule),
-        NLM_F_CREATE | NLM_F_EXCL,
-        &what,
-    )
 }
 
 /// The `local 0.0.0.0/0 (or ::/0) dev IFACE table TABLE` route.
 fn local_default_route(ipv6: bool, iface: &str, table: u32) -> Result<RouteMessage, NetlinkError> {
     let mut msg = RouteMessage::default();
-    msg.header.address_family = if ipv6 {
-        AddressFamily::Inet6
-    } else {
-        AddressFamily::Inet
-    };
+    msg.header.address_family = family(ipv6);
     msg.header.destination_prefix_length = 0;
     msg.header.table = if table < 256 { table as u8 } else { 0 };
     msg.header.protocol = RouteProtocol::Boot;
@@ -193,128 +302,44 @@ fn local_default_route(ipv6: bool, iface: &str, table: u32) -> Result<RouteMessa
     Ok(msg)
 }
 
-/// `ip route replace local 0.0.0.0/0 (or ::/0) dev IFACE table TABLE`.
-pub fn replace_local_default_route(
-    ipv6: bool,
-    iface: &str,
-    table: u32,
-) -> Result<(), NetlinkError> {
-    request(
-        RouteNetlinkMessage::NewRoute(local_default_route(ipv6, iface, table)?),
-        NLM_F_CREATE | NLM_F_REPLACE,
-        &format!("replace local default route table {table}"),
-    )
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The mark or table as a number, by the one check every role validated it with up front (a
-/// reserved table here would put a local default route into the pod's main table).
-fn parse_number(
-    what: &'static str,
-    value: &str,
-    parse: fn(&str) -> Result<u32, &'static str>,
-) -> Result<u32, NetlinkError> {
-    parse(value).map_err(|_| NetlinkError::Number {
-        what,
-        value: value.to_string(),
-    })
-}
-
-/// A delete that found nothing to delete (or a family the kernel does not have) is not an error.
-fn ignore_absent(result: Result<(), NetlinkError>) -> Result<(), NetlinkError> {
-    match result {
-        Err(NetlinkError::Request { source, .. })
-            if matches!(
-                source.raw_os_error(),
-                Some(libc::ENOENT | libc::ESRCH | libc::EADDRNOTAVAIL | libc::EAFNOSUPPORT)
-            ) =>
-        {
-            Ok(())
+    fn refused(errno: i32) -> NetlinkError {
+        NetlinkError::Request {
+            what: "ip rule del".into(),
+            source: std::io::Error::from_raw_os_error(errno),
         }
-        other => other,
     }
-}
 
-/// Undoes [`apply_sidecar_routes`] for this configuration, whatever its interception mode and
-/// IPv6 setting, and only what is there: the TPROXY policy routing ([`remove_tproxy_routes`]) and
-/// `::6/128` on `lo`. Other rules, routes, tables and addresses are left alone.
-pub fn remove_sidecar_routes(cfg: &CaptureConfig) -> Result<(), NetlinkError> {
-    remove_tproxy_routes(cfg)?;
-    let passthrough = IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6));
-    let mut msg = AddressMessage::default();
-    msg.header.family = AddressFamily::Inet6;
-    msg.header.prefix_len = 128;
-    msg.header.index = interface_index("lo")?;
-    msg.attributes = vec![
-        AddressAttribute::Local(passthrough),
-        AddressAttribute::Address(passthrough),
-    ];
-    ignore_absent(request(
-        RouteNetlinkMessage::DelAddress(msg),
-        0,
-        "delete address ::6/128 from lo",
-    ))
-}
-
-/// Removes every `ip rule fwmark MARK lookup TABLE` and the `local default dev lo` route of TABLE
-/// of this configuration, in both families, when present (after a cleanup, or a reconcile to a
-/// configuration without TPROXY inbound capture).
-pub fn remove_tproxy_routes(cfg: &CaptureConfig) -> Result<(), NetlinkError> {
-    let mark = parse_number("TPROXY mark", &cfg.tproxy_mark, parse_tproxy_mark)?;
-    let table = parse_number(
-        "TPROXY route table",
-        &cfg.tproxy_route_table,
-        parse_route_table,
-    )?;
-    for ipv6 in [false, true] {
-        let what = format!("ip rule del fwmark {mark} lookup {table}");
-        // Bounded: each successful delete removes one copy.
-        for _ in 0..64 {
-            let rule = fwmark_rule(ipv6, mark, None, None, table);
-            if request(RouteNetlinkMessage::DelRule(rule), 0, &what).is_err() {
-                break;
+    #[test]
+    fn deleting_duplicates_stops_quietly_when_none_is_left() {
+        let mut left = 3;
+        let result = delete_repeatedly(|| {
+            if left == 0 {
+                return Err(refused(libc::ENOENT));
             }
-        }
-        ignore_absent(request(
-            RouteNetlinkMessage::DelRoute(local_default_route(ipv6, "lo", table)?),
-            0,
-            &format!("delete local default route table {table}"),
-        ))?;
+            left -= 1;
+            Ok(())
+        });
+        assert!(result.is_ok());
+        assert_eq!(left, 0);
     }
-    Ok(())
-}
 
-/// What a sidecar rule set needs besides the rules: `::6/128` on `lo` when IPv6 is on, and, for
-/// TPROXY with inbound capture, `ip rule fwmark MARK lookup TABLE` plus a local default route.
-pub fn apply_sidecar_routes(cfg: &CaptureConfig) -> Result<(), NetlinkError> {
-    if cfg.enable_ipv6 {
-        add_address("lo", IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6)), 128)?;
+    #[test]
+    fn deleting_reports_a_refusal_other_than_not_found() {
+        let mut calls = 0;
+        let err = delete_repeatedly(|| {
+            calls += 1;
+            if calls == 1 {
+                Ok(())
+            } else {
+                Err(refused(libc::EPERM))
+            }
+        })
+        .expect_err("EPERM is not 'nothing to delete'");
+        assert!(err.to_string().contains("ip rule del"), "{err}");
+        assert_eq!(calls, 2);
     }
-    if cfg.needs_tproxy_routes() {
-        let mark = parse_number("TPROXY mark", &cfg.tproxy_mark, parse_tproxy_mark)?;
-        let table = parse_number(
-            "TPROXY route table",
-            &cfg.tproxy_route_table,
-            parse_route_table,
-        )?;
-        let families: &[bool] = if cfg.enable_ipv6 {
-            &[false, true]
-        } else {
-            &[false]
-        };
-        for &ipv6 in families {
-            // Unlike Istio, a re-run neither fails nor stacks duplicate rules.
-            ensure_fwmark_rule(ipv6, mark, None, None, table)?;
-            replace_local_default_route(ipv6, "lo", table)?;
-        }
-    }
-    Ok(())
-}
-
-/// The routes after an apply: [`apply_sidecar_routes`]; after a reconcile (`reconciled`) to a
-/// configuration without TPROXY inbound capture, the old TPROXY policy routing goes first.
-pub fn converge_sidecar_routes(cfg: &CaptureConfig, reconciled: bool) -> Result<(), NetlinkError> {
-    if reconciled && !cfg.needs_tproxy_routes() {
-        remove_tproxy_routes(cfg)?;
-    }
-    apply_sidecar_routes(cfg)
 }

@@ -157,7 +157,7 @@ pub fn program(
             // over the netns's user namespace, which host root has. nftables replaces our tables
             // on every run: the routes follow the settings too.
             let replaced = outcome == Outcome::Reconciled || backend == Backend::Nftables;
-            crate::netlink::routes::converge_sidecar_routes(&cfg, replaced)
+            crate::apply::routes::converge_sidecar_routes(&cfg, replaced)
                 .map(|_| outcome)
                 .map_err(|e| format!("routes: {e}"))
         });

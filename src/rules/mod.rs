@@ -2,8 +2,9 @@
 //! ([`nft_model`]); the sidecar capture decisions made once ([`capture_plan`]); the builders
 //! ([`capture`] for sidecars, whose values [`capture_values`] checks, [`nft_capture`], [`ambient`]
 //! and [`ambient_nft`]); and the renderers ([`iptables`] restore text, [`nftables`] text, and
-//! [`iptables_nft`]: the nf_tables messages iptables-nft would send). Pure: no processes, files
-//! or namespaces are touched here.
+//! [`iptables_nft`]: the nf_tables messages iptables-nft would send, described neutrally with a
+//! [`nla`] attribute tree and the [`xtables`] structs, for the netlink transport to frame).
+//! Pure: no processes, files, sockets or namespaces are touched here.
 //! May call: nothing else in this crate.
 
 pub mod ambient;
@@ -17,5 +18,7 @@ pub mod model;
 pub mod nft_capture;
 pub mod nft_model;
 pub mod nftables;
+pub mod nla;
+pub mod xtables;
 
 pub use model::{Family, Match, Position, Proto, Rule, RuleSet, Table, Target};

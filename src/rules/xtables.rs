@@ -1,0 +1,79 @@
+//! The xtables extension structs iptables-nft hands the kernel inside nf_tables `match`/`target`
+//! expressions, laid out byte for byte as iptables 1.8.9 fills them (native byte order, as the
+//! kernel's `struct`s are). Pure: only bytes.
+
+use super::model::Family;
+
+/// `XT_OWNER_UID` / `XT_OWNER_GID`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerKind {
+    Uid = 1,
+    Gid = 2,
+}
+
+/// `-m owner --uid-owner`/`--gid-owner ID`, revision 1: `struct xt_owner_match_info`
+/// (uid range, gid range, match, invert; 24 bytes).
+pub fn owner_info(kind: OwnerKind, id: u32, negate: bool) -> Vec<u8> {
+    let mut info = Vec::with_capacity(24);
+    let (uid_range, gid_range) = match kind {
+        OwnerKind::Uid => (id, 0),
+        OwnerKind::Gid => (0, id),
+    };
+    for v in [uid_range, uid_range, gid_range, gid_range] {
+        info.extend_from_slice(&v.to_ne_bytes());
+    }
+    info.push(kind as u8);
+    info.push(if negate { kind as u8 } else { 0 });
+    info.resize(24, 0);
+    info
+}
+
+/// The most ports one `-m multiport` match holds (`XT_MULTI_PORTS`).
+pub const MULTIPORT_MAX: usize = 15;
+
+/// `-m multiport --dports a,b,...` (single ports, at most [`MULTIPORT_MAX`]), revision 1:
+/// `struct xt_multiport_v1` — flags, count, ports, range markers (none here), invert.
+pub fn multiport_dst_info(ports: &[u16], negate: bool) -> Vec<u8> {
+    const XT_MULTIPORT_DESTINATION: u8 = 1;
+    let mut info = vec![0u8; 2 + 2 * MULTIPORT_MAX + MULTIPORT_MAX + 1];
+    info[0] = XT_MULTIPORT_DESTINATION;
+    info[1] = ports.len() as u8;
+    for (i, port) in ports.iter().take(MULTIPORT_MAX).enumerate() {
+        info[2 + 2 * i..4 + 2 * i].copy_from_slice(&port.to_ne_bytes());
+    }
+    info[2 + 3 * MULTIPORT_MAX] = u8::from(negate);
+    info
+}
+
+/// `-j REDIRECT --to-ports PORT`, revision 0: IPv4 takes `nf_nat_ipv4_multi_range_compat`, IPv6
+/// `nf_nat_range`; both with only the port range set.
+pub fn redirect_info(family: Family, port: u16) -> Vec<u8> {
+    const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
+    let port = port.to_be_bytes();
+    let mut info = Vec::new();
+    match family {
+        Family::V4 => {
+            info.extend_from_slice(&1u32.to_ne_bytes());
+            info.extend_from_slice(&NF_NAT_RANGE_PROTO_SPECIFIED.to_ne_bytes());
+            info.extend_from_slice(&[0; 8]);
+            info.extend_from_slice(&port);
+            info.extend_from_slice(&port);
+            info.resize(24, 0);
+        }
+        Family::V6 => {
+            info.extend_from_slice(&NF_NAT_RANGE_PROTO_SPECIFIED.to_ne_bytes());
+            info.extend_from_slice(&[0; 32]);
+            info.extend_from_slice(&port);
+            info.extend_from_slice(&port);
+        }
+    }
+    info
+}
+
+/// `-j CT --zone ZONE`, revision 2: `struct xt_ct_target_info_v1` with only the zone set (the
+/// trailing kernel pointer included: 72 bytes).
+pub fn ct_zone_info(zone: u16) -> Vec<u8> {
+    let mut info = vec![0u8; 72];
+    info[2..4].copy_from_slice(&zone.to_ne_bytes());
+    info
+}
