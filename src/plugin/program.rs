@@ -2,10 +2,10 @@
 //! shared engine, and apply them with iptables-restore from a thread inside the netns — or, with
 //! `$DRY_RUN_FILE_PATH`, write the restore input there instead.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::apply::{Outcome, SidecarOptions, apply_sidecar_here};
+use crate::netns::Netns;
 use crate::rules::capture::{CaptureConfig, build};
 use crate::rules::iptables::render_restore;
 
@@ -88,19 +88,22 @@ pub fn program(
     if let Some(out) = dry_run {
         // The namespace may be a placeholder in a dry run; without it, IPv4 only.
         let mut warnings = Vec::new();
-        cfg.enable_ipv6 = crate::netns::run_in(netns, move || {
-            let mut w = Vec::new();
-            let v6 = detect_ipv6(dual_stack, &mut w);
-            (v6, w)
-        })
-        .map(|(v6, w)| {
-            warnings.extend(w);
-            v6
-        })
-        .unwrap_or_else(|e| {
-            warnings.push(format!("dry run: {e}; IPv4 rules only"));
-            false
-        });
+        cfg.enable_ipv6 = Netns::open(netns)
+            .and_then(|ns| {
+                ns.run(move || {
+                    let mut w = Vec::new();
+                    let v6 = detect_ipv6(dual_stack, &mut w);
+                    (v6, w)
+                })
+            })
+            .map(|(v6, w)| {
+                warnings.extend(w);
+                v6
+            })
+            .unwrap_or_else(|e| {
+                warnings.push(format!("dry run: {e}; IPv4 rules only"));
+                false
+            });
         std::fs::write(&out, dry_run_text(&cfg, backend)).map_err(|source| {
             ProgramError::DryRun {
                 path: out.clone(),
@@ -113,7 +116,7 @@ pub fn program(
             warnings,
         });
     }
-    let pod_netns = crate::netns::Netns::open(netns)?;
+    let pod_netns = Netns::open(netns)?;
     let userns = pod_netns.userns_entry().cloned();
     let opts = SidecarOptions {
         // The xtables lock is scoped to the pod, so concurrent ADDs of other pods do not queue.
@@ -175,10 +178,24 @@ pub fn program(
 }
 
 /// Whether `netns` is the namespace this process runs in (never program that: it is the host).
+/// A path that cannot be opened as a netns is not ours; programming it fails with its own error.
 pub fn is_own_netns(netns: &Path) -> bool {
-    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-    match (id(netns), id(Path::new("/proc/thread-self/ns/net"))) {
-        (Some(a), Some(b)) => a == b,
+    match (Netns::open(netns), Netns::current()) {
+        (Ok(theirs), Ok(ours)) => theirs == ours,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_netns_is_recognised_by_identity_under_any_path() {
+        assert!(is_own_netns(Path::new("/proc/self/ns/net")));
+        assert!(is_own_netns(Path::new("/proc/thread-self/ns/net")));
+        let file = tempfile::NamedTempFile::new().unwrap();
+        assert!(!is_own_netns(file.path()));
+        assert!(!is_own_netns(Path::new("/nonexistent/netns")));
     }
 }
