@@ -1,11 +1,13 @@
 //! Applying rule sets: iptables/ip6tables(-save/-restore) binary detection, locking, state
-//! verification, reconcile/cleanup, and the dry-run transcript in Istio's format.
+//! verification, reconcile/cleanup, and the dry-run transcript in Istio's format. [`pod`] is the
+//! one entry that programs (or cleans) a netns, for `istio-iptables` and the plugin alike.
 //! May call: `rules`, `netlink` (nf_tables transactions), `netns` (entering a pod's user namespace).
 
 pub mod cleanup;
 pub mod exec;
 pub mod iptables;
 pub mod nft;
+pub mod pod;
 pub mod sidecar;
 pub mod state;
 pub mod transcript;

@@ -1,10 +1,10 @@
 //! The `istio-cni` CNI plugin role (ADD/DEL/CHECK/VERSION/STATUS/GC).
-//! May call: `cli`, `rules`, `apply`, `netns`, `netlink`, `kube`, `telemetry`.
+//! May call: `cli`, `rules`, `apply`, `netns`, `kube`, `telemetry`.
 //!
 //! Layout: pure parts — [`cni`] (env, versions, errors), [`config`] (stdin JSON), [`args`]
 //! (`CNI_ARGS`), [`result`] (prevResult conversion), [`pod`], [`sidecar`] (selection + redirect),
 //! [`ambient`] (selectors, event); effects — [`add`] (the ADD flow), [`k8s`] (API reads),
-//! [`program`] (netns + iptables), [`uds`] and [`log`] (agent sockets, log sinks).
+//! [`program`] (the pod's netns through `apply::pod`), [`uds`] and [`log`] (agent sockets, log sinks).
 //! Operator documentation: docs/plugin.md.
 
 pub mod add;
