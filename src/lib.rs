@@ -10,11 +10,11 @@
 //! | [`cli`] | argv normalising (pflag forms), env fallbacks shared by every role | — |
 //! | [`rules`] | the redirect rule model, its builders (sidecar capture, ambient) and renderers (iptables-restore text, nftables, the iptables-nft messages as a neutral description for the netlink transport) — pure, no effects | — |
 //! | [`iptables_cmd`] | the `istio-iptables` role: flags/env -> capture config -> rules -> apply/dry-run/validation | `cli`, `rules`, `apply`, `netns`, `netlink`, `telemetry` |
-//! | [`apply`] | applying rule sets all or nothing: one nf_tables transaction, or iptables/ip6tables(-save/-restore) and nft: binary detection, locking, verify/reconcile/rollback, the cleanup plan, dry-run recording; which routes a sidecar capture needs | `rules`, `netlink`, `netns` |
+//! | [`apply`] | applying rule sets all or nothing: one nf_tables transaction, or iptables/ip6tables(-save/-restore) and nft: binary detection, locking, verify/reconcile/rollback, the cleanup plan, dry-run recording; which routes a sidecar capture needs; the one entry programming a netns for both roles (`pod`) | `rules`, `netlink`, `netns` |
 //! | [`netns`] | the netns handle (with the user namespace owning it), entered on a dedicated thread or by a child process | — |
 //! | [`netlink`] | the netlink transport: wire format (headers, batch framing, sequence numbers, replies), addresses, ip rules and routes via rtnetlink with plain parameters, nf_tables transactions via nfnetlink | `netns` |
 //! | [`kube`] | the one Kubernetes client module (kubeconfig/in-cluster, typed helpers) and the test API server | — |
-//! | [`plugin`] | the `istio-cni` CNI plugin role | `cli`, `rules`, `apply`, `netns`, `netlink`, `kube`, `telemetry` |
+//! | [`plugin`] | the `istio-cni` CNI plugin role | `cli`, `rules`, `apply`, `netns`, `kube`, `telemetry` |
 //! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup | `cli`, `kube`, `telemetry` |
 //! | [`telemetry`] | logging setup, plugin log sink, health/readiness and metrics servers | — |
 

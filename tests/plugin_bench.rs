@@ -98,23 +98,26 @@ fn sidecar_add_vs_bare_restore() {
 
         let ns = NetnsGuard::new("bbare");
         let text = rules.clone();
-        let took = istio_cni::netns::run_in(&ns.path(), move || {
-            let start = Instant::now();
-            let mut child = Command::new("iptables-nft-restore")
-                .arg("--noflush")
-                .stdin(Stdio::piped())
-                .spawn()
-                .expect("iptables-nft-restore");
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(text.as_bytes())
-                .unwrap();
-            assert!(child.wait().unwrap().success());
-            start.elapsed()
-        })
-        .unwrap();
+        let took = istio_cni::netns::Netns::open(&ns.path())
+            .and_then(|ns| {
+                ns.run(move || {
+                    let start = Instant::now();
+                    let mut child = Command::new("iptables-nft-restore")
+                        .arg("--noflush")
+                        .stdin(Stdio::piped())
+                        .spawn()
+                        .expect("iptables-nft-restore");
+                    child
+                        .stdin
+                        .take()
+                        .unwrap()
+                        .write_all(text.as_bytes())
+                        .unwrap();
+                    assert!(child.wait().unwrap().success());
+                    start.elapsed()
+                })
+            })
+            .unwrap();
         bare.push(took);
     }
     let median = |mut v: Vec<Duration>| {

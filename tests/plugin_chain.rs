@@ -105,18 +105,22 @@ fn first_ipv4(result: &Value) -> Ipv4Addr {
 
 /// Binds a listener inside `netns` (the socket stays in that namespace).
 fn listen_in(netns: &Path, port: u16) -> TcpListener {
-    istio_cni::netns::run_in(netns, move || TcpListener::bind(("0.0.0.0", port)))
+    istio_cni::netns::Netns::open(netns)
+        .and_then(|ns| ns.run(move || TcpListener::bind(("0.0.0.0", port))))
         .expect("enter netns")
         .unwrap_or_else(|e| panic!("bind {port}: {e}"))
 }
 
 /// Connects from inside `netns` and sends a line.
 fn connect_from(netns: &Path, to: SocketAddr) -> std::io::Result<()> {
-    istio_cni::netns::run_in(netns, move || -> std::io::Result<()> {
-        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
-        s.write_all(b"hello\n")
-    })
-    .expect("enter netns")
+    istio_cni::netns::Netns::open(netns)
+        .and_then(|ns| {
+            ns.run(move || -> std::io::Result<()> {
+                let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
+                s.write_all(b"hello\n")
+            })
+        })
+        .expect("enter netns")
 }
 
 /// Accepts one connection within a few seconds and returns what it sent.

@@ -1,6 +1,7 @@
 //! Applying rule sets: iptables/ip6tables(-save/-restore) binary detection, locking, state
-//! verification, reconcile/cleanup, and the dry-run transcript in Istio's format.
-//! The routes a sidecar capture needs besides its rules are decided here too ([`routes`]).
+//! verification, reconcile/cleanup, and the dry-run transcript in Istio's format. [`pod`] is the
+//! one entry that programs (or cleans) a netns, for `istio-iptables` and the plugin alike. The
+//! routes a sidecar capture needs besides its rules are decided here too ([`routes`]).
 //! May call: `rules`, `netlink` (nf_tables transactions, rtnetlink routes), `netns` (entering a
 //! pod's user namespace).
 
@@ -8,6 +9,7 @@ pub mod cleanup;
 pub mod exec;
 pub mod iptables;
 pub mod nft;
+pub mod pod;
 pub mod routes;
 pub mod sidecar;
 pub mod state;

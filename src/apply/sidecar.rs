@@ -435,7 +435,7 @@ fn probe_fresh(bins: &Binaries) -> Option<BTreeSet<String>> {
 }
 
 /// Detects the binaries for every family the rule set uses and applies it with real processes in
-/// the calling thread's network namespace (run it inside [`crate::netns::run_in`] for a pod).
+/// the calling thread's network namespace (run it inside [`crate::netns::Netns::run`] for a pod).
 pub fn apply_sidecar_here(
     rules: &RuleSet,
     opts: &SidecarOptions,

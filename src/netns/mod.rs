@@ -1,4 +1,6 @@
-//! Entering a network namespace. Namespaces are per thread, so the work runs on a fresh, dedicated
+//! The netns handle. [`Netns`] is opened once (from a path, or the calling thread's own with
+//! [`Netns::current`]: the only constructors), owns its fd, and compares by the namespace's
+//! (dev, inode) identity. Namespaces are per thread, so work in one runs on a fresh, dedicated
 //! thread that `setns`es into the target and ends afterwards: no shared (tokio) thread is ever
 //! moved. Child processes started from that thread (iptables-restore, nft) inherit its namespace.
 //!
@@ -9,7 +11,7 @@
 //! May call: nothing else in this crate.
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,13 +45,24 @@ pub enum NetnsError {
     },
 }
 
-/// A network namespace, opened once: its fd, and the fd of the user namespace owning it when that
-/// is not the one this process runs in.
+/// A network namespace, opened once: its fd (lent out through [`AsFd`], e.g. to send it over
+/// SCM_RIGHTS), its identity, and the fd of the user namespace owning it when that is not the one
+/// this process runs in. Two handles are equal when they name the same namespace, however they
+/// were opened. The path is only a label for messages.
 #[derive(Debug)]
 pub struct Netns {
     path: PathBuf,
     net: Arc<OwnedFd>,
+    id: NetnsId,
     userns: Option<UsernsEntry>,
+}
+
+/// Which namespace a handle names: the (st_dev, st_ino) of its nsfs file, as `ip netns identify`
+/// and ztunnel compare them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NetnsId {
+    pub dev: u64,
+    pub inode: u64,
 }
 
 /// How a child process gets into a netns owned by another user namespace: enter that user
@@ -91,6 +104,11 @@ impl Netns {
             path: path.to_path_buf(),
             source,
         })?;
+        let meta = file.metadata().map_err(|source| NetnsError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let (dev, inode) = identity(&meta);
         let net = Arc::new(OwnedFd::from(file));
         // SAFETY: NS_GET_USERNS takes no argument and returns a new fd (or -1) that we own.
         let raw = unsafe { libc::ioctl(net.as_raw_fd(), libc::NS_GET_USERNS) };
@@ -125,6 +143,7 @@ impl Netns {
         Ok(Netns {
             path: path.to_path_buf(),
             net,
+            id: NetnsId { dev, inode },
             userns,
         })
     }
@@ -134,8 +153,13 @@ impl Netns {
         Netns::open(Path::new("/proc/thread-self/ns/net"))
     }
 
+    /// The path it was opened from (a label for messages; the handle never reopens it).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    pub fn id(&self) -> NetnsId {
+        self.id
     }
 
     /// Set when another user namespace owns this netns: child processes must enter it first.
@@ -169,6 +193,26 @@ impl Netns {
             path: self.path.clone(),
             reason: panic_message(&panic),
         })?
+    }
+}
+
+impl AsFd for Netns {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.net.as_fd()
+    }
+}
+
+impl PartialEq for Netns {
+    fn eq(&self, other: &Netns) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Netns {}
+
+impl std::hash::Hash for Netns {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
     }
 }
 
@@ -323,16 +367,6 @@ fn read_full(fd: &OwnedFd, reply: &mut [u64; 2]) -> std::io::Result<usize> {
     Ok(done)
 }
 
-/// Runs `work` inside the network namespace at `path` (e.g. `/var/run/netns/x` or
-/// `/proc/<pid>/ns/net`) and returns its result. The calling thread is not moved.
-pub fn run_in<T, F>(path: &Path, work: F) -> Result<T, NetnsError>
-where
-    T: Send + 'static,
-    F: FnOnce() -> T + Send + 'static,
-{
-    Netns::open(path)?.run(work)
-}
-
 /// The text of a panic payload, for error messages.
 pub fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
@@ -350,15 +384,48 @@ mod tests {
 
     #[test]
     fn missing_namespace_names_the_path() {
-        let err = run_in(Path::new("/nonexistent/netns"), || ()).unwrap_err();
+        let err = Netns::open(Path::new("/nonexistent/netns")).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/netns"), "{err}");
     }
 
     #[test]
     fn regular_file_is_not_a_namespace() {
         let file = tempfile::NamedTempFile::new().unwrap();
-        let err = run_in(file.path(), || ()).unwrap_err();
+        let err = Netns::open(file.path()).unwrap_err();
         assert!(matches!(err, NetnsError::Enter { .. }), "{err}");
+    }
+
+    #[test]
+    fn handles_to_one_namespace_are_equal_however_opened() {
+        use std::collections::HashSet;
+        let here = Netns::current().unwrap();
+        let again = Netns::open(Path::new("/proc/self/ns/net")).unwrap();
+        assert_eq!(here, again);
+        assert_eq!(HashSet::from([here, again]).len(), 1);
+    }
+
+    #[test]
+    fn identity_is_the_fd_s_own_and_survives_entering() {
+        let here = Netns::current().unwrap();
+        let fd = here.as_fd().try_clone_to_owned().unwrap();
+        let (dev, inode) = identity(&File::from(fd).metadata().unwrap());
+        assert_eq!(here.id(), NetnsId { dev, inode });
+        // Entered on a fresh thread, the netns it sees is the one the handle names.
+        let seen = here.run(|| Netns::current().unwrap().id()).unwrap();
+        assert_eq!(seen, here.id());
+    }
+
+    #[test]
+    fn another_namespace_has_another_identity() {
+        // A thread that unshares gets a netns of its own (we run as root).
+        let other = std::thread::spawn(|| {
+            nix::sched::unshare(CloneFlags::CLONE_NEWNET)
+                .expect("unshare(CLONE_NEWNET): run as root");
+            Netns::current().unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_ne!(other, Netns::current().unwrap());
     }
 
     #[test]

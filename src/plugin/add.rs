@@ -205,11 +205,13 @@ async fn send_ambient_event(conf: &NetConf, env: &CniEnv, args: &CniArgs) -> Res
     }
 }
 
-/// Runs ADD after the config, args and logging are set up. `connect` builds the API client
-/// (only called when a pod really needs a lookup).
+/// Runs ADD after the config, args and logging are set up. `engine_env` is what the plugin's
+/// environment says (read by the caller through the injected `Env`); `connect` builds the API
+/// client (only called when a pod really needs a lookup).
 pub async fn cmd_add<K, F, Fut>(
     env: &CniEnv,
     conf: &NetConf,
+    engine_env: &EngineEnv,
     args: &CniArgs,
     deadline: Instant,
     connect: F,
@@ -225,9 +227,7 @@ where
         info!(pod = %pod_ref, outcome = %done, "nothing to do for this pod");
         return Ok(done);
     }
-    let dry_run = std::env::var_os("DRY_RUN_FILE_PATH")
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from);
+    let dry_run = engine_env.dry_run.clone();
     let kube = tokio::time::timeout(conf.kube_call_timeout.min(left(deadline)), connect())
         .await
         .map_err(|_| CniError::internal("building the Kubernetes client timed out"))?
@@ -306,8 +306,7 @@ where
         return Ok(AddOutcome::Skipped(skip.reason()));
     }
 
-    let engine_env = EngineEnv::from_process();
-    let settings = match sidecar::redirect(&pod, &engine_env) {
+    let settings = match sidecar::redirect(&pod, engine_env) {
         Ok(Redirect::None) => {
             info!(pod = %pod_ref, "interceptionMode NONE: no redirection");
             return Ok(AddOutcome::NoRedirection);
@@ -442,13 +441,22 @@ mod tests {
     }
 
     fn run(conf: &NetConf, args: &CniArgs, kube: Option<FakeKube>) -> Result<AddOutcome, CniError> {
+        run_with(conf, args, kube, &EngineEnv::default())
+    }
+
+    fn run_with(
+        conf: &NetConf,
+        args: &CniArgs,
+        kube: Option<FakeKube>,
+        engine: &EngineEnv,
+    ) -> Result<AddOutcome, CniError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         let env = CniEnv::default();
         let deadline = Instant::now() + Duration::from_secs(60);
-        rt.block_on(cmd_add(&env, conf, args, deadline, || async move {
+        rt.block_on(cmd_add(&env, conf, engine, args, deadline, || async move {
             kube.ok_or_else(|| KubeCallError::Client {
                 source: crate::kube::KubeError::Kubeconfig {
                     path: "kubeconfig".into(),
@@ -494,6 +502,34 @@ mod tests {
         let kube = FakeKube::new(None, 0, 500);
         let e = run(&c, &args("ns", "p"), Some(kube)).unwrap_err();
         assert!(e.msg.contains("ns/p") && e.msg.contains("boom"), "{e}");
+    }
+
+    #[test]
+    fn dry_run_comes_from_the_injected_env() {
+        let sidecar: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns",
+                         "annotations": {"sidecar.istio.io/status": "{}"}},
+            "spec": {"containers": [{"name": "app"}, {"name": "istio-proxy"}]}
+        }))
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("rules");
+        let engine = EngineEnv {
+            dry_run: Some(out.clone()),
+            ..EngineEnv::default()
+        };
+        // CniEnv's netns is empty: a dry run never opens it (IPv4 rules only).
+        let kube = FakeKube::new(Some(sidecar), 0, 200);
+        let outcome = run_with(&conf(), &args("ns", "p"), Some(kube), &engine).unwrap();
+        assert_eq!(
+            outcome,
+            AddOutcome::DryRun {
+                path: out.clone(),
+                ipv6: false
+            }
+        );
+        let text = std::fs::read_to_string(&out).unwrap();
+        assert!(text.contains("ISTIO_OUTPUT"), "{text}");
     }
 
     #[test]

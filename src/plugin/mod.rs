@@ -1,10 +1,10 @@
 //! The `istio-cni` CNI plugin role (ADD/DEL/CHECK/VERSION/STATUS/GC).
-//! May call: `cli`, `rules`, `apply`, `netns`, `netlink`, `kube`, `telemetry`.
+//! May call: `cli`, `rules`, `apply`, `netns`, `kube`, `telemetry`.
 //!
 //! Layout: pure parts — [`cni`] (env, versions, errors), [`config`] (stdin JSON), [`args`]
 //! (`CNI_ARGS`), [`result`] (prevResult conversion), [`pod`], [`sidecar`] (selection + redirect),
 //! [`ambient`] (selectors, event); effects — [`add`] (the ADD flow), [`k8s`] (API reads),
-//! [`program`] (netns + iptables), [`uds`] and [`log`] (agent sockets, log sinks).
+//! [`program`] (the pod's netns through `apply::pod`), [`uds`] and [`log`] (agent sockets, log sinks).
 //! Operator documentation: docs/plugin.md.
 
 pub mod add;
@@ -28,6 +28,7 @@ use std::time::Instant;
 
 use tracing::{debug, error};
 
+use crate::cli::{Env, ProcessEnv};
 use cni::{CniError, Command, Invocation, code};
 use config::NetConf;
 
@@ -109,7 +110,9 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 fn run(log: &log::PluginLog) -> Reply {
-    let invocation = match cni::read_env(|k| std::env::var(k).ok()) {
+    // The one place the plugin reads its process environment: everything below gets it injected.
+    let process: &dyn Env = &ProcessEnv;
+    let invocation = match cni::read_env(|k| process.get(k)) {
         Ok(i) => i,
         Err(e) => {
             error!(error = %e, "invalid CNI environment");
@@ -148,7 +151,7 @@ fn run(log: &log::PluginLog) -> Reply {
     log.attach(&conf.log_file_path(), &conf.log_socket_path());
     debug!(command = %cmd, container = %env.container_id, netns = %env.netns, "CNI call");
     let result = match cmd {
-        Command::Add => cmd_add(&env, &conf),
+        Command::Add => cmd_add(&env, &conf, process),
         Command::Del => {
             // Nothing to undo: the rules live and die with the pod's netns, which may be gone.
             Ok(None)
@@ -206,15 +209,19 @@ fn status(conf: &NetConf) -> Result<(), CniError> {
     Ok(())
 }
 
-fn cmd_add(env: &cni::CniEnv, conf: &NetConf) -> Result<Option<String>, CniError> {
+fn cmd_add(
+    env: &cni::CniEnv,
+    conf: &NetConf,
+    process: &dyn Env,
+) -> Result<Option<String>, CniError> {
     let deadline = Instant::now() + conf.add_timeout;
     // Validate the previous result before touching anything.
     let reply = result::pass_through(conf.prev_result.as_ref(), &conf.cni_version)?;
     let args = args::CniArgs::parse(&env.args).map_err(|e| CniError::internal(e.to_string()))?;
     let override_ok = env.netns_override.eq_ignore_ascii_case("true") || env.netns_override == "1";
     // A dry run never changes the namespace, so it may name any (Istio's tests use a fake one).
-    let dry_run = std::env::var_os("DRY_RUN_FILE_PATH").is_some_and(|p| !p.is_empty());
-    if !override_ok && !dry_run && program::is_own_netns(Path::new(&env.netns)) {
+    let engine = sidecar::EngineEnv::from_env(process);
+    if !override_ok && engine.dry_run.is_none() && program::is_own_netns(Path::new(&env.netns)) {
         return Err(CniError::new(
             code::INVALID_NETNS,
             "plugin's netns and netns from CNI_NETNS should not be the same",
@@ -223,7 +230,7 @@ fn cmd_add(env: &cni::CniEnv, conf: &NetConf) -> Result<Option<String>, CniError
     let runtime = runtime::get()
         .map_err(|e| CniError::internal(format!("cannot start the async runtime: {e}")))?;
     let kubeconfig = conf.kubeconfig_path();
-    let flow = add::cmd_add(env, conf, &args, deadline, || async move {
+    let flow = add::cmd_add(env, conf, &engine, &args, deadline, || async move {
         k8s::KubeClient::from_kubeconfig(&kubeconfig).await
     });
     let outcome = runtime.block_on(async {
@@ -325,12 +332,7 @@ mod robustness {
             b"eth0,eth1",
             b"TPROXY",
         ];
-        let env = EngineEnv {
-            owner_groups_include: None,
-            owner_groups_exclude: None,
-            loopback_v4: None,
-            restore_only: false,
-        };
+        let env = EngineEnv::default();
         let mut rng = Lcg(7);
         for i in 0..5000 {
             let mut pod = PodInfo::default();

@@ -1,21 +1,28 @@
-//! Effects in the pod's network namespace: detect its IPv6 state, build the sidecar rules with the
-//! shared engine, and apply them with iptables-restore from a thread inside the netns — or, with
-//! `$DRY_RUN_FILE_PATH`, write the restore input there instead.
+//! The plugin's side of programming a pod: open its netns once and hand it to the shared entry
+//! ([`crate::apply::pod::program`], which detects IPv6, applies and converges the routes, as for
+//! `istio-iptables`), or, with `$DRY_RUN_FILE_PATH`, write what would be applied there instead.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::apply::{Outcome, SidecarOptions, apply_sidecar_here};
+use crate::apply::Outcome;
+use crate::apply::pod::{self, PodError, PodOptions, Target};
+use crate::netns::Netns;
 use crate::rules::capture::{CaptureConfig, build};
 use crate::rules::iptables::render_restore;
+
+pub use crate::apply::pod::Backend;
 
 /// Why programming the namespace failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ProgramError {
     #[error(transparent)]
     Netns(#[from] crate::netns::NetnsError),
-    #[error("programming pod network namespace {netns}: {reason}")]
-    Apply { netns: String, reason: String },
+    #[error("programming pod network namespace {netns}: {source}")]
+    Apply {
+        netns: String,
+        #[source]
+        source: PodError,
+    },
     #[error("cannot write dry-run output {path}: {source}")]
     DryRun {
         path: PathBuf,
@@ -31,43 +38,11 @@ pub struct Programmed {
     pub warnings: Vec<String>,
 }
 
-/// IPv6 on/off for the pod: read from its addresses (the calling thread must be in its netns).
-fn detect_ipv6(dual_stack: bool, warnings: &mut Vec<String>) -> bool {
-    match crate::netlink::detect_host_ip(dual_stack) {
-        Ok(Some(host)) => host.ipv6,
-        Ok(None) => {
-            warnings.push("pod network namespace has no usable address; IPv4 rules only".into());
-            false
-        }
-        Err(e) => {
-            warnings.push(format!("cannot read pod addresses ({e}); IPv4 rules only"));
-            false
-        }
-    }
-}
-
-/// Which rule backend programs the pod (`native_nftables` in the config picks nftables).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// iptables rules: sent over nfnetlink when the nft flavour is in use and the encoding covers
-    /// them, else through iptables-restore.
-    Iptables,
-    /// iptables rules, always through iptables-restore (`ISTIO_IPTABLES_RESTORE_ONLY=true`).
-    IptablesRestore,
-    Nftables,
-}
-
-/// The nftables transaction replacing our sidecar tables.
-fn nft_text(cfg: &CaptureConfig) -> String {
-    use crate::rules::nftables::{NftTable, render_transaction};
-    render_transaction(&crate::rules::nft_capture::build(cfg), &NftTable::SIDECAR)
-}
-
 /// What a dry run records: for iptables the restore input Istio's dry run writes (IPv4, then IPv6
 /// if enabled); for nftables the transaction (Istio has no nft dry run).
 pub fn dry_run_text(cfg: &CaptureConfig, backend: Backend) -> String {
     if backend == Backend::Nftables {
-        return nft_text(cfg);
+        return pod::nft_transaction(cfg);
     }
     let rules = build(cfg);
     let mut text = render_restore(&rules.v4);
@@ -77,108 +52,94 @@ pub fn dry_run_text(cfg: &CaptureConfig, backend: Backend) -> String {
     text
 }
 
-/// Programs the pod netns (blocking: runs a dedicated thread inside it).
+/// Programs the pod netns through the shared entry (blocking: runs a dedicated thread inside
+/// it), or with `dry_run` writes what would be applied there.
 pub fn program(
     netns: &Path,
-    mut cfg: CaptureConfig,
+    cfg: CaptureConfig,
     dual_stack: bool,
     backend: Backend,
     dry_run: Option<PathBuf>,
 ) -> Result<Programmed, ProgramError> {
     if let Some(out) = dry_run {
-        // The namespace may be a placeholder in a dry run; without it, IPv4 only.
-        let mut warnings = Vec::new();
-        cfg.enable_ipv6 = crate::netns::run_in(netns, move || {
-            let mut w = Vec::new();
-            let v6 = detect_ipv6(dual_stack, &mut w);
-            (v6, w)
-        })
-        .map(|(v6, w)| {
-            warnings.extend(w);
-            v6
-        })
-        .unwrap_or_else(|e| {
-            warnings.push(format!("dry run: {e}; IPv4 rules only"));
-            false
-        });
-        std::fs::write(&out, dry_run_text(&cfg, backend)).map_err(|source| {
-            ProgramError::DryRun {
-                path: out.clone(),
-                source,
-            }
-        })?;
-        return Ok(Programmed {
-            ipv6: cfg.enable_ipv6,
-            outcome: None,
-            warnings,
-        });
+        return write_dry_run(netns, cfg, dual_stack, backend, out);
     }
-    let pod_netns = crate::netns::Netns::open(netns)?;
-    let userns = pod_netns.userns_entry().cloned();
-    let opts = SidecarOptions {
-        // The xtables lock is scoped to the pod, so concurrent ADDs of other pods do not queue.
-        env: vec![("XTABLES_LOCKFILE".to_string(), netns.display().to_string())],
-        restore_only: backend == Backend::IptablesRestore,
-        userns: userns.clone(),
-        ..Default::default()
+    let pod_netns = Netns::open(netns)?;
+    let opts = PodOptions {
+        backend,
+        // A repeated ADD with changed settings converges: the pod is not running yet.
+        reconcile_on_drift: true,
+        detect_ipv6: Some(dual_stack),
+        ..PodOptions::default()
     };
-    let ns_name = netns.display().to_string();
-    let (result, ipv6, warnings) = pod_netns.run(move || {
-        let mut warnings = Vec::new();
-        cfg.enable_ipv6 = detect_ipv6(dual_stack, &mut warnings);
-        let applied = match backend {
-            Backend::Iptables | Backend::IptablesRestore => {
-                let rules = build(&cfg);
-                match apply_sidecar_here(&rules, &opts, None) {
-                    // A repeated ADD with changed settings (the refusal changed nothing): converge,
-                    // the pod is not running yet. Rules of the other interception mode go too, so
-                    // a changed interceptionMode ends with exactly the new plan.
-                    Err(crate::apply::ApplyError::Drift { .. }) => {
-                        let reconcile = SidecarOptions {
-                            reconcile: true,
-                            reconcile_also: crate::rules::capture::other_mode(&cfg),
-                            ..opts.clone()
-                        };
-                        apply_sidecar_here(&rules, &reconcile, None)
-                    }
-                    other => other,
-                }
-            }
-            Backend::Nftables => crate::apply::nft::apply_transaction(
-                &mut crate::apply::ProcessExecutor::entering(userns),
-                &nft_text(&cfg),
-            )
-            .map(|_| Outcome::Applied),
-        }
-        .map_err(|e| e.to_string())
-        .and_then(|outcome| {
-            // ::6 on lo (IPv6) and the TPROXY policy route, as Istio adds after the rules. From
-            // this thread also for a user-namespaced pod: rtnetlink asks only for CAP_NET_ADMIN
-            // over the netns's user namespace, which host root has. nftables replaces our tables
-            // on every run: the routes follow the settings too.
-            let replaced = outcome == Outcome::Reconciled || backend == Backend::Nftables;
-            crate::apply::routes::converge_sidecar_routes(&cfg, replaced)
-                .map(|_| outcome)
-                .map_err(|e| format!("routes: {e}"))
-        });
-        (applied, cfg.enable_ipv6, warnings)
-    })?;
-    let outcome = result.map_err(|reason| ProgramError::Apply {
-        netns: ns_name,
-        reason,
+    let done = pod::program(Target::Pod(&pod_netns), &cfg, &opts).map_err(|e| match e {
+        PodError::Netns(e) => ProgramError::Netns(e),
+        source => ProgramError::Apply {
+            netns: netns.display().to_string(),
+            source,
+        },
     })?;
     Ok(Programmed {
-        ipv6,
-        outcome: Some(outcome),
+        ipv6: done.ipv6,
+        outcome: Some(done.outcome),
+        warnings: done.warnings,
+    })
+}
+
+/// The dry run: IPv6 as the pod's addresses say, if its netns can be opened at all (it may be a
+/// placeholder; then IPv4 only).
+fn write_dry_run(
+    netns: &Path,
+    mut cfg: CaptureConfig,
+    dual_stack: bool,
+    backend: Backend,
+    out: PathBuf,
+) -> Result<Programmed, ProgramError> {
+    let mut warnings = Vec::new();
+    let detected = Netns::open(netns).and_then(|ns| {
+        pod::in_target(Target::Pod(&ns), move |_| {
+            let mut w = Vec::new();
+            (pod::detect_ipv6(dual_stack, &mut w), w)
+        })
+    });
+    cfg.enable_ipv6 = match detected {
+        Ok((v6, w)) => {
+            warnings.extend(w);
+            v6
+        }
+        Err(e) => {
+            warnings.push(format!("dry run: {e}; IPv4 rules only"));
+            false
+        }
+    };
+    std::fs::write(&out, dry_run_text(&cfg, backend))
+        .map_err(|source| ProgramError::DryRun { path: out, source })?;
+    Ok(Programmed {
+        ipv6: cfg.enable_ipv6,
+        outcome: None,
         warnings,
     })
 }
 
 /// Whether `netns` is the namespace this process runs in (never program that: it is the host).
+/// A path that cannot be opened as a netns is not ours; programming it fails with its own error.
 pub fn is_own_netns(netns: &Path) -> bool {
-    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-    match (id(netns), id(Path::new("/proc/thread-self/ns/net"))) {
-        (Some(a), Some(b)) => a == b,
+    match (Netns::open(netns), Netns::current()) {
+        (Ok(theirs), Ok(ours)) => theirs == ours,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_netns_is_recognised_by_identity_under_any_path() {
+        assert!(is_own_netns(Path::new("/proc/self/ns/net")));
+        assert!(is_own_netns(Path::new("/proc/thread-self/ns/net")));
+        let file = tempfile::NamedTempFile::new().unwrap();
+        assert!(!is_own_netns(file.path()));
+        assert!(!is_own_netns(Path::new("/nonexistent/netns")));
     }
 }

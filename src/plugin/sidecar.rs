@@ -3,9 +3,12 @@
 //! engine's [`CaptureConfig`].
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use crate::rules::capture::{CaptureConfig, InboundPorts, InterceptionMode, IpRanges, split_list};
 use crate::rules::capture_values::{Field, InvalidValue, check_interface, parse_port};
+
+use crate::cli::Env;
 
 use super::pod::{ISTIO_INIT, ISTIO_PROXY, PodInfo};
 
@@ -247,19 +250,24 @@ fn proxy_id(id: Option<i64>) -> String {
     }
 }
 
-/// Reads the outbound owner-group settings the rule engine takes from the plugin's environment.
+/// What ADD takes from the plugin's own environment (the runtime's, which reaches the plugin),
+/// read once through the injected [`Env`] so ADD itself never reads the process environment.
+#[derive(Debug, Clone, Default)]
 pub struct EngineEnv {
     pub owner_groups_include: Option<String>,
     pub owner_groups_exclude: Option<String>,
     pub loopback_v4: Option<String>,
     /// `ISTIO_IPTABLES_RESTORE_ONLY=true`: always run iptables-restore, never send the nf_tables
-    /// messages directly (the runtime's environment reaches the plugin).
+    /// messages directly.
     pub restore_only: bool,
+    /// `DRY_RUN_FILE_PATH`: write the rules there instead of programming the pod.
+    pub dry_run: Option<PathBuf>,
 }
 
 impl EngineEnv {
-    pub fn from_process() -> EngineEnv {
-        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    /// Empty values count as unset.
+    pub fn from_env(env: &dyn Env) -> EngineEnv {
+        let get = |k: &str| env.get(k).filter(|v| !v.is_empty());
         EngineEnv {
             owner_groups_include: get("ISTIO_OUTBOUND_OWNER_GROUPS"),
             owner_groups_exclude: get("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE"),
@@ -267,6 +275,7 @@ impl EngineEnv {
             restore_only: get("ISTIO_IPTABLES_RESTORE_ONLY")
                 .and_then(|v| crate::cli::parse_go_bool(&v))
                 .unwrap_or(false),
+            dry_run: get("DRY_RUN_FILE_PATH").map(PathBuf::from),
         }
     }
 }
@@ -420,12 +429,7 @@ mod tests {
     use super::*;
 
     fn engine() -> EngineEnv {
-        EngineEnv {
-            owner_groups_include: None,
-            owner_groups_exclude: None,
-            loopback_v4: None,
-            restore_only: false,
-        }
+        EngineEnv::default()
     }
 
     fn sidecar_pod(annotations: &[(&str, &str)]) -> PodInfo {
@@ -668,9 +672,8 @@ mod tests {
         use crate::rules::capture::OwnerGroups;
         let env = EngineEnv {
             owner_groups_include: Some("a,b".into()),
-            owner_groups_exclude: None,
             loopback_v4: Some("127.0.0.0/8".into()),
-            restore_only: false,
+            ..EngineEnv::default()
         };
         let Redirect::Capture(c) = redirect(&sidecar_pod(&[]), &env).unwrap() else {
             panic!()
@@ -689,5 +692,27 @@ mod tests {
             matches!(e, RedirectError::Value(ref v) if v.value == "b c"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn engine_env_is_read_through_the_injected_env() {
+        let env: std::collections::HashMap<String, String> = [
+            ("ISTIO_OUTBOUND_OWNER_GROUPS", "a"),
+            ("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", ""),
+            ("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "127.0.0.2/32"),
+            ("ISTIO_IPTABLES_RESTORE_ONLY", "true"),
+            ("DRY_RUN_FILE_PATH", "/tmp/out"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let e = EngineEnv::from_env(&env);
+        assert_eq!(e.owner_groups_include.as_deref(), Some("a"));
+        assert_eq!(e.owner_groups_exclude, None, "empty is unset");
+        assert_eq!(e.loopback_v4.as_deref(), Some("127.0.0.2/32"));
+        assert!(e.restore_only);
+        assert_eq!(e.dry_run, Some(PathBuf::from("/tmp/out")));
+        let none = EngineEnv::from_env(&std::collections::HashMap::<String, String>::new());
+        assert!(none.dry_run.is_none() && !none.restore_only);
     }
 }
