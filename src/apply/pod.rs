@@ -127,7 +127,6 @@ fn apply_iptables(
     let rules = capture::build(cfg);
     let sidecar = SidecarOptions {
         reconcile: opts.reconcile,
-        cleanup_only: false,
         force_apply: opts.force_apply,
         env: lock,
         restore_only: opts.backend == Backend::IptablesRestore,

@@ -37,7 +37,6 @@ use crate::rules::{Family, Rule, RuleSet, Table};
 #[derive(Debug, Clone, Default)]
 pub struct SidecarOptions {
     pub reconcile: bool,
-    pub cleanup_only: bool,
     pub force_apply: bool,
     /// Environment for every command (e.g. a pod-scoped `XTABLES_LOCKFILE`).
     pub env: Vec<(String, String)>,
@@ -93,19 +92,6 @@ pub fn apply_sidecar(
     opts: &SidecarOptions,
     fresh: &Fresh,
 ) -> Result<Outcome, ApplyError> {
-    if opts.cleanup_only {
-        let input = CleanupInput {
-            v4: &rules.v4,
-            v6: &rules.v6,
-            ipv6_enabled: !rules.v6.is_empty(),
-            also: [&[], &[]],
-        };
-        let pick = |f: Family| bins.iter().find(|b| b.family == f);
-        let by_family = [pick(Family::V4), pick(Family::V6)];
-        let plan = make_plan(exec, by_family, &input, &opts.env)?;
-        run_plan(exec, by_family, &plan, &opts.env)?;
-        return Ok(Outcome::CleanedUp);
-    }
     let planned: Vec<(&Binaries, &[Rule])> = bins
         .iter()
         .map(|b| (b, rules.family(b.family)))
@@ -441,15 +427,6 @@ pub fn apply_sidecar_here(
     opts: &SidecarOptions,
     force: Option<ForceBinary>,
 ) -> Result<Outcome, ApplyError> {
-    if opts.cleanup_only {
-        let input = CleanupInput {
-            v4: &rules.v4,
-            v6: &rules.v6,
-            ipv6_enabled: !rules.v6.is_empty(),
-            also: [&[], &[]],
-        };
-        return cleanup_sidecar_here(&input, &opts.env, force, opts.userns.as_ref());
-    }
     let mut bins = Vec::new();
     for family in Family::ALL {
         if !rules.family(family).is_empty() {
