@@ -103,17 +103,6 @@ impl Executor for Recorder {
     }
 }
 
-fn plain_bins(family: Family) -> Binaries {
-    let prefix = family_prefix(family);
-    Binaries {
-        family,
-        iptables: prefix.to_string(),
-        save: format!("{prefix}-save"),
-        restore: format!("{prefix}-restore"),
-        legacy: false,
-    }
-}
-
 #[test]
 fn the_real_run_performs_exactly_the_dry_run_transcript() {
     let cfg = CaptureConfig {
@@ -128,7 +117,7 @@ fn the_real_run_performs_exactly_the_dry_run_transcript() {
         saves: [String::new(), v6_state.to_string()],
         ran: vec![],
     };
-    let (b4, b6) = (plain_bins(Family::V4), plain_bins(Family::V6));
+    let (b4, b6) = (Binaries::plain(Family::V4), Binaries::plain(Family::V6));
     let bins = [Some(&b4), Some(&b6)];
     // IPv6 not enabled for this run, but ip6tables holds our chains: both families go.
     let input = CleanupInput {
@@ -156,7 +145,7 @@ fn a_chain_of_ours_left_at_the_end_is_an_error() {
         saves: [saved, String::new()],
         ran: vec![],
     };
-    let b4 = plain_bins(Family::V4);
+    let b4 = Binaries::plain(Family::V4);
     let rules = build(&CaptureConfig::default());
     let input = CleanupInput {
         v4: &rules.v4,

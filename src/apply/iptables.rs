@@ -27,6 +27,20 @@ pub struct Binaries {
 }
 
 impl Binaries {
+    /// The plain, unflavoured names (`iptables`, `iptables-save`, ...) of a family, for tests that
+    /// record commands instead of running them.
+    #[cfg(test)]
+    pub(super) fn plain(family: Family) -> Binaries {
+        let prefix = family_prefix(family);
+        Binaries {
+            family,
+            iptables: prefix.to_string(),
+            save: format!("{prefix}-save"),
+            restore: format!("{prefix}-restore"),
+            legacy: false,
+        }
+    }
+
     /// Whether these are the `*-nft` binaries (the ones whose kernel encoding
     /// [`crate::rules::iptables_nft`] reproduces).
     pub fn is_nft_flavour(&self) -> bool {

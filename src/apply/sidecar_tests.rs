@@ -54,17 +54,6 @@ impl Executor for Script {
     }
 }
 
-fn bins(family: Family) -> Binaries {
-    let prefix = family_prefix(family);
-    Binaries {
-        family,
-        iptables: prefix.to_string(),
-        save: format!("{prefix}-save"),
-        restore: format!("{prefix}-restore"),
-        legacy: false,
-    }
-}
-
 fn tproxy() -> CaptureConfig {
     CaptureConfig {
         mode: InterceptionMode::Tproxy,
@@ -85,7 +74,7 @@ fn a_fresh_namespace_costs_one_restore_per_family_and_nothing_else() {
     let fresh = Fresh::from([(Family::V4, BTreeSet::new()), (Family::V6, BTreeSet::new())]);
     let outcome = apply_sidecar(
         &mut script,
-        &[bins(Family::V4), bins(Family::V6)],
+        &[Binaries::plain(Family::V4), Binaries::plain(Family::V6)],
         &rules,
         &SidecarOptions::default(),
         &fresh,
@@ -103,7 +92,7 @@ fn drift_without_reconcile_is_refused_before_any_write() {
     let rules = build(&tproxy());
     let err = apply_sidecar(
         &mut script,
-        &[bins(Family::V4)],
+        &[Binaries::plain(Family::V4)],
         &rules,
         &SidecarOptions::default(),
         &Fresh::new(),
@@ -125,7 +114,7 @@ fn a_fresh_restore_failing_in_a_later_table_undoes_the_committed_one() {
     let fresh = Fresh::from([(Family::V4, BTreeSet::new())]);
     let err = apply_sidecar(
         &mut script,
-        &[bins(Family::V4)],
+        &[Binaries::plain(Family::V4)],
         &rules,
         &SidecarOptions::default(),
         &fresh,
@@ -152,7 +141,7 @@ fn a_failing_second_family_undoes_the_first() {
     let fresh = Fresh::from([(Family::V4, BTreeSet::new()), (Family::V6, BTreeSet::new())]);
     apply_sidecar(
         &mut script,
-        &[bins(Family::V4), bins(Family::V6)],
+        &[Binaries::plain(Family::V4), Binaries::plain(Family::V6)],
         &rules,
         &SidecarOptions::default(),
         &fresh,
@@ -183,7 +172,14 @@ fn a_failed_reconcile_puts_every_touched_table_back_from_the_snapshot() {
             inner: &mut script,
             after_writes: "*nat\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n",
         };
-        apply_sidecar(&mut exec, &[bins(Family::V4)], &rules, &opts, &Fresh::new()).unwrap_err()
+        apply_sidecar(
+            &mut exec,
+            &[Binaries::plain(Family::V4)],
+            &rules,
+            &opts,
+            &Fresh::new(),
+        )
+        .unwrap_err()
     };
     assert!(matches!(err, ApplyError::Failed { .. }), "{err}");
     let last = script.ran.last().unwrap();
