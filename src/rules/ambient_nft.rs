@@ -12,7 +12,7 @@ use super::model::well_known::{CT_ZONE_UPSTREAM_DNS, DNS_PORT, LOOPBACK_IFACE as
 use super::model::{Family, Proto};
 use super::nft_model::expr::{daddr, dport, iif, jump, oif, redirect, saddr, sport, tcp};
 use super::nft_model::{
-    AddrValue, MarkKey, MarkSource, MaskSpelling, MaskedMark, NftExpr, NftRule, NftRuleSet,
+    AddrValue, MarkKey, MarkSource, MaskSpelling, MaskedMark, NftExpr, NftRuleSet, NftRulesBuilder,
     OwnerKind, Side,
 };
 use super::nftables::{NftTable, ambient_chain as chain};
@@ -33,46 +33,13 @@ fn not_from_ztunnel() -> NftExpr {
     masked(MarkKey::MetaShort, ZTUNNEL_MARK, true, MaskSpelling::And)
 }
 
-struct Rules {
-    ipv6: bool,
-    rules: Vec<NftRule>,
-}
-
-impl Rules {
-    fn add(&mut self, table: NftTable, chain: &str, exprs: Vec<NftExpr>) {
-        self.rules.push(NftRule {
-            table,
-            chain: chain.into(),
-            index: None,
-            exprs,
-        });
-    }
-
-    /// Adds the IPv4 rule and, with IPv6, its twin.
-    fn add_both(
-        &mut self,
-        table: NftTable,
-        chain: &str,
-        (v4, v6): (&str, &str),
-        make: impl Fn(Family, &str) -> Vec<NftExpr>,
-    ) {
-        self.add(table, chain, make(Family::V4, v4));
-        if self.ipv6 {
-            self.add(table, chain, make(Family::V6, v6));
-        }
-    }
-}
-
 /// The in-pod nftables rules: [`inpod_plan`]'s steps in nftables spelling.
 pub fn inpod_nft_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> NftRuleSet {
     use NftTable::{AmbientMangle as MANGLE, AmbientNat as NAT, AmbientRaw as RAW};
     use chain::*;
     let probe = (cfg.probe_snat_v4.as_str(), cfg.probe_snat_v6.as_str());
     let loopback = (LO_V4, LO_V6);
-    let mut r = Rules {
-        ipv6: cfg.enable_ipv6,
-        rules: Vec::new(),
-    };
+    let mut r = NftRulesBuilder::new(cfg.enable_ipv6);
     let (pre, out) = (ISTIO_PREROUTING, ISTIO_OUTPUT);
     for step in inpod_plan(cfg, pod) {
         match step {
@@ -157,10 +124,10 @@ pub fn inpod_nft_rules(cfg: &AmbientConfig, pod: &PodOverrides) -> NftRuleSet {
             }),
         }
     }
-    NftRuleSet { rules: r.rules }
+    r.finish()
 }
 
-fn capture_dns(r: &mut Rules) {
+fn capture_dns(r: &mut NftRulesBuilder) {
     use NftTable::{AmbientNat as NAT, AmbientRaw as RAW};
     use chain::{ISTIO_OUTPUT as out, ISTIO_PREROUTING as pre};
     r.add(
@@ -207,10 +174,7 @@ fn capture_dns(r: &mut Rules) {
 
 /// The host-side nftables rules; `kubelet_uid` is the UID kubelet's probes come from.
 pub fn host_nft_rules(cfg: &AmbientConfig, kubelet_uid: &str) -> NftRuleSet {
-    let mut r = Rules {
-        ipv6: cfg.enable_ipv6,
-        rules: Vec::new(),
-    };
+    let mut r = NftRulesBuilder::new(cfg.enable_ipv6);
     let sets = (PROBE_SET_V4, PROBE_SET_V6);
     r.add_both(
         NftTable::AmbientHostNat,
@@ -240,5 +204,5 @@ pub fn host_nft_rules(cfg: &AmbientConfig, kubelet_uid: &str) -> NftRuleSet {
             ]
         },
     );
-    NftRuleSet { rules: r.rules }
+    r.finish()
 }

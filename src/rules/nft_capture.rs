@@ -13,7 +13,7 @@ use super::model::well_known::{
 use super::model::{Family, Proto};
 use super::nft_model::expr::{daddr, dport, iif, jump, oif, ports, redirect, saddr, sport, tcp};
 use super::nft_model::{
-    MarkKey, MarkSource, NftCtState, NftExpr, NftRule, NftRuleSet, OwnerKind, Side,
+    MarkKey, MarkSource, NftCtState, NftExpr, NftRuleSet, NftRulesBuilder, OwnerKind, Side,
 };
 use super::nftables::{NftTable, sidecar_chain as chain};
 
@@ -22,49 +22,6 @@ const MANGLE: NftTable = NftTable::SidecarMangle;
 const RAW: NftTable = NftTable::SidecarRaw;
 
 use NftExpr::{Accept, Counter, Return};
-
-struct Builder {
-    ipv6: bool,
-    rules: Vec<NftRule>,
-}
-
-impl Builder {
-    fn push(&mut self, table: NftTable, chain: &str, index: Option<usize>, exprs: Vec<NftExpr>) {
-        self.rules.push(NftRule {
-            table,
-            chain: chain.to_string(),
-            index,
-            exprs,
-        });
-    }
-
-    fn add(&mut self, table: NftTable, chain: &str, exprs: Vec<NftExpr>) {
-        self.push(table, chain, None, exprs);
-    }
-
-    /// Adds only when IPv6 is enabled.
-    fn add6(&mut self, table: NftTable, chain: &str, exprs: Vec<NftExpr>) {
-        if self.ipv6 {
-            self.add(table, chain, exprs);
-        }
-    }
-
-    /// Adds the IPv4 rule `make(V4, lo4)` and, with IPv6, its twin `make(V6, lo6)`.
-    fn add_both(
-        &mut self,
-        table: NftTable,
-        chain: &str,
-        (v4, v6): (&str, &str),
-        make: impl Fn(Family, &str) -> Vec<NftExpr>,
-    ) {
-        self.add(table, chain, make(Family::V4, v4));
-        self.add6(table, chain, make(Family::V6, v6));
-    }
-
-    fn insert(&mut self, table: NftTable, chain: &str, index: usize, exprs: Vec<NftExpr>) {
-        self.push(table, chain, Some(index), exprs);
-    }
-}
 
 fn owner(key: OwnerKind, id: &str, negate: bool) -> NftExpr {
     NftExpr::Owner {
@@ -90,10 +47,7 @@ fn mark_set(value: &str) -> NftExpr {
 /// Builds the nftables sidecar capture rules.
 pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
     use chain::*;
-    let mut b = Builder {
-        ipv6: cfg.enable_ipv6,
-        rules: Vec::new(),
-    };
+    let mut b = NftRulesBuilder::new(cfg.enable_ipv6);
     let plan = CapturePlan::new(cfg);
     let tproxy = plan.tproxy;
     let dns = plan.dns.is_on();
@@ -352,11 +306,11 @@ pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
     if tproxy {
         build_tproxy_marks(&mut b, cfg, &plan);
     }
-    NftRuleSet { rules: b.rules }
+    b.finish()
 }
 
 /// TPROXY: connection marks, and the loop prevention for the proxy's own loopback traffic.
-fn build_tproxy_marks(b: &mut Builder, cfg: &CaptureConfig, plan: &CapturePlan) {
+fn build_tproxy_marks(b: &mut NftRulesBuilder, cfg: &CaptureConfig, plan: &CapturePlan) {
     use chain::*;
     let tproxy_mark = cfg.tproxy_mark.as_str();
     let loopback = (cfg.loopback_v4.as_str(), LOOPBACK_V6);
@@ -445,7 +399,7 @@ fn build_tproxy_marks(b: &mut Builder, cfg: &CaptureConfig, plan: &CapturePlan) 
 }
 
 /// DNS capture: every DNS destination (`servers` is `None`) or only the (IPv4, IPv6) servers.
-fn build_dns(b: &mut Builder, plan: &CapturePlan, servers: Option<(&[String], &[String])>) {
+fn build_dns(b: &mut NftRulesBuilder, plan: &CapturePlan, servers: Option<(&[String], &[String])>) {
     use chain::*;
     let all = servers.is_none();
     let (v4, v6_configured) = servers.unwrap_or((&[], &[]));

@@ -331,6 +331,63 @@ pub struct NftRuleSet {
     pub rules: Vec<NftRule>,
 }
 
+/// Collects rules in program order for the nftables builders (sidecar capture, ambient); IPv6
+/// twins are added only when `ipv6` is on.
+pub struct NftRulesBuilder {
+    pub ipv6: bool,
+    rules: Vec<NftRule>,
+}
+
+impl NftRulesBuilder {
+    pub fn new(ipv6: bool) -> NftRulesBuilder {
+        NftRulesBuilder {
+            ipv6,
+            rules: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, table: NftTable, chain: &str, index: Option<usize>, exprs: Vec<NftExpr>) {
+        self.rules.push(NftRule {
+            table,
+            chain: chain.to_string(),
+            index,
+            exprs,
+        });
+    }
+
+    pub fn add(&mut self, table: NftTable, chain: &str, exprs: Vec<NftExpr>) {
+        self.push(table, chain, None, exprs);
+    }
+
+    /// Adds only when IPv6 is enabled.
+    pub fn add6(&mut self, table: NftTable, chain: &str, exprs: Vec<NftExpr>) {
+        if self.ipv6 {
+            self.add(table, chain, exprs);
+        }
+    }
+
+    /// Adds the IPv4 rule `make(V4, v4)` and, with IPv6, its twin `make(V6, v6)`.
+    pub fn add_both(
+        &mut self,
+        table: NftTable,
+        chain: &str,
+        (v4, v6): (&str, &str),
+        make: impl Fn(Family, &str) -> Vec<NftExpr>,
+    ) {
+        self.add(table, chain, make(Family::V4, v4));
+        self.add6(table, chain, make(Family::V6, v6));
+    }
+
+    /// Inserts at `index` of the chain (`insert rule ... index N`).
+    pub fn insert(&mut self, table: NftTable, chain: &str, index: usize, exprs: Vec<NftExpr>) {
+        self.push(table, chain, Some(index), exprs);
+    }
+
+    pub fn finish(self) -> NftRuleSet {
+        NftRuleSet { rules: self.rules }
+    }
+}
+
 /// Short constructors the builders share.
 pub mod expr {
     use super::*;
