@@ -3,6 +3,7 @@
 
 pub use super::ambient_nft::{host_nft_rules, inpod_nft_rules};
 use super::capture::{DEFAULT_LOOPBACK_V4 as LO_V4, LOOPBACK_V6 as LO_V6};
+use super::model::parts::{TCP, UDP, dst, jump, redirect};
 use super::model::well_known::{CT_ZONE_UPSTREAM_DNS, DNS_PORT as DNS, LOOPBACK_IFACE};
 use super::model::{Match, Proto, RuleSet, RuleSetBuilder, Table, Target};
 use super::nft_model::MaskedMark;
@@ -86,23 +87,6 @@ fn mark(mark: MaskedMark, negate: bool) -> Match {
         negate,
     }
 }
-fn dst(addr: &str, negate: bool) -> Match {
-    Match::Dst {
-        addr: addr.into(),
-        negate,
-    }
-}
-fn redirect(port: &str, plural: bool) -> Target {
-    Target::Redirect {
-        port: port.into(),
-        plural,
-    }
-}
-fn jump(chain: &str) -> Target {
-    Target::Jump(chain.into())
-}
-const TCP: Match = Match::Proto(Proto::Tcp);
-const UDP: Match = Match::Proto(Proto::Udp);
 
 /// One decision of the in-pod redirect, in program order. Both backends render the same steps
 /// ([`inpod_rules`] for iptables, [`inpod_nft_rules`] for nftables), each in Istio's spelling.

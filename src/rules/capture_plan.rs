@@ -121,6 +121,8 @@ impl<'a> CapturePlan<'a> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::super::capture::IpRanges;
     use super::*;
 
@@ -163,6 +165,87 @@ mod tests {
         assert!(plan.loopback_included);
         assert_eq!(plan.inbound, InboundPlan::AllExcept(&["15090".to_string()]));
         assert_eq!(host_prefix(Family::V6, "::1"), "::1/128");
+    }
+
+    /// The DNS decision as each backend renders it: the destinations whose DNS is redirected to
+    /// the DNS proxy (`*` for every one), as a set of (TCP or UDP) redirect rules' addresses.
+    fn rendered_dns_destinations(cfg: &CaptureConfig) -> [BTreeSet<String>; 2] {
+        use super::super::model::{Match, Table, Target};
+        use super::super::nft_model::{AddrValue, NftExpr};
+        use super::super::nftables::{NftTable, sidecar_chain};
+        let rules = super::super::capture::build(cfg);
+        let iptables = rules
+            .v4
+            .iter()
+            .chain(&rules.v6)
+            .filter(|r| {
+                r.table == Table::Nat && r.chain == super::super::capture::chain::OUTPUT_DNS
+            })
+            .filter(|r| matches!(r.target, Target::Redirect { .. }))
+            .map(|r| {
+                let addr = r.matches.iter().find_map(|m| match m {
+                    Match::Dst { addr, .. } => Some(addr.clone()),
+                    _ => None,
+                });
+                addr.unwrap_or_else(|| "*".into())
+            })
+            .collect();
+        let nft = super::super::nft_capture::build(cfg)
+            .rules
+            .iter()
+            .filter(|r| r.table == NftTable::SidecarNat && r.chain == sidecar_chain::OUTPUT_DNS)
+            .filter(|r| r.exprs.iter().any(|e| matches!(e, NftExpr::RedirectTo(_))))
+            .map(|r| {
+                let addr = r.exprs.iter().find_map(|e| match e {
+                    NftExpr::Addr {
+                        value: AddrValue::Prefix(p),
+                        ..
+                    } => Some(p.clone()),
+                    _ => None,
+                });
+                addr.unwrap_or_else(|| "*".into())
+            })
+            .collect();
+        [iptables, nft]
+    }
+
+    #[test]
+    fn both_backends_render_the_planned_dns() {
+        let servers = |v4: &[&str], v6: &[&str]| CaptureConfig {
+            redirect_dns: true,
+            dns_servers_v4: v4.iter().map(|s| s.to_string()).collect(),
+            dns_servers_v6: v6.iter().map(|s| s.to_string()).collect(),
+            enable_ipv6: true,
+            ..Default::default()
+        };
+        let all = CaptureConfig {
+            capture_all_dns: true,
+            ..servers(&[], &[])
+        };
+        let not_asked = CaptureConfig {
+            redirect_dns: false,
+            ..servers(&["10.96.0.10"], &[])
+        };
+        for cfg in [
+            servers(&[], &[]),
+            not_asked,
+            all,
+            servers(&["10.96.0.10"], &[]),
+            servers(&["10.96.0.10", "1.1.1.1"], &["fd00::10"]),
+        ] {
+            let planned: BTreeSet<String> = match CapturePlan::new(&cfg).dns {
+                DnsPlan::Off => BTreeSet::new(),
+                DnsPlan::All => ["*".to_string()].into(),
+                DnsPlan::Servers { v4, v6 } => {
+                    let v4 = v4.iter().map(|s| host_prefix(Family::V4, s));
+                    v4.chain(v6.iter().map(|s| host_prefix(Family::V6, s)))
+                        .collect()
+                }
+            };
+            for rendered in rendered_dns_destinations(&cfg) {
+                assert_eq!(rendered, planned, "{cfg:?}");
+            }
+        }
     }
 
     /// The proxy-owner decision as each backend renders it: (kind, id, kept loopback ports) of

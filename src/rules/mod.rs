@@ -1,7 +1,7 @@
 //! The one rule engine: a typed model of redirect rules ([`model`]) and of nftables rules
 //! ([`nft_model`]); the sidecar capture decisions made once ([`capture_plan`]); the builders
-//! ([`capture`] for sidecars, whose values [`capture_values`] checks, [`nft_capture`], [`ambient`]
-//! and [`ambient_nft`]); and the renderers ([`iptables`] restore text, [`nftables`] text, and
+//! ([`capture`]: the sidecar config, whose values [`capture_values`] checks, and the iptables
+//! renderer of the plan; [`nft_capture`], the nftables one; [`ambient`] and [`ambient_nft`]); and the renderers ([`iptables`] restore text, [`nftables`] text, and
 //! [`iptables_nft`]: the nf_tables messages iptables-nft would send, described neutrally with a
 //! [`nla`] attribute tree and the [`xtables`] structs, for the netlink transport to frame).
 //! Pure: no processes, files, sockets or namespaces are touched here.

@@ -29,6 +29,69 @@ pub mod well_known {
     pub const LOOPBACK_IFACE: &str = "lo";
 }
 
+/// Short constructors for the matches and targets the builders write most (the iptables-model
+/// twin of `nft_model::expr`), so every builder spells a rule the same way.
+pub mod parts {
+    use super::{Match, Proto, Target};
+
+    pub const TCP: Match = Match::Proto(Proto::Tcp);
+    pub const UDP: Match = Match::Proto(Proto::Udp);
+
+    pub fn in_iface(name: &str) -> Match {
+        Match::InIface {
+            name: name.into(),
+            negate: false,
+        }
+    }
+    pub fn out_iface(name: &str) -> Match {
+        Match::OutIface {
+            name: name.into(),
+            negate: false,
+        }
+    }
+    pub fn dst(addr: &str, negate: bool) -> Match {
+        Match::Dst {
+            addr: addr.into(),
+            negate,
+        }
+    }
+    pub fn src(addr: &str) -> Match {
+        Match::Src {
+            addr: addr.into(),
+            negate: false,
+        }
+    }
+    pub fn dport(port: &str, negate: bool) -> Match {
+        Match::DstPort {
+            port: port.into(),
+            negate,
+            module: None,
+        }
+    }
+    pub fn sport(port: &str) -> Match {
+        Match::SrcPort {
+            port: port.into(),
+            negate: false,
+            module: None,
+        }
+    }
+    pub fn mark(value: &str, negate: bool) -> Match {
+        Match::Mark {
+            value: value.into(),
+            negate,
+        }
+    }
+    pub fn jump(chain: &str) -> Target {
+        Target::Jump(chain.into())
+    }
+    pub fn redirect(port: &str, plural: bool) -> Target {
+        Target::Redirect {
+            port: port.into(),
+            plural,
+        }
+    }
+}
+
 /// Netfilter table. The declaration order is the rendering order (lexicographic by name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Table {

@@ -1,6 +1,7 @@
 //! Sidecar traffic capture for the nftables backend: the same [`CaptureConfig`] and the same
-//! decisions as [`super::capture`], built into one `inet` rule list (IPv6 twins right after their
-//! IPv4 rules) of typed expressions, in the order of Istio's nftables capture.
+//! [`CapturePlan`] as the iptables builder in [`super::capture`], built into one `inet` rule list
+//! (IPv6 twins right after their IPv4 rules) of typed expressions, in the order of Istio's
+//! nftables capture.
 
 use super::capture::{
     CaptureConfig, DNS_PROXY_PORT, INBOUND_PASSTHROUGH_V4, INBOUND_PASSTHROUGH_V6, LOOPBACK_V6,
