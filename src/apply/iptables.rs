@@ -318,12 +318,30 @@ mod tests {
     fn rules_outside_the_netlink_encoding_fail_by_kind_before_anything_is_sent() {
         // IPv4 is covered; the IPv6 mangle rule is not, so nothing at all is sent.
         let mut b = RuleSetBuilder::new(true);
-        b.append_to(Family::V4, Table::Nat, "ISTIO_OUTPUT", vec![], Target::Return);
-        b.append_to(Family::V6, Table::Mangle, "ISTIO_DIVERT", vec![], Target::Return);
+        b.append_to(
+            Family::V4,
+            Table::Nat,
+            "ISTIO_OUTPUT",
+            vec![],
+            Target::Return,
+        );
+        b.append_to(
+            Family::V6,
+            Table::Mangle,
+            "ISTIO_DIVERT",
+            vec![],
+            Target::Return,
+        );
         let err = apply_nft_netlink(&b.build()).expect_err("mangle has no encoding");
         assert!(err.is_not_encodable(), "{err}");
         assert!(
-            matches!(err, NftNetlinkError::Encode { family: Family::V6, .. }),
+            matches!(
+                err,
+                NftNetlinkError::Encode {
+                    family: Family::V6,
+                    ..
+                }
+            ),
             "{err:?}"
         );
         assert!(err.to_string().starts_with("ip6tables rules: "), "{err}");

@@ -373,7 +373,10 @@ mod tests {
         for (d, base) in delays.iter().zip(bases_ms) {
             let base = Duration::from_millis(base);
             let slack = Duration::from_micros(1);
-            assert!(*d + slack >= base / 2 && *d <= base + slack, "{d:?} vs {base:?}");
+            assert!(
+                *d + slack >= base / 2 && *d <= base + slack,
+                "{d:?} vs {base:?}"
+            );
         }
         let again: Vec<Duration> = FAILED_PASS_RETRY.delays().take(8).collect();
         assert_ne!(delays, again, "jittered");

@@ -188,7 +188,12 @@ pub async fn should_keep(
         policy,
         Instant::now() + ASK_DEADLINE,
         UpgradeCheckError::is_transient,
-        |e, delay| warn!(retry_in_ms = delay.as_millis() as u64, "upgrade check failed: {e}"),
+        |e, delay| {
+            warn!(
+                retry_in_ms = delay.as_millis() as u64,
+                "upgrade check failed: {e}"
+            )
+        },
         || check.is_upgrade(),
     )
     .await;

@@ -109,22 +109,30 @@ mod tests {
             .block_on(f)
     }
 
-    #[test]
-    fn permanent_errors_are_not_retried() {
+    /// Runs a call that always fails with `error` (transient when it is "503"); returns the
+    /// result and how many times the call ran.
+    fn always_failing(policy: RetryPolicy, until: Instant, error: &str) -> (Result<(), &str>, u32) {
         let calls = Cell::new(0);
-        let until = Instant::now() + Duration::from_secs(5);
-        let result: Result<(), &str> = run(retry_transient(
-            POLICY,
+        let result = run(retry_transient(
+            policy,
             until,
-            |e: &&str| *e == "transient",
+            |e: &&str| *e == "503",
             |_, _| {},
             || {
                 calls.set(calls.get() + 1);
-                async { Err("forbidden") }
+                async move { Err(error) }
             },
         ));
-        assert_eq!(result, Err("forbidden"));
-        assert_eq!(calls.get(), 1);
+        (result, calls.get())
+    }
+
+    #[test]
+    fn permanent_errors_are_not_retried() {
+        let until = Instant::now() + Duration::from_secs(5);
+        assert_eq!(
+            always_failing(POLICY, until, "forbidden"),
+            (Err("forbidden"), 1)
+        );
     }
 
     #[test]
@@ -144,17 +152,7 @@ mod tests {
         assert_eq!(result, Ok(3));
 
         let started = Instant::now();
-        calls.set(0);
-        let result: Result<(), &str> = run(retry_transient(
-            POLICY,
-            started + Duration::from_millis(150),
-            |_: &&str| true,
-            |_, _| {},
-            || {
-                calls.set(calls.get() + 1);
-                async { Err("503") }
-            },
-        ));
+        let (result, calls) = always_failing(POLICY, started + Duration::from_millis(150), "503");
         assert_eq!(result, Err("503"));
         // Gives up before the deadline (timer granularity allowed for).
         assert!(
@@ -162,26 +160,16 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
-        assert!(calls.get() >= 3, "{}", calls.get());
+        assert!(calls >= 3, "{calls}");
     }
 
     #[test]
     fn attempts_are_capped() {
-        let calls = Cell::new(0);
         let policy = RetryPolicy {
             max_attempts: Some(2),
             ..POLICY
         };
-        let _: Result<(), &str> = run(retry_transient(
-            policy,
-            Instant::now() + Duration::from_secs(5),
-            |_: &&str| true,
-            |_, _| {},
-            || {
-                calls.set(calls.get() + 1);
-                async { Err("503") }
-            },
-        ));
-        assert_eq!(calls.get(), 2);
+        let until = Instant::now() + Duration::from_secs(5);
+        assert_eq!(always_failing(policy, until, "503").1, 2);
     }
 }
