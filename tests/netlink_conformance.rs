@@ -202,9 +202,12 @@ fn a_refused_transaction_names_the_message_and_changes_nothing() {
         .join()
         .unwrap()
         .expect_err("ISTIO_OUTPUT exists already");
+    // A refusal is a transaction failure, not a rule set outside the encoding.
+    assert!(!err.is_not_encodable(), "{err:?}");
+    let text = err.to_string();
     assert!(
-        err.contains("create chain nat/ISTIO_OUTPUT") && err.contains("exists"),
-        "{err}"
+        text.contains("create chain nat/ISTIO_OUTPUT") && text.contains("exists"),
+        "{text}"
     );
     let after = String::from_utf8_lossy(&ns.exec("nft", &["list", "ruleset"]).stdout).to_string();
     assert_eq!(before, after, "a refused transaction must change nothing");

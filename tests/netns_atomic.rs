@@ -6,7 +6,7 @@ mod support;
 use support::user_state::{
     Flavour, assert_same, namespace_with_user_state, observed, run, without_idle_legacy_tables,
 };
-use support::{Netns, bin, require_tool};
+use support::{Netns, bin, injector_args, require_tool};
 
 fn tools() {
     require_tool("iptables-restore", "iptables");
@@ -15,38 +15,18 @@ fn tools() {
     require_tool("nft", "nftables");
 }
 
-const REDIRECT: &[&str] = &[
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-    "--ipv6=true",
-];
-const TPROXY: &[&str] = &[
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "TPROXY",
-    "-i",
-    "*",
-    "-b",
-    "80",
-    "--ipv6=true",
-];
+/// The injector's REDIRECT capture, dual-stack.
+fn redirect_args() -> Vec<&'static str> {
+    injector_args(&["-x"], &["--ipv6=true"])
+}
+
+/// TPROXY for port 80 only, dual-stack.
+fn tproxy_args() -> Vec<&'static str> {
+    injector_args(
+        &["-x", "-m", "-b", "-d"],
+        &["-m", "TPROXY", "-b", "80", "--ipv6=true"],
+    )
+}
 
 /// Runs istio-iptables; legacy is picked the way an operator does, with FORCE_IPTABLES_BINARY.
 fn istio_iptables(ns: &Netns, flavour: Flavour, args: &[&str]) -> std::process::Output {
@@ -71,10 +51,13 @@ fn ok(out: std::process::Output, what: &str) {
 /// with it, the namespace ends exactly as a fresh TPROXY apply; and back again.
 fn mode_change(tag: &str, flavour: Flavour) {
     let ns = namespace_with_user_state(tag, flavour);
-    ok(istio_iptables(&ns, flavour, REDIRECT), "REDIRECT apply");
+    ok(
+        istio_iptables(&ns, flavour, &redirect_args()),
+        "REDIRECT apply",
+    );
     let redirect = observed(&ns, flavour);
 
-    let refused = istio_iptables(&ns, flavour, TPROXY);
+    let refused = istio_iptables(&ns, flavour, &tproxy_args());
     assert!(!refused.status.success(), "drifted rules must not be mixed");
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("--reconcile"), "{stderr}");
@@ -84,12 +67,12 @@ fn mode_change(tag: &str, flavour: Flavour) {
         "a refused apply changed the namespace",
     );
 
-    let mut reconcile = TPROXY.to_vec();
+    let mut reconcile = tproxy_args();
     reconcile.push("--reconcile");
     ok(istio_iptables(&ns, flavour, &reconcile), "TPROXY reconcile");
     let fresh = namespace_with_user_state(&format!("{tag}f"), flavour);
     ok(
-        istio_iptables(&fresh, flavour, TPROXY),
+        istio_iptables(&fresh, flavour, &tproxy_args()),
         "fresh TPROXY apply",
     );
     assert_same(
@@ -98,7 +81,7 @@ fn mode_change(tag: &str, flavour: Flavour) {
         "reconcile must end exactly where a fresh apply of the new configuration does",
     );
 
-    let mut back = REDIRECT.to_vec();
+    let mut back = redirect_args();
     back.push("--reconcile");
     ok(istio_iptables(&ns, flavour, &back), "REDIRECT reconcile");
     let ours_gone = observed(&ns, flavour);
@@ -133,10 +116,10 @@ fn refused_mode_change_changes_nothing_with_legacy_iptables() {
 #[test]
 fn a_leftover_chain_in_one_table_blocks_every_table() {
     tools();
-    let mut redirect_dual = REDIRECT.to_vec();
+    let mut redirect_dual = redirect_args();
     redirect_dual.retain(|a| *a != "-m" && *a != "REDIRECT");
     for (tag, tool, chain, args) in [
-        ("ac", "iptables-nft", "ISTIO_INBOUND", TPROXY.to_vec()),
+        ("ac", "iptables-nft", "ISTIO_INBOUND", tproxy_args()),
         ("a6", "ip6tables-nft", "ISTIO_OUTPUT", redirect_dual),
     ] {
         let ns = namespace_with_user_state(tag, Flavour::Nft);
@@ -161,13 +144,16 @@ fn a_failed_reconcile_puts_the_old_rules_back() {
     tools();
     for flavour in [Flavour::Nft, Flavour::Legacy] {
         let ns = namespace_with_user_state("ar", flavour);
-        ok(istio_iptables(&ns, flavour, REDIRECT), "REDIRECT apply");
+        ok(
+            istio_iptables(&ns, flavour, &redirect_args()),
+            "REDIRECT apply",
+        );
         let normal = |s: String| match flavour {
             Flavour::Nft => s,
             Flavour::Legacy => without_idle_legacy_tables(&s),
         };
         let before = normal(observed(&ns, flavour));
-        let mut args = TPROXY.to_vec();
+        let mut args = tproxy_args();
         args.extend_from_slice(&["-k", "averyveryverylonginterfacename", "--reconcile"]);
         let out = istio_iptables(&ns, flavour, &args);
         assert!(!out.status.success(), "the nat table was expected to fail");
@@ -192,7 +178,7 @@ fn a_restore_failing_after_an_earlier_table_committed_is_undone() {
         };
         let before = normal(observed(&ns, flavour));
         // Interface names longer than the kernel's 15 characters fail in nat PREROUTING only.
-        let mut args = TPROXY.to_vec();
+        let mut args = tproxy_args();
         args.extend_from_slice(&["-k", "averyveryverylonginterfacename"]);
         let out = istio_iptables(&ns, flavour, &args);
         assert!(
@@ -214,7 +200,10 @@ fn a_restore_failing_after_an_earlier_table_committed_is_undone() {
 fn stacked_copies_of_our_rules_are_drift_and_reconcile_removes_them() {
     tools();
     let ns = namespace_with_user_state("as", Flavour::Nft);
-    ok(istio_iptables(&ns, Flavour::Nft, TPROXY), "TPROXY apply");
+    ok(
+        istio_iptables(&ns, Flavour::Nft, &tproxy_args()),
+        "TPROXY apply",
+    );
     let once = observed(&ns, Flavour::Nft);
     run(
         &ns,
@@ -236,14 +225,14 @@ fn stacked_copies_of_our_rules_are_drift_and_reconcile_removes_them() {
         ],
     );
     let stacked = observed(&ns, Flavour::Nft);
-    let again = istio_iptables(&ns, Flavour::Nft, TPROXY);
+    let again = istio_iptables(&ns, Flavour::Nft, &tproxy_args());
     assert!(!again.status.success(), "stacked rules were called applied");
     assert_same(
         &observed(&ns, Flavour::Nft),
         &stacked,
         "the refusal changed something",
     );
-    let mut reconcile = TPROXY.to_vec();
+    let mut reconcile = tproxy_args();
     reconcile.push("--reconcile");
     ok(istio_iptables(&ns, Flavour::Nft, &reconcile), "reconcile");
     assert_same(&observed(&ns, Flavour::Nft), &once, "reconcile left a copy");

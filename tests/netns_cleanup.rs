@@ -8,21 +8,12 @@ mod support;
 use support::user_state::{
     Flavour, assert_same, namespace_with_user_state, observed, run, without_idle_legacy_tables,
 };
-use support::{Netns, bin, require_tool};
+use support::{Netns, bin, injector_args, require_tool};
 
 /// The injector's arguments without the ones the cases set (`-m`, `-b`, `-i`).
-const BASE: &[&str] = &[
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-x",
-    "",
-    "-d",
-    "15090,15021,15020",
-];
+fn base() -> Vec<&'static str> {
+    injector_args(&["-m", "-b", "-i"], &[])
+}
 
 fn tools() {
     require_tool("iptables-restore", "iptables");
@@ -40,7 +31,7 @@ fn istio_iptables(ns: &Netns, flavour: Flavour, args: &[&str]) -> std::process::
     ns.try_exec(bin(), &full)
 }
 
-fn ok(out: std::process::Output, what: &str) {
+fn ok(out: &std::process::Output, what: &str) {
     assert!(
         out.status.success(),
         "{what} failed: {}",
@@ -57,30 +48,30 @@ fn round_trip(tag: &str, flavour: Flavour, flags: &[&str], cleanup_flags: &[&str
         Flavour::Legacy => without_idle_legacy_tables(&s),
     };
     let pristine = normal(observed(&ns, flavour));
-    let mut apply: Vec<&str> = BASE.to_vec();
+    let mut apply = base();
     apply.extend_from_slice(flags);
-    ok(istio_iptables(&ns, flavour, &apply), "apply");
+    ok(&istio_iptables(&ns, flavour, &apply), "apply");
     let applied = normal(observed(&ns, flavour));
     assert_ne!(applied, pristine, "{flags:?} applied nothing");
     // The same flags again: nothing to do (the user's ISTIO_FW chain is not drift).
-    ok(istio_iptables(&ns, flavour, &apply), "second apply");
+    ok(&istio_iptables(&ns, flavour, &apply), "second apply");
     assert_same(
         &normal(observed(&ns, flavour)),
         &applied,
         &format!("{flags:?}: a second apply changed the namespace"),
     );
 
-    let mut cleanup: Vec<&str> = BASE.to_vec();
+    let mut cleanup = base();
     cleanup.extend_from_slice(cleanup_flags);
     cleanup.push("--cleanup-only");
-    ok(istio_iptables(&ns, flavour, &cleanup), "cleanup");
+    ok(&istio_iptables(&ns, flavour, &cleanup), "cleanup");
     assert_same(
         &normal(observed(&ns, flavour)),
         &pristine,
         &format!("{flags:?}: cleanup did not give back the state before the apply"),
     );
 
-    ok(istio_iptables(&ns, flavour, &apply), "apply after cleanup");
+    ok(&istio_iptables(&ns, flavour, &apply), "apply after cleanup");
     assert_same(
         &normal(observed(&ns, flavour)),
         &applied,
@@ -226,7 +217,7 @@ fn cleanup_leaves_a_user_chain_named_istio_and_its_rules() {
     tools();
     let ns = namespace_with_user_state("cu", Flavour::Nft);
     ok(
-        istio_iptables(&ns, Flavour::Nft, &["--cleanup-only", V4]),
+        &istio_iptables(&ns, Flavour::Nft, &["--cleanup-only", V4]),
         "cleanup",
     );
     let save = run(&ns, "iptables-nft-save", &[]);
@@ -252,11 +243,7 @@ fn cleanup_dry_run_on_a_fresh_namespace_prints_istios_documented_list() {
             "--ipv6=false",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out, "the dry run");
     assert_eq!(String::from_utf8_lossy(&out.stdout), ISTIO_CLEANUP_EXAMPLE);
     // Without iptables installed the dry run still prints the plan, from an empty state.
     let out = std::process::Command::new(bin())
@@ -271,11 +258,7 @@ fn cleanup_dry_run_on_a_fresh_namespace_prints_istios_documented_list() {
         .env("PATH", "/nonexistent")
         .output()
         .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out, "the dry run");
     assert_eq!(String::from_utf8_lossy(&out.stdout), ISTIO_CLEANUP_EXAMPLE);
 }
 
@@ -300,9 +283,9 @@ iptables-save
 fn cleanup_dry_run_prints_the_commands_the_real_run_then_performs() {
     tools();
     let ns = namespace_with_user_state("cz", Flavour::Nft);
-    let mut apply: Vec<&str> = BASE.to_vec();
+    let mut apply = base();
     apply.extend_from_slice(&["-i", "*", "-m", "TPROXY", "-b", "80", DUAL]);
-    ok(istio_iptables(&ns, Flavour::Nft, &apply), "apply");
+    ok(&istio_iptables(&ns, Flavour::Nft, &apply), "apply");
     // The cleanup is asked with other flags: leftovers of ours come from the state.
     let cleanup = ["--cleanup-only", V4];
     let mut dry = vec!["--dry-run"];
@@ -325,11 +308,7 @@ fn cleanup_dry_run_prints_the_commands_the_real_run_then_performs() {
         .env("ISTIO_IPTABLES_LOG", "debug")
         .output()
         .expect("run");
-    assert!(
-        real.status.success(),
-        "{}",
-        String::from_utf8_lossy(&real.stderr)
-    );
+    ok(&real, "the cleanup");
     let logged: Vec<String> = String::from_utf8_lossy(&real.stderr)
         .lines()
         .filter_map(|l| l.split("\tcleanup\tcommand=").nth(1))

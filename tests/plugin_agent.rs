@@ -117,6 +117,21 @@ fn ambient_conf(run_dir: &Path) -> Value {
     })
 }
 
+/// The plain pod `amb/app` (no sidecar) the ambient cases add.
+fn app_pod() -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": "amb"},
+        "spec": {"containers": [{"name": "app"}]}})
+}
+
+/// ADD of `amb/app` with the ambient config from `run_dir` and a netns path that is never
+/// entered (the cases fail before any netns work).
+fn add_app_without_netns(run_dir: &Path) -> Run {
+    run_plugin(
+        &cni_env("ADD", "/x", "amb", "app"),
+        &ambient_conf(run_dir).to_string(),
+    )
+}
+
 #[test]
 fn log_records_reach_the_agent_socket() {
     let dir = tempfile::tempdir().unwrap();
@@ -158,10 +173,7 @@ fn a_missing_log_socket_never_fails_add() {
 fn ambient_pod_is_handed_to_the_agent() {
     let api = FakeApiServer::start();
     api.put_namespace("amb", json!({"istio.io/dataplane-mode": "ambient"}));
-    api.put_pod(
-        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": "amb"},
-        "spec": {"containers": [{"name": "app"}]}}),
-    );
+    api.put_pod(app_pod());
     api.put_pod(sidecar_pod(
         "amb",
         "with-sidecar",
@@ -214,17 +226,11 @@ fn ambient_pod_is_handed_to_the_agent() {
 fn agent_errors_fail_add_clearly() {
     let api = FakeApiServer::start();
     api.put_namespace("amb", json!({"istio.io/dataplane-mode": "ambient"}));
-    api.put_pod(
-        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": "amb"},
-        "spec": {"containers": [{"name": "app"}]}}),
-    );
+    api.put_pod(app_pod());
     let dir = tempfile::tempdir().unwrap();
     api.write_kubeconfig(dir.path());
     // No agent at all.
-    let run = run_plugin(
-        &cni_env("ADD", "/x", "amb", "app"),
-        &ambient_conf(dir.path()).to_string(),
-    );
+    let run = add_app_without_netns(dir.path());
     assert_eq!(run.code, 1);
     assert!(
         run.json()["msg"]
@@ -236,10 +242,7 @@ fn agent_errors_fail_add_clearly() {
     );
     // An agent answering 500.
     let _agent = FakeAgent::start(dir.path(), 500);
-    let run = run_plugin(
-        &cni_env("ADD", "/x", "amb", "app"),
-        &ambient_conf(dir.path()).to_string(),
-    );
+    let run = add_app_without_netns(dir.path());
     assert_eq!(run.code, 1);
     let msg = run.json()["msg"].as_str().unwrap().to_string();
     assert!(
@@ -253,16 +256,10 @@ fn failed_ambient_check_does_not_let_a_non_sidecar_pod_start_uncaptured() {
     // The namespace read fails (not served), the pod read works: Istio would fall through to the
     // sidecar path and start the pod with no redirection (its B5). We fail ADD so it is retried.
     let api = FakeApiServer::start();
-    api.put_pod(
-        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": "amb"},
-        "spec": {"containers": [{"name": "app"}]}}),
-    );
+    api.put_pod(app_pod());
     let dir = tempfile::tempdir().unwrap();
     api.write_kubeconfig(dir.path());
-    let run = run_plugin(
-        &cni_env("ADD", "/x", "amb", "app"),
-        &ambient_conf(dir.path()).to_string(),
-    );
+    let run = add_app_without_netns(dir.path());
     assert_eq!(run.code, 1, "{}", run.stdout);
     assert_eq!(run.json()["code"], 11, "{}", run.stdout);
 }

@@ -93,6 +93,28 @@ pub enum ApplyError {
     },
 }
 
+/// Why the nf_tables netlink path did not apply a rule set. Nothing changed either way; the
+/// caller decides by kind: a rule set outside the encoding is expected (fall back quietly), a
+/// transaction that failed is worth saying.
+#[derive(Debug, thiserror::Error)]
+pub enum NftNetlinkError {
+    #[error("{} rules: {source}", family_prefix(*family))]
+    Encode {
+        family: Family,
+        #[source]
+        source: crate::rules::iptables_nft::EncodeError,
+    },
+    #[error("nf_tables transaction: {0}")]
+    Transaction(#[source] crate::netlink::nft_batch::BatchError),
+}
+
+impl NftNetlinkError {
+    /// The rules are not covered by the netlink encoding (nothing was sent).
+    pub fn is_not_encodable(&self) -> bool {
+        matches!(self, NftNetlinkError::Encode { .. })
+    }
+}
+
 pub(super) fn family_prefix(family: Family) -> &'static str {
     match family {
         Family::V4 => "iptables",
@@ -190,7 +212,7 @@ pub fn detect(family: Family, force: Option<ForceBinary>) -> Result<Binaries, Ap
 /// ([`crate::rules::iptables_nft`]), both families in one transaction, from the calling thread's
 /// netns. Err when the rules are not covered by that encoding or the kernel refused them; either
 /// way nothing has changed, and the caller runs iptables-restore instead.
-pub fn apply_nft_netlink(rules: &RuleSet) -> Result<(), String> {
+pub fn apply_nft_netlink(rules: &RuleSet) -> Result<(), NftNetlinkError> {
     apply_nft_netlink_entering(rules, None)
 }
 
@@ -199,23 +221,27 @@ pub fn apply_nft_netlink(rules: &RuleSet) -> Result<(), String> {
 pub fn apply_nft_netlink_entering(
     rules: &RuleSet,
     userns: Option<&UsernsEntry>,
-) -> Result<(), String> {
+) -> Result<(), NftNetlinkError> {
     use crate::netlink::nft_batch::Transaction;
     use crate::rules::iptables_nft::encode;
-    let mut messages = encode(Family::V4, &rules.v4).map_err(|e| e.to_string())?;
-    messages.extend(encode(Family::V6, &rules.v6).map_err(|e| e.to_string())?);
+    let mut messages = Vec::new();
+    for family in Family::ALL {
+        let encoded = encode(family, rules.family(family))
+            .map_err(|source| NftNetlinkError::Encode { family, source })?;
+        messages.extend(encoded);
+    }
     // The rule engine describes the messages; the netlink transport frames them.
     let mut transaction = Transaction::new();
     for m in messages {
         transaction
             .push(m.kind, m.flags, nf_family(m.family), &m.attrs, m.what)
-            .map_err(|e| e.to_string())?;
+            .map_err(NftNetlinkError::Transaction)?;
     }
     match userns {
         Some(entry) => transaction.send_entering(entry),
         None => transaction.send(),
     }
-    .map_err(|e| e.to_string())
+    .map_err(NftNetlinkError::Transaction)
 }
 
 /// "exit 2", or "killed by a signal" when there is no exit code.
@@ -278,5 +304,54 @@ pub(super) fn nf_family(family: Family) -> u8 {
     match family {
         Family::V4 => libc::AF_INET as u8,
         Family::V6 => libc::AF_INET6 as u8,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::iptables_nft::EncodeError;
+    use crate::rules::model::RuleSetBuilder;
+    use crate::rules::{Table, Target};
+
+    #[test]
+    fn rules_outside_the_netlink_encoding_fail_by_kind_before_anything_is_sent() {
+        // IPv4 is covered; the IPv6 mangle rule is not, so nothing at all is sent.
+        let mut b = RuleSetBuilder::new(true);
+        b.append_to(
+            Family::V4,
+            Table::Nat,
+            "ISTIO_OUTPUT",
+            vec![],
+            Target::Return,
+        );
+        b.append_to(
+            Family::V6,
+            Table::Mangle,
+            "ISTIO_DIVERT",
+            vec![],
+            Target::Return,
+        );
+        let err = apply_nft_netlink(&b.build()).expect_err("mangle has no encoding");
+        assert!(err.is_not_encodable(), "{err}");
+        assert!(
+            matches!(
+                err,
+                NftNetlinkError::Encode {
+                    family: Family::V6,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().starts_with("ip6tables rules: "), "{err}");
+        let source = std::error::Error::source(&err).expect("cause kept");
+        assert!(
+            matches!(
+                source.downcast_ref::<EncodeError>(),
+                Some(EncodeError::Unsupported(_))
+            ),
+            "{source}"
+        );
     }
 }

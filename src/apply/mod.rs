@@ -17,7 +17,7 @@ pub mod transcript;
 
 pub use cleanup::{CleanupInput, CleanupPlan};
 pub use exec::{Cmd, CmdOutput, Executor, ProcessExecutor};
-pub use iptables::{ApplyError, Binaries, ForceBinary, detect};
+pub use iptables::{ApplyError, Binaries, ForceBinary, NftNetlinkError, detect};
 pub use sidecar::{
     Outcome, SidecarOptions, apply_sidecar, apply_sidecar_here, cleanup_plan_here,
     cleanup_sidecar_here,

@@ -441,7 +441,14 @@ pub fn apply_sidecar_here(
                 tracing::debug!("applied over nfnetlink, encoded as iptables-nft does");
                 return Ok(Outcome::Applied);
             }
-            Err(reason) => tracing::debug!(%reason, "applying with iptables-restore instead"),
+            // Outside the encoding is routine; a failed transaction is worth a look.
+            Err(e) if e.is_not_encodable() => {
+                tracing::debug!(reason = %e, "applying with iptables-restore instead")
+            }
+            Err(e) => tracing::info!(
+                reason = %e,
+                "nf_tables netlink transaction failed; applying with iptables-restore instead"
+            ),
         }
     }
     let fresh: Fresh = if opts.reconcile {

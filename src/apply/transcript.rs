@@ -10,15 +10,8 @@ use crate::rules::{Family, RuleSet};
 /// What a sidecar apply would execute: initial saves, the restores and the final saves. (A
 /// cleanup prints its plan: [`super::cleanup::CleanupPlan::transcript`].)
 pub fn sidecar(rules: &RuleSet, ipv6: bool) -> Vec<String> {
-    let mut out = vec!["iptables-save".to_string(), "ip6tables-save".to_string()];
-    let families: &[Family] = if ipv6 { &Family::ALL } else { &[Family::V4] };
-    for &family in families {
-        out.extend(
-            render_restore(rules.family(family))
-                .lines()
-                .map(str::to_string),
-        );
-    }
+    // The ambient step's commands, then the final saves.
+    let mut out = ambient(rules, ipv6);
     out.push("iptables-save".into());
     if ipv6 {
         out.push("ip6tables-save".into());

@@ -325,7 +325,6 @@ pub fn check_standalone(ours: &Value, istio: &IstioPlugin) -> Result<(), String>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::install::config::LogLevel;
     use std::path::PathBuf;
 
     const TD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/testdata/install/");
@@ -337,30 +336,8 @@ mod tests {
     /// The plugin object Istio's tests use (testdata/istio-cni.conf).
     pub(crate) fn test_plugin(ambient: bool) -> IstioPlugin {
         let cfg = InstallConfig {
-            mounted_cni_net_dir: PathBuf::from("/x"),
-            cni_conf_name: None,
-            chained: true,
-            istio_owned_cni_config: false,
-            owned_filename: "02-istio-cni.conflist".to_string(),
-            cni_bin_dirs: vec![],
-            run_dir: PathBuf::from("/path/to/kubeconfig"),
-            kubeconfig_mode: 0o600,
-            cni_conf_group_read: false,
-            kube_ca_file: PathBuf::new(),
-            skip_tls_verify: false,
-            service_account_dir: PathBuf::new(),
-            k8s_service_host: None,
-            k8s_service_port: None,
-            k8s_service_protocol: "https".to_string(),
             ambient_enabled: ambient,
-            enable_ambient_detection_retry: false,
-            native_nftables: false,
-            exclude_namespaces: vec![],
-            pod_namespace: "my-namespace".to_string(),
-            enablement_selectors: vec![],
-            plugin_log_level: LogLevel::Debug,
-            ambient_disable_safe_upgrade: false,
-            node_name: String::new(),
+            ..InstallConfig::for_tests(PathBuf::from("/x"))
         };
         IstioPlugin::from_config(&cfg)
     }

@@ -14,6 +14,7 @@ use notify::{EventKind, RecursiveMode, Watcher};
 use tracing::{debug, error, info, warn};
 
 use super::installer::{Fingerprint, InstallError, Installer, Outcome, WatchTarget};
+use crate::kube::RetryPolicy;
 
 /// What the guard reports to the outside (readiness, metrics).
 pub trait GuardObserver: Send + 'static {
@@ -71,9 +72,14 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 const QUIET: Duration = Duration::from_secs(5);
 /// Passes in one burst before we warn (once per burst) that something keeps reverting us.
 const WARN_AFTER: u32 = 20;
-/// Retry delays after a failed pass.
-const RETRY_MIN: Duration = Duration::from_millis(100);
-const RETRY_MAX: Duration = Duration::from_secs(5);
+/// Retry delays after a failed pass: 100 ms doubling to 5 s, jittered (agents on many nodes
+/// sharing one failing volume or API should not retry in step). No attempt limit: the guard
+/// keeps repairing for as long as the agent runs, and each hold is also ended by a change.
+const FAILED_PASS_RETRY: RetryPolicy = RetryPolicy {
+    first: Duration::from_millis(100),
+    max: Duration::from_secs(5),
+    max_attempts: None,
+};
 /// Re-check everything this often even without events.
 const RESYNC: Duration = Duration::from_secs(60);
 
@@ -237,7 +243,7 @@ fn run(installer: &mut Installer, obs: &dyn GuardObserver, tx: Sender<Msg>, rx: 
     // After a failed pass or one that found no primary: how long to wait for a change, and the
     // inputs that pass saw (a change that slipped in before the new watcher voids the hold).
     let mut hold: Option<(Duration, Fingerprint)> = None;
-    let mut retry = RETRY_MIN;
+    let mut retry = FAILED_PASS_RETRY.delays();
     let mut ready = false;
     let mut waiting_logged: Option<String> = None;
     loop {
@@ -260,7 +266,7 @@ fn run(installer: &mut Installer, obs: &dyn GuardObserver, tx: Sender<Msg>, rx: 
                     obs.pass_result(None);
                     info!("istio-cni is installed; watching for changes");
                 }
-                retry = RETRY_MIN;
+                retry = FAILED_PASS_RETRY.delays();
                 hold = None;
                 if wait(&rx, &targets, poll) {
                     return;
@@ -318,8 +324,8 @@ fn run(installer: &mut Installer, obs: &dyn GuardObserver, tx: Sender<Msg>, rx: 
             }
             Err(e) => {
                 report_failure(obs, &e);
-                hold = Some((retry, seen));
-                retry = (retry * 2).min(RETRY_MAX);
+                let delay = retry.next().unwrap_or(FAILED_PASS_RETRY.max);
+                hold = Some((delay, seen));
             }
         }
     }
@@ -358,6 +364,22 @@ mod tests {
         // After a quiet period the burst resets, and the warning may come again.
         let later = now + Duration::from_secs(6);
         assert_eq!(t.next(later), (Duration::ZERO, false));
+    }
+
+    #[test]
+    fn failed_pass_retries_double_to_five_seconds_with_jitter() {
+        let delays: Vec<Duration> = FAILED_PASS_RETRY.delays().take(8).collect();
+        let bases_ms = [100, 200, 400, 800, 1600, 3200, 5000, 5000];
+        for (d, base) in delays.iter().zip(bases_ms) {
+            let base = Duration::from_millis(base);
+            let slack = Duration::from_micros(1);
+            assert!(
+                *d + slack >= base / 2 && *d <= base + slack,
+                "{d:?} vs {base:?}"
+            );
+        }
+        let again: Vec<Duration> = FAILED_PASS_RETRY.delays().take(8).collect();
+        assert_ne!(delays, again, "jittered");
     }
 
     fn rel(p: &str, dir: &str, only: Option<&str>) -> bool {

@@ -1,14 +1,17 @@
 //! "Is this shutdown an upgrade or a reboot?" (§2.10). When the DaemonSet still exists and still
 //! targets this node, the node keeps our plugin, config and kubeconfig so pods keep starting
 //! captured while the new agent comes up. Istio only asks in ambient mode; we ask in sidecar mode
-//! too (L10), retry a few times and keep everything when the answer never comes (B11).
+//! too (L10), retry failures that may pass (timeouts, refused connections, 5xx) a few times,
+//! and keep everything when no answer comes (B11). A failure that cannot pass by waiting
+//! (NODE_NAME unset, a bad request) keeps everything at once instead of burning the grace period.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
+use crate::kube::retry::{RetryPolicy, retry_transient};
 use crate::kube::selector::{map_selector_matches, node_selector_matches};
 use crate::kube::{KubeClient, KubeError};
 
@@ -22,6 +25,16 @@ pub enum UpgradeCheckError {
     NodeNameUnset,
     #[error(transparent)]
     Kube(#[from] KubeError),
+}
+
+impl UpgradeCheckError {
+    /// Whether asking again may get an answer (only the API's transient failures).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            UpgradeCheckError::NodeNameUnset => false,
+            UpgradeCheckError::Kube(e) => e.is_transient(),
+        }
+    }
 }
 
 /// Answers whether the agent is stopping for an upgrade/restart (true) or for good (false).
@@ -149,9 +162,12 @@ pub async fn checker(namespace: &str, node: &str) -> Box<dyn UpgradeCheck> {
     }
 }
 
-/// How many times to ask, and how long to wait between attempts.
+/// How many times to ask, and how long to wait between attempts (jittered down to half).
 pub const ATTEMPTS: u32 = 3;
 pub const RETRY_DELAY: Duration = Duration::from_secs(1);
+/// No attempt starts later than this after shutdown began: the grace period is 30 s, and an
+/// attempt takes at most two calls of `CALL_TIMEOUT`.
+const ASK_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Decides whether shutdown keeps the installation in place.
 pub async fn should_keep(
@@ -163,30 +179,42 @@ pub async fn should_keep(
         info!("AMBIENT_DISABLE_SAFE_UPGRADE is set: cleaning up on shutdown");
         return false;
     }
-    let mut last_err = None;
-    for attempt in 1..=ATTEMPTS {
-        match check.is_upgrade().await {
-            Ok(keep) => {
-                if keep {
-                    info!(
-                        "the DaemonSet still targets this node (upgrade or restart): keeping the installation"
-                    );
-                }
-                return keep;
+    let policy = RetryPolicy {
+        first: retry_delay,
+        max: retry_delay,
+        max_attempts: Some(ATTEMPTS),
+    };
+    let answer = retry_transient(
+        policy,
+        Instant::now() + ASK_DEADLINE,
+        UpgradeCheckError::is_transient,
+        |e, delay| {
+            warn!(
+                retry_in_ms = delay.as_millis() as u64,
+                "upgrade check failed: {e}"
+            )
+        },
+        || check.is_upgrade(),
+    )
+    .await;
+    match answer {
+        Ok(keep) => {
+            if keep {
+                info!(
+                    "the DaemonSet still targets this node (upgrade or restart): keeping the installation"
+                );
             }
-            Err(e) => {
-                warn!(attempt, "upgrade check failed: {e}");
-                last_err = Some(e);
-            }
+            keep
         }
-        if attempt < ATTEMPTS {
-            tokio::time::sleep(retry_delay).await;
+        Err(e) if e.is_transient() => {
+            warn!("upgrade check kept failing ({e}); keeping the installation to be safe");
+            true
+        }
+        Err(e) => {
+            warn!("upgrade check cannot answer ({e}); keeping the installation to be safe");
+            true
         }
     }
-    if let Some(e) = last_err {
-        warn!("upgrade check kept failing ({e}); keeping the installation to be safe");
-    }
-    true
 }
 
 #[cfg(test)]
@@ -198,15 +226,30 @@ mod tests {
         calls: AtomicU32,
         fail_first: u32,
         answer: bool,
+        /// The failures are ones waiting may cure (an API timeout) or not (NODE_NAME unset).
+        transient: bool,
+    }
+
+    fn flaky(fail_first: u32, answer: bool, transient: bool) -> Flaky {
+        Flaky {
+            calls: AtomicU32::new(0),
+            fail_first,
+            answer,
+            transient,
+        }
     }
 
     impl UpgradeCheck for Flaky {
         fn is_upgrade(&self) -> BoxFuture<'_, Result<bool, UpgradeCheckError>> {
             let n = self.calls.fetch_add(1, Ordering::SeqCst);
-            let out = if n < self.fail_first {
-                Err(UpgradeCheckError::NodeNameUnset)
-            } else {
-                Ok(self.answer)
+            let out = match n < self.fail_first {
+                false => Ok(self.answer),
+                true if self.transient => Err(UpgradeCheckError::Kube(KubeError::Timeout {
+                    call: crate::kube::Call::GetDaemonSet,
+                    object: "istio-system/istio-cni-node".into(),
+                    timeout: CALL_TIMEOUT,
+                })),
+                true => Err(UpgradeCheckError::NodeNameUnset),
             };
             Box::pin(async move { out })
         }
@@ -224,27 +267,24 @@ mod tests {
     fn decisions() {
         let z = Duration::ZERO;
         assert!(!block(should_keep(&NoApi, false, z)));
-        let f = Flaky {
-            calls: AtomicU32::new(0),
-            fail_first: 2,
-            answer: true,
-        };
+        let f = flaky(2, true, true);
         assert!(block(should_keep(&f, false, z)));
         assert_eq!(f.calls.load(Ordering::SeqCst), 3);
-        let f = Flaky {
-            calls: AtomicU32::new(0),
-            fail_first: 9,
-            answer: false,
-        };
+        let f = flaky(9, false, true);
         assert!(block(should_keep(&f, false, z)), "never answered: keep");
-        let f = Flaky {
-            calls: AtomicU32::new(0),
-            fail_first: 0,
-            answer: true,
-        };
+        assert_eq!(f.calls.load(Ordering::SeqCst), ATTEMPTS);
+        let f = flaky(0, true, true);
         assert!(
             !block(should_keep(&f, true, z)),
             "safe upgrade disabled: clean up"
         );
+    }
+
+    #[test]
+    fn a_permanent_failure_is_not_retried_and_keeps_at_once() {
+        let f = flaky(1, false, false);
+        assert!(!UpgradeCheckError::NodeNameUnset.is_transient());
+        assert!(block(should_keep(&f, false, Duration::from_secs(5))));
+        assert_eq!(f.calls.load(Ordering::SeqCst), 1, "asked once");
     }
 }

@@ -10,12 +10,12 @@ use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Event, EventSource, Namespace, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::config::{ConfigSource, config_from_kubeconfig_file, load_config};
 use super::error::{Call, KubeError};
 use super::names;
+use super::retry::RetryPolicy;
 
 /// Label and field selectors for list/watch calls. Empty means "everything".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -127,8 +127,9 @@ impl MetadataPatch {
     }
 }
 
-/// Retry spacing for watch streams after an error: doubling from `min` up to `max`, reset after
-/// a success. No jitter: one watcher per process, so there is no herd to spread.
+/// Retry spacing for watch streams after an error: doubling from `min` up to `max`, jittered
+/// like every retry ([`RetryPolicy`]: agents on many nodes losing one API server together must
+/// not come back in step), reset after a success.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WatchBackoff {
     pub min: Duration,
@@ -145,24 +146,19 @@ impl Default for WatchBackoff {
     }
 }
 
-struct DoublingBackoff {
-    settings: WatchBackoff,
-    next: Duration,
-}
-
-impl Iterator for DoublingBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let current = self.next.min(self.settings.max);
-        self.next = current.saturating_mul(2).min(self.settings.max);
-        Some(current)
+impl WatchBackoff {
+    /// The same spacing as a one-shot retry with no attempt limit (a watch never gives up).
+    pub fn policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            first: self.min,
+            max: self.max,
+            max_attempts: None,
+        }
     }
-}
 
-impl Backoff for DoublingBackoff {
-    fn reset(&mut self) {
-        self.next = self.settings.min;
+    /// kube-runtime's resettable wrapper around the policy's backon builder.
+    fn backoff(&self) -> watcher::ExponentialBackoff {
+        self.policy().builder().into()
     }
 }
 
@@ -515,12 +511,8 @@ fn watch<K>(api: Api<K>, selectors: &Selectors, backoff: WatchBackoff) -> WatchS
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let backoff = DoublingBackoff {
-        settings: backoff,
-        next: backoff.min,
-    };
     watcher(api, selectors.watcher_config())
-        .backoff(backoff)
+        .backoff(backoff.backoff())
         .boxed()
 }
 

@@ -2,10 +2,14 @@
 //! ([`KubeError::is_transient`](super::KubeError::is_transient): refused, reset, timeouts, 429,
 //! 5xx) are retried, with doubling, jittered spacing, and never past a deadline. Everything else
 //! (a bad name, 400, 401, 403, 404, 409, 422) is returned at once: waiting does not fix RBAC.
+//!
+//! The loop and the spacing are `backon`'s (already in the graph through kube-runtime); this
+//! module only fixes the policy: which errors, which spacing, which deadline.
 
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
 
 /// Spacing between attempts: `first`, doubling up to `max`; each delay is drawn from
 /// `[d/2, d]` ("equal jitter") so plugins started together by one kubelet do not retry in step.
@@ -18,33 +22,24 @@ pub struct RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The un-jittered delay before retry number `retry` (0 = the first retry).
-    pub fn base_delay(&self, retry: u32) -> Duration {
-        let factor = 1u32.checked_shl(retry.min(16)).unwrap_or(u32::MAX);
-        self.first.saturating_mul(factor).min(self.max)
+    /// The spacing as a backon builder. backon's jitter adds a random `[0, d)` to `d`; starting
+    /// from half the wanted delays turns that into equal jitter, `[d/2, d)`.
+    pub fn builder(&self) -> ExponentialBuilder {
+        let builder = ExponentialBuilder::new()
+            .with_factor(2.0)
+            .with_min_delay(self.first / 2)
+            .with_max_delay(self.max / 2)
+            .with_jitter();
+        match self.max_attempts {
+            Some(n) => builder.with_max_times(n.saturating_sub(1) as usize),
+            None => builder.without_max_times(),
+        }
     }
 
-    /// The delay before retry number `retry`, jittered with `random` (any u64).
-    pub fn delay(&self, retry: u32, random: u64) -> Duration {
-        let base = self.base_delay(retry);
-        let half = base / 2;
-        let span = (base - half).as_nanos() as u64;
-        let extra = if span == 0 { 0 } else { random % (span + 1) };
-        half + Duration::from_nanos(extra)
+    /// The delays between attempts, in order (ends when the attempts are used up).
+    pub fn delays(&self) -> impl Iterator<Item = Duration> + Send + Sync + Unpin + use<> {
+        self.builder().build()
     }
-}
-
-/// A random u64 without a random-number crate: std's hasher keys are random per process and
-/// differ for each `RandomState`.
-fn random_u64() -> u64 {
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default(),
-    );
-    hasher.finish()
 }
 
 /// Runs `call` until it succeeds, fails with an error `is_transient` rejects, runs out of
@@ -54,31 +49,19 @@ pub async fn retry_transient<T, E, F, Fut>(
     policy: RetryPolicy,
     until: Instant,
     is_transient: impl Fn(&E) -> bool,
-    mut on_retry: impl FnMut(&E, Duration),
-    mut call: F,
+    on_retry: impl FnMut(&E, Duration),
+    call: F,
 ) -> Result<T, E>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    let mut retry = 0u32;
-    loop {
-        let err = match call().await {
-            Ok(value) => return Ok(value),
-            Err(err) => err,
-        };
-        let attempts_left = policy.max_attempts.is_none_or(|max| retry + 1 < max);
-        if !is_transient(&err) || !attempts_left {
-            return Err(err);
-        }
-        let delay = policy.delay(retry, random_u64());
-        if Instant::now() + delay >= until {
-            return Err(err);
-        }
-        on_retry(&err, delay);
-        tokio::time::sleep(delay).await;
-        retry += 1;
-    }
+    call.retry(policy.builder())
+        .sleep(tokio::time::sleep)
+        .when(is_transient)
+        .adjust(move |_, delay| delay.filter(|d| Instant::now() + *d < until))
+        .notify(on_retry)
+        .await
 }
 
 #[cfg(test)]
@@ -92,19 +75,30 @@ mod tests {
         max_attempts: None,
     };
 
+    /// `d` lies in `[base/2, base]`, allowing backon's f32 arithmetic a microsecond.
+    fn in_band(d: Duration, base_ms: u64) -> bool {
+        let slack = Duration::from_micros(1);
+        let base = Duration::from_millis(base_ms);
+        d + slack >= base / 2 && d <= base + slack
+    }
+
     #[test]
     fn delays_double_to_the_cap_and_stay_within_the_jitter_band() {
-        let bases: Vec<u128> = (0..5).map(|r| POLICY.base_delay(r).as_millis()).collect();
-        assert_eq!(bases, [10, 20, 40, 40, 40]);
-        assert_eq!(POLICY.base_delay(u32::MAX), Duration::from_millis(40));
-        for random in [0, 1, 7_777_777, u64::MAX] {
-            let d = POLICY.delay(1, random);
-            assert!(
-                d >= Duration::from_millis(10) && d <= Duration::from_millis(20),
-                "{d:?}"
-            );
+        for _ in 0..50 {
+            let delays: Vec<Duration> = POLICY.delays().take(6).collect();
+            for (d, base) in delays.iter().zip([10, 20, 40, 40, 40, 40]) {
+                assert!(in_band(*d, base), "{d:?} not in [{base}/2, {base}] ms");
+            }
         }
-        assert_ne!(random_u64(), random_u64());
+        // Jittered: two runs do not draw the same delays.
+        let a: Vec<Duration> = POLICY.delays().take(6).collect();
+        let b: Vec<Duration> = POLICY.delays().take(6).collect();
+        assert_ne!(a, b);
+        let capped = RetryPolicy {
+            max_attempts: Some(3),
+            ..POLICY
+        };
+        assert_eq!(capped.delays().count(), 2, "3 attempts = 2 waits");
     }
 
     fn run<T>(f: impl Future<Output = T>) -> T {
@@ -115,22 +109,30 @@ mod tests {
             .block_on(f)
     }
 
-    #[test]
-    fn permanent_errors_are_not_retried() {
+    /// Runs a call that always fails with `error` (transient when it is "503"); returns the
+    /// result and how many times the call ran.
+    fn always_failing(policy: RetryPolicy, until: Instant, error: &str) -> (Result<(), &str>, u32) {
         let calls = Cell::new(0);
-        let until = Instant::now() + Duration::from_secs(5);
-        let result: Result<(), &str> = run(retry_transient(
-            POLICY,
+        let result = run(retry_transient(
+            policy,
             until,
-            |e: &&str| *e == "transient",
+            |e: &&str| *e == "503",
             |_, _| {},
             || {
                 calls.set(calls.get() + 1);
-                async { Err("forbidden") }
+                async move { Err(error) }
             },
         ));
-        assert_eq!(result, Err("forbidden"));
-        assert_eq!(calls.get(), 1);
+        (result, calls.get())
+    }
+
+    #[test]
+    fn permanent_errors_are_not_retried() {
+        let until = Instant::now() + Duration::from_secs(5);
+        assert_eq!(
+            always_failing(POLICY, until, "forbidden"),
+            (Err("forbidden"), 1)
+        );
     }
 
     #[test]
@@ -150,17 +152,7 @@ mod tests {
         assert_eq!(result, Ok(3));
 
         let started = Instant::now();
-        calls.set(0);
-        let result: Result<(), &str> = run(retry_transient(
-            POLICY,
-            started + Duration::from_millis(150),
-            |_: &&str| true,
-            |_, _| {},
-            || {
-                calls.set(calls.get() + 1);
-                async { Err("503") }
-            },
-        ));
+        let (result, calls) = always_failing(POLICY, started + Duration::from_millis(150), "503");
         assert_eq!(result, Err("503"));
         // Gives up before the deadline (timer granularity allowed for).
         assert!(
@@ -168,26 +160,16 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
-        assert!(calls.get() >= 3, "{}", calls.get());
+        assert!(calls >= 3, "{calls}");
     }
 
     #[test]
     fn attempts_are_capped() {
-        let calls = Cell::new(0);
         let policy = RetryPolicy {
             max_attempts: Some(2),
             ..POLICY
         };
-        let _: Result<(), &str> = run(retry_transient(
-            policy,
-            Instant::now() + Duration::from_secs(5),
-            |_: &&str| true,
-            |_, _| {},
-            || {
-                calls.set(calls.get() + 1);
-                async { Err("503") }
-            },
-        ));
-        assert_eq!(calls.get(), 2);
+        let until = Instant::now() + Duration::from_secs(5);
+        assert_eq!(always_failing(policy, until, "503").1, 2);
     }
 }

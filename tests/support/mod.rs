@@ -191,3 +191,18 @@ pub fn accept_within(listener: &TcpListener, timeout: Duration) -> Option<Socket
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_istio-cni-rs")
 }
+
+/// The injector's istio-init arguments (`INJECTOR_DEFAULT_ARGS`) without the flags in `without`
+/// (each with its value), followed by `extra`: one source for the argument lists of the tests.
+pub fn injector_args(without: &[&str], extra: &[&'static str]) -> Vec<&'static str> {
+    let defaults = istio_cni::iptables_cmd::INJECTOR_DEFAULT_ARGS;
+    // Every default is a flag followed by its value.
+    let mut args: Vec<&'static str> = defaults
+        .chunks(2)
+        .filter(|pair| !without.contains(&pair[0]))
+        .flatten()
+        .copied()
+        .collect();
+    args.extend_from_slice(extra);
+    args
+}

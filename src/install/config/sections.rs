@@ -163,6 +163,38 @@ impl InstallConfig {
     pub fn kubeconfig_path(&self) -> PathBuf {
         self.run_dir.join(KUBECONFIG_FILENAME)
     }
+
+    /// The settings of Istio's install tests (chained, not owned, no API address, debug plugin
+    /// logs), writing into `net_dir`; tests change what they are about with `..`.
+    #[cfg(test)]
+    pub(crate) fn for_tests(net_dir: PathBuf) -> InstallConfig {
+        InstallConfig {
+            mounted_cni_net_dir: net_dir,
+            cni_conf_name: None,
+            chained: true,
+            istio_owned_cni_config: false,
+            owned_filename: "02-istio-cni.conflist".to_string(),
+            cni_bin_dirs: vec![],
+            run_dir: PathBuf::from("/path/to/kubeconfig"),
+            kubeconfig_mode: 0o600,
+            cni_conf_group_read: false,
+            kube_ca_file: PathBuf::new(),
+            skip_tls_verify: false,
+            service_account_dir: PathBuf::new(),
+            k8s_service_host: None,
+            k8s_service_port: None,
+            k8s_service_protocol: "https".to_string(),
+            ambient_enabled: false,
+            enable_ambient_detection_retry: false,
+            native_nftables: false,
+            exclude_namespaces: vec![],
+            pod_namespace: "my-namespace".to_string(),
+            enablement_selectors: vec![],
+            plugin_log_level: LogLevel::Debug,
+            ambient_disable_safe_upgrade: false,
+            node_name: String::new(),
+        }
+    }
 }
 
 /// Repair controller settings (parsed and validated here; the controller lives elsewhere).

@@ -2,7 +2,6 @@
 
 use super::*;
 use crate::install::cniconf;
-use crate::install::config::LogLevel;
 use serde_json::Value;
 
 const TD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/testdata/install/");
@@ -28,30 +27,13 @@ fn env() -> Env {
     fs::write(&exe, b"#!/bin/true\n").expect("exe");
     fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).expect("chmod");
     let cfg = InstallConfig {
-        mounted_cni_net_dir: net.clone(),
-        cni_conf_name: None,
-        chained: true,
-        istio_owned_cni_config: false,
         owned_filename: "02-istio-conf.conflist".to_string(),
         cni_bin_dirs: vec![bin.clone(), root.join("missing-bin")],
-        run_dir: PathBuf::from("/path/to/kubeconfig"),
-        kubeconfig_mode: 0o600,
-        cni_conf_group_read: false,
         kube_ca_file: sa.join("ca.crt"),
-        skip_tls_verify: false,
         service_account_dir: sa,
         k8s_service_host: Some("10.96.0.1".to_string()),
         k8s_service_port: Some("443".to_string()),
-        k8s_service_protocol: "https".to_string(),
-        ambient_enabled: false,
-        enable_ambient_detection_retry: false,
-        native_nftables: false,
-        exclude_namespaces: vec![],
-        pod_namespace: "my-namespace".to_string(),
-        enablement_selectors: vec![],
-        plugin_log_level: LogLevel::Debug,
-        ambient_disable_safe_upgrade: false,
-        node_name: String::new(),
+        ..InstallConfig::for_tests(net.clone())
     };
     Env {
         _tmp: tmp,

@@ -141,17 +141,23 @@ fn pod_event_refers_to_the_pod() {
 }
 
 #[test]
-fn backoff_doubles_to_max_and_resets() {
+fn watch_backoff_doubles_to_max_jittered_and_resets() {
+    use kube::runtime::utils::Backoff;
     let settings = WatchBackoff {
         min: Duration::from_millis(100),
         max: Duration::from_millis(350),
     };
-    let mut b = DoublingBackoff {
-        settings,
-        next: settings.min,
+    // Equal jitter: each delay in [base/2, base] (a microsecond allowed for f32 arithmetic).
+    let in_band = |d: Duration, base: u64| {
+        let (base, slack) = (Duration::from_millis(base), Duration::from_micros(1));
+        d + slack >= base / 2 && d <= base + slack
     };
-    let seen: Vec<u128> = b.by_ref().take(4).map(|d| d.as_millis()).collect();
-    assert_eq!(seen, [100, 200, 350, 350]);
+    let mut b = settings.backoff();
+    let seen: Vec<Duration> = b.by_ref().take(4).collect();
+    for (d, base) in seen.iter().zip([100, 200, 350, 350]) {
+        assert!(in_band(*d, base), "{d:?} vs {base} ms");
+    }
     b.reset();
-    assert_eq!(b.next(), Some(Duration::from_millis(100)));
+    let first = b.next().expect("a watch never runs out of retries");
+    assert!(in_band(first, 100), "{first:?}");
 }
