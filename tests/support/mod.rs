@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use nix::sched::{CloneFlags, setns};
 
 pub mod user_state;
+pub mod zds_peer;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
