@@ -13,7 +13,7 @@ use std::io::{IoSlice, IoSliceMut, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -324,7 +324,7 @@ fn ack(error: &str) -> Vec<u8> {
 }
 
 /// The connect / serve / reconnect loop.
-fn run(path: &PathBuf, inner: &Arc<Mutex<Inner>>) {
+fn run(path: &Path, inner: &Arc<Mutex<Inner>>) {
     let mut backoff = Duration::from_millis(10);
     loop {
         if lock(inner).stop {
