@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use istio_cni::netns::Netns as NetnsHandle;
 use istio_cni::zds::{self, SnapshotEntry, SnapshotSource, WorkloadInfo, ZdsConfig, ZdsError};
-use support::zds_peer::{RawConn, Seen, ZdsPeer};
+use support::zds_peer::{Seen, ZdsPeer};
+use support::zds_raw::RawConn;
 use support::{Netns, PodAndServer};
 use tokio_util::sync::CancellationToken;
 
