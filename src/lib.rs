@@ -17,6 +17,7 @@
 //! | [`plugin`] | the `istio-cni` CNI plugin role | `cli`, `rules`, `apply`, `netns`, `kube`, `telemetry` |
 //! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup | `cli`, `kube`, `telemetry` |
 //! | [`telemetry`] | logging setup, plugin log sink, health/readiness and metrics servers | — |
+//! | [`zds`] | the ZDS server handing enrolled pods' netns fds to ztunnel: protocol messages, the SOCK_SEQPACKET socket, per-connection snapshot and lock-step updates, NACK backoff | `netns`, `telemetry` |
 
 pub mod apply;
 pub mod cli;
@@ -28,6 +29,7 @@ pub mod netns;
 pub mod plugin;
 pub mod rules;
 pub mod telemetry;
+pub mod zds;
 
 /// The version printed by `--version` on every role.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

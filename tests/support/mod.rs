@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use nix::sched::{CloneFlags, setns};
 
 pub mod user_state;
+pub mod zds_peer;
+pub mod zds_raw;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 

@@ -1,0 +1,549 @@
+//! A test ZDS peer that behaves like ztunnel as docs/zds.md (§4–§6) describes it: connects (and
+//! reconnects forever), sends the hello, answers every request in lock-step, NACKs what ztunnel
+//! NACKs (an Add without an fd or with two, undecodable bytes: then it reconnects at once; an Add
+//! without workload_info, a Keep after SnapshotSent, a second SnapshotSent: then it "exits"),
+//! treats an empty datagram as EOF, reconciles at SnapshotSent, and for every Add opens a TCP
+//! listener on 15001 inside the received netns through the fd (setns on a dedicated thread, with
+//! SO_REUSEPORT like ztunnel). Knobs: NACK the next Add, hold acks, drop the connection.
+//! Blocking threads, so it is independent of the test's runtime.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use istio_cni::zds::proto::pb::{self, workload_request::Payload};
+use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType};
+use prost::Message;
+
+use super::zds_raw::{ack, connect, recv, send};
+
+/// One request as the peer saw it, per connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    Add {
+        uid: String,
+        name: String,
+        namespace: String,
+        service_account: String,
+        fds: usize,
+    },
+    Keep {
+        uid: String,
+        fds: usize,
+    },
+    Del {
+        uid: String,
+    },
+    SnapshotSent,
+    Empty,
+    Garbage,
+}
+
+impl Seen {
+    pub fn is_add_of(&self, wanted: &str) -> bool {
+        matches!(self, Seen::Add { uid, .. } if uid == wanted)
+    }
+    pub fn is_keep_of(&self, wanted: &str) -> bool {
+        matches!(self, Seen::Keep { uid, .. } if uid == wanted)
+    }
+}
+
+/// A running in-pod proxy: the netns fd it keeps and its listener on 15001.
+struct Proxy {
+    info: (String, String, String),
+    netns: (u64, u64),
+    _fd: OwnedFd,
+    listener: ProxyListener,
+}
+
+struct ProxyListener {
+    stop: Arc<AtomicBool>,
+    accepted: Arc<AtomicUsize>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for ProxyListener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    conn: u32,
+    connected: bool,
+    log: Vec<(u32, Seen)>,
+    snapshots_done: Vec<u32>,
+    proxies: BTreeMap<String, Proxy>,
+    mentioned: HashSet<String>,
+    snapshot_sent: bool,
+    nack_next: Option<(Option<String>, String, bool)>,
+    hold: bool,
+    disconnect: bool,
+    stop: bool,
+    violations: Vec<String>,
+    exited: bool,
+}
+
+pub struct ZdsPeer {
+    inner: Arc<Mutex<Inner>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const STEP: Duration = Duration::from_millis(10);
+
+impl ZdsPeer {
+    /// Starts connecting to `path` (retrying while nothing listens there).
+    pub fn start(path: &Path) -> ZdsPeer {
+        let inner = Arc::new(Mutex::new(Inner::default()));
+        let shared = inner.clone();
+        let path = path.to_path_buf();
+        let thread = std::thread::spawn(move || run(&path, &shared));
+        ZdsPeer {
+            inner,
+            thread: Some(thread),
+        }
+    }
+
+    /// Polls `cond` until it holds; panics after `timeout` naming `what`.
+    pub fn wait(&self, timeout: Duration, what: &str, cond: impl Fn(&ZdsPeer) -> bool) {
+        let deadline = Instant::now() + timeout;
+        while !cond(self) {
+            assert!(
+                Instant::now() < deadline,
+                "zds peer: {what} did not happen within {timeout:?}; seen {:?}",
+                self.all_requests()
+            );
+            std::thread::sleep(STEP);
+        }
+    }
+
+    /// Waits until `n` snapshots were acked in all; returns the requests of the connection that
+    /// sent the n-th.
+    pub fn wait_snapshots(&self, n: usize, timeout: Duration) -> Vec<Seen> {
+        self.wait(timeout, &format!("snapshot #{n}"), |p| {
+            lock(&p.inner).snapshots_done.len() >= n
+        });
+        let conn = lock(&self.inner).snapshots_done[n - 1];
+        self.requests(conn)
+    }
+
+    pub fn snapshots(&self) -> usize {
+        lock(&self.inner).snapshots_done.len()
+    }
+
+    /// The number of the current (or last) connection, from 1.
+    pub fn connection(&self) -> u32 {
+        lock(&self.inner).conn
+    }
+
+    pub fn connected(&self) -> bool {
+        lock(&self.inner).connected
+    }
+
+    /// The requests seen on connection `conn`, in order.
+    pub fn requests(&self, conn: u32) -> Vec<Seen> {
+        lock(&self.inner)
+            .log
+            .iter()
+            .filter(|(c, _)| *c == conn)
+            .map(|(_, s)| s.clone())
+            .collect()
+    }
+
+    pub fn all_requests(&self) -> Vec<(u32, Seen)> {
+        lock(&self.inner).log.clone()
+    }
+
+    /// Running proxies: uid -> (name, namespace, service account).
+    pub fn workloads(&self) -> BTreeMap<String, (String, String, String)> {
+        lock(&self.inner)
+            .proxies
+            .iter()
+            .map(|(uid, p)| (uid.clone(), p.info.clone()))
+            .collect()
+    }
+
+    /// The netns identity (dev, inode) the proxy for `uid` runs in.
+    pub fn netns_of(&self, uid: &str) -> Option<(u64, u64)> {
+        lock(&self.inner).proxies.get(uid).map(|p| p.netns)
+    }
+
+    /// Connections accepted by `uid`'s listener on 15001 so far (None: no proxy).
+    pub fn accepted(&self, uid: &str) -> Option<usize> {
+        lock(&self.inner)
+            .proxies
+            .get(uid)
+            .map(|p| p.listener.accepted.load(Ordering::SeqCst))
+    }
+
+    /// NACKs the next Add with `text`; `close` = then drop the connection, as ztunnel does after
+    /// a message it could not read.
+    pub fn nack_next(&self, text: &str, close: bool) {
+        lock(&self.inner).nack_next = Some((None, text.to_string(), close));
+    }
+
+    /// Like [`nack_next`](Self::nack_next), for the next Add of `uid` only.
+    pub fn nack_next_add_of(&self, uid: &str, text: &str, close: bool) {
+        lock(&self.inner).nack_next = Some((Some(uid.to_string()), text.to_string(), close));
+    }
+
+    /// Requests are still read and logged but not answered until [`release_acks`].
+    pub fn hold_acks(&self) {
+        lock(&self.inner).hold = true;
+    }
+
+    pub fn release_acks(&self) {
+        lock(&self.inner).hold = false;
+    }
+
+    /// Drops the current connection; the peer reconnects.
+    pub fn disconnect(&self) {
+        lock(&self.inner).disconnect = true;
+    }
+
+    /// Anything the agent sent that the real ztunnel would reject or die of.
+    pub fn violations(&self) -> Vec<String> {
+        lock(&self.inner).violations.clone()
+    }
+
+    /// Whether the peer "exited" as ztunnel does on a protocol error.
+    pub fn exited(&self) -> bool {
+        lock(&self.inner).exited
+    }
+}
+
+impl Drop for ZdsPeer {
+    fn drop(&mut self) {
+        lock(&self.inner).stop = true;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        lock(&self.inner).proxies.clear();
+    }
+}
+
+/// The connect / serve / reconnect loop.
+fn run(path: &Path, inner: &Arc<Mutex<Inner>>) {
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        if lock(inner).stop {
+            return;
+        }
+        let Ok(fd) = connect(path) else {
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_millis(200));
+            continue;
+        };
+        backoff = Duration::from_millis(10);
+        if send(&fd, &[0x08, 0x01], None).is_err() {
+            continue;
+        }
+        {
+            let mut g = lock(inner);
+            g.conn += 1;
+            g.connected = true;
+            g.disconnect = false;
+            g.mentioned.clear();
+            g.snapshot_sent = false;
+        }
+        serve(&fd, inner);
+        drop(fd);
+        let mut g = lock(inner);
+        g.connected = false;
+        if g.exited {
+            return;
+        }
+    }
+}
+
+/// What to do after a request.
+enum Next {
+    Reply(String),
+    ReplyAndClose(String),
+    ReplyAndExit(String),
+    Close,
+}
+
+fn serve(fd: &OwnedFd, inner: &Arc<Mutex<Inner>>) {
+    loop {
+        {
+            let g = lock(inner);
+            if g.stop || g.disconnect {
+                return;
+            }
+        }
+        let (bytes, fds) = match recv(fd, 1024) {
+            Ok(got) => got,
+            Err(nix::errno::Errno::EAGAIN) => {
+                std::thread::sleep(STEP);
+                continue;
+            }
+            Err(_) => return,
+        };
+        let next = handle(&bytes, fds, inner);
+        let text = match &next {
+            Next::Close => return,
+            Next::Reply(t) | Next::ReplyAndClose(t) | Next::ReplyAndExit(t) => t.clone(),
+        };
+        // Held acks: wait for the release, or for the server to give up on us.
+        loop {
+            let g = lock(inner);
+            if g.stop || g.disconnect {
+                return;
+            }
+            if !g.hold {
+                break;
+            }
+            drop(g);
+            if peer_gone(fd) {
+                return;
+            }
+            std::thread::sleep(STEP);
+        }
+        if send(fd, &ack(&text), None).is_err() {
+            return;
+        }
+        match next {
+            Next::Reply(_) => {}
+            Next::ReplyAndClose(_) => return,
+            Next::ReplyAndExit(_) => {
+                lock(inner).exited = true;
+                return;
+            }
+            Next::Close => unreachable!(),
+        }
+    }
+}
+
+/// Whether the server closed its end (a peek reads EOF).
+fn peer_gone(fd: &OwnedFd) -> bool {
+    let mut b = [0u8; 1];
+    matches!(
+        socket::recv(
+            fd.as_raw_fd(),
+            &mut b,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT
+        ),
+        Ok(0)
+    )
+}
+
+fn handle(bytes: &[u8], fds: Vec<OwnedFd>, inner: &Arc<Mutex<Inner>>) -> Next {
+    let mut g = lock(inner);
+    let conn = g.conn;
+    if bytes.is_empty() {
+        g.log.push((conn, Seen::Empty));
+        g.violations
+            .push("an empty datagram (ztunnel reads it as EOF)".into());
+        return Next::Close;
+    }
+    let request = match pb::WorkloadRequest::decode(bytes) {
+        Ok(r) => r,
+        Err(e) => {
+            g.log.push((conn, Seen::Garbage));
+            return Next::ReplyAndClose(format!(
+                "failure to read message : failed to decode Protobuf message: {e}"
+            ));
+        }
+    };
+    let nfds = fds.len();
+    match request.payload {
+        Some(Payload::Add(add)) => {
+            let info = add.workload_info.clone().unwrap_or_default();
+            g.log.push((
+                conn,
+                Seen::Add {
+                    uid: add.uid.clone(),
+                    name: info.name.clone(),
+                    namespace: info.namespace.clone(),
+                    service_account: info.service_account.clone(),
+                    fds: nfds,
+                },
+            ));
+            if nfds == 0 {
+                g.violations.push(format!("add {} without an fd", add.uid));
+                return Next::ReplyAndClose("failure to read message : No control message".into());
+            }
+            if nfds > 1 {
+                g.violations
+                    .push(format!("add {} with {nfds} fds", add.uid));
+                return Next::ReplyAndClose(format!(
+                    "failure to read message : Expected 1 FD, got {nfds}"
+                ));
+            }
+            if add.workload_info.is_none() {
+                g.violations
+                    .push(format!("add {} without workload_info", add.uid));
+                return Next::ReplyAndExit(
+                    "failure to process message : ProtocolError(\"workload_info is required but \
+                     not present\")"
+                        .into(),
+                );
+            }
+            let wanted =
+                |n: &(Option<String>, String, bool)| n.0.as_ref().is_none_or(|u| *u == add.uid);
+            if let Some((_, text, close)) = g.nack_next.take_if(|n| wanted(n)) {
+                return if close {
+                    Next::ReplyAndClose(text)
+                } else {
+                    Next::Reply(text)
+                };
+            }
+            let fd = fds.into_iter().next().expect("one fd");
+            g.mentioned.insert(add.uid.clone());
+            let id = match std::fs::File::from(fd.try_clone().expect("dup")).metadata() {
+                Ok(m) => (m.dev(), m.ino()),
+                Err(e) => return Next::Reply(format!("failure to start proxy : fstat: {e}")),
+            };
+            if g.proxies.get(&add.uid).is_some_and(|p| p.netns == id) {
+                return Next::Reply(String::new());
+            }
+            g.proxies.remove(&add.uid);
+            match start_listener(&fd, &add.uid) {
+                Ok(listener) => {
+                    let info = (info.name, info.namespace, info.service_account);
+                    g.proxies.insert(
+                        add.uid,
+                        Proxy {
+                            info,
+                            netns: id,
+                            _fd: fd,
+                            listener,
+                        },
+                    );
+                    Next::Reply(String::new())
+                }
+                Err(e) => Next::Reply(format!("failure to start proxy : {e}")),
+            }
+        }
+        Some(Payload::Keep(keep)) => {
+            g.log.push((
+                conn,
+                Seen::Keep {
+                    uid: keep.uid.clone(),
+                    fds: nfds,
+                },
+            ));
+            if nfds > 0 {
+                g.violations.push(format!("keep {} with an fd", keep.uid));
+            }
+            if g.snapshot_sent {
+                g.violations
+                    .push(format!("keep {} after SnapshotSent", keep.uid));
+                return Next::ReplyAndExit(
+                    "failure to process message : ProtocolError(\"keep after snapshot\")".into(),
+                );
+            }
+            g.mentioned.insert(keep.uid);
+            Next::Reply(String::new())
+        }
+        Some(Payload::Del(del)) => {
+            g.log.push((
+                conn,
+                Seen::Del {
+                    uid: del.uid.clone(),
+                },
+            ));
+            if nfds > 0 {
+                g.violations.push(format!("del {} with an fd", del.uid));
+            }
+            if g.snapshot_sent {
+                g.proxies.remove(&del.uid);
+            } else {
+                g.mentioned.remove(&del.uid);
+            }
+            Next::Reply(String::new())
+        }
+        Some(Payload::SnapshotSent(_)) => {
+            g.log.push((conn, Seen::SnapshotSent));
+            if nfds > 0 {
+                g.violations.push("snapshot_sent with an fd".into());
+            }
+            if g.snapshot_sent {
+                g.violations.push("a second SnapshotSent".into());
+                return Next::ReplyAndExit(
+                    "failure to process message : ProtocolError(\"snapshot already sent\")".into(),
+                );
+            }
+            g.snapshot_sent = true;
+            let mentioned = std::mem::take(&mut g.mentioned);
+            g.proxies.retain(|uid, _| mentioned.contains(uid));
+            g.mentioned = mentioned;
+            g.snapshots_done.push(conn);
+            Next::Reply(String::new())
+        }
+        None => {
+            g.log.push((conn, Seen::Garbage));
+            Next::ReplyAndClose("failure to read message : empty payload".into())
+        }
+    }
+}
+
+/// Binds 0.0.0.0:15001 inside the netns `fd` names (on a thread that enters it; the socket stays
+/// there) and serves it: each connection gets one line naming the uid.
+fn start_listener(fd: &OwnedFd, uid: &str) -> Result<ProxyListener, String> {
+    let netns = fd.try_clone().map_err(|e| e.to_string())?;
+    let listener = std::thread::spawn(move || -> Result<TcpListener, String> {
+        nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("failed to set netns: {e}"))?;
+        let sock = socket::socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(|e| e.to_string())?;
+        socket::setsockopt(&sock, socket::sockopt::ReusePort, &true).map_err(|e| e.to_string())?;
+        let addr: SocketAddr = "0.0.0.0:15001".parse().expect("address");
+        socket::bind(
+            sock.as_raw_fd(),
+            &socket::SockaddrIn::from(match addr {
+                SocketAddr::V4(a) => a,
+                SocketAddr::V6(_) => unreachable!(),
+            }),
+        )
+        .map_err(|e| format!("Bind({addr}, {e})"))?;
+        socket::listen(&sock, socket::Backlog::new(16).expect("backlog"))
+            .map_err(|e| e.to_string())?;
+        Ok(TcpListener::from(sock))
+    })
+    .join()
+    .map_err(|_| "listener thread panicked".to_string())??;
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (stop2, accepted2, uid) = (stop.clone(), accepted.clone(), uid.to_string());
+    let thread = std::thread::spawn(move || {
+        while !stop2.load(Ordering::SeqCst) {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    accepted2.fetch_add(1, Ordering::SeqCst);
+                    let _ = stream.set_nonblocking(false);
+                    let _ = writeln!(stream, "zds-peer {uid}");
+                }
+                Err(_) => std::thread::sleep(STEP),
+            }
+        }
+    });
+    Ok(ProxyListener {
+        stop,
+        accepted,
+        thread: Some(thread),
+    })
+}
