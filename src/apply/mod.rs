@@ -5,8 +5,10 @@
 //! May call: `rules`, `netlink` (nf_tables transactions, rtnetlink routes), `netns` (entering a
 //! pod's user namespace).
 
+pub mod backend;
 pub mod cleanup;
 pub mod exec;
+pub mod hostproc;
 pub mod iptables;
 pub mod nft;
 pub mod pod;
