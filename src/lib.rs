@@ -17,7 +17,9 @@
 //! | [`plugin`] | the `istio-cni` CNI plugin role | `cli`, `rules`, `apply`, `netns`, `kube`, `telemetry` |
 //! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup | `cli`, `kube`, `telemetry` |
 //! | [`telemetry`] | logging setup, plugin log sink, health/readiness and metrics servers | — |
+//! | [`agent`] | the ambient node agent; here its data plane: in-pod and host rules, probe sets, the /proc netns finder | `rules`, `apply`, `netns`, `netlink` |
 
+pub mod agent;
 pub mod apply;
 pub mod cli;
 pub mod install;
