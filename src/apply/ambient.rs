@@ -12,6 +12,7 @@
 
 use std::collections::BTreeSet;
 
+use super::cleanup::drop_emptied_tables;
 use super::exec::{Executor, ProcessExecutor};
 use super::iptables::{
     ApplyError, Binaries, ForceBinary, detect, restore_cmd, run_checked, save_cmd,
@@ -248,6 +249,17 @@ pub fn apply_iptables(
                 },
             });
         }
+    }
+    // With iptables-nft, a table we emptied (e.g. raw once DNS capture is off) would stay behind
+    // with idle built-in chains: dropped, so the netns ends as a fresh apply leaves it.
+    for (bins, _, _, restore) in work.iter().filter(|w| w.3.contains("\n-X ")) {
+        let touched: BTreeSet<String> = restore
+            .lines()
+            .filter_map(|l| l.strip_prefix('*'))
+            .map(String::from)
+            .collect();
+        let text = run_checked(exec, &save_cmd(bins, &opts.env))?.stdout;
+        drop_emptied_tables(bins, &text, &touched);
     }
     Ok(Outcome::Applied)
 }
