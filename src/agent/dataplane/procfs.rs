@@ -71,10 +71,10 @@ pub fn ids_from_path(path: &str) -> CgroupIds {
             continue;
         }
         // Only IDs below the pod count (a kind node's own docker ID sits above it).
-        if ids.pod_uid.is_some() || elem.starts_with("crio-") {
-            if let Some(cid) = as_container_id(elem) {
-                ids.container_id = Some(cid);
-            }
+        if (ids.pod_uid.is_some() || elem.starts_with("crio-"))
+            && let Some(cid) = as_container_id(elem)
+        {
+            ids.container_id = Some(cid);
         }
     }
     ids
