@@ -18,7 +18,9 @@
 //! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup | `cli`, `kube`, `telemetry` |
 //! | [`telemetry`] | logging setup, plugin log sink, health/readiness and metrics servers | — |
 //! | [`zds`] | the ZDS server handing enrolled pods' netns fds to ztunnel: protocol messages, the SOCK_SEQPACKET socket, per-connection snapshot and lock-step updates, NACK backoff | `netns`, `telemetry` |
+//! | [`agent`] | the ambient node agent; here its data plane: in-pod and host rules, probe sets, the /proc netns finder | `rules`, `apply`, `netns`, `netlink` |
 
+pub mod agent;
 pub mod apply;
 pub mod cli;
 pub mod install;
