@@ -4,10 +4,6 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
-
-use crate::kube::selector::{self, LabelSelector};
-
 /// Default owned conflist name (Istio's).
 pub const DEFAULT_OWNED_FILENAME: &str = "02-istio-cni.conflist";
 /// Default standalone config name (Istio's).
@@ -104,24 +100,7 @@ impl LogConfig {
 }
 
 /// One ambient enablement selector (pod + namespace label selectors), as the plugin expects it.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EnablementSelector {
-    #[serde(
-        rename = "podSelector",
-        default,
-        deserialize_with = "selector::deserialize_strict",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub pod_selector: Option<LabelSelector>,
-    #[serde(
-        rename = "namespaceSelector",
-        default,
-        deserialize_with = "selector::deserialize_strict",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub namespace_selector: Option<LabelSelector>,
-}
+pub use crate::kube::selector::enablement::EnablementSelector;
 
 /// Settings of the install pass, the guard and cleanup.
 #[derive(Debug, Clone, PartialEq)]
