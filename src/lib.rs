@@ -15,9 +15,11 @@
 //! | [`netlink`] | the netlink transport: wire format (headers, batch framing, sequence numbers, replies), addresses, ip rules and routes via rtnetlink with plain parameters, nf_tables transactions via nfnetlink | `netns` |
 //! | [`kube`] | the one Kubernetes client module (kubeconfig/in-cluster, typed helpers) and the test API server | — |
 //! | [`plugin`] | the `istio-cni` CNI plugin role | `cli`, `rules`, `apply`, `netns`, `kube`, `telemetry` |
-//! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup | `cli`, `kube`, `telemetry` |
+//! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup; starts the ambient agent | `cli`, `kube`, `telemetry`, `agent` |
+//! | [`agent`] | the ambient node agent: settings, the pure enrolment state machine, pod cache, add/remove steps, keyed work queue over the kube stores, plugin-event server, startup and shutdown; data plane and ZDS behind traits | `cli`, `kube`, `rules`, `netns`, `telemetry` |
 //! | [`telemetry`] | logging setup, plugin log sink, health/readiness and metrics servers | — |
 
+pub mod agent;
 pub mod apply;
 pub mod cli;
 pub mod install;

@@ -24,6 +24,11 @@ impl RetryPolicy {
         self.first.saturating_mul(factor).min(self.max)
     }
 
+    /// The delay before retry number `retry`, jittered with a fresh random number.
+    pub fn jittered_delay(&self, retry: u32) -> Duration {
+        self.delay(retry, random_u64())
+    }
+
     /// The delay before retry number `retry`, jittered with `random` (any u64).
     pub fn delay(&self, retry: u32, random: u64) -> Duration {
         let base = self.base_delay(retry);

@@ -1,7 +1,6 @@
 //! The resolved configuration, one struct per consumer (install pass, repair, agent, logs).
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::path::PathBuf;
 
 /// Default owned conflist name (Istio's).
@@ -162,23 +161,8 @@ pub struct RepairConfig {
     pub field_selectors: String,
 }
 
-/// Ambient node-agent settings (parsed and validated here for the agent).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentConfig {
-    pub ztunnel_uds_address: PathBuf,
-    pub dns_capture: bool,
-    pub ipv6: bool,
-    pub reconcile_pod_rules_on_startup: bool,
-    pub system_namespace: String,
-    pub pod_name: String,
-    pub node_name: String,
-    pub host_probe_snat_ip: IpAddr,
-    pub host_probe_snat_ipv6: IpAddr,
-    pub scoped_xtables_locking: bool,
-    pub aws_branch_eni_probe: bool,
-    pub force_iptables_binary: Option<String>,
-    pub allow_switch_to_host_ns: bool,
-}
+/// Ambient node-agent settings (parsed and validated here; the agent room owns the type).
+pub use crate::agent::settings::AgentConfig;
 
 /// The whole `install-cni` configuration.
 #[derive(Debug, Clone, PartialEq)]
