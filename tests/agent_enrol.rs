@@ -88,6 +88,10 @@ fn settings(run_dir: PathBuf) -> Settings {
 
 /// Starts the server with `setup` applied first, then the agent.
 async fn rig(setup: impl FnOnce(&TestApiServer)) -> Rig {
+    rig_with(setup, false).await
+}
+
+async fn rig_with(setup: impl FnOnce(&TestApiServer), reconcile: bool) -> Rig {
     let api = TestApiServer::start().await.unwrap();
     setup(&api);
     let dir = tempfile::tempdir().unwrap();
@@ -96,7 +100,8 @@ async fn rig(setup: impl FnOnce(&TestApiServer)) -> Rig {
     let client = KubeClient::from_kubeconfig_file(&kubeconfig).await.unwrap();
     let dp = Arc::new(FakeDataplane::default());
     let zt = Arc::new(FakeZtunnel::default());
-    let s = settings(dir.path().join("run"));
+    let mut s = settings(dir.path().join("run"));
+    s.config.reconcile_pod_rules_on_startup = reconcile;
     let deps = Deps {
         dataplane: dp.clone(),
         ztunnel: zt.clone(),
@@ -341,4 +346,76 @@ async fn refused_cmdadds_change_nothing() {
     );
     assert_eq!(r.annotation("shop", "web"), None);
     r.shutdown().await;
+}
+
+fn enrolled(ns: &str, name: &str, ip: &str) -> Pod {
+    let mut p = pod(ns, name, NODE, ip);
+    p.metadata.annotations = Some([(ANN_REDIRECTION.to_string(), "enabled".to_string())].into());
+    p
+}
+
+/// A restart with enrolled pods: they are ztunnel's state of the world again (cache with their
+/// netns from one /proc scan), the probe set is synced to them (not flushed), and only with
+/// AMBIENT_RECONCILE_POD_RULES_ON_STARTUP are their in-pod rules re-applied. Pending, terminal
+/// and ztunnel pods are not in the snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_restores_enrolled_pods_without_flushing() {
+    for reconcile in [false, true] {
+        let r = rig_with(
+            |api| {
+                api.add_namespace(namespace("shop", true)).unwrap();
+                for i in 0..20 {
+                    api.add_pod(enrolled(
+                        "shop",
+                        &format!("web-{i}"),
+                        &format!("10.1.1.{i}"),
+                    ))
+                    .unwrap();
+                }
+                let mut pending = enrolled("shop", "half", "10.1.2.1");
+                pending.metadata.annotations =
+                    Some([(ANN_REDIRECTION.to_string(), "pending".to_string())].into());
+                api.add_pod(pending).unwrap();
+                let mut done = enrolled("shop", "job", "10.1.2.2");
+                done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+                api.add_pod(done).unwrap();
+            },
+            reconcile,
+        )
+        .await;
+        let agent = r.agent.as_ref().unwrap();
+        let cache = agent.pod_cache();
+        let snapshot = cache.snapshot();
+        assert!(snapshot.len() >= 20, "{}", snapshot.len());
+        let web: Vec<_> = snapshot
+            .iter()
+            .filter(|(_, c)| c.info.name.starts_with("web-"))
+            .collect();
+        assert_eq!(web.len(), 20);
+        assert!(web.iter().all(|(_, c)| c.netns.is_some()), "netns attached");
+        let calls = r.dp.calls();
+        assert_eq!(calls[0], "probe_sync 20 prune=true", "{calls:?}");
+        assert!(calls.iter().all(|c| !c.contains("flush")));
+        // (The pending pod is re-added by the queue meanwhile; count the enrolled ones only.)
+        let reprogrammed = web
+            .iter()
+            .filter(|(uid, _)| calls.contains(&format!("program {uid}")))
+            .count();
+        assert_eq!(
+            reprogrammed,
+            if reconcile { 20 } else { 0 },
+            "reconcile={reconcile}: {calls:?}"
+        );
+        let probes = r.dp.probes.lock().unwrap().clone();
+        assert!(
+            web.iter()
+                .all(|(uid, _)| probes.values().any(|owner| owner == uid))
+        );
+        // The pending pod is retried through the queue (namespace replay) and completes.
+        r.wait("pending pod enrolled", || {
+            r.annotation("shop", "half").as_deref() == Some("enabled")
+        })
+        .await;
+        r.shutdown().await;
+    }
 }
