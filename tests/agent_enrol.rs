@@ -109,6 +109,7 @@ async fn rig_with(setup: impl FnOnce(&TestApiServer), reconcile: bool) -> Rig {
             client: client.clone(),
             timeout: Duration::from_secs(5),
         }),
+        metrics: Default::default(),
     };
     let stop = CancellationToken::new();
     let agent = Agent::start(&s, &client, deps, &stop).await.unwrap();
@@ -345,6 +346,16 @@ async fn refused_cmdadds_change_nothing() {
         "no writes"
     );
     assert_eq!(r.annotation("shop", "web"), None);
+    let core = r.agent.as_ref().unwrap().core().clone();
+    let count = |code: &str| {
+        core.metrics
+            .plugin_requests
+            .get_or_create(&istio_cni::telemetry::metrics::ResponseCodeLabel {
+                response_code: code.into(),
+            })
+            .get()
+    };
+    assert_eq!((count("400"), count("500"), count("200")), (2, 2, 0));
     r.shutdown().await;
 }
 

@@ -59,6 +59,8 @@ pub struct Deps {
     pub dataplane: Arc<dyn Dataplane>,
     pub ztunnel: Arc<dyn Ztunnel>,
     pub annotator: Arc<dyn Annotator>,
+    /// Where the agent's counters go (install-cni's registry).
+    pub metrics: crate::telemetry::metrics::Metrics,
 }
 
 /// A running agent.
@@ -108,6 +110,7 @@ impl Agent {
                 cache: Arc::new(PodCache::default()),
             },
             timing: settings.timing,
+            metrics: deps.metrics,
         });
         let path = settings.plugin_event_socket();
         let server = server::serve(path.clone(), core.clone(), shutdown.clone())

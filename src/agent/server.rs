@@ -22,6 +22,7 @@ use super::pod;
 use super::worker::Core;
 use crate::kube::plugin_event::PluginAddEvent;
 use crate::kube::stores::{self, pod_key};
+use crate::telemetry::metrics::ResponseCodeLabel;
 
 /// Largest body accepted (an event is a few hundred bytes).
 const MAX_BODY: usize = 64 * 1024;
@@ -64,6 +65,17 @@ pub async fn serve(
 }
 
 async fn cmd_add(State(core): State<Arc<Core>>, body: Bytes) -> (StatusCode, String) {
+    let (status, text) = handle(core.clone(), body).await;
+    core.metrics
+        .plugin_requests
+        .get_or_create(&ResponseCodeLabel {
+            response_code: status.as_u16().to_string(),
+        })
+        .inc();
+    (status, text)
+}
+
+async fn handle(core: Arc<Core>, body: Bytes) -> (StatusCode, String) {
     let event = match PluginAddEvent::decode(&body) {
         Ok(ev) => ev,
         Err(e) => {

@@ -18,6 +18,7 @@ use super::mesh::Mesh;
 use super::pod;
 use super::settings::Timing;
 use crate::kube::stores::{self, NamespaceStore, PodStore, StoreEvent};
+use crate::telemetry::metrics::{EventTypeLabel, Metrics};
 
 /// What the worker decides with and acts through.
 pub struct Core {
@@ -26,6 +27,17 @@ pub struct Core {
     pub policy: Policy,
     pub mesh: Mesh,
     pub timing: Timing,
+    /// `istio_cni_plugin_requests_total`, `nodeagent_reconcile_events_total`.
+    pub metrics: Metrics,
+}
+
+fn count_event(metrics: &Metrics, kind: &str) {
+    metrics
+        .reconcile_events
+        .get_or_create(&EventTypeLabel {
+            r#type: kind.to_string(),
+        })
+        .inc();
 }
 
 /// Counters, for logs and tests.
@@ -159,6 +171,11 @@ impl Worker {
 
     async fn handle(&self, event: &PodEvent) -> Outcome {
         let core = &self.shared.core;
+        let kind = match event {
+            PodEvent::Update { .. } => "update",
+            PodEvent::Delete(_) => "delete",
+        };
+        count_event(&core.metrics, kind);
         let (namespace, current) = match event {
             PodEvent::Update { new, .. } => {
                 (pod::namespace(new).to_string(), core.pods.get(&event.key()))
@@ -205,6 +222,12 @@ impl Worker {
                     None => return,
                 },
                 ev = namespaces.recv() => {
+                    let kind = match &ev {
+                        Some(StoreEvent::Added(_)) => "add",
+                        Some(StoreEvent::Updated { .. }) => "update",
+                        _ => "delete",
+                    };
+                    count_event(&self.core().metrics, kind);
                     let (name, old, new) = match ev {
                         Some(StoreEvent::Added(ns)) => (ns.metadata.name.clone(), None, ns),
                         Some(StoreEvent::Updated { old, new }) => (new.metadata.name.clone(), Some(old), new),

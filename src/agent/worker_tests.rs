@@ -59,6 +59,7 @@ fn rig_with(zt: Arc<dyn Ztunnel>, fake_zt: Arc<FakeZtunnel>) -> Rig {
             cache: Arc::new(PodCache::default()),
         },
         timing: timing(),
+        metrics: Default::default(),
     });
     let stop = CancellationToken::new();
     let worker = Worker::new(core, stop.clone());
@@ -163,6 +164,16 @@ async fn retryable_failure_marks_pending_and_retries_with_backoff_until_enabled(
     .await;
     r.until("idle", || r.worker.pending() == 0).await;
     assert!(r.zt.has("uid-a"));
+    let attempts = r
+        .worker
+        .core()
+        .metrics
+        .reconcile_events
+        .get_or_create(&crate::telemetry::metrics::EventTypeLabel {
+            r#type: "update".into(),
+        })
+        .get();
+    assert!(attempts >= 4, "counted per attempt: {attempts}");
     assert_eq!(r.dp.count("probe_add uid-a"), 1);
 }
 

@@ -14,6 +14,7 @@ use crate::agent::ports::{KubeAnnotator, LateZtunnel};
 use crate::agent::settings::{Settings, Timing};
 use crate::agent::{Agent, AgentError, Deps};
 use crate::kube::{KubeClient, KubeError};
+use crate::telemetry::metrics::Metrics;
 
 /// Env var (test-hooks builds only) that selects the fake data plane and ztunnel.
 pub const FAKE_DATAPLANE_ENV: &str = "ISTIO_CNI_RS_TEST_FAKE_DATAPLANE";
@@ -45,7 +46,11 @@ pub fn agent_settings(cfg: &Config) -> Settings {
 
 /// The agent's seams. The annotation patch is always the real one (the API server is reached
 /// through the agent's client).
-fn deps(client: &KubeClient, settings: &Settings) -> Result<(Deps, Arc<LateZtunnel>), StartError> {
+fn deps(
+    client: &KubeClient,
+    settings: &Settings,
+    metrics: &Metrics,
+) -> Result<(Deps, Arc<LateZtunnel>), StartError> {
     let annotator = Arc::new(KubeAnnotator {
         client: client.clone(),
         timeout: settings.timing.kube_call_timeout,
@@ -60,13 +65,14 @@ fn deps(client: &KubeClient, settings: &Settings) -> Result<(Deps, Arc<LateZtunn
             dataplane: Arc::new(FakeDataplane::default()),
             ztunnel: ztunnel.clone(),
             annotator,
+            metrics: metrics.clone(),
         };
         return Ok((deps, ztunnel));
     }
     // Join point for the data plane (`agent::dataplane::Dataplane::new`) and, after the agent
     // started, the ZDS server (`zds::serve` with the agent's pod cache as its snapshot source,
     // bound into `ztunnel`).
-    let _ = (annotator, ztunnel);
+    let _ = (annotator, ztunnel, metrics);
     Err(StartError::Unavailable(
         "the ambient data plane (in-pod rules, host probe set) and the ZDS server are not part \
          of this build yet; set AMBIENT_ENABLED=false (chart: ambient.enabled=false). Nothing \
@@ -79,6 +85,7 @@ fn deps(client: &KubeClient, settings: &Settings) -> Result<(Deps, Arc<LateZtunn
 /// in-cluster), then [`Agent::start`] (stores synced, startup snapshot restored).
 pub async fn start(
     cfg: &Config,
+    metrics: &Metrics,
     stop: &tokio_util::sync::CancellationToken,
 ) -> Result<Agent, StartError> {
     let settings = agent_settings(cfg);
@@ -87,7 +94,7 @@ pub async fn start(
     }
     let (client, source) = KubeClient::for_agent(None).await?;
     info!(?source, node = %settings.config.node_name, "starting the ambient node agent");
-    let (deps, _ztunnel) = deps(&client, &settings)?;
+    let (deps, _ztunnel) = deps(&client, &settings, metrics)?;
     Ok(Agent::start(&settings, &client, deps, stop).await?)
 }
 

@@ -229,7 +229,7 @@ async fn run(cfg: Config) -> i32 {
     // node's CNI config only appears once ambient pods can be served.
     let agent = if ic.ambient_enabled {
         readiness.register(AGENT);
-        match ambient::start(&cfg, &stop).await {
+        match ambient::start(&cfg, &metrics, &stop).await {
             Ok(agent) => {
                 readiness.set(AGENT, true);
                 info!("ambient node agent ready");
