@@ -63,10 +63,8 @@ fn rig_with(zt: Arc<dyn Ztunnel>, fake_zt: Arc<FakeZtunnel>) -> Rig {
     });
     let stop = CancellationToken::new();
     let worker = Worker::new(core, stop.clone());
-    for store in [&worker.core().pods] {
-        store.apply(Event::Init);
-        store.apply(Event::InitDone);
-    }
+    worker.core().pods.apply(Event::Init);
+    worker.core().pods.apply(Event::InitDone);
     worker.core().namespaces.apply(Event::Init);
     worker.core().namespaces.apply(Event::InitDone);
     Rig {
