@@ -191,7 +191,7 @@ async fn send_ambient_event(conf: &NetConf, env: &CniEnv, args: &CniArgs) -> Res
         &args.pod_namespace,
         prev.as_ref(),
     );
-    let body = serde_json::to_vec(&event).map_err(internal)?;
+    let body = event.to_json();
     let sock = conf.event_socket_path();
     let fail = |detail: String| {
         CniError::internal(format!(
