@@ -250,7 +250,7 @@ fn daemonset_follows_the_values() {
         );
         let env = r.container_env();
         assert_eq!(
-            env.get("ALLOW_SWITCH_TO_HOST_NS").is_some(),
+            env.contains_key("ALLOW_SWITCH_TO_HOST_NS"),
             !host_network,
             "{name}"
         );

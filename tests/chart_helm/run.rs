@@ -49,11 +49,13 @@ pub fn binary_defaults() -> BTreeMap<String, String> {
     defaults
 }
 
+/// What the binary is given: its resolved environment and its args.
+type Given = (BTreeMap<String, String>, Vec<String>);
+
 /// The value sets grouped by what the binary is given (resolved environment and args): one run
 /// stands for each group; the rest of a group differs only in objects or host paths.
 pub fn by_environment<'a>(cases: impl Iterator<Item = &'a Rendered>) -> Vec<Vec<&'a Rendered>> {
-    let mut groups: BTreeMap<(BTreeMap<String, String>, Vec<String>), Vec<&Rendered>> =
-        BTreeMap::new();
+    let mut groups: BTreeMap<Given, Vec<&Rendered>> = BTreeMap::new();
     for r in cases {
         groups
             .entry((r.container_env(), r.args()))
