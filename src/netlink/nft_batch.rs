@@ -304,7 +304,8 @@ fn exchange(framed: &[u8], last_seq: u32, buf: &mut [u8]) -> Answer {
 /// [`exchange`] on an open socket.
 unsafe fn exchange_on(fd: libc::c_int, framed: &[u8], last_seq: u32, buf: &mut [u8]) -> Answer {
     let timeout = libc::timeval {
-        tv_sec: REPLY_TIMEOUT.as_secs() as libc::time_t,
+        // `as _`: the field's own type (libc deprecates naming `time_t` on musl).
+        tv_sec: REPLY_TIMEOUT.as_secs() as _,
         tv_usec: 0,
     };
     // SAFETY: (for the block) pointers and lengths of live values.
