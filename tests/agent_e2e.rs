@@ -131,3 +131,87 @@ fn ambient_pod_end_to_end_iptables() {
 fn ambient_pod_end_to_end_nftables() {
     main_e2e(Backend::Nftables);
 }
+
+/// The plugin's budget for the /cmdadd exchange (src/plugin/add.rs AMBIENT_EVENT_TIMEOUT) plus
+/// the lookups before it and process start: the ADD must have failed by then.
+const ADD_FAILS_WITHIN: Duration = Duration::from_secs(8);
+
+#[test]
+fn add_fails_fast_and_clean_when_the_agent_is_down() {
+    let mut node = Node::start(Backend::Iptables);
+    node.namespace("amb", json!({AMBIENT: "ambient"}));
+    let uid = node.pod("amb", "app", json!({}));
+    // The agent dies (no graceful shutdown, so the installed config stays as on a crash) and
+    // its socket is gone.
+    node.agent.child.kill().expect("kill install-cni");
+    node.agent.child.wait().expect("wait install-cni");
+    let _ = std::fs::remove_file(node.dirs.run.join("pluginevent.sock"));
+    let app = PodNs::new("down");
+    let started = Instant::now();
+    let err = node
+        .add(&app, "amb", "app")
+        .expect_err("ADD must fail without the agent");
+    let took = started.elapsed();
+    assert!(took < ADD_FAILS_WITHIN, "ADD took {took:?}");
+    assert!(
+        err.contains("failed to contact node Istio CNI agent") && err.contains("pluginevent.sock"),
+        "unclear error: {err}"
+    );
+    // Nothing half-enrolled: no rules, nothing sent to ztunnel, no annotation, no probe entry.
+    assert!(!node.has_inpod_rules(&app), "rules left in the pod netns");
+    assert!(
+        !node
+            .peer
+            .all_requests()
+            .iter()
+            .any(|(_, r)| r.is_add_of(&uid))
+    );
+    assert_eq!(node.redirection("amb", "app"), None);
+    assert!(node.probe_members().is_empty());
+}
+
+/// ztunnel does not ack in time. The agent's ZDS ack budget ends before the plugin's, so the
+/// plugin gets the agent's answer (not its own timeout). Cleanup that runs: the pod is marked
+/// `pending`, kept out of the probe set, and stays in the agent's cache with its netns (its
+/// in-pod rules stay, failing closed as in Istio) so ztunnel gets it in the snapshot when it
+/// reconnects; the kubelet's retried ADD then completes the enrolment.
+#[test]
+fn add_fails_within_the_deadline_when_ztunnel_is_slow_and_the_retry_completes() {
+    let node = Node::start(Backend::Iptables);
+    node.namespace("amb", json!({AMBIENT: "ambient"}));
+    let uid = node.pod("amb", "app", json!({}));
+    let app = PodNs::new("slow");
+    node.peer.hold_acks();
+    let started = Instant::now();
+    let err = node
+        .add(&app, "amb", "app")
+        .expect_err("ADD must fail while ztunnel holds its ack");
+    let took = started.elapsed();
+    assert!(took < ADD_FAILS_WITHIN, "ADD took {took:?}");
+    // The agent's reason, not the plugin's own timeout.
+    assert!(
+        err.contains("status 504") && err.contains("pod amb/app not enrolled within"),
+        "{err}"
+    );
+    eprintln!("slow ADD failed after {took:?}: {err}");
+    node.wait_until(Duration::from_secs(5), "annotation pending", || {
+        node.redirection("amb", "app").as_deref() == Some("pending")
+    });
+    assert!(node.probe_members().is_empty(), "{:?}", node.probe_members());
+
+    // ztunnel catches up; the kubelet tears the failed sandbox down (DEL) and retries it (same
+    // netns here).
+    node.peer.release_acks();
+    node.del(&app, "amb", "app").expect("DEL after the failed ADD");
+    let result = node
+        .add(&app, "amb", "app")
+        .unwrap_or_else(|e| panic!("retried ADD: {e}\n{}", node.agent.output()));
+    let ip = result_ip(&result);
+    node.wait_until(Duration::from_secs(5), "annotation enabled", || {
+        node.redirection("amb", "app").as_deref() == Some("enabled")
+    });
+    assert!(node.probe_members().contains(&(ip, uid.clone())));
+    assert!(node.peer.workloads().contains_key(&uid));
+    assert!(node.has_inpod_rules(&app));
+    assert_eq!(node.peer.violations(), Vec::<String>::new());
+}

@@ -49,6 +49,7 @@ pub struct Node {
     pub dirs: Dirs,
     pub zds_socket: PathBuf,
     pub chain: Chain,
+    _kubelet: Option<FakeKubelet>,
     _ipam: tempfile::TempDir,
     _kube: tempfile::TempDir,
 }
@@ -130,6 +131,8 @@ impl Node {
 
         let zds_socket = dirs.tmp.path().join("ztunnel.sock");
         let port = api.server.addr().port().to_string();
+        // The nftables probe rule matches kubelet's UID, found in /proc as Istio does.
+        let kubelet = (backend == Backend::Nftables).then(|| FakeKubelet::start(dirs.tmp.path()));
         let mut env = dirs.base_env();
         env.retain(|(k, _)| k != "KUBERNETES_SERVICE_HOST" && k != "KUBERNETES_SERVICE_PORT");
         let mut add = |k: &str, v: &str| env.push((k.to_string(), v.to_string()));
@@ -163,6 +166,7 @@ impl Node {
                 conflist: Value::Null,
                 cni_path: vec![],
             },
+            _kubelet: kubelet,
             _ipam: ipam,
             _kube: kube,
         };
@@ -337,6 +341,35 @@ impl Node {
             }
         };
         rules.contains("ISTIO") || rules.contains("istio")
+    }
+}
+
+/// A process named `kubelet` (a copy of `sleep`) for the agent's kubelet-UID lookup under
+/// /proc; killed on drop.
+pub struct FakeKubelet(std::process::Child);
+
+impl FakeKubelet {
+    fn start(dir: &Path) -> FakeKubelet {
+        let exe = dir.join("kubelet");
+        std::fs::copy("/bin/sleep", &exe).expect("copy sleep");
+        // A parallel fork may still hold the copy open for writing (ETXTBSY): retry briefly.
+        for _ in 0..50 {
+            match std::process::Command::new(&exe).arg("600").spawn() {
+                Ok(child) => return FakeKubelet(child),
+                Err(e) if e.raw_os_error() == Some(nix::libc::ETXTBSY) => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => panic!("start fake kubelet: {e}"),
+            }
+        }
+        panic!("start fake kubelet: text file busy")
+    }
+}
+
+impl Drop for FakeKubelet {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
