@@ -209,9 +209,31 @@ impl Node {
 
     /// Adds a pod scheduled on this node; returns its UID.
     pub fn pod(&self, namespace: &str, name: &str, status: Value) -> String {
+        self.pod_meta(json!({"name": name, "namespace": namespace}), status)
+    }
+
+    /// Like [`pod`](Self::pod) with a UID unique on this machine (the test API server counts
+    /// from 1 in every test, and the /proc scan looks at every process of the machine).
+    pub fn unique_pod(&self, namespace: &str, name: &str) -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos() as u64;
+        let uid = format!(
+            "{:08x}-e2e0-4000-8000-{:012x}",
+            std::process::id(),
+            nanos & 0xffff_ffff_ffff
+        );
+        self.pod_meta(
+            json!({"name": name, "namespace": namespace, "uid": uid}),
+            json!({}),
+        )
+    }
+
+    fn pod_meta(&self, metadata: Value, status: Value) -> String {
         let pod = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": metadata,
             "spec": {"nodeName": NODE, "containers": [{"name": "app"}]},
             "status": status
         }))
@@ -370,6 +392,64 @@ impl Drop for FakeKubelet {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// A process inside a pod's netns placed in a cgroup whose path names the pod UID
+/// (`.../pod<uid>`), as the kubelet's containers are: what the agent's /proc scan looks for.
+/// Killed and its cgroup removed on drop.
+pub struct PodProcess {
+    child: std::process::Child,
+    cgroup: PathBuf,
+}
+
+impl PodProcess {
+    pub fn start(pod: &PodNs, uid: &str) -> PodProcess {
+        let mut child = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", pod.guard.path().display()))
+            .args(["sleep", "600"])
+            .spawn()
+            .expect("start a process in the pod netns");
+        // A v1 hierarchy or the v2 one, wherever this machine lets root create a cgroup.
+        let group = format!("icrs-e2e-{}/pod{uid}", std::process::id());
+        let roots = [
+            "/sys/fs/cgroup/pids",
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup",
+            "/sys/fs/cgroup/systemd",
+        ];
+        let mut tried = Vec::new();
+        for root in roots {
+            let dir = Path::new(root).join(&group);
+            let placed = std::fs::create_dir_all(&dir)
+                .and_then(|()| std::fs::write(dir.join("cgroup.procs"), child.id().to_string()));
+            match placed {
+                Ok(()) => return PodProcess { child, cgroup: dir },
+                Err(e) => {
+                    let _ = std::fs::remove_dir(&dir);
+                    let _ = dir.parent().map(std::fs::remove_dir);
+                    tried.push(format!("{root}: {e}"));
+                }
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("cannot place a process in a pod cgroup here (needed by the /proc scan test): {tried:?}");
+    }
+}
+
+impl Drop for PodProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Empty once the process is reaped (retry briefly: the kernel moves it out async).
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.cgroup).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.cgroup.parent().map(std::fs::remove_dir);
     }
 }
 
