@@ -5,10 +5,10 @@
 //! the pod netns through the fd; it is annotated `enabled`; the node's probe set holds its IP
 //! with its UID; DEL + pod deletion take it all back. Run once per backend.
 
-mod install_support;
-mod support;
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
+mod install_support;
+mod support;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -67,10 +67,19 @@ fn main_e2e(backend: Backend) {
     let app_result = std::thread::scope(|s| {
         let add = s.spawn(|| node.add(&app, "amb", "app"));
         node.wait_until(Duration::from_secs(10), "the peer's Add", || {
-            add.is_finished() || node.peer.all_requests().iter().any(|(_, r)| r.is_add_of(&uid))
+            add.is_finished()
+                || node
+                    .peer
+                    .all_requests()
+                    .iter()
+                    .any(|(_, r)| r.is_add_of(&uid))
         });
         if add.is_finished() {
-            panic!("ADD ended before the peer acked: {:?}\n{}", add.join(), node.agent.output());
+            panic!(
+                "ADD ended before the peer acked: {:?}\n{}",
+                add.join(),
+                node.agent.output()
+            );
         }
         std::thread::sleep(Duration::from_millis(300));
         assert!(!add.is_finished(), "ADD returned before the peer acked");
@@ -97,7 +106,8 @@ fn main_e2e(backend: Backend) {
         node.redirection("amb", "app").as_deref() == Some("enabled")
     });
     node.wait_until(Duration::from_secs(5), "probe set member", || {
-        node.probe_members().contains(&(app_ip.clone(), uid.clone()))
+        node.probe_members()
+            .contains(&(app_ip.clone(), uid.clone()))
     });
     assert!(
         !node.probe_members().iter().any(|(ip, _)| *ip == srv_ip),
@@ -117,7 +127,11 @@ fn main_e2e(backend: Backend) {
     node.wait_until(Duration::from_secs(5), "probe set emptied", || {
         !node.probe_members().iter().any(|(ip, _)| *ip == app_ip)
     });
-    assert!(node.peer.workloads().is_empty(), "{:?}", node.peer.workloads());
+    assert!(
+        node.peer.workloads().is_empty(),
+        "{:?}",
+        node.peer.workloads()
+    );
     assert_eq!(node.peer.violations(), Vec::<String>::new());
     eprintln!("{backend:?} e2e took {:?}", started.elapsed());
 }
@@ -197,12 +211,17 @@ fn add_fails_within_the_deadline_when_ztunnel_is_slow_and_the_retry_completes() 
     node.wait_until(Duration::from_secs(5), "annotation pending", || {
         node.redirection("amb", "app").as_deref() == Some("pending")
     });
-    assert!(node.probe_members().is_empty(), "{:?}", node.probe_members());
+    assert!(
+        node.probe_members().is_empty(),
+        "{:?}",
+        node.probe_members()
+    );
 
     // ztunnel catches up; the kubelet tears the failed sandbox down (DEL) and retries it (same
     // netns here).
     node.peer.release_acks();
-    node.del(&app, "amb", "app").expect("DEL after the failed ADD");
+    node.del(&app, "amb", "app")
+        .expect("DEL after the failed ADD");
     let result = node
         .add(&app, "amb", "app")
         .unwrap_or_else(|e| panic!("retried ADD: {e}\n{}", node.agent.output()));

@@ -4,10 +4,10 @@
 //! process whose cgroup path names the pod UID and whose netns holds the pod IP. Unlabelling
 //! takes it out again: in-pod rules gone, ztunnel told Del, annotation removed, probe entry gone.
 
-mod install_support;
-mod support;
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
+mod install_support;
+mod support;
 
 use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
@@ -23,7 +23,11 @@ fn labelling_the_namespace_enrols_a_running_pod_found_by_the_proc_scan_and_unlab
     node.namespace("late", json!({}));
     let uid = node.unique_pod("late", "app");
     let app = PodNs::new("late");
-    let ip = result_ip(&node.add(&app, "late", "app").expect("ADD (not ambient yet)"));
+    let ip = result_ip(
+        &node
+            .add(&app, "late", "app")
+            .expect("ADD (not ambient yet)"),
+    );
     node.set_running("late", "app", &ip);
     assert!(!node.has_inpod_rules(&app));
     let _process = PodProcess::start(&app, &uid);
@@ -50,6 +54,10 @@ fn labelling_the_namespace_enrols_a_running_pod_found_by_the_proc_scan_and_unlab
     );
     assert!(!node.peer.workloads().contains_key(&uid));
     assert!(!node.has_inpod_rules(&app), "in-pod rules left behind");
-    assert!(node.probe_members().is_empty(), "{:?}", node.probe_members());
+    assert!(
+        node.probe_members().is_empty(),
+        "{:?}",
+        node.probe_members()
+    );
     assert_eq!(node.peer.violations(), Vec::<String>::new());
 }

@@ -175,7 +175,10 @@ mod tests {
         let started = tokio::time::Instant::now();
         let (status, text) = answer_within(Duration::from_millis(100), "ns/p", task).await;
         assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
-        assert!(text.contains("pod ns/p not enrolled within 100ms"), "{text}");
+        assert!(
+            text.contains("pod ns/p not enrolled within 100ms"),
+            "{text}"
+        );
         assert!(started.elapsed() < Duration::from_millis(250));
         assert!(!done.load(std::sync::atomic::Ordering::SeqCst));
         // The enrolment was not cancelled with the answer.

@@ -15,9 +15,9 @@ use nix::sched::{CloneFlags, setns};
 use serde_json::{Value, json};
 
 use crate::install_support::{self, Dirs, has_istio_entry};
+use crate::support::Netns;
 use crate::support::cni_driver::{Attachment, Chain, NetnsGuard, require_root, require_tool};
 use crate::support::zds_peer::ZdsPeer;
-use crate::support::Netns;
 
 /// The data-plane backend the agent is started with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,7 +108,9 @@ impl Node {
         });
         let kube = tempfile::tempdir().expect("tempdir");
         let kubeconfig = kube.path().join("kubeconfig");
-        api.server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        api.server
+            .write_kubeconfig(&kubeconfig)
+            .expect("kubeconfig");
         let dirs = Dirs::new();
         // The plugin's kubeconfig (written by install-cni) carries the SA token.
         let token = api.server.token().unwrap_or_default();
@@ -176,7 +178,11 @@ impl Node {
     fn wait_installed(mut self, timeout: Duration) -> Node {
         let deadline = Instant::now() + timeout;
         let conf = loop {
-            if let Some(c) = self.dirs.read("10-e2e.conflist").filter(|c| has_istio_entry(c)) {
+            if let Some(c) = self
+                .dirs
+                .read("10-e2e.conflist")
+                .filter(|c| has_istio_entry(c))
+            {
                 break c;
             }
             if let Ok(Some(st)) = self.agent.child.try_wait() {
@@ -246,8 +252,10 @@ impl Node {
     pub fn set_running(&self, namespace: &str, name: &str, ip: &str) {
         let mut pod = self.api.server.pod(namespace, name).expect("pod exists");
         pod.status = Some(
-            serde_json::from_value(json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}))
-                .expect("PodStatus"),
+            serde_json::from_value(
+                json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}),
+            )
+            .expect("PodStatus"),
         );
         self.api.server.update_pod(pod).expect("update pod");
     }
@@ -279,7 +287,8 @@ impl Node {
 
     /// Runs the chain's ADD from inside the node netns; returns the result or the failure.
     pub fn add(&self, pod: &PodNs, k8s_ns: &str, name: &str) -> Result<Value, String> {
-        self.run_chain(pod, k8s_ns, name, true).map(|v| v.expect("result"))
+        self.run_chain(pod, k8s_ns, name, true)
+            .map(|v| v.expect("result"))
     }
 
     pub fn del(&self, pod: &PodNs, k8s_ns: &str, name: &str) -> Result<(), String> {
@@ -321,7 +330,9 @@ impl Node {
     pub fn probe_members(&self) -> Vec<(String, String)> {
         match self.backend {
             Backend::Iptables => {
-                let out = self.ns.try_exec("ipset", &["list", "istio-inpod-probes-v4"]);
+                let out = self
+                    .ns
+                    .try_exec("ipset", &["list", "istio-inpod-probes-v4"]);
                 let text = String::from_utf8_lossy(&out.stdout).into_owned();
                 text.lines()
                     .skip_while(|l| !l.starts_with("Members:"))
@@ -434,7 +445,9 @@ impl PodProcess {
         }
         let _ = child.kill();
         let _ = child.wait();
-        panic!("cannot place a process in a pod cgroup here (needed by the /proc scan test): {tried:?}");
+        panic!(
+            "cannot place a process in a pod cgroup here (needed by the /proc scan test): {tried:?}"
+        );
     }
 }
 
