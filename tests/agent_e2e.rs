@@ -232,5 +232,12 @@ fn add_fails_within_the_deadline_when_ztunnel_is_slow_and_the_retry_completes() 
     assert!(node.probe_members().contains(&(ip, uid.clone())));
     assert!(node.peer.workloads().contains_key(&uid));
     assert!(node.has_inpod_rules(&app));
+
+    // Deleted before the kubelet ever reported its IP (the pod object has none): its probe
+    // entry still goes, found by its UID.
+    node.api.server.delete_pod("amb", "app");
+    node.wait_until(Duration::from_secs(10), "probe entry removed", || {
+        node.probe_members().is_empty()
+    });
     assert_eq!(node.peer.violations(), Vec::<String>::new());
 }
