@@ -2,8 +2,9 @@
 //! method). 200 only once the pod is fully enrolled (rules in, ztunnel acked, annotation
 //! written); a body that does not decode gets 400 naming the field and changes nothing; a pod
 //! the store does not have (after the stale-cache retries) or that is not eligible gets 500, as
-//! does a failed enrolment. The plugin's client gives up after its own deadline; the handler
-//! runs to completion regardless, so a pod is never left half-enrolled by a dropped request.
+//! does a failed enrolment. An enrolment not done within `Timing::plugin_answer_budget` (below
+//! the plugin's own timeout) is answered 504 with the reason; the handler runs to completion
+//! regardless, so a pod is never left half-enrolled by a dropped request.
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -84,17 +85,39 @@ async fn handle(core: Arc<Core>, body: Bytes) -> (StatusCode, String) {
         }
     };
     // Run to the end even if the plugin hangs up: a half-done add would otherwise be left.
+    let budget = core.timing.plugin_answer_budget;
+    let pod = pod_key(&event.pod_namespace, &event.pod_name);
     let task = tokio::spawn(async move { enrol(&core, &event).await });
-    match task.await {
-        Ok(Ok(())) => (StatusCode::OK, String::new()),
-        Ok(Err(message)) => {
+    answer_within(budget, &pod, task).await
+}
+
+/// The answer to the plugin: the enrolment's outcome, or, when it is not done within `budget`
+/// (shorter than the plugin's own 5 s timeout, L23), a 504 naming the pod while the enrolment
+/// runs on to its end (enrolled, or marked pending with its cleanup). Without the budget the
+/// plugin would only ever report its own timeout, never why the agent was slow.
+async fn answer_within(
+    budget: std::time::Duration,
+    pod: &str,
+    mut task: tokio::task::JoinHandle<Result<(), String>>,
+) -> (StatusCode, String) {
+    match tokio::time::timeout(budget, &mut task).await {
+        Ok(Ok(Ok(()))) => (StatusCode::OK, String::new()),
+        Ok(Ok(Err(message))) => {
             warn!("/cmdadd: {message}");
             (StatusCode::INTERNAL_SERVER_ERROR, message)
         }
-        Err(e) => (
+        Ok(Err(e)) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("the add task failed: {e}"),
         ),
+        Err(_) => {
+            let message = format!(
+                "pod {pod} not enrolled within {budget:?} (ztunnel has not acknowledged it yet); \
+                 the agent finishes the enrolment or marks the pod pending"
+            );
+            warn!("/cmdadd: {message}");
+            (StatusCode::GATEWAY_TIMEOUT, message)
+        }
     }
 }
 
@@ -133,4 +156,47 @@ async fn enrol(core: &Core, event: &PluginAddEvent) -> Result<(), String> {
         .add_pod(&p, &ips, Some(&event.netns))
         .await
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_slow_enrolment_is_answered_within_the_budget_and_runs_on() {
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = done.clone();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        });
+        let started = tokio::time::Instant::now();
+        let (status, text) = answer_within(Duration::from_millis(100), "ns/p", task).await;
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+        assert!(
+            text.contains("pod ns/p not enrolled within 100ms"),
+            "{text}"
+        );
+        assert!(started.elapsed() < Duration::from_millis(250));
+        assert!(!done.load(std::sync::atomic::Ordering::SeqCst));
+        // The enrolment was not cancelled with the answer.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(done.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn outcomes_within_the_budget_pass_through() {
+        let ok = tokio::spawn(async { Ok(()) });
+        assert_eq!(
+            answer_within(Duration::from_secs(1), "ns/p", ok).await.0,
+            StatusCode::OK
+        );
+        let failed = tokio::spawn(async { Err("no netns".to_string()) });
+        assert_eq!(
+            answer_within(Duration::from_secs(1), "ns/p", failed).await,
+            (StatusCode::INTERNAL_SERVER_ERROR, "no netns".to_string())
+        );
+    }
 }

@@ -72,6 +72,9 @@ pub struct Timing {
     pub stale_cache_interval: Duration,
     /// ... this many times (Istio: 10 × 10 ms).
     pub stale_cache_attempts: u32,
+    /// How long a /cmdadd waits for its enrolment before answering 504 (the enrolment runs on).
+    /// Below the plugin's 5 s exchange timeout, so the plugin reports the agent's reason (L23).
+    pub plugin_answer_budget: Duration,
     /// Events handled at once across pods (one pod's events are always handled in order).
     pub max_concurrent_pods: usize,
 }
@@ -88,6 +91,7 @@ impl Default for Timing {
             },
             stale_cache_interval: Duration::from_millis(10),
             stale_cache_attempts: 10,
+            plugin_answer_budget: Duration::from_millis(4500),
             max_concurrent_pods: 16,
         }
     }

@@ -51,18 +51,21 @@ pub fn plan_upsert(current: &Entries, uid: &str, ips: &[IpAddr]) -> Vec<SetOp> {
     ops
 }
 
-/// Removes `ips` only where the entry carries `uid`; the second list names IPs left because
+/// Removes every entry carrying `uid`: `ips` (the pod's IPs as its object says) and any other
+/// entry of that UID — a pod deleted before the kubelet reported its IPs, or whose IPs changed,
+/// would otherwise leave its entry behind. The second list names IPs of `ips` left because
 /// another UID holds them (for a warning).
 pub fn plan_remove(current: &Entries, uid: &str, ips: &[IpAddr]) -> (Vec<SetOp>, Vec<IpAddr>) {
-    let mut ops = Vec::new();
-    let mut foreign = Vec::new();
-    for ip in ips {
-        match current.get(ip) {
-            Some(owner) if owner == uid => ops.push(SetOp::Del { ip: *ip }),
-            Some(_) => foreign.push(*ip),
-            None => {}
-        }
-    }
+    let ops = current
+        .iter()
+        .filter(|(_, owner)| *owner == uid)
+        .map(|(ip, _)| SetOp::Del { ip: *ip })
+        .collect();
+    let foreign = ips
+        .iter()
+        .filter(|ip| current.get(ip).is_some_and(|owner| owner != uid))
+        .copied()
+        .collect();
     (ops, foreign)
 }
 
@@ -314,6 +317,21 @@ mod tests {
         );
         assert_eq!(ops, vec![SetOp::Del { ip: ip("10.0.0.1") }]);
         assert_eq!(foreign, vec![ip("10.0.0.2")]);
+    }
+
+    #[test]
+    fn removal_also_takes_the_uids_entries_the_pod_object_no_longer_names() {
+        // Deleted before its status had IPs (or with changed IPs): the UID's entries still go.
+        let current = entries(&[("10.0.0.1", "a"), ("10.0.0.2", "b"), ("fd00::1", "a")]);
+        let (ops, foreign) = plan_remove(&current, "a", &[]);
+        assert_eq!(
+            ops,
+            vec![
+                SetOp::Del { ip: ip("10.0.0.1") },
+                SetOp::Del { ip: ip("fd00::1") }
+            ]
+        );
+        assert!(foreign.is_empty());
     }
 
     #[test]

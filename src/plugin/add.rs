@@ -26,7 +26,8 @@ const LOOKUP_RETRY: RetryPolicy = RetryPolicy {
 };
 /// Attempts of the ambient check without `enable_ambient_detection_retry` (Istio: 1 + 1 retry).
 const AMBIENT_ATTEMPTS: u32 = 2;
-/// Timeout of the ambient event POST (the agent's own budget is about that).
+/// Timeout of the ambient event POST. The agent answers within its `plugin_answer_budget`
+/// (4.5 s, agent/settings.rs), so a slow enrolment is reported with the agent's reason (L23).
 const AMBIENT_EVENT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What ADD decided (for logs and tests).

@@ -147,6 +147,7 @@ impl Node {
         for dir in [&netns_dir, &zds_dir] {
             std::fs::create_dir_all(dir).expect("mkdir");
         }
+        let host_proc = self.fake_host_proc();
         let path = |p: &std::path::Path| p.display().to_string();
         let provided = [
             // Set by the kubelet for every pod.
@@ -160,8 +161,8 @@ impl Node {
             ("MOUNTED_CNI_NET_DIR", path(&d.net)),
             ("CNI_BIN_DIRS", path(&d.bin)),
             ("CNI_AGENT_RUN_DIR", path(&d.run)),
-            // Read-only and the same on this machine: the host's /proc, as the chart mounts it.
-            ("HOST_PROC_DIR", "/proc".to_string()),
+            // The host's /proc as the ambient agent uses it, redirected: see `fake_host_proc`.
+            ("HOST_PROC_DIR", path(&host_proc)),
             ("HOST_NETNS_DIR", path(&netns_dir)),
             ("ZTUNNEL_UDS_ADDRESS", path(&zds_dir.join("ztunnel.sock"))),
         ];
@@ -175,6 +176,33 @@ impl Node {
             env.insert(k.to_string(), v);
         }
         env
+    }
+
+    /// A stand-in for the chart's /host/proc mount holding what the ambient agent reads there:
+    /// pid 1's netns (entered for host-side rules with ALLOW_SWITCH_TO_HOST_NS) is this run's
+    /// netns, so nothing lands in the machine's own; and a kubelet (its UID goes into the
+    /// nftables probe rule). The /proc scan for pods finds nothing here, as on a fresh node.
+    fn fake_host_proc(&self) -> std::path::PathBuf {
+        let root = self.dirs.tmp.path().join("host/proc");
+        let init = root.join("1/ns");
+        std::fs::create_dir_all(&init).expect("mkdir");
+        let net = init.join("net");
+        if !net.exists() {
+            std::os::unix::fs::symlink(self.ns.path(), &net).expect("symlink pid 1 netns");
+        }
+        let kubelet = root.join("2");
+        std::fs::create_dir_all(&kubelet).expect("mkdir");
+        for (file, text) in [
+            ("comm", "kubelet\n"),
+            (
+                "cmdline",
+                "/usr/bin/kubelet\0--config=/var/lib/kubelet/config.yaml\0",
+            ),
+            ("status", "Name:\tkubelet\nUid:\t0\t0\t0\t0\n"),
+        ] {
+            std::fs::write(kubelet.join(file), text).expect("fake kubelet");
+        }
+        root
     }
 
     /// Starts install-cni inside the netns as the container would: its command is the role.
@@ -255,7 +283,24 @@ pub fn expect_ready(group: &[&Rendered]) {
         d.run.join("istio-cni-kubeconfig").is_file(),
         "{name}: no kubeconfig"
     );
+    let env = r.container_env();
+    let owned = env.get("ISTIO_OWNED_CNI_CONFIG").map(String::as_str) == Some("true");
     match &node.primary {
+        // Istio-owned (ambient only): our own file with the primary's plugins plus ours; the
+        // primary stays as it was.
+        Some(primary) if owned => {
+            let own = env
+                .get("ISTIO_OWNED_CNI_CONFIG_FILENAME")
+                .cloned()
+                .unwrap_or_else(|| "02-istio-cni.conflist".into());
+            let conf = d.read(&own).unwrap_or_default();
+            assert!(has_istio_entry(&conf), "{name}: {own} not written:\n{conf}");
+            assert_eq!(
+                d.read(primary),
+                Some(String::from_utf8(testdata("list.conflist")).expect("utf8")),
+                "{name}: the primary config changed"
+            );
+        }
         Some(primary) => {
             let conf = d.read(primary).unwrap_or_default();
             assert!(
@@ -297,35 +342,5 @@ pub fn expect_ready(group: &[&Rendered]) {
                 r.name
             );
         }
-    }
-}
-
-/// Until the ambient agent is built, install-cni must refuse an ambient environment before
-/// touching anything, saying why and what to do.
-pub fn expect_ambient_refusal(group: &[&Rendered]) {
-    let r = group[0];
-    let name = &r.name;
-    let mut node = Node::new();
-    let mut agent = node.start(r);
-    let st = agent.wait(T);
-    let out = agent.output();
-    assert_eq!(st.code(), Some(1), "{name}: {out}");
-    assert!(
-        out.contains("AMBIENT_ENABLED=true") && out.contains("not implemented in this build"),
-        "{name}: {out}"
-    );
-    let d = &node.dirs;
-    assert!(
-        !d.bin.join("istio-cni").exists(),
-        "{name}: plugin installed"
-    );
-    assert!(!d.run.join("istio-cni-kubeconfig").exists(), "{name}");
-    let untouched: Vec<String> = node.primary.iter().cloned().collect();
-    assert_eq!(d.names(), untouched, "{name}: conf dir changed");
-    if let Some(primary) = &node.primary {
-        assert_eq!(
-            d.read(primary),
-            Some(String::from_utf8(testdata("list.conflist")).expect("utf8"))
-        );
     }
 }

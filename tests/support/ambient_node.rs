@@ -1,0 +1,490 @@
+//! An ambient "node" for the end-to-end tests: a network namespace of its own in which the real
+//! `install-cni` runs with AMBIENT_ENABLED=true (so its host rules and probe sets land there, never
+//! in the machine's host netns), the test API server bound inside it, the test ZDS peer on a temp
+//! socket, CNI conf/bin/run dirs in temp dirs, and a real CNI chain (Debian's bridge + host-local +
+//! loopback, then the `istio-cni` entry install-cni added) run from inside the node netns.
+//! Pods are namespaces joined to the node's bridge; addresses are 10.244.0.0/24 inside the node.
+//! Included with `#[path]` next to `mod support;` and `mod install_support;`.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sched::{CloneFlags, setns};
+use serde_json::{Value, json};
+
+use crate::install_support::{self, Dirs, has_istio_entry};
+use crate::support::Netns;
+use crate::support::cni_driver::{Attachment, Chain, NetnsGuard, require_root, require_tool};
+use crate::support::zds_peer::ZdsPeer;
+
+/// The data-plane backend the agent is started with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Iptables,
+    Nftables,
+}
+
+/// The node name the agent watches pods of.
+pub const NODE: &str = "node-1";
+
+/// The chart's default enablement selectors (values `ambient.enablementSelectors`).
+pub const CHART_SELECTORS: &str = r#"[{"podSelector":{"matchLabels":{"istio.io/dataplane-mode":"ambient"}}},{"podSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]},"namespaceSelector":{"matchLabels":{"istio.io/dataplane-mode":"ambient"}}}]"#;
+
+/// The test API server on a runtime whose threads live in the node netns (so the listener does).
+pub struct NodeApi {
+    pub server: istio_cni::kube::testserver::TestApiServer,
+    rt: tokio::runtime::Runtime,
+}
+
+/// Everything one e2e test owns. Fields drop in order: the agent first (it holds the node netns
+/// alive), then the peer, the API server, the namespace and the temp dirs.
+pub struct Node {
+    pub agent: install_support::Agent,
+    pub peer: ZdsPeer,
+    pub api: NodeApi,
+    pub ns: Netns,
+    pub backend: Backend,
+    pub dirs: Dirs,
+    pub zds_socket: PathBuf,
+    pub chain: Chain,
+    _kubelet: Option<FakeKubelet>,
+    _ipam: tempfile::TempDir,
+    _kube: tempfile::TempDir,
+}
+
+fn require_tools() {
+    require_root();
+    for (tool, pkg) in [
+        ("ip", "iproute2"),
+        ("nsenter", "util-linux"),
+        ("iptables-save", "iptables"),
+        ("ipset", "ipset"),
+        ("nft", "nftables"),
+    ] {
+        require_tool(tool, pkg);
+    }
+    for plugin in ["bridge", "host-local", "loopback"] {
+        assert!(
+            Path::new("/usr/lib/cni").join(plugin).is_file(),
+            "/usr/lib/cni/{plugin} is required: apt-get install containernetworking-plugins"
+        );
+    }
+}
+
+/// Runs `work` on a thread that entered `netns` first (children it spawns inherit the netns).
+pub fn in_netns<T: Send + 'static>(netns: &Path, work: impl FnOnce() -> T + Send + 'static) -> T {
+    let file = File::open(netns).expect("open netns");
+    std::thread::spawn(move || {
+        setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
+        work()
+    })
+    .join()
+    .expect("thread in netns")
+}
+
+impl Node {
+    /// Starts everything and waits until the agent installed the plugin and the peer took the
+    /// first snapshot.
+    pub fn start(backend: Backend) -> Node {
+        Self::start_with(backend, &[])
+    }
+
+    pub fn start_with(backend: Backend, extra_env: &[(&str, &str)]) -> Node {
+        require_tools();
+        let ns = Netns::new("node");
+        let node_path = PathBuf::from(ns.path());
+        let api = in_netns(&node_path, || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let server = rt
+                .block_on(istio_cni::kube::testserver::TestApiServer::start())
+                .expect("test API server");
+            NodeApi { server, rt }
+        });
+        let kube = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = kube.path().join("kubeconfig");
+        api.server
+            .write_kubeconfig(&kubeconfig)
+            .expect("kubeconfig");
+        let dirs = Dirs::new();
+        // The plugin's kubeconfig (written by install-cni) carries the SA token.
+        let token = api.server.token().unwrap_or_default();
+        std::fs::write(dirs.sa.join("token"), token).expect("token");
+
+        let ipam = tempfile::tempdir().expect("tempdir");
+        let conflist = json!({
+            "cniVersion": "1.0.0",
+            "name": "e2e-net",
+            "plugins": [
+                {
+                    "type": "bridge", "bridge": "cni0", "isGateway": false, "ipMasq": false,
+                    "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]],
+                             "dataDir": ipam.path().display().to_string()}
+                },
+                {"type": "loopback"}
+            ]
+        });
+        dirs.put("10-e2e.conflist", conflist.to_string().as_bytes());
+
+        let zds_socket = dirs.tmp.path().join("ztunnel.sock");
+        let port = api.server.addr().port().to_string();
+        // The nftables probe rule matches kubelet's UID, found in /proc as Istio does.
+        let kubelet = (backend == Backend::Nftables).then(|| FakeKubelet::start(dirs.tmp.path()));
+        let mut env = dirs.base_env();
+        env.retain(|(k, _)| k != "KUBERNETES_SERVICE_HOST" && k != "KUBERNETES_SERVICE_PORT");
+        let mut add = |k: &str, v: &str| env.push((k.to_string(), v.to_string()));
+        add("KUBERNETES_SERVICE_HOST", "127.0.0.1");
+        add("KUBERNETES_SERVICE_PORT", &port);
+        add("KUBERNETES_SERVICE_PROTOCOL", "http");
+        add("KUBECONFIG", kubeconfig.to_str().expect("utf-8"));
+        add("AMBIENT_ENABLED", "true");
+        add("NODE_NAME", NODE);
+        add("HOST_PROC_DIR", "/proc");
+        add("AMBIENT_ENABLEMENT_SELECTOR", CHART_SELECTORS);
+        add("ZTUNNEL_UDS_ADDRESS", zds_socket.to_str().expect("utf-8"));
+        if backend == Backend::Nftables {
+            add("NATIVE_NFTABLES", "true");
+        }
+        for (k, v) in extra_env {
+            add(k, v);
+        }
+        let nsenter = format!("--net={}", ns.path());
+        let agent = install_support::start_via(&["nsenter", &nsenter], &env, &[]);
+        let peer = ZdsPeer::start(&zds_socket);
+        let node = Node {
+            agent,
+            peer,
+            api,
+            ns,
+            backend,
+            dirs,
+            zds_socket,
+            chain: Chain {
+                conflist: Value::Null,
+                cni_path: vec![],
+            },
+            _kubelet: kubelet,
+            _ipam: ipam,
+            _kube: kube,
+        };
+        node.wait_installed(Duration::from_secs(30))
+    }
+
+    fn wait_installed(mut self, timeout: Duration) -> Node {
+        let deadline = Instant::now() + timeout;
+        let conf = loop {
+            if let Some(c) = self
+                .dirs
+                .read("10-e2e.conflist")
+                .filter(|c| has_istio_entry(c))
+            {
+                break c;
+            }
+            if let Ok(Some(st)) = self.agent.child.try_wait() {
+                panic!("install-cni exited ({st}):\n{}", self.agent.output());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "install-cni did not install the plugin within {timeout:?}:\n{}",
+                self.agent.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.chain = Chain {
+            conflist: serde_json::from_str(&conf).expect("conflist JSON"),
+            cni_path: vec![self.dirs.bin.clone(), PathBuf::from("/usr/lib/cni")],
+        };
+        self.peer.wait_snapshots(1, Duration::from_secs(10));
+        self
+    }
+
+    /// Adds a namespace with `labels`.
+    pub fn namespace(&self, name: &str, labels: Value) {
+        let ns = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": labels}
+        }))
+        .expect("Namespace");
+        self.api.server.add_namespace(ns).expect("add namespace");
+    }
+
+    /// Adds a pod scheduled on this node; returns its UID.
+    pub fn pod(&self, namespace: &str, name: &str, status: Value) -> String {
+        self.pod_meta(json!({"name": name, "namespace": namespace}), status)
+    }
+
+    /// Like [`pod`](Self::pod) with a UID unique on this machine (the test API server counts
+    /// from 1 in every test, and the /proc scan looks at every process of the machine).
+    pub fn unique_pod(&self, namespace: &str, name: &str) -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos() as u64;
+        let uid = format!(
+            "{:08x}-e2e0-4000-8000-{:012x}",
+            std::process::id(),
+            nanos & 0xffff_ffff_ffff
+        );
+        self.pod_meta(
+            json!({"name": name, "namespace": namespace, "uid": uid}),
+            json!({}),
+        )
+    }
+
+    fn pod_meta(&self, metadata: Value, status: Value) -> String {
+        let pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": metadata,
+            "spec": {"nodeName": NODE, "containers": [{"name": "app"}]},
+            "status": status
+        }))
+        .expect("Pod");
+        let stored = self.api.server.add_pod(pod).expect("add pod");
+        stored.metadata.uid.expect("uid")
+    }
+
+    /// What the kubelet does after a sandbox started: the pod's IP and phase Running in its status.
+    pub fn set_running(&self, namespace: &str, name: &str, ip: &str) {
+        let mut pod = self.api.server.pod(namespace, name).expect("pod exists");
+        pod.status = Some(
+            serde_json::from_value(
+                json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}),
+            )
+            .expect("PodStatus"),
+        );
+        self.api.server.update_pod(pod).expect("update pod");
+    }
+
+    /// The pod's `ambient.istio.io/redirection` annotation (None: no annotation; panics when
+    /// the pod is gone).
+    pub fn redirection(&self, namespace: &str, name: &str) -> Option<String> {
+        self.api
+            .server
+            .pod(namespace, name)
+            .expect("pod exists")
+            .metadata
+            .annotations
+            .and_then(|a| a.get("ambient.istio.io/redirection").cloned())
+    }
+
+    /// Waits until `cond` holds; panics naming `what` with the agent's log.
+    pub fn wait_until(&self, timeout: Duration, what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + timeout;
+        while !cond() {
+            assert!(
+                Instant::now() < deadline,
+                "{what} did not happen within {timeout:?}; agent log:\n{}",
+                self.agent.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs the chain's ADD from inside the node netns; returns the result or the failure.
+    pub fn add(&self, pod: &PodNs, k8s_ns: &str, name: &str) -> Result<Value, String> {
+        self.run_chain(pod, k8s_ns, name, true)
+            .map(|v| v.expect("result"))
+    }
+
+    pub fn del(&self, pod: &PodNs, k8s_ns: &str, name: &str) -> Result<(), String> {
+        self.run_chain(pod, k8s_ns, name, false).map(|_| ())
+    }
+
+    fn run_chain(
+        &self,
+        pod: &PodNs,
+        k8s_ns: &str,
+        name: &str,
+        add: bool,
+    ) -> Result<Option<Value>, String> {
+        let chain = Chain {
+            conflist: self.chain.conflist.clone(),
+            cni_path: self.chain.cni_path.clone(),
+        };
+        let netns = pod.guard.path();
+        let id = pod.guard.name.clone();
+        let args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={k8s_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={id}"
+        );
+        in_netns(Path::new(&self.ns.path()), move || {
+            let a = Attachment {
+                container_id: &id,
+                netns: &netns,
+                ifname: "eth0",
+                args: &args,
+            };
+            if add {
+                chain.add(&a).map(Some)
+            } else {
+                chain.del(&a, None).map(|_| None)
+            }
+        })
+    }
+
+    /// Members of the node's `istio-inpod-probes-v4` set as (ip, comment) pairs.
+    pub fn probe_members(&self) -> Vec<(String, String)> {
+        match self.backend {
+            Backend::Iptables => {
+                let out = self
+                    .ns
+                    .try_exec("ipset", &["list", "istio-inpod-probes-v4"]);
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                text.lines()
+                    .skip_while(|l| !l.starts_with("Members:"))
+                    .skip(1)
+                    .filter_map(|l| {
+                        let ip = l.split_whitespace().next()?.to_string();
+                        let comment = l.split("comment \"").nth(1)?.trim_end_matches('"');
+                        Some((ip, comment.to_string()))
+                    })
+                    .collect()
+            }
+            Backend::Nftables => {
+                let out = self.ns.try_exec("nft", &["-j", "list", "sets"]);
+                let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+                let mut members = Vec::new();
+                for item in v["nftables"].as_array().into_iter().flatten() {
+                    let set = &item["set"];
+                    if set["name"] != "istio-inpod-probes-v4" {
+                        continue;
+                    }
+                    for e in set["elem"].as_array().into_iter().flatten() {
+                        let ip = e["elem"]["val"].as_str().unwrap_or_default();
+                        let comment = e["elem"]["comment"].as_str().unwrap_or_default();
+                        members.push((ip.to_string(), comment.to_string()));
+                    }
+                }
+                members
+            }
+        }
+    }
+
+    /// Whether the pod netns holds the agent's in-pod rules for this backend.
+    pub fn has_inpod_rules(&self, pod: &PodNs) -> bool {
+        let rules = match self.backend {
+            Backend::Iptables => pod.guard.iptables_save(),
+            Backend::Nftables => {
+                String::from_utf8_lossy(&pod.guard.exec("nft", &["list", "ruleset"]).stdout)
+                    .into_owned()
+            }
+        };
+        rules.contains("ISTIO") || rules.contains("istio")
+    }
+}
+
+/// A process named `kubelet` (a copy of `sleep`) for the agent's kubelet-UID lookup under
+/// /proc; killed on drop.
+pub struct FakeKubelet(std::process::Child);
+
+impl FakeKubelet {
+    fn start(dir: &Path) -> FakeKubelet {
+        let exe = dir.join("kubelet");
+        std::fs::copy("/bin/sleep", &exe).expect("copy sleep");
+        // A parallel fork may still hold the copy open for writing (ETXTBSY): retry briefly.
+        for _ in 0..50 {
+            match std::process::Command::new(&exe).arg("600").spawn() {
+                Ok(child) => return FakeKubelet(child),
+                Err(e) if e.raw_os_error() == Some(nix::libc::ETXTBSY) => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => panic!("start fake kubelet: {e}"),
+            }
+        }
+        panic!("start fake kubelet: text file busy")
+    }
+}
+
+impl Drop for FakeKubelet {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A process inside a pod's netns placed in a cgroup whose path names the pod UID
+/// (`.../pod<uid>`), as the kubelet's containers are: what the agent's /proc scan looks for.
+/// Killed and its cgroup removed on drop.
+pub struct PodProcess {
+    child: std::process::Child,
+    cgroup: PathBuf,
+}
+
+impl PodProcess {
+    pub fn start(pod: &PodNs, uid: &str) -> PodProcess {
+        let mut child = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", pod.guard.path().display()))
+            .args(["sleep", "600"])
+            .spawn()
+            .expect("start a process in the pod netns");
+        // A v1 hierarchy or the v2 one, wherever this machine lets root create a cgroup.
+        let group = format!("icrs-e2e-{}/pod{uid}", std::process::id());
+        let roots = [
+            "/sys/fs/cgroup/pids",
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup",
+            "/sys/fs/cgroup/systemd",
+        ];
+        let mut tried = Vec::new();
+        for root in roots {
+            let dir = Path::new(root).join(&group);
+            let placed = std::fs::create_dir_all(&dir)
+                .and_then(|()| std::fs::write(dir.join("cgroup.procs"), child.id().to_string()));
+            match placed {
+                Ok(()) => return PodProcess { child, cgroup: dir },
+                Err(e) => {
+                    let _ = std::fs::remove_dir(&dir);
+                    let _ = dir.parent().map(std::fs::remove_dir);
+                    tried.push(format!("{root}: {e}"));
+                }
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "cannot place a process in a pod cgroup here (needed by the /proc scan test): {tried:?}"
+        );
+    }
+}
+
+impl Drop for PodProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Empty once the process is reaped (retry briefly: the kernel moves it out async).
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.cgroup).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.cgroup.parent().map(std::fs::remove_dir);
+    }
+}
+
+/// A pod sandbox netns (deleted on drop).
+pub struct PodNs {
+    pub guard: NetnsGuard,
+}
+
+impl PodNs {
+    pub fn new(tag: &str) -> PodNs {
+        PodNs {
+            guard: NetnsGuard::new(tag),
+        }
+    }
+
+    pub fn path_string(&self) -> String {
+        self.guard.path().display().to_string()
+    }
+}
+
+/// The first IPv4 address of a CNI result.
+pub fn result_ip(result: &Value) -> String {
+    let addr = result["ips"][0]["address"].as_str().expect("an IP");
+    addr.split('/').next().expect("addr").to_string()
+}
