@@ -18,11 +18,9 @@ fn conf(run_dir: &std::path::Path) -> Value {
 /// Runs ADD for `pod` against a fake API server in a fresh netns prepared by `setup`.
 fn apply(pod: Value, setup: impl Fn(&NetnsGuard)) -> NetnsGuard {
     require_tool("iptables-restore", "iptables");
-    let api = FakeApiServer::start();
+    let (api, dir) = api_and_run_dir();
     let name = pod["metadata"]["name"].as_str().unwrap().to_string();
     api.put_pod(pod);
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
     let netns = NetnsGuard::new("app");
     setup(&netns);
     for _ in 0..2 {
@@ -37,12 +35,10 @@ fn apply(pod: Value, setup: impl Fn(&NetnsGuard)) -> NetnsGuard {
 #[test]
 fn tproxy_programs_mangle_rules_and_policy_route() {
     let netns = apply(
-        sidecar_pod(
+        annotated_pod(
             "ns1",
             "tp",
             json!({"sidecar.istio.io/interceptionMode": "TPROXY"}),
-            json!([]),
-            json!({}),
         ),
         |_| {},
     );
@@ -123,20 +119,15 @@ fn dns_capture_programs_raw_table() {
 #[test]
 fn repeated_add_with_changed_settings_converges() {
     require_tool("iptables-restore", "iptables");
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod("ns1", "re", json!({}), json!([]), json!({})));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (api, dir) = api_with_sidecar_pod("ns1", "re");
     let netns = NetnsGuard::new("re");
     let env = cni_env("ADD", &netns.path().display().to_string(), "ns1", "re");
     let run = run_plugin(&env, &conf(dir.path()).to_string());
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
-    api.put_pod(sidecar_pod(
+    api.put_pod(annotated_pod(
         "ns1",
         "re",
         json!({"traffic.sidecar.istio.io/excludeOutboundPorts": "7777"}),
-        json!([]),
-        json!({}),
     ));
     let run = run_plugin(&env, &conf(dir.path()).to_string());
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
@@ -158,10 +149,7 @@ fn repeated_add_with_changed_settings_converges() {
 #[test]
 fn first_add_is_programmed_over_netlink_and_reruns_keep_the_rules() {
     require_tool("iptables-restore", "iptables");
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod("ns1", "warm", json!({}), json!([]), json!({})));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (_api, dir) = api_with_sidecar_pod("ns1", "warm");
     let netns = NetnsGuard::new("warm");
     let env = cni_env("ADD", &netns.path().display().to_string(), "ns1", "warm");
     let mut conf = conf(dir.path());
@@ -242,16 +230,12 @@ fn rules_of(netns: &NetnsGuard) -> String {
 #[test]
 fn readd_with_changed_interception_mode_converges_to_a_fresh_apply() {
     require_tool("iptables-restore", "iptables");
-    let api = FakeApiServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (api, dir) = api_and_run_dir();
     let pod = |mode: &str| {
-        sidecar_pod(
+        annotated_pod(
             "ns1",
             "mode",
             json!({"sidecar.istio.io/interceptionMode": mode}),
-            json!([]),
-            json!({}),
         )
     };
     let add = |netns: &NetnsGuard| {
