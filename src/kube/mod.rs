@@ -9,7 +9,7 @@
 //! Kubernetes API server for tests and the demo (also the `test-apiserver` binary); test-only,
 //! compiled in only with the `testserver` feature.
 //!
-//! May call: nothing else in this crate.
+//! May call: `retry` (the one retry policy and loop, re-exported as [`retry`]).
 
 mod client;
 mod cluster;
