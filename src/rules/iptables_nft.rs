@@ -218,28 +218,18 @@ fn new_rule(family: Family, rule: &Rule) -> Result<NftMessage, EncodeError> {
         address(&mut exprs, family, dst_offset, addr, negate)?;
     }
     for m in &rule.matches {
+        if let Some(pm) = m.as_port() {
+            if header.proto.is_none() || pm.module.is_some_and(|p| Some(p) != header.proto) {
+                return unsupported("port match without its protocol");
+            }
+            let offset = if pm.source { 0 } else { 2 };
+            payload(&mut exprs, PAYLOAD_TRANSPORT, offset, 2);
+            cmp(&mut exprs, pm.negate, &parse_port(pm.port)?.to_be_bytes());
+            continue;
+        }
         match m {
-            Match::DstPort {
-                port,
-                negate,
-                module,
-            }
-            | Match::SrcPort {
-                port,
-                negate,
-                module,
-            } => {
-                if header.proto.is_none() || module.is_some_and(|p| Some(p) != header.proto) {
-                    return unsupported("port match without its protocol");
-                }
-                let offset = if matches!(m, Match::SrcPort { .. }) {
-                    0
-                } else {
-                    2
-                };
-                payload(&mut exprs, PAYLOAD_TRANSPORT, offset, 2);
-                cmp(&mut exprs, *negate, &parse_port(port)?.to_be_bytes());
-            }
+            // Rendered above, by `as_port`.
+            Match::DstPort { .. } | Match::SrcPort { .. } => {}
             Match::DstPorts { ports, negate } => {
                 if header.proto.is_none() {
                     return unsupported("multiport without its protocol");
