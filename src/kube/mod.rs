@@ -23,7 +23,7 @@ pub mod testserver;
 
 pub use client::{
     EventType, KubeClient, MetadataPatch, PodEvent, PodPreconditions, Selectors, WatchBackoff,
-    WatchStream,
+    WatchStream, pod_preconditions,
 };
 pub use config::{ConfigSource, config_from_kubeconfig_file, load_config, load_config_with};
 pub use error::{Call, KubeError};
