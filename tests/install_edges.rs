@@ -1,5 +1,5 @@
 //! Edges of the installer found by hostile input (issue 8): symlinked configs and conf dirs,
-//! duplicate istio-cni entries, AMBIENT_ENABLED without an ambient agent, and the restore of a
+//! duplicate istio-cni entries, AMBIENT_ENABLED with an agent that cannot start, and the restore of a
 //! converted `.conf` after the primary dropped our entry.
 
 #[path = "install_support.rs"]
@@ -206,17 +206,32 @@ fn duplicate_istio_entries_collapse_to_one_and_sigterm_removes_them_all() {
     assert_eq!(left, testdata_str("list-no-istio.conflist"));
 }
 
+/// The agent starts before anything is installed (§2.2): when it cannot (no NODE_NAME to watch
+/// its pods by, no usable Kubernetes client), install-cni exits 1 naming the cause, never reports
+/// ready, and leaves the CNI config, the binaries and the plugin kubeconfig alone.
 #[test]
-fn ambient_enabled_refuses_to_start_and_touches_nothing() {
-    for (extra, args) in [
-        (vec![("AMBIENT_ENABLED", "true")], vec![]),
-        (vec![], vec!["--ambient-enabled"]),
+fn an_ambient_agent_that_cannot_start_stops_install_cni_before_it_touches_anything() {
+    for (extra, args, needle) in [
+        (
+            vec![("AMBIENT_ENABLED", "true")],
+            vec![],
+            "NODE_NAME is empty",
+        ),
+        (
+            vec![
+                ("NODE_NAME", "node-1"),
+                ("KUBECONFIG", "/nonexistent/kubeconfig"),
+            ],
+            vec!["--ambient-enabled"],
+            "Kubernetes client",
+        ),
         (
             vec![
                 ("AMBIENT_ENABLED", "true"),
                 ("ISTIO_OWNED_CNI_CONFIG", "true"),
             ],
             vec![],
+            "NODE_NAME is empty",
         ),
     ] {
         let d = Dirs::new();
@@ -245,16 +260,10 @@ fn ambient_enabled_refuses_to_start_and_touches_nothing() {
         let status = agent.wait(T);
         let out = agent.output();
         assert!(!status.success(), "{extra:?} {args:?}: exit 0\n{out}");
-        for needle in [
-            "AMBIENT_ENABLED",
-            "not implemented",
-            "AMBIENT_ENABLED=false",
-        ] {
-            assert!(
-                out.contains(needle),
-                "{extra:?} {args:?}: no {needle:?} in:\n{out}"
-            );
-        }
+        assert!(
+            out.contains("ambient node agent") && out.contains(needle),
+            "{extra:?} {args:?}: no {needle:?} in:\n{out}"
+        );
         assert_eq!(
             d.read("10-list.conflist"),
             Some(testdata_str("list.conflist")),
@@ -262,7 +271,10 @@ fn ambient_enabled_refuses_to_start_and_touches_nothing() {
         );
         assert_eq!(d.names(), vec!["10-list.conflist"]);
         assert!(!d.bin.join("istio-cni").exists(), "binary copied");
-        assert!(!d.run.exists(), "run dir created");
+        assert!(
+            !d.run.join("istio-cni-kubeconfig").exists(),
+            "kubeconfig written"
+        );
     }
 }
 

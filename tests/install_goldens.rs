@@ -137,10 +137,50 @@ fn replaces_an_old_istio_entry() {
     );
 }
 
-// Istio-owned mode needs AMBIENT_ENABLED, which this build refuses at startup (no ambient node
-// agent yet; tests/install_edges.rs). Its goldens are checked by the installer's unit tests
-// (`owned_mode_writes_a_separate_file_and_deletes_only_it`) and the legacy filename key by the
-// config tests, so they stay right for when the agent lands.
+/// Istio-owned mode needs AMBIENT_ENABLED, so these run with the agent (against a test API
+/// server, with the test-only fake data plane): the agent must be ready before install starts.
+fn owned_case(
+    inputs: &[(&str, &str)],
+    filename_env: (&str, &str),
+    golden: &str,
+    primary: (&str, &str),
+) {
+    let api = ApiServer::start();
+    let mut env = api.ambient_env();
+    env.push(("ISTIO_OWNED_CNI_CONFIG".into(), "true".into()));
+    env.push((filename_env.0.into(), filename_env.1.into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    case(
+        inputs,
+        &env,
+        "02-istio-conf.conflist",
+        golden,
+        &[
+            ("02-istio-conf.conflist", None),
+            (primary.0, Some(primary.1)),
+        ],
+    );
+}
+
+#[test]
+fn owned_config_from_list_with_the_legacy_filename_key() {
+    owned_case(
+        &[("10-list.conflist", "list.conflist")],
+        ("ISTIO_OWNED_CNI_CONF_FILENAME", "02-istio-conf.conflist"),
+        "istio-owned.conflist.golden",
+        ("10-list.conflist", "list.conflist"),
+    );
+}
+
+#[test]
+fn owned_config_from_bridge() {
+    owned_case(
+        &[("10-bridge.conf", "bridge.conf")],
+        ("ISTIO_OWNED_CNI_CONFIG_FILENAME", "02-istio-conf.conflist"),
+        "istio-owned-bridge.conflist.golden",
+        ("10-bridge.conf", "bridge.conf"),
+    );
+}
 
 #[test]
 fn standalone_default_name() {

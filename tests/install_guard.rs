@@ -17,8 +17,10 @@ use support::*;
 
 /// How many changes the stand-in makes (the issue asks for 1000).
 const OPS: usize = 1000;
-/// The repair deadline per change.
-const REPAIR_WITHIN: Duration = Duration::from_secs(1);
+/// The repair deadline per change: a correctness bound, generous because CI machines are loaded
+/// (a failed pass backs off with jitter); the repair latency itself is measured by `just bench`
+/// (examples/bench_install.rs, median ~1.5 ms).
+const REPAIR_WITHIN: Duration = Duration::from_secs(5);
 const PRIMARY: &str = "10-primary";
 
 fn list(generation: usize) -> String {

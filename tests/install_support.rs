@@ -318,3 +318,48 @@ fn harness_parses_http_status() {
     assert!(has_istio_entry(&testdata_str("list.conflist.golden")));
     assert!(!has_istio_entry(&testdata_str("list.conflist")));
 }
+
+/// A test API server on loopback (its own runtime) and a kubeconfig for it, for install-cni runs
+/// with the ambient agent (which watches pods and namespaces before anything is installed).
+pub struct ApiServer {
+    pub rt: tokio::runtime::Runtime,
+    pub server: istio_cni::kube::testserver::TestApiServer,
+    pub kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ApiServer {
+    pub fn start() -> ApiServer {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let server = rt
+            .block_on(istio_cni::kube::testserver::TestApiServer::start())
+            .expect("test API server");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        ApiServer {
+            rt,
+            server,
+            kubeconfig,
+            _dir: dir,
+        }
+    }
+
+    /// Env for an install-cni run with the ambient agent on node `node-1`, against this server,
+    /// with the test-only fake data plane and ztunnel.
+    pub fn ambient_env(&self) -> Vec<(String, String)> {
+        [
+            ("AMBIENT_ENABLED", "true"),
+            ("NODE_NAME", "node-1"),
+            ("KUBECONFIG", self.kubeconfig.to_str().expect("utf-8 path")),
+            ("ISTIO_CNI_RS_TEST_FAKE_DATAPLANE", "1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+}

@@ -5,11 +5,15 @@
 //! May call: `rules`, `netlink` (nf_tables transactions, rtnetlink routes), `netns` (entering a
 //! pod's user namespace).
 
+pub mod ambient;
+pub mod backend;
 pub mod cleanup;
 pub mod exec;
+pub mod hostproc;
 pub mod iptables;
 pub mod nft;
 pub mod pod;
+pub mod probe_set;
 pub mod routes;
 pub mod sidecar;
 pub mod state;

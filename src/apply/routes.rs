@@ -6,7 +6,7 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 
-use crate::netlink::routes::{NetlinkError, RouteSession};
+use crate::netlink::routes::{MarkRule, NetlinkError, RouteSession};
 use crate::rules::capture::CaptureConfig;
 use crate::rules::capture_values::{parse_route_table, parse_tproxy_mark};
 
@@ -100,4 +100,52 @@ pub fn converge_sidecar_routes(cfg: &CaptureConfig, reconciled: bool) -> Result<
         remove_tproxy_with(&mut session, cfg)?;
     }
     apply_with(&mut session, cfg)
+}
+
+/// Ambient's policy routing inside a pod: connections ztunnel accepted (conn mark 0x111/0xfff,
+/// restored to the packet) are routed locally, table 100, rule priority 32764.
+const AMBIENT_MARK: u32 = 0x111;
+const AMBIENT_MASK: u32 = 0xfff;
+const AMBIENT_TABLE: u32 = 100;
+const AMBIENT_PRIORITY: u32 = 32764;
+
+fn ambient_rule(ipv6: bool) -> MarkRule {
+    MarkRule {
+        ipv6,
+        mark: AMBIENT_MARK,
+        mask: AMBIENT_MASK,
+        table: AMBIENT_TABLE,
+        priority: AMBIENT_PRIORITY,
+    }
+}
+
+/// Whether `lo` has IPv6 turned off in the calling thread's netns (then no `::/0` route).
+fn lo_ipv6_disabled() -> bool {
+    std::fs::read_to_string("/proc/sys/net/ipv6/conf/lo/disable_ipv6")
+        .map(|s| s.trim() == "1")
+        .unwrap_or(true)
+}
+
+/// `ip rule add fwmark 0x111/0xfff lookup 100 pref 32764` and `ip route replace local 0.0.0.0/0
+/// dev lo table 100` (and the IPv6 twins when `ipv6`, the route only when `lo` has IPv6), in the
+/// calling thread's netns. Idempotent; nothing is removed first.
+pub fn ensure_ambient_routes(ipv6: bool) -> Result<(), RoutesError> {
+    let mut session = RouteSession::new();
+    for &v6 in families(ipv6) {
+        session.add_mark_rule(&ambient_rule(v6))?;
+        if !v6 || !lo_ipv6_disabled() {
+            session.replace_local_default_route(v6, "lo", AMBIENT_TABLE)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes ambient's policy rule and local route in both families (absent ones are fine).
+pub fn remove_ambient_routes() -> Result<(), RoutesError> {
+    let mut session = RouteSession::new();
+    for &v6 in families(true) {
+        session.delete_mark_rule(&ambient_rule(v6))?;
+        session.delete_local_default_route(v6, "lo", AMBIENT_TABLE)?;
+    }
+    Ok(())
 }

@@ -76,12 +76,12 @@ impl std::fmt::Display for Outcome {
 pub type Fresh = BTreeMap<Family, BTreeSet<String>>;
 
 /// What one family held before anything was written.
-struct Snapshot<'a> {
-    bins: &'a Binaries,
-    text: String,
-    state: State,
+pub(super) struct Snapshot<'a> {
+    pub(super) bins: &'a Binaries,
+    pub(super) text: String,
+    pub(super) state: State,
     /// With iptables-nft, the chains the kernel held (`*-save` also lists absent built-in chains).
-    chains: Option<Vec<(String, String)>>,
+    pub(super) chains: Option<Vec<(String, String)>>,
 }
 
 /// Applies the sidecar rules for every family that has rules (`bins` lists the families in use).
@@ -284,7 +284,7 @@ fn committed_tables(text: &str, stderr: &str) -> BTreeSet<Table> {
 /// Puts every table that changed since its snapshot back as it was (`*-restore` without
 /// `--noflush` replaces just the tables in its input); a table that did not exist is emptied and,
 /// with iptables-nft, deleted again.
-fn restore_snapshots(
+pub(super) fn restore_snapshots(
     exec: &mut dyn Executor,
     snapshots: &[&Snapshot],
     env: &[(String, String)],

@@ -238,6 +238,8 @@ pub fn normalise(rule: &str) -> String {
         let previous = i.checked_sub(1).map(|p| words[p]);
         let w = match (word, previous) {
             ("--set-mark", _) => "--set-xmark".to_string(),
+            // REDIRECT's `--to-port` is saved as `--to-ports`.
+            ("--to-port", _) => "--to-ports".to_string(),
             (value, Some("--set-mark")) if !value.contains('/') => {
                 format!("{}/0xffffffff", hex_mark(value))
             }

@@ -1,6 +1,6 @@
 //! The `install-cni` role: installs this binary as the CNI plugin, merges our entry into the node's
 //! CNI config, writes the plugin kubeconfig, guards all of it, and cleans up on shutdown.
-//! May call: `cli`, `kube`, `telemetry`.
+//! May call: `cli`, `kube`, `telemetry`, `agent`.
 //!
 //! Files: `config` (flags/env, pure; split into `flags`, `values` (how each kind of value is read;
 //! selector YAML through serde-saphyr into `kube::selector`), `resolve` (flag > env > default),
@@ -8,8 +8,10 @@
 //! `fsutil` (atomic file effects), `installer` (install pass, check, cleanup; split into
 //! `select` (which file), `merge` (writing our entry), `restore` (cleanup and the `.conf` record)),
 //! `guard` (watch loop),
-//! `upgrade` (shutdown keep/clean decision; its API reads go through `kube`), `caps` (capability dropping).
+//! `upgrade` (shutdown keep/clean decision; its API reads go through `kube`), `caps` (capability dropping),
+//! `ambient` (starting the node agent when `AMBIENT_ENABLED=true`).
 
+pub mod ambient;
 pub mod caps;
 pub mod cniconf;
 pub mod config;
@@ -33,6 +35,8 @@ use config::{Config, LogLevel, LogTarget, Parsed};
 
 /// Readiness component name of the installer.
 const INSTALLER: &str = "installer";
+/// Readiness component name of the ambient node agent (initial sync done).
+const AGENT: &str = "agent";
 
 /// Entry point of the `install-cni` role.
 pub fn main(args: Vec<String>) -> i32 {
@@ -54,11 +58,6 @@ pub fn main(args: Vec<String>) -> i32 {
             return 1;
         }
     };
-    // Before logging (a log file is a file too) and before any install step.
-    if let Some(refusal) = refuse_unsupported(&cfg) {
-        eprintln!("install-cni: {refusal}");
-        return 1;
-    }
     if let Err(e) = logging::init(log_settings(&cfg)) {
         eprintln!("install-cni: {e}");
         return 1;
@@ -88,18 +87,6 @@ pub fn main(args: Vec<String>) -> i32 {
     let code = rt.block_on(run(*cfg));
     rt.shutdown_timeout(Duration::from_secs(2));
     code
-}
-
-/// Settings this build accepts but cannot serve. Ambient mode needs the node agent, which is not
-/// part of this build: installing the plugin with `ambient_enabled` and reporting ready would
-/// send ambient pods to an agent that does not exist, so we refuse before touching anything.
-fn refuse_unsupported(cfg: &Config) -> Option<&'static str> {
-    cfg.install.ambient_enabled.then_some(
-        "AMBIENT_ENABLED=true (--ambient-enabled) asks for ambient mode, which is not implemented \
-         in this build: no node agent would serve ambient pods. Set AMBIENT_ENABLED=false (chart: \
-         ambient.enabled=false) to run in sidecar mode, or deploy Istio's own istio-cni for \
-         ambient. Nothing was installed or changed.",
-    )
 }
 
 fn to_tracing(l: LogLevel) -> Option<tracing::Level> {
@@ -238,6 +225,26 @@ async fn run(cfg: Config) -> i32 {
         );
     }
 
+    // §2.2 step 8: the agent is ready (stores synced) before the plugin is installed, so a new
+    // node's CNI config only appears once ambient pods can be served.
+    let agent = if ic.ambient_enabled {
+        readiness.register(AGENT);
+        match ambient::start(&cfg, &metrics, &stop).await {
+            Ok(agent) => {
+                readiness.set(AGENT, true);
+                info!("ambient node agent ready");
+                Some(agent)
+            }
+            Err(e) => {
+                error!("{e}");
+                stop.cancel();
+                return 1;
+            }
+        }
+    } else {
+        None
+    };
+
     let check = upgrade::checker(&ic.pod_namespace, &ic.node_name).await;
 
     let exe = match std::env::current_exe() {
@@ -271,6 +278,12 @@ async fn run(cfg: Config) -> i32 {
         _ = guard_died(&guard) => error!("the guard thread ended unexpectedly; shutting down"),
     }
     readiness.set(INSTALLER, false);
+    // The agent goes first: its socket disappears, so plugins fail ADD at once (the kubelet
+    // retries) instead of waiting on a half-stopped agent.
+    if let Some(agent) = agent {
+        readiness.set(AGENT, false);
+        agent.stop(Duration::from_secs(5)).await;
+    }
     let installer = tokio::task::spawn_blocking(move || guard.stop())
         .await
         .ok()
@@ -297,41 +310,4 @@ async fn run(cfg: Config) -> i32 {
     tokio::time::sleep(Duration::from_millis(50)).await;
     info!("install-cni stopped");
     code
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parsed(args: &[&str], env: &[(&str, &str)]) -> Config {
-        let argv: Vec<String> = std::iter::once("install-cni")
-            .chain(args.iter().copied())
-            .map(str::to_string)
-            .collect();
-        let lookup = |k: &str| {
-            env.iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        };
-        match config::parse(&argv, &lookup) {
-            Ok(Parsed::Run(c)) => *c,
-            _ => panic!("{args:?} {env:?} does not parse"),
-        }
-    }
-
-    #[test]
-    fn ambient_mode_is_refused_naming_the_setting() {
-        for cfg in [
-            parsed(&[], &[("AMBIENT_ENABLED", "true")]),
-            parsed(&["--ambient-enabled"], &[]),
-        ] {
-            let msg = refuse_unsupported(&cfg).expect("refused");
-            assert!(msg.contains("AMBIENT_ENABLED=false") && msg.contains("not implemented"));
-        }
-        assert_eq!(refuse_unsupported(&parsed(&[], &[])), None);
-        assert_eq!(
-            refuse_unsupported(&parsed(&[], &[("AMBIENT_ENABLED", "false")])),
-            None
-        );
-    }
 }

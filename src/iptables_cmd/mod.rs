@@ -1,8 +1,10 @@
 //! The `istio-iptables` role: flags/env -> [`flags::Settings`] -> host facts (proxy UID, IPv6, DNS
 //! servers) -> capture config -> rule model -> dry-run transcript (printed here) or apply/cleanup
 //! through the shared entry [`crate::apply::pod`] (as the plugin does) -> optional validation.
+//! `istio-iptables ambient --dry-run` ([`ambient`]) prints what the ambient node agent programs.
 //! May call: `cli`, `rules`, `apply`, `netns`, `netlink`.
 
+pub mod ambient;
 pub mod flags;
 pub mod host;
 pub mod validation;
@@ -49,6 +51,9 @@ pub const EXIT_VALIDATION_FAILED: i32 = 126;
 
 /// Entry point of the `istio-iptables` role.
 pub fn main(args: Vec<String>) -> i32 {
+    if args.get(1).map(String::as_str) == Some("ambient") {
+        return ambient::main(&args[2..], &ProcessEnv);
+    }
     let normalised = match normalise_args(args.get(1..).unwrap_or_default(), &SHAPES) {
         Ok(n) => n,
         Err(e) => {
@@ -166,11 +171,12 @@ fn target(netns: &Option<Netns>) -> Target<'_> {
 
 /// The shared entry's backend for these settings.
 fn backend(settings: &Settings) -> Backend {
-    match (settings.native_nftables, settings.restore_only) {
-        (true, _) => Backend::Nftables,
-        (false, true) => Backend::IptablesRestore,
-        (false, false) => Backend::Iptables,
-    }
+    apply::backend::decide(&apply::backend::BackendRequest {
+        native_nftables: settings.native_nftables,
+        restore_only: settings.restore_only,
+        force_binary: settings.force_binary,
+    })
+    .backend
 }
 
 /// `--cleanup-only --dry-run`: the plan the real cleanup would run now (its saves are read, as

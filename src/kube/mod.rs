@@ -5,7 +5,9 @@
 //! pods and `pods/status`, pod delete, pod events), each under an explicit deadline and with
 //! errors that name the call, the object and the cause; names checked before they become
 //! request paths ([`names`]); label selectors, one model for every role ([`selector`]); which
-//! failures are worth retrying, and how ([`retry`]); and `testserver`, a small in-process
+//! failures are worth retrying, and how ([`retry`]); ambient enablement selectors
+//! ([`selector::enablement`]); the plugin's `/cmdadd` body ([`plugin_event`]); the node agent's
+//! node-scoped pod store and namespace store with change subscriptions ([`stores`]); and `testserver`, a small in-process
 //! Kubernetes API server for tests and the demo (also the `test-apiserver` binary); test-only,
 //! compiled in only with the `testserver` feature.
 //!
@@ -16,8 +18,10 @@ mod cluster;
 mod config;
 mod error;
 pub mod names;
+pub mod plugin_event;
 pub mod retry;
 pub mod selector;
+pub mod stores;
 #[cfg(feature = "testserver")]
 pub mod testserver;
 

@@ -183,6 +183,11 @@ impl Selector {
         self.requirements.iter().all(|r| r.matches(label(&r.key)))
     }
 
+    /// True when the selector has no requirements (it matches everything).
+    pub fn is_empty(&self) -> bool {
+        self.requirements.is_empty()
+    }
+
     /// Matches a label map.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.matches_with(|k| labels.get(k).map(String::as_str))
@@ -355,6 +360,8 @@ pub fn node_selector_matches(
             })
     })
 }
+
+pub mod enablement;
 
 #[cfg(test)]
 mod tests;

@@ -202,6 +202,27 @@ impl RouteSession {
         })
     }
 
+    /// `ip rule add fwmark MARK/MASK lookup TABLE pref PRIORITY`; one that already exists is fine
+    /// (with a priority the kernel recognises the duplicate, so nothing is removed first and the
+    /// rule is never briefly missing).
+    pub fn add_mark_rule(&mut self, rule: &MarkRule) -> Result<(), NetlinkError> {
+        let result = self.request(
+            RouteNetlinkMessage::NewRule(rule.message()),
+            NLM_F_CREATE | NLM_F_EXCL,
+            &format!("ip rule add {rule}"),
+        );
+        match result {
+            Err(e) if e.is_exists() => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Deletes every copy of the rule; none there is fine.
+    pub fn delete_mark_rule(&mut self, rule: &MarkRule) -> Result<(), NetlinkError> {
+        let what = format!("ip rule del {rule}");
+        delete_repeatedly(|| self.request(RouteNetlinkMessage::DelRule(rule.message()), 0, &what))
+    }
+
     /// `ip route replace local 0.0.0.0/0 (or ::/0) dev IFACE table TABLE`.
     pub fn replace_local_default_route(
         &mut self,
@@ -280,6 +301,39 @@ fn address_message(
         AddressAttribute::Address(addr),
     ];
     Ok(msg)
+}
+
+/// A policy rule `fwmark MARK/MASK lookup TABLE pref PRIORITY` of one family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MarkRule {
+    pub ipv6: bool,
+    pub mark: u32,
+    pub mask: u32,
+    pub table: u32,
+    pub priority: u32,
+}
+
+impl MarkRule {
+    fn message(&self) -> RuleMessage {
+        let mut msg = fwmark_rule(self.ipv6, self.mark, self.table);
+        msg.attributes.push(RuleAttribute::FwMask(self.mask));
+        msg.attributes.push(RuleAttribute::Priority(self.priority));
+        msg
+    }
+}
+
+impl std::fmt::Display for MarkRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}fwmark {:#x}/{:#x} lookup {} pref {}",
+            if self.ipv6 { "-6 " } else { "" },
+            self.mark,
+            self.mask,
+            self.table,
+            self.priority
+        )
+    }
 }
 
 /// `ip rule fwmark MARK lookup TABLE`.

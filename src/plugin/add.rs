@@ -191,7 +191,7 @@ async fn send_ambient_event(conf: &NetConf, env: &CniEnv, args: &CniArgs) -> Res
         &args.pod_namespace,
         prev.as_ref(),
     );
-    let body = serde_json::to_vec(&event).map_err(internal)?;
+    let body = event.to_json();
     let sock = conf.event_socket_path();
     let fail = |detail: String| {
         CniError::internal(format!(
@@ -321,13 +321,12 @@ where
     }
     let netns = PathBuf::from(&env.netns);
     let dual_stack = settings.dual_stack;
-    let backend = if conf.native_nftables {
-        super::program::Backend::Nftables
-    } else if engine_env.restore_only {
-        super::program::Backend::IptablesRestore
-    } else {
-        super::program::Backend::Iptables
-    };
+    let backend = crate::apply::backend::decide(&crate::apply::backend::BackendRequest {
+        native_nftables: conf.native_nftables,
+        restore_only: engine_env.restore_only,
+        force_binary: None,
+    })
+    .backend;
     let cfg = settings.config;
     let dry_run_path = dry_run.clone();
     let work = tokio::task::spawn_blocking(move || {

@@ -1,27 +1,15 @@
-//! Ambient mode, pure part: enablement-selector matching and the event sent to the node agent.
+//! Ambient mode, pure part: enablement-selector matching (the one implementation in
+//! `kube::selector::enablement`) and the event sent to the node agent (`kube::plugin_event`).
 
 use std::collections::BTreeMap;
-
-use serde_json::{Value, json};
 
 use super::config::EnablementSelector;
 use super::pod::PodInfo;
 use super::result::CniResult;
-use crate::kube::selector::{LabelSelector, Selector};
+use crate::kube::plugin_event::{EventIp, EventIpNet, PluginAddEvent};
+use crate::kube::selector::enablement::{Enablement, PodFacts};
 
 pub use crate::kube::selector::SelectorError;
-
-/// Evaluates an enablement label selector; absent selects everything (Istio's enablement
-/// semantics), present-but-empty too (Kubernetes').
-pub fn selector_matches(
-    selector: Option<&LabelSelector>,
-    labels: &BTreeMap<String, String>,
-) -> Result<bool, SelectorError> {
-    match selector {
-        None => Ok(true),
-        Some(sel) => Ok(Selector::compile(sel)?.matches(labels)),
-    }
-}
 
 /// Whether the pod is enrolled in ambient: never host-network or sidecar pods; otherwise any
 /// selector pair matching pod and namespace labels.
@@ -30,61 +18,46 @@ pub fn is_ambient(
     pod: &PodInfo,
     namespace_labels: &BTreeMap<String, String>,
 ) -> Result<bool, SelectorError> {
-    if pod.host_network || pod.annotations.contains_key(super::sidecar::ANN_STATUS) {
-        return Ok(false);
-    }
-    for s in selectors {
-        if selector_matches(s.pod_selector.as_ref(), &pod.labels)?
-            && selector_matches(s.namespace_selector.as_ref(), namespace_labels)?
-        {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+    let facts = PodFacts {
+        labels: &pod.labels,
+        annotations: &pod.annotations,
+        host_network: pod.host_network,
+    };
+    Ok(Enablement::compile(selectors)?.pod_matches(facts, namespace_labels))
 }
 
-/// Standard base64 with padding.
-fn base64(data: &[u8]) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(data)
-}
-
-/// The `/cmdadd` body (Go field names, the agent's decoder expects them).
+/// The `/cmdadd` body: addresses from the previous plugin's result (unparsable ones skipped).
 pub fn add_event(
     netns: &str,
     pod_name: &str,
     pod_namespace: &str,
     prev: Option<&CniResult>,
-) -> Value {
-    let ips: Vec<Value> = prev
+) -> PluginAddEvent {
+    let ips = prev
         .map(|r| r.ips.as_slice())
         .unwrap_or_default()
         .iter()
         .filter_map(|ip| {
-            let net: ipnet::IpNet = ip.address.parse().ok()?;
-            let addr = ip.address.split('/').next().unwrap_or_default();
-            let mask = match net.netmask() {
-                std::net::IpAddr::V4(m) => m.octets().to_vec(),
-                std::net::IpAddr::V6(m) => m.octets().to_vec(),
-            };
-            Some(json!({
-                "Interface": ip.interface,
-                "Address": {"IP": addr, "Mask": base64(&mask)},
-                "Gateway": ip.gateway,
-            }))
+            Some(EventIp {
+                interface: ip.interface,
+                address: EventIpNet::from_cidr(&ip.address)?,
+                gateway: ip.gateway.parse().ok(),
+            })
         })
         .collect();
-    json!({
-        "Netns": netns,
-        "PodName": pod_name,
-        "PodNamespace": pod_namespace,
-        "IPs": ips,
-    })
+    PluginAddEvent {
+        netns: netns.to_string(),
+        pod_name: pod_name.to_string(),
+        pod_namespace: pod_namespace.to_string(),
+        ips,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kube::selector::LabelSelector;
+    use serde_json::{Value, json};
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -134,7 +107,17 @@ mod tests {
     #[test]
     fn operators() {
         let l = labels(&[("a", "1")]);
-        let sel = |e: Value| selector_matches(sel(json!({"matchExpressions": [e]})).as_ref(), &l);
+        let pod = PodInfo {
+            labels: l,
+            ..Default::default()
+        };
+        let sel = |e: Value| {
+            let s = [EnablementSelector {
+                pod_selector: sel(json!({"matchExpressions": [e]})),
+                namespace_selector: None,
+            }];
+            is_ambient(&s, &pod, &BTreeMap::new())
+        };
         assert!(sel(json!({"key": "a", "operator": "In", "values": ["1", "2"]})).unwrap());
         assert!(sel(json!({"key": "a", "operator": "Exists"})).unwrap());
         assert!(sel(json!({"key": "b", "operator": "DoesNotExist"})).unwrap());
@@ -149,10 +132,15 @@ mod tests {
             "1.0.0",
         )
         .unwrap();
-        let ev = add_event("/var/run/netns/x", "p", "ns", Some(&r));
+        let ev: Value =
+            serde_json::from_slice(&add_event("/var/run/netns/x", "p", "ns", Some(&r)).to_json())
+                .unwrap();
         assert_eq!(ev["IPs"][0]["Address"]["IP"], "10.0.0.2");
         assert_eq!(ev["IPs"][0]["Address"]["Mask"], "////AA==");
         assert_eq!(ev["IPs"][0]["Interface"], 0);
-        assert_eq!(add_event("n", "p", "ns", None)["IPs"], json!([]));
+        assert_eq!(ev["IPs"][0]["Gateway"], "10.0.0.1");
+        let empty: Value =
+            serde_json::from_slice(&add_event("n", "p", "ns", None).to_json()).unwrap();
+        assert_eq!(empty["IPs"], json!([]));
     }
 }

@@ -8,7 +8,6 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::cni::{CniError, code, validate_network_name};
-use crate::kube::selector::LabelSelector;
 
 /// Where the agent keeps its sockets, the plugin kubeconfig and the plugin log file.
 pub const DEFAULT_AGENT_RUN_DIR: &str = "/var/run/istio-cni";
@@ -20,13 +19,9 @@ pub const DEFAULT_KUBE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the pod lookup is retried (Istio: 30 attempts, 1 s apart).
 pub const DEFAULT_POD_LOOKUP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// One ambient enablement selector pair, read as Istio's plugin reads it (shape checked when the
-/// config is parsed, operators and keys when the selector is used; absent selects everything).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct EnablementSelector {
-    pub pod_selector: Option<LabelSelector>,
-    pub namespace_selector: Option<LabelSelector>,
-}
+/// One ambient enablement selector pair (shape checked when the config is parsed, operators and
+/// keys when the selector is used; absent selects everything).
+pub use crate::kube::selector::enablement::EnablementSelector;
 
 /// The parsed configuration.
 #[derive(Debug, Clone, PartialEq)]

@@ -43,6 +43,20 @@ impl RetryPolicy {
     pub fn delays(&self) -> impl Iterator<Item = Duration> + Send + Sync + Unpin + use<> {
         self.builder().build()
     }
+
+    /// The delay before retry number `retry` (0 = the first retry), jittered: the same spacing
+    /// as [`RetryPolicy::delays`], for callers that keep their own retry count (the agent's
+    /// per-pod queue).
+    pub fn jittered_delay(&self, retry: u32) -> Duration {
+        let unlimited = RetryPolicy {
+            max_attempts: None,
+            ..*self
+        };
+        unlimited
+            .delays()
+            .nth(retry.min(64) as usize)
+            .unwrap_or(self.max)
+    }
 }
 
 /// Runs `call` until it succeeds, fails with an error `is_transient` rejects, runs out of

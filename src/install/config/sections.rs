@@ -1,12 +1,7 @@
 //! The resolved configuration, one struct per consumer (install pass, repair, agent, logs).
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::path::PathBuf;
-
-use serde::{Deserialize, Serialize};
-
-use crate::kube::selector::{self, LabelSelector};
 
 /// Default owned conflist name (Istio's).
 pub const DEFAULT_OWNED_FILENAME: &str = "02-istio-cni.conflist";
@@ -104,24 +99,7 @@ impl LogConfig {
 }
 
 /// One ambient enablement selector (pod + namespace label selectors), as the plugin expects it.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EnablementSelector {
-    #[serde(
-        rename = "podSelector",
-        default,
-        deserialize_with = "selector::deserialize_strict",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub pod_selector: Option<LabelSelector>,
-    #[serde(
-        rename = "namespaceSelector",
-        default,
-        deserialize_with = "selector::deserialize_strict",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub namespace_selector: Option<LabelSelector>,
-}
+pub use crate::kube::selector::enablement::EnablementSelector;
 
 /// Settings of the install pass, the guard and cleanup.
 #[derive(Debug, Clone, PartialEq)]
@@ -215,23 +193,8 @@ pub struct RepairConfig {
     pub field_selectors: String,
 }
 
-/// Ambient node-agent settings (parsed and validated here for the agent).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentConfig {
-    pub ztunnel_uds_address: PathBuf,
-    pub dns_capture: bool,
-    pub ipv6: bool,
-    pub reconcile_pod_rules_on_startup: bool,
-    pub system_namespace: String,
-    pub pod_name: String,
-    pub node_name: String,
-    pub host_probe_snat_ip: IpAddr,
-    pub host_probe_snat_ipv6: IpAddr,
-    pub scoped_xtables_locking: bool,
-    pub aws_branch_eni_probe: bool,
-    pub force_iptables_binary: Option<String>,
-    pub allow_switch_to_host_ns: bool,
-}
+/// Ambient node-agent settings (parsed and validated here; the agent room owns the type).
+pub use crate::agent::settings::AgentConfig;
 
 /// The whole `install-cni` configuration.
 #[derive(Debug, Clone, PartialEq)]

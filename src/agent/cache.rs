@@ -1,0 +1,117 @@
+//! The pod cache (§3.7): enrolled pod UID -> workload identity and netns handle. It is the ZDS
+//! "state of the world": a connecting ztunnel gets a snapshot of it. Handles close when the last
+//! `Arc` goes (no explicit close).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::ports::WorkloadInfo;
+use crate::netns::Netns;
+
+#[derive(Debug, Clone)]
+pub struct CachedPod {
+    pub info: WorkloadInfo,
+    pub netns: Option<Arc<Netns>>,
+}
+
+#[derive(Debug, Default)]
+pub struct PodCache {
+    pods: RwLock<HashMap<String, CachedPod>>,
+}
+
+impl PodCache {
+    fn read(&self) -> RwLockReadGuard<'_, HashMap<String, CachedPod>> {
+        self.pods.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, HashMap<String, CachedPod>> {
+        self.pods.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A placeholder without a netns, unless the pod is already there.
+    pub fn ensure(&self, uid: &str, info: WorkloadInfo) {
+        self.write()
+            .entry(uid.to_string())
+            .or_insert(CachedPod { info, netns: None });
+    }
+
+    /// Records the pod's netns. An entry holding the same namespace (dev, inode) keeps its
+    /// handle (the new one is dropped); identity is refreshed either way. Returns the kept one.
+    pub fn upsert(&self, uid: &str, info: WorkloadInfo, netns: Netns) -> Arc<Netns> {
+        let mut pods = self.write();
+        let entry = pods.entry(uid.to_string()).or_insert(CachedPod {
+            info: info.clone(),
+            netns: None,
+        });
+        entry.info = info;
+        match &entry.netns {
+            Some(old) if old.id() == netns.id() => old.clone(),
+            _ => {
+                let fresh = Arc::new(netns);
+                entry.netns = Some(fresh.clone());
+                fresh
+            }
+        }
+    }
+
+    pub fn netns(&self, uid: &str) -> Option<Arc<Netns>> {
+        self.read().get(uid).and_then(|p| p.netns.clone())
+    }
+
+    pub fn contains(&self, uid: &str) -> bool {
+        self.read().contains_key(uid)
+    }
+
+    /// Removes and returns the entry (a second take finds nothing).
+    pub fn take(&self, uid: &str) -> Option<CachedPod> {
+        self.write().remove(uid)
+    }
+
+    /// Puts a taken entry back (a failed removal will be retried).
+    pub fn restore(&self, uid: &str, pod: CachedPod) {
+        self.write().insert(uid.to_string(), pod);
+    }
+
+    /// A copy for sending (UID, entry).
+    pub fn snapshot(&self) -> Vec<(String, CachedPod)> {
+        self.read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(name: &str) -> WorkloadInfo {
+        WorkloadInfo {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ensure_upsert_take() {
+        let cache = PodCache::default();
+        cache.ensure("u", info("a"));
+        assert!(cache.contains("u") && cache.netns("u").is_none());
+        let first = cache.upsert("u", info("a"), Netns::current().unwrap());
+        // Same namespace again: the old handle is kept.
+        let again = cache.upsert("u", info("b"), Netns::current().unwrap());
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!(cache.snapshot()[0].1.info.name, "b");
+        assert!(cache.take("u").is_some());
+        assert!(cache.take("u").is_none());
+        assert!(cache.is_empty());
+    }
+}

@@ -1,0 +1,362 @@
+//! The node agent's data plane: what it programs inside an enrolled pod's netns (redirection to
+//! ztunnel and the policy routing, [`Dataplane::program_pod`]), on the host (probe SNAT rules and
+//! the probe address sets, never flushed: [`Dataplane::probe_sync`] reconciles), and how it finds a
+//! pod's netns (the plugin's path under the host prefix, or a scan of the host's /proc,
+//! [`procfs`]). The backend is decided once at construction ([`crate::apply::backend`]) and logged
+//! with its reason. Blocking: callers run these on a blocking thread.
+//! Owns nothing of Kubernetes or ZDS; it is given plain pod facts ([`PodNet`]).
+
+pub mod procfs;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use tracing::{info, warn};
+
+use crate::apply::ambient::{
+    AmbientApply, AmbientError, program_host_here, program_inpod_here, remove_inpod_here,
+};
+use crate::apply::backend::{BackendRequest, Decision, ProcessHost, decide_for_host};
+use crate::apply::exec::ProcessExecutor;
+use crate::apply::hostproc::{KubeletUidError, kubelet_uid};
+use crate::apply::iptables::{ApplyError, ForceBinary};
+use crate::apply::pod::Backend;
+use crate::apply::probe_set::{self, Ipsets, NftSets, ProbeSets, SetOp};
+use crate::netns::{Netns, NetnsError};
+use crate::rules::ambient::{AmbientConfig, PodOverrides};
+
+/// The data plane's settings (from the agent's configuration).
+#[derive(Debug, Clone)]
+pub struct DataplaneSettings {
+    /// Probe SNAT addresses, IPv6 and DNS capture (node-wide).
+    pub ambient: AmbientConfig,
+    /// `NATIVE_NFTABLES`.
+    pub native_nftables: bool,
+    /// `FORCE_IPTABLES_BINARY`.
+    pub force_iptables_binary: Option<ForceBinary>,
+    /// Where the host's / is mounted (`/host`): plugin netns paths are opened under it.
+    pub host_prefix: PathBuf,
+    /// Where the host's /proc is mounted (`/host/proc`).
+    pub host_proc: PathBuf,
+    /// `ALLOW_SWITCH_TO_HOST_NS`: host work enters `<host_proc>/1/ns/net` (else it runs in the
+    /// agent's own netns, which is the host's for a hostNetwork DaemonSet).
+    pub allow_switch_to_host_ns: bool,
+    /// `AMBIENT_USE_SCOPED_XTABLES_LOCKING`: each pod's iptables runs take a lock of their own.
+    pub scoped_xtables_locking: bool,
+    /// Skip the host rules at construction (tests that only program pods).
+    pub skip_host_rules: bool,
+}
+
+impl Default for DataplaneSettings {
+    fn default() -> Self {
+        DataplaneSettings {
+            ambient: AmbientConfig::default(),
+            native_nftables: false,
+            force_iptables_binary: None,
+            host_prefix: PathBuf::from("/host"),
+            host_proc: PathBuf::from("/host/proc"),
+            allow_switch_to_host_ns: false,
+            scoped_xtables_locking: true,
+            skip_host_rules: false,
+        }
+    }
+}
+
+/// One pod as the data plane needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodNet {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    pub ips: Vec<IpAddr>,
+    pub overrides: PodOverrides,
+}
+
+/// Why a data-plane step failed. Every variant names the object.
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    #[error("cannot open the pod network namespace {path}: {source}")]
+    OpenNetns {
+        path: PathBuf,
+        #[source]
+        source: NetnsError,
+    },
+    #[error("cannot enter the network namespace of pod {pod}: {source}")]
+    Enter {
+        pod: String,
+        #[source]
+        source: NetnsError,
+    },
+    #[error("in-pod rules of pod {pod}: {source}")]
+    Inpod {
+        pod: String,
+        #[source]
+        source: AmbientError,
+    },
+    #[error("host network namespace {path}: {source}")]
+    HostNetns {
+        path: PathBuf,
+        #[source]
+        source: NetnsError,
+    },
+    #[error("host probe SNAT rules: {0}")]
+    HostRules(#[source] AmbientError),
+    #[error("host probe set ({what}): {source}")]
+    ProbeSet {
+        what: String,
+        #[source]
+        source: ApplyError,
+    },
+    #[error("kubelet UID for the nftables probe rule: {0}")]
+    KubeletUid(#[source] KubeletUidError),
+}
+
+/// The data plane of one node.
+pub struct Dataplane {
+    settings: DataplaneSettings,
+    decision: Decision,
+    host_netns: Option<Netns>,
+    /// Serialises the probe sets' read-modify-write batches.
+    probe_lock: Mutex<()>,
+}
+
+impl Dataplane {
+    /// Decides the backend (logged with its reason) and programs the host rules and probe sets
+    /// (created, never flushed), in the host netns.
+    pub fn new(settings: &DataplaneSettings) -> Result<Self, DataplaneError> {
+        let host_netns = if settings.allow_switch_to_host_ns {
+            let path = settings.host_proc.join("1/ns/net");
+            Some(Netns::open(&path).map_err(|source| DataplaneError::HostNetns { path, source })?)
+        } else {
+            None
+        };
+        let req = BackendRequest {
+            native_nftables: settings.native_nftables,
+            restore_only: false,
+            force_binary: settings.force_iptables_binary,
+        };
+        let ipv6 = settings.ambient.enable_ipv6;
+        let decision = in_host(&host_netns, move || {
+            decide_for_host(&req, ipv6, &ProcessHost)
+        })?;
+        if let Some(w) = &decision.warning {
+            warn!("{w}");
+        }
+        info!(backend = ?decision.backend, flavour = ?decision.force_binary, reason = %decision.reason, "ambient data plane backend");
+        let dp = Dataplane {
+            settings: settings.clone(),
+            decision,
+            host_netns,
+            probe_lock: Mutex::new(()),
+        };
+        if !settings.skip_host_rules {
+            dp.program_host()?;
+        }
+        Ok(dp)
+    }
+
+    /// The backend decision made at construction.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    fn nftables(&self) -> bool {
+        self.decision.backend == Backend::Nftables
+    }
+
+    fn apply_opts(&self, netns: Option<&Netns>) -> AmbientApply {
+        AmbientApply {
+            nftables: self.nftables(),
+            force_binary: self.decision.force_binary,
+            env: match netns {
+                Some(ns) if self.settings.scoped_xtables_locking => vec![(
+                    "XTABLES_LOCKFILE".to_string(),
+                    ns.path().display().to_string(),
+                )],
+                _ => vec![],
+            },
+            userns: netns.and_then(|ns| ns.userns_entry().cloned()),
+        }
+    }
+
+    fn program_host(&self) -> Result<(), DataplaneError> {
+        let cfg = self.settings.ambient.clone();
+        let uid = if self.nftables() {
+            kubelet_uid(&self.settings.host_proc).map_err(DataplaneError::KubeletUid)?
+        } else {
+            String::new()
+        };
+        let opts = self.apply_opts(None);
+        in_host(&self.host_netns, move || {
+            program_host_here(&cfg, &uid, &opts)
+        })?
+        .map_err(DataplaneError::HostRules)?;
+        Ok(())
+    }
+
+    /// Opens a netns path the plugin reported (a host path) under the host prefix.
+    pub fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, DataplaneError> {
+        let path = host_path(&self.settings.host_prefix, cni_netns_path);
+        Netns::open(&path).map_err(|source| DataplaneError::OpenNetns { path, source })
+    }
+
+    /// Finds the netns of each wanted pod (uid -> its IPs) by scanning the host's /proc; pods not
+    /// found (or without IPs yet) are absent from the answer.
+    pub fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns> {
+        procfs::scan(&self.settings.host_proc, wanted, &RealProbe)
+    }
+
+    /// Programs the in-pod redirection and policy routing; idempotent (an unchanged pod is not
+    /// touched) and all or nothing.
+    pub fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), DataplaneError> {
+        let cfg = self.settings.ambient.clone();
+        let overrides = pod.overrides.clone();
+        let opts = self.apply_opts(Some(netns));
+        let outcome = netns
+            .run(move || program_inpod_here(&cfg, &overrides, &opts))
+            .map_err(|source| DataplaneError::Enter {
+                pod: pod_ref(pod),
+                source,
+            })?
+            .map_err(|source| DataplaneError::Inpod {
+                pod: pod_ref(pod),
+                source,
+            })?;
+        tracing::debug!(pod = %pod_ref(pod), %outcome, "in-pod rules");
+        Ok(())
+    }
+
+    /// Removes the in-pod rules and policy routing.
+    pub fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), DataplaneError> {
+        let opts = self.apply_opts(Some(netns));
+        netns
+            .run(move || remove_inpod_here(&opts))
+            .map_err(|source| DataplaneError::Enter {
+                pod: pod_ref(pod),
+                source,
+            })?
+            .map_err(|source| DataplaneError::Inpod {
+                pod: pod_ref(pod),
+                source,
+            })
+    }
+
+    /// Puts the pod's IPs into the probe sets under its UID (a reused IP moves to this UID).
+    pub fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), DataplaneError> {
+        let (uid, ips) = (uid.to_string(), ips.to_vec());
+        self.probe_batch(format!("add pod {uid}"), move |current| {
+            (probe_set::plan_upsert(current, &uid, &ips), vec![])
+        })
+    }
+
+    /// Removes the pod's IPs from the probe sets, only where the entry carries its UID.
+    pub fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), DataplaneError> {
+        let (owner, ips) = (uid.to_string(), ips.to_vec());
+        self.probe_batch(format!("remove pod {uid}"), move |current| {
+            let (ops, foreign) = probe_set::plan_remove(current, &owner, &ips);
+            let warnings = foreign
+                .into_iter()
+                .map(|ip| format!("probe set entry {ip} belongs to another pod; left in place"))
+                .collect();
+            (ops, warnings)
+        })
+    }
+
+    /// Reconciles the probe sets with the enrolled pods (never flushed: members stay present
+    /// throughout); with `prune`, entries of no member are removed.
+    pub fn probe_sync(
+        &self,
+        members: &[(String, Vec<IpAddr>)],
+        prune: bool,
+    ) -> Result<(), DataplaneError> {
+        let members = members.to_vec();
+        self.probe_batch("sync".to_string(), move |current| {
+            (probe_set::plan_sync(current, &members, prune), vec![])
+        })
+    }
+
+    fn probe_batch(
+        &self,
+        what: String,
+        plan: impl FnOnce(&probe_set::Entries) -> (Vec<SetOp>, Vec<String>) + Send + 'static,
+    ) -> Result<(), DataplaneError> {
+        let _guard = self.probe_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let nft = self.nftables();
+        let ipv6 = self.settings.ambient.enable_ipv6;
+        let label = what.clone();
+        let result = in_host(&self.host_netns, move || {
+            let sets: &dyn ProbeSets = if nft { &NftSets } else { &Ipsets };
+            let mut exec = ProcessExecutor::default();
+            sets.ensure(&mut exec, ipv6)?;
+            let current = sets.entries(&mut exec)?;
+            let (ops, warnings) = plan(&current);
+            for w in &warnings {
+                warn!(step = %label, "{w}");
+            }
+            sets.apply(&mut exec, &ops)
+        })?;
+        result.map_err(|source| DataplaneError::ProbeSet { what, source })
+    }
+}
+
+/// Runs host work in the host netns (entered when configured), else right here.
+fn in_host<T: Send + 'static>(
+    host: &Option<Netns>,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, DataplaneError> {
+    match host {
+        Some(ns) => ns.run(work).map_err(|source| DataplaneError::HostNetns {
+            path: ns.path().to_path_buf(),
+            source,
+        }),
+        None => Ok(work()),
+    }
+}
+
+/// `<prefix>/<path>` for an absolute host path.
+pub fn host_path(prefix: &Path, path: &str) -> PathBuf {
+    prefix.join(path.trim_start_matches('/'))
+}
+
+fn pod_ref(pod: &PodNet) -> String {
+    format!("{}/{} ({})", pod.namespace, pod.name, pod.uid)
+}
+
+/// The real effects of a /proc scan: open the netns, read its addresses from inside it.
+struct RealProbe;
+
+impl procfs::NetnsProbe for RealProbe {
+    type Handle = Netns;
+    fn open(&self, path: &Path) -> Result<Netns, String> {
+        Netns::open(path).map_err(|e| e.to_string())
+    }
+    fn has_any_ip(&self, netns: &Netns, ips: &[IpAddr]) -> Result<bool, String> {
+        let ips = ips.to_vec();
+        let addrs = netns
+            .run(crate::netlink::interface_addresses)
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(addrs
+            .iter()
+            .any(|a| ips.iter().any(|b| procfs::same_ip(*a, *b))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_paths_are_opened_under_the_host_prefix() {
+        assert_eq!(
+            host_path(Path::new("/host"), "/var/run/netns/cni-1"),
+            PathBuf::from("/host/var/run/netns/cni-1")
+        );
+        assert_eq!(
+            host_path(Path::new("/"), "/proc/7/ns/net"),
+            PathBuf::from("/proc/7/ns/net")
+        );
+    }
+}

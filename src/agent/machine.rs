@@ -1,0 +1,213 @@
+//! The enrolment state machine (§3.5), pure: an event, the pod as the store has it now, its
+//! namespace's labels and the policy in; one action out. No effects, no clock.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::pod::{self, Redirection};
+use crate::kube::selector::SelectorError;
+use crate::kube::selector::enablement::{Enablement, EnablementSelector, PodFacts};
+
+/// Who is enrolled: the enablement selectors, excluded namespaces, and which pods are ztunnel.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub enablement: Enablement,
+    pub exclude_namespaces: HashSet<String>,
+    pub system_namespace: String,
+}
+
+impl Policy {
+    pub fn new(
+        selectors: &[EnablementSelector],
+        exclude_namespaces: &[String],
+        system_namespace: &str,
+    ) -> Result<Self, SelectorError> {
+        Ok(Policy {
+            enablement: Enablement::compile(selectors)?,
+            exclude_namespaces: exclude_namespaces.iter().cloned().collect(),
+            system_namespace: system_namespace.to_string(),
+        })
+    }
+
+    /// The selectors (with the hostNetwork and sidecar exclusions); ztunnel pods never match.
+    pub fn matches(&self, pod: &Pod, namespace_labels: &BTreeMap<String, String>) -> bool {
+        if pod::is_ztunnel(pod, &self.system_namespace) {
+            return false;
+        }
+        let empty = BTreeMap::new();
+        let facts = PodFacts {
+            labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
+            annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
+            host_network: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.host_network)
+                .unwrap_or(false),
+        };
+        self.enablement.pod_matches(facts, namespace_labels)
+    }
+
+    pub fn is_excluded(&self, namespace: &str) -> bool {
+        self.exclude_namespaces.contains(namespace)
+    }
+
+    /// Matches and not in an excluded namespace.
+    pub fn should_enrol(&self, pod: &Pod, namespace_labels: &BTreeMap<String, String>) -> bool {
+        self.matches(pod, namespace_labels) && !self.is_excluded(pod::namespace(pod))
+    }
+}
+
+/// A pod event as the worker queues it.
+#[derive(Debug, Clone)]
+pub enum PodEvent {
+    /// A change (or a re-evaluation, old = new, when the namespace changed).
+    Update {
+        old: Arc<Pod>,
+        new: Arc<Pod>,
+    },
+    Delete(Arc<Pod>),
+}
+
+impl PodEvent {
+    /// The queue key: `namespace/name`.
+    pub fn key(&self) -> String {
+        let p = match self {
+            PodEvent::Update { new, .. } => new,
+            PodEvent::Delete(p) => p,
+        };
+        crate::kube::stores::pod_key(pod::namespace(p), pod::name(p))
+    }
+}
+
+/// What to do about an event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Nothing to do (why, for the debug log).
+    Skip(&'static str),
+    /// The namespace is not in the store yet: try again later (Istio dropped these, B9).
+    RequeueNamespaceMissing,
+    Add {
+        pod: Arc<Pod>,
+        ips: Vec<IpAddr>,
+    },
+    /// `deleted`: the pod is gone or terminal (no in-pod cleanup, the netns goes with it).
+    Remove {
+        pod: Arc<Pod>,
+        deleted: bool,
+    },
+    /// Enrolled pod whose IPs changed: put them in the probe set again.
+    ReassertProbes {
+        pod: Arc<Pod>,
+        ips: Vec<IpAddr>,
+    },
+}
+
+/// The §3.5 table. `current` is the pod as the store has it now (`None`: gone from the store);
+/// `namespace_labels` is `None` when the namespace is not in the store.
+pub fn decide(
+    event: &PodEvent,
+    current: Option<&Arc<Pod>>,
+    namespace_labels: Option<&BTreeMap<String, String>>,
+    policy: &Policy,
+) -> Action {
+    match event {
+        PodEvent::Delete(gone) => {
+            let state = pod::redirection(gone);
+            let empty = BTreeMap::new();
+            let matches = policy.matches(gone, namespace_labels.unwrap_or(&empty));
+            if state != Redirection::None || matches {
+                Action::Remove {
+                    pod: gone.clone(),
+                    deleted: true,
+                }
+            } else {
+                Action::Skip("deleted pod was never enrolled")
+            }
+        }
+        PodEvent::Update { old, .. } => {
+            let Some(ns_labels) = namespace_labels else {
+                return Action::RequeueNamespaceMissing;
+            };
+            let Some(current) = current else {
+                return Action::Skip("pod no longer in the store");
+            };
+            let state = pod::redirection(current);
+            let enrolled = state == Redirection::Enabled;
+            let partial = state == Redirection::Pending;
+            let should = policy.should_enrol(current, ns_labels);
+            let terminal = pod::is_terminal(current);
+            if (enrolled || partial) && terminal {
+                // The old object: Kubernetes blanks a terminal pod's IPs (k8s issue 125370).
+                return Action::Remove {
+                    pod: old.clone(),
+                    deleted: true,
+                };
+            }
+            let ips = pod::ips(current);
+            if enrolled && should && !terminal && !ips.is_empty() && ips != pod::ips(old) {
+                return Action::ReassertProbes {
+                    pod: current.clone(),
+                    ips,
+                };
+            }
+            let change = (enrolled != should) || partial;
+            if !change || terminal {
+                return Action::Skip("no change");
+            }
+            if !should {
+                return Action::Remove {
+                    pod: current.clone(),
+                    deleted: false,
+                };
+            }
+            if ips.is_empty() {
+                return Action::Skip("pod has no IP yet");
+            }
+            Action::Add {
+                pod: current.clone(),
+                ips,
+            }
+        }
+    }
+}
+
+/// Whether a namespace event re-evaluates the namespace's pods: always when it first appears
+/// (that is how pods selected before the agent started get enrolled), else when the namespace's
+/// own match (non-empty namespace selectors only) changed.
+pub fn namespace_reevaluates(
+    old: Option<&BTreeMap<String, String>>,
+    new: &BTreeMap<String, String>,
+    policy: &Policy,
+) -> bool {
+    match old {
+        None => true,
+        Some(old) => {
+            policy.enablement.namespace_matches(old) != policy.enablement.namespace_matches(new)
+        }
+    }
+}
+
+/// The events a namespace re-evaluation queues: an update (old = new) per pod, ztunnel excepted.
+pub fn reevaluation_events(pods: &[Arc<Pod>], policy: &Policy) -> Vec<PodEvent> {
+    pods.iter()
+        .filter(|p| !pod::is_ztunnel(p, &policy.system_namespace))
+        .map(|p| PodEvent::Update {
+            old: p.clone(),
+            new: p.clone(),
+        })
+        .collect()
+}
+
+/// The startup snapshot (§3.2): fully enrolled pods, not ztunnel, not terminal.
+pub fn in_snapshot(pod: &Pod, policy: &Policy) -> bool {
+    pod::redirection(pod) == Redirection::Enabled
+        && !pod::is_ztunnel(pod, &policy.system_namespace)
+        && !pod::is_terminal(pod)
+}
+
+#[cfg(test)]
+#[path = "machine_tests.rs"]
+mod tests;

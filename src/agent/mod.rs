@@ -1,0 +1,245 @@
+//! The ambient node agent (§3), started by install-cni when `AMBIENT_ENABLED=true`.
+//!
+//! Owns: the agent's settings (`settings`), what it reads from pods (`pod`), the pure enrolment
+//! state machine (`machine`), the pod cache that is ztunnel's state of the world (`cache`), the
+//! add/remove steps and their error classes (`mesh`), the keyed work queue fed by the kube
+//! stores (`worker`), the plugin-event server (`server`), the startup sequence and ordered
+//! shutdown (here). The in-pod rules, host probe set, netns finder and backend decision are the
+//! data plane's (`dataplane`), ZDS is the `zds` room's; the agent reaches both and the API server's annotation
+//! patch through the traits in `ports` (fakes in `testing`, test-only).
+//!
+//! May call: `cli`, `kube`, `rules`, `apply`, `netns`, `netlink`, `telemetry`, `zds`.
+
+pub mod cache;
+pub mod dataplane;
+pub mod machine;
+pub mod mesh;
+pub mod pod;
+pub mod ports;
+pub mod server;
+pub mod settings;
+#[cfg(any(test, feature = "test-hooks"))]
+pub mod testing;
+pub mod worker;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::kube::stores::{self, SyncTimeout};
+use crate::kube::{KubeClient, WatchBackoff};
+use cache::PodCache;
+use machine::Policy;
+use mesh::Mesh;
+use ports::{Annotator, Dataplane, Ztunnel};
+use settings::Settings;
+use worker::{Core, Worker};
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("NODE_NAME is empty: the agent watches the pods of its own node only")]
+    NoNodeName,
+    #[error("AMBIENT_ENABLEMENT_SELECTOR: {0}")]
+    Selectors(#[source] crate::kube::selector::SelectorError),
+    #[error("plugin-event socket {path}: {source}")]
+    Socket {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Sync(#[from] SyncTimeout),
+}
+
+/// The agent's seams.
+pub struct Deps {
+    pub dataplane: Arc<dyn Dataplane>,
+    pub ztunnel: Arc<dyn Ztunnel>,
+    pub annotator: Arc<dyn Annotator>,
+    /// Where the agent's counters go (install-cni's registry).
+    pub metrics: crate::telemetry::metrics::Metrics,
+}
+
+/// A running agent.
+pub struct Agent {
+    core: Arc<Core>,
+    worker: Worker,
+    shutdown: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Agent {
+    /// §3.2: stores (this node's pods, namespaces) and the plugin-event server first (requests
+    /// wait for the store through the stale-cache retry); then the initial sync (with its
+    /// deadline), the startup snapshot (§3.2 step 3), and the queue. Returns when ready.
+    pub async fn start(
+        settings: &Settings,
+        client: &KubeClient,
+        deps: Deps,
+        parent: &CancellationToken,
+    ) -> Result<Agent, AgentError> {
+        if settings.config.node_name.is_empty() {
+            return Err(AgentError::NoNodeName);
+        }
+        let policy = Policy::new(
+            &settings.enablement_selectors,
+            &settings.exclude_namespaces,
+            &settings.config.system_namespace,
+        )
+        .map_err(AgentError::Selectors)?;
+        let shutdown = parent.child_token();
+        let backoff = WatchBackoff::default();
+        let pods = stores::spawn_pod_store(
+            client,
+            &settings.config.node_name,
+            backoff,
+            shutdown.clone(),
+        );
+        let namespaces = stores::spawn_namespace_store(client, backoff, shutdown.clone());
+        let core = Arc::new(Core {
+            pods,
+            namespaces,
+            policy,
+            mesh: Mesh {
+                dataplane: deps.dataplane,
+                ztunnel: deps.ztunnel,
+                annotator: deps.annotator,
+                cache: Arc::new(PodCache::default()),
+            },
+            timing: settings.timing,
+            metrics: deps.metrics,
+        });
+        let path = settings.plugin_event_socket();
+        let server = server::serve(path.clone(), core.clone(), shutdown.clone())
+            .await
+            .map_err(|source| AgentError::Socket { path, source })?;
+        let synced = async {
+            let deadline = settings.timing.sync_timeout;
+            core.pods.wait_synced(deadline).await?;
+            core.namespaces.wait_synced(deadline).await
+        };
+        if let Err(e) = synced.await {
+            shutdown.cancel();
+            return Err(e.into());
+        }
+        info!(
+            pods = core.pods.len(),
+            namespaces = core.namespaces.len(),
+            "pod and namespace stores synced"
+        );
+        restore_enrolled(&core, settings.config.reconcile_pod_rules_on_startup).await;
+        let worker = Worker::new(core.clone(), shutdown.clone());
+        let pump = tokio::spawn(worker.clone().pump());
+        Ok(Agent {
+            core,
+            worker,
+            shutdown,
+            tasks: vec![server, pump],
+        })
+    }
+
+    /// The pod cache, ztunnel's state of the world (the ZDS server's snapshot source).
+    pub fn pod_cache(&self) -> Arc<PodCache> {
+        self.core.mesh.cache.clone()
+    }
+
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    pub fn worker(&self) -> &Worker {
+        &self.worker
+    }
+
+    /// Ordered shutdown: stop taking plugin events (the socket goes, so the plugin fails ADD
+    /// fast instead of waiting), stop the queue and the watches; in-flight data-plane work
+    /// finishes on its own threads. Waits at most `grace`.
+    pub async fn stop(self, grace: Duration) {
+        self.shutdown.cancel();
+        let all = futures::future::join_all(self.tasks);
+        if tokio::time::timeout(grace, all).await.is_err() {
+            warn!("agent tasks did not stop within {grace:?}");
+        }
+        info!("ambient agent stopped");
+    }
+}
+
+/// §3.2 step 3: the pods already enrolled (annotation `enabled`, not terminal, not ztunnel) are
+/// ztunnel's state of the world after a restart. Their IPs go back into the probe set (pruning
+/// strangers only when every one has an IP; the set is never flushed, B8), their netns are found
+/// by one /proc scan, and with `reconcile` their in-pod rules are re-applied (drift repaired;
+/// errors only logged). A probe-set failure is logged, not fatal: unplugging every pod (B17) would
+/// be worse than a stale set.
+async fn restore_enrolled(core: &Arc<Core>, reconcile: bool) {
+    let snapshot: Vec<_> = core
+        .pods
+        .list()
+        .into_iter()
+        .filter(|p| machine::in_snapshot(p, &core.policy))
+        .collect();
+    let members: Vec<(String, Vec<std::net::IpAddr>)> = snapshot
+        .iter()
+        .map(|p| (pod::uid(p).to_string(), pod::ips(p)))
+        .collect();
+    let prune = members.iter().all(|(_, ips)| !ips.is_empty());
+    if !prune {
+        warn!("an enrolled pod has no IP yet; the probe set is not pruned this time");
+    }
+    let cache = &core.mesh.cache;
+    for p in &snapshot {
+        cache.ensure(pod::uid(p), pod::workload_info(p));
+    }
+    let dp = core.mesh.dataplane.clone();
+    let wanted: HashMap<String, Vec<std::net::IpAddr>> = members.iter().cloned().collect();
+    let work = tokio::task::spawn_blocking(move || {
+        let synced = dp.probe_sync(&members, prune);
+        let found = if wanted.is_empty() {
+            HashMap::new()
+        } else {
+            dp.find_netns(&wanted)
+        };
+        (synced, found)
+    })
+    .await;
+    let Ok((synced, found)) = work else {
+        warn!("the startup snapshot task failed");
+        return;
+    };
+    if let Err(e) = synced {
+        warn!("syncing the host probe set at startup failed (kept as it was): {e}");
+    }
+    let mut found = found;
+    let mut to_reconcile = Vec::new();
+    for p in &snapshot {
+        let uid = pod::uid(p);
+        match found.remove(uid) {
+            Some(ns) => {
+                let ns = cache.upsert(uid, pod::workload_info(p), ns);
+                to_reconcile.push((ns, pod::pod_net(p, &pod::ips(p))));
+            }
+            None => {
+                warn!(pod = %format!("{}/{}", pod::namespace(p), pod::name(p)), "enrolled pod's netns not found; ztunnel keeps it without a netns")
+            }
+        }
+    }
+    info!(
+        enrolled = snapshot.len(),
+        with_netns = to_reconcile.len(),
+        "startup snapshot restored"
+    );
+    if reconcile && !to_reconcile.is_empty() {
+        let dp = core.mesh.dataplane.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            for (ns, pod) in to_reconcile {
+                if let Err(e) = dp.program_pod(&ns, &pod) {
+                    warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "reconciling in-pod rules failed: {e}");
+                }
+            }
+        })
+        .await;
+    }
+}

@@ -1,0 +1,170 @@
+//! The seams of the agent: what it needs from the data plane (in-pod rules, host probe set, netns
+//! lookup), from ztunnel (ZDS) and from the API server (the redirection annotation). The shapes
+//! follow `agent::dataplane::Dataplane` and `zds::ZdsHandle`; the state machine, the worker and
+//! the plugin-event server are tested against fakes of these traits.
+
+use std::collections::HashMap;
+use std::error::Error;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use crate::kube::{KubeClient, KubeError, MetadataPatch};
+use crate::netns::Netns;
+use crate::rules::ambient::PodOverrides;
+
+/// A failure of a seam, and whether trying again later may help.
+#[derive(Debug, thiserror::Error)]
+#[error("{source}")]
+pub struct PortError {
+    pub retryable: bool,
+    #[source]
+    pub source: Box<dyn Error + Send + Sync>,
+}
+
+impl PortError {
+    pub fn retryable(source: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
+        PortError {
+            retryable: true,
+            source: source.into(),
+        }
+    }
+
+    pub fn permanent(source: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
+        PortError {
+            retryable: false,
+            source: source.into(),
+        }
+    }
+}
+
+/// What the data plane needs to program one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodNet {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    pub ips: Vec<IpAddr>,
+    pub overrides: PodOverrides,
+}
+
+/// In-pod rules, the host probe set and netns lookup. Blocking calls: the agent runs them on
+/// the blocking pool.
+pub trait Dataplane: Send + Sync + 'static {
+    /// Opens the netns the runtime named (`CNI_NETNS`), under the host prefix.
+    fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, PortError>;
+    /// The /proc scan (§3.8): pod UID -> its netns, for the wanted pods (UID -> IPs).
+    fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns>;
+    /// In-pod rules and routes; idempotent and atomic.
+    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError>;
+    fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError>;
+    /// Adds (replacing other owners of the same IP) the pod's IPs to the probe set.
+    fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError>;
+    /// Removes only entries owned by `uid`.
+    fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError>;
+    /// Makes the set hold `members`; with `prune`, entries of anyone else go.
+    fn probe_sync(&self, members: &[(String, Vec<IpAddr>)], prune: bool) -> Result<(), PortError>;
+}
+
+/// Workload identity sent to ztunnel.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WorkloadInfo {
+    pub name: String,
+    pub namespace: String,
+    pub service_account: String,
+}
+
+/// The ZDS server as the agent uses it.
+pub trait Ztunnel: Send + Sync + 'static {
+    /// Sends the pod to the newest ztunnel connection; returns after its ack.
+    fn add_workload<'a>(
+        &'a self,
+        uid: &'a str,
+        info: &'a WorkloadInfo,
+        netns: &'a Arc<Netns>,
+    ) -> BoxFuture<'a, Result<(), PortError>>;
+    /// Tells every connection the pod is gone (no connection: Ok).
+    fn del_workload<'a>(&'a self, uid: &'a str) -> BoxFuture<'a, Result<(), PortError>>;
+}
+
+/// Writes the `ambient.istio.io/redirection` annotation (`None` removes it).
+pub trait Annotator: Send + Sync + 'static {
+    fn set_redirection<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        value: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<(), KubeError>>;
+}
+
+/// The redirection annotation.
+pub const ANN_REDIRECTION: &str = "ambient.istio.io/redirection";
+
+/// The real thing: a JSON merge patch on `pods/status` (needs less privilege than the pod).
+pub struct KubeAnnotator {
+    pub client: KubeClient,
+    pub timeout: std::time::Duration,
+}
+
+impl Annotator for KubeAnnotator {
+    fn set_redirection<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        value: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<(), KubeError>> {
+        Box::pin(async move {
+            let patch = match value {
+                Some(v) => MetadataPatch::default().set_annotation(ANN_REDIRECTION, v),
+                None => MetadataPatch::default().remove_annotation(ANN_REDIRECTION),
+            };
+            self.client
+                .patch_pod_status_metadata(namespace, name, &patch, self.timeout)
+                .await
+                .map(|_| ())
+        })
+    }
+}
+
+/// A ztunnel seam bound after the agent has started: the ZDS server must only accept ztunnel
+/// once the startup snapshot is in the pod cache (a ztunnel drops whatever its first snapshot
+/// lacks), while the agent's add path exists from the start. Until bound, every call fails as
+/// "no ztunnel connection" (retryable).
+#[derive(Default)]
+pub struct LateZtunnel {
+    inner: std::sync::OnceLock<Arc<dyn Ztunnel>>,
+}
+
+impl LateZtunnel {
+    /// Binds the real seam (the first bind wins).
+    pub fn bind(&self, ztunnel: Arc<dyn Ztunnel>) {
+        let _ = self.inner.set(ztunnel);
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("no ztunnel connection (the ZDS server is not running yet)")]
+struct NotBound;
+
+impl Ztunnel for LateZtunnel {
+    fn add_workload<'a>(
+        &'a self,
+        uid: &'a str,
+        info: &'a WorkloadInfo,
+        netns: &'a Arc<Netns>,
+    ) -> BoxFuture<'a, Result<(), PortError>> {
+        match self.inner.get() {
+            Some(z) => z.add_workload(uid, info, netns),
+            None => Box::pin(async { Err(PortError::retryable(NotBound)) }),
+        }
+    }
+
+    fn del_workload<'a>(&'a self, uid: &'a str) -> BoxFuture<'a, Result<(), PortError>> {
+        match self.inner.get() {
+            Some(z) => z.del_workload(uid),
+            // Nobody connected can hold the pod: nothing to tell.
+            None => Box::pin(async { Ok(()) }),
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! Fakes of the agent's seams, for its unit tests and the `tests/agent_*` integration tests
+//! (test-only: compiled with `cfg(test)` or the `test-hooks` feature). They record every call and
+//! fail on request; netns handles are the test process's own namespace (nothing is programmed).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::future::BoxFuture;
+
+use super::ports::{Annotator, Dataplane, PodNet, PortError, WorkloadInfo, Ztunnel};
+use crate::kube::KubeError;
+use crate::netns::Netns;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A data plane that only records. `fail_program` makes in-pod programming fail (non-retryable);
+/// `probe_failures` makes that many probe-set calls fail; `find_netns` finds every wanted pod
+/// unless `netns_missing`.
+#[derive(Default)]
+pub struct FakeDataplane {
+    pub calls: Mutex<Vec<String>>,
+    /// Probe set: IP -> owner UID.
+    pub probes: Mutex<BTreeMap<IpAddr, String>>,
+    pub fail_program: AtomicBool,
+    pub netns_missing: AtomicBool,
+    pub probe_failures: AtomicU32,
+}
+
+impl FakeDataplane {
+    pub fn calls(&self) -> Vec<String> {
+        lock(&self.calls).clone()
+    }
+
+    pub fn count(&self, prefix: &str) -> usize {
+        lock(&self.calls)
+            .iter()
+            .filter(|c| c.starts_with(prefix))
+            .count()
+    }
+
+    fn record(&self, call: String) {
+        lock(&self.calls).push(call);
+    }
+
+    fn probe_fault(&self) -> Result<(), PortError> {
+        let left = self.probe_failures.load(Ordering::SeqCst);
+        if left > 0 {
+            self.probe_failures.store(left - 1, Ordering::SeqCst);
+            return Err(PortError::retryable("injected probe-set failure"));
+        }
+        Ok(())
+    }
+}
+
+impl Dataplane for FakeDataplane {
+    fn open_netns(&self, path: &str) -> Result<Netns, PortError> {
+        self.record(format!("open {path}"));
+        Netns::current().map_err(PortError::permanent)
+    }
+
+    fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns> {
+        let mut uids: Vec<&String> = wanted.keys().collect();
+        uids.sort();
+        self.record(format!("find {uids:?}"));
+        if self.netns_missing.load(Ordering::SeqCst) {
+            return HashMap::new();
+        }
+        wanted
+            .keys()
+            .filter_map(|uid| Some((uid.clone(), Netns::current().ok()?)))
+            .collect()
+    }
+
+    fn program_pod(&self, _netns: &Netns, pod: &PodNet) -> Result<(), PortError> {
+        self.record(format!("program {}", pod.uid));
+        if self.fail_program.load(Ordering::SeqCst) {
+            return Err(PortError::permanent("injected in-pod programming failure"));
+        }
+        Ok(())
+    }
+
+    fn unprogram_pod(&self, _netns: &Netns, pod: &PodNet) -> Result<(), PortError> {
+        self.record(format!("unprogram {}", pod.uid));
+        Ok(())
+    }
+
+    fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
+        self.record(format!("probe_add {uid}"));
+        self.probe_fault()?;
+        let mut probes = lock(&self.probes);
+        for ip in ips {
+            probes.insert(*ip, uid.to_string());
+        }
+        Ok(())
+    }
+
+    fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
+        self.record(format!("probe_remove {uid}"));
+        self.probe_fault()?;
+        let mut probes = lock(&self.probes);
+        for ip in ips {
+            if probes.get(ip).is_some_and(|owner| owner == uid) {
+                probes.remove(ip);
+            }
+        }
+        Ok(())
+    }
+
+    fn probe_sync(&self, members: &[(String, Vec<IpAddr>)], prune: bool) -> Result<(), PortError> {
+        self.record(format!("probe_sync {} prune={prune}", members.len()));
+        let mut probes = lock(&self.probes);
+        if prune {
+            probes.clear();
+        }
+        for (uid, ips) in members {
+            for ip in ips {
+                probes.insert(*ip, uid.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A ztunnel that acks, or (with `connected` false) has no connection (retryable).
+pub struct FakeZtunnel {
+    pub connected: AtomicBool,
+    pub workloads: Mutex<BTreeMap<String, WorkloadInfo>>,
+    pub adds: AtomicU32,
+    pub dels: AtomicU32,
+}
+
+impl Default for FakeZtunnel {
+    fn default() -> Self {
+        FakeZtunnel {
+            connected: AtomicBool::new(true),
+            workloads: Mutex::new(BTreeMap::new()),
+            adds: AtomicU32::new(0),
+            dels: AtomicU32::new(0),
+        }
+    }
+}
+
+impl FakeZtunnel {
+    pub fn has(&self, uid: &str) -> bool {
+        lock(&self.workloads).contains_key(uid)
+    }
+}
+
+impl Ztunnel for FakeZtunnel {
+    fn add_workload<'a>(
+        &'a self,
+        uid: &'a str,
+        info: &'a WorkloadInfo,
+        _netns: &'a Arc<Netns>,
+    ) -> BoxFuture<'a, Result<(), PortError>> {
+        Box::pin(async move {
+            self.adds.fetch_add(1, Ordering::SeqCst);
+            if !self.connected.load(Ordering::SeqCst) {
+                return Err(PortError::retryable("no ztunnel connection"));
+            }
+            lock(&self.workloads).insert(uid.to_string(), info.clone());
+            Ok(())
+        })
+    }
+
+    fn del_workload<'a>(&'a self, uid: &'a str) -> BoxFuture<'a, Result<(), PortError>> {
+        Box::pin(async move {
+            self.dels.fetch_add(1, Ordering::SeqCst);
+            lock(&self.workloads).remove(uid);
+            Ok(())
+        })
+    }
+}
+
+/// Records the redirection annotation per `namespace/name`.
+#[derive(Default)]
+pub struct FakeAnnotator {
+    pub values: Mutex<BTreeMap<String, String>>,
+    pub patches: Mutex<Vec<(String, Option<String>)>>,
+}
+
+impl FakeAnnotator {
+    pub fn value(&self, key: &str) -> Option<String> {
+        lock(&self.values).get(key).cloned()
+    }
+
+    pub fn patches(&self) -> Vec<(String, Option<String>)> {
+        lock(&self.patches).clone()
+    }
+}
+
+impl Annotator for FakeAnnotator {
+    fn set_redirection<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        value: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<(), KubeError>> {
+        Box::pin(async move {
+            let key = format!("{namespace}/{name}");
+            lock(&self.patches).push((key.clone(), value.map(str::to_string)));
+            let mut values = lock(&self.values);
+            match value {
+                Some(v) => values.insert(key, v.to_string()),
+                None => values.remove(&key),
+            };
+            Ok(())
+        })
+    }
+}

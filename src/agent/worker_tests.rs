@@ -1,0 +1,351 @@
+//! The worker with fake seams: retry classes, backoff, keyed concurrency, namespace requeue.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::runtime::watcher::Event;
+use serde_json::json;
+use tokio::sync::Notify;
+
+use super::*;
+use crate::agent::cache::PodCache;
+use crate::agent::ports::{PortError, WorkloadInfo, Ztunnel};
+use crate::agent::settings::Timing;
+use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel};
+use crate::kube::RetryPolicy;
+use crate::kube::selector::enablement::EnablementSelector;
+use crate::netns::Netns;
+
+struct Rig {
+    worker: Worker,
+    dp: Arc<FakeDataplane>,
+    zt: Arc<FakeZtunnel>,
+    ann: Arc<FakeAnnotator>,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+fn selectors() -> Vec<EnablementSelector> {
+    serde_json::from_value(json!([
+        {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]},
+         "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}
+    ]))
+    .unwrap()
+}
+
+fn timing() -> Timing {
+    Timing {
+        retry: RetryPolicy {
+            first: Duration::from_millis(2),
+            max: Duration::from_millis(20),
+            max_attempts: None,
+        },
+        ..Timing::default()
+    }
+}
+
+fn rig_with(zt: Arc<dyn Ztunnel>, fake_zt: Arc<FakeZtunnel>) -> Rig {
+    let dp = Arc::new(FakeDataplane::default());
+    let ann = Arc::new(FakeAnnotator::default());
+    let core = Arc::new(Core {
+        pods: PodStore::new(),
+        namespaces: NamespaceStore::new(),
+        policy: Policy::new(&selectors(), &[], "istio-system").unwrap(),
+        mesh: Mesh {
+            dataplane: dp.clone(),
+            ztunnel: zt,
+            annotator: ann.clone(),
+            cache: Arc::new(PodCache::default()),
+        },
+        timing: timing(),
+        metrics: Default::default(),
+    });
+    let stop = CancellationToken::new();
+    let worker = Worker::new(core, stop.clone());
+    worker.core().pods.apply(Event::Init);
+    worker.core().pods.apply(Event::InitDone);
+    worker.core().namespaces.apply(Event::Init);
+    worker.core().namespaces.apply(Event::InitDone);
+    Rig {
+        worker,
+        dp,
+        zt: fake_zt,
+        ann,
+        _stop: stop.drop_guard(),
+    }
+}
+
+fn rig() -> Rig {
+    let zt = Arc::new(FakeZtunnel::default());
+    rig_with(zt.clone(), zt)
+}
+
+fn pod(ns: &str, name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}"), "resourceVersion": "1"},
+        "spec": {"containers": [{"name": "app"}]},
+        "status": {"phase": "Running", "podIPs": [{"ip": "10.0.0.9"}]}
+    }))
+    .unwrap()
+}
+
+fn namespace(name: &str, ambient: bool) -> Namespace {
+    let labels = if ambient {
+        json!({"istio.io/dataplane-mode": "ambient"})
+    } else {
+        json!({})
+    };
+    serde_json::from_value(
+        json!({"metadata": {"name": name, "labels": labels, "resourceVersion": "1"}}),
+    )
+    .unwrap()
+}
+
+impl Rig {
+    fn put_pod(&self, p: Pod) -> Arc<Pod> {
+        self.worker.core().pods.apply(Event::Apply(p));
+        let p = self.worker.core().pods.list();
+        p.into_iter().last().unwrap()
+    }
+
+    fn put_ns(&self, ns: Namespace) {
+        self.worker.core().namespaces.apply(Event::Apply(ns));
+    }
+
+    fn reevaluate(&self, ns: &str, name: &str) {
+        let p = self
+            .worker
+            .core()
+            .pods
+            .get(&format!("{ns}/{name}"))
+            .unwrap();
+        self.worker.enqueue(PodEvent::Update {
+            old: p.clone(),
+            new: p,
+        });
+    }
+
+    async fn until(&self, what: &str, f: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !f() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn retryable_failure_marks_pending_and_retries_with_backoff_until_enabled() {
+    let r = rig();
+    r.zt.connected.store(false, Ordering::SeqCst);
+    r.put_ns(namespace("shop", true));
+    r.put_pod(pod("shop", "a"));
+    r.reevaluate("shop", "a");
+    r.until("pending", || {
+        r.ann.value("shop/a").as_deref() == Some("pending")
+    })
+    .await;
+    r.until("a few retries", || {
+        r.worker.stats().retried.load(Ordering::SeqCst) >= 3
+    })
+    .await;
+    // Pending: no probe-set entry yet.
+    assert_eq!(r.dp.count("probe_add"), 0);
+    r.zt.connected.store(true, Ordering::SeqCst);
+    r.until("enabled", || {
+        r.ann.value("shop/a").as_deref() == Some("enabled")
+    })
+    .await;
+    r.until("idle", || r.worker.pending() == 0).await;
+    assert!(r.zt.has("uid-a"));
+    let attempts = r
+        .worker
+        .core()
+        .metrics
+        .reconcile_events
+        .get_or_create(&crate::telemetry::metrics::EventTypeLabel {
+            r#type: "update".into(),
+        })
+        .get();
+    assert!(attempts >= 4, "counted per attempt: {attempts}");
+    assert_eq!(r.dp.count("probe_add uid-a"), 1);
+}
+
+#[tokio::test]
+async fn non_retryable_failure_is_dropped_without_annotation() {
+    let r = rig();
+    r.dp.fail_program.store(true, Ordering::SeqCst);
+    r.put_ns(namespace("shop", true));
+    r.put_pod(pod("shop", "a"));
+    r.reevaluate("shop", "a");
+    r.until("dropped", || {
+        r.worker.stats().dropped.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    r.until("idle", || r.worker.pending() == 0).await;
+    assert_eq!(r.dp.count("program"), 1, "not retried");
+    assert!(
+        r.ann.patches().is_empty(),
+        "no annotation on a non-retryable failure"
+    );
+    assert!(r.worker.core().mesh.cache.is_empty(), "placeholder removed");
+    assert_eq!(r.zt.adds.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn missing_netns_is_dropped() {
+    let r = rig();
+    r.dp.netns_missing.store(true, Ordering::SeqCst);
+    r.put_ns(namespace("shop", true));
+    r.put_pod(pod("shop", "a"));
+    r.reevaluate("shop", "a");
+    r.until("dropped", || {
+        r.worker.stats().dropped.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert_eq!(r.dp.count("program"), 0);
+}
+
+#[tokio::test]
+async fn event_whose_namespace_is_not_cached_yet_is_requeued() {
+    let r = rig();
+    r.put_pod(pod("late", "a"));
+    r.reevaluate("late", "a");
+    r.until("requeued", || {
+        r.worker.stats().retried.load(Ordering::SeqCst) >= 2
+    })
+    .await;
+    assert!(r.ann.patches().is_empty());
+    r.put_ns(namespace("late", true));
+    r.until("enabled", || {
+        r.ann.value("late/a").as_deref() == Some("enabled")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn removal_is_retried_and_clears_the_annotation() {
+    let r = rig();
+    r.put_ns(namespace("shop", true));
+    r.put_pod(pod("shop", "a"));
+    r.reevaluate("shop", "a");
+    r.until("enabled", || {
+        r.ann.value("shop/a").as_deref() == Some("enabled")
+    })
+    .await;
+    // The store now shows the annotation; then the namespace is unlabelled.
+    let mut enrolled = pod("shop", "a");
+    enrolled.metadata.resource_version = Some("2".into());
+    enrolled.metadata.annotations = Some(
+        [(
+            "ambient.istio.io/redirection".to_string(),
+            "enabled".to_string(),
+        )]
+        .into(),
+    );
+    r.put_pod(enrolled);
+    r.put_ns(namespace("shop", false));
+    r.dp.probe_failures.store(2, Ordering::SeqCst);
+    r.reevaluate("shop", "a");
+    r.until("annotation cleared", || r.ann.value("shop/a").is_none())
+        .await;
+    assert_eq!(
+        r.dp.count("probe_remove uid-a"),
+        3,
+        "two failures, then success"
+    );
+    assert_eq!(r.dp.count("unprogram uid-a"), 1);
+    assert!(!r.zt.has("uid-a"));
+    assert!(r.dp.probes.lock().unwrap().is_empty());
+}
+
+/// Holds adds of the pod named `slow` until released.
+struct GatedZtunnel {
+    inner: Arc<FakeZtunnel>,
+    gate: Arc<Notify>,
+}
+
+impl Ztunnel for GatedZtunnel {
+    fn add_workload<'a>(
+        &'a self,
+        uid: &'a str,
+        info: &'a WorkloadInfo,
+        netns: &'a Arc<Netns>,
+    ) -> BoxFuture<'a, Result<(), PortError>> {
+        Box::pin(async move {
+            if info.name == "slow" {
+                self.gate.notified().await;
+            }
+            self.inner.add_workload(uid, info, netns).await
+        })
+    }
+
+    fn del_workload<'a>(&'a self, uid: &'a str) -> BoxFuture<'a, Result<(), PortError>> {
+        self.inner.del_workload(uid)
+    }
+}
+
+#[tokio::test]
+async fn one_slow_pod_does_not_hold_up_the_others() {
+    let fake = Arc::new(FakeZtunnel::default());
+    let gate = Arc::new(Notify::new());
+    let r = rig_with(
+        Arc::new(GatedZtunnel {
+            inner: fake.clone(),
+            gate: gate.clone(),
+        }),
+        fake,
+    );
+    r.put_ns(namespace("shop", true));
+    r.put_pod(pod("shop", "slow"));
+    r.put_pod(pod("shop", "fast"));
+    r.reevaluate("shop", "slow");
+    // A second event for the slow pod waits behind the first (same key, in order).
+    r.reevaluate("shop", "slow");
+    r.reevaluate("shop", "fast");
+    r.until("fast enrolled", || {
+        r.ann.value("shop/fast").as_deref() == Some("enabled")
+    })
+    .await;
+    assert_eq!(r.ann.value("shop/slow"), None);
+    assert_eq!(r.worker.pending(), 2, "both slow events still queued");
+    gate.notify_one();
+    r.until("slow enrolled", || {
+        r.ann.value("shop/slow").as_deref() == Some("enabled")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn pump_enrols_existing_pods_when_their_namespace_appears_or_is_labelled() {
+    let r = rig();
+    r.put_pod(pod("shop", "a"));
+    r.put_ns(namespace("shop", false));
+    tokio::spawn(r.worker.clone().pump());
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(r.ann.patches().is_empty(), "unlabelled namespace: nothing");
+    let mut labelled = namespace("shop", true);
+    labelled.metadata.resource_version = Some("2".into());
+    r.put_ns(labelled);
+    r.until("enabled", || {
+        r.ann.value("shop/a").as_deref() == Some("enabled")
+    })
+    .await;
+    // A deleted pod is removed (deleted: no in-pod cleanup, no annotation patch).
+    let mut gone = pod("shop", "a");
+    gone.metadata.annotations = Some(
+        [(
+            "ambient.istio.io/redirection".to_string(),
+            "enabled".to_string(),
+        )]
+        .into(),
+    );
+    r.worker.core().pods.apply(Event::Delete(gone));
+    r.until("removed from ztunnel", || !r.zt.has("uid-a")).await;
+    assert_eq!(r.dp.count("unprogram"), 0);
+    assert_eq!(r.ann.patches().len(), 1, "only the enabled patch");
+}

@@ -1,0 +1,364 @@
+//! Ambient rules in one netns, all or nothing and idempotent: the in-pod redirect to ztunnel (and
+//! its policy routing) and the host's probe SNAT rules.
+//!
+//! iptables: each family's state is read with `*-save` and compared with the plan ([`plan_family`]);
+//! identical → nothing is written (counters kept); otherwise one `*-restore --noflush` per family
+//! replaces exactly our chains and jumps (declaring a chain flushes it; stale jumps are deleted,
+//! chains no longer planned removed). If a later restore fails, every touched table is put back
+//! from the snapshot (the sidecar apply's rollback). Removing is the same plan with no rules.
+//!
+//! nftables: one `nft -f -` transaction replaces our tables (and deletes those this pod no longer
+//! needs), so the netns never holds half of them.
+
+use std::collections::BTreeSet;
+
+use super::cleanup::drop_emptied_tables;
+use super::exec::{Executor, ProcessExecutor};
+use super::iptables::{
+    ApplyError, Binaries, ForceBinary, detect, restore_cmd, run_checked, save_cmd,
+};
+use super::nft::apply_transaction;
+use super::sidecar::{Outcome, Snapshot, restore_snapshots};
+use super::state::{State, jump_target, normalise, parse_save};
+use crate::netns::UsernsEntry;
+use crate::rules::ambient::{AmbientConfig, PodOverrides};
+use crate::rules::iptables::{rule_args, rule_line};
+use crate::rules::model::is_builtin_chain;
+use crate::rules::nftables::{NftTable, render_cleanup, render_transaction};
+use crate::rules::{Family, Rule, RuleSet, ambient};
+
+/// The chains the in-pod rules own, in every table they use.
+pub const INPOD_CHAINS: Owned = Owned {
+    tables: &["mangle", "nat", "raw"],
+    chains: &["ISTIO_PRERT", "ISTIO_OUTPUT"],
+};
+/// The chain the host rules own.
+pub const HOST_CHAINS: Owned = Owned {
+    tables: &["nat"],
+    chains: &["ISTIO_POSTRT"],
+};
+
+/// Which user chains are ours (every named chain in every named table).
+#[derive(Debug, Clone, Copy)]
+pub struct Owned {
+    pub tables: &'static [&'static str],
+    pub chains: &'static [&'static str],
+}
+
+impl Owned {
+    fn owns(&self, table: &str, chain: &str) -> bool {
+        self.tables.contains(&table) && self.chains.contains(&chain)
+    }
+}
+
+/// Where and how to apply: the backend decided once ([`super::backend`]).
+#[derive(Debug, Clone, Default)]
+pub struct AmbientApply {
+    pub nftables: bool,
+    pub force_binary: Option<ForceBinary>,
+    /// Environment for every iptables command (a pod-scoped `XTABLES_LOCKFILE`).
+    pub env: Vec<(String, String)>,
+    pub userns: Option<UsernsEntry>,
+}
+
+/// Compares one family's saved state with its planned rules; `None` when they are the same, else
+/// the `--noflush` restore input that makes them the same (only our chains and the jumps into
+/// them change). Pure.
+pub fn plan_family(state: &State, rules: &[Rule], owned: Owned) -> Option<String> {
+    let mut text = String::new();
+    let mut same = true;
+    // Tables we plan rules in, or that hold a chain of ours or a jump into one.
+    let tables: Vec<&str> = owned
+        .tables
+        .iter()
+        .copied()
+        .filter(|table| {
+            rules.iter().any(|r| r.table.name() == *table)
+                || state.get(*table).is_some_and(|chains| {
+                    chains.iter().any(|(chain, saved)| {
+                        owned.owns(table, chain)
+                            || saved
+                                .iter()
+                                .any(|r| jump_target(r).is_some_and(|t| owned.owns(table, t)))
+                    })
+                })
+        })
+        .collect();
+    for table in tables {
+        let planned: Vec<&Rule> = rules.iter().filter(|r| r.table.name() == table).collect();
+        let current = state.get(table);
+        let planned_chains: Vec<&str> = owned
+            .chains
+            .iter()
+            .copied()
+            .filter(|c| {
+                planned
+                    .iter()
+                    .any(|r| r.chain == *c || r.target.jump_chain() == Some(*c))
+            })
+            .collect();
+        let existing_chains: Vec<&str> = owned
+            .chains
+            .iter()
+            .copied()
+            .filter(|c| current.is_some_and(|t| t.contains_key(*c)))
+            .collect();
+        // Stale jumps into our chains from built-in chains (any copy).
+        let mut deletes = Vec::new();
+        let mut builtin_saved: Vec<(&str, String)> = Vec::new();
+        if let Some(current) = current {
+            for (chain, saved) in current {
+                if !is_builtin_chain(chain) {
+                    continue;
+                }
+                for rule in saved {
+                    if jump_target(rule).is_some_and(|t| owned.owns(table, t)) {
+                        deletes.push(format!("-D {chain} {rule}"));
+                        builtin_saved.push((chain, normalise(rule)));
+                    }
+                }
+            }
+        }
+        if same {
+            same = table_is_same(
+                &planned,
+                current,
+                &planned_chains,
+                &existing_chains,
+                &builtin_saved,
+            );
+        }
+        text.push_str(&format!("*{table}\n"));
+        let declared: BTreeSet<&str> = planned_chains
+            .iter()
+            .chain(&existing_chains)
+            .copied()
+            .collect();
+        for chain in owned.chains.iter().filter(|c| declared.contains(*c)) {
+            text.push_str(&format!(":{chain} - [0:0]\n"));
+        }
+        for d in deletes {
+            text.push_str(&d);
+            text.push('\n');
+        }
+        for rule in &planned {
+            text.push_str(&rule_line(rule));
+            text.push('\n');
+        }
+        for chain in existing_chains
+            .iter()
+            .filter(|c| !planned_chains.contains(c))
+        {
+            text.push_str(&format!("-X {chain}\n"));
+        }
+        text.push_str("COMMIT\n");
+    }
+    (!same).then_some(text)
+}
+
+fn table_is_same(
+    planned: &[&Rule],
+    current: Option<&std::collections::BTreeMap<String, Vec<String>>>,
+    planned_chains: &[&str],
+    existing_chains: &[&str],
+    builtin_saved: &[(&str, String)],
+) -> bool {
+    if planned_chains != existing_chains {
+        return false;
+    }
+    let key = |r: &Rule| normalise(&rule_args(r).join(" "));
+    for chain in planned_chains {
+        let want: Vec<String> = planned
+            .iter()
+            .filter(|r| r.chain == *chain)
+            .map(|r| key(r))
+            .collect();
+        let have: Vec<String> = current
+            .and_then(|t| t.get(*chain))
+            .map(|rules| rules.iter().map(|r| normalise(r)).collect())
+            .unwrap_or_default();
+        if want != have {
+            return false;
+        }
+    }
+    // Each planned built-in rule exactly once, and no other jump into our chains.
+    let mut want: Vec<(&str, String)> = planned
+        .iter()
+        .filter(|r| is_builtin_chain(&r.chain))
+        .map(|r| (r.chain.as_str(), key(r)))
+        .collect();
+    let mut have = builtin_saved.to_vec();
+    want.sort();
+    have.sort();
+    want == have
+}
+
+/// Applies (or, with an empty rule set, removes) ambient iptables rules in the calling thread's
+/// netns. Families: IPv4, and IPv6 when it has rules or holds chains of ours.
+pub fn apply_iptables_here(
+    rules: &RuleSet,
+    owned: Owned,
+    opts: &AmbientApply,
+) -> Result<Outcome, ApplyError> {
+    let mut exec = ProcessExecutor::entering(opts.userns.clone());
+    apply_iptables(&mut exec, rules, owned, opts)
+}
+
+/// [`apply_iptables_here`] with any executor (tests script it).
+pub fn apply_iptables(
+    exec: &mut dyn Executor,
+    rules: &RuleSet,
+    owned: Owned,
+    opts: &AmbientApply,
+) -> Result<Outcome, ApplyError> {
+    let mut work: Vec<(Binaries, String, State, String)> = Vec::new();
+    for family in Family::ALL {
+        let family_rules = rules.family(family);
+        let bins = match detect(family, opts.force_binary) {
+            Ok(b) => b,
+            // No ip6tables and nothing to program in IPv6: nothing to check either.
+            Err(_) if family == Family::V6 && family_rules.is_empty() => continue,
+            Err(e) => return Err(e),
+        };
+        let text = run_checked(exec, &save_cmd(&bins, &opts.env))?.stdout;
+        let state = parse_save(&text);
+        if let Some(restore) = plan_family(&state, family_rules, owned) {
+            work.push((bins, text, state, restore));
+        }
+    }
+    if work.is_empty() {
+        return Ok(Outcome::AlreadyApplied);
+    }
+    for (i, (bins, _, _, restore)) in work.iter().enumerate() {
+        if let Err(cause) = run_checked(exec, &restore_cmd(bins, restore.clone(), &opts.env)) {
+            let snapshots: Vec<Snapshot> = work[..=i]
+                .iter()
+                .map(|(bins, text, state, _)| Snapshot {
+                    bins,
+                    text: text.clone(),
+                    state: state.clone(),
+                    chains: None,
+                })
+                .collect();
+            let refs: Vec<&Snapshot> = snapshots.iter().collect();
+            return Err(match restore_snapshots(exec, &refs, &opts.env) {
+                Ok(()) => cause,
+                Err(rollback) => ApplyError::RollbackFailed {
+                    cause: Box::new(cause),
+                    rollback: Box::new(rollback),
+                },
+            });
+        }
+    }
+    // With iptables-nft, a table we emptied (e.g. raw once DNS capture is off) would stay behind
+    // with idle built-in chains: dropped, so the netns ends as a fresh apply leaves it.
+    for (bins, _, _, restore) in work.iter().filter(|w| w.3.contains("\n-X ")) {
+        let touched: BTreeSet<String> = restore
+            .lines()
+            .filter_map(|l| l.strip_prefix('*'))
+            .map(String::from)
+            .collect();
+        let text = run_checked(exec, &save_cmd(bins, &opts.env))?.stdout;
+        drop_emptied_tables(bins, &text, &touched);
+    }
+    Ok(Outcome::Applied)
+}
+
+/// The in-pod nftables transaction: our tables replaced, the ones this pod does not use deleted.
+pub fn inpod_nft_transaction(cfg: &AmbientConfig, pod: &PodOverrides) -> String {
+    let set = ambient::inpod_nft_rules(cfg, pod);
+    let mut text = render_transaction(&set, &NftTable::AMBIENT_POD);
+    let unused: Vec<NftTable> = NftTable::AMBIENT_POD
+        .into_iter()
+        .filter(|t| !set.rules.iter().any(|r| r.table == *t))
+        .collect();
+    text.push_str(&render_cleanup(&unused));
+    text
+}
+
+/// Programs the in-pod rules for `pod` in the calling thread's netns (rules, then the policy
+/// routing).
+pub fn program_inpod_here(
+    cfg: &AmbientConfig,
+    pod: &PodOverrides,
+    opts: &AmbientApply,
+) -> Result<Outcome, AmbientError> {
+    let outcome = if opts.nftables {
+        apply_transaction(
+            &mut ProcessExecutor::entering(opts.userns.clone()),
+            &inpod_nft_transaction(cfg, pod),
+        )?;
+        Outcome::Applied
+    } else {
+        apply_iptables_here(&ambient::inpod_rules(cfg, pod), INPOD_CHAINS, opts)?
+    };
+    super::routes::ensure_ambient_routes(cfg.enable_ipv6)?;
+    Ok(outcome)
+}
+
+/// Removes the in-pod rules (both backends' objects, whichever is there) and the policy routing
+/// from the calling thread's netns.
+pub fn remove_inpod_here(opts: &AmbientApply) -> Result<(), AmbientError> {
+    if opts.nftables {
+        apply_transaction(
+            &mut ProcessExecutor::entering(opts.userns.clone()),
+            &render_cleanup(&NftTable::AMBIENT_POD),
+        )?;
+    } else {
+        apply_iptables_here(&RuleSet::default(), INPOD_CHAINS, opts)?;
+    }
+    super::routes::remove_ambient_routes()?;
+    Ok(())
+}
+
+/// The host's nftables transaction: our table's rules replaced, the probe sets declared (their
+/// elements survive: a table flush keeps set elements).
+pub fn host_nft_transaction(cfg: &AmbientConfig, kubelet_uid: &str) -> String {
+    let text = render_transaction(
+        &ambient::host_nft_rules(cfg, kubelet_uid),
+        &[NftTable::AmbientHostNat],
+    );
+    let t = super::probe_set::NFT_TABLE;
+    let head = format!("add table inet {t}\nflush table inet {t}\n");
+    let rest = text.strip_prefix(&head).unwrap_or(&text);
+    format!(
+        "{head}{}{rest}",
+        super::probe_set::nft_set_declarations(cfg.enable_ipv6)
+    )
+}
+
+/// Programs the host side in the calling thread's netns: the probe sets (created, never flushed)
+/// and the probe SNAT rules. `kubelet_uid` is needed with nftables.
+pub fn program_host_here(
+    cfg: &AmbientConfig,
+    kubelet_uid: &str,
+    opts: &AmbientApply,
+) -> Result<Outcome, AmbientError> {
+    use super::probe_set::{Ipsets, ProbeSets};
+    let mut exec = ProcessExecutor::entering(opts.userns.clone());
+    if opts.nftables {
+        apply_transaction(&mut exec, &host_nft_transaction(cfg, kubelet_uid))?;
+        return Ok(Outcome::Applied);
+    }
+    // The SNAT rule names the sets, so they exist first.
+    Ipsets.ensure(&mut exec, cfg.enable_ipv6)?;
+    Ok(apply_iptables(
+        &mut exec,
+        &ambient::host_rules(cfg),
+        HOST_CHAINS,
+        opts,
+    )?)
+}
+
+/// Why ambient rules could not be applied or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum AmbientError {
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    #[error("policy routing: {0}")]
+    Routes(#[from] super::routes::RoutesError),
+}
+
+#[cfg(test)]
+#[path = "ambient_tests.rs"]
+mod tests;

@@ -1,0 +1,127 @@
+use super::*;
+use crate::rules::ambient::{AmbientConfig, PodOverrides, host_rules, inpod_rules};
+use crate::rules::iptables::render_restore;
+
+fn cfg(dns: bool) -> AmbientConfig {
+    AmbientConfig {
+        redirect_dns: dns,
+        ..AmbientConfig::default()
+    }
+}
+
+/// The state iptables-save shows after the plan was restored (spelled as the kernel prints it).
+fn saved_after(rules: &[Rule]) -> State {
+    let text = render_restore(rules)
+        .replace("* ", "*")
+        .replace("-N ", ":")
+        .replace(" -s 169.254.7.127 ", " -s 169.254.7.127/32 ")
+        .replace("--to-port 15053", "--to-ports 15053");
+    let mut state = parse_save(&text);
+    for table in ["mangle", "nat", "raw"] {
+        if let Some(chains) = state.get_mut(table) {
+            for builtin in ["PREROUTING", "OUTPUT", "INPUT", "POSTROUTING"] {
+                chains.entry(builtin.to_string()).or_default();
+            }
+        }
+    }
+    state
+}
+
+#[test]
+fn an_empty_netns_gets_our_chains_and_rules() {
+    let rules = inpod_rules(&cfg(true), &PodOverrides::default());
+    let text = plan_family(&State::new(), &rules.v4, INPOD_CHAINS).expect("changes");
+    assert!(
+        text.starts_with(
+            "*mangle\n:ISTIO_PRERT - [0:0]\n:ISTIO_OUTPUT - [0:0]\n-A PREROUTING -j ISTIO_PRERT\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("*raw\n") && !text.contains("-D ") && !text.contains("-X "));
+}
+
+#[test]
+fn the_same_state_again_changes_nothing() {
+    for dns in [false, true] {
+        let rules = inpod_rules(&cfg(dns), &PodOverrides::default());
+        let state = saved_after(&rules.v4);
+        assert_eq!(
+            plan_family(&state, &rules.v4, INPOD_CHAINS),
+            None,
+            "dns {dns}"
+        );
+    }
+    let host = host_rules(&AmbientConfig::default());
+    let state = saved_after(&host.v4);
+    assert_eq!(plan_family(&state, &host.v4, HOST_CHAINS), None);
+}
+
+#[test]
+fn a_changed_plan_replaces_our_chains_and_drops_unused_ones() {
+    let before = inpod_rules(&cfg(true), &PodOverrides::default());
+    let state = saved_after(&before.v4);
+    let after = inpod_rules(&cfg(false), &PodOverrides::default());
+    let text = plan_family(&state, &after.v4, INPOD_CHAINS).expect("DNS went off");
+    let raw = &text[text.find("*raw").expect("raw cleaned")..];
+    assert!(
+        raw.contains("-D OUTPUT -j ISTIO_OUTPUT\n-D PREROUTING -j ISTIO_PRERT\n"),
+        "{raw}"
+    );
+    assert!(
+        raw.contains("-X ISTIO_PRERT\n-X ISTIO_OUTPUT\nCOMMIT"),
+        "{raw}"
+    );
+    // The other tables: old jumps deleted once, then the plan appended.
+    assert!(text.contains("*nat\n:ISTIO_PRERT - [0:0]\n:ISTIO_OUTPUT - [0:0]\n-D OUTPUT -j ISTIO_OUTPUT\n-D PREROUTING -j ISTIO_PRERT\n"), "{text}");
+}
+
+#[test]
+fn a_doubled_jump_or_a_foreign_rule_in_our_chain_is_drift() {
+    let rules = inpod_rules(&cfg(false), &PodOverrides::default());
+    let mut state = saved_after(&rules.v4);
+    state
+        .get_mut("nat")
+        .unwrap()
+        .get_mut("OUTPUT")
+        .unwrap()
+        .push("-j ISTIO_OUTPUT".into());
+    let text = plan_family(&state, &rules.v4, INPOD_CHAINS).expect("doubled jump");
+    assert_eq!(
+        text.matches("-D OUTPUT -j ISTIO_OUTPUT").count(),
+        3,
+        "{text}"
+    );
+    let mut state = saved_after(&rules.v4);
+    state
+        .get_mut("nat")
+        .unwrap()
+        .get_mut("ISTIO_OUTPUT")
+        .unwrap()
+        .push("-j ACCEPT".into());
+    assert!(plan_family(&state, &rules.v4, INPOD_CHAINS).is_some());
+}
+
+#[test]
+fn removing_is_the_plan_without_rules() {
+    let rules = inpod_rules(&cfg(true), &PodOverrides::default());
+    let state = saved_after(&rules.v4);
+    let text = plan_family(&state, &[], INPOD_CHAINS).expect("something to remove");
+    assert!(!text.contains("-A "), "{text}");
+    assert_eq!(text.matches("-X ").count(), 6, "{text}");
+    assert_eq!(plan_family(&State::new(), &[], INPOD_CHAINS), None);
+    // Foreign chains and rules are never touched.
+    let foreign =
+        parse_save("*nat\n:PREROUTING ACCEPT\n:KUBE-X - [0:0]\n-A PREROUTING -j KUBE-X\nCOMMIT\n");
+    assert_eq!(plan_family(&foreign, &[], INPOD_CHAINS), None);
+}
+
+#[test]
+fn the_nft_transaction_deletes_tables_the_pod_no_longer_uses() {
+    let text = inpod_nft_transaction(&cfg(false), &PodOverrides::default());
+    assert!(
+        text.ends_with("add table inet istio-ambient-raw\ndelete table inet istio-ambient-raw\n"),
+        "{text}"
+    );
+    let with_dns = inpod_nft_transaction(&cfg(true), &PodOverrides::default());
+    assert!(!with_dns.contains("delete table"), "{with_dns}");
+}

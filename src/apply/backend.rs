@@ -1,0 +1,304 @@
+//! The one rule-backend decision (iptables-legacy / iptables-nft / native nftables), used by the
+//! plugin, `istio-iptables` and the ambient node agent. Roles state what they were asked for
+//! ([`BackendRequest`]); [`decide`] turns it into a [`Decision`] that says why. The node agent adds
+//! Istio's host fallbacks ([`decide_for_host`]): an existing iptables probe ipset means the node
+//! still runs the iptables backend (reboot to finish a migration), and an `nft` without JSON
+//! support cannot run the nftables backend. The iptables flavour itself is the sidecar detection
+//! ([`super::iptables::detect`]), run once in the host netns and pinned for every pod.
+
+use std::time::Duration;
+
+use super::iptables::{ForceBinary, detect};
+use super::pod::Backend;
+use crate::rules::Family;
+use crate::rules::ambient::{PROBE_SET_V4, PROBE_SET_V6};
+
+/// What a role was configured with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendRequest {
+    /// `NATIVE_NFTABLES` / `--native-nftables` / the plugin's `native_nftables`.
+    pub native_nftables: bool,
+    /// `ISTIO_IPTABLES_RESTORE_ONLY`: iptables rules only through iptables-restore.
+    pub restore_only: bool,
+    /// `FORCE_IPTABLES_BINARY`.
+    pub force_binary: Option<ForceBinary>,
+}
+
+/// The backend to use and why (logged once by the caller).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub backend: Backend,
+    /// The iptables flavour every apply uses (None: detected per netns).
+    pub force_binary: Option<ForceBinary>,
+    pub reason: String,
+    /// Set when a fallback overrode the request: the operator should act on it.
+    pub warning: Option<String>,
+}
+
+/// The decision from the configuration alone (plugin, `istio-iptables`).
+pub fn decide(req: &BackendRequest) -> Decision {
+    let (backend, reason) = match (req.native_nftables, req.restore_only) {
+        (true, _) => (Backend::Nftables, "native nftables requested"),
+        (false, true) => (
+            Backend::IptablesRestore,
+            "iptables requested, through iptables-restore only",
+        ),
+        (false, false) => (
+            Backend::Iptables,
+            "iptables (native nftables not requested)",
+        ),
+    };
+    Decision {
+        backend,
+        force_binary: req.force_binary,
+        reason: reason.to_string(),
+        warning: None,
+    }
+}
+
+/// What `nft --json list tables` answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NftJson {
+    Supported,
+    /// The binary says "JSON support not compiled-in".
+    NotCompiledIn,
+    /// Any other failure (missing binary, timeout...): Istio stays on nftables.
+    Unknown(String),
+}
+
+/// The host facts Istio's fallbacks look at (a seam: tests feed them).
+pub trait HostArtifacts {
+    /// Whether the ipset `name` exists in the host netns (Err: could not tell).
+    fn ipset_exists(&self, name: &str) -> Result<bool, String>;
+    fn nft_json(&self) -> NftJson;
+}
+
+/// The node agent's decision, in the host netns: the request, then Istio's fallbacks from
+/// nftables to iptables, then (iptables) the flavour detected once here and pinned.
+pub fn decide_for_host(req: &BackendRequest, ipv6: bool, host: &dyn HostArtifacts) -> Decision {
+    let mut decision = fallbacks(req, ipv6, host);
+    if decision.backend != Backend::Nftables && decision.force_binary.is_none() {
+        decision.force_binary = pinned_flavour();
+    }
+    decision
+}
+
+/// The pure part of [`decide_for_host`].
+pub fn fallbacks(req: &BackendRequest, ipv6: bool, host: &dyn HostArtifacts) -> Decision {
+    let mut decision = decide(req);
+    if decision.backend != Backend::Nftables {
+        return decision;
+    }
+    let sets: &[&str] = if ipv6 {
+        &[PROBE_SET_V4, PROBE_SET_V6]
+    } else {
+        &[PROBE_SET_V4]
+    };
+    for set in sets {
+        match host.ipset_exists(set) {
+            Ok(true) => {
+                return Decision {
+                    reason: format!(
+                        "native nftables requested, but the iptables probe set {set} exists on \
+                         the host: staying on iptables"
+                    ),
+                    warning: Some(format!(
+                        "ipset {set} from the iptables backend still exists; reboot the node to \
+                         finish the migration to nftables"
+                    )),
+                    ..decide(&BackendRequest {
+                        native_nftables: false,
+                        ..*req
+                    })
+                };
+            }
+            Ok(false) => {}
+            Err(e) => {
+                decision.reason =
+                    format!("{}; could not look for ipset {set} ({e})", decision.reason);
+            }
+        }
+    }
+    match host.nft_json() {
+        NftJson::Supported => {}
+        NftJson::NotCompiledIn => {
+            return Decision {
+                reason: "native nftables requested, but nft was built without JSON support: \
+                         using iptables"
+                    .into(),
+                warning: Some("nft lacks JSON support; falling back to iptables".into()),
+                ..decide(&BackendRequest {
+                    native_nftables: false,
+                    ..*req
+                })
+            };
+        }
+        NftJson::Unknown(e) => {
+            decision.reason = format!("{}; nft JSON probe inconclusive ({e})", decision.reason);
+        }
+    }
+    decision
+}
+
+/// The flavour of the iptables binaries found here (legacy or nft), so every pod uses the same one
+/// whatever its own netns holds. None when only unflavoured binaries exist.
+fn pinned_flavour() -> Option<ForceBinary> {
+    let bins = detect(Family::V4, None).ok()?;
+    if bins.legacy && bins.iptables.ends_with("-legacy") {
+        Some(ForceBinary::Legacy)
+    } else if bins.is_nft_flavour() {
+        Some(ForceBinary::Nft)
+    } else {
+        None
+    }
+}
+
+/// The real host: `ipset list -n` and `nft --json list tables` (5 s deadline), in the calling
+/// thread's netns.
+pub struct ProcessHost;
+
+const NFT_PROBE_DEADLINE: Duration = Duration::from_secs(5);
+
+impl HostArtifacts for ProcessHost {
+    fn ipset_exists(&self, name: &str) -> Result<bool, String> {
+        let out = std::process::Command::new("ipset")
+            .args(["list", "-n", name])
+            .output()
+            .map_err(|e| format!("cannot run ipset: {e}"))?;
+        if out.status.success() {
+            return Ok(true);
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if stderr.contains("does not exist") {
+            Ok(false)
+        } else {
+            Err(stderr.trim().to_string())
+        }
+    }
+
+    fn nft_json(&self) -> NftJson {
+        match run_with_deadline("nft", &["--json", "list", "tables"], NFT_PROBE_DEADLINE) {
+            Ok(text) if text.contains("JSON support not compiled-in") => NftJson::NotCompiledIn,
+            Ok(_) => NftJson::Supported,
+            Err(e) => NftJson::Unknown(e),
+        }
+    }
+}
+
+/// Runs a command and returns stdout+stderr, killing it at the deadline.
+fn run_with_deadline(program: &str, args: &[&str], deadline: Duration) -> Result<String, String> {
+    use std::io::Read;
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    let start = std::time::Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if start.elapsed() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{program} did not answer within {deadline:?}"));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    let mut text = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        let _ = out.read_to_string(&mut text);
+    }
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut text);
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fake {
+        sets: Vec<&'static str>,
+        json: NftJson,
+    }
+
+    impl HostArtifacts for Fake {
+        fn ipset_exists(&self, name: &str) -> Result<bool, String> {
+            Ok(self.sets.contains(&name))
+        }
+        fn nft_json(&self) -> NftJson {
+            self.json.clone()
+        }
+    }
+
+    const NFT: BackendRequest = BackendRequest {
+        native_nftables: true,
+        restore_only: false,
+        force_binary: None,
+    };
+
+    #[test]
+    fn the_request_alone_decides_for_the_plugin_and_istio_iptables() {
+        assert_eq!(decide(&NFT).backend, Backend::Nftables);
+        let restore = BackendRequest {
+            restore_only: true,
+            ..Default::default()
+        };
+        assert_eq!(decide(&restore).backend, Backend::IptablesRestore);
+        assert_eq!(decide(&Default::default()).backend, Backend::Iptables);
+    }
+
+    #[test]
+    fn an_existing_probe_ipset_keeps_the_agent_on_iptables_with_a_warning() {
+        let host = Fake {
+            sets: vec![PROBE_SET_V6],
+            json: NftJson::Supported,
+        };
+        // Only the v6 set exists: it counts only when IPv6 is on.
+        assert_eq!(fallbacks(&NFT, false, &host).backend, Backend::Nftables);
+        let d = fallbacks(&NFT, true, &host);
+        assert_eq!(d.backend, Backend::Iptables);
+        assert!(d.reason.contains(PROBE_SET_V6), "{}", d.reason);
+        assert!(d.warning.unwrap().contains("reboot"));
+    }
+
+    #[test]
+    fn nft_without_json_falls_back_and_other_probe_failures_do_not() {
+        let no_json = Fake {
+            sets: vec![],
+            json: NftJson::NotCompiledIn,
+        };
+        let d = fallbacks(&NFT, false, &no_json);
+        assert_eq!(d.backend, Backend::Iptables);
+        assert!(d.reason.contains("JSON"), "{}", d.reason);
+        let unknown = Fake {
+            sets: vec![],
+            json: NftJson::Unknown("timeout".into()),
+        };
+        let d = fallbacks(&NFT, false, &unknown);
+        assert_eq!(d.backend, Backend::Nftables);
+        assert!(d.reason.contains("timeout") && d.warning.is_none());
+    }
+
+    #[test]
+    fn iptables_requests_never_probe_the_host() {
+        struct Panics;
+        impl HostArtifacts for Panics {
+            fn ipset_exists(&self, _: &str) -> Result<bool, String> {
+                panic!("probed")
+            }
+            fn nft_json(&self) -> NftJson {
+                panic!("probed")
+            }
+        }
+        assert_eq!(
+            fallbacks(&Default::default(), true, &Panics).backend,
+            Backend::Iptables
+        );
+    }
+}

@@ -1,0 +1,140 @@
+//! Starting the ambient node agent from install-cni (§2.2 step 8): its settings from the parsed
+//! config, its seams, and the start itself (blocks until the stores synced, with a deadline).
+//!
+//! The seams are chosen in [`deps`]: the data plane (in-pod rules, probe set, netns finder) and
+//! the ZDS server are joined here. With the `test-hooks` feature, `ISTIO_CNI_RS_TEST_FAKE_DATAPLANE`
+//! selects recording fakes instead, so install tests run the agent without touching the host.
+
+use std::sync::Arc;
+
+use tracing::info;
+
+use super::config::Config;
+use crate::agent::ports::{KubeAnnotator, LateZtunnel};
+use crate::agent::settings::{Settings, Timing};
+use crate::agent::{Agent, AgentError, Deps};
+use crate::kube::{KubeClient, KubeError};
+use crate::telemetry::metrics::Metrics;
+
+/// Env var (test-hooks builds only) that selects the fake data plane and ztunnel.
+pub const FAKE_DATAPLANE_ENV: &str = "ISTIO_CNI_RS_TEST_FAKE_DATAPLANE";
+
+/// Why the agent did not start; install-cni exits 1 before installing anything.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("ambient node agent: {0}")]
+    Agent(#[from] AgentError),
+    #[error("ambient node agent: Kubernetes client: {0}")]
+    Kube(#[from] KubeError),
+    #[error("ambient node agent: {0}")]
+    Unavailable(String),
+}
+
+/// The agent's settings, from install-cni's parsed config.
+pub fn agent_settings(cfg: &Config) -> Settings {
+    Settings {
+        config: cfg.agent.clone(),
+        run_dir: cfg.install.run_dir.clone(),
+        exclude_namespaces: cfg.install.exclude_namespaces.clone(),
+        enablement_selectors: cfg.install.enablement_selectors.clone(),
+        native_nftables: cfg.install.native_nftables,
+        host_proc_dir: cfg.host_proc_dir.clone(),
+        pod_namespace: cfg.install.pod_namespace.clone(),
+        timing: Timing::default(),
+    }
+}
+
+/// The agent's seams. The annotation patch is always the real one (the API server is reached
+/// through the agent's client).
+fn deps(
+    client: &KubeClient,
+    settings: &Settings,
+    metrics: &Metrics,
+) -> Result<(Deps, Arc<LateZtunnel>), StartError> {
+    let annotator = Arc::new(KubeAnnotator {
+        client: client.clone(),
+        timeout: settings.timing.kube_call_timeout,
+    });
+    let ztunnel = Arc::new(LateZtunnel::default());
+    #[cfg(feature = "test-hooks")]
+    if std::env::var_os(FAKE_DATAPLANE_ENV).is_some() {
+        use crate::agent::testing::{FakeDataplane, FakeZtunnel};
+        tracing::warn!("test hook: fake data plane and ztunnel (nothing is programmed)");
+        ztunnel.bind(Arc::new(FakeZtunnel::default()));
+        let deps = Deps {
+            dataplane: Arc::new(FakeDataplane::default()),
+            ztunnel: ztunnel.clone(),
+            annotator,
+            metrics: metrics.clone(),
+        };
+        return Ok((deps, ztunnel));
+    }
+    // Join point for the data plane (`agent::dataplane::Dataplane::new`) and, after the agent
+    // started, the ZDS server (`zds::serve` with the agent's pod cache as its snapshot source,
+    // bound into `ztunnel`).
+    let _ = (annotator, ztunnel, metrics);
+    Err(StartError::Unavailable(
+        "the ambient data plane (in-pod rules, host probe set) and the ZDS server are not part \
+         of this build yet; set AMBIENT_ENABLED=false (chart: ambient.enabled=false). Nothing \
+         was installed or changed."
+            .into(),
+    ))
+}
+
+/// Starts the agent: settings checked, seams built, client made (explicit > $KUBECONFIG >
+/// in-cluster), then [`Agent::start`] (stores synced, startup snapshot restored).
+pub async fn start(
+    cfg: &Config,
+    metrics: &Metrics,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Result<Agent, StartError> {
+    let settings = agent_settings(cfg);
+    if settings.config.node_name.is_empty() {
+        return Err(AgentError::NoNodeName.into());
+    }
+    let (client, source) = KubeClient::for_agent(None).await?;
+    info!(?source, node = %settings.config.node_name, "starting the ambient node agent");
+    let (deps, _ztunnel) = deps(&client, &settings, metrics)?;
+    Ok(Agent::start(&settings, &client, deps, stop).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::install::config::{Parsed, parse};
+
+    #[test]
+    fn settings_come_from_the_install_config() {
+        let env = |k: &str| {
+            [
+                ("AMBIENT_ENABLED", "true"),
+                ("NODE_NAME", "node-1"),
+                ("EXCLUDE_NAMESPACES", "kube-system,other"),
+                ("AMBIENT_DNS_CAPTURE", "true"),
+                ("HOST_PROBE_SNAT_IP", "169.254.9.9"),
+                ("CNI_AGENT_RUN_DIR", "/run/x"),
+                (
+                    "AMBIENT_ENABLEMENT_SELECTOR",
+                    r#"[{"podSelector":{"matchLabels":{"a":"b"}}}]"#,
+                ),
+            ]
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+        };
+        let Ok(Parsed::Run(cfg)) = parse(&["install-cni".to_string()], &env) else {
+            panic!("parse")
+        };
+        let s = agent_settings(&cfg);
+        assert_eq!(s.config.node_name, "node-1");
+        assert!(s.config.dns_capture);
+        assert_eq!(s.config.host_probe_snat_ip.to_string(), "169.254.9.9");
+        assert_eq!(s.exclude_namespaces, ["kube-system", "other"]);
+        assert_eq!(s.enablement_selectors.len(), 1);
+        assert_eq!(
+            s.plugin_event_socket(),
+            std::path::Path::new("/run/x/pluginevent.sock")
+        );
+        assert_eq!(s.config.system_namespace, "istio-system");
+    }
+}

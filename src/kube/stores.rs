@@ -1,0 +1,486 @@
+//! The node agent's view of the cluster: THE node-scoped pod store (pods whose `spec.nodeName` is
+//! this node, nothing else is ever cached — Istio users report gigabytes when every pod is kept)
+//! and the namespace store (names and labels only). Fed by kube-runtime watchers; shared by every
+//! controller of the agent process (enrolment now, the repair controller later), each through its
+//! own subscription.
+//!
+//! Why not kube-runtime's `reflector::Store`: subscribers here need the previous object on an
+//! update (the enrolment state machine compares old and new IPs, and removes with the old object
+//! when a terminal pod's IPs are blanked) and the deleted object on a delete, and a re-list after
+//! a lost watch must come out as the adds, updates and deletes it implies.
+//!
+//! Readiness is the initial sync ([`Store::wait_synced`], with a deadline: the watcher has no read
+//! timeout of its own, so a hung first LIST would otherwise wait forever).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::client::{KubeClient, Selectors, WatchBackoff};
+
+/// A change seen by a subscriber.
+#[derive(Debug, Clone)]
+pub enum StoreEvent<K> {
+    Added(Arc<K>),
+    Updated {
+        old: Arc<K>,
+        new: Arc<K>,
+    },
+    /// The object's last known state.
+    Deleted(Arc<K>),
+}
+
+/// The store never got its initial list in time.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the {what} store did not sync within {timeout:?} (is the API server reachable?)")]
+pub struct SyncTimeout {
+    pub what: &'static str,
+    pub timeout: Duration,
+}
+
+/// Objects a store can hold: how they are keyed and what is kept of them.
+pub trait Stored: Clone + Send + Sync + 'static {
+    const WHAT: &'static str;
+    fn key(&self) -> String;
+    fn resource_version(&self) -> Option<&str>;
+    /// Drops what no consumer reads, before the object is stored.
+    fn trim(self) -> Self;
+}
+
+impl Stored for Pod {
+    const WHAT: &'static str = "pod";
+
+    /// `namespace/name`.
+    fn key(&self) -> String {
+        pod_key(
+            self.metadata.namespace.as_deref().unwrap_or_default(),
+            self.metadata.name.as_deref().unwrap_or_default(),
+        )
+    }
+
+    fn resource_version(&self) -> Option<&str> {
+        self.metadata.resource_version.as_deref()
+    }
+
+    fn trim(mut self) -> Self {
+        self.metadata.managed_fields = None;
+        self
+    }
+}
+
+impl Stored for Namespace {
+    const WHAT: &'static str = "namespace";
+
+    fn key(&self) -> String {
+        self.metadata.name.clone().unwrap_or_default()
+    }
+
+    fn resource_version(&self) -> Option<&str> {
+        self.metadata.resource_version.as_deref()
+    }
+
+    /// Name, uid, resourceVersion and labels: all the agent reads of a namespace.
+    fn trim(self) -> Self {
+        let m = self.metadata;
+        Namespace {
+            metadata: ObjectMeta {
+                name: m.name,
+                uid: m.uid,
+                resource_version: m.resource_version,
+                labels: m.labels,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+}
+
+/// The key of a pod in the pod store.
+pub fn pod_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+struct State<K> {
+    objects: HashMap<String, Arc<K>>,
+    /// The objects of a re-list in progress (watcher `Init` .. `InitDone`).
+    relist: Option<HashMap<String, Arc<K>>>,
+    subscribers: Vec<mpsc::UnboundedSender<StoreEvent<K>>>,
+}
+
+struct Inner<K> {
+    state: Mutex<State<K>>,
+    synced: tokio::sync::watch::Sender<bool>,
+}
+
+/// A cache of one kind of object, and the subscribers it tells about changes. Cheap to clone.
+pub struct Store<K> {
+    inner: Arc<Inner<K>>,
+}
+
+impl<K> Clone for Store<K> {
+    fn clone(&self) -> Self {
+        Store {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+/// The node-scoped pod store.
+pub type PodStore = Store<Pod>;
+/// The namespace store (labels only).
+pub type NamespaceStore = Store<Namespace>;
+
+impl<K: Stored> Default for Store<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: Stored> Store<K> {
+    /// An empty, not yet synced store (fed by [`Store::apply`]).
+    pub fn new() -> Self {
+        Store {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State {
+                    objects: HashMap::new(),
+                    relist: None,
+                    subscribers: Vec::new(),
+                }),
+                synced: tokio::sync::watch::Sender::new(false),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State<K>> {
+        // Plain data; a panicked holder cannot leave it half-updated in a way readers mind.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn get(&self, key: &str) -> Option<Arc<K>> {
+        self.state().objects.get(key).cloned()
+    }
+
+    pub fn list(&self) -> Vec<Arc<K>> {
+        self.state().objects.values().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.state().objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A new subscriber: it first gets every object already stored as `Added` (as a client-go
+    /// handler added late does), then every change, in order. Dropping the receiver unsubscribes.
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<StoreEvent<K>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut state = self.state();
+        for object in state.objects.values() {
+            let _ = tx.send(StoreEvent::Added(object.clone()));
+        }
+        state.subscribers.push(tx);
+        rx
+    }
+
+    pub fn is_synced(&self) -> bool {
+        *self.inner.synced.borrow()
+    }
+
+    /// Waits for the initial list, at most `timeout`.
+    pub async fn wait_synced(&self, timeout: Duration) -> Result<(), SyncTimeout> {
+        let mut rx = self.inner.synced.subscribe();
+        match tokio::time::timeout(timeout, rx.wait_for(|synced| *synced)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(SyncTimeout {
+                what: K::WHAT,
+                timeout,
+            }),
+        }
+    }
+
+    /// Applies one watcher event and tells the subscribers what changed.
+    pub fn apply(&self, event: watcher::Event<K>) {
+        let mut state = self.state();
+        let mut out = Vec::new();
+        match event {
+            watcher::Event::Init => state.relist = Some(HashMap::new()),
+            watcher::Event::InitApply(object) => {
+                let object = object.trim();
+                let key = object.key();
+                state
+                    .relist
+                    .get_or_insert_with(HashMap::new)
+                    .insert(key, Arc::new(object));
+            }
+            watcher::Event::InitDone => {
+                let fresh = state.relist.take().unwrap_or_default();
+                let mut old = std::mem::take(&mut state.objects);
+                for (key, new) in &fresh {
+                    match old.remove(key) {
+                        None => out.push(StoreEvent::Added(new.clone())),
+                        Some(prev) if changed(prev.as_ref(), new.as_ref()) => {
+                            out.push(StoreEvent::Updated {
+                                old: prev,
+                                new: new.clone(),
+                            })
+                        }
+                        Some(_) => {}
+                    }
+                }
+                out.extend(old.into_values().map(StoreEvent::Deleted));
+                state.objects = fresh;
+                self.inner.synced.send_replace(true);
+            }
+            watcher::Event::Apply(object) => {
+                let new = Arc::new(object.trim());
+                match state.objects.insert(new.key(), new.clone()) {
+                    None => out.push(StoreEvent::Added(new)),
+                    Some(old) if changed(old.as_ref(), new.as_ref()) => {
+                        out.push(StoreEvent::Updated { old, new })
+                    }
+                    Some(_) => {}
+                }
+            }
+            watcher::Event::Delete(object) => {
+                let gone = Arc::new(object.trim());
+                state.objects.remove(&gone.key());
+                out.push(StoreEvent::Deleted(gone));
+            }
+        }
+        if !out.is_empty() {
+            state
+                .subscribers
+                .retain(|tx| out.iter().all(|ev| tx.send(ev.clone()).is_ok()));
+        }
+    }
+}
+
+/// An update with the same resourceVersion is a replay (re-list) and tells nobody anything.
+fn changed<K: Stored>(old: &K, new: &K) -> bool {
+    old.resource_version().is_none() || old.resource_version() != new.resource_version()
+}
+
+impl Store<Pod> {
+    /// The pods of one namespace (the store holds one node's pods, so a scan is cheap).
+    pub fn pods_in_namespace(&self, namespace: &str) -> Vec<Arc<Pod>> {
+        self.state()
+            .objects
+            .values()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+            .cloned()
+            .collect()
+    }
+}
+
+/// Namespace labels from the store (`None` when the namespace is not cached).
+pub fn namespace_labels(
+    store: &NamespaceStore,
+    name: &str,
+) -> Option<std::collections::BTreeMap<String, String>> {
+    store
+        .get(name)
+        .map(|ns| ns.metadata.labels.clone().unwrap_or_default())
+}
+
+/// Starts the pod store: a watcher on pods with `spec.nodeName=<node>` only, running until
+/// `shutdown`. Watch errors are logged; the watcher re-lists and re-watches by itself.
+pub fn spawn_pod_store(
+    client: &KubeClient,
+    node: &str,
+    backoff: WatchBackoff,
+    shutdown: CancellationToken,
+) -> PodStore {
+    let store = PodStore::new();
+    let stream = client.watch_pods(&Selectors::on_node(node), backoff);
+    tokio::spawn(drive(store.clone(), stream, shutdown));
+    store
+}
+
+/// Starts the namespace store (every namespace, labels only).
+pub fn spawn_namespace_store(
+    client: &KubeClient,
+    backoff: WatchBackoff,
+    shutdown: CancellationToken,
+) -> NamespaceStore {
+    let store = NamespaceStore::new();
+    let stream = client.watch_namespaces(&Selectors::default(), backoff);
+    tokio::spawn(drive(store.clone(), stream, shutdown));
+    store
+}
+
+async fn drive<K: Stored>(
+    store: Store<K>,
+    mut stream: super::client::WatchStream<K>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let next = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            next = stream.next() => next,
+        };
+        match next {
+            Some(Ok(event)) => store.apply(event),
+            Some(Err(e)) => warn!(what = K::WHAT, "watch failed, retrying: {e}"),
+            None => break,
+        }
+    }
+    debug!(what = K::WHAT, "store watcher stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ns: &str, name: &str, rv: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                resource_version: Some(rv.into()),
+                managed_fields: Some(vec![Default::default()]),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn rv(ev: &StoreEvent<Pod>) -> (&'static str, String) {
+        let v = |p: &Pod| p.metadata.resource_version.clone().unwrap_or_default();
+        match ev {
+            StoreEvent::Added(p) => ("add", v(p)),
+            StoreEvent::Updated { old, new } => ("update", format!("{}->{}", v(old), v(new))),
+            StoreEvent::Deleted(p) => ("delete", v(p)),
+        }
+    }
+
+    fn drain(rx: &mut mpsc::UnboundedReceiver<StoreEvent<Pod>>) -> Vec<(&'static str, String)> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|e| rv(&e))
+            .collect()
+    }
+
+    #[test]
+    fn updates_carry_the_old_object_and_deletes_the_last_state() {
+        let store = PodStore::new();
+        let mut rx = store.subscribe();
+        store.apply(watcher::Event::Init);
+        store.apply(watcher::Event::InitApply(pod("a", "p", "1")));
+        assert!(!store.is_synced() && store.is_empty());
+        store.apply(watcher::Event::InitDone);
+        assert!(store.is_synced());
+        store.apply(watcher::Event::Apply(pod("a", "p", "2")));
+        store.apply(watcher::Event::Apply(pod("a", "p", "2")));
+        store.apply(watcher::Event::Delete(pod("a", "p", "3")));
+        assert_eq!(
+            drain(&mut rx),
+            [
+                ("add", "1".into()),
+                ("update", "1->2".into()),
+                ("delete", "3".into())
+            ]
+        );
+        assert!(store.get("a/p").is_none());
+    }
+
+    #[test]
+    fn a_relist_comes_out_as_the_changes_it_implies_and_late_subscribers_get_a_replay() {
+        let store = PodStore::new();
+        store.apply(watcher::Event::Init);
+        for p in [
+            pod("a", "keep", "1"),
+            pod("a", "change", "1"),
+            pod("a", "gone", "1"),
+        ] {
+            store.apply(watcher::Event::InitApply(p));
+        }
+        store.apply(watcher::Event::InitDone);
+        let mut first = store.subscribe();
+        let mut replay = drain(&mut first);
+        replay.sort();
+        assert_eq!(replay.len(), 3);
+        let mut second = store.subscribe();
+        let _ = drain(&mut second);
+        store.apply(watcher::Event::Init);
+        for p in [
+            pod("a", "keep", "1"),
+            pod("a", "change", "5"),
+            pod("a", "new", "6"),
+        ] {
+            store.apply(watcher::Event::InitApply(p));
+        }
+        store.apply(watcher::Event::InitDone);
+        for rx in [&mut first, &mut second] {
+            let mut got = drain(rx);
+            got.sort();
+            assert_eq!(
+                got,
+                [
+                    ("add", "6".into()),
+                    ("delete", "1".into()),
+                    ("update", "1->5".into())
+                ]
+            );
+        }
+        assert_eq!(store.len(), 3);
+        assert!(
+            store
+                .get("a/change")
+                .unwrap()
+                .metadata
+                .managed_fields
+                .is_none()
+        );
+        assert_eq!(store.pods_in_namespace("a").len(), 3);
+        assert!(store.pods_in_namespace("b").is_empty());
+    }
+
+    #[test]
+    fn namespaces_keep_labels_only_and_sync_waits_have_a_deadline() {
+        let store = NamespaceStore::new();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let err = rt
+            .block_on(store.wait_synced(Duration::from_millis(20)))
+            .unwrap_err();
+        assert!(err.to_string().contains("namespace store did not sync"));
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some("shop".into()),
+                labels: Some(
+                    [("istio.io/dataplane-mode".to_string(), "ambient".to_string())].into(),
+                ),
+                annotations: Some([("big".to_string(), "x".repeat(100))].into()),
+                ..Default::default()
+            },
+            spec: Some(Default::default()),
+            ..Default::default()
+        };
+        store.apply(watcher::Event::Init);
+        store.apply(watcher::Event::InitApply(ns));
+        store.apply(watcher::Event::InitDone);
+        rt.block_on(store.wait_synced(Duration::from_millis(20)))
+            .unwrap();
+        let kept = store.get("shop").unwrap();
+        assert!(kept.metadata.annotations.is_none() && kept.spec.is_none());
+        assert_eq!(
+            namespace_labels(&store, "shop").unwrap()["istio.io/dataplane-mode"],
+            "ambient"
+        );
+        assert_eq!(namespace_labels(&store, "other"), None);
+    }
+}
