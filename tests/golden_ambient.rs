@@ -181,7 +181,10 @@ fn ambient_command_prints_the_goldens() {
             ));
         }
     }
-    assert!(ran >= 12, "expected at least the 12 shipped ambient cases, ran {ran}");
+    assert!(
+        ran >= 12,
+        "expected at least the 12 shipped ambient cases, ran {ran}"
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 

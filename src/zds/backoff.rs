@@ -7,14 +7,11 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use backon::{BackoffBuilder, ExponentialBackoff};
-
 use crate::retry::RetryPolicy;
 
 #[derive(Debug)]
 struct Held {
-    /// This pod's delays, one drawn per NACK in a row.
-    delays: ExponentialBackoff,
+    nacks: u32,
     until: Instant,
     message: String,
 }
@@ -44,16 +41,16 @@ impl NackBook {
         let max = self.policy.max;
         self.held
             .retain(|_, h| now.saturating_duration_since(h.until) < max * 2);
-        let policy = self.policy;
-        let held = self.held.entry(uid.to_string()).or_insert_with(|| Held {
-            delays: policy.builder().build(),
-            until: now,
-            message: String::new(),
-        });
-        // Unbounded attempts: the iterator never ends; `max` stands in should it ever.
-        let delay = held.delays.next().unwrap_or(max);
-        held.until = now + delay;
-        held.message = message.to_string();
+        let nacks = self.held.get(uid).map_or(0, |h| h.nacks) + 1;
+        let delay = self.policy.jittered_delay(nacks - 1);
+        self.held.insert(
+            uid.to_string(),
+            Held {
+                nacks,
+                until: now + delay,
+                message: message.to_string(),
+            },
+        );
         delay
     }
 
