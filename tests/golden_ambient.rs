@@ -65,19 +65,29 @@ fn render(golden: &str, case: &Value) -> String {
     }
 }
 
-#[test]
-fn ambient_goldens() {
+/// The ambient cases of Istio's cases.json (those whose golden is one of `cni/pkg/iptables` or
+/// `cni/pkg/nftables`), with their golden file's path.
+fn ambient_cases() -> Vec<(String, Value)> {
     let cases: Value = serde_json::from_str(
         &std::fs::read_to_string(testdata().join("cases.json")).expect("cases.json"),
     )
     .unwrap();
+    let cases = cases.as_array().expect("list").iter();
+    cases
+        .filter_map(|case| {
+            let golden = case["golden"].as_str().unwrap_or_default();
+            (golden.starts_with("cni/pkg/iptables/") || golden.starts_with("cni/pkg/nftables/"))
+                .then(|| (golden.to_string(), case.clone()))
+        })
+        .collect()
+}
+
+#[test]
+fn ambient_goldens() {
     let mut failures = Vec::new();
     let mut ran = 0;
-    for case in cases.as_array().expect("list") {
-        let golden = case["golden"].as_str().unwrap_or_default();
-        if !(golden.starts_with("cni/pkg/iptables/") || golden.starts_with("cni/pkg/nftables/")) {
-            continue;
-        }
+    for (golden, case) in &ambient_cases() {
+        let golden = golden.as_str();
         ran += 1;
         let want = std::fs::read_to_string(testdata().join(golden)).expect("golden");
         let got = render(golden, case);
@@ -146,17 +156,10 @@ fn cli_args(golden: &str, case: &Value) -> Vec<String> {
 /// from the one trailing newline Istio's files lack.
 #[test]
 fn ambient_command_prints_the_goldens() {
-    let cases: Value = serde_json::from_str(
-        &std::fs::read_to_string(testdata().join("cases.json")).expect("cases.json"),
-    )
-    .unwrap();
     let mut failures = Vec::new();
     let mut ran = 0;
-    for case in cases.as_array().expect("list") {
-        let golden = case["golden"].as_str().unwrap_or_default();
-        if !(golden.starts_with("cni/pkg/iptables/") || golden.starts_with("cni/pkg/nftables/")) {
-            continue;
-        }
+    for (golden, case) in &ambient_cases() {
+        let golden = golden.as_str();
         let args = cli_args(golden, case);
         ran += 1;
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_istio-cni-rs"))
