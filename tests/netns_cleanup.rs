@@ -39,9 +39,13 @@ fn ok(out: &std::process::Output, what: &str) {
     );
 }
 
-/// Apply with `flags`, clean up with `cleanup_flags`: the state before comes back; a second apply
-/// after the cleanup equals the first.
-fn round_trip(tag: &str, flavour: Flavour, flags: &[&str], cleanup_flags: &[&str]) {
+/// Apply with `flags`, clean up with `cleanup_flags` (each a command line, split at white space):
+/// the state before comes back; a second apply after the cleanup equals the first.
+fn round_trip(tag: &str, flavour: Flavour, flags: &str, cleanup_flags: &str) {
+    let (flags, cleanup_flags): (Vec<&str>, Vec<&str>) = (
+        flags.split_whitespace().collect(),
+        cleanup_flags.split_whitespace().collect(),
+    );
     let ns = namespace_with_user_state(tag, flavour);
     let normal = |s: String| match flavour {
         Flavour::Nft => s,
@@ -49,7 +53,7 @@ fn round_trip(tag: &str, flavour: Flavour, flags: &[&str], cleanup_flags: &[&str
     };
     let pristine = normal(observed(&ns, flavour));
     let mut apply = base();
-    apply.extend_from_slice(flags);
+    apply.extend_from_slice(&flags);
     ok(&istio_iptables(&ns, flavour, &apply), "apply");
     let applied = normal(observed(&ns, flavour));
     assert_ne!(applied, pristine, "{flags:?} applied nothing");
@@ -62,7 +66,7 @@ fn round_trip(tag: &str, flavour: Flavour, flags: &[&str], cleanup_flags: &[&str
     );
 
     let mut cleanup = base();
-    cleanup.extend_from_slice(cleanup_flags);
+    cleanup.extend_from_slice(&cleanup_flags);
     cleanup.push("--cleanup-only");
     ok(&istio_iptables(&ns, flavour, &cleanup), "cleanup");
     assert_same(
@@ -85,130 +89,71 @@ const DUAL: &str = "--ipv6=true";
 #[test]
 fn redirect_default_round_trips() {
     tools();
-    round_trip("cr", Flavour::Nft, &["-i", "*", "-b", "*", V4], &[V4]);
+    round_trip("cr", Flavour::Nft, "-i * -b * --ipv6=false", V4);
 }
 
 #[test]
 fn tproxy_with_exclude_interface_round_trips() {
     tools();
-    let flags = ["-i", "*", "-m", "TPROXY", "-b", "80,8080", "-c", "eth9", V4];
-    round_trip("ct", Flavour::Nft, &flags, &flags);
+    let flags = "-i * -m TPROXY -b 80,8080 -c eth9 --ipv6=false";
+    round_trip("ct", Flavour::Nft, flags, flags);
 }
 
 #[test]
 fn dual_stack_tproxy_is_cleaned_in_both_families_even_when_cleanup_sees_no_ipv6() {
     tools();
-    let flags = [
-        "-i", "*", "-m", "TPROXY", "-b", "80,8080", "-c", "eth9", DUAL,
-    ];
-    round_trip(
-        "c6",
-        Flavour::Nft,
-        &flags,
-        &["-m", "TPROXY", "-b", "80,8080", "-c", "eth9", V4],
-    );
+    let flags = "-i * -m TPROXY -b 80,8080 -c eth9 --ipv6=true";
+    let cleanup = "-m TPROXY -b 80,8080 -c eth9 --ipv6=false";
+    round_trip("c6", Flavour::Nft, flags, cleanup);
 }
 
 #[test]
 fn dns_capture_round_trips_in_both_families() {
     tools();
-    let flags = [
-        "--redirect-dns",
-        "--dns-servers",
-        "10.96.0.10,fd00::10",
-        DUAL,
-    ];
-    round_trip("cd", Flavour::Nft, &flags, &flags);
-    let all = ["--redirect-dns", "--capture-all-dns", V4];
-    round_trip("ca", Flavour::Nft, &all, &all);
+    let flags = "--redirect-dns --dns-servers 10.96.0.10,fd00::10 --ipv6=true";
+    round_trip("cd", Flavour::Nft, flags, flags);
+    let all = "--redirect-dns --capture-all-dns --ipv6=false";
+    round_trip("ca", Flavour::Nft, all, all);
 }
 
 #[test]
 fn exclude_and_virtual_interfaces_round_trip() {
     tools();
-    let flags = [
-        "-i",
-        "*",
-        "-b",
-        "*",
-        "-c",
-        "eth9",
-        "-k",
-        "veth9,veth8",
-        DUAL,
-    ];
-    round_trip("ck", Flavour::Nft, &flags, &flags);
-    let listed = [
-        "-k",
-        "veth9",
-        "-i",
-        "10.0.0.0/8",
-        "-m",
-        "TPROXY",
-        "-b",
-        "*",
-        V4,
-    ];
-    round_trip("cl", Flavour::Nft, &listed, &listed);
+    let flags = "-i * -b * -c eth9 -k veth9,veth8 --ipv6=true";
+    round_trip("ck", Flavour::Nft, flags, flags);
+    let listed = "-k veth9 -i 10.0.0.0/8 -m TPROXY -b * --ipv6=false";
+    round_trip("cl", Flavour::Nft, listed, listed);
 }
 
 #[test]
 fn cleanup_with_flags_of_the_other_mode_still_removes_the_tproxy_rules() {
     tools();
-    let applied = ["-i", "*", "-m", "TPROXY", "-b", "80", "-c", "eth9", DUAL];
-    round_trip("co", Flavour::Nft, &applied, &["-c", "eth9", V4]);
+    let applied = "-i * -m TPROXY -b 80 -c eth9 --ipv6=true";
+    round_trip("co", Flavour::Nft, applied, "-c eth9 --ipv6=false");
 }
 
 #[test]
 fn legacy_flavour_round_trips() {
     tools();
-    let flags = [
-        "-m",
-        "TPROXY",
-        "-b",
-        "80",
-        "-c",
-        "eth9",
-        "--redirect-dns",
-        "--capture-all-dns",
-        DUAL,
-    ];
-    round_trip("cg", Flavour::Legacy, &flags, &flags);
+    let flags = "-m TPROXY -b 80 -c eth9 --redirect-dns --capture-all-dns --ipv6=true";
+    round_trip("cg", Flavour::Legacy, flags, flags);
 }
 
 #[test]
 fn native_nftables_cleanup_removes_only_our_tables_and_routes() {
     tools();
     for (tag, flags) in [
-        ("cn", vec!["--native-nftables", "-i", "*", "-b", "*", V4]),
+        ("cn", "--native-nftables -i * -b * --ipv6=false"),
         (
             "cm",
-            vec![
-                "--native-nftables",
-                "-m",
-                "TPROXY",
-                "-b",
-                "80",
-                "-c",
-                "eth9",
-                DUAL,
-            ],
+            "--native-nftables -m TPROXY -b 80 -c eth9 --ipv6=true",
         ),
         (
             "cq",
-            vec![
-                "--native-nftables",
-                "-i",
-                "*",
-                "-k",
-                "veth9",
-                "--redirect-dns",
-                "--capture-all-dns",
-                DUAL,
-            ],
+            "--native-nftables -i * -k veth9 --redirect-dns --capture-all-dns --ipv6=true",
         ),
     ] {
-        round_trip(tag, Flavour::Nft, &flags, &flags);
+        round_trip(tag, Flavour::Nft, flags, flags);
     }
 }
 
