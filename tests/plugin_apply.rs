@@ -45,70 +45,43 @@ fn tproxy_programs_mangle_rules_and_policy_route() {
     let save = netns.iptables_save();
     assert!(save.contains("-A ISTIO_DIVERT -j ACCEPT"), "{save}");
     assert!(save.contains("TPROXY"), "{save}");
-    let rules = String::from_utf8_lossy(&netns.exec("ip", &["rule"]).stdout).into_owned();
+    let rules = netns.stdout("ip", &["rule"]);
     assert_eq!(
         rules.matches("lookup 133").count(),
         1,
         "exactly one fwmark rule:\n{rules}"
     );
-    let routes =
-        String::from_utf8_lossy(&netns.exec("ip", &["route", "show", "table", "133"]).stdout)
-            .into_owned();
+    let routes = netns.stdout("ip", &["route", "show", "table", "133"]);
     assert!(routes.contains("local default dev lo"), "{routes}");
 }
 
 #[test]
 fn dual_stack_pod_gets_ipv6_rules() {
     let netns = apply(
-        sidecar_pod(
-            "ns1",
-            "ds",
-            json!({}),
-            json!([{"name": "ISTIO_DUAL_STACK", "value": "true"}]),
-            json!({}),
-        ),
+        pod_with_proxy_env("ns1", "ds", "ISTIO_DUAL_STACK", "true"),
         |ns| {
             // A pod interface with IPv4 and IPv6 addresses.
-            for args in [
-                vec![
-                    "link", "add", "eth0", "type", "veth", "peer", "name", "veth1",
-                ],
-                vec!["link", "set", "veth1", "up"],
-                vec!["link", "set", "eth0", "up"],
-                vec!["addr", "add", "10.31.0.2/24", "dev", "eth0"],
-                vec!["addr", "add", "fd31::2/64", "dev", "eth0", "nodad"],
+            for line in [
+                "link add eth0 type veth peer name veth1",
+                "link set veth1 up",
+                "link set eth0 up",
+                "addr add 10.31.0.2/24 dev eth0",
+                "addr add fd31::2/64 dev eth0 nodad",
             ] {
-                let out = ns.exec("ip", &args);
-                assert!(
-                    out.status.success(),
-                    "ip {args:?}: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                ns.ip(line);
             }
         },
     );
-    let v6 = String::from_utf8_lossy(&netns.exec("ip6tables-nft-save", &[]).stdout).into_owned()
-        + &String::from_utf8_lossy(&netns.exec("ip6tables-legacy-save", &[]).stdout);
+    let v6 = netns.stdout("ip6tables-nft-save", &[]) + &netns.stdout("ip6tables-legacy-save", &[]);
     assert!(v6.contains("-A ISTIO_OUTPUT -d ::1/128 -j RETURN"), "{v6}");
-    let lo = String::from_utf8_lossy(
-        &netns
-            .exec("ip", &["-6", "addr", "show", "dev", "lo"])
-            .stdout,
-    )
-    .into_owned();
+    let lo = netns.stdout("ip", &["-6", "addr", "show", "dev", "lo"]);
     assert!(lo.contains("::6/128"), "{lo}");
 }
 
 #[test]
 fn dns_capture_programs_raw_table() {
     let netns = apply(
-        sidecar_pod(
-            "ns1",
-            "dns",
-            json!({}),
-            json!([{"name": "ISTIO_META_DNS_CAPTURE", "value": "true"}]),
-            json!({}),
-        ),
+        pod_with_proxy_env("ns1", "dns", "ISTIO_META_DNS_CAPTURE", "true"),
         |_| {},
     );
     let save = netns.iptables_save();
@@ -121,15 +94,14 @@ fn repeated_add_with_changed_settings_converges() {
     require_tool("iptables-restore", "iptables");
     let (api, dir) = api_with_sidecar_pod("ns1", "re");
     let netns = NetnsGuard::new("re");
-    let env = cni_env("ADD", &netns.path().display().to_string(), "ns1", "re");
-    let run = run_plugin(&env, &conf(dir.path()).to_string());
+    let run = netns.add("ns1", "re", &conf(dir.path()));
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     api.put_pod(annotated_pod(
         "ns1",
         "re",
         json!({"traffic.sidecar.istio.io/excludeOutboundPorts": "7777"}),
     ));
-    let run = run_plugin(&env, &conf(dir.path()).to_string());
+    let run = netns.add("ns1", "re", &conf(dir.path()));
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     let save = netns.iptables_save();
     assert!(save.contains("--dport 7777 -j RETURN"), "{save}");
@@ -272,7 +244,7 @@ fn readd_with_changed_interception_mode_converges_to_a_fresh_apply() {
             "re-ADD as {mode} must end as a fresh {mode} ADD does"
         );
     }
-    let rules = String::from_utf8_lossy(&netns.exec("ip", &["rule"]).stdout).into_owned();
+    let rules = netns.stdout("ip", &["rule"]);
     assert!(
         !rules.contains("lookup 133"),
         "TPROXY policy route left behind:\n{rules}"

@@ -120,6 +120,22 @@ impl NetnsGuard {
         )
     }
 
+    /// What a command run inside the namespace printed (stdout).
+    pub fn stdout(&self, program: &str, args: &[&str]) -> String {
+        String::from_utf8_lossy(&self.exec(program, args).stdout).into_owned()
+    }
+
+    /// Runs `ip` in the namespace with the words of `line`; panics with its stderr on failure.
+    pub fn ip(&self, line: &str) {
+        let args: Vec<&str> = line.split_whitespace().collect();
+        let out = self.exec("ip", &args);
+        assert!(
+            out.status.success(),
+            "ip {line}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// `iptables-save` of the namespace (nft and legacy together).
     pub fn iptables_save(&self) -> String {
         let mut all = String::new();
@@ -374,6 +390,12 @@ pub fn enablement_selectors() -> Value {
         {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]},
          "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}
     ])
+}
+
+/// A sidecar pod whose only difference from the injector's is one proxy env var.
+pub fn pod_with_proxy_env(ns: &str, name: &str, var: &str, value: &str) -> Value {
+    let env = json!([{"name": var, "value": value}]);
+    sidecar_pod(ns, name, json!({}), env, json!({}))
 }
 
 /// The plugin config Istio's plugin tests use (its mock template: standard keys, a prevResult
