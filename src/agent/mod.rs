@@ -12,6 +12,7 @@
 
 pub mod cache;
 pub mod dataplane;
+pub mod join;
 pub mod machine;
 pub mod mesh;
 pub mod pod;

@@ -12,7 +12,6 @@ use futures::future::BoxFuture;
 
 use crate::kube::{KubeClient, KubeError, MetadataPatch};
 use crate::netns::Netns;
-use crate::rules::ambient::PodOverrides;
 
 /// A failure of a seam, and whether trying again later may help.
 #[derive(Debug, thiserror::Error)]
@@ -39,15 +38,8 @@ impl PortError {
     }
 }
 
-/// What the data plane needs to program one pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodNet {
-    pub uid: String,
-    pub name: String,
-    pub namespace: String,
-    pub ips: Vec<IpAddr>,
-    pub overrides: PodOverrides,
-}
+/// What the data plane needs to program one pod (the data plane's own type).
+pub use super::dataplane::PodNet;
 
 /// In-pod rules, the host probe set and netns lookup. Blocking calls: the agent runs them on
 /// the blocking pool.
@@ -67,13 +59,8 @@ pub trait Dataplane: Send + Sync + 'static {
     fn probe_sync(&self, members: &[(String, Vec<IpAddr>)], prune: bool) -> Result<(), PortError>;
 }
 
-/// Workload identity sent to ztunnel.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct WorkloadInfo {
-    pub name: String,
-    pub namespace: String,
-    pub service_account: String,
-}
+/// Workload identity sent to ztunnel (the ZDS room's own type).
+pub use crate::zds::WorkloadInfo;
 
 /// The ZDS server as the agent uses it.
 pub trait Ztunnel: Send + Sync + 'static {

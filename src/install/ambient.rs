@@ -10,6 +10,7 @@ use std::sync::Arc;
 use tracing::info;
 
 use super::config::Config;
+use crate::agent::join;
 use crate::agent::ports::{KubeAnnotator, LateZtunnel};
 use crate::agent::settings::{Settings, Timing};
 use crate::agent::{Agent, AgentError, Deps};
@@ -27,7 +28,7 @@ pub enum StartError {
     #[error("ambient node agent: Kubernetes client: {0}")]
     Kube(#[from] KubeError),
     #[error("ambient node agent: {0}")]
-    Unavailable(String),
+    Join(#[from] join::JoinError),
 }
 
 /// The agent's settings, from install-cni's parsed config.
@@ -45,12 +46,12 @@ pub fn agent_settings(cfg: &Config) -> Settings {
 }
 
 /// The agent's seams. The annotation patch is always the real one (the API server is reached
-/// through the agent's client).
-fn deps(
+/// through the agent's client); ztunnel is bound late (see [`start`]).
+async fn deps(
     client: &KubeClient,
     settings: &Settings,
     metrics: &Metrics,
-) -> Result<(Deps, Arc<LateZtunnel>), StartError> {
+) -> Result<(Deps, Arc<LateZtunnel>, bool), StartError> {
     let annotator = Arc::new(KubeAnnotator {
         client: client.clone(),
         timeout: settings.timing.kube_call_timeout,
@@ -67,22 +68,21 @@ fn deps(
             annotator,
             metrics: metrics.clone(),
         };
-        return Ok((deps, ztunnel));
+        return Ok((deps, ztunnel, false));
     }
-    // Join point for the data plane (`agent::dataplane::Dataplane::new`) and, after the agent
-    // started, the ZDS server (`zds::serve` with the agent's pod cache as its snapshot source,
-    // bound into `ztunnel`).
-    let _ = (annotator, ztunnel, metrics);
-    Err(StartError::Unavailable(
-        "the ambient data plane (in-pod rules, host probe set) and the ZDS server are not part \
-         of this build yet; set AMBIENT_ENABLED=false (chart: ambient.enabled=false). Nothing \
-         was installed or changed."
-            .into(),
-    ))
+    let dataplane = join::real_dataplane(settings).await?;
+    let deps = Deps {
+        dataplane,
+        ztunnel: ztunnel.clone(),
+        annotator,
+        metrics: metrics.clone(),
+    };
+    Ok((deps, ztunnel, true))
 }
 
 /// Starts the agent: settings checked, seams built, client made (explicit > $KUBECONFIG >
-/// in-cluster), then [`Agent::start`] (stores synced, startup snapshot restored).
+/// in-cluster), then [`Agent::start`] (stores synced, startup snapshot restored), and only then
+/// the ZDS server, so the first ztunnel to connect gets the whole restored state.
 pub async fn start(
     cfg: &Config,
     metrics: &Metrics,
@@ -94,8 +94,19 @@ pub async fn start(
     }
     let (client, source) = KubeClient::for_agent(None).await?;
     info!(?source, node = %settings.config.node_name, "starting the ambient node agent");
-    let (deps, _ztunnel) = deps(&client, &settings, metrics)?;
-    Ok(Agent::start(&settings, &client, deps, stop).await?)
+    let (deps, ztunnel, serve_zds) = deps(&client, &settings, metrics).await?;
+    let agent = Agent::start(&settings, &client, deps, stop).await?;
+    if serve_zds {
+        join::serve_ztunnel(
+            &agent,
+            &ztunnel,
+            settings.config.ztunnel_uds_address.clone(),
+            metrics.clone(),
+            stop.clone(),
+        )
+        .await?;
+    }
+    Ok(agent)
 }
 
 #[cfg(test)]

@@ -1,0 +1,174 @@
+//! The real seams: the agent's traits (`ports`) implemented by its data plane and by the ZDS
+//! server, and the pod cache offered to ZDS as the snapshot source. Only error classes are
+//! decided here (what may succeed later); every behaviour stays in its own module.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use super::cache::PodCache;
+use super::dataplane::{Dataplane, DataplaneError};
+use super::ports::{self, PodNet, PortError, WorkloadInfo};
+use crate::netns::Netns;
+use crate::zds::{SnapshotEntry, SnapshotSource, ZdsError, ZdsHandle};
+
+/// A pod whose netns cannot be opened or entered, or whose rules the kernel refuses, will not
+/// fix itself by waiting (Istio: NonRetryable); the host probe set and host rules may.
+fn dataplane_error(e: DataplaneError) -> PortError {
+    match e {
+        DataplaneError::OpenNetns { .. }
+        | DataplaneError::Enter { .. }
+        | DataplaneError::Inpod { .. } => PortError::permanent(e),
+        _ => PortError::retryable(e),
+    }
+}
+
+impl ports::Dataplane for Dataplane {
+    fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, PortError> {
+        Dataplane::open_netns(self, cni_netns_path).map_err(dataplane_error)
+    }
+
+    fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns> {
+        Dataplane::find_netns(self, wanted)
+    }
+
+    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError> {
+        Dataplane::program_pod(self, netns, pod).map_err(dataplane_error)
+    }
+
+    fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError> {
+        Dataplane::unprogram_pod(self, netns, pod).map_err(dataplane_error)
+    }
+
+    fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
+        Dataplane::probe_add(self, uid, ips).map_err(dataplane_error)
+    }
+
+    fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
+        Dataplane::probe_remove(self, uid, ips).map_err(dataplane_error)
+    }
+
+    fn probe_sync(&self, members: &[(String, Vec<IpAddr>)], prune: bool) -> Result<(), PortError> {
+        Dataplane::probe_sync(self, members, prune).map_err(dataplane_error)
+    }
+}
+
+fn zds_error(e: ZdsError) -> PortError {
+    if e.is_retryable() {
+        PortError::retryable(e)
+    } else {
+        PortError::permanent(e)
+    }
+}
+
+impl ports::Ztunnel for ZdsHandle {
+    fn add_workload<'a>(
+        &'a self,
+        uid: &'a str,
+        info: &'a WorkloadInfo,
+        netns: &'a Arc<Netns>,
+    ) -> BoxFuture<'a, Result<(), PortError>> {
+        Box::pin(async move {
+            ZdsHandle::add_workload(self, uid, info, netns)
+                .await
+                .map_err(zds_error)
+        })
+    }
+
+    fn del_workload<'a>(&'a self, uid: &'a str) -> BoxFuture<'a, Result<(), PortError>> {
+        Box::pin(async move { ZdsHandle::del_workload(self, uid).await.map_err(zds_error) })
+    }
+}
+
+/// ztunnel's state of the world is the pod cache: every cached pod, with its netns when known
+/// (a Keep otherwise).
+impl SnapshotSource for PodCache {
+    fn snapshot(&self) -> Vec<SnapshotEntry> {
+        PodCache::snapshot(self)
+            .into_iter()
+            .map(|(uid, pod)| SnapshotEntry {
+                uid,
+                info: pod.info,
+                netns: pod.netns,
+            })
+            .collect()
+    }
+}
+
+/// The data plane's settings from the agent's. The host's root is mounted where its /proc
+/// mount's parent is (`/host/proc` -> `/host`, the chart's layout); plugin netns paths are opened
+/// under it.
+pub fn dataplane_settings(
+    settings: &super::settings::Settings,
+) -> super::dataplane::DataplaneSettings {
+    let c = &settings.config;
+    let host_prefix = settings
+        .host_proc_dir
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| "/".into());
+    super::dataplane::DataplaneSettings {
+        ambient: crate::rules::ambient::AmbientConfig {
+            probe_snat_v4: c.host_probe_snat_ip.to_string(),
+            probe_snat_v6: c.host_probe_snat_ipv6.to_string(),
+            enable_ipv6: c.ipv6,
+            redirect_dns: c.dns_capture,
+        },
+        native_nftables: settings.native_nftables,
+        // The install config accepts only these two values (anything else is refused there).
+        force_iptables_binary: match c.force_iptables_binary.as_deref() {
+            Some("legacy") => Some(crate::apply::ForceBinary::Legacy),
+            Some("nft") => Some(crate::apply::ForceBinary::Nft),
+            _ => None,
+        },
+        host_prefix,
+        host_proc: settings.host_proc_dir.clone(),
+        allow_switch_to_host_ns: c.allow_switch_to_host_ns,
+        scoped_xtables_locking: c.scoped_xtables_locking,
+        skip_host_rules: false,
+    }
+}
+
+/// Why the real seams could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error("ambient data plane: {0}")]
+    Dataplane(#[from] DataplaneError),
+    #[error("ambient data plane set-up task failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
+    #[error("ZDS server: {0}")]
+    Zds(#[from] ZdsError),
+}
+
+/// Builds the real data plane (backend decision, host rules, probe sets) off the async runtime.
+pub async fn real_dataplane(
+    settings: &super::settings::Settings,
+) -> Result<Arc<dyn ports::Dataplane>, JoinError> {
+    let dp_settings = dataplane_settings(settings);
+    let built = tokio::task::spawn_blocking(move || Dataplane::new(&dp_settings))
+        .await
+        .map_err(JoinError::Task)??;
+    Ok(Arc::new(built))
+}
+
+/// Starts the ZDS server on `ZTUNNEL_UDS_ADDRESS` with the agent's pod cache as ztunnel's state
+/// of the world, and binds it as the agent's ztunnel. Called after [`super::Agent::start`]: a
+/// ztunnel connecting earlier would get a snapshot without the restored pods and drop them.
+pub async fn serve_ztunnel(
+    agent: &super::Agent,
+    late: &ports::LateZtunnel,
+    socket: std::path::PathBuf,
+    metrics: crate::telemetry::metrics::Metrics,
+    stop: tokio_util::sync::CancellationToken,
+) -> Result<(), JoinError> {
+    let cfg = crate::zds::ZdsConfig {
+        socket,
+        metrics,
+        ..Default::default()
+    };
+    let handle = crate::zds::serve(cfg, agent.pod_cache(), stop).await?;
+    late.bind(Arc::new(handle));
+    Ok(())
+}

@@ -1,0 +1,331 @@
+//! The real `install-cni` run with a rendered DaemonSet's command, args and environment (as the
+//! kubelet resolves it), each run in a netns of its own so the chart's fixed ports (probe 8000,
+//! metrics 15014) are used as they are, against the test API server inside that netns. Only what
+//! Kubernetes itself provides is added (the service host, the service-account mount, API access)
+//! and the host mounts are redirected to temp dirs (the chart mounts them where the binary looks
+//! by default: `chart_mounts_are_where_install_cni_looks_by_default`).
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use istio_cni::kube::testserver::TestApiServer;
+
+use crate::chart::{ApiCall, NAMESPACE, Rendered};
+use crate::install::{Agent, Dirs, bin, has_istio_entry, http_get, start_via, testdata};
+use crate::support::Netns;
+
+const T: Duration = Duration::from_secs(30);
+/// Runs at once: the machine is small and shared.
+const WORKERS: usize = 3;
+
+/// `install-cni --help`: env var -> the default it states ("...; default X (env VAR").
+pub fn binary_defaults() -> BTreeMap<String, String> {
+    let out = Command::new(bin())
+        .args(["install-cni", "--help"])
+        .output()
+        .expect("install-cni --help");
+    let text = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut defaults = BTreeMap::new();
+    let mut from = 0;
+    while let Some(at) = text[from..].find("(env ").map(|i| from + i) {
+        let var: String = text[at + 5..]
+            .chars()
+            .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        // Only this option's text: from the previous "(env" on.
+        if let Some(d) = text[from..at].rfind("default ") {
+            let value = text[from + d + 8..at].trim();
+            if !value.contains(' ') {
+                defaults.insert(var, value.to_string());
+            }
+        }
+        from = at + 5;
+    }
+    defaults
+}
+
+/// What the binary is given: its resolved environment and its args.
+type Given = (BTreeMap<String, String>, Vec<String>);
+
+/// The value sets grouped by what the binary is given (resolved environment and args): one run
+/// stands for each group; the rest of a group differs only in objects or host paths.
+pub fn by_environment<'a>(cases: impl Iterator<Item = &'a Rendered>) -> Vec<Vec<&'a Rendered>> {
+    let mut groups: BTreeMap<Given, Vec<&Rendered>> = BTreeMap::new();
+    for r in cases {
+        groups
+            .entry((r.container_env(), r.args()))
+            .or_default()
+            .push(r);
+    }
+    groups.into_values().collect()
+}
+
+/// Runs `check` over each group on a few threads; every failure is reported before this panics.
+pub fn each_in_parallel(groups: &[Vec<&Rendered>], check: fn(&[&Rendered])) {
+    let next = AtomicUsize::new(0);
+    let failed = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..WORKERS {
+            s.spawn(|| {
+                while let Some(group) = groups.get(next.fetch_add(1, Ordering::SeqCst)) {
+                    let outcome = std::panic::catch_unwind(|| check(group));
+                    if outcome.is_err() {
+                        failed.lock().expect("failed").push(group[0].name.clone());
+                    }
+                }
+            });
+        }
+    });
+    let failed = failed.into_inner().expect("failed");
+    assert!(
+        failed.is_empty(),
+        "failed value sets (messages above): {failed:?}"
+    );
+}
+
+/// The test API server, listening inside `ns`.
+struct Api {
+    server: TestApiServer,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Api {
+    fn start_in(ns: &Netns) -> Api {
+        // The listening socket belongs to the netns of the thread that creates it.
+        ns.spawn(|| {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let server = rt
+                .block_on(TestApiServer::start())
+                .expect("test API server");
+            Api { server, _rt: rt }
+        })
+        .join()
+        .expect("API server thread")
+    }
+}
+
+/// Everything one run needs: its netns, the API server in it, the temp host dirs.
+struct Node {
+    ns: Netns,
+    api: Api,
+    dirs: Dirs,
+    /// The primary CNI config the test put down, if the case chains.
+    primary: Option<String>,
+}
+
+impl Node {
+    fn new() -> Node {
+        let ns = Netns::new("chart");
+        let api = Api::start_in(&ns);
+        Node {
+            ns,
+            api,
+            dirs: Dirs::new(),
+            primary: None,
+        }
+    }
+
+    /// The rendered container environment plus what Kubernetes itself provides, host mounts
+    /// redirected to temp dirs.
+    fn environment(&self, r: &Rendered) -> BTreeMap<String, String> {
+        let d = &self.dirs;
+        let kubeconfig = d.tmp.path().join("agent-kubeconfig");
+        self.api
+            .server
+            .write_kubeconfig(&kubeconfig)
+            .expect("kubeconfig");
+        let (netns_dir, zds_dir) = (d.tmp.path().join("netns"), d.tmp.path().join("ztunnel"));
+        for dir in [&netns_dir, &zds_dir] {
+            std::fs::create_dir_all(dir).expect("mkdir");
+        }
+        let path = |p: &std::path::Path| p.display().to_string();
+        let provided = [
+            // Set by the kubelet for every pod.
+            ("KUBERNETES_SERVICE_HOST", "10.96.0.1".to_string()),
+            ("KUBERNETES_SERVICE_PORT", "443".to_string()),
+            // The service-account token mount.
+            ("SERVICE_ACCOUNT_DIR", path(&d.sa)),
+            // In a pod the agent reaches the API in-cluster (https); here the plain-HTTP server.
+            ("KUBECONFIG", path(&kubeconfig)),
+            // The chart's host mounts, redirected.
+            ("MOUNTED_CNI_NET_DIR", path(&d.net)),
+            ("CNI_BIN_DIRS", path(&d.bin)),
+            ("CNI_AGENT_RUN_DIR", path(&d.run)),
+            // Read-only and the same on this machine: the host's /proc, as the chart mounts it.
+            ("HOST_PROC_DIR", "/proc".to_string()),
+            ("HOST_NETNS_DIR", path(&netns_dir)),
+            ("ZTUNNEL_UDS_ADDRESS", path(&zds_dir.join("ztunnel.sock"))),
+        ];
+        let mut env = r.container_env();
+        for (k, v) in provided {
+            assert!(
+                !env.contains_key(k),
+                "{}: the chart sets {k}, which this test provides",
+                r.name
+            );
+            env.insert(k.to_string(), v);
+        }
+        env
+    }
+
+    /// Starts install-cni inside the netns as the container would: its command is the role.
+    fn start(&mut self, r: &Rendered) -> Agent {
+        let env = self.environment(r);
+        assert_eq!(r.container()["command"], serde_json::json!(["install-cni"]));
+        if env["CHAINED_CNI_PLUGIN"] != "false" {
+            let name = env
+                .get("CNI_CONF_NAME")
+                .cloned()
+                .unwrap_or_else(|| "10-list.conflist".into());
+            self.dirs.put(&name, &testdata("list.conflist"));
+            self.primary = Some(name);
+        }
+        let args = r.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        start_via(&["ip", "netns", "exec", &self.ns.name], &env, &args)
+    }
+
+    fn get(&self, port: u16, path: &str) -> Option<(u16, String)> {
+        let path = path.to_string();
+        self.ns
+            .spawn(move || http_get(port, &path))
+            .join()
+            .expect("http thread")
+    }
+}
+
+fn port_of(v: &serde_json::Value) -> u16 {
+    match v {
+        serde_json::Value::Number(n) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
+        serde_json::Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+    .unwrap_or_else(|| panic!("not a port: {v}"))
+}
+
+/// The rendered environment must be accepted: ready on the probe, metrics on the scrape target,
+/// everything installed, a clean exit on SIGTERM, and every API call made allowed by the RBAC of
+/// every value set in the group.
+pub fn expect_ready(group: &[&Rendered]) {
+    let r = group[0];
+    let name = &r.name;
+    let mut node = Node::new();
+    let mut agent = node.start(r);
+    let probe = &r.container()["readinessProbe"]["httpGet"];
+    let (port, path) = (
+        port_of(&probe["port"]),
+        probe["path"].as_str().expect("path"),
+    );
+    let deadline = Instant::now() + T;
+    while node.get(port, path).map(|(s, _)| s) != Some(200) {
+        if let Some(st) = agent.child.try_wait().expect("try_wait") {
+            std::thread::sleep(Duration::from_millis(50));
+            panic!("{name}: install-cni exited ({st}):\n{}", agent.output());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: not ready on :{port}{path} within {T:?}:\n{}",
+            agent.output()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let annotations = &r.daemonset()["spec"]["template"]["metadata"]["annotations"];
+    let metrics_port = port_of(&annotations["prometheus.io/port"]);
+    let metrics_path = annotations["prometheus.io/path"].as_str().expect("path");
+    let (code, body) = node.get(metrics_port, metrics_path).expect("metrics");
+    assert_eq!(code, 200, "{name}");
+    assert!(body.contains("istio_cni_install_ready 1"), "{name}: {body}");
+
+    let d = &node.dirs;
+    assert!(
+        d.bin.join("istio-cni").is_file(),
+        "{name}: no plugin binary"
+    );
+    assert!(
+        d.run.join("istio-cni-kubeconfig").is_file(),
+        "{name}: no kubeconfig"
+    );
+    match &node.primary {
+        Some(primary) => {
+            let conf = d.read(primary).unwrap_or_default();
+            assert!(
+                has_istio_entry(&conf),
+                "{name}: {primary} not chained:\n{conf}"
+            );
+        }
+        None => {
+            // Standalone: our own config, named by CNI_CONF_NAME.
+            let own = r.container_env()["CNI_CONF_NAME"].clone();
+            let conf = d.read(&own).unwrap_or_default();
+            assert!(conf.contains("\"istio-cni\""), "{name}: {own}: {conf}");
+        }
+    }
+    let st = agent.terminate(T);
+    assert!(st.success(), "{name}: exit {st}:\n{}", agent.output());
+
+    let calls: Vec<(ApiCall, String)> = node
+        .api
+        .server
+        .requests()
+        .iter()
+        .map(|q| {
+            (
+                ApiCall::from_http(&q.method, &q.path, q.is_watch()),
+                q.path.clone(),
+            )
+        })
+        .collect();
+    // The shutdown check looks up the DaemonSet in the pod's namespace (from the fieldRef).
+    let ds = format!("/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/istio-cni-node");
+    assert!(calls.iter().any(|(_, p)| *p == ds), "{name}: {calls:?}");
+    // With resourceScope=namespace the RBAC comes from another release (scope cluster).
+    for r in group.iter().filter(|r| !r.all("ClusterRole").is_empty()) {
+        for (call, path) in &calls {
+            assert!(
+                r.allows(call),
+                "{}: RBAC does not allow {call:?} ({path})",
+                r.name
+            );
+        }
+    }
+}
+
+/// Until the ambient agent is built, install-cni must refuse an ambient environment before
+/// touching anything, saying why and what to do.
+pub fn expect_ambient_refusal(group: &[&Rendered]) {
+    let r = group[0];
+    let name = &r.name;
+    let mut node = Node::new();
+    let mut agent = node.start(r);
+    let st = agent.wait(T);
+    let out = agent.output();
+    assert_eq!(st.code(), Some(1), "{name}: {out}");
+    assert!(
+        out.contains("AMBIENT_ENABLED=true") && out.contains("not implemented in this build"),
+        "{name}: {out}"
+    );
+    let d = &node.dirs;
+    assert!(
+        !d.bin.join("istio-cni").exists(),
+        "{name}: plugin installed"
+    );
+    assert!(!d.run.join("istio-cni-kubeconfig").exists(), "{name}");
+    let untouched: Vec<String> = node.primary.iter().cloned().collect();
+    assert_eq!(d.names(), untouched, "{name}: conf dir changed");
+    if let Some(primary) = &node.primary {
+        assert_eq!(
+            d.read(primary),
+            Some(String::from_utf8(testdata("list.conflist")).expect("utf8"))
+        );
+    }
+}
