@@ -4,10 +4,6 @@
 //! checks the harness itself.
 #![allow(dead_code)]
 
-// The test API server on its own runtime is the plugin tests' one.
-#[path = "cni_driver/mod.rs"]
-mod cni_driver;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
@@ -331,21 +327,28 @@ fn harness_parses_http_status() {
 /// A test API server on loopback (its own runtime) and a kubeconfig for it, for install-cni runs
 /// with the ambient agent (which watches pods and namespaces before anything is installed).
 pub struct ApiServer {
-    pub api: cni_driver::FakeApiServer,
+    pub rt: tokio::runtime::Runtime,
+    pub server: istio_cni::kube::testserver::TestApiServer,
     pub kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl ApiServer {
     pub fn start() -> ApiServer {
-        let api = cni_driver::FakeApiServer::start();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let server = rt
+            .block_on(istio_cni::kube::testserver::TestApiServer::start())
+            .expect("test API server");
         let dir = tempfile::tempdir().expect("tempdir");
         let kubeconfig = dir.path().join("kubeconfig");
-        api.server
-            .write_kubeconfig(&kubeconfig)
-            .expect("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
         ApiServer {
-            api,
+            rt,
+            server,
             kubeconfig,
             _dir: dir,
         }
