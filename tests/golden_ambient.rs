@@ -65,21 +65,35 @@ fn render(golden: &str, case: &Value) -> String {
     }
 }
 
-#[test]
-fn ambient_goldens() {
+/// The ambient cases of Istio's cases.json (those whose golden is one of `cni/pkg/iptables` or
+/// `cni/pkg/nftables`): the golden file's path, the case, the golden's text. At least the 12
+/// Istio ships.
+fn ambient_cases() -> Vec<(String, Value, String)> {
     let cases: Value = serde_json::from_str(
         &std::fs::read_to_string(testdata().join("cases.json")).expect("cases.json"),
     )
     .unwrap();
-    let mut failures = Vec::new();
-    let mut ran = 0;
+    let mut out = Vec::new();
     for case in cases.as_array().expect("list") {
         let golden = case["golden"].as_str().unwrap_or_default();
-        if !(golden.starts_with("cni/pkg/iptables/") || golden.starts_with("cni/pkg/nftables/")) {
-            continue;
+        if golden.starts_with("cni/pkg/iptables/") || golden.starts_with("cni/pkg/nftables/") {
+            let want = std::fs::read_to_string(testdata().join(golden)).expect("golden");
+            out.push((golden.to_string(), case.clone(), want));
         }
-        ran += 1;
-        let want = std::fs::read_to_string(testdata().join(golden)).expect("golden");
+    }
+    assert!(
+        out.len() >= 12,
+        "expected the shipped ambient cases, found {}",
+        out.len()
+    );
+    out
+}
+
+#[test]
+fn ambient_goldens() {
+    let cases = ambient_cases();
+    let mut failures = Vec::new();
+    for (golden, case, want) in &cases {
         let got = render(golden, case);
         if got.trim() != want.trim() {
             failures.push(format!(
@@ -89,11 +103,11 @@ fn ambient_goldens() {
             ));
         }
     }
-    assert!(ran >= 12, "expected the shipped ambient cases, ran {ran}");
     assert!(
         failures.is_empty(),
-        "{} of {ran} differ:\n{}",
+        "{} of {} differ:\n{}",
         failures.len(),
+        cases.len(),
         failures.join("\n\n")
     );
 }
@@ -146,19 +160,9 @@ fn cli_args(golden: &str, case: &Value) -> Vec<String> {
 /// from the one trailing newline Istio's files lack.
 #[test]
 fn ambient_command_prints_the_goldens() {
-    let cases: Value = serde_json::from_str(
-        &std::fs::read_to_string(testdata().join("cases.json")).expect("cases.json"),
-    )
-    .unwrap();
     let mut failures = Vec::new();
-    let mut ran = 0;
-    for case in cases.as_array().expect("list") {
-        let golden = case["golden"].as_str().unwrap_or_default();
-        if !(golden.starts_with("cni/pkg/iptables/") || golden.starts_with("cni/pkg/nftables/")) {
-            continue;
-        }
+    for (golden, case, want) in &ambient_cases() {
         let args = cli_args(golden, case);
-        ran += 1;
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_istio-cni-rs"))
             .arg("istio-iptables")
             .args(&args)
@@ -166,7 +170,6 @@ fn ambient_command_prints_the_goldens() {
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .output()
             .expect("run istio-iptables ambient");
-        let want = std::fs::read_to_string(testdata().join(golden)).expect("golden");
         let got = String::from_utf8_lossy(&out.stdout);
         let want_exact = if want.ends_with('\n') {
             want.clone()
@@ -181,10 +184,6 @@ fn ambient_command_prints_the_goldens() {
             ));
         }
     }
-    assert!(
-        ran >= 12,
-        "expected at least the 12 shipped ambient cases, ran {ran}"
-    );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 

@@ -116,10 +116,7 @@ fn a_symlinked_primary_is_merged_through_its_target_and_restored_on_cleanup() {
     // link and becomes the primary.
     fs::write(real_dir.join("01-new.conflist"), testdata("list.conflist")).expect("new primary");
     assert!(
-        wait_for(REPAIR, || d
-            .read("01-new.conflist")
-            .filter(|c| has_istio_entry(c)))
-        .is_some(),
+        d.waits_for(REPAIR, "01-new.conflist", has_istio_entry),
         "a change in the linked conf dir was missed:\n{}",
         agent.output()
     );
@@ -165,10 +162,7 @@ fn duplicate_istio_entries_collapse_to_one_and_sigterm_removes_them_all() {
     d.put("10-list.conflist", two.as_bytes());
     let mut agent = start(&d.base_env(), &[]);
     assert!(
-        wait_for(T, || d
-            .read("10-list.conflist")
-            .filter(|c| one_entry_last(c)))
-        .is_some(),
+        d.waits_for(T, "10-list.conflist", one_entry_last),
         "two entries were kept: {:?}\n{}",
         d.read("10-list.conflist"),
         agent.output()
@@ -183,10 +177,7 @@ fn duplicate_istio_entries_collapse_to_one_and_sigterm_removes_them_all() {
     });
     fs::write(d.net.join("10-list.conflist"), doubled).expect("add a duplicate");
     assert!(
-        wait_for(REPAIR, || d
-            .read("10-list.conflist")
-            .filter(|c| one_entry_last(c)))
-        .is_some(),
+        d.waits_for(REPAIR, "10-list.conflist", one_entry_last),
         "a duplicate added while running was kept: {:?}\n{}",
         d.read("10-list.conflist"),
         agent.output()

@@ -291,12 +291,7 @@ fn sigint_also_cleans_up() {
     let d = Dirs::new();
     d.put("10-list.conflist", &testdata("list.conflist"));
     let mut agent = start(&d.base_env(), &[]);
-    assert!(
-        wait_for(T, || d
-            .read("10-list.conflist")
-            .filter(|c| has_istio_entry(c)))
-        .is_some()
-    );
+    assert!(d.waits_for(T, "10-list.conflist", has_istio_entry));
     agent.signal(nix::sys::signal::Signal::SIGINT);
     assert!(agent.wait(T).success());
     assert_eq!(

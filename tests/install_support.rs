@@ -70,6 +70,11 @@ impl Dirs {
         std::fs::read_to_string(self.net.join(name)).ok()
     }
 
+    /// Waits up to `timeout` for `name` in the conf dir to satisfy `ready`; true when it did.
+    pub fn waits_for(&self, timeout: Duration, name: &str, ready: impl Fn(&str) -> bool) -> bool {
+        wait_for(timeout, || self.read(name).filter(|c| ready(c))).is_some()
+    }
+
     pub fn names(&self) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(&self.net)
             .expect("ls net")

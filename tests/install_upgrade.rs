@@ -116,6 +116,15 @@ fn serve(ds: Ds) -> (tokio::runtime::Runtime, Api, u16) {
     (rt, api, port)
 }
 
+/// The base env of `d` with a kubeconfig (written into `d`) for the stand-in API on `port`.
+fn env_for_api(d: &Dirs, port: u16) -> Vec<(String, String)> {
+    let kubeconfig = d.tmp.path().join("kubeconfig");
+    write_kubeconfig(&kubeconfig, port);
+    let mut env = d.base_env();
+    env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
+    env
+}
+
 fn write_kubeconfig(path: &std::path::Path, port: u16) {
     std::fs::write(
         path,
@@ -131,11 +140,8 @@ fn write_kubeconfig(path: &std::path::Path, port: u16) {
 fn run(ds: Ds, extra_env: &[(&str, &str)]) -> (bool, usize, Duration, Vec<String>) {
     let (_rt, api, port) = serve(ds);
     let d = Dirs::new();
-    let kubeconfig = d.tmp.path().join("kubeconfig");
-    write_kubeconfig(&kubeconfig, port);
     d.put("10-list.conflist", &testdata("list.conflist"));
-    let mut env = d.base_env();
-    env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
+    let mut env = env_for_api(&d, port);
     env.push(("NODE_NAME".into(), "node-1".into()));
     env.extend(
         extra_env
@@ -144,10 +150,7 @@ fn run(ds: Ds, extra_env: &[(&str, &str)]) -> (bool, usize, Duration, Vec<String
     );
     let mut agent = start(&env, &[]);
     assert!(
-        wait_for(T, || d
-            .read("10-list.conflist")
-            .filter(|c| has_istio_entry(c)))
-        .is_some(),
+        d.waits_for(T, "10-list.conflist", has_istio_entry),
         "not installed:\n{}",
         agent.output()
     );
@@ -233,11 +236,8 @@ fn safe_upgrade_disabled_always_cleans_up() {
 fn restart_after_an_upgrade_still_restores_the_original_conf_on_uninstall() {
     let (_rt, api, port) = serve(Ds::Present);
     let d = Dirs::new();
-    let kubeconfig = d.tmp.path().join("kubeconfig");
-    write_kubeconfig(&kubeconfig, port);
     d.put("10-bridge.conf", &testdata("bridge.conf"));
-    let mut env = d.base_env();
-    env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
+    let env = env_for_api(&d, port);
     let installed = || d.read("10-bridge.conflist").filter(|c| has_istio_entry(c));
 
     // First agent: converts the .conf, then is stopped for an upgrade and keeps everything.

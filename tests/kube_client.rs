@@ -14,7 +14,7 @@ use futures::StreamExt;
 use istio_cni::kube::testserver::{Fault, TestApiServer};
 use istio_cni::kube::{
     EventType, KubeClient, KubeError, MetadataPatch, PodEvent, PodPreconditions, Selectors,
-    WatchBackoff, WatchError, WatchEvent, WatchStream,
+    WatchBackoff, WatchError, WatchEvent, WatchStream, pod_preconditions,
 };
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use serde_json::json;
@@ -201,7 +201,7 @@ async fn get_list_patch_and_delete_through_the_written_kubeconfig() {
     );
     let current = f.client.get_pod("ns1", "a", CALL).await.expect("get");
     f.client
-        .delete_pod("ns1", "a", Some(PodPreconditions::of(&current)), CALL)
+        .delete_pod("ns1", "a", Some(pod_preconditions(&current)), CALL)
         .await
         .expect("delete");
     assert!(f.server.pod("ns1", "a").is_none());

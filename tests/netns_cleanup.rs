@@ -39,9 +39,13 @@ fn ok(out: &std::process::Output, what: &str) {
     );
 }
 
-/// Apply with `flags`, clean up with `cleanup_flags`: the state before comes back; a second apply
-/// after the cleanup equals the first.
-fn round_trip(tag: &str, flavour: Flavour, flags: &[&str], cleanup_flags: &[&str]) {
+/// Apply with `flags`, clean up with `cleanup_flags` (each a command line, split at white space):
+/// the state before comes back; a second apply after the cleanup equals the first.
+fn round_trip(tag: &str, flavour: Flavour, flags: &str, cleanup_flags: &str) {
+    let (flags, cleanup_flags): (Vec<&str>, Vec<&str>) = (
+        flags.split_whitespace().collect(),
+        cleanup_flags.split_whitespace().collect(),
+    );
     let ns = namespace_with_user_state(tag, flavour);
     let normal = |s: String| match flavour {
         Flavour::Nft => s,
@@ -49,7 +53,7 @@ fn round_trip(tag: &str, flavour: Flavour, flags: &[&str], cleanup_flags: &[&str
     };
     let pristine = normal(observed(&ns, flavour));
     let mut apply = base();
-    apply.extend_from_slice(flags);
+    apply.extend_from_slice(&flags);
     ok(&istio_iptables(&ns, flavour, &apply), "apply");
     let applied = normal(observed(&ns, flavour));
     assert_ne!(applied, pristine, "{flags:?} applied nothing");
@@ -62,7 +66,7 @@ fn round_trip(tag: &str, flavour: Flavour, flags: &[&str], cleanup_flags: &[&str
     );
 
     let mut cleanup = base();
-    cleanup.extend_from_slice(cleanup_flags);
+    cleanup.extend_from_slice(&cleanup_flags);
     cleanup.push("--cleanup-only");
     ok(&istio_iptables(&ns, flavour, &cleanup), "cleanup");
     assert_same(
@@ -82,133 +86,84 @@ fn round_trip(tag: &str, flavour: Flavour, flags: &[&str], cleanup_flags: &[&str
 const V4: &str = "--ipv6=false";
 const DUAL: &str = "--ipv6=true";
 
-#[test]
-fn redirect_default_round_trips() {
-    tools();
-    round_trip("cr", Flavour::Nft, &["-i", "*", "-b", "*", V4], &[V4]);
-}
-
-#[test]
-fn tproxy_with_exclude_interface_round_trips() {
-    tools();
-    let flags = ["-i", "*", "-m", "TPROXY", "-b", "80,8080", "-c", "eth9", V4];
-    round_trip("ct", Flavour::Nft, &flags, &flags);
-}
-
-#[test]
-fn dual_stack_tproxy_is_cleaned_in_both_families_even_when_cleanup_sees_no_ipv6() {
-    tools();
-    let flags = [
-        "-i", "*", "-m", "TPROXY", "-b", "80,8080", "-c", "eth9", DUAL,
-    ];
-    round_trip(
+/// iptables-nft round trips: (tag, apply flags, cleanup flags, what the case shows).
+const NFT_ROUND_TRIPS: &[(&str, &str, &str, &str)] = &[
+    ("cr", "-i * -b * --ipv6=false", V4, "redirect, the defaults"),
+    (
+        "ct",
+        "-i * -m TPROXY -b 80,8080 -c eth9 --ipv6=false",
+        "-i * -m TPROXY -b 80,8080 -c eth9 --ipv6=false",
+        "tproxy with an excluded interface",
+    ),
+    (
         "c6",
-        Flavour::Nft,
-        &flags,
-        &["-m", "TPROXY", "-b", "80,8080", "-c", "eth9", V4],
-    );
-}
+        "-i * -m TPROXY -b 80,8080 -c eth9 --ipv6=true",
+        "-m TPROXY -b 80,8080 -c eth9 --ipv6=false",
+        "dual-stack tproxy is cleaned in both families even when cleanup sees no IPv6",
+    ),
+    (
+        "cd",
+        "--redirect-dns --dns-servers 10.96.0.10,fd00::10 --ipv6=true",
+        "--redirect-dns --dns-servers 10.96.0.10,fd00::10 --ipv6=true",
+        "DNS capture in both families",
+    ),
+    (
+        "ca",
+        "--redirect-dns --capture-all-dns --ipv6=false",
+        "--redirect-dns --capture-all-dns --ipv6=false",
+        "all-DNS capture",
+    ),
+    (
+        "ck",
+        "-i * -b * -c eth9 -k veth9,veth8 --ipv6=true",
+        "-i * -b * -c eth9 -k veth9,veth8 --ipv6=true",
+        "excluded and virtual interfaces",
+    ),
+    (
+        "cl",
+        "-k veth9 -i 10.0.0.0/8 -m TPROXY -b * --ipv6=false",
+        "-k veth9 -i 10.0.0.0/8 -m TPROXY -b * --ipv6=false",
+        "listed ranges with a virtual interface",
+    ),
+    (
+        "co",
+        "-i * -m TPROXY -b 80 -c eth9 --ipv6=true",
+        "-c eth9 --ipv6=false",
+        "cleanup with the other mode's flags still removes the tproxy rules",
+    ),
+];
 
 #[test]
-fn dns_capture_round_trips_in_both_families() {
+fn nft_flag_variants_round_trip() {
     tools();
-    let flags = [
-        "--redirect-dns",
-        "--dns-servers",
-        "10.96.0.10,fd00::10",
-        DUAL,
-    ];
-    round_trip("cd", Flavour::Nft, &flags, &flags);
-    let all = ["--redirect-dns", "--capture-all-dns", V4];
-    round_trip("ca", Flavour::Nft, &all, &all);
-}
-
-#[test]
-fn exclude_and_virtual_interfaces_round_trip() {
-    tools();
-    let flags = [
-        "-i",
-        "*",
-        "-b",
-        "*",
-        "-c",
-        "eth9",
-        "-k",
-        "veth9,veth8",
-        DUAL,
-    ];
-    round_trip("ck", Flavour::Nft, &flags, &flags);
-    let listed = [
-        "-k",
-        "veth9",
-        "-i",
-        "10.0.0.0/8",
-        "-m",
-        "TPROXY",
-        "-b",
-        "*",
-        V4,
-    ];
-    round_trip("cl", Flavour::Nft, &listed, &listed);
-}
-
-#[test]
-fn cleanup_with_flags_of_the_other_mode_still_removes_the_tproxy_rules() {
-    tools();
-    let applied = ["-i", "*", "-m", "TPROXY", "-b", "80", "-c", "eth9", DUAL];
-    round_trip("co", Flavour::Nft, &applied, &["-c", "eth9", V4]);
+    for (tag, flags, cleanup, what) in NFT_ROUND_TRIPS {
+        eprintln!("round trip {tag}: {what}");
+        round_trip(tag, Flavour::Nft, flags, cleanup);
+    }
 }
 
 #[test]
 fn legacy_flavour_round_trips() {
     tools();
-    let flags = [
-        "-m",
-        "TPROXY",
-        "-b",
-        "80",
-        "-c",
-        "eth9",
-        "--redirect-dns",
-        "--capture-all-dns",
-        DUAL,
-    ];
-    round_trip("cg", Flavour::Legacy, &flags, &flags);
+    let flags = "-m TPROXY -b 80 -c eth9 --redirect-dns --capture-all-dns --ipv6=true";
+    round_trip("cg", Flavour::Legacy, flags, flags);
 }
 
 #[test]
 fn native_nftables_cleanup_removes_only_our_tables_and_routes() {
     tools();
     for (tag, flags) in [
-        ("cn", vec!["--native-nftables", "-i", "*", "-b", "*", V4]),
+        ("cn", "--native-nftables -i * -b * --ipv6=false"),
         (
             "cm",
-            vec![
-                "--native-nftables",
-                "-m",
-                "TPROXY",
-                "-b",
-                "80",
-                "-c",
-                "eth9",
-                DUAL,
-            ],
+            "--native-nftables -m TPROXY -b 80 -c eth9 --ipv6=true",
         ),
         (
             "cq",
-            vec![
-                "--native-nftables",
-                "-i",
-                "*",
-                "-k",
-                "veth9",
-                "--redirect-dns",
-                "--capture-all-dns",
-                DUAL,
-            ],
+            "--native-nftables -i * -k veth9 --redirect-dns --capture-all-dns --ipv6=true",
         ),
     ] {
-        round_trip(tag, Flavour::Nft, &flags, &flags);
+        round_trip(tag, Flavour::Nft, flags, flags);
     }
 }
 
@@ -232,29 +187,16 @@ fn cleanup_leaves_a_user_chain_named_istio_and_its_rules() {
 fn cleanup_dry_run_on_a_fresh_namespace_prints_istios_documented_list() {
     tools();
     let ns = Netns::new("cy");
-    let out = ns.try_exec(
-        bin(),
-        &[
-            "istio-iptables",
-            "--dry-run",
-            "--cleanup-only",
-            "--proxy-uid=1337",
-            "--proxy-gid=1337",
-            "--ipv6=false",
-        ],
-    );
+    let dry_cleanup: Vec<&str> =
+        "istio-iptables --dry-run --cleanup-only --proxy-uid=1337 --proxy-gid=1337 --ipv6=false"
+            .split_whitespace()
+            .collect();
+    let out = ns.try_exec(bin(), &dry_cleanup);
     ok(&out, "the dry run");
     assert_eq!(String::from_utf8_lossy(&out.stdout), ISTIO_CLEANUP_EXAMPLE);
     // Without iptables installed the dry run still prints the plan, from an empty state.
     let out = std::process::Command::new(bin())
-        .args([
-            "istio-iptables",
-            "--dry-run",
-            "--cleanup-only",
-            "--proxy-uid=1337",
-            "--proxy-gid=1337",
-            "--ipv6=false",
-        ])
+        .args(&dry_cleanup)
         .env("PATH", "/nonexistent")
         .output()
         .expect("run");

@@ -243,10 +243,7 @@ fn conf(run_dir: &std::path::Path) -> Value {
 /// A fake API server with one sidecar pod, and its run dir.
 fn api_with_pod(name: &str) -> (FakeApiServer, tempfile::TempDir) {
     require_tool("iptables-restore", "iptables");
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod("ns1", name, json!({}), json!([]), json!({})));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (api, dir) = api_with_sidecar_pod("ns1", name);
     (api, dir)
 }
 

@@ -107,11 +107,7 @@ fn ambient_conf(run_dir: &Path) -> Value {
         "plugin_log_level": "debug",
         "cni_agent_run_dir": run_dir.display().to_string(),
         "ambient_enabled": true,
-        "enablement_selectors": [
-            {"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}},
-            {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]},
-             "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}
-        ],
+        "enablement_selectors": enablement_selectors(),
         "exclude_namespaces": ["kube-system"], "pod_namespace": "istio-system",
         "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.40.0.7/24", "gateway": "10.40.0.1"}], "dns": {}}
     })
@@ -171,18 +167,10 @@ fn a_missing_log_socket_never_fails_add() {
 
 #[test]
 fn ambient_pod_is_handed_to_the_agent() {
-    let api = FakeApiServer::start();
+    let (api, dir) = api_and_run_dir();
     api.put_namespace("amb", json!({"istio.io/dataplane-mode": "ambient"}));
     api.put_pod(app_pod());
-    api.put_pod(sidecar_pod(
-        "amb",
-        "with-sidecar",
-        json!({}),
-        json!([]),
-        json!({}),
-    ));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    api.put_pod(annotated_pod("amb", "with-sidecar", json!({})));
     let agent = FakeAgent::start(dir.path(), 200);
     let netns = NetnsGuard::new("amb");
     let ns_path = netns.path().display().to_string();
@@ -215,50 +203,34 @@ fn ambient_pod_is_handed_to_the_agent() {
         1,
         "agent must not be called for sidecars"
     );
-    assert!(
-        std::fs::read_to_string(&out)
-            .unwrap()
-            .contains("ISTIO_OUTPUT")
-    );
+    assert!(file_text(&out).contains("ISTIO_OUTPUT"));
 }
 
 #[test]
 fn agent_errors_fail_add_clearly() {
-    let api = FakeApiServer::start();
+    let (api, dir) = api_and_run_dir();
     api.put_namespace("amb", json!({"istio.io/dataplane-mode": "ambient"}));
     api.put_pod(app_pod());
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
     // No agent at all.
     let run = add_app_without_netns(dir.path());
     assert_eq!(run.code, 1);
     assert!(
-        run.json()["msg"]
-            .as_str()
-            .unwrap()
-            .contains("failed to contact node Istio CNI agent"),
+        run.msg().contains("failed to contact node Istio CNI agent"),
         "{}",
         run.stdout
     );
     // An agent answering 500.
     let _agent = FakeAgent::start(dir.path(), 500);
     let run = add_app_without_netns(dir.path());
-    assert_eq!(run.code, 1);
-    let msg = run.json()["msg"].as_str().unwrap().to_string();
-    assert!(
-        msg.contains("500") && msg.contains("agent says so"),
-        "{msg}"
-    );
+    run.assert_failed_saying(&["500", "agent says so"]);
 }
 
 #[test]
 fn failed_ambient_check_does_not_let_a_non_sidecar_pod_start_uncaptured() {
     // The namespace read fails (not served), the pod read works: Istio would fall through to the
     // sidecar path and start the pod with no redirection (its B5). We fail ADD so it is retried.
-    let api = FakeApiServer::start();
+    let (api, dir) = api_and_run_dir();
     api.put_pod(app_pod());
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
     let run = add_app_without_netns(dir.path());
     assert_eq!(run.code, 1, "{}", run.stdout);
     assert_eq!(run.json()["code"], 11, "{}", run.stdout);

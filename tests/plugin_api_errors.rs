@@ -13,12 +13,7 @@ use istio_cni::kube::testserver::Fault;
 use serde_json::{Value, json};
 
 fn conf(run_dir: &Path) -> Value {
-    json!({
-        "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "istio-cni",
-        "cni_agent_run_dir": run_dir.display().to_string(),
-        "exclude_namespaces": ["kube-system"], "pod_namespace": "istio-system",
-        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.31.0.2/24"}], "dns": {}}
-    })
+    sidecar_conf(run_dir, "10.31.0.2/24")
 }
 
 fn add_with_args(netns: &NetnsGuard, cni_args: &str, conf: &Value) -> Run {
@@ -28,22 +23,9 @@ fn add_with_args(netns: &NetnsGuard, cni_args: &str, conf: &Value) -> Run {
     run_plugin(&env, &conf.to_string())
 }
 
-fn add(netns: &NetnsGuard, ns: &str, pod: &str, conf: &Value) -> Run {
-    run_plugin(
-        &cni_env("ADD", &netns.path().display().to_string(), ns, pod),
-        &conf.to_string(),
-    )
-}
-
-fn msg(run: &Run) -> String {
-    run.json()["msg"].as_str().unwrap_or_default().to_string()
-}
-
 #[test]
 fn names_that_are_not_kubernetes_names_fail_at_once_without_a_request() {
-    let api = FakeApiServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (api, dir) = api_and_run_dir();
     let netns = NetnsGuard::new("names");
     let long = format!("a{}", "\u{1b}[31mX".repeat(200));
     let cases = [
@@ -79,14 +61,13 @@ fn names_that_are_not_kubernetes_names_fail_at_once_without_a_request() {
         ),
     ];
     for (cni_args, key, shown) in cases {
-        let started = Instant::now();
         let run = add_with_args(&netns, &cni_args, &conf(dir.path()));
-        let took = started.elapsed();
+        let took = run.took;
         assert_eq!(run.code, 1, "{cni_args}: {}{}", run.stdout, run.stderr);
         let out = run.json();
         assert_eq!(out["code"], 4, "{}", run.stdout);
         assert_eq!(out["details"], "CNI_ARGS", "{}", run.stdout);
-        let text = msg(&run);
+        let text = run.msg();
         assert!(
             text.starts_with(&format!("CNI_ARGS {key}: {shown}")),
             "{cni_args}: {text}"
@@ -100,37 +81,25 @@ fn names_that_are_not_kubernetes_names_fail_at_once_without_a_request() {
 
 #[test]
 fn forbidden_and_not_found_fail_at_once_naming_permission_and_object() {
-    let api = FakeApiServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (api, dir) = api_and_run_dir();
     let netns = NetnsGuard::new("perm");
 
     // The pod does not exist: 404, not retried for the lookup window.
-    let started = Instant::now();
-    let run = add(&netns, "ns1", "gone", &conf(dir.path()));
-    let took = started.elapsed();
-    assert_eq!(run.code, 1, "{}", run.stdout);
-    let text = msg(&run);
-    assert!(
-        text.contains("get pod ns1/gone: not found"),
-        "404 must name the object: {text}"
-    );
+    let run = netns.add("ns1", "gone", &conf(dir.path()));
+    let took = run.took;
+    // 404 must name the object.
+    run.assert_failed_saying(&["get pod ns1/gone: not found"]);
     assert!(took < Duration::from_secs(1), "404 took {took:?}");
     assert_eq!(api.request_count(), 1, "404 was retried");
 
     // RBAC: 403, not retried, names verb, resource and namespace.
-    api.put_pod(sidecar_pod("ns1", "p", json!({}), json!([]), json!({})));
+    api.put_pod(annotated_pod("ns1", "p", json!({})));
     api.fault(Fault::fail(403));
     api.server.clear_requests();
-    let started = Instant::now();
-    let run = add(&netns, "ns1", "p", &conf(dir.path()));
-    let took = started.elapsed();
-    assert_eq!(run.code, 1, "{}", run.stdout);
-    let text = msg(&run);
-    assert!(
-        text.contains("cannot get pods in namespace ns1") && text.contains("ClusterRole"),
-        "403 must name the permission: {text}"
-    );
+    let run = netns.add("ns1", "p", &conf(dir.path()));
+    let took = run.took;
+    // 403 must name the permission.
+    run.assert_failed_saying(&["cannot get pods in namespace ns1", "ClusterRole"]);
     assert!(took < Duration::from_secs(1), "403 took {took:?}");
     assert_eq!(api.request_count(), 1, "403 was retried");
     let save = netns.iptables_save();
@@ -139,10 +108,7 @@ fn forbidden_and_not_found_fail_at_once_naming_permission_and_object() {
 
 #[test]
 fn transient_errors_then_ok_succeed_after_quick_retries() {
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod("ns1", "p", json!({}), json!([]), json!({})));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (api, dir) = api_with_sidecar_pod("ns1", "p");
     let netns = NetnsGuard::new("503");
     let out = dir.path().join("dry.txt");
     let mut env = cni_env("ADD", &netns.path().display().to_string(), "ns1", "p");
@@ -151,27 +117,20 @@ fn transient_errors_then_ok_succeed_after_quick_retries() {
     for code in [500, 503] {
         api.server.clear_requests();
         api.fault(Fault::fail(code).times(2));
-        let started = Instant::now();
         let run = run_plugin(&env, &conf(dir.path()).to_string());
-        let took = started.elapsed();
+        let took = run.took;
         assert_eq!(run.code, 0, "{code}: {}{}", run.stdout, run.stderr);
         assert_eq!(api.request_count(), 3, "{code}: two failures, then success");
         assert!(took < Duration::from_millis(1500), "{code}: took {took:?}");
-        assert!(
-            std::fs::read_to_string(&out)
-                .unwrap()
-                .contains("ISTIO_REDIRECT")
-        );
+        assert!(file_text(&out).contains("ISTIO_REDIRECT"));
     }
 }
 
 #[test]
 fn ambient_detection_retry_ends_with_code_11() {
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod("ns1", "p", json!({}), json!([]), json!({})));
+    let (api, dir) = api_and_run_dir();
+    api.put_pod(annotated_pod("ns1", "p", json!({})));
     api.put_namespace("ns1", json!({}));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
     let netns = NetnsGuard::new("amb");
     let mut c = conf(dir.path());
     c["ambient_enabled"] = json!(true);
@@ -180,10 +139,10 @@ fn ambient_detection_retry_ends_with_code_11() {
     // Permanent: at once, code 11, naming the permission.
     api.fault(Fault::fail(403).on_path("/api/v1/namespaces/ns1/pods"));
     let started = Instant::now();
-    let run = add(&netns, "ns1", "p", &c);
+    let run = netns.add("ns1", "p", &c);
     assert_eq!(run.json()["code"], 11, "{}", run.stdout);
     assert!(
-        msg(&run).contains("cannot get pods in namespace ns1"),
+        run.msg().contains("cannot get pods in namespace ns1"),
         "{}",
         run.stdout
     );
@@ -198,9 +157,9 @@ fn ambient_detection_retry_ends_with_code_11() {
     api.fault(Fault::slow(Duration::from_secs(30)));
     c["add_timeout_seconds"] = json!(2);
     let started = Instant::now();
-    let run = add(&netns, "ns1", "p", &c);
+    let run = netns.add("ns1", "p", &c);
     assert_eq!(run.json()["code"], 11, "{}", run.stdout);
-    assert!(msg(&run).contains("ambient"), "{}", run.stdout);
+    assert!(run.msg().contains("ambient"), "{}", run.stdout);
     assert!(
         started.elapsed() < Duration::from_secs(4),
         "{:?}",

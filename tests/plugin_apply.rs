@@ -18,11 +18,9 @@ fn conf(run_dir: &std::path::Path) -> Value {
 /// Runs ADD for `pod` against a fake API server in a fresh netns prepared by `setup`.
 fn apply(pod: Value, setup: impl Fn(&NetnsGuard)) -> NetnsGuard {
     require_tool("iptables-restore", "iptables");
-    let api = FakeApiServer::start();
+    let (api, dir) = api_and_run_dir();
     let name = pod["metadata"]["name"].as_str().unwrap().to_string();
     api.put_pod(pod);
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
     let netns = NetnsGuard::new("app");
     setup(&netns);
     for _ in 0..2 {
@@ -37,82 +35,53 @@ fn apply(pod: Value, setup: impl Fn(&NetnsGuard)) -> NetnsGuard {
 #[test]
 fn tproxy_programs_mangle_rules_and_policy_route() {
     let netns = apply(
-        sidecar_pod(
+        annotated_pod(
             "ns1",
             "tp",
             json!({"sidecar.istio.io/interceptionMode": "TPROXY"}),
-            json!([]),
-            json!({}),
         ),
         |_| {},
     );
     let save = netns.iptables_save();
     assert!(save.contains("-A ISTIO_DIVERT -j ACCEPT"), "{save}");
     assert!(save.contains("TPROXY"), "{save}");
-    let rules = String::from_utf8_lossy(&netns.exec("ip", &["rule"]).stdout).into_owned();
+    let rules = netns.stdout("ip", &["rule"]);
     assert_eq!(
         rules.matches("lookup 133").count(),
         1,
         "exactly one fwmark rule:\n{rules}"
     );
-    let routes =
-        String::from_utf8_lossy(&netns.exec("ip", &["route", "show", "table", "133"]).stdout)
-            .into_owned();
+    let routes = netns.stdout("ip", &["route", "show", "table", "133"]);
     assert!(routes.contains("local default dev lo"), "{routes}");
 }
 
 #[test]
 fn dual_stack_pod_gets_ipv6_rules() {
     let netns = apply(
-        sidecar_pod(
-            "ns1",
-            "ds",
-            json!({}),
-            json!([{"name": "ISTIO_DUAL_STACK", "value": "true"}]),
-            json!({}),
-        ),
+        pod_with_proxy_env("ns1", "ds", "ISTIO_DUAL_STACK", "true"),
         |ns| {
             // A pod interface with IPv4 and IPv6 addresses.
-            for args in [
-                vec![
-                    "link", "add", "eth0", "type", "veth", "peer", "name", "veth1",
-                ],
-                vec!["link", "set", "veth1", "up"],
-                vec!["link", "set", "eth0", "up"],
-                vec!["addr", "add", "10.31.0.2/24", "dev", "eth0"],
-                vec!["addr", "add", "fd31::2/64", "dev", "eth0", "nodad"],
+            for line in [
+                "link add eth0 type veth peer name veth1",
+                "link set veth1 up",
+                "link set eth0 up",
+                "addr add 10.31.0.2/24 dev eth0",
+                "addr add fd31::2/64 dev eth0 nodad",
             ] {
-                let out = ns.exec("ip", &args);
-                assert!(
-                    out.status.success(),
-                    "ip {args:?}: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                ns.ip(line);
             }
         },
     );
-    let v6 = String::from_utf8_lossy(&netns.exec("ip6tables-nft-save", &[]).stdout).into_owned()
-        + &String::from_utf8_lossy(&netns.exec("ip6tables-legacy-save", &[]).stdout);
+    let v6 = netns.stdout("ip6tables-nft-save", &[]) + &netns.stdout("ip6tables-legacy-save", &[]);
     assert!(v6.contains("-A ISTIO_OUTPUT -d ::1/128 -j RETURN"), "{v6}");
-    let lo = String::from_utf8_lossy(
-        &netns
-            .exec("ip", &["-6", "addr", "show", "dev", "lo"])
-            .stdout,
-    )
-    .into_owned();
+    let lo = netns.stdout("ip", &["-6", "addr", "show", "dev", "lo"]);
     assert!(lo.contains("::6/128"), "{lo}");
 }
 
 #[test]
 fn dns_capture_programs_raw_table() {
     let netns = apply(
-        sidecar_pod(
-            "ns1",
-            "dns",
-            json!({}),
-            json!([{"name": "ISTIO_META_DNS_CAPTURE", "value": "true"}]),
-            json!({}),
-        ),
+        pod_with_proxy_env("ns1", "dns", "ISTIO_META_DNS_CAPTURE", "true"),
         |_| {},
     );
     let save = netns.iptables_save();
@@ -123,22 +92,16 @@ fn dns_capture_programs_raw_table() {
 #[test]
 fn repeated_add_with_changed_settings_converges() {
     require_tool("iptables-restore", "iptables");
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod("ns1", "re", json!({}), json!([]), json!({})));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (api, dir) = api_with_sidecar_pod("ns1", "re");
     let netns = NetnsGuard::new("re");
-    let env = cni_env("ADD", &netns.path().display().to_string(), "ns1", "re");
-    let run = run_plugin(&env, &conf(dir.path()).to_string());
+    let run = netns.add("ns1", "re", &conf(dir.path()));
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
-    api.put_pod(sidecar_pod(
+    api.put_pod(annotated_pod(
         "ns1",
         "re",
         json!({"traffic.sidecar.istio.io/excludeOutboundPorts": "7777"}),
-        json!([]),
-        json!({}),
     ));
-    let run = run_plugin(&env, &conf(dir.path()).to_string());
+    let run = netns.add("ns1", "re", &conf(dir.path()));
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     let save = netns.iptables_save();
     assert!(save.contains("--dport 7777 -j RETURN"), "{save}");
@@ -158,10 +121,7 @@ fn repeated_add_with_changed_settings_converges() {
 #[test]
 fn first_add_is_programmed_over_netlink_and_reruns_keep_the_rules() {
     require_tool("iptables-restore", "iptables");
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod("ns1", "warm", json!({}), json!([]), json!({})));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (_api, dir) = api_with_sidecar_pod("ns1", "warm");
     let netns = NetnsGuard::new("warm");
     let env = cni_env("ADD", &netns.path().display().to_string(), "ns1", "warm");
     let mut conf = conf(dir.path());
@@ -242,16 +202,12 @@ fn rules_of(netns: &NetnsGuard) -> String {
 #[test]
 fn readd_with_changed_interception_mode_converges_to_a_fresh_apply() {
     require_tool("iptables-restore", "iptables");
-    let api = FakeApiServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (api, dir) = api_and_run_dir();
     let pod = |mode: &str| {
-        sidecar_pod(
+        annotated_pod(
             "ns1",
             "mode",
             json!({"sidecar.istio.io/interceptionMode": mode}),
-            json!([]),
-            json!({}),
         )
     };
     let add = |netns: &NetnsGuard| {
@@ -288,7 +244,7 @@ fn readd_with_changed_interception_mode_converges_to_a_fresh_apply() {
             "re-ADD as {mode} must end as a fresh {mode} ADD does"
         );
     }
-    let rules = String::from_utf8_lossy(&netns.exec("ip", &["rule"]).stdout).into_owned();
+    let rules = netns.stdout("ip", &["rule"]);
     assert!(
         !rules.contains("lookup 133"),
         "TPROXY policy route left behind:\n{rules}"

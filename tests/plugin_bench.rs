@@ -36,7 +36,7 @@ fn sidecar_add_vs_bare_restore() {
     // The API server runs in its own process (scripts/bench points ISTIO_CNI_RS_TEST_APISERVER at
     // a release build), so the measurement is not skewed by a debug-built server in this process.
     let fixtures = dir.path().join("fixtures.json");
-    let pod = sidecar_pod("ns1", "bench", json!({}), json!([]), json!({}));
+    let pod = annotated_pod("ns1", "bench", json!({}));
     std::fs::write(&fixtures, json!([pod]).to_string()).unwrap();
     let mut api = Command::new(test_apiserver_binary())
         .args(["--token", "test-token", "--fixtures"])
@@ -160,10 +160,7 @@ fn sidecar_add_vs_bare_restore() {
 #[test]
 #[ignore]
 fn add_phases() {
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod("ns1", "bench", json!({}), json!([]), json!({})));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (_api, dir) = api_with_sidecar_pod("ns1", "bench");
     let conf = json!({"cniVersion": "1.0.0", "name": "bench", "plugin_log_level": "debug",
         "cni_agent_run_dir": dir.path().display().to_string()})
     .to_string();

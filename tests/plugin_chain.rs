@@ -42,13 +42,7 @@ struct World {
 fn world() -> World {
     require_chain_tools();
     let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod(
-        "ns1",
-        "sidecar-pod",
-        json!({}),
-        json!([]),
-        json!({}),
-    ));
+    api.put_pod(annotated_pod("ns1", "sidecar-pod", json!({})));
     api.put_pod(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "plain-pod", "namespace": "ns1"},

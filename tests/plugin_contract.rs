@@ -132,11 +132,7 @@ fn prev_result_passes_through_in_the_config_version() {
     c["prevResult"] = json!({"ips": [{"address": "not-an-ip"}]});
     let run = excluded_add(&c);
     assert_eq!(run.code, 1);
-    assert!(
-        run.json()["msg"].as_str().unwrap().contains("prevResult"),
-        "{}",
-        run.stdout
-    );
+    assert!(run.msg().contains("prevResult"), "{}", run.stdout);
 }
 
 #[test]
@@ -169,7 +165,7 @@ fn check_gc_status_and_del() {
     let run = run_plugin(&status_env, &conf("1.1.0", dir.path()).to_string());
     assert_eq!(run.code, 1);
     assert_eq!(run.json()["code"], 50);
-    assert!(run.json()["msg"].as_str().unwrap().contains("kubeconfig"));
+    assert!(run.msg().contains("kubeconfig"));
     write_kubeconfig(dir.path(), "http://127.0.0.1:1");
     let run = run_plugin(&status_env, &conf("1.1.0", dir.path()).to_string());
     assert_eq!((run.code, run.stdout.trim()), (0, ""), "{}", run.stdout);
@@ -178,12 +174,7 @@ fn check_gc_status_and_del() {
     c["ambient_enabled"] = json!(true);
     let run = run_plugin(&status_env, &c.to_string());
     assert_eq!(run.json()["code"], 50);
-    assert!(
-        run.json()["msg"]
-            .as_str()
-            .unwrap()
-            .contains("pluginevent.sock")
-    );
+    assert!(run.msg().contains("pluginevent.sock"));
     // DEL: no netns, no kubeconfig needed, nothing printed, repeatable.
     let empty = tempfile::tempdir().unwrap();
     for _ in 0..2 {

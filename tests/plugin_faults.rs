@@ -11,25 +11,13 @@ use cni_driver::*;
 use serde_json::{Value, json};
 
 fn conf(run_dir: &Path) -> Value {
-    json!({
-        "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "istio-cni",
-        "cni_agent_run_dir": run_dir.display().to_string(),
-        "exclude_namespaces": ["kube-system"], "pod_namespace": "istio-system",
-        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.30.0.2/24"}], "dns": {}}
-    })
+    sidecar_conf(run_dir, "10.30.0.2/24")
 }
 
 /// A port on loopback that nothing listens on.
 fn closed_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
-}
-
-fn add(netns: &NetnsGuard, ns: &str, pod: &str, conf: &Value) -> Run {
-    run_plugin(
-        &cni_env("ADD", &netns.path().display().to_string(), ns, pod),
-        &conf.to_string(),
-    )
 }
 
 fn assert_untouched(netns: &NetnsGuard) {
@@ -44,15 +32,9 @@ fn api_server_down_fails_within_the_deadline() {
     let netns = NetnsGuard::new("down");
     let mut c = conf(dir.path());
     c["pod_lookup_timeout_seconds"] = json!(2);
-    let start = Instant::now();
-    let run = add(&netns, "ns1", "p", &c);
-    let took = start.elapsed();
-    assert_eq!(run.code, 1, "{}", run.stdout);
-    let msg = run.json()["msg"].as_str().unwrap().to_string();
-    assert!(
-        msg.contains("ns1/p") && msg.contains("Kubernetes API"),
-        "{msg}"
-    );
+    let run = netns.add("ns1", "p", &c);
+    let took = run.took;
+    run.assert_failed_saying(&["ns1/p", "Kubernetes API"]);
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert_untouched(&netns);
 
@@ -60,7 +42,7 @@ fn api_server_down_fails_within_the_deadline() {
     c["pod_lookup_timeout_seconds"] = json!(30);
     c["add_timeout_seconds"] = json!(2);
     let start = Instant::now();
-    let run = add(&netns, "ns1", "p", &c);
+    let run = netns.add("ns1", "p", &c);
     assert_eq!(run.code, 1);
     assert!(
         start.elapsed() < Duration::from_secs(5),
@@ -81,7 +63,7 @@ fn api_server_that_never_answers_is_bounded_by_the_call_timeout() {
     c["add_timeout_seconds"] = json!(3);
     c["kube_call_timeout_seconds"] = json!(1);
     let start = Instant::now();
-    let run = add(&netns, "ns1", "p", &c);
+    let run = netns.add("ns1", "p", &c);
     assert_eq!(run.code, 1, "{}", run.stdout);
     assert!(
         start.elapsed() < Duration::from_secs(6),
@@ -100,7 +82,7 @@ fn pods_that_need_no_api_succeed_without_a_kubeconfig() {
         ("istio-system", "istio-cni-node-x7k2p"),
         ("kube-system", "coredns-1"),
     ] {
-        let run = add(&netns, ns, pod, &c);
+        let run = netns.add(ns, pod, &c);
         assert_eq!(run.code, 0, "{ns}/{pod}: {}{}", run.stdout, run.stderr);
         assert_eq!(run.json()["ips"][0]["address"], "10.30.0.2/24");
     }
@@ -110,31 +92,20 @@ fn pods_that_need_no_api_succeed_without_a_kubeconfig() {
     let run = run_plugin(&env, &c.to_string());
     assert_eq!(run.code, 0, "{}", run.stdout);
     // A normal pod does need it, and says so.
-    let run = add(&netns, "ns1", "p", &c);
+    let run = netns.add("ns1", "p", &c);
     assert_eq!(run.code, 1);
-    assert!(
-        run.json()["msg"]
-            .as_str()
-            .unwrap()
-            .contains("istio-cni-kubeconfig"),
-        "{}",
-        run.stdout
-    );
+    assert!(run.msg().contains("istio-cni-kubeconfig"), "{}", run.stdout);
     assert_untouched(&netns);
 }
 
 #[test]
 fn bad_input_is_an_error_and_leaves_the_netns_alone() {
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod(
+    let (api, dir) = api_and_run_dir();
+    api.put_pod(annotated_pod(
         "ns1",
         "bad-ann",
         json!({"traffic.sidecar.istio.io/includeInboundPorts": "80,http"}),
-        json!([]),
-        json!({}),
     ));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
     let netns = NetnsGuard::new("bad");
     let ns_path = netns.path().display().to_string();
 
@@ -147,15 +118,8 @@ fn bad_input_is_an_error_and_leaves_the_netns_alone() {
     // A field of the wrong type names the field.
     let mut c = conf(dir.path());
     c["exclude_namespaces"] = json!("kube-system");
-    let run = add(&netns, "ns1", "bad-ann", &c);
-    assert!(
-        run.json()["msg"]
-            .as_str()
-            .unwrap()
-            .contains("exclude_namespaces"),
-        "{}",
-        run.stdout
-    );
+    let run = netns.add("ns1", "bad-ann", &c);
+    assert!(run.msg().contains("exclude_namespaces"), "{}", run.stdout);
     // Bad CNI_ARGS.
     let mut env = cni_env("ADD", &ns_path, "ns1", "bad-ann");
     env.retain(|(k, _)| *k != "CNI_ARGS");
@@ -165,36 +129,23 @@ fn bad_input_is_an_error_and_leaves_the_netns_alone() {
     ));
     let run = run_plugin(&env, &conf(dir.path()).to_string());
     assert_eq!(run.code, 1);
-    assert!(
-        run.json()["msg"].as_str().unwrap().contains("unknown args"),
-        "{}",
-        run.stdout
-    );
+    assert!(run.msg().contains("unknown args"), "{}", run.stdout);
     // Bad annotation: the error names the annotation and the value.
-    let run = add(&netns, "ns1", "bad-ann", &conf(dir.path()));
-    assert_eq!(run.code, 1);
-    let msg = run.json()["msg"].as_str().unwrap().to_string();
-    assert!(
-        msg.contains("traffic.sidecar.istio.io/includeInboundPorts") && msg.contains("80,http"),
-        "{msg}"
-    );
+    let run = netns.add("ns1", "bad-ann", &conf(dir.path()));
+    run.assert_failed_saying(&["traffic.sidecar.istio.io/includeInboundPorts", "80,http"]);
     assert_untouched(&netns);
 }
 
 #[test]
 fn interception_mode_none_programs_nothing() {
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod(
+    let (api, dir) = api_and_run_dir();
+    api.put_pod(annotated_pod(
         "ns1",
         "none",
         json!({"sidecar.istio.io/interceptionMode": "NONE"}),
-        json!([]),
-        json!({}),
     ));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
     let netns = NetnsGuard::new("none");
-    let run = add(&netns, "ns1", "none", &conf(dir.path()));
+    let run = netns.add("ns1", "none", &conf(dir.path()));
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     assert_untouched(&netns);
 }
@@ -202,16 +153,8 @@ fn interception_mode_none_programs_nothing() {
 #[test]
 fn fifty_concurrent_adds_on_fifty_namespaces() {
     require_tool("iptables-restore", "iptables");
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod(
-        "ns1",
-        "sidecar",
-        json!({}),
-        json!([]),
-        json!({}),
-    ));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (api, dir) = api_and_run_dir();
+    api.put_pod(annotated_pod("ns1", "sidecar", json!({})));
     let namespaces: Vec<NetnsGuard> = (0..50).map(|_| NetnsGuard::new("c")).collect();
     let c = conf(dir.path());
     let runs: Vec<Run> = std::thread::scope(|s| {
@@ -219,7 +162,7 @@ fn fifty_concurrent_adds_on_fifty_namespaces() {
             .iter()
             .map(|ns| {
                 let c = &c;
-                s.spawn(move || add(ns, "ns1", "sidecar", c))
+                s.spawn(move || ns.add("ns1", "sidecar", c))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -238,14 +181,11 @@ fn fifty_concurrent_adds_on_fifty_namespaces() {
 #[test]
 fn native_nftables_programs_nft_tables() {
     require_tool("nft", "nftables");
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod("ns1", "nft", json!({}), json!([]), json!({})));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (_api, dir) = api_with_sidecar_pod("ns1", "nft");
     let netns = NetnsGuard::new("nft");
     let mut c = conf(dir.path());
     c["native_nftables"] = json!(true);
-    let run = add(&netns, "ns1", "nft", &c);
+    let run = netns.add("ns1", "nft", &c);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     let out = netns.exec("nft", &["list", "ruleset"]);
     let ruleset = String::from_utf8_lossy(&out.stdout);
@@ -256,10 +196,7 @@ fn native_nftables_programs_nft_tables() {
 #[test]
 fn transient_api_errors_are_retried() {
     use istio_cni::kube::testserver::Fault;
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod("ns1", "flaky", json!({}), json!([]), json!({})));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (api, dir) = api_with_sidecar_pod("ns1", "flaky");
     // The first two pod reads fail with 500; the third works.
     api.fault(Fault::fail(500).times(2));
     let netns = NetnsGuard::new("flaky");
@@ -268,10 +205,6 @@ fn transient_api_errors_are_retried() {
     env.push(("DRY_RUN_FILE_PATH", out.display().to_string()));
     let run = run_plugin(&env, &conf(dir.path()).to_string());
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
-    assert!(
-        std::fs::read_to_string(&out)
-            .unwrap()
-            .contains("ISTIO_REDIRECT")
-    );
+    assert!(file_text(&out).contains("ISTIO_REDIRECT"));
     assert!(api.request_count() >= 3, "expected retries");
 }

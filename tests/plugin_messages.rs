@@ -10,10 +10,7 @@ use serde_json::json;
 #[test]
 fn outcomes_are_logged_in_words() {
     require_tool("iptables-restore", "iptables");
-    let api = FakeApiServer::start();
-    api.put_pod(sidecar_pod("ns1", "p", json!({}), json!([]), json!({})));
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (_api, dir) = api_with_sidecar_pod("ns1", "p");
     let netns = NetnsGuard::new("logw");
     let conf = json!({
         "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "istio-cni",
@@ -70,9 +67,7 @@ fn a_missing_kubeconfig_is_named_once_without_double_quotes() {
 
 #[test]
 fn a_wildcard_port_annotation_fails_naming_the_annotation() {
-    let api = FakeApiServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    api.write_kubeconfig(dir.path());
+    let (api, dir) = api_and_run_dir();
     let netns = NetnsGuard::new("star");
     let conf = json!({
         "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "istio-cni",
@@ -85,13 +80,7 @@ fn a_wildcard_port_annotation_fails_naming_the_annotation() {
     ];
     for (i, annotation) in annotations.iter().enumerate() {
         let name = format!("star{i}");
-        api.put_pod(sidecar_pod(
-            "ns1",
-            &name,
-            json!({*annotation: "*"}),
-            json!([]),
-            json!({}),
-        ));
+        api.put_pod(annotated_pod("ns1", &name, json!({*annotation: "*"})));
         let run = run_plugin(
             &cni_env("ADD", &netns.path().display().to_string(), "ns1", &name),
             &conf.to_string(),

@@ -46,25 +46,19 @@ impl Selectors {
     }
 
     fn list_params(&self) -> ListParams {
-        let mut params = ListParams::default();
-        if let Some(fields) = &self.fields {
-            params = params.fields(fields);
+        ListParams {
+            field_selector: self.fields.clone(),
+            label_selector: self.labels.clone(),
+            ..ListParams::default()
         }
-        if let Some(labels) = &self.labels {
-            params = params.labels(labels);
-        }
-        params
     }
 
     fn watcher_config(&self) -> watcher::Config {
-        let mut config = watcher::Config::default();
-        if let Some(fields) = &self.fields {
-            config = config.fields(fields);
+        watcher::Config {
+            field_selector: self.fields.clone(),
+            label_selector: self.labels.clone(),
+            ..watcher::Config::default()
         }
-        if let Some(labels) = &self.labels {
-            config = config.labels(labels);
-        }
-        config
     }
 
     fn describe(&self) -> String {
@@ -348,13 +342,10 @@ impl KubeClient {
     ) -> Result<(), KubeError> {
         check_pod_names(Call::DeletePod, namespace, name)?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let mut params = DeleteParams::default();
-        if let Some(pre) = preconditions {
-            params.preconditions = Some(Preconditions {
-                uid: pre.uid,
-                resource_version: pre.resource_version,
-            });
-        }
+        let params = DeleteParams {
+            preconditions,
+            ..DeleteParams::default()
+        };
         bounded(
             Call::DeletePod,
             format!("{namespace}/{name}"),
@@ -454,20 +445,15 @@ impl PodEvent {
     }
 }
 
-/// What a pod must still be for a delete to go through.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodPreconditions {
-    pub uid: Option<String>,
-    pub resource_version: Option<String>,
-}
+/// What a pod must still be for a delete to go through (UID, resourceVersion): the API's own
+/// preconditions, named for the roles.
+pub type PodPreconditions = Preconditions;
 
-impl PodPreconditions {
-    /// The pod as it was read: same UID and same resourceVersion.
-    pub fn of(pod: &Pod) -> Self {
-        PodPreconditions {
-            uid: pod.metadata.uid.clone(),
-            resource_version: pod.metadata.resource_version.clone(),
-        }
+/// The pod as it was read: same UID and same resourceVersion.
+pub fn pod_preconditions(pod: &Pod) -> PodPreconditions {
+    Preconditions {
+        uid: pod.metadata.uid.clone(),
+        resource_version: pod.metadata.resource_version.clone(),
     }
 }
 

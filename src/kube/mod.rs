@@ -11,7 +11,7 @@
 //! Kubernetes API server for tests and the demo (also the `test-apiserver` binary); test-only,
 //! compiled in only with the `testserver` feature.
 //!
-//! May call: nothing else in this crate.
+//! May call: `retry` (the one retry policy and loop, re-exported as [`retry`]).
 
 mod client;
 mod cluster;
@@ -27,7 +27,7 @@ pub mod testserver;
 
 pub use client::{
     EventType, KubeClient, MetadataPatch, PodEvent, PodPreconditions, Selectors, WatchBackoff,
-    WatchStream,
+    WatchStream, pod_preconditions,
 };
 pub use config::{ConfigSource, config_from_kubeconfig_file, load_config, load_config_with};
 pub use error::{Call, KubeError};

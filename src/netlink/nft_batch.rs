@@ -28,10 +28,18 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 const FIRST_SEQ: u32 = 1;
 const REPLY_BUFFER: usize = 65536;
 
-const NFT_MSG_DELTABLE: u16 = 2;
-const NFT_MSG_GETCHAIN: u16 = 4;
-const NFT_MSG_DELCHAIN: u16 = 5;
+/// The nf_tables requests this module makes itself (`enum nf_tables_msg_types`); the rest come
+/// from the caller.
+#[derive(Debug, Clone, Copy)]
+enum OwnMsg {
+    DelTable = 2,
+    GetChain = 4,
+    DelChain = 5,
+}
+
+/// `NFTA_TABLE_NAME`.
 const NFTA_TABLE_NAME: u16 = 1;
+/// `NFTA_CHAIN_TABLE`, `NFTA_CHAIN_NAME`.
 const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
 
@@ -391,7 +399,7 @@ fn scan_replies(buf: &[u8], last_seq: u32) -> Option<Answer> {
 pub fn delete_chain(family: u8, table: &str, chain: &str) -> Result<(), BatchError> {
     let mut tx = Transaction::new();
     tx.push(
-        NFT_MSG_DELCHAIN,
+        OwnMsg::DelChain as u16,
         0,
         family,
         &[
@@ -407,7 +415,7 @@ pub fn delete_chain(family: u8, table: &str, chain: &str) -> Result<(), BatchErr
 pub fn delete_table(family: u8, name: &str) -> Result<(), BatchError> {
     let mut tx = Transaction::new();
     tx.push(
-        NFT_MSG_DELTABLE,
+        OwnMsg::DelTable as u16,
         0,
         family,
         &[name_attr(NFTA_TABLE_NAME, name)],
@@ -441,7 +449,7 @@ pub fn list_chains(family: u8) -> Result<Vec<(String, String)>, BatchError> {
     let mut request = Vec::with_capacity(HEADER_LEN + NFGENMSG_LEN);
     push_header(
         &mut request,
-        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN,
+        (NFNL_SUBSYS_NFTABLES << 8) | OwnMsg::GetChain as u16,
         NLM_F_REQUEST | NLM_F_DUMP,
         DUMP_SEQ,
         family,

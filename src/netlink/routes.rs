@@ -128,16 +128,7 @@ impl RouteSession {
         addr: IpAddr,
         prefix_len: u8,
     ) -> Result<(), NetlinkError> {
-        let msg = address_message(iface, addr, prefix_len)?;
-        let result = self.request(
-            RouteNetlinkMessage::NewAddress(msg),
-            NLM_F_CREATE | NLM_F_EXCL,
-            &format!("add address {addr}/{prefix_len} to {iface}"),
-        );
-        match result {
-            Err(e) if e.is_exists() => Ok(()),
-            other => other,
-        }
+        self.change_address(true, iface, addr, prefix_len)
     }
 
     /// Deletes an address from an interface; an absent one is fine.
@@ -147,12 +138,33 @@ impl RouteSession {
         addr: IpAddr,
         prefix_len: u8,
     ) -> Result<(), NetlinkError> {
+        self.change_address(false, iface, addr, prefix_len)
+    }
+
+    /// Adds (`add`) or deletes an address; being there already, or gone already, is the goal.
+    fn change_address(
+        &mut self,
+        add: bool,
+        iface: &str,
+        addr: IpAddr,
+        prefix_len: u8,
+    ) -> Result<(), NetlinkError> {
         let msg = address_message(iface, addr, prefix_len)?;
-        ignore_absent(self.request(
-            RouteNetlinkMessage::DelAddress(msg),
-            0,
-            &format!("delete address {addr}/{prefix_len} from {iface}"),
-        ))
+        let (message, flags, what) = if add {
+            let what = format!("add address {addr}/{prefix_len} to {iface}");
+            (
+                RouteNetlinkMessage::NewAddress(msg),
+                NLM_F_CREATE | NLM_F_EXCL,
+                what,
+            )
+        } else {
+            let what = format!("delete address {addr}/{prefix_len} from {iface}");
+            (RouteNetlinkMessage::DelAddress(msg), 0, what)
+        };
+        match self.request(message, flags, &what) {
+            Err(e) if (add && e.is_exists()) || (!add && e.is_absent()) => Ok(()),
+            other => other,
+        }
     }
 
     /// Makes sure exactly one `ip rule fwmark MARK lookup TABLE` exists for one family. Without a

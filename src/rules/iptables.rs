@@ -10,32 +10,22 @@ pub fn rule_args(rule: &Rule) -> Vec<String> {
     let mut out: Vec<String> = Vec::with_capacity(12);
     let mut push = |parts: &[&str]| out.extend(parts.iter().map(|p| p.to_string()));
     for m in &rule.matches {
+        if let Some(pm) = m.as_port() {
+            if let Some(p) = pm.module {
+                push(&["-m", p.name()]);
+            }
+            let flag = if pm.source { "--sport" } else { "--dport" };
+            push_negated(&mut push, pm.negate, &[flag, pm.port]);
+            continue;
+        }
         match m {
             Match::InIface { name, negate } => push_negated(&mut push, *negate, &["-i", name]),
             Match::OutIface { name, negate } => push_negated(&mut push, *negate, &["-o", name]),
             Match::Proto(p) => push(&["-p", p.name()]),
             Match::Src { addr, negate } => push_negated(&mut push, *negate, &["-s", addr]),
             Match::Dst { addr, negate } => push_negated(&mut push, *negate, &["-d", addr]),
-            Match::DstPort {
-                port,
-                negate,
-                module,
-            }
-            | Match::SrcPort {
-                port,
-                negate,
-                module,
-            } => {
-                if let Some(p) = module {
-                    push(&["-m", p.name()]);
-                }
-                let flag = if matches!(m, Match::DstPort { .. }) {
-                    "--dport"
-                } else {
-                    "--sport"
-                };
-                push_negated(&mut push, *negate, &[flag, port]);
-            }
+            // Rendered above, by `as_port`.
+            Match::DstPort { .. } | Match::SrcPort { .. } => {}
             Match::DstPorts { ports, negate } => {
                 push(&["-m", "multiport"]);
                 push_negated(&mut push, *negate, &["--dports", &ports.join(",")]);

@@ -198,13 +198,13 @@ fn new_rule(family: Family, rule: &Rule) -> Result<NftMessage, EncodeError> {
     let mut exprs = Attrs::new();
     let header = Header::of(rule)?;
     if let Some((name, negate)) = header.in_iface {
-        iface(&mut exprs, META_IIFNAME, name, negate);
+        iface(&mut exprs, MetaKey::IifName, name, negate);
     }
     if let Some((name, negate)) = header.out_iface {
-        iface(&mut exprs, META_OIFNAME, name, negate);
+        iface(&mut exprs, MetaKey::OifName, name, negate);
     }
     if let Some(proto) = header.proto {
-        meta_load(&mut exprs, META_L4PROTO);
+        meta_load(&mut exprs, MetaKey::L4Proto);
         cmp(&mut exprs, false, &[proto_number(proto)]);
     }
     let (src_offset, dst_offset) = match family {
@@ -218,28 +218,18 @@ fn new_rule(family: Family, rule: &Rule) -> Result<NftMessage, EncodeError> {
         address(&mut exprs, family, dst_offset, addr, negate)?;
     }
     for m in &rule.matches {
+        if let Some(pm) = m.as_port() {
+            if header.proto.is_none() || pm.module.is_some_and(|p| Some(p) != header.proto) {
+                return unsupported("port match without its protocol");
+            }
+            let offset = if pm.source { 0 } else { 2 };
+            payload(&mut exprs, PayloadBase::Transport, offset, 2);
+            cmp(&mut exprs, pm.negate, &parse_port(pm.port)?.to_be_bytes());
+            continue;
+        }
         match m {
-            Match::DstPort {
-                port,
-                negate,
-                module,
-            }
-            | Match::SrcPort {
-                port,
-                negate,
-                module,
-            } => {
-                if header.proto.is_none() || module.is_some_and(|p| Some(p) != header.proto) {
-                    return unsupported("port match without its protocol");
-                }
-                let offset = if matches!(m, Match::SrcPort { .. }) {
-                    0
-                } else {
-                    2
-                };
-                payload(&mut exprs, PAYLOAD_TRANSPORT, offset, 2);
-                cmp(&mut exprs, *negate, &parse_port(port)?.to_be_bytes());
-            }
+            // Rendered above, by `as_port`.
+            Match::DstPort { .. } | Match::SrcPort { .. } => {}
             Match::DstPorts { ports, negate } => {
                 if header.proto.is_none() {
                     return unsupported("multiport without its protocol");
@@ -313,11 +303,22 @@ impl<'a> Header<'a> {
     }
 }
 
-const META_L4PROTO: u32 = 16;
-const META_IIFNAME: u32 = 6;
-const META_OIFNAME: u32 = 7;
-const PAYLOAD_NETWORK: u32 = 1;
-const PAYLOAD_TRANSPORT: u32 = 2;
+/// The `meta` keys the encoder loads (`enum nft_meta_keys`).
+#[derive(Debug, Clone, Copy)]
+enum MetaKey {
+    IifName = 6,
+    OifName = 7,
+    L4Proto = 16,
+}
+
+/// Where a `payload` load starts (`enum nft_payload_bases`).
+#[derive(Debug, Clone, Copy)]
+enum PayloadBase {
+    Network = 1,
+    Transport = 2,
+}
+
+/// The one data register every match here loads into and compares (NFT_REG_1).
 const REG_1: u32 = 1;
 
 fn proto_number(p: Proto) -> u8 {
@@ -333,14 +334,14 @@ fn expr(exprs: &mut Attrs, name: &str, data: Attrs) {
     exprs.nested_in_place(1, elem);
 }
 
-fn meta_load(exprs: &mut Attrs, key: u32) {
-    expr(exprs, "meta", Attrs::new().u32(2, key).u32(1, REG_1));
+fn meta_load(exprs: &mut Attrs, key: MetaKey) {
+    expr(exprs, "meta", Attrs::new().u32(2, key as u32).u32(1, REG_1));
 }
 
-fn payload(exprs: &mut Attrs, base: u32, offset: u32, len: u32) {
+fn payload(exprs: &mut Attrs, base: PayloadBase, offset: u32, len: u32) {
     let data = Attrs::new()
         .u32(1, REG_1)
-        .u32(2, base)
+        .u32(2, base as u32)
         .u32(3, offset)
         .u32(4, len);
     expr(exprs, "payload", data);
@@ -361,7 +362,7 @@ fn cmp(exprs: &mut Attrs, negate: bool, value: &[u8]) {
 }
 
 /// `-i`/`-o`: the name with its terminating NUL (exact match), or, for `name+`, the prefix only.
-fn iface(exprs: &mut Attrs, key: u32, name: &str, negate: bool) {
+fn iface(exprs: &mut Attrs, key: MetaKey, name: &str, negate: bool) {
     meta_load(exprs, key);
     let value = match name.strip_suffix('+') {
         Some(prefix) => prefix.as_bytes().to_vec(),
@@ -417,10 +418,10 @@ fn address(
     let masked: Vec<u8> = octets.iter().zip(&mask).map(|(a, m)| a & m).collect();
     if prefix % 8 == 0 {
         let len = prefix / 8;
-        payload(exprs, PAYLOAD_NETWORK, offset, len as u32);
+        payload(exprs, PayloadBase::Network, offset, len as u32);
         cmp(exprs, negate, &masked[..len]);
     } else {
-        payload(exprs, PAYLOAD_NETWORK, offset, octets.len() as u32);
+        payload(exprs, PayloadBase::Network, offset, octets.len() as u32);
         let data = Attrs::new()
             .u32(1, REG_1)
             .u32(2, REG_1)

@@ -210,6 +210,41 @@ pub enum Match {
     ProtoModule(Proto),
 }
 
+/// A port match of either end, as both renderers read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortMatch<'a> {
+    /// `true` for [`Match::SrcPort`], `false` for [`Match::DstPort`].
+    pub source: bool,
+    pub port: &'a str,
+    pub negate: bool,
+    pub module: Option<Proto>,
+}
+
+impl Match {
+    /// The port match this is, if it is one.
+    pub fn as_port(&self) -> Option<PortMatch<'_>> {
+        let (source, port, negate, module) = match self {
+            Match::SrcPort {
+                port,
+                negate,
+                module,
+            } => (true, port, negate, module),
+            Match::DstPort {
+                port,
+                negate,
+                module,
+            } => (false, port, negate, module),
+            _ => return None,
+        };
+        Some(PortMatch {
+            source,
+            port,
+            negate: *negate,
+            module: *module,
+        })
+    }
+}
+
 /// What a matching packet gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {

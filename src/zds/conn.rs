@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::ZdsError;
-use super::backoff::random_u64;
 use super::proto::{self, Reply, Request};
 use super::server::{Op, Shared, Update, lock};
 use super::socket::{Idle, Packet, check_netns};
@@ -248,8 +247,7 @@ impl Session {
     /// Logs a NACK; a NACKed Add holds the pod back.
     fn nacked(&self, uid: &str, add: bool, message: &str, truncated: bool) {
         if add {
-            let retry_in =
-                lock(&self.shared.nacks).record(uid, message, Instant::now(), random_u64());
+            let retry_in = lock(&self.shared.nacks).record(uid, message, Instant::now());
             warn!(conn = self.id, uid, truncated, retry_in = ?retry_in,
                 "ztunnel NACKed add: {message}");
         } else {

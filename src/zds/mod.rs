@@ -6,7 +6,8 @@
 //! detection), the per-connection session (`conn`: hello, snapshot, lock-step updates, liveness),
 //! the connection set and the public handle (`server`), and the NACK backoff (`backoff`).
 //! It knows nothing of Kubernetes: the agent feeds it pods through [`SnapshotSource`] and
-//! [`ZdsHandle`]. May call: `netns` (the handle whose fd is sent) and `telemetry` (metrics).
+//! [`ZdsHandle`]. May call: `netns` (the handle whose fd is sent), `retry` (the NACK hold's
+//! spacing) and `telemetry` (metrics).
 
 mod backoff;
 mod conn;

@@ -112,6 +112,30 @@ impl NetnsGuard {
             .unwrap_or_else(|e| panic!("cannot run {program} in {}: {e}", self.name))
     }
 
+    /// The plugin's ADD for pod `ns/pod` in this namespace.
+    pub fn add(&self, ns: &str, pod: &str, conf: &Value) -> Run {
+        run_plugin(
+            &cni_env("ADD", &self.path().display().to_string(), ns, pod),
+            &conf.to_string(),
+        )
+    }
+
+    /// What a command run inside the namespace printed (stdout).
+    pub fn stdout(&self, program: &str, args: &[&str]) -> String {
+        String::from_utf8_lossy(&self.exec(program, args).stdout).into_owned()
+    }
+
+    /// Runs `ip` in the namespace with the words of `line`; panics with its stderr on failure.
+    pub fn ip(&self, line: &str) {
+        let args: Vec<&str> = line.split_whitespace().collect();
+        let out = self.exec("ip", &args);
+        assert!(
+            out.status.success(),
+            "ip {line}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// `iptables-save` of the namespace (nft and legacy together).
     pub fn iptables_save(&self) -> String {
         let mut all = String::new();
@@ -153,9 +177,25 @@ pub struct Run {
     pub code: i32,
     pub stdout: String,
     pub stderr: String,
+    /// From spawn to exit.
+    pub took: std::time::Duration,
 }
 
 impl Run {
+    /// The `msg` of the error JSON; empty when there is none.
+    pub fn msg(&self) -> String {
+        self.json()["msg"].as_str().unwrap_or_default().to_string()
+    }
+
+    /// Asserts the call failed (exit 1) with a message holding every one of `parts`.
+    pub fn assert_failed_saying(&self, parts: &[&str]) {
+        assert_eq!(self.code, 1, "{}{}", self.stdout, self.stderr);
+        let msg = self.msg();
+        for part in parts {
+            assert!(msg.contains(part), "{part:?} missing from: {msg}");
+        }
+    }
+
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
             panic!(
@@ -179,6 +219,7 @@ pub fn run_cni(executable: &Path, args0: &[&str], env: &[(&str, String)], stdin:
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let started = std::time::Instant::now();
     let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", executable.display()));
@@ -190,7 +231,13 @@ pub fn run_cni(executable: &Path, args0: &[&str], env: &[(&str, String)], stdin:
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        took: started.elapsed(),
     }
+}
+
+/// A file the test expects to exist (a dry-run output, a log), as text.
+pub fn file_text(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Runs our plugin (`istio-rs istio-cni`).
@@ -273,6 +320,32 @@ impl FakeApiServer {
     }
 }
 
+/// How most plugin tests start: a test API server and a run dir holding its kubeconfig.
+pub fn api_and_run_dir() -> (FakeApiServer, tempfile::TempDir) {
+    let api = FakeApiServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(dir.path());
+    (api, dir)
+}
+
+/// [`api_and_run_dir`] with one pod as the injector leaves it (no extra annotations or env).
+pub fn api_with_sidecar_pod(ns: &str, name: &str) -> (FakeApiServer, tempfile::TempDir) {
+    let (api, dir) = api_and_run_dir();
+    api.put_pod(annotated_pod(ns, name, json!({})));
+    (api, dir)
+}
+
+/// The istio-cni config of the plugin fault tests: kube-system excluded, a prevResult holding
+/// `prev_address`.
+pub fn sidecar_conf(run_dir: &Path, prev_address: &str) -> Value {
+    json!({
+        "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "istio-cni",
+        "cni_agent_run_dir": run_dir.display().to_string(),
+        "exclude_namespaces": ["kube-system"], "pod_namespace": "istio-system",
+        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": prev_address}], "dns": {}}
+    })
+}
+
 /// A kubeconfig for `server` (plain HTTP, token auth) in `run_dir`.
 pub fn write_kubeconfig(run_dir: &Path, server: &str) {
     let text = format!(
@@ -304,6 +377,27 @@ pub fn sidecar_pod(
     })
 }
 
+/// A sidecar pod whose only difference from the injector's is `annotations`.
+pub fn annotated_pod(ns: &str, name: &str, annotations: Value) -> Value {
+    sidecar_pod(ns, name, annotations, json!([]), json!({}))
+}
+
+/// Istio's default enablement selectors: the pod label, or the namespace label unless the pod
+/// opts out.
+pub fn enablement_selectors() -> Value {
+    json!([
+        {"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}},
+        {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]},
+         "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}
+    ])
+}
+
+/// A sidecar pod whose only difference from the injector's is one proxy env var.
+pub fn pod_with_proxy_env(ns: &str, name: &str, var: &str, value: &str) -> Value {
+    let env = json!([{"name": var, "value": value}]);
+    sidecar_pod(ns, name, json!({}), env, json!({}))
+}
+
 /// The plugin config Istio's plugin tests use (its mock template: standard keys, a prevResult
 /// spelled `cniversion`, legacy keys), for a run dir.
 pub fn plugin_conf(cni_version: &str, run_dir: &Path, with_prev: bool) -> Value {
@@ -317,11 +411,7 @@ pub fn plugin_conf(cni_version: &str, run_dir: &Path, with_prev: bool) -> Value 
         "plugin_log_level": "debug",
         "cni_agent_run_dir": run_dir.display().to_string(),
         "ambient_enabled": false,
-        "enablement_selectors": [
-            {"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}},
-            {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]},
-             "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}
-        ],
+        "enablement_selectors": enablement_selectors(),
         "exclude_namespaces": ["testExcludeNS"],
         "pod_namespace": "istio-system",
         "native_nftables": false,

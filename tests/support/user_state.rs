@@ -34,22 +34,16 @@ pub fn run(ns: &Netns, program: &str, args: &[&str]) -> String {
 /// rule, an nft table, a policy rule and a route table.
 pub fn namespace_with_user_state(tag: &str, flavour: Flavour) -> Netns {
     let ns = Netns::new(tag);
-    for args in [
-        vec![
-            "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
-        ],
-        vec!["link", "set", "eth0p", "up"],
-        vec!["link", "set", "eth0", "up"],
-        vec!["addr", "add", "10.254.7.2/24", "dev", "eth0"],
-        vec!["addr", "add", "fd00::7:2/64", "dev", "eth0", "nodad"],
-        vec![
-            "rule", "add", "fwmark", "0x99", "lookup", "99", "pref", "500",
-        ],
-        vec![
-            "route", "add", "local", "default", "dev", "lo", "table", "99",
-        ],
+    for line in [
+        "link add eth0 type veth peer name eth0p",
+        "link set eth0p up",
+        "link set eth0 up",
+        "addr add 10.254.7.2/24 dev eth0",
+        "addr add fd00::7:2/64 dev eth0 nodad",
+        "rule add fwmark 0x99 lookup 99 pref 500",
+        "route add local default dev lo table 99",
     ] {
-        run(&ns, "ip", &args);
+        run(&ns, "ip", &line.split_whitespace().collect::<Vec<_>>());
     }
     for family in ["iptables", "ip6tables"] {
         let ipt = flavour.tool(family, "");

@@ -14,18 +14,14 @@ pub const SIDECAR_STATUS_ANNOTATION: &str = "sidecar.istio.io/status";
 /// One selector pair as written in `AMBIENT_ENABLEMENT_SELECTOR` / the plugin config. An absent
 /// selector selects everything.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct EnablementSelector {
     #[serde(
-        rename = "podSelector",
-        default,
         deserialize_with = "super::deserialize_strict",
         skip_serializing_if = "Option::is_none"
     )]
     pub pod_selector: Option<LabelSelector>,
     #[serde(
-        rename = "namespaceSelector",
-        default,
         deserialize_with = "super::deserialize_strict",
         skip_serializing_if = "Option::is_none"
     )]
