@@ -67,6 +67,7 @@ fn run_adds(
     node: &Node,
     k8s_ns: &str,
     pods: &[(String, PodNs)],
+    ip_base: usize,
     concurrency: usize,
 ) -> (Vec<Duration>, Vec<String>) {
     let plugin = node.chain.conflist["plugins"]
@@ -96,7 +97,7 @@ fn run_adds(
                     conf["prevResult"] = json!({
                         "cniVersion": "1.0.0",
                         "interfaces": [{"name": "eth0", "sandbox": pod.path_string()}],
-                        "ips": [{"address": format!("{}/16", pod_ip(i)), "interface": 0}],
+                        "ips": [{"address": format!("{}/16", pod_ip(ip_base + i)), "interface": 0}],
                         "dns": {}
                     });
                     let env = vec![
@@ -130,10 +131,10 @@ fn run_adds(
 }
 
 /// `n` pods in `k8s_ns` on this node, each with a fresh netns (created before any timing).
-fn node_pods(node: &Node, k8s_ns: &str, n: usize) -> Vec<(String, PodNs)> {
+fn node_pods(node: &Node, k8s_ns: &str, prefix: &str, n: usize) -> Vec<(String, PodNs)> {
     (0..n)
         .map(|i| {
-            let name = format!("p{i}");
+            let name = format!("{prefix}{i}");
             node.pod(k8s_ns, &name, json!({}));
             (name, PodNs::new("ab"))
         })
@@ -201,10 +202,14 @@ fn ambient_add_latency() {
     let c = env_usize("BENCH_AMBIENT_CONCURRENCY", 100);
     let node = Node::start(Backend::Iptables);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
-    let pods = node_pods(&node, "amb", n);
+    let serial_n = env_usize("BENCH_AMBIENT_SERIAL_ADDS", 50);
+    let serial_pods = node_pods(&node, "amb", "s", serial_n);
+    let pods = node_pods(&node, "amb", "p", n);
 
+    // One at a time first: the latency of an ADD on an otherwise idle agent.
+    let (serial, serial_failures) = run_adds(&node, "amb", &serial_pods, n, 1);
     let wall = Instant::now();
-    let (took, failures) = run_adds(&node, "amb", &pods, c);
+    let (took, failures) = run_adds(&node, "amb", &pods, 0, c);
     let wall = wall.elapsed();
     for f in failures.iter().take(5) {
         eprintln!("failed ADD: {f}");
@@ -222,11 +227,11 @@ fn ambient_add_latency() {
     let (mut ours, mut bare) = (Vec::new(), Vec::new());
     for i in 0..ROUNDS {
         if i % 2 == 0 {
-            ours.push(program_once(&dp, n + i));
+            ours.push(program_once(&dp, n + serial_n + i));
             bare.push(bare_restore(&text));
         } else {
             bare.push(bare_restore(&text));
-            ours.push(program_once(&dp, n + i));
+            ours.push(program_once(&dp, n + serial_n + i));
         }
     }
     ours.sort();
@@ -235,6 +240,11 @@ fn ambient_add_latency() {
 
     println!("| measurement | value | target |");
     println!("| --- | --- | --- |");
+    println!(
+        "| ambient ADD one at a time ({serial_n} pods): p50 / p99 | {} / {} | |",
+        ms(quantile(&serial, 0.5)),
+        ms(quantile(&serial, 0.99))
+    );
     println!(
         "| ambient ADDs through the plugin binary ({n}, {c} concurrent, own netns each, ZDS peer acking) | {:.1} s wall, {:.0} ADD/s | |",
         wall.as_secs_f64(),
@@ -246,8 +256,15 @@ fn ambient_add_latency() {
         ms(quantile(&took, 0.99))
     );
     println!("| ADD latency max | {} | |", ms(quantile(&took, 1.0)));
-    println!("| failed ADDs | {} of {n} | 0 |", failures.len());
-    println!("| pods the ZDS peer holds afterwards | {enrolled} | {n} |");
+    println!(
+        "| failed ADDs | {} of {n} (+ {} of {serial_n} one at a time) | 0 |",
+        failures.len(),
+        serial_failures.len()
+    );
+    println!(
+        "| pods the ZDS peer holds afterwards | {enrolled} | {} |",
+        n + serial_n
+    );
     println!(
         "| in-pod programming by the agent's data plane (`program_pod`, {:?}), median of {ROUNDS}, fresh netns each | {} | |",
         dp.decision().backend,
@@ -261,13 +278,14 @@ fn ambient_add_latency() {
         "| ratio programming / bare restore | {:.2} | |",
         m_ours.as_secs_f64() / m_bare.as_secs_f64()
     );
+    let failures = [serial_failures, failures].concat();
     assert!(
         failures.is_empty(),
         "{} ADDs failed; first: {:?}",
         failures.len(),
         failures.first()
     );
-    assert_eq!(enrolled, n, "pods acked by the ZDS peer");
+    assert_eq!(enrolled, n + serial_n, "pods acked by the ZDS peer");
 }
 
 /// The agent's resident set size in MB (install-cni was exec'd by nsenter: the same pid).
@@ -314,8 +332,8 @@ fn agent_rss_flat_under_churn() {
             .add_pod(other_node_pod(i, 0))
             .expect("add pod");
     }
-    let pods = node_pods(&node, "amb", enrolled);
-    let (_, failures) = run_adds(&node, "amb", &pods, 25);
+    let pods = node_pods(&node, "amb", "p", enrolled);
+    let (_, failures) = run_adds(&node, "amb", &pods, 0, 25);
     assert!(failures.is_empty(), "{failures:?}");
     node.wait_until(Duration::from_secs(30), "all pods annotated", || {
         node.api
