@@ -111,8 +111,14 @@ pub struct Agent {
     pub lines: Arc<Mutex<Vec<String>>>,
 }
 
+/// The binary under test: `$ISTIO_CNI_RS_BIN` when set (the benchmarks point it at the static
+/// release build), else the one cargo built for the tests.
 pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_istio-cni-rs")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("ISTIO_CNI_RS_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_istio-cni-rs").to_string())
+    })
 }
 
 /// Starts `install-cni` with exactly `env` (plus PATH) and `args`.

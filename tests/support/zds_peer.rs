@@ -67,12 +67,15 @@ struct Proxy {
 struct ProxyListener {
     stop: Arc<AtomicBool>,
     accepted: Arc<AtomicUsize>,
+    /// Shut down on drop, which wakes the thread's blocking accept (Linux returns EINVAL).
+    socket: Arc<TcpListener>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Drop for ProxyListener {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        let _ = socket::shutdown(self.socket.as_raw_fd(), socket::Shutdown::Read);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -525,16 +528,22 @@ fn start_listener(fd: &OwnedFd, uid: &str) -> Result<ProxyListener, String> {
     })
     .join()
     .map_err(|_| "listener thread panicked".to_string())??;
-    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    // A blocking accept, not a polling one: a benchmark holds a thousand of these proxies, and
+    // a thousand threads waking every few ms would starve the machine being measured.
+    let socket = Arc::new(listener);
     let stop = Arc::new(AtomicBool::new(false));
     let accepted = Arc::new(AtomicUsize::new(0));
-    let (stop2, accepted2, uid) = (stop.clone(), accepted.clone(), uid.to_string());
+    let (stop2, accepted2, listener, uid) = (
+        stop.clone(),
+        accepted.clone(),
+        socket.clone(),
+        uid.to_string(),
+    );
     let thread = std::thread::spawn(move || {
         while !stop2.load(Ordering::SeqCst) {
             match listener.accept() {
                 Ok((mut stream, _)) => {
                     accepted2.fetch_add(1, Ordering::SeqCst);
-                    let _ = stream.set_nonblocking(false);
                     let _ = writeln!(stream, "zds-peer {uid}");
                 }
                 Err(_) => std::thread::sleep(STEP),
@@ -544,6 +553,7 @@ fn start_listener(fd: &OwnedFd, uid: &str) -> Result<ProxyListener, String> {
     Ok(ProxyListener {
         stop,
         accepted,
+        socket,
         thread: Some(thread),
     })
 }
