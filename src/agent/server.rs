@@ -7,7 +7,6 @@
 //! regardless, so a pod is never left half-enrolled by a dropped request.
 
 use std::io;
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -35,20 +34,7 @@ pub async fn serve(
     core: Arc<Core>,
     shutdown: CancellationToken,
 ) -> io::Result<tokio::task::JoinHandle<()>> {
-    if let Some(parent) = path.parent()
-        && !parent.exists()
-    {
-        std::fs::create_dir_all(parent)?;
-        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o750))?;
-    }
-    match std::fs::remove_file(&path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = tokio::net::UnixListener::bind(&path)?;
-    // The plugin runs as the kubelet's user.
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+    let listener = crate::telemetry::logsink::bind_plugin_socket(&path)?;
     let app = Router::new()
         .route("/cmdadd", any(cmd_add))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))

@@ -29,22 +29,29 @@ pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
 
 static EMIT: Mutex<()> = Mutex::new(());
 
-/// Starts the sink; a stale socket (from a previous run) is replaced.
-pub async fn serve(path: PathBuf, stop: CancellationToken) -> io::Result<()> {
+/// Binds a socket the plugin calls in the agent's run dir (`log.sock`, `pluginevent.sock`):
+/// parent created 0750 when missing, a stale socket from a previous run replaced, the socket
+/// 0666 because plugins run as the kubelet's user.
+pub fn bind_plugin_socket(path: &std::path::Path) -> io::Result<tokio::net::UnixListener> {
     if let Some(parent) = path.parent()
         && !parent.exists()
     {
         std::fs::create_dir_all(parent)?;
         std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o750))?;
     }
-    match std::fs::remove_file(&path) {
+    match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let listener = tokio::net::UnixListener::bind(&path)?;
-    // Plugins run as the kubelet's user; anyone on the node may log.
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+    let listener = tokio::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    Ok(listener)
+}
+
+/// Starts the sink; a stale socket (from a previous run) is replaced.
+pub async fn serve(path: PathBuf, stop: CancellationToken) -> io::Result<()> {
+    let listener = bind_plugin_socket(&path)?;
     let app: Router<()> = Router::new()
         .route("/log", any(handle))
         .layer(DefaultBodyLimit::max(MAX_BATCH_BYTES));
