@@ -220,7 +220,8 @@ fn required(value: Option<String>, field: &str) -> Result<String, EventDecodeErr
         })
 }
 
-fn kind(v: &Value) -> &'static str {
+/// How a JSON value's type is named in errors ("got a number").
+pub fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

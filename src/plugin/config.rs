@@ -69,16 +69,7 @@ fn parse_object(stdin: &[u8]) -> Result<Map<String, Value>, CniError> {
     }
 }
 
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+use crate::kube::plugin_event::kind;
 
 /// A key's value; like Go's decoder, an exact match first, then any case-insensitive one.
 fn get<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
