@@ -341,14 +341,7 @@ pub struct ApiServer {
 
 impl ApiServer {
     pub fn start() -> ApiServer {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let server = rt
-            .block_on(istio_cni::kube::testserver::TestApiServer::start())
-            .expect("test API server");
+        let (server, rt) = istio_cni::kube::testserver::TestApiServer::start_blocking();
         let dir = tempfile::tempdir().expect("tempdir");
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).expect("kubeconfig");

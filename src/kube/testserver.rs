@@ -307,6 +307,19 @@ impl TestApiServer {
         Self::start_with(TestServerOptions::default()).await
     }
 
+    /// For synchronous tests: a server on a one-worker runtime of its own. The runtime must
+    /// live as long as the server (it runs the connections); the listener belongs to the netns
+    /// of the calling thread.
+    pub fn start_blocking() -> (Self, tokio::runtime::Runtime) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("test API server runtime");
+        let server = rt.block_on(Self::start()).expect("test API server");
+        (server, rt)
+    }
+
     pub async fn start_with(options: TestServerOptions) -> Result<Self, TestServerError> {
         let requested = SocketAddr::from(([127, 0, 0, 1], options.port));
         let listener = bind(requested)?;

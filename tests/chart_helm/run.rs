@@ -98,14 +98,7 @@ impl Api {
     fn start_in(ns: &Netns) -> Api {
         // The listening socket belongs to the netns of the thread that creates it.
         ns.spawn(|| {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            let server = rt
-                .block_on(TestApiServer::start())
-                .expect("test API server");
+            let (server, rt) = TestApiServer::start_blocking();
             Api { server, _rt: rt }
         })
         .join()

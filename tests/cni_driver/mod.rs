@@ -274,14 +274,7 @@ pub struct FakeApiServer {
 
 impl FakeApiServer {
     pub fn start() -> FakeApiServer {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let server = rt
-            .block_on(istio_cni::kube::testserver::TestApiServer::start())
-            .expect("test API server");
+        let (server, rt) = istio_cni::kube::testserver::TestApiServer::start_blocking();
         FakeApiServer { server, rt }
     }
 

@@ -96,14 +96,7 @@ impl Node {
         let ns = Netns::new("node");
         let node_path = PathBuf::from(ns.path());
         let api = in_netns(&node_path, || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            let server = rt
-                .block_on(istio_cni::kube::testserver::TestApiServer::start())
-                .expect("test API server");
+            let (server, rt) = istio_cni::kube::testserver::TestApiServer::start_blocking();
             NodeApi { server, rt }
         });
         let kube = tempfile::tempdir().expect("tempdir");
