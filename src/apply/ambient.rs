@@ -306,10 +306,43 @@ pub fn program_inpod_here(
         )?;
         Outcome::Applied
     } else {
-        apply_iptables_here(&ambient::inpod_rules(cfg, pod), INPOD_CHAINS, opts)?
+        let rules = ambient::inpod_rules(cfg, pod);
+        if apply_new_netns_over_netlink(&rules, opts) {
+            Outcome::AppliedOverNetlink
+        } else {
+            apply_iptables_here(&rules, INPOD_CHAINS, opts)?
+        }
     };
     super::routes::ensure_ambient_routes(cfg.enable_ipv6)?;
     Ok(outcome)
+}
+
+/// A new pod's netns (no table in any family) with the iptables-nft flavour gets the rules as one
+/// nf_tables transaction encoded as iptables-nft-restore would send it: no process at all. False
+/// when that does not apply or did not work (nothing changed then; the caller restores).
+fn apply_new_netns_over_netlink(rules: &RuleSet, opts: &AmbientApply) -> bool {
+    let mut families = 0;
+    for family in Family::ALL {
+        match detect(family, opts.force_binary) {
+            Ok(bins) if bins.is_nft_flavour() && holds_no_tables(&bins) => families += 1,
+            Err(_) if family == Family::V6 && rules.family(family).is_empty() => {}
+            _ => return false,
+        }
+    }
+    if families == 0 {
+        return false;
+    }
+    match super::iptables::apply_nft_netlink_entering(rules, opts.userns.as_ref()) {
+        Ok(()) => true,
+        Err(e) if e.is_not_encodable() => {
+            tracing::debug!(reason = %e, "applying the in-pod rules with iptables-restore instead");
+            false
+        }
+        Err(e) => {
+            tracing::info!(reason = %e, "nf_tables netlink transaction failed; applying the in-pod rules with iptables-restore instead");
+            false
+        }
+    }
 }
 
 /// Removes the in-pod rules (both backends' objects, whichever is there) and the policy routing

@@ -55,6 +55,8 @@ pub struct SidecarOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Applied,
+    /// Applied as one nf_tables transaction sent by us (no iptables process).
+    AppliedOverNetlink,
     AlreadyApplied,
     Reconciled,
     CleanedUp,
@@ -65,6 +67,7 @@ impl std::fmt::Display for Outcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Outcome::Applied => "applied",
+            Outcome::AppliedOverNetlink => "applied over nfnetlink",
             Outcome::AlreadyApplied => "already applied",
             Outcome::Reconciled => "reconciled",
             Outcome::CleanedUp => "cleaned up",

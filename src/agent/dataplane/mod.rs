@@ -24,6 +24,7 @@ use crate::apply::hostproc::{KubeletUidError, kubelet_uid};
 use crate::apply::iptables::{ApplyError, ForceBinary};
 use crate::apply::pod::Backend;
 use crate::apply::probe_set::{self, Ipsets, NftSets, ProbeSets, SetOp};
+use crate::apply::sidecar::Outcome;
 use crate::netns::{Netns, NetnsError};
 use crate::rules::ambient::{AmbientConfig, PodOverrides};
 
@@ -216,7 +217,7 @@ impl Dataplane {
 
     /// Programs the in-pod redirection and policy routing; idempotent (an unchanged pod is not
     /// touched) and all or nothing.
-    pub fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), DataplaneError> {
+    pub fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<Outcome, DataplaneError> {
         let cfg = self.settings.ambient.clone();
         let overrides = pod.overrides.clone();
         let opts = self.apply_opts(Some(netns));
@@ -231,7 +232,7 @@ impl Dataplane {
                 source,
             })?;
         tracing::debug!(pod = %pod_ref(pod), %outcome, "in-pod rules");
-        Ok(())
+        Ok(outcome)
     }
 
     /// Removes the in-pod rules and policy routing.
