@@ -57,6 +57,7 @@ fn rig_with(zt: Arc<dyn Ztunnel>, fake_zt: Arc<FakeZtunnel>) -> Rig {
             ztunnel: zt,
             annotator: ann.clone(),
             cache: Arc::new(PodCache::default()),
+            locks: Default::default(),
         },
         timing: timing(),
         metrics: Default::default(),
