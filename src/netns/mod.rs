@@ -196,6 +196,34 @@ impl Netns {
     }
 }
 
+/// Runs `work` on a fresh thread inside a new, empty network namespace that exists only as long
+/// as `work` runs (children it spawns inherit it). For learning how the kernel stores something
+/// without touching any real namespace.
+pub fn run_in_scratch<T, F>(work: F) -> Result<T, NetnsError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let path = PathBuf::from("(scratch netns)");
+    let handle = std::thread::Builder::new()
+        .name("netns-scratch".into())
+        .spawn(move || -> Result<T, NetnsError> {
+            nix::sched::unshare(CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter {
+                path: PathBuf::from("(scratch netns)"),
+                source,
+            })?;
+            Ok(work())
+        })
+        .map_err(|e| NetnsError::Thread {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+    handle.join().map_err(|panic| NetnsError::Thread {
+        path,
+        reason: panic_message(&panic),
+    })?
+}
+
 impl AsFd for Netns {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.net.as_fd()

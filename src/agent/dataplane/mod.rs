@@ -12,11 +12,13 @@ pub mod procfs;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use tracing::{info, warn};
 
 use crate::apply::ambient::{
-    AmbientApply, AmbientError, program_host_here, program_inpod_here, remove_inpod_here,
+    AmbientApply, AmbientError, inpod_nft_transaction, nft_listing_of, program_host_here,
+    program_inpod_here, remove_inpod_here,
 };
 use crate::apply::backend::{BackendRequest, Decision, ProcessHost, decide_for_host};
 use crate::apply::exec::ProcessExecutor;
@@ -127,6 +129,8 @@ pub struct Dataplane {
     host_netns: Option<Netns>,
     /// Probe-set changes, applied in batches.
     probes: probe::Batcher,
+    /// nftables: in-pod transaction -> how it lists once applied (learnt once each).
+    nft_listings: Mutex<HashMap<String, String>>,
 }
 
 impl Dataplane {
@@ -157,6 +161,7 @@ impl Dataplane {
             decision,
             host_netns,
             probes: probe::Batcher::default(),
+            nft_listings: Mutex::new(HashMap::new()),
         };
         if !settings.skip_host_rules {
             dp.program_host()?;
@@ -185,6 +190,7 @@ impl Dataplane {
                 _ => vec![],
             },
             userns: netns.and_then(|ns| ns.userns_entry().cloned()),
+            nft_expected: None,
         }
     }
 
@@ -220,7 +226,10 @@ impl Dataplane {
     pub fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<Outcome, DataplaneError> {
         let cfg = self.settings.ambient.clone();
         let overrides = pod.overrides.clone();
-        let opts = self.apply_opts(Some(netns));
+        let mut opts = self.apply_opts(Some(netns));
+        if self.nftables() {
+            opts.nft_expected = self.nft_listing(&inpod_nft_transaction(&cfg, &overrides));
+        }
         let outcome = netns
             .run(move || program_inpod_here(&cfg, &overrides, &opts))
             .map_err(|source| DataplaneError::Enter {
@@ -233,6 +242,25 @@ impl Dataplane {
             })?;
         tracing::debug!(pod = %pod_ref(pod), %outcome, "in-pod rules");
         Ok(outcome)
+    }
+
+    /// How `transaction` lists once applied (cached; None when it cannot be learnt, and then
+    /// every program re-applies, atomically, as before).
+    fn nft_listing(&self, transaction: &str) -> Option<String> {
+        let mut known = self.nft_listings.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(listing) = known.get(transaction) {
+            return Some(listing.clone());
+        }
+        match nft_listing_of(transaction) {
+            Ok(listing) => {
+                known.insert(transaction.to_string(), listing.clone());
+                Some(listing)
+            }
+            Err(e) => {
+                warn!("cannot learn how the in-pod nft rules list (each pod is re-applied): {e}");
+                None
+            }
+        }
     }
 
     /// Removes the in-pod rules and policy routing.
