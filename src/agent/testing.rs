@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::future::BoxFuture;
+use tokio::sync::Notify;
 
 use super::ports::{Annotator, Dataplane, PodNet, PortError, WorkloadInfo, Ztunnel};
 use crate::kube::KubeError;
@@ -125,12 +126,14 @@ impl Dataplane for FakeDataplane {
     }
 }
 
-/// A ztunnel that acks, or (with `connected` false) has no connection (retryable).
+/// A ztunnel that acks, or (with `connected` false) has no connection (retryable). Adds of a pod
+/// named in `gates` wait until its `Notify` is notified (a slow ztunnel for that pod).
 pub struct FakeZtunnel {
     pub connected: AtomicBool,
     pub workloads: Mutex<BTreeMap<String, WorkloadInfo>>,
     pub adds: AtomicU32,
     pub dels: AtomicU32,
+    pub gates: Mutex<BTreeMap<String, Arc<Notify>>>,
 }
 
 impl Default for FakeZtunnel {
@@ -140,6 +143,7 @@ impl Default for FakeZtunnel {
             workloads: Mutex::new(BTreeMap::new()),
             adds: AtomicU32::new(0),
             dels: AtomicU32::new(0),
+            gates: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -147,6 +151,13 @@ impl Default for FakeZtunnel {
 impl FakeZtunnel {
     pub fn has(&self, uid: &str) -> bool {
         lock(&self.workloads).contains_key(uid)
+    }
+
+    /// Holds adds of the pod named `name` until the returned gate is notified.
+    pub fn gate(&self, name: &str) -> Arc<Notify> {
+        let gate = Arc::new(Notify::new());
+        lock(&self.gates).insert(name.to_string(), gate.clone());
+        gate
     }
 }
 
@@ -158,6 +169,10 @@ impl Ztunnel for FakeZtunnel {
         _netns: &'a Arc<Netns>,
     ) -> BoxFuture<'a, Result<(), PortError>> {
         Box::pin(async move {
+            let gate = lock(&self.gates).get(&info.name).cloned();
+            if let Some(gate) = gate {
+                gate.notified().await;
+            }
             self.adds.fetch_add(1, Ordering::SeqCst);
             if !self.connected.load(Ordering::SeqCst) {
                 return Err(PortError::retryable("no ztunnel connection"));
