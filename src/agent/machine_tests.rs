@@ -1,26 +1,14 @@
 //! One test per row of the §3.5 table, and the informer cases of §3.14.
 
 use super::*;
+use crate::kube::selector::testing::{chart_default, labels};
 use serde_json::{Value, json};
 
 const AMBIENT: (&str, &str) = ("istio.io/dataplane-mode", "ambient");
 
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
 /// The chart's default selectors; `kube-system` excluded.
 fn policy() -> Policy {
-    let selectors: Vec<EnablementSelector> = serde_json::from_value(json!([
-        {"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}},
-        {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]},
-         "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}
-    ]))
-    .unwrap();
-    Policy::new(&selectors, &["kube-system".into()], "istio-system").unwrap()
+    Policy::new(&chart_default(), &["kube-system".into()], "istio-system").unwrap()
 }
 
 /// A pod in `ns`, patched with `extra` (merged into the object).

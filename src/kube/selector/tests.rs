@@ -1,13 +1,7 @@
+use super::testing::labels;
 use super::*;
 use k8s_openapi::api::core::v1::NodeSelectorTerm;
 use serde_json::json;
-
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
 
 fn structured(v: serde_json::Value) -> Result<Selector, SelectorError> {
     let sel: LabelSelector = serde_json::from_value(v).expect("selector JSON");
