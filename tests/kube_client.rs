@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use istio_cni::kube::testserver::{Fault, TestApiServer};
 use istio_cni::kube::{
-    EventType, KubeClient, KubeError, MetadataPatch, PodEvent, PodPreconditions, Selectors,
-    WatchBackoff, WatchError, WatchEvent, WatchStream, pod_preconditions,
+    EventType, KubeClient, KubeError, MetadataPatch, PodEvent, PodPatchVia, PodPreconditions,
+    Selectors, WatchBackoff, WatchError, WatchEvent, WatchStream, pod_preconditions,
 };
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use serde_json::json;
@@ -146,6 +146,7 @@ async fn get_list_patch_and_delete_through_the_written_kubeconfig() {
     let patched = f
         .client
         .patch_pod_metadata(
+            PodPatchVia::Pod,
             "ns1",
             "a",
             &MetadataPatch::default().set_label("repaired", "true"),
@@ -157,7 +158,8 @@ async fn get_list_patch_and_delete_through_the_written_kubeconfig() {
     // Status subresource: the redirection annotation the ambient agent writes, then its removal.
     let annotated = f
         .client
-        .patch_pod_status_metadata(
+        .patch_pod_metadata(
+            PodPatchVia::Status,
             "ns1",
             "a",
             &MetadataPatch::default().set_annotation("ambient.istio.io/redirection", "enabled"),
@@ -175,7 +177,8 @@ async fn get_list_patch_and_delete_through_the_written_kubeconfig() {
     );
     let cleared = f
         .client
-        .patch_pod_status_metadata(
+        .patch_pod_metadata(
+            PodPatchVia::Status,
             "ns1",
             "a",
             &MetadataPatch::default().remove_annotation("ambient.istio.io/redirection"),
@@ -863,11 +866,11 @@ async fn names_that_are_not_kubernetes_names_never_reach_the_server() {
         let patch = MetadataPatch::default().set_label("a", "b");
         for err in [
             f.client
-                .patch_pod_metadata(namespace, name, &patch, CALL)
+                .patch_pod_metadata(PodPatchVia::Pod, namespace, name, &patch, CALL)
                 .await
                 .expect_err("invalid"),
             f.client
-                .patch_pod_status_metadata(namespace, name, &patch, CALL)
+                .patch_pod_metadata(PodPatchVia::Status, namespace, name, &patch, CALL)
                 .await
                 .expect_err("invalid"),
             f.client
@@ -961,7 +964,7 @@ async fn forbidden_names_the_missing_permission() {
     let patch = MetadataPatch::default().set_annotation("a", "b");
     let err = f
         .client
-        .patch_pod_status_metadata("ns1", "a", &patch, CALL)
+        .patch_pod_metadata(PodPatchVia::Status, "ns1", "a", &patch, CALL)
         .await
         .expect_err("403");
     assert!(

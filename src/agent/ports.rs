@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use crate::kube::{KubeClient, KubeError, MetadataPatch};
+use crate::kube::{KubeClient, KubeError, MetadataPatch, PodPatchVia};
 use crate::netns::Netns;
 
 /// A failure of a seam, and whether trying again later may help.
@@ -107,7 +107,7 @@ impl Annotator for KubeAnnotator {
                 None => MetadataPatch::default().remove_annotation(ANN_REDIRECTION),
             };
             self.client
-                .patch_pod_status_metadata(namespace, name, &patch, self.timeout)
+                .patch_pod_metadata(PodPatchVia::Status, namespace, name, &patch, self.timeout)
                 .await
                 .map(|_| ())
         })
