@@ -7,11 +7,12 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::Notify;
 
-use super::ports::{Annotator, Dataplane, PodNet, PortError, WorkloadInfo, Ztunnel};
-use crate::kube::KubeError;
+use super::ports::{
+    Annotator, Dataplane, KubeFuture, PodNet, PortError, PortFuture, WorkloadInfo, Ztunnel,
+};
 use crate::netns::Netns;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -162,12 +163,7 @@ impl FakeZtunnel {
 }
 
 impl Ztunnel for FakeZtunnel {
-    fn add_workload<'a>(
-        &'a self,
-        uid: &'a str,
-        info: &'a WorkloadInfo,
-        _netns: &'a Arc<Netns>,
-    ) -> BoxFuture<'a, Result<(), PortError>> {
+    fn add_workload(&self, uid: String, info: WorkloadInfo, _netns: Arc<Netns>) -> PortFuture<'_> {
         Box::pin(async move {
             let gate = lock(&self.gates).get(&info.name).cloned();
             if let Some(gate) = gate {
@@ -177,12 +173,12 @@ impl Ztunnel for FakeZtunnel {
             if !self.connected.load(Ordering::SeqCst) {
                 return Err(PortError::retryable("no ztunnel connection"));
             }
-            lock(&self.workloads).insert(uid.to_string(), info.clone());
+            lock(&self.workloads).insert(uid, info);
             Ok(())
         })
     }
 
-    fn del_workload<'a>(&'a self, uid: &'a str) -> BoxFuture<'a, Result<(), PortError>> {
+    fn del_workload<'a>(&'a self, uid: &'a str) -> PortFuture<'a> {
         Box::pin(async move {
             self.dels.fetch_add(1, Ordering::SeqCst);
             lock(&self.workloads).remove(uid);
@@ -209,14 +205,9 @@ impl FakeAnnotator {
 }
 
 impl Annotator for FakeAnnotator {
-    fn set_redirection<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-        value: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<(), KubeError>> {
+    fn set_redirection<'a>(&'a self, pod: &'a Pod, value: Option<&'a str>) -> KubeFuture<'a> {
         Box::pin(async move {
-            let key = format!("{namespace}/{name}");
+            let key = format!("{}/{}", super::pod::namespace(pod), super::pod::name(pod));
             lock(&self.patches).push((key.clone(), value.map(str::to_string)));
             let mut values = lock(&self.values);
             match value {
