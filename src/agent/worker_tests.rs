@@ -193,12 +193,18 @@ async fn retryable_failure_marks_pending_and_retries_with_backoff_until_enabled(
     assert_eq!(r.dp.count("probe_add uid-a"), 1);
 }
 
-#[tokio::test]
-async fn non_retryable_failure_is_dropped_without_annotation() {
+/// A rig whose data plane has `fault`, once the enrolment of shop/a was dropped.
+async fn dropped_after(fault: impl FnOnce(&FakeDataplane)) -> Rig {
     let r = rig();
-    r.dp.fail_program.store(true, Ordering::SeqCst);
+    fault(&r.dp);
     r.enrol("shop", "a");
     r.until_dropped(1).await;
+    r
+}
+
+#[tokio::test]
+async fn non_retryable_failure_is_dropped_without_annotation() {
+    let r = dropped_after(|dp| dp.fail_program.store(true, Ordering::SeqCst)).await;
     r.until("idle", || r.worker.pending() == 0).await;
     assert_eq!(r.dp.count("program"), 1, "not retried");
     assert!(
@@ -211,10 +217,7 @@ async fn non_retryable_failure_is_dropped_without_annotation() {
 
 #[tokio::test]
 async fn missing_netns_is_dropped() {
-    let r = rig();
-    r.dp.netns_missing.store(true, Ordering::SeqCst);
-    r.enrol("shop", "a");
-    r.until_dropped(1).await;
+    let r = dropped_after(|dp| dp.netns_missing.store(true, Ordering::SeqCst)).await;
     assert_eq!(r.dp.count("program"), 0);
 }
 
