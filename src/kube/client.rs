@@ -88,6 +88,9 @@ pub enum PodPatchVia {
     Status,
 }
 
+/// A list call's objects and the list's resourceVersion (where a watch would resume).
+pub type Listed<K> = Result<(Vec<K>, Option<String>), KubeError>;
+
 /// Label/annotation changes for a merge patch: `Some(value)` sets the key, `None` removes it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MetadataPatch {
@@ -236,11 +239,7 @@ impl KubeClient {
     }
 
     /// Pods in all namespaces matching `selectors`, and the list's resourceVersion.
-    pub async fn list_pods(
-        &self,
-        selectors: &Selectors,
-        timeout: Duration,
-    ) -> Result<(Vec<Pod>, Option<String>), KubeError> {
+    pub async fn list_pods(&self, selectors: &Selectors, timeout: Duration) -> Listed<Pod> {
         self.list(Call::ListPods, selectors, timeout).await
     }
 
@@ -248,16 +247,11 @@ impl KubeClient {
         &self,
         selectors: &Selectors,
         timeout: Duration,
-    ) -> Result<(Vec<Namespace>, Option<String>), KubeError> {
+    ) -> Listed<Namespace> {
         self.list(Call::ListNamespaces, selectors, timeout).await
     }
 
-    async fn list<K>(
-        &self,
-        call: Call,
-        selectors: &Selectors,
-        timeout: Duration,
-    ) -> Result<(Vec<K>, Option<String>), KubeError>
+    async fn list<K>(&self, call: Call, selectors: &Selectors, timeout: Duration) -> Listed<K>
     where
         K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
