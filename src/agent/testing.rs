@@ -48,13 +48,18 @@ impl FakeDataplane {
         lock(&self.calls).push(call);
     }
 
-    fn probe_fault(&self) -> Result<(), PortError> {
+    /// Records a probe-set call; fails it while `probe_failures` lasts, else hands out the set.
+    fn probe_call(
+        &self,
+        call: String,
+    ) -> Result<MutexGuard<'_, BTreeMap<IpAddr, String>>, PortError> {
+        self.record(call);
         let left = self.probe_failures.load(Ordering::SeqCst);
         if left > 0 {
             self.probe_failures.store(left - 1, Ordering::SeqCst);
             return Err(PortError::retryable("injected probe-set failure"));
         }
-        Ok(())
+        Ok(lock(&self.probes))
     }
 }
 
@@ -91,9 +96,7 @@ impl Dataplane for FakeDataplane {
     }
 
     fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
-        self.record(format!("probe_add {uid}"));
-        self.probe_fault()?;
-        let mut probes = lock(&self.probes);
+        let mut probes = self.probe_call(format!("probe_add {uid}"))?;
         for ip in ips {
             probes.insert(*ip, uid.to_string());
         }
@@ -101,9 +104,7 @@ impl Dataplane for FakeDataplane {
     }
 
     fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
-        self.record(format!("probe_remove {uid}"));
-        self.probe_fault()?;
-        let mut probes = lock(&self.probes);
+        let mut probes = self.probe_call(format!("probe_remove {uid}"))?;
         for ip in ips {
             if probes.get(ip).is_some_and(|owner| owner == uid) {
                 probes.remove(ip);
