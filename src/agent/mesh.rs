@@ -101,7 +101,7 @@ impl Mesh {
 
     async fn annotate(&self, p: &Pod, value: Redirection) -> Result<(), MeshError> {
         self.annotator
-            .set_redirection(pod::namespace(p), pod::name(p), value.as_str())
+            .set_redirection(p, value.as_str())
             .await
             .map_err(|source| MeshError::Annotate {
                 pod: describe(p),
@@ -136,7 +136,7 @@ impl Mesh {
             self.cache.take(&uid);
             return Err(e);
         }
-        if let Err(source) = self.ztunnel.add_workload(&uid, &info, &netns).await {
+        if let Err(source) = self.ztunnel.add_workload(uid.clone(), info, netns).await {
             warn!(pod = %describe(p), "ztunnel did not take the pod yet, marking it pending: {source}");
             self.annotate(p, Redirection::Pending).await?;
             return Err(MeshError::Port {

@@ -191,7 +191,7 @@ impl Netns {
             })?;
         handle.join().map_err(|panic| NetnsError::Thread {
             path: self.path.clone(),
-            reason: panic_message(&panic),
+            reason: panic_text(panic.as_ref()).unwrap_or("panic").to_string(),
         })?
     }
 }
@@ -220,7 +220,7 @@ where
         })?;
     handle.join().map_err(|panic| NetnsError::Thread {
         path,
-        reason: panic_message(&panic),
+        reason: panic_text(panic.as_ref()).unwrap_or("panic").to_string(),
     })?
 }
 
@@ -395,15 +395,12 @@ fn read_full(fd: &OwnedFd, reply: &mut [u64; 2]) -> std::io::Result<usize> {
     Ok(done)
 }
 
-/// The text of a panic payload, for error messages.
-pub fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "panic".to_string()
-    }
+/// The text of a panic payload (`panic!` with a literal or a formatted message), if it has one.
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
 }
 
 #[cfg(test)]

@@ -230,16 +230,9 @@ impl Dataplane {
         if self.nftables() {
             opts.nft_expected = self.nft_listing(&inpod_nft_transaction(&cfg, &overrides));
         }
-        let outcome = netns
-            .run(move || program_inpod_here(&cfg, &overrides, &opts))
-            .map_err(|source| DataplaneError::Enter {
-                pod: pod_ref(pod),
-                source,
-            })?
-            .map_err(|source| DataplaneError::Inpod {
-                pod: pod_ref(pod),
-                source,
-            })?;
+        let outcome = in_pod(netns, pod, move || {
+            program_inpod_here(&cfg, &overrides, &opts)
+        })?;
         tracing::debug!(pod = %pod_ref(pod), %outcome, "in-pod rules");
         Ok(outcome)
     }
@@ -266,16 +259,7 @@ impl Dataplane {
     /// Removes the in-pod rules and policy routing.
     pub fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), DataplaneError> {
         let opts = self.apply_opts(Some(netns));
-        netns
-            .run(move || remove_inpod_here(&opts))
-            .map_err(|source| DataplaneError::Enter {
-                pod: pod_ref(pod),
-                source,
-            })?
-            .map_err(|source| DataplaneError::Inpod {
-                pod: pod_ref(pod),
-                source,
-            })
+        in_pod(netns, pod, move || remove_inpod_here(&opts))
     }
 
     /// Puts the pod's IPs into the probe sets under its UID (a reused IP moves to this UID).
@@ -364,6 +348,25 @@ pub fn host_path(prefix: &Path, path: &str) -> PathBuf {
 
 fn pod_ref(pod: &PodNet) -> String {
     format!("{}/{} ({})", pod.namespace, pod.name, pod.uid)
+}
+
+/// Runs in-pod work inside the pod's netns; entering and the work itself fail as their own kinds
+/// (the agent retries neither).
+fn in_pod<T: Send + 'static>(
+    netns: &Netns,
+    pod: &PodNet,
+    work: impl FnOnce() -> Result<T, AmbientError> + Send + 'static,
+) -> Result<T, DataplaneError> {
+    netns
+        .run(work)
+        .map_err(|source| DataplaneError::Enter {
+            pod: pod_ref(pod),
+            source,
+        })?
+        .map_err(|source| DataplaneError::Inpod {
+            pod: pod_ref(pod),
+            source,
+        })
 }
 
 /// The real effects of a /proc scan: open the netns, read its addresses from inside it.
