@@ -57,6 +57,27 @@ fn is_erofs(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EROFS) || e.kind() == io::ErrorKind::ReadOnlyFilesystem
 }
 
+/// Test builds (`test-hooks`) only: `ISTIO_CNI_RS_TEST_KILL_AT_STEP=N` sends this process SIGKILL at
+/// the N-th crash point of the file changes. Every change has one after it is done; a write also
+/// has one after its temp file is complete but before the rename. Tests use it to show that a
+/// kill at any step leaves the node usable. Compiled out of the product.
+#[cfg(feature = "test-hooks")]
+fn crash_point() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static STEPS: AtomicU32 = AtomicU32::new(0);
+    let step = STEPS.fetch_add(1, Ordering::SeqCst) + 1;
+    let wanted = std::env::var("ISTIO_CNI_RS_TEST_KILL_AT_STEP")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok());
+    if wanted == Some(step) {
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+fn crash_point() {}
+
 fn temp_prefix(name: &str) -> String {
     format!("{name}.tmp.")
 }
@@ -107,9 +128,12 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), FsError> 
     tmp.as_file()
         .sync_all()
         .map_err(|e| FsError::new("syncing", &tmp_path, e))?;
+    crash_point();
     tmp.persist(path)
         .map_err(|e| FsError::new("renaming temp file onto", path, e.error))?;
-    sync_dir(dir)
+    sync_dir(dir)?;
+    crash_point();
+    Ok(())
 }
 
 /// The file a config path stands for: the path itself, or, when it is a symlink, the file the
@@ -139,11 +163,14 @@ pub fn symlink_atomic(to: &Path, link: &Path) -> Result<(), FsError> {
     let tmp = dir.join(format!("{}{}", temp_prefix(&name), std::process::id()));
     let _ = fs::remove_file(&tmp);
     std::os::unix::fs::symlink(to, &tmp).map_err(|e| FsError::new("creating symlink", &tmp, e))?;
+    crash_point();
     if let Err(e) = fs::rename(&tmp, link) {
         let _ = fs::remove_file(&tmp);
         return Err(FsError::new("renaming symlink onto", link, e));
     }
-    sync_dir(dir)
+    sync_dir(dir)?;
+    crash_point();
+    Ok(())
 }
 
 /// Removes a file; a missing file is fine.
@@ -154,6 +181,7 @@ pub fn remove_if_exists(path: &Path) -> Result<bool, FsError> {
             if let Some(dir) = path.parent() {
                 let _ = sync_dir(dir);
             }
+            crash_point();
             Ok(true)
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -248,9 +276,12 @@ fn copy_atomic_in(src: &Path, dst: &Path, mode: u32) -> Result<(), FsError> {
         out.sync_all()
             .map_err(|e| FsError::new("syncing", &tmp_path, e))?;
     }
+    crash_point();
     tmp.persist(dst)
         .map_err(|e| FsError::new("renaming temp file onto", dst, e.error))?;
-    sync_dir(dir)
+    sync_dir(dir)?;
+    crash_point();
+    Ok(())
 }
 
 #[cfg(test)]

@@ -113,11 +113,9 @@ impl Installer {
             .is_ok_and(|m| m.file_type().is_symlink())
             .then(|| fs::read_link(&primary_path).ok())
             .flatten();
-        let written = fsutil::write_atomic_following(&target, &bytes, mode)
-            .map_err(InstallError::WriteConfig)?;
+        // A conversion is recorded before anything changes: killed at any later step, the next
+        // install-cni still knows which `.conf` to give back (tests/install_crash.rs).
         if converts {
-            // Written first, removed second: there is never a moment without a config.
-            fsutil::remove_if_exists(&primary_path).map_err(InstallError::WriteConfig)?;
             self.set_restore(Some(RestoreRecord {
                 conflist: target_name.clone(),
                 original: primary.name.clone(),
@@ -125,6 +123,12 @@ impl Installer {
                 mode,
                 link: primary_link,
             }));
+        }
+        let written = fsutil::write_atomic_following(&target, &bytes, mode)
+            .map_err(InstallError::WriteConfig)?;
+        if converts {
+            // Written first, removed second: there is never a moment without a config.
+            fsutil::remove_if_exists(&primary_path).map_err(InstallError::WriteConfig)?;
         }
         // A list we converted that lost our entry keeps its restore record: whether the `.conf`
         // comes back is decided at cleanup, from the list's content then (see `restore`).
