@@ -185,3 +185,41 @@ fn a_kill_at_any_step_of_converting_a_single_conf_leaves_the_node_usable() {
     let steps = killed_at_every_step("10-bridge.conf", "bridge.conf");
     assert!(steps >= 6, "only {steps} crash points were exercised");
 }
+
+/// A rolling update with surge: the new install-cni starts while the old one still runs, then the
+/// old one is stopped and cleans up (no DaemonSet to tell it otherwise). The new one's guard puts
+/// the entry and the binary back, and when it stops in turn the original comes back.
+#[test]
+fn two_install_cni_at_once_during_a_rolling_update_end_installed() {
+    let d = Dirs::new();
+    let original = testdata("bridge.conf");
+    d.put("10-bridge.conf", &original);
+    let installed = |d: &Dirs| {
+        d.read("10-bridge.conflist")
+            .is_some_and(|c| has_istio_entry(&c))
+            && std::fs::read(d.bin.join("istio-cni")).ok() == std::fs::read(bin()).ok()
+            && d.run.join("istio-cni-kubeconfig").exists()
+    };
+    let mut old = start(&d.base_env(), &[]);
+    assert!(
+        install_support::wait_for(T, || installed(&d).then_some(())).is_some(),
+        "the old install-cni did not install:\n{}",
+        old.output()
+    );
+    let mut new = start(&d.base_env(), &[]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        installed(&d),
+        "two at once broke the install:\n{}",
+        new.output()
+    );
+    assert!(old.terminate(T).success(), "{}", old.output());
+    assert!(
+        install_support::wait_for(T, || installed(&d).then_some(())).is_some(),
+        "the new install-cni did not put back what the old one removed:\n{}",
+        new.output()
+    );
+    assert_usable(&d, &["bridge".to_string()], "after the old one left");
+    assert!(new.terminate(T).success(), "{}", new.output());
+    assert_cleaned_up(&d, "10-bridge.conf", &original, "after the new one left");
+}
