@@ -29,11 +29,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::kube::KubeClient;
 use crate::telemetry::health::{self, Readiness};
 use crate::telemetry::logging::{self, LogSettings, ScopeLevels};
 use crate::telemetry::logsink;
 use crate::telemetry::metrics::Metrics;
-use crate::kube::KubeClient;
 use config::{Config, LogLevel, LogTarget, Parsed};
 use node_store::NodePods;
 
