@@ -17,7 +17,8 @@
 //! | [`kube`] | the one Kubernetes client module (kubeconfig/in-cluster, typed helpers) and the test API server | `retry` |
 //! | [`sidecar`] | the sidecar redirect derivation, pure: pod facts from the API object, Istio's selection checks, annotations -> capture config; shared by the plugin and the repair controller | `cli`, `rules` |
 //! | [`plugin`] | the `istio-cni` CNI plugin role | `cli`, `rules`, `sidecar`, `apply`, `netns`, `kube`, `telemetry` |
-//! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup; starts the ambient agent | `cli`, `kube`, `telemetry`, `agent` |
+//! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup; the one node pod store; starts the ambient agent and the repair controller | `cli`, `kube`, `telemetry`, `agent`, `repair` |
+//! | [`repair`] | the repair controller: is a sidecar pod broken (pure), the reconcile loop over the node pod store (once per UID, jittered backoff), repair/delete/label | `cli`, `kube`, `retry`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry` |
 //! | [`agent`] | the ambient node agent: settings, the pure enrolment state machine, pod cache, add/remove steps, keyed work queue over the kube stores, plugin-event server, startup and shutdown; its data plane (`dataplane`: in-pod and host rules, probe sets); ZDS through `zds` | `cli`, `kube`, `rules`, `apply`, `netns`, `netlink`, `telemetry`, `zds` |
 //! | [`telemetry`] | logging setup, plugin log sink, health/readiness and metrics servers | — |
 //! | [`zds`] | the ZDS server handing enrolled pods' netns fds to ztunnel: protocol messages, the SOCK_SEQPACKET socket, per-connection snapshot and lock-step updates, NACK backoff | `netns`, `retry`, `telemetry` |
@@ -31,6 +32,7 @@ pub mod kube;
 pub mod netlink;
 pub mod netns;
 pub mod plugin;
+pub mod repair;
 pub mod retry;
 pub mod rules;
 pub mod sidecar;
