@@ -38,6 +38,27 @@ pub struct NodeApi {
     rt: tokio::runtime::Runtime,
 }
 
+impl NodeApi {
+    /// Stops the server (every watch drops), runs `while_down` (the history is compacted too, so
+    /// clients must re-list), then listens again from a thread inside `netns`.
+    pub fn restart(&self, netns: &Path, while_down: impl FnOnce()) {
+        self.rt.block_on(self.server.stop());
+        while_down();
+        self.server.compact();
+        let file = File::open(netns).expect("open netns");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
+                self.rt
+                    .block_on(self.server.restart())
+                    .expect("restart the API server");
+            })
+            .join()
+            .expect("restart thread")
+        });
+    }
+}
+
 /// Everything one e2e test owns. Fields drop in order: the agent first (it holds the node netns
 /// alive), then the peer, the API server, the namespace and the temp dirs.
 pub struct Node {
@@ -214,15 +235,7 @@ impl Node {
     /// Like [`pod`](Self::pod) with a UID unique on this machine (the test API server counts
     /// from 1 in every test, and the /proc scan looks at every process of the machine).
     pub fn unique_pod(&self, namespace: &str, name: &str) -> String {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_nanos() as u64;
-        let uid = format!(
-            "{:08x}-e2e0-4000-8000-{:012x}",
-            std::process::id(),
-            nanos & 0xffff_ffff_ffff
-        );
+        let uid = unique_uid();
         self.pod_meta(
             json!({"name": name, "namespace": namespace, "uid": uid}),
             json!({}),
@@ -370,6 +383,22 @@ impl Node {
     }
 }
 
+/// A pod UID unique on this machine (the test API server counts from 1 in every test, and the
+/// /proc scan looks at every process of the machine).
+pub fn unique_uid() -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as u64;
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    format!(
+        "{:08x}-e2e0-4000-8000-{:012x}",
+        std::process::id(),
+        (nanos + n) & 0xffff_ffff_ffff
+    )
+}
+
 /// A process named `kubelet` (a copy of `sleep`) for the agent's kubelet-UID lookup under
 /// /proc; killed on drop.
 pub struct FakeKubelet(std::process::Child);
@@ -409,8 +438,13 @@ pub struct PodProcess {
 
 impl PodProcess {
     pub fn start(pod: &PodNs, uid: &str) -> PodProcess {
+        Self::start_in(&pod.guard.path(), uid)
+    }
+
+    /// Like [`start`](Self::start), in the netns at `netns`.
+    pub fn start_in(netns: &Path, uid: &str) -> PodProcess {
         let mut child = std::process::Command::new("nsenter")
-            .arg(format!("--net={}", pod.guard.path().display()))
+            .arg(format!("--net={}", netns.display()))
             .args(["sleep", "600"])
             .spawn()
             .expect("start a process in the pod netns");
