@@ -283,3 +283,72 @@ fn label_mode_labels_the_broken_pod_and_a_watch_restart_misses_nothing() {
     assert_eq!(events_of(&node, "web").len(), 1);
     assert_eq!(events_of(&node, "late").len(), 1);
 }
+
+/// Benchmark (ignored; `scripts/bench` runs it against the release binary): install-cni's RSS
+/// with repair on (label mode, so broken pods need no netns) — idle, then with 110 sidecar pods
+/// on this node (10 of them broken and labelled) and 10,000 pods of other nodes in the API
+/// server, then after 3,000 of those were deleted and recreated. Prints Markdown table rows.
+#[test]
+#[ignore]
+fn install_cni_rss_with_repair_flat_under_churn() {
+    use ambient_node::{other_node_pod, rss_mb};
+    let env_usize = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let here = env_usize("BENCH_REPAIR_NODE_PODS", 110);
+    let others = env_usize("BENCH_REPAIR_OTHER_PODS", 10_000);
+    let churn = env_usize("BENCH_REPAIR_CHURN", 3000).min(others);
+    let broken = 10.min(here);
+    let node = start("REPAIR_LABEL_PODS");
+    node.namespace("elsewhere", json!({}));
+    std::thread::sleep(Duration::from_secs(2));
+    let idle = rss_mb(&node);
+    for i in 0..others {
+        node.api
+            .server
+            .add_pod(other_node_pod(i, 0))
+            .expect("add pod");
+    }
+    let names: Vec<String> = (0..here).map(|i| format!("s{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let ip = format!("10.251.{}.{}", i / 250, i % 250 + 2);
+        let exit_code = if i < broken { Some(126) } else { None };
+        add_pod(
+            &node,
+            PodSpec {
+                exit_code,
+                ..PodSpec::broken(name, &ip)
+            },
+        );
+    }
+    node.wait_until(Duration::from_secs(60), "the broken pods labelled", || {
+        names[..broken].iter().all(|n| label_of(&node, n).is_some())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let loaded = rss_mb(&node);
+    for i in 0..churn {
+        node.api.server.delete_pod("elsewhere", &format!("o{i}-g0"));
+        node.api
+            .server
+            .add_pod(other_node_pod(i, 1))
+            .expect("recreate pod");
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let churned = rss_mb(&node);
+    assert!(names[broken..].iter().all(|n| label_of(&node, n).is_none()));
+
+    println!("| measurement | value | target |");
+    println!("| --- | --- | --- |");
+    println!("| install-cni RSS, repair (label mode) + ambient agent, no pods | {idle:.1} MB | |");
+    println!(
+        "| RSS with {here} sidecar pods on this node ({broken} broken, labelled) and {others} pods of other nodes | {loaded:.1} MB ({:+.1} MB) | within 5 MB of idle |",
+        loaded - idle
+    );
+    println!(
+        "| RSS after {churn} of the other nodes' pods were deleted and recreated | {churned:.1} MB ({:+.1} MB) | flat |",
+        churned - loaded
+    );
+}
