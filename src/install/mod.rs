@@ -243,7 +243,7 @@ async fn run(cfg: Config) -> i32 {
                 Some(NodePods::spawn(client, node, &stop))
             }
             Err(e) => {
-                error!("Kubernetes client for this node's pods: {e}");
+                error!("{}: Kubernetes client: {e}", node_store::features(&cfg));
                 stop.cancel();
                 return 1;
             }

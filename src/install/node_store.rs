@@ -13,10 +13,12 @@ use crate::kube::{KubeClient, WatchBackoff};
 /// Why no node could be chosen for the pod store. Each names the variable to set.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NodeError {
-    #[error("NODE_NAME is empty: the ambient agent watches the pods of its own node only")]
+    #[error(
+        "ambient node agent: NODE_NAME is empty: the agent watches the pods of its own node only"
+    )]
     NoNodeName,
     #[error(
-        "REPAIR_NODE_NAME is empty: the repair controller watches the pods of its own node only \
+        "repair controller: REPAIR_NODE_NAME is empty: it watches the pods of its own node only \
          (set it from spec.nodeName, or REPAIR_ENABLED=false)"
     )]
     NoRepairNodeName,
@@ -46,6 +48,19 @@ pub fn store_node(cfg: &Config) -> Result<Option<String>, NodeError> {
         (Some(node), _) | (None, Some(node)) => Ok(Some(node.to_string())),
         (None, None) => Ok(None),
     }
+}
+
+/// The features that need this node's pods, for messages ("ambient node agent and repair
+/// controller").
+pub fn features(cfg: &Config) -> String {
+    let mut names = Vec::new();
+    if cfg.install.ambient_enabled {
+        names.push("ambient node agent");
+    }
+    if cfg.repair.enabled {
+        names.push("repair controller");
+    }
+    names.join(" and ")
 }
 
 /// What the features share: the client and this node's pod store (watching until `stop`).
