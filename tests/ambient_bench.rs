@@ -208,9 +208,12 @@ fn ambient_add_latency() {
 
     // One at a time first: the latency of an ADD on an otherwise idle agent.
     let (serial, serial_failures) = run_adds(&node, "amb", &serial_pods, n, 1);
+    let cpu_before = cpu_split(&node);
     let wall = Instant::now();
     let (took, failures) = run_adds(&node, "amb", &pods, 0, c);
     let wall = wall.elapsed();
+    let cpu_after = cpu_split(&node);
+    let per_add = |i: usize| (cpu_after[i] - cpu_before[i]) * 1000.0 / n as f64;
     for f in failures.iter().take(5) {
         eprintln!("failed ADD: {f}");
     }
@@ -257,6 +260,13 @@ fn ambient_add_latency() {
     );
     println!("| ADD latency max | {} | |", ms(quantile(&took, 1.0)));
     println!(
+        "| CPU per concurrent ADD: plugin process / agent / tools the agent ran / test API server + ZDS peer + harness | {:.1} / {:.1} / {:.1} / {:.1} ms | |",
+        per_add(1),
+        per_add(2),
+        per_add(3),
+        per_add(0)
+    );
+    println!(
         "| failed ADDs | {} of {n} (+ {} of {serial_n} one at a time) | 0 |",
         failures.len(),
         serial_failures.len()
@@ -286,6 +296,31 @@ fn ambient_add_latency() {
         failures.first()
     );
     assert_eq!(enrolled, n + serial_n, "pods acked by the ZDS peer");
+}
+
+/// CPU time of a process from /proc/<pid>/stat, in seconds: (its own, its reaped children's).
+fn cpu_seconds(pid: &str) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14.
+    let fields: Vec<f64> = stat[stat.rfind(')').expect("comm") + 2..]
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect();
+    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let at = |field: usize| fields[field - 3] / tick;
+    (at(14) + at(15), at(16) + at(17))
+}
+
+/// Where the CPU of a phase went: (test process, its reaped children = plugin runs, agent,
+/// agent's reaped children = the tools it ran).
+fn cpu_split(node: &Node) -> [f64; 4] {
+    let agent = node.agent.child.id().to_string();
+    let (me, children) = cpu_seconds("self");
+    let (agent_own, agent_children) = cpu_seconds(&agent);
+    [me, children, agent_own, agent_children]
 }
 
 #[test]

@@ -389,3 +389,80 @@ fn an_existing_builtin_chain_keeps_its_policy() {
     assert!(listing.contains("-P PREROUTING DROP"), "{listing}");
     assert!(listing.contains("-j CT --zone 1"), "{listing}");
 }
+
+/// The ambient in-pod rules (mangle marks and CONNMARK, nat redirects, raw conntrack zones with
+/// DNS capture) for the shapes a pod can ask for: the netlink encoding leaves the kernel exactly
+/// as iptables-nft-restore does, expressions and xtables structs included.
+#[test]
+fn ambient_inpod_rules_match_iptables_nft_restore() {
+    use istio_cni::rules::ambient::{AmbientConfig, PodDns, PodOverrides, inpod_rules};
+    require_tool("iptables-nft-restore", "iptables");
+    require_tool("nft", "nftables");
+    let cases = [
+        (AmbientConfig::default(), PodOverrides::default()),
+        (
+            AmbientConfig {
+                enable_ipv6: true,
+                redirect_dns: true,
+                ..Default::default()
+            },
+            PodOverrides::default(),
+        ),
+        (
+            AmbientConfig {
+                enable_ipv6: true,
+                ..Default::default()
+            },
+            PodOverrides {
+                ingress: true,
+                virtual_interfaces: vec!["tap0".into(), "veth9".into()],
+                dns: PodDns::Enabled,
+            },
+        ),
+    ];
+    for (i, (cfg, pod)) in cases.into_iter().enumerate() {
+        let rules = inpod_rules(&cfg, &pod);
+        let oracle = Netns::new("inpodref");
+        for (tool, family_rules) in [
+            ("iptables-nft-restore", &rules.v4),
+            ("ip6tables-nft-restore", &rules.v6),
+        ] {
+            if family_rules.is_empty() {
+                continue;
+            }
+            let text = istio_cni::rules::iptables::render_restore(family_rules);
+            let mut child = std::process::Command::new("ip")
+                .args(["netns", "exec", &oracle.name, tool, "--noflush"])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .expect("restore");
+            std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
+            assert!(child.wait().unwrap().success(), "{tool} refused:\n{text}");
+        }
+        let ours = Netns::new("inpod");
+        let applied = {
+            let rules = rules.clone();
+            ours.spawn(move || istio_cni::apply::iptables::apply_nft_netlink(&rules))
+                .join()
+                .unwrap()
+        };
+        applied.unwrap_or_else(|e| panic!("case {i}: in-pod rules are encoded and accepted: {e}"));
+        let view = |ns: &Netns| {
+            let listing = ns
+                .exec("nft", &["--debug=netlink", "list", "ruleset"])
+                .stdout;
+            let v4 = ns.exec("iptables-nft-save", &[]).stdout;
+            let v6 = ns.exec("ip6tables-nft-save", &[]).stdout;
+            let text = |b: Vec<u8>| String::from_utf8_lossy(&b).to_string();
+            // Save headers carry a timestamp.
+            let strip = |t: String| {
+                t.lines()
+                    .filter(|l| !l.starts_with('#'))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            };
+            (text(listing), strip(text(v4)), strip(text(v6)))
+        };
+        assert_eq!(view(&ours), view(&oracle), "case {i}");
+    }
+}

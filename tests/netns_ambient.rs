@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use istio_cni::agent::dataplane::{Dataplane, DataplaneSettings, PodNet};
+use istio_cni::apply::sidecar::Outcome;
 use istio_cni::rules::ambient::{AmbientConfig, PodOverrides};
 use support::{Netns as TestNetns, PodAndServer, accept_within, require_tool};
 
@@ -178,7 +179,9 @@ fn inpod_iptables_equals_the_golden_is_idempotent_redirects_and_is_removed() {
     let dp = Dataplane::new(&host.settings(false, false)).expect("data plane");
     let netns = open(&env.pod);
     let pod = pod(&env);
-    dp.program_pod(&netns, &pod).expect("program");
+    // A new pod's netns with iptables-nft: one nf_tables transaction, no iptables process.
+    let outcome = dp.program_pod(&netns, &pod).expect("program");
+    assert_eq!(outcome, Outcome::AppliedOverNetlink);
     assert_eq!(iptables_rules(&env.pod), iptables_rules(&reference));
     assert_policy_routing(&env, true);
     assert_redirected(&env);
@@ -190,7 +193,8 @@ fn inpod_iptables_equals_the_golden_is_idempotent_redirects_and_is_removed() {
             && !counters.contains("[0:0] -A PREROUTING -j ISTIO_PRERT"),
         "{counters}"
     );
-    dp.program_pod(&netns, &pod).expect("program again");
+    let outcome = dp.program_pod(&netns, &pod).expect("program again");
+    assert_eq!(outcome, Outcome::AlreadyApplied);
     let again = text(env.pod.exec("iptables-save", &["-c"]));
     let strip = |s: &str| {
         s.lines()

@@ -35,7 +35,9 @@ impl ports::Dataplane for Dataplane {
     }
 
     fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError> {
-        Dataplane::program_pod(self, netns, pod).map_err(dataplane_error)
+        Dataplane::program_pod(self, netns, pod)
+            .map(drop)
+            .map_err(dataplane_error)
     }
 
     fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError> {

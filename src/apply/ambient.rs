@@ -18,7 +18,7 @@ use super::iptables::{
     ApplyError, Binaries, ForceBinary, detect, restore_cmd, run_checked, save_cmd,
 };
 use super::nft::apply_transaction;
-use super::sidecar::{Outcome, Snapshot, restore_snapshots};
+use super::sidecar::{Outcome, Snapshot, holds_no_tables, restore_snapshots};
 use super::state::{State, jump_target, normalise, parse_save};
 use crate::netns::UsernsEntry;
 use crate::rules::ambient::{AmbientConfig, PodOverrides};
@@ -201,7 +201,7 @@ pub fn apply_iptables_here(
     opts: &AmbientApply,
 ) -> Result<Outcome, ApplyError> {
     let mut exec = ProcessExecutor::entering(opts.userns.clone());
-    apply_iptables(&mut exec, rules, owned, opts)
+    apply_iptables_with(&mut exec, rules, owned, opts, &holds_no_tables)
 }
 
 /// [`apply_iptables_here`] with any executor (tests script it).
@@ -210,6 +210,18 @@ pub fn apply_iptables(
     rules: &RuleSet,
     owned: Owned,
     opts: &AmbientApply,
+) -> Result<Outcome, ApplyError> {
+    apply_iptables_with(exec, rules, owned, opts, &|_| false)
+}
+
+/// `empty`: whether a family holds no table at all (a new pod's netns); its state is then known
+/// without running `*-save` — a process per family saved on every enrolment.
+fn apply_iptables_with(
+    exec: &mut dyn Executor,
+    rules: &RuleSet,
+    owned: Owned,
+    opts: &AmbientApply,
+    empty: &dyn Fn(&Binaries) -> bool,
 ) -> Result<Outcome, ApplyError> {
     let mut work: Vec<(Binaries, String, State, String)> = Vec::new();
     for family in Family::ALL {
@@ -220,7 +232,11 @@ pub fn apply_iptables(
             Err(_) if family == Family::V6 && family_rules.is_empty() => continue,
             Err(e) => return Err(e),
         };
-        let text = run_checked(exec, &save_cmd(&bins, &opts.env))?.stdout;
+        let text = if empty(&bins) {
+            String::new()
+        } else {
+            run_checked(exec, &save_cmd(&bins, &opts.env))?.stdout
+        };
         let state = parse_save(&text);
         if let Some(restore) = plan_family(&state, family_rules, owned) {
             work.push((bins, text, state, restore));
@@ -290,10 +306,43 @@ pub fn program_inpod_here(
         )?;
         Outcome::Applied
     } else {
-        apply_iptables_here(&ambient::inpod_rules(cfg, pod), INPOD_CHAINS, opts)?
+        let rules = ambient::inpod_rules(cfg, pod);
+        if apply_new_netns_over_netlink(&rules, opts) {
+            Outcome::AppliedOverNetlink
+        } else {
+            apply_iptables_here(&rules, INPOD_CHAINS, opts)?
+        }
     };
     super::routes::ensure_ambient_routes(cfg.enable_ipv6)?;
     Ok(outcome)
+}
+
+/// A new pod's netns (no table in any family) with the iptables-nft flavour gets the rules as one
+/// nf_tables transaction encoded as iptables-nft-restore would send it: no process at all. False
+/// when that does not apply or did not work (nothing changed then; the caller restores).
+fn apply_new_netns_over_netlink(rules: &RuleSet, opts: &AmbientApply) -> bool {
+    let mut families = 0;
+    for family in Family::ALL {
+        match detect(family, opts.force_binary) {
+            Ok(bins) if bins.is_nft_flavour() && holds_no_tables(&bins) => families += 1,
+            Err(_) if family == Family::V6 && rules.family(family).is_empty() => {}
+            _ => return false,
+        }
+    }
+    if families == 0 {
+        return false;
+    }
+    match super::iptables::apply_nft_netlink_entering(rules, opts.userns.as_ref()) {
+        Ok(()) => true,
+        Err(e) if e.is_not_encodable() => {
+            tracing::debug!(reason = %e, "applying the in-pod rules with iptables-restore instead");
+            false
+        }
+        Err(e) => {
+            tracing::info!(reason = %e, "nf_tables netlink transaction failed; applying the in-pod rules with iptables-restore instead");
+            false
+        }
+    }
 }
 
 /// Removes the in-pod rules (both backends' objects, whichever is there) and the policy routing

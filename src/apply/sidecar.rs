@@ -55,6 +55,8 @@ pub struct SidecarOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Applied,
+    /// Applied as one nf_tables transaction sent by us (no iptables process).
+    AppliedOverNetlink,
     AlreadyApplied,
     Reconciled,
     CleanedUp,
@@ -65,6 +67,7 @@ impl std::fmt::Display for Outcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Outcome::Applied => "applied",
+            Outcome::AppliedOverNetlink => "applied over nfnetlink",
             Outcome::AlreadyApplied => "already applied",
             Outcome::Reconciled => "reconciled",
             Outcome::CleanedUp => "cleaned up",
@@ -418,6 +421,12 @@ fn probe_fresh(bins: &Binaries) -> Option<BTreeSet<String>> {
         return None;
     }
     Some(chains.into_iter().map(|(table, _)| table).collect())
+}
+
+/// Whether a family holds no table at all in the calling thread's netns (a new pod's), learnt
+/// without a process; then `*-save` would print nothing and need not run.
+pub fn holds_no_tables(bins: &Binaries) -> bool {
+    probe_fresh(bins).is_some_and(|tables| tables.is_empty())
 }
 
 /// Detects the binaries for every family the rule set uses and applies it with real processes in

@@ -7,9 +7,10 @@
 //!
 //! Pure: this module only describes the messages ([`NftMessage`], attributes as an
 //! [`Attr`] tree); the netlink transport frames and sends them. It covers what sidecar capture
-//! needs in the nat table, and DNS capture's conntrack zones in the raw table: interfaces (with `+`
-//! wildcards), protocol, addresses and prefixes, single ports, destination multiport, owner
-//! UID/GID, and RETURN/ACCEPT/jump/REDIRECT/CT zone. Anything else is [`Unsupported`], and the
+//! needs in the nat table, DNS capture's conntrack zones in the raw table, and the ambient in-pod
+//! rules' mangle table: interfaces (with `+` wildcards), protocol (and a bare `-m tcp`), addresses
+//! and prefixes, single ports, destination multiport, owner UID/GID, packet and connection marks
+//! with masks, and RETURN/ACCEPT/jump/REDIRECT/CT zone/CONNMARK set-xmark and restore-mark. Anything else is [`Unsupported`], and the
 //! caller uses iptables-restore as before. The xtables structs inside `match`/`target`
 //! expressions are laid out in [`super::xtables`].
 
@@ -90,7 +91,7 @@ impl NftMessage {
 pub fn encode(family: Family, rules: &[Rule]) -> Result<Vec<NftMessage>, EncodeError> {
     let mut out = Vec::new();
     for (table, steps) in restore_steps(rules) {
-        if !matches!(table, Table::Nat | Table::Raw) {
+        if !matches!(table, Table::Nat | Table::Raw | Table::Mangle) {
             return Err(Unsupported(format!("table {table}")).into());
         }
         let mut base_chains_created: Vec<&str> = Vec::new();
@@ -145,14 +146,18 @@ fn builtin_hook(table: Table, chain: &str) -> Option<Hook> {
     let number = match chain {
         "PREROUTING" => 0,
         "INPUT" => 1,
+        "FORWARD" => 2,
         "OUTPUT" => 3,
         "POSTROUTING" => 4,
         _ => return None,
     };
     let (priority, kind) = match (table, chain) {
         (Table::Nat, "PREROUTING" | "OUTPUT") => (-100, "nat"),
-        (Table::Nat, _) => (100, "nat"),
+        (Table::Nat, "INPUT" | "POSTROUTING") => (100, "nat"),
         (Table::Raw, "PREROUTING" | "OUTPUT") => (-300, "filter"),
+        // Locally generated packets whose mark changes are routed again: a `route` chain.
+        (Table::Mangle, "OUTPUT") => (-150, "route"),
+        (Table::Mangle, _) => (-150, "filter"),
         _ => return None,
     };
     Some(Hook {
@@ -238,6 +243,23 @@ fn new_rule(family: Family, rule: &Rule) -> Result<NftMessage, EncodeError> {
             }
             Match::UidOwner { id, negate } => owner(&mut exprs, OwnerKind::Uid, id, *negate)?,
             Match::GidOwner { id, negate } => owner(&mut exprs, OwnerKind::Gid, id, *negate)?,
+            Match::Mark { value, negate } => packet_mark(&mut exprs, value, *negate)?,
+            Match::ConnMark { value } => {
+                let (mark, mask) = mark_and_mask(value)?;
+                xt(
+                    &mut exprs,
+                    "match",
+                    "connmark",
+                    1,
+                    &xtables::connmark_match_info(mark, mask),
+                );
+            }
+            Match::ProtoModule(proto) => {
+                if header.proto != Some(*proto) {
+                    return unsupported("protocol module without its protocol");
+                }
+                xt(&mut exprs, "match", "tcp", 0, &xtables::tcp_any_port_info());
+            }
             _ => {}
         }
     }
@@ -295,7 +317,12 @@ impl<'a> Header<'a> {
                 // Both ports of one tcp/udp match are one extension; keep to one port per rule.
                 Match::SrcPort { .. } if !sport && !dport => sport = true,
                 Match::DstPort { .. } if !sport && !dport => dport = true,
-                Match::UidOwner { .. } | Match::GidOwner { .. } | Match::DstPorts { .. } => {}
+                Match::UidOwner { .. }
+                | Match::GidOwner { .. }
+                | Match::DstPorts { .. }
+                | Match::Mark { .. }
+                | Match::ConnMark { .. }
+                | Match::ProtoModule(Proto::Tcp) => {}
                 other => return unsupported(format!("{other:?}")),
             }
         }
@@ -306,6 +333,7 @@ impl<'a> Header<'a> {
 /// The `meta` keys the encoder loads (`enum nft_meta_keys`).
 #[derive(Debug, Clone, Copy)]
 enum MetaKey {
+    Mark = 3,
     IifName = 6,
     OifName = 7,
     L4Proto = 16,
@@ -434,6 +462,38 @@ fn address(
     Ok(())
 }
 
+/// `VALUE/MASK` as iptables reads marks (hex with `0x`, else decimal). A mark without a mask is
+/// left to iptables-restore.
+fn mark_and_mask(text: &str) -> Result<(u32, u32), Unsupported> {
+    let number = |t: &str| match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+        None => t.parse().ok(),
+    };
+    match text.split_once('/') {
+        Some((v, m)) => match (number(v), number(m)) {
+            (Some(v), Some(m)) => Ok((v, m)),
+            _ => unsupported(format!("mark {text}")),
+        },
+        None => unsupported(format!("mark {text} without a mask")),
+    }
+}
+
+/// `-m mark [!] --mark VALUE/MASK`: iptables-nft loads the mark, masks it and compares (native
+/// expressions, the register in host byte order).
+fn packet_mark(exprs: &mut Attrs, text: &str, negate: bool) -> Result<(), Unsupported> {
+    let (value, mask) = mark_and_mask(text)?;
+    meta_load(exprs, MetaKey::Mark);
+    let data = Attrs::new()
+        .u32(1, REG_1)
+        .u32(2, REG_1)
+        .u32(3, 4)
+        .nested(4, data_value(&mask.to_ne_bytes()))
+        .nested(5, data_value(&[0; 4]));
+    expr(exprs, "bitwise", data);
+    cmp(exprs, negate, &value.to_ne_bytes());
+    Ok(())
+}
+
 fn parse_port(text: &str) -> Result<u16, Unsupported> {
     text.parse::<u16>()
         .or_else(|_| unsupported(format!("port {text}")))
@@ -503,6 +563,16 @@ fn target(exprs: &mut Attrs, family: Family, target: &Target) -> Result<(), Unsu
             xt(exprs, "target", "REDIRECT", 0, &info);
         }
         Target::CtZone(zone) => xt(exprs, "target", "CT", 2, &xtables::ct_zone_info(*zone)),
+        Target::ConnmarkSetXmark(value) => {
+            let (mark, mask) = mark_and_mask(value)?;
+            let info = xtables::connmark_target_info(xtables::ConnmarkMode::Set, mark, mask);
+            xt(exprs, "target", "CONNMARK", 2, &info);
+        }
+        // With or without the explicit all-ones masks: those are the defaults.
+        Target::ConnmarkRestore { .. } => {
+            let info = xtables::connmark_target_info(xtables::ConnmarkMode::Restore, 0, u32::MAX);
+            xt(exprs, "target", "CONNMARK", 2, &info);
+        }
         other => return unsupported(format!("target {other:?}")),
     }
     Ok(())
