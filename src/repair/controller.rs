@@ -278,6 +278,19 @@ impl<E: Effects + ?Sized> Controller<E> {
         });
     }
 
+    /// Records that `uid` was acted on, unless the pod went away meanwhile (its delete event
+    /// already came, so nothing would ever forget the record).
+    fn remember(&self, keys: &mut Keys, key: String, uid: String) {
+        keys.attempts.remove(&key);
+        let present = self
+            .pods
+            .get(&key)
+            .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid.as_str()));
+        if present {
+            keys.done.insert(key, uid);
+        }
+    }
+
     fn finish(
         &self,
         attempt: Attempt,
@@ -296,15 +309,13 @@ impl<E: Effects + ?Sized> Controller<E> {
             Ok(Outcome::Done) => {
                 info!(pod = %key, uid = %uid, action, "broken pod handled");
                 self.count("success");
-                keys.attempts.remove(&key);
-                keys.done.insert(key, uid);
+                self.remember(keys, key, uid);
                 return;
             }
             Ok(Outcome::Skipped(why)) => {
                 info!(pod = %key, uid = %uid, action, "broken pod skipped: {why}");
                 self.count("skip");
-                keys.attempts.remove(&key);
-                keys.done.insert(key, uid);
+                self.remember(keys, key, uid);
                 return;
             }
             Err(e) => e,
@@ -334,8 +345,7 @@ impl<E: Effects + ?Sized> Controller<E> {
             Policy::GiveUp => {
                 error!(pod = %key, action, attempt, "acting on broken pod failed, giving up on this pod: {err}");
                 self.count("fail");
-                keys.attempts.remove(&key);
-                keys.done.insert(key.clone(), uid);
+                self.remember(keys, key.clone(), uid);
                 let message = format!("pod detected as broken, but {action} failed: {err}");
                 let ev = event(EventType::Warning, reason(&self.mode), message);
                 let effects = self.effects.clone();
