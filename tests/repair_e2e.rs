@@ -278,6 +278,9 @@ fn label_mode_labels_the_broken_pod_and_a_watch_restart_misses_nothing() {
     node.wait_until(Duration::from_secs(60), "the late pod's label", || {
         label_of(&node, "late").as_deref() == Some("true")
     });
+    node.wait_until(T, "the late pod's event", || {
+        !events_of(&node, "late").is_empty()
+    });
     assert_untouched(&node, &names);
     // Labelled once each.
     assert_eq!(events_of(&node, "web").len(), 1);
