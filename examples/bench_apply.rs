@@ -13,6 +13,9 @@ use nix::sched::{CloneFlags, setns};
 
 use istio_cni::iptables_cmd::INJECTOR_DEFAULT_ARGS as INIT_ARGS;
 
+#[path = "support/mod.rs"]
+mod support;
+
 fn ip(args: &[&str]) {
     let ok = Command::new("ip")
         .args(args)
@@ -80,11 +83,7 @@ fn ms(d: Duration) -> String {
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let binary = args
-        .next()
-        .expect("usage: bench_apply <binary> [iterations]");
-    let iterations: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(30);
+    let (binary, iterations) = support::bench_args("bench_apply <binary> [iterations]", 30);
 
     // The restore text our tool applies: the transcript's lines between the saves.
     let dry = Command::new(&binary)

@@ -10,6 +10,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "support/mod.rs"]
+mod support;
+
 const PRIMARY: &str = r#"{
   "cniVersion": "1.0.0",
   "name": "k8s-pod-network",
@@ -77,11 +80,7 @@ fn stop(mut child: Child) {
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let binary = args
-        .next()
-        .expect("usage: bench_install <binary> [rewrites]");
-    let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(200);
+    let (binary, rounds) = support::bench_args("bench_install <binary> [rewrites]", 200);
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path();
     for d in ["net", "bin", "sa"] {

@@ -27,6 +27,10 @@ use nix::sched::{CloneFlags, setns};
 use nix::sys::socket::{getsockopt, sockopt};
 use serde_json::{Value, json};
 
+#[path = "support/mod.rs"]
+mod support;
+use support::run;
+
 const SUBNET: &str = "10.254.88.0/24";
 const GATEWAY: &str = "10.254.88.1";
 const TOKEN: &str = "demo-service-account-token";
@@ -102,22 +106,6 @@ impl Process {
 impl Drop for Process {
     fn drop(&mut self) {
         self.terminate();
-    }
-}
-
-fn run(program: &str, args: &[&str]) -> Result<(), String> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{program} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
     }
 }
 

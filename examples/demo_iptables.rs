@@ -11,25 +11,16 @@ use std::time::{Duration, Instant};
 use nix::sched::{CloneFlags, setns};
 use nix::sys::socket::{getsockopt, sockopt};
 
+#[path = "support/mod.rs"]
+mod support;
+
 const POD: &str = "istio-demo-pod";
 const SERVER: &str = "istio-demo-server";
 const POD_IP: &str = "10.254.77.2";
 const SERVER_IP: &str = "10.254.77.1";
 
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
+    support::run("ip", args)
 }
 
 fn in_netns<T: Send + 'static>(ns: &str, work: impl FnOnce() -> T + Send + 'static) -> T {

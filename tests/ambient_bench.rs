@@ -20,9 +20,8 @@ mod install_support;
 mod support;
 
 use std::fs::File;
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -32,7 +31,7 @@ use istio_cni::agent::dataplane::{Dataplane, DataplaneSettings, PodNet};
 use istio_cni::netns::Netns;
 use nix::sched::{CloneFlags, setns};
 use serde_json::json;
-use support::cni_driver::{require_tool, run_cni};
+use support::cni_driver::{require_tool, run_cni, timed_restore};
 
 const AMBIENT: &str = "istio.io/dataplane-mode";
 /// Rounds of the in-pod programming comparison.
@@ -156,27 +155,7 @@ fn inpod_restore_text() -> String {
 
 fn bare_restore(text: &str) -> Duration {
     let ns = PodNs::new("abare");
-    let text = text.to_string();
-    Netns::open(&ns.guard.path())
-        .and_then(|ns| {
-            ns.run(move || {
-                let start = Instant::now();
-                let mut child = Command::new("iptables-nft-restore")
-                    .arg("--noflush")
-                    .stdin(Stdio::piped())
-                    .spawn()
-                    .expect("iptables-nft-restore");
-                child
-                    .stdin
-                    .take()
-                    .expect("stdin")
-                    .write_all(text.as_bytes())
-                    .expect("write rules");
-                assert!(child.wait().expect("wait").success());
-                start.elapsed()
-            })
-        })
-        .expect("enter netns")
+    timed_restore(&ns.guard.path(), text)
 }
 
 fn program_once(dp: &Dataplane, i: usize) -> Duration {

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use istio_cni::kube::testserver::{Fault, TestApiServer};
 use istio_cni::kube::{
-    EventType, KubeClient, KubeError, MetadataPatch, PodEvent, PodPreconditions, Selectors,
-    WatchBackoff, WatchError, WatchEvent, WatchStream, pod_preconditions,
+    EventType, KubeClient, KubeError, MetadataPatch, PodEvent, PodPatchVia, PodPreconditions,
+    Selectors, WatchBackoff, WatchError, WatchEvent, WatchStream, pod_preconditions,
 };
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use serde_json::json;
@@ -142,47 +142,37 @@ async fn get_list_patch_and_delete_through_the_written_kubeconfig() {
         .expect("list ns");
     assert_eq!(namespaces.len(), 1);
 
+    let client = &f.client;
+    let patch_a = |via, patch: MetadataPatch| async move {
+        client
+            .patch_pod_metadata(via, "ns1", "a", &patch, CALL)
+            .await
+            .expect("patch")
+    };
+    const REDIRECTION: &str = "ambient.istio.io/redirection";
     // Main resource: labels change, status is not touched.
-    let patched = f
-        .client
-        .patch_pod_metadata(
-            "ns1",
-            "a",
-            &MetadataPatch::default().set_label("repaired", "true"),
-            CALL,
-        )
-        .await
-        .expect("patch");
+    let patched = patch_a(
+        PodPatchVia::Pod,
+        MetadataPatch::default().set_label("repaired", "true"),
+    )
+    .await;
     assert_eq!(labels(&patched)["repaired"], "true");
     // Status subresource: the redirection annotation the ambient agent writes, then its removal.
-    let annotated = f
-        .client
-        .patch_pod_status_metadata(
-            "ns1",
-            "a",
-            &MetadataPatch::default().set_annotation("ambient.istio.io/redirection", "enabled"),
-            CALL,
-        )
-        .await
-        .expect("status patch");
+    let annotated = patch_a(
+        PodPatchVia::Status,
+        MetadataPatch::default().set_annotation(REDIRECTION, "enabled"),
+    )
+    .await;
+    assert_eq!(annotations(&annotated)[REDIRECTION], "enabled");
     assert_eq!(
-        annotations(&annotated)["ambient.istio.io/redirection"],
+        annotations(&f.server.pod("ns1", "a").expect("stored"))[REDIRECTION],
         "enabled"
     );
-    assert_eq!(
-        annotations(&f.server.pod("ns1", "a").expect("stored"))["ambient.istio.io/redirection"],
-        "enabled"
-    );
-    let cleared = f
-        .client
-        .patch_pod_status_metadata(
-            "ns1",
-            "a",
-            &MetadataPatch::default().remove_annotation("ambient.istio.io/redirection"),
-            CALL,
-        )
-        .await
-        .expect("status patch");
+    let cleared = patch_a(
+        PodPatchVia::Status,
+        MetadataPatch::default().remove_annotation(REDIRECTION),
+    )
+    .await;
     assert!(!annotations(&cleared).contains_key("ambient.istio.io/redirection"));
 
     // Delete with stale preconditions is refused; with fresh ones it goes through.
@@ -863,11 +853,11 @@ async fn names_that_are_not_kubernetes_names_never_reach_the_server() {
         let patch = MetadataPatch::default().set_label("a", "b");
         for err in [
             f.client
-                .patch_pod_metadata(namespace, name, &patch, CALL)
+                .patch_pod_metadata(PodPatchVia::Pod, namespace, name, &patch, CALL)
                 .await
                 .expect_err("invalid"),
             f.client
-                .patch_pod_status_metadata(namespace, name, &patch, CALL)
+                .patch_pod_metadata(PodPatchVia::Status, namespace, name, &patch, CALL)
                 .await
                 .expect_err("invalid"),
             f.client
@@ -961,7 +951,7 @@ async fn forbidden_names_the_missing_permission() {
     let patch = MetadataPatch::default().set_annotation("a", "b");
     let err = f
         .client
-        .patch_pod_status_metadata("ns1", "a", &patch, CALL)
+        .patch_pod_metadata(PodPatchVia::Status, "ns1", "a", &patch, CALL)
         .await
         .expect_err("403");
     assert!(

@@ -256,7 +256,14 @@ fn inpod_nftables_equals_the_golden_is_stable_redirects_and_is_removed() {
     assert_eq!(nft_rules(&env.pod), nft_rules(&reference));
     assert_policy_routing(&env, true);
     assert_redirected(&env);
-    dp.program_pod(&netns, &pod).expect("program again");
+    // Unchanged: nothing is written (rule handles and counters stay).
+    let handles = text(env.pod.exec("nft", &["-a", "list", "ruleset"]));
+    let outcome = dp.program_pod(&netns, &pod).expect("program again");
+    assert_eq!(outcome, Outcome::AlreadyApplied);
+    assert_eq!(
+        text(env.pod.exec("nft", &["-a", "list", "ruleset"])),
+        handles
+    );
     assert_eq!(nft_rules(&env.pod), nft_rules(&reference));
 
     dp.unprogram_pod(&netns, &pod).expect("unprogram");

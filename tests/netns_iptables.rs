@@ -15,6 +15,14 @@ fn tools() {
     require_tool("setpriv", "util-linux");
 }
 
+/// A fresh pod/server pair with Istio's injector rules applied in the pod.
+fn applied(tag: &str) -> PodAndServer {
+    tools();
+    let env = PodAndServer::new(tag);
+    assert_ok(&apply(&env, &[]));
+    env
+}
+
 fn apply(env: &PodAndServer, extra: &[&str]) -> std::process::Output {
     let mut args = vec![bin(), "istio-iptables"];
     args.extend_from_slice(INIT_ARGS);
@@ -32,17 +40,13 @@ fn assert_ok(out: &std::process::Output) {
 
 #[test]
 fn outbound_lands_on_15001_with_original_destination() {
-    tools();
-    let env = PodAndServer::new("out");
-    assert_ok(&apply(&env, &[]));
+    let env = applied("out");
     assert_outbound_redirected(&env);
 }
 
 #[test]
 fn inbound_lands_on_15006() {
-    tools();
-    let env = PodAndServer::new("in");
-    assert_ok(&apply(&env, &[]));
+    let env = applied("in");
     let inbound = env.pod.listen("0.0.0.0:15006");
     let target = format!("{}:8080", env.pod_ip);
     assert!(
@@ -56,9 +60,7 @@ fn inbound_lands_on_15006() {
 
 #[test]
 fn proxy_uid_traffic_is_not_redirected() {
-    tools();
-    let env = PodAndServer::new("uid");
-    assert_ok(&apply(&env, &[]));
+    let env = applied("uid");
     let proxy = env.pod.listen("0.0.0.0:15001");
     let server = env.server.listen(&format!("{}:8080", env.server_ip));
     let script = format!("exec 3<>/dev/tcp/{}/8080", env.server_ip);
@@ -212,9 +214,7 @@ fn validation_passes_with_rules_and_fails_with_126_without() {
 
 #[test]
 fn bad_input_changes_nothing() {
-    tools();
-    let env = PodAndServer::new("bad");
-    assert_ok(&apply(&env, &[]));
+    let env = applied("bad");
     let before = env.pod.iptables_state();
     for bad in [
         vec!["-x", "*"],

@@ -156,23 +156,14 @@ impl UsernsPod {
     fn connect_server(&self, server: &support::Netns, n: u8) -> (String, String) {
         let (pod_ip, server_ip) = (format!("10.9.{n}.2"), format!("10.9.{n}.1"));
         let (inner, outer) = (format!("up{n}"), format!("us{n}"));
-        self.net_exec(
-            "ip",
-            &[
-                "link", "add", &inner, "type", "veth", "peer", "name", &outer,
-            ],
+        support::wire_veth(
+            |program, args| {
+                self.net_exec(program, args);
+            },
+            server,
+            (&inner, &outer),
+            (&pod_ip, &server_ip),
         );
-        self.net_exec("ip", &["link", "set", &outer, "netns", &server.name]);
-        self.net_exec(
-            "ip",
-            &["addr", "add", &format!("{pod_ip}/24"), "dev", &inner],
-        );
-        self.net_exec("ip", &["link", "set", &inner, "up"]);
-        server.exec(
-            "ip",
-            &["addr", "add", &format!("{server_ip}/24"), "dev", &outer],
-        );
-        server.exec("ip", &["link", "set", &outer, "up"]);
         (pod_ip, server_ip)
     }
 

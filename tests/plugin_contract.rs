@@ -23,6 +23,17 @@ fn excluded_add(conf: &Value) -> Run {
     )
 }
 
+/// The excluded ADD with `key` set to `value` in the config, and the plugin log it left in the run
+/// dir.
+fn excluded_add_logged(key: &str, value: Value) -> (Run, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = conf("1.0.0", dir.path());
+    c[key] = value;
+    let run = excluded_add(&c);
+    let log = std::fs::read_to_string(dir.path().join("istio-cni.log")).expect("plugin log file");
+    (run, log)
+}
+
 #[test]
 fn version_lists_every_spec_version() {
     let run = run_plugin(&[("CNI_COMMAND", "VERSION".into())], "");
@@ -213,13 +224,9 @@ fn a_panic_becomes_a_cni_error() {
 
 #[test]
 fn logs_go_to_the_run_dir_file_and_never_to_stdout() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = conf("1.0.0", dir.path());
-    c["plugin_log_level"] = json!("debug");
-    let run = excluded_add(&c);
+    let (run, log) = excluded_add_logged("plugin_log_level", json!("debug"));
     assert_eq!(run.code, 0);
     run.json(); // stdout is exactly the result
-    let log = std::fs::read_to_string(dir.path().join("istio-cni.log")).expect("plugin log file");
     for line in log.lines() {
         let rec: Value = serde_json::from_str(line).expect("JSON log line");
         assert!(rec["level"].is_string() && rec["time"].is_string() && rec["msg"].is_string());
@@ -230,13 +237,9 @@ fn logs_go_to_the_run_dir_file_and_never_to_stdout() {
 
 #[test]
 fn config_errors_are_logged_in_the_run_dir_when_it_is_readable() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = conf("1.0.0", dir.path());
-    c["ambient_enabled"] = json!("yes");
-    let run = excluded_add(&c);
+    let (run, log) = excluded_add_logged("ambient_enabled", json!("yes"));
     assert_eq!(run.code, 1);
     assert_eq!(run.json()["code"], 7);
-    let log = std::fs::read_to_string(dir.path().join("istio-cni.log")).expect("plugin log file");
     assert!(log.contains("ambient_enabled"), "{log}");
 }
 

@@ -6,11 +6,9 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
-
 use super::cache::PodCache;
 use super::dataplane::{Dataplane, DataplaneError};
-use super::ports::{self, PodNet, PortError, WorkloadInfo};
+use super::ports::{self, PodNet, PortError, PortFuture, WorkloadInfo};
 use crate::netns::Netns;
 use crate::zds::{SnapshotEntry, SnapshotSource, ZdsError, ZdsHandle};
 
@@ -66,20 +64,15 @@ fn zds_error(e: ZdsError) -> PortError {
 }
 
 impl ports::Ztunnel for ZdsHandle {
-    fn add_workload<'a>(
-        &'a self,
-        uid: &'a str,
-        info: &'a WorkloadInfo,
-        netns: &'a Arc<Netns>,
-    ) -> BoxFuture<'a, Result<(), PortError>> {
+    fn add_workload(&self, uid: String, info: WorkloadInfo, netns: Arc<Netns>) -> PortFuture<'_> {
         Box::pin(async move {
-            ZdsHandle::add_workload(self, uid, info, netns)
+            ZdsHandle::add_workload(self, &uid, &info, &netns)
                 .await
                 .map_err(zds_error)
         })
     }
 
-    fn del_workload<'a>(&'a self, uid: &'a str) -> BoxFuture<'a, Result<(), PortError>> {
+    fn del_workload<'a>(&'a self, uid: &'a str) -> PortFuture<'a> {
         Box::pin(async move { ZdsHandle::del_workload(self, uid).await.map_err(zds_error) })
     }
 }

@@ -1,26 +1,14 @@
 //! One test per row of the §3.5 table, and the informer cases of §3.14.
 
 use super::*;
+use crate::kube::selector::testing::{chart_default, labels};
 use serde_json::{Value, json};
 
 const AMBIENT: (&str, &str) = ("istio.io/dataplane-mode", "ambient");
 
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
 /// The chart's default selectors; `kube-system` excluded.
 fn policy() -> Policy {
-    let selectors: Vec<EnablementSelector> = serde_json::from_value(json!([
-        {"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}},
-        {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]},
-         "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}
-    ]))
-    .unwrap();
-    Policy::new(&selectors, &["kube-system".into()], "istio-system").unwrap()
+    Policy::new(&chart_default(), &["kube-system".into()], "istio-system").unwrap()
 }
 
 /// A pod in `ns`, patched with `extra` (merged into the object).
@@ -75,6 +63,11 @@ fn run(ev: &PodEvent, current: Option<&Arc<Pod>>, ns: Option<&BTreeMap<String, S
     decide(ev, current, ns, &policy())
 }
 
+/// What a delete of `p` (gone from the store) decides in a namespace with `ns` labels.
+fn on_delete(p: &Arc<Pod>, ns: Option<&BTreeMap<String, String>>) -> &'static str {
+    kind(&run(&PodEvent::Delete(p.clone()), None, ns))
+}
+
 #[test]
 fn update_with_namespace_not_cached_is_requeued() {
     let p = pod("shop", json!({}));
@@ -86,10 +79,7 @@ fn update_for_a_pod_gone_from_the_store_is_skipped_but_delete_still_handled() {
     let p = pod("shop", annotated("enabled"));
     let ns = labels(&[AMBIENT]);
     assert_eq!(kind(&run(&same(&p), None, Some(&ns))), "skip");
-    assert_eq!(
-        kind(&run(&PodEvent::Delete(p.clone()), None, Some(&ns))),
-        "remove-deleted"
-    );
+    assert_eq!(on_delete(&p, Some(&ns)), "remove-deleted");
 }
 
 #[test]
@@ -177,10 +167,7 @@ fn excluded_namespace_removes_enrolled_and_never_adds() {
     );
     let fresh = pod("kube-system", json!({}));
     assert_eq!(kind(&run(&same(&fresh), Some(&fresh), Some(&ns))), "skip");
-    assert_eq!(
-        kind(&run(&PodEvent::Delete(enrolled.clone()), None, Some(&ns))),
-        "remove-deleted"
-    );
+    assert_eq!(on_delete(&enrolled, Some(&ns)), "remove-deleted");
 }
 
 #[test]
@@ -247,20 +234,10 @@ fn stale_event_for_an_already_enrolled_pod_does_not_undo_it() {
 #[test]
 fn delete_of_a_never_enrolled_unselected_pod_is_skipped_and_of_a_selected_one_removed() {
     let p = pod("plain", json!({}));
-    assert_eq!(
-        kind(&run(&PodEvent::Delete(p.clone()), None, Some(&labels(&[])))),
-        "skip"
-    );
-    assert_eq!(kind(&run(&PodEvent::Delete(p.clone()), None, None)), "skip");
+    assert_eq!(on_delete(&p, Some(&labels(&[]))), "skip");
+    assert_eq!(on_delete(&p, None), "skip");
     let q = pod("shop", json!({}));
-    assert_eq!(
-        kind(&run(
-            &PodEvent::Delete(q.clone()),
-            None,
-            Some(&labels(&[AMBIENT]))
-        )),
-        "remove-deleted"
-    );
+    assert_eq!(on_delete(&q, Some(&labels(&[AMBIENT]))), "remove-deleted");
 }
 
 #[test]

@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, info, warn};
 
 use super::cache::PodCache;
+use super::locks::PodLocks;
 use super::pod::{self, Redirection};
 use super::ports::{Annotator, Dataplane, PortError, Ztunnel};
 use crate::kube::KubeError;
@@ -67,6 +68,8 @@ pub struct Mesh {
     pub ztunnel: Arc<dyn Ztunnel>,
     pub annotator: Arc<dyn Annotator>,
     pub cache: Arc<PodCache>,
+    /// Serialises the adds and removes of one pod (plugin requests and watch events).
+    pub locks: PodLocks,
 }
 
 fn describe(p: &Pod) -> String {
@@ -98,7 +101,7 @@ impl Mesh {
 
     async fn annotate(&self, p: &Pod, value: Redirection) -> Result<(), MeshError> {
         self.annotator
-            .set_redirection(pod::namespace(p), pod::name(p), value.as_str())
+            .set_redirection(p, value.as_str())
             .await
             .map_err(|source| MeshError::Annotate {
                 pod: describe(p),
@@ -113,6 +116,7 @@ impl Mesh {
         ips: &[IpAddr],
         netns_path: Option<&str>,
     ) -> Result<(), MeshError> {
+        let _one_at_a_time = self.locks.lock(&describe(p)).await;
         let uid = pod::uid(p).to_string();
         let info = pod::workload_info(p);
         self.cache.ensure(&uid, info.clone());
@@ -132,7 +136,7 @@ impl Mesh {
             self.cache.take(&uid);
             return Err(e);
         }
-        if let Err(source) = self.ztunnel.add_workload(&uid, &info, &netns).await {
+        if let Err(source) = self.ztunnel.add_workload(uid.clone(), info, netns).await {
             warn!(pod = %describe(p), "ztunnel did not take the pod yet, marking it pending: {source}");
             self.annotate(p, Redirection::Pending).await?;
             return Err(MeshError::Port {
@@ -141,6 +145,7 @@ impl Mesh {
                 source,
             });
         }
+        // After ztunnel's ack, as in Istio: a pending pod has no probe-set entry.
         let (probe_uid, probe_ips) = (uid.clone(), ips.to_vec());
         self.blocking(p, Step::ProbeSet, move |dp| {
             dp.probe_add(&probe_uid, &probe_ips)
@@ -187,6 +192,7 @@ impl Mesh {
         deleted: bool,
         terminal: bool,
     ) -> Result<(), MeshError> {
+        let _one_at_a_time = self.locks.lock(&describe(p)).await;
         let uid = pod::uid(p).to_string();
         let ips = pod::ips(p);
         let (probe_uid, probe_ips) = (uid.clone(), ips.clone());
@@ -237,8 +243,106 @@ impl Mesh {
 
     /// Puts an enrolled pod's (new) IPs in the probe set again.
     pub async fn reassert_probes(&self, p: &Pod, ips: &[IpAddr]) -> Result<(), MeshError> {
+        let _one_at_a_time = self.locks.lock(&describe(p)).await;
         let (uid, ips) = (pod::uid(p).to_string(), ips.to_vec());
         self.blocking(p, Step::ProbeSet, move |dp| dp.probe_add(&uid, &ips))
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel};
+
+    /// The fake data plane, slow to program and counting programs in flight per pod.
+    #[derive(Default)]
+    struct Slow {
+        inner: FakeDataplane,
+        in_flight: HashMap<String, AtomicU32>,
+        most: AtomicU32,
+    }
+
+    impl Dataplane for Slow {
+        fn open_netns(&self, path: &str) -> Result<Netns, PortError> {
+            self.inner.open_netns(path)
+        }
+        fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns> {
+            self.inner.find_netns(wanted)
+        }
+        fn program_pod(
+            &self,
+            netns: &Netns,
+            pod: &crate::agent::ports::PodNet,
+        ) -> Result<(), PortError> {
+            let now = self.in_flight[&pod.uid].fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(30));
+            self.in_flight[&pod.uid].fetch_sub(1, Ordering::SeqCst);
+            self.inner.program_pod(netns, pod)
+        }
+        fn unprogram_pod(
+            &self,
+            netns: &Netns,
+            pod: &crate::agent::ports::PodNet,
+        ) -> Result<(), PortError> {
+            self.inner.unprogram_pod(netns, pod)
+        }
+        fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
+            self.inner.probe_add(uid, ips)
+        }
+        fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
+            self.inner.probe_remove(uid, ips)
+        }
+        fn probe_sync(&self, m: &[(String, Vec<IpAddr>)], prune: bool) -> Result<(), PortError> {
+            self.inner.probe_sync(m, prune)
+        }
+    }
+
+    fn pod(name: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}")},
+            "status": {"podIPs": [{"ip": "10.0.0.9"}]}
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_plugin_add_and_a_watch_add_of_one_pod_never_interleave() {
+        let slow = Arc::new(Slow {
+            in_flight: ["uid-a", "uid-b"]
+                .map(|u| (u.to_string(), AtomicU32::new(0)))
+                .into(),
+            ..Default::default()
+        });
+        let mesh = Arc::new(Mesh {
+            dataplane: slow.clone(),
+            ztunnel: Arc::new(FakeZtunnel::default()),
+            annotator: Arc::new(FakeAnnotator::default()),
+            cache: Arc::new(PodCache::default()),
+            locks: PodLocks::default(),
+        });
+        let ip: IpAddr = "10.0.0.9".parse().unwrap();
+        let add = |name: &'static str, netns: Option<&'static str>| {
+            let mesh = mesh.clone();
+            tokio::spawn(async move { mesh.add_pod(&pod(name), &[ip], netns).await })
+        };
+        // The plugin's ADD (with its netns) and the informer's add of the same pod, at once.
+        let (plugin, watch) = (add("a", Some("/proc/self/ns/net")), add("a", None));
+        plugin.await.unwrap().unwrap();
+        watch.await.unwrap().unwrap();
+        assert_eq!(slow.most.load(Ordering::SeqCst), 1);
+        assert!(mesh.locks.is_empty());
+        // Different pods are programmed side by side.
+        let (a, b) = (add("a", None), add("b", Some("/proc/self/ns/net")));
+        a.await.unwrap().unwrap();
+        b.await.unwrap().unwrap();
+        assert_eq!(slow.inner.count("program"), 4);
     }
 }

@@ -13,6 +13,7 @@
 pub mod cache;
 pub mod dataplane;
 pub mod join;
+pub mod locks;
 pub mod machine;
 pub mod mesh;
 pub mod pod;
@@ -108,6 +109,7 @@ impl Agent {
                 ztunnel: deps.ztunnel,
                 annotator: deps.annotator,
                 cache: Arc::new(PodCache::default()),
+                locks: Default::default(),
             },
             timing: settings.timing,
             metrics: deps.metrics,

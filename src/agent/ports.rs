@@ -9,8 +9,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
 
-use crate::kube::{KubeClient, KubeError, MetadataPatch};
+use crate::kube::{KubeClient, KubeError, MetadataPatch, PodPatchVia};
 use crate::netns::Netns;
 
 /// A failure of a seam, and whether trying again later may help.
@@ -62,27 +63,24 @@ pub trait Dataplane: Send + Sync + 'static {
 /// Workload identity sent to ztunnel (the ZDS room's own type).
 pub use crate::zds::WorkloadInfo;
 
-/// The ZDS server as the agent uses it.
+/// What a ztunnel seam call returns.
+pub type PortFuture<'a> = BoxFuture<'a, Result<(), PortError>>;
+
+/// The ZDS server as the agent uses it. The add takes its arguments owned: the future may
+/// outlive the caller's borrows, and every implementation states one short signature.
 pub trait Ztunnel: Send + Sync + 'static {
     /// Sends the pod to the newest ztunnel connection; returns after its ack.
-    fn add_workload<'a>(
-        &'a self,
-        uid: &'a str,
-        info: &'a WorkloadInfo,
-        netns: &'a Arc<Netns>,
-    ) -> BoxFuture<'a, Result<(), PortError>>;
+    fn add_workload(&self, uid: String, info: WorkloadInfo, netns: Arc<Netns>) -> PortFuture<'_>;
     /// Tells every connection the pod is gone (no connection: Ok).
-    fn del_workload<'a>(&'a self, uid: &'a str) -> BoxFuture<'a, Result<(), PortError>>;
+    fn del_workload<'a>(&'a self, uid: &'a str) -> PortFuture<'a>;
 }
 
-/// Writes the `ambient.istio.io/redirection` annotation (`None` removes it).
+/// What an annotator call returns.
+pub type KubeFuture<'a> = BoxFuture<'a, Result<(), KubeError>>;
+
+/// Writes the `ambient.istio.io/redirection` annotation on the pod (`None` removes it).
 pub trait Annotator: Send + Sync + 'static {
-    fn set_redirection<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-        value: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<(), KubeError>>;
+    fn set_redirection<'a>(&'a self, pod: &'a Pod, value: Option<&'a str>) -> KubeFuture<'a>;
 }
 
 /// The redirection annotation.
@@ -95,19 +93,15 @@ pub struct KubeAnnotator {
 }
 
 impl Annotator for KubeAnnotator {
-    fn set_redirection<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-        value: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<(), KubeError>> {
+    fn set_redirection<'a>(&'a self, pod: &'a Pod, value: Option<&'a str>) -> KubeFuture<'a> {
+        let (namespace, name) = (super::pod::namespace(pod), super::pod::name(pod));
         Box::pin(async move {
             let patch = match value {
                 Some(v) => MetadataPatch::default().set_annotation(ANN_REDIRECTION, v),
                 None => MetadataPatch::default().remove_annotation(ANN_REDIRECTION),
             };
             self.client
-                .patch_pod_status_metadata(namespace, name, &patch, self.timeout)
+                .patch_pod_metadata(PodPatchVia::Status, namespace, name, &patch, self.timeout)
                 .await
                 .map(|_| ())
         })
@@ -135,19 +129,14 @@ impl LateZtunnel {
 struct NotBound;
 
 impl Ztunnel for LateZtunnel {
-    fn add_workload<'a>(
-        &'a self,
-        uid: &'a str,
-        info: &'a WorkloadInfo,
-        netns: &'a Arc<Netns>,
-    ) -> BoxFuture<'a, Result<(), PortError>> {
+    fn add_workload(&self, uid: String, info: WorkloadInfo, netns: Arc<Netns>) -> PortFuture<'_> {
         match self.inner.get() {
             Some(z) => z.add_workload(uid, info, netns),
             None => Box::pin(async { Err(PortError::retryable(NotBound)) }),
         }
     }
 
-    fn del_workload<'a>(&'a self, uid: &'a str) -> BoxFuture<'a, Result<(), PortError>> {
+    fn del_workload<'a>(&'a self, uid: &'a str) -> PortFuture<'a> {
         match self.inner.get() {
             Some(z) => z.del_workload(uid),
             // Nobody connected can hold the pod: nothing to tell.

@@ -7,10 +7,12 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::Notify;
 
-use super::ports::{Annotator, Dataplane, PodNet, PortError, WorkloadInfo, Ztunnel};
-use crate::kube::KubeError;
+use super::ports::{
+    Annotator, Dataplane, KubeFuture, PodNet, PortError, PortFuture, WorkloadInfo, Ztunnel,
+};
 use crate::netns::Netns;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -46,13 +48,18 @@ impl FakeDataplane {
         lock(&self.calls).push(call);
     }
 
-    fn probe_fault(&self) -> Result<(), PortError> {
+    /// Records a probe-set call; fails it while `probe_failures` lasts, else hands out the set.
+    fn probe_call(
+        &self,
+        call: String,
+    ) -> Result<MutexGuard<'_, BTreeMap<IpAddr, String>>, PortError> {
+        self.record(call);
         let left = self.probe_failures.load(Ordering::SeqCst);
         if left > 0 {
             self.probe_failures.store(left - 1, Ordering::SeqCst);
             return Err(PortError::retryable("injected probe-set failure"));
         }
-        Ok(())
+        Ok(lock(&self.probes))
     }
 }
 
@@ -89,9 +96,7 @@ impl Dataplane for FakeDataplane {
     }
 
     fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
-        self.record(format!("probe_add {uid}"));
-        self.probe_fault()?;
-        let mut probes = lock(&self.probes);
+        let mut probes = self.probe_call(format!("probe_add {uid}"))?;
         for ip in ips {
             probes.insert(*ip, uid.to_string());
         }
@@ -99,9 +104,7 @@ impl Dataplane for FakeDataplane {
     }
 
     fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
-        self.record(format!("probe_remove {uid}"));
-        self.probe_fault()?;
-        let mut probes = lock(&self.probes);
+        let mut probes = self.probe_call(format!("probe_remove {uid}"))?;
         for ip in ips {
             if probes.get(ip).is_some_and(|owner| owner == uid) {
                 probes.remove(ip);
@@ -125,12 +128,14 @@ impl Dataplane for FakeDataplane {
     }
 }
 
-/// A ztunnel that acks, or (with `connected` false) has no connection (retryable).
+/// A ztunnel that acks, or (with `connected` false) has no connection (retryable). Adds of a pod
+/// named in `gates` wait until its `Notify` is notified (a slow ztunnel for that pod).
 pub struct FakeZtunnel {
     pub connected: AtomicBool,
     pub workloads: Mutex<BTreeMap<String, WorkloadInfo>>,
     pub adds: AtomicU32,
     pub dels: AtomicU32,
+    pub gates: Mutex<BTreeMap<String, Arc<Notify>>>,
 }
 
 impl Default for FakeZtunnel {
@@ -140,6 +145,7 @@ impl Default for FakeZtunnel {
             workloads: Mutex::new(BTreeMap::new()),
             adds: AtomicU32::new(0),
             dels: AtomicU32::new(0),
+            gates: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -148,26 +154,32 @@ impl FakeZtunnel {
     pub fn has(&self, uid: &str) -> bool {
         lock(&self.workloads).contains_key(uid)
     }
+
+    /// Holds adds of the pod named `name` until the returned gate is notified.
+    pub fn gate(&self, name: &str) -> Arc<Notify> {
+        let gate = Arc::new(Notify::new());
+        lock(&self.gates).insert(name.to_string(), gate.clone());
+        gate
+    }
 }
 
 impl Ztunnel for FakeZtunnel {
-    fn add_workload<'a>(
-        &'a self,
-        uid: &'a str,
-        info: &'a WorkloadInfo,
-        _netns: &'a Arc<Netns>,
-    ) -> BoxFuture<'a, Result<(), PortError>> {
+    fn add_workload(&self, uid: String, info: WorkloadInfo, _netns: Arc<Netns>) -> PortFuture<'_> {
         Box::pin(async move {
+            let gate = lock(&self.gates).get(&info.name).cloned();
+            if let Some(gate) = gate {
+                gate.notified().await;
+            }
             self.adds.fetch_add(1, Ordering::SeqCst);
             if !self.connected.load(Ordering::SeqCst) {
                 return Err(PortError::retryable("no ztunnel connection"));
             }
-            lock(&self.workloads).insert(uid.to_string(), info.clone());
+            lock(&self.workloads).insert(uid, info);
             Ok(())
         })
     }
 
-    fn del_workload<'a>(&'a self, uid: &'a str) -> BoxFuture<'a, Result<(), PortError>> {
+    fn del_workload<'a>(&'a self, uid: &'a str) -> PortFuture<'a> {
         Box::pin(async move {
             self.dels.fetch_add(1, Ordering::SeqCst);
             lock(&self.workloads).remove(uid);
@@ -194,14 +206,9 @@ impl FakeAnnotator {
 }
 
 impl Annotator for FakeAnnotator {
-    fn set_redirection<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-        value: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<(), KubeError>> {
+    fn set_redirection<'a>(&'a self, pod: &'a Pod, value: Option<&'a str>) -> KubeFuture<'a> {
         Box::pin(async move {
-            let key = format!("{namespace}/{name}");
+            let key = format!("{}/{}", super::pod::namespace(pod), super::pod::name(pod));
             lock(&self.patches).push((key.clone(), value.map(str::to_string)));
             let mut values = lock(&self.values);
             match value {

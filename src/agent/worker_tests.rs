@@ -3,20 +3,16 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::runtime::watcher::Event;
 use serde_json::json;
-use tokio::sync::Notify;
 
 use super::*;
 use crate::agent::cache::PodCache;
-use crate::agent::ports::{PortError, WorkloadInfo, Ztunnel};
 use crate::agent::settings::Timing;
 use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel};
 use crate::kube::RetryPolicy;
 use crate::kube::selector::enablement::EnablementSelector;
-use crate::netns::Netns;
 
 struct Rig {
     worker: Worker,
@@ -45,7 +41,8 @@ fn timing() -> Timing {
     }
 }
 
-fn rig_with(zt: Arc<dyn Ztunnel>, fake_zt: Arc<FakeZtunnel>) -> Rig {
+fn rig() -> Rig {
+    let zt = Arc::new(FakeZtunnel::default());
     let dp = Arc::new(FakeDataplane::default());
     let ann = Arc::new(FakeAnnotator::default());
     let core = Arc::new(Core {
@@ -54,9 +51,10 @@ fn rig_with(zt: Arc<dyn Ztunnel>, fake_zt: Arc<FakeZtunnel>) -> Rig {
         policy: Policy::new(&selectors(), &[], "istio-system").unwrap(),
         mesh: Mesh {
             dataplane: dp.clone(),
-            ztunnel: zt,
+            ztunnel: zt.clone(),
             annotator: ann.clone(),
             cache: Arc::new(PodCache::default()),
+            locks: Default::default(),
         },
         timing: timing(),
         metrics: Default::default(),
@@ -70,15 +68,10 @@ fn rig_with(zt: Arc<dyn Ztunnel>, fake_zt: Arc<FakeZtunnel>) -> Rig {
     Rig {
         worker,
         dp,
-        zt: fake_zt,
+        zt,
         ann,
         _stop: stop.drop_guard(),
     }
-}
-
-fn rig() -> Rig {
-    let zt = Arc::new(FakeZtunnel::default());
-    rig_with(zt.clone(), zt)
 }
 
 fn pod(ns: &str, name: &str) -> Pod {
@@ -88,6 +81,19 @@ fn pod(ns: &str, name: &str) -> Pod {
         "status": {"phase": "Running", "podIPs": [{"ip": "10.0.0.9"}]}
     }))
     .unwrap()
+}
+
+/// The pod carrying the annotation the agent writes on enrolment.
+fn enrolled(ns: &str, name: &str) -> Pod {
+    let mut p = pod(ns, name);
+    p.metadata.annotations = Some(
+        [(
+            "ambient.istio.io/redirection".to_string(),
+            "enabled".to_string(),
+        )]
+        .into(),
+    );
+    p
 }
 
 fn namespace(name: &str, ambient: bool) -> Namespace {
@@ -126,6 +132,27 @@ impl Rig {
         });
     }
 
+    /// An ambient namespace, the pod in it, and an update event for the pod.
+    fn enrol(&self, ns: &str, name: &str) {
+        self.put_ns(namespace(ns, true));
+        self.put_pod(pod(ns, name));
+        self.reevaluate(ns, name);
+    }
+
+    async fn until_annotation(&self, key: &str, want: Option<&str>) {
+        self.until(&format!("{key} annotated {want:?}"), || {
+            self.ann.value(key).as_deref() == want
+        })
+        .await;
+    }
+
+    async fn until_dropped(&self, n: u64) {
+        self.until(&format!("{n} dropped"), || {
+            self.worker.stats().dropped.load(Ordering::SeqCst) == n
+        })
+        .await;
+    }
+
     async fn until(&self, what: &str, f: impl Fn() -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while !f() {
@@ -142,13 +169,8 @@ impl Rig {
 async fn retryable_failure_marks_pending_and_retries_with_backoff_until_enabled() {
     let r = rig();
     r.zt.connected.store(false, Ordering::SeqCst);
-    r.put_ns(namespace("shop", true));
-    r.put_pod(pod("shop", "a"));
-    r.reevaluate("shop", "a");
-    r.until("pending", || {
-        r.ann.value("shop/a").as_deref() == Some("pending")
-    })
-    .await;
+    r.enrol("shop", "a");
+    r.until_annotation("shop/a", Some("pending")).await;
     r.until("a few retries", || {
         r.worker.stats().retried.load(Ordering::SeqCst) >= 3
     })
@@ -156,10 +178,7 @@ async fn retryable_failure_marks_pending_and_retries_with_backoff_until_enabled(
     // Pending: no probe-set entry yet.
     assert_eq!(r.dp.count("probe_add"), 0);
     r.zt.connected.store(true, Ordering::SeqCst);
-    r.until("enabled", || {
-        r.ann.value("shop/a").as_deref() == Some("enabled")
-    })
-    .await;
+    r.until_annotation("shop/a", Some("enabled")).await;
     r.until("idle", || r.worker.pending() == 0).await;
     assert!(r.zt.has("uid-a"));
     let attempts = r
@@ -175,17 +194,18 @@ async fn retryable_failure_marks_pending_and_retries_with_backoff_until_enabled(
     assert_eq!(r.dp.count("probe_add uid-a"), 1);
 }
 
+/// A rig whose data plane has `fault`, once the enrolment of shop/a was dropped.
+async fn dropped_after(fault: impl FnOnce(&FakeDataplane)) -> Rig {
+    let r = rig();
+    fault(&r.dp);
+    r.enrol("shop", "a");
+    r.until_dropped(1).await;
+    r
+}
+
 #[tokio::test]
 async fn non_retryable_failure_is_dropped_without_annotation() {
-    let r = rig();
-    r.dp.fail_program.store(true, Ordering::SeqCst);
-    r.put_ns(namespace("shop", true));
-    r.put_pod(pod("shop", "a"));
-    r.reevaluate("shop", "a");
-    r.until("dropped", || {
-        r.worker.stats().dropped.load(Ordering::SeqCst) == 1
-    })
-    .await;
+    let r = dropped_after(|dp| dp.fail_program.store(true, Ordering::SeqCst)).await;
     r.until("idle", || r.worker.pending() == 0).await;
     assert_eq!(r.dp.count("program"), 1, "not retried");
     assert!(
@@ -198,15 +218,7 @@ async fn non_retryable_failure_is_dropped_without_annotation() {
 
 #[tokio::test]
 async fn missing_netns_is_dropped() {
-    let r = rig();
-    r.dp.netns_missing.store(true, Ordering::SeqCst);
-    r.put_ns(namespace("shop", true));
-    r.put_pod(pod("shop", "a"));
-    r.reevaluate("shop", "a");
-    r.until("dropped", || {
-        r.worker.stats().dropped.load(Ordering::SeqCst) == 1
-    })
-    .await;
+    let r = dropped_after(|dp| dp.netns_missing.store(true, Ordering::SeqCst)).await;
     assert_eq!(r.dp.count("program"), 0);
 }
 
@@ -221,38 +233,22 @@ async fn event_whose_namespace_is_not_cached_yet_is_requeued() {
     .await;
     assert!(r.ann.patches().is_empty());
     r.put_ns(namespace("late", true));
-    r.until("enabled", || {
-        r.ann.value("late/a").as_deref() == Some("enabled")
-    })
-    .await;
+    r.until_annotation("late/a", Some("enabled")).await;
 }
 
 #[tokio::test]
 async fn removal_is_retried_and_clears_the_annotation() {
     let r = rig();
-    r.put_ns(namespace("shop", true));
-    r.put_pod(pod("shop", "a"));
-    r.reevaluate("shop", "a");
-    r.until("enabled", || {
-        r.ann.value("shop/a").as_deref() == Some("enabled")
-    })
-    .await;
+    r.enrol("shop", "a");
+    r.until_annotation("shop/a", Some("enabled")).await;
     // The store now shows the annotation; then the namespace is unlabelled.
-    let mut enrolled = pod("shop", "a");
-    enrolled.metadata.resource_version = Some("2".into());
-    enrolled.metadata.annotations = Some(
-        [(
-            "ambient.istio.io/redirection".to_string(),
-            "enabled".to_string(),
-        )]
-        .into(),
-    );
-    r.put_pod(enrolled);
+    let mut shown = enrolled("shop", "a");
+    shown.metadata.resource_version = Some("2".into());
+    r.put_pod(shown);
     r.put_ns(namespace("shop", false));
     r.dp.probe_failures.store(2, Ordering::SeqCst);
     r.reevaluate("shop", "a");
-    r.until("annotation cleared", || r.ann.value("shop/a").is_none())
-        .await;
+    r.until_annotation("shop/a", None).await;
     assert_eq!(
         r.dp.count("probe_remove uid-a"),
         3,
@@ -263,43 +259,10 @@ async fn removal_is_retried_and_clears_the_annotation() {
     assert!(r.dp.probes.lock().unwrap().is_empty());
 }
 
-/// Holds adds of the pod named `slow` until released.
-struct GatedZtunnel {
-    inner: Arc<FakeZtunnel>,
-    gate: Arc<Notify>,
-}
-
-impl Ztunnel for GatedZtunnel {
-    fn add_workload<'a>(
-        &'a self,
-        uid: &'a str,
-        info: &'a WorkloadInfo,
-        netns: &'a Arc<Netns>,
-    ) -> BoxFuture<'a, Result<(), PortError>> {
-        Box::pin(async move {
-            if info.name == "slow" {
-                self.gate.notified().await;
-            }
-            self.inner.add_workload(uid, info, netns).await
-        })
-    }
-
-    fn del_workload<'a>(&'a self, uid: &'a str) -> BoxFuture<'a, Result<(), PortError>> {
-        self.inner.del_workload(uid)
-    }
-}
-
 #[tokio::test]
 async fn one_slow_pod_does_not_hold_up_the_others() {
-    let fake = Arc::new(FakeZtunnel::default());
-    let gate = Arc::new(Notify::new());
-    let r = rig_with(
-        Arc::new(GatedZtunnel {
-            inner: fake.clone(),
-            gate: gate.clone(),
-        }),
-        fake,
-    );
+    let r = rig();
+    let gate = r.zt.gate("slow");
     r.put_ns(namespace("shop", true));
     r.put_pod(pod("shop", "slow"));
     r.put_pod(pod("shop", "fast"));
@@ -307,17 +270,11 @@ async fn one_slow_pod_does_not_hold_up_the_others() {
     // A second event for the slow pod waits behind the first (same key, in order).
     r.reevaluate("shop", "slow");
     r.reevaluate("shop", "fast");
-    r.until("fast enrolled", || {
-        r.ann.value("shop/fast").as_deref() == Some("enabled")
-    })
-    .await;
+    r.until_annotation("shop/fast", Some("enabled")).await;
     assert_eq!(r.ann.value("shop/slow"), None);
     assert_eq!(r.worker.pending(), 2, "both slow events still queued");
     gate.notify_one();
-    r.until("slow enrolled", || {
-        r.ann.value("shop/slow").as_deref() == Some("enabled")
-    })
-    .await;
+    r.until_annotation("shop/slow", Some("enabled")).await;
 }
 
 #[tokio::test]
@@ -331,20 +288,12 @@ async fn pump_enrols_existing_pods_when_their_namespace_appears_or_is_labelled()
     let mut labelled = namespace("shop", true);
     labelled.metadata.resource_version = Some("2".into());
     r.put_ns(labelled);
-    r.until("enabled", || {
-        r.ann.value("shop/a").as_deref() == Some("enabled")
-    })
-    .await;
+    r.until_annotation("shop/a", Some("enabled")).await;
     // A deleted pod is removed (deleted: no in-pod cleanup, no annotation patch).
-    let mut gone = pod("shop", "a");
-    gone.metadata.annotations = Some(
-        [(
-            "ambient.istio.io/redirection".to_string(),
-            "enabled".to_string(),
-        )]
-        .into(),
-    );
-    r.worker.core().pods.apply(Event::Delete(gone));
+    r.worker
+        .core()
+        .pods
+        .apply(Event::Delete(enrolled("shop", "a")));
     r.until("removed from ztunnel", || !r.zt.has("uid-a")).await;
     assert_eq!(r.dp.count("unprogram"), 0);
     assert_eq!(r.ann.patches().len(), 1, "only the enabled patch");

@@ -59,6 +59,9 @@ pub struct AmbientApply {
     /// Environment for every iptables command (a pod-scoped `XTABLES_LOCKFILE`).
     pub env: Vec<(String, String)>,
     pub userns: Option<UsernsEntry>,
+    /// nftables: how our tables list when they hold exactly the planned transaction
+    /// ([`nft_listing_of`]); with it, a netns already holding them is left untouched.
+    pub nft_expected: Option<String>,
 }
 
 /// Compares one family's saved state with its planned rules; `None` when they are the same, else
@@ -300,11 +303,13 @@ pub fn program_inpod_here(
     opts: &AmbientApply,
 ) -> Result<Outcome, AmbientError> {
     let outcome = if opts.nftables {
-        apply_transaction(
-            &mut ProcessExecutor::entering(opts.userns.clone()),
-            &inpod_nft_transaction(cfg, pod),
-        )?;
-        Outcome::Applied
+        let mut exec = ProcessExecutor::entering(opts.userns.clone());
+        if nft_already_holds(&mut exec, opts.nft_expected.as_deref())? {
+            Outcome::AlreadyApplied
+        } else {
+            apply_transaction(&mut exec, &inpod_nft_transaction(cfg, pod))?;
+            Outcome::Applied
+        }
     } else {
         let rules = ambient::inpod_rules(cfg, pod);
         if apply_new_netns_over_netlink(&rules, opts) {
@@ -315,6 +320,71 @@ pub fn program_inpod_here(
     };
     super::routes::ensure_ambient_routes(cfg.enable_ipv6)?;
     Ok(outcome)
+}
+
+/// The prefix of every nft table the agent owns.
+const OUR_NFT_TABLES: &str = "istio-ambient-";
+
+/// Whether the calling thread's netns holds exactly `expected` (our tables as [`nft_listing_of`]
+/// prints them). A netns without any table of ours is answered over netlink, without a process.
+fn nft_already_holds(exec: &mut dyn Executor, expected: Option<&str>) -> Result<bool, ApplyError> {
+    let Some(expected) = expected else {
+        return Ok(false);
+    };
+    let ours_exist = crate::netlink::nft_batch::list_chains(0)
+        .map(|chains| chains.iter().any(|(t, _)| t.starts_with(OUR_NFT_TABLES)))
+        .unwrap_or(true);
+    Ok(ours_exist && our_nft_listing(exec)? == expected)
+}
+
+/// Our tables in the calling thread's netns, as `nft list ruleset` prints them, normalised.
+fn our_nft_listing(exec: &mut dyn Executor) -> Result<String, ApplyError> {
+    let out = run_checked(exec, &super::exec::Cmd::new("nft", ["list", "ruleset"]))?;
+    Ok(normalise_nft_listing(&out.stdout))
+}
+
+/// How our tables list when they hold exactly `transaction`: learnt by applying it in a scratch
+/// netns (the kernel's own canonical form: nft rewrites some expressions as it stores them).
+pub fn nft_listing_of(transaction: &str) -> Result<String, AmbientError> {
+    let transaction = transaction.to_string();
+    crate::netns::run_in_scratch(move || {
+        let mut exec = ProcessExecutor::default();
+        apply_transaction(&mut exec, &transaction)?;
+        our_nft_listing(&mut exec)
+    })
+    .map_err(|e| ApplyError::Failed {
+        command: "nft -f - (in a scratch netns)".into(),
+        code: None,
+        stderr: e.to_string(),
+    })?
+    .map_err(AmbientError::from)
+}
+
+/// Our tables only (`table <family> istio-ambient-*` blocks), without rule handles and counter
+/// values, which differ between two identical rule sets.
+pub fn normalise_nft_listing(text: &str) -> String {
+    let mut out = String::new();
+    let mut ours = false;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("table ") {
+            ours = rest
+                .split_whitespace()
+                .nth(1)
+                .is_some_and(|name| name.starts_with(OUR_NFT_TABLES));
+        }
+        if !ours {
+            continue;
+        }
+        let line = line.split(" # handle ").next().unwrap_or(line);
+        let mut words: Vec<&str> = line.split(' ').collect();
+        while let Some(i) = words.iter().position(|w| *w == "packets") {
+            // `counter packets N bytes M` -> `counter`
+            words.drain(i..(i + 4).min(words.len()));
+        }
+        out.push_str(&words.join(" "));
+        out.push('\n');
+    }
+    out
 }
 
 /// A new pod's netns (no table in any family) with the iptables-nft flavour gets the rules as one

@@ -3,6 +3,13 @@ use super::*;
 use crate::apply::exec::{CmdOutput, SpawnError};
 use crate::rules::capture::{CaptureConfig, InboundPorts, InterceptionMode, build};
 
+/// Every `expected` step is in the plan.
+fn assert_has_all(lines: &[String], expected: &[&str]) {
+    for e in expected {
+        assert!(lines.iter().any(|l| l == e), "{e} missing: {lines:#?}");
+    }
+}
+
 fn tproxy_cfg() -> CaptureConfig {
     CaptureConfig {
         mode: InterceptionMode::Tproxy,
@@ -19,20 +26,18 @@ fn without_state_the_plan_is_istios_list_and_keeps_builtin_rules_of_any_target()
         .iter()
         .map(Step::display)
         .collect();
-    for expected in [
-        "iptables -t mangle -D OUTPUT -p tcp -m connmark --mark 1337 -j CONNMARK --restore-mark",
-        "iptables -t mangle -D PREROUTING -p tcp -m mark --mark 1337 -j CONNMARK --save-mark",
-        "iptables -t nat -D PREROUTING -i eth9 -j RETURN",
-        "iptables -t mangle -D OUTPUT -o eth9 -j RETURN",
-        "iptables -t nat -D OUTPUT -j ISTIO_OUTPUT",
-        "iptables -t mangle -F ISTIO_DIVERT",
-        "iptables -t mangle -X ISTIO_DIVERT",
-    ] {
-        assert!(
-            lines.iter().any(|l| l == expected),
-            "{expected} missing: {lines:#?}"
-        );
-    }
+    assert_has_all(
+        &lines,
+        &[
+            "iptables -t mangle -D OUTPUT -p tcp -m connmark --mark 1337 -j CONNMARK --restore-mark",
+            "iptables -t mangle -D PREROUTING -p tcp -m mark --mark 1337 -j CONNMARK --save-mark",
+            "iptables -t nat -D PREROUTING -i eth9 -j RETURN",
+            "iptables -t mangle -D OUTPUT -o eth9 -j RETURN",
+            "iptables -t nat -D OUTPUT -j ISTIO_OUTPUT",
+            "iptables -t mangle -F ISTIO_DIVERT",
+            "iptables -t mangle -X ISTIO_DIVERT",
+        ],
+    );
     assert!(!lines.iter().any(|l| l.contains("-D ISTIO_REDIRECT")));
 }
 
@@ -54,17 +59,15 @@ fn with_state_leftover_jumps_and_our_other_chains_go_but_user_chains_stay() {
         1,
         "{lines:#?}"
     );
-    for expected in [
-        "iptables -t nat -D OUTPUT -o lo -j ISTIO_OUTPUT_DNS",
-        "iptables -t nat -D ISTIO_OUTPUT -j ISTIO_OUTPUT_DNS",
-        "iptables -t nat -F ISTIO_OUTPUT_DNS",
-        "iptables -t nat -X ISTIO_OUTPUT_DNS",
-    ] {
-        assert!(
-            lines.iter().any(|l| l == expected),
-            "{expected} missing: {lines:#?}"
-        );
-    }
+    assert_has_all(
+        &lines,
+        &[
+            "iptables -t nat -D OUTPUT -o lo -j ISTIO_OUTPUT_DNS",
+            "iptables -t nat -D ISTIO_OUTPUT -j ISTIO_OUTPUT_DNS",
+            "iptables -t nat -F ISTIO_OUTPUT_DNS",
+            "iptables -t nat -X ISTIO_OUTPUT_DNS",
+        ],
+    );
     assert!(!lines.iter().any(|l| l.contains("ISTIO_FW")), "{lines:#?}");
 }
 

@@ -330,9 +330,9 @@ mod tests {
             Table::Mangle,
             "ISTIO_DIVERT",
             vec![],
-            Target::Return,
+            Target::SetMark("0x539/0xffffffff".into()),
         );
-        let err = apply_nft_netlink(&b.build()).expect_err("mangle has no encoding");
+        let err = apply_nft_netlink(&b.build()).expect_err("MARK has no encoding");
         assert!(err.is_not_encodable(), "{err}");
         assert!(
             matches!(

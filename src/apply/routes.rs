@@ -6,12 +6,15 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 
+use ipnet::IpNet;
+
 use crate::netlink::routes::{MarkRule, NetlinkError, RouteSession};
 use crate::rules::capture::CaptureConfig;
 use crate::rules::capture_values::{parse_route_table, parse_tproxy_mark};
 
 /// Istio's passthrough address for IPv6, on `lo`.
-const PASSTHROUGH_V6: IpAddr = IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6));
+const PASSTHROUGH_V6: IpNet =
+    IpNet::new_assert(IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6)), 128);
 
 /// Why the routes of a sidecar capture could not be set or removed.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +57,7 @@ pub fn apply_sidecar_routes(cfg: &CaptureConfig) -> Result<(), RoutesError> {
 
 fn apply_with(session: &mut RouteSession, cfg: &CaptureConfig) -> Result<(), RoutesError> {
     if cfg.enable_ipv6 {
-        session.add_address("lo", PASSTHROUGH_V6, 128)?;
+        session.add_address("lo", PASSTHROUGH_V6)?;
     }
     if cfg.needs_tproxy_routes() {
         let (mark, table) = tproxy_mark_and_table(cfg)?;
@@ -89,7 +92,7 @@ fn remove_tproxy_with(session: &mut RouteSession, cfg: &CaptureConfig) -> Result
 pub fn remove_sidecar_routes(cfg: &CaptureConfig) -> Result<(), RoutesError> {
     let mut session = RouteSession::new();
     remove_tproxy_with(&mut session, cfg)?;
-    Ok(session.delete_address("lo", PASSTHROUGH_V6, 128)?)
+    Ok(session.delete_address("lo", PASSTHROUGH_V6)?)
 }
 
 /// The routes after an apply: [`apply_sidecar_routes`]; after a reconcile (`reconciled`) to a

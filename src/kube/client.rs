@@ -79,6 +79,18 @@ fn join_terms(existing: Option<String>, terms: &str) -> Option<String> {
     }
 }
 
+/// Where a pod metadata patch goes. `Status` (the `pods/status` subresource) needs only
+/// `pods/status` patch permission: the ambient agent (redirection annotation) and the repair
+/// controller (label mode) use it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodPatchVia {
+    Pod,
+    Status,
+}
+
+/// A list call's objects and the list's resourceVersion (where a watch would resume).
+pub type Listed<K> = Result<(Vec<K>, Option<String>), KubeError>;
+
 /// Label/annotation changes for a merge patch: `Some(value)` sets the key, `None` removes it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MetadataPatch {
@@ -227,11 +239,7 @@ impl KubeClient {
     }
 
     /// Pods in all namespaces matching `selectors`, and the list's resourceVersion.
-    pub async fn list_pods(
-        &self,
-        selectors: &Selectors,
-        timeout: Duration,
-    ) -> Result<(Vec<Pod>, Option<String>), KubeError> {
+    pub async fn list_pods(&self, selectors: &Selectors, timeout: Duration) -> Listed<Pod> {
         self.list(Call::ListPods, selectors, timeout).await
     }
 
@@ -239,16 +247,11 @@ impl KubeClient {
         &self,
         selectors: &Selectors,
         timeout: Duration,
-    ) -> Result<(Vec<Namespace>, Option<String>), KubeError> {
+    ) -> Listed<Namespace> {
         self.list(Call::ListNamespaces, selectors, timeout).await
     }
 
-    async fn list<K>(
-        &self,
-        call: Call,
-        selectors: &Selectors,
-        timeout: Duration,
-    ) -> Result<(Vec<K>, Option<String>), KubeError>
+    async fn list<K>(&self, call: Call, selectors: &Selectors, timeout: Duration) -> Listed<K>
     where
         K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
@@ -278,47 +281,27 @@ impl KubeClient {
         watch(api, selectors, backoff)
     }
 
-    /// Merge-patches the pod's labels/annotations (the main resource).
+    /// Merge-patches the pod's labels/annotations, through the pod itself or through its
+    /// `pods/status` subresource ([`PodPatchVia`]).
     pub async fn patch_pod_metadata(
         &self,
+        via: PodPatchVia,
         namespace: &str,
         name: &str,
         patch: &MetadataPatch,
         timeout: Duration,
     ) -> Result<Pod, KubeError> {
-        self.patch_pod(Call::PatchPod, namespace, name, patch, timeout)
-            .await
-    }
-
-    /// Merge-patches labels/annotations through the `pods/status` subresource, as the ambient
-    /// agent (redirection annotation) and the repair controller (label mode) do: that needs only
-    /// `pods/status` patch permission.
-    pub async fn patch_pod_status_metadata(
-        &self,
-        namespace: &str,
-        name: &str,
-        patch: &MetadataPatch,
-        timeout: Duration,
-    ) -> Result<Pod, KubeError> {
-        self.patch_pod(Call::PatchPodStatus, namespace, name, patch, timeout)
-            .await
-    }
-
-    async fn patch_pod(
-        &self,
-        call: Call,
-        namespace: &str,
-        name: &str,
-        patch: &MetadataPatch,
-        timeout: Duration,
-    ) -> Result<Pod, KubeError> {
+        let call = match via {
+            PodPatchVia::Pod => Call::PatchPod,
+            PodPatchVia::Status => Call::PatchPodStatus,
+        };
         check_pod_names(call, namespace, name)?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let body = Patch::Merge(patch.to_merge_patch());
         let params = PatchParams::default();
         let object = format!("{namespace}/{name}");
-        match call {
-            Call::PatchPodStatus => {
+        match via {
+            PodPatchVia::Status => {
                 bounded(
                     call,
                     object,
@@ -327,7 +310,9 @@ impl KubeClient {
                 )
                 .await
             }
-            _ => bounded(call, object, timeout, api.patch(name, &params, &body)).await,
+            PodPatchVia::Pod => {
+                bounded(call, object, timeout, api.patch(name, &params, &body)).await
+            }
         }
     }
 

@@ -76,6 +76,15 @@ impl fmt::Display for Call {
     }
 }
 
+/// A call the API server refused with a status callers decide on (404, 403, 401, 409): the call,
+/// its object and the server's message.
+#[derive(Debug)]
+pub struct Refusal {
+    pub call: Call,
+    pub object: String,
+    pub message: String,
+}
+
 /// Why building a client failed, or why one call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -110,36 +119,23 @@ pub enum KubeError {
         object: String,
         timeout: Duration,
     },
-    #[error("{call} {object}: not found: {message}")]
-    NotFound {
-        call: Call,
-        object: String,
-        message: String,
-    },
+    #[error("{} {}: not found: {}", .0.call, .0.object, .0.message)]
+    NotFound(Refusal),
     #[error(
-        "{call} {object}: forbidden: the service account in the kubeconfig cannot {verb} {resource}{scope}; \
-         grant it in the istio-cni ClusterRole (API server: {message})",
-        verb = call.permission().0,
-        resource = call.permission().1,
-        scope = scope_of(*call, object)
+        "{} {}: forbidden: the service account in the kubeconfig cannot {verb} {resource}{scope}; \
+         grant it in the istio-cni ClusterRole (API server: {})",
+        .0.call,
+        .0.object,
+        .0.message,
+        verb = .0.call.permission().0,
+        resource = .0.call.permission().1,
+        scope = scope_of(.0.call, &.0.object)
     )]
-    Forbidden {
-        call: Call,
-        object: String,
-        message: String,
-    },
-    #[error("{call} {object}: unauthorized (bad or expired token): {message}")]
-    Unauthorized {
-        call: Call,
-        object: String,
-        message: String,
-    },
-    #[error("{call} {object}: conflict: {message}")]
-    Conflict {
-        call: Call,
-        object: String,
-        message: String,
-    },
+    Forbidden(Refusal),
+    #[error("{} {}: unauthorized (bad or expired token): {}", .0.call, .0.object, .0.message)]
+    Unauthorized(Refusal),
+    #[error("{} {}: conflict: {}", .0.call, .0.object, .0.message)]
+    Conflict(Refusal),
     #[error("{call} {object}: API server answered {code} {reason}: {message}")]
     Api {
         call: Call,
@@ -177,34 +173,22 @@ impl KubeError {
         let object = object.into();
         match err {
             kube::Error::Api(status) => {
-                let message = status.message.clone();
+                let refusal = Refusal {
+                    call,
+                    object,
+                    message: status.message.clone(),
+                };
                 match status.code {
-                    404 => KubeError::NotFound {
-                        call,
-                        object,
-                        message,
-                    },
-                    403 => KubeError::Forbidden {
-                        call,
-                        object,
-                        message,
-                    },
-                    401 => KubeError::Unauthorized {
-                        call,
-                        object,
-                        message,
-                    },
-                    409 => KubeError::Conflict {
-                        call,
-                        object,
-                        message,
-                    },
+                    404 => KubeError::NotFound(refusal),
+                    403 => KubeError::Forbidden(refusal),
+                    401 => KubeError::Unauthorized(refusal),
+                    409 => KubeError::Conflict(refusal),
                     code => KubeError::Api {
-                        call,
-                        object,
+                        call: refusal.call,
+                        object: refusal.object,
                         code,
                         reason: status.reason.clone(),
-                        message,
+                        message: refusal.message,
                     },
                 }
             }
@@ -238,12 +222,12 @@ impl KubeError {
             | KubeError::KubeconfigEnv(_)
             | KubeError::InCluster(_)
             | KubeError::BuildClient(_) => None,
+            KubeError::NotFound(r)
+            | KubeError::Forbidden(r)
+            | KubeError::Unauthorized(r)
+            | KubeError::Conflict(r) => Some(r.call),
             KubeError::InvalidName { call, .. }
             | KubeError::Timeout { call, .. }
-            | KubeError::NotFound { call, .. }
-            | KubeError::Forbidden { call, .. }
-            | KubeError::Unauthorized { call, .. }
-            | KubeError::Conflict { call, .. }
             | KubeError::Api { call, .. }
             | KubeError::ConnectRefused { call, .. }
             | KubeError::Transport { call, .. }

@@ -26,11 +26,11 @@ pub mod stores;
 pub mod testserver;
 
 pub use client::{
-    EventType, KubeClient, MetadataPatch, PodEvent, PodPreconditions, Selectors, WatchBackoff,
-    WatchStream, pod_preconditions,
+    EventType, KubeClient, MetadataPatch, PodEvent, PodPatchVia, PodPreconditions, Selectors,
+    WatchBackoff, WatchStream, pod_preconditions,
 };
 pub use config::{ConfigSource, config_from_kubeconfig_file, load_config, load_config_with};
-pub use error::{Call, KubeError};
+pub use error::{Call, KubeError, Refusal};
 pub use names::InvalidName;
 pub use retry::RetryPolicy;
 

@@ -364,4 +364,6 @@ pub fn node_selector_matches(
 pub mod enablement;
 
 #[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
 mod tests;

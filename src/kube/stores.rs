@@ -426,30 +426,29 @@ mod tests {
     #[test]
     fn a_relist_comes_out_as_the_changes_it_implies_and_late_subscribers_get_a_replay() {
         let store = PodStore::new();
-        store.apply(watcher::Event::Init);
-        for p in [
+        let relist = |pods: [Pod; 3]| {
+            store.apply(watcher::Event::Init);
+            for p in pods {
+                store.apply(watcher::Event::InitApply(p));
+            }
+            store.apply(watcher::Event::InitDone);
+        };
+        relist([
             pod("a", "keep", "1"),
             pod("a", "change", "1"),
             pod("a", "gone", "1"),
-        ] {
-            store.apply(watcher::Event::InitApply(p));
-        }
-        store.apply(watcher::Event::InitDone);
+        ]);
         let mut first = store.subscribe();
         let mut replay = drain(&mut first);
         replay.sort();
         assert_eq!(replay.len(), 3);
         let mut second = store.subscribe();
         let _ = drain(&mut second);
-        store.apply(watcher::Event::Init);
-        for p in [
+        relist([
             pod("a", "keep", "1"),
             pod("a", "change", "5"),
             pod("a", "new", "6"),
-        ] {
-            store.apply(watcher::Event::InitApply(p));
-        }
-        store.apply(watcher::Event::InitDone);
+        ]);
         for rx in [&mut first, &mut second] {
             let mut got = drain(rx);
             got.sort();

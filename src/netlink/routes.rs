@@ -6,6 +6,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use ipnet::IpNet;
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkHeader,
     NetlinkMessage, NetlinkPayload,
@@ -122,43 +123,27 @@ impl RouteSession {
     }
 
     /// Adds an address to an interface; an existing one is fine.
-    pub fn add_address(
-        &mut self,
-        iface: &str,
-        addr: IpAddr,
-        prefix_len: u8,
-    ) -> Result<(), NetlinkError> {
-        self.change_address(true, iface, addr, prefix_len)
+    pub fn add_address(&mut self, iface: &str, addr: IpNet) -> Result<(), NetlinkError> {
+        self.change_address(true, iface, addr)
     }
 
     /// Deletes an address from an interface; an absent one is fine.
-    pub fn delete_address(
-        &mut self,
-        iface: &str,
-        addr: IpAddr,
-        prefix_len: u8,
-    ) -> Result<(), NetlinkError> {
-        self.change_address(false, iface, addr, prefix_len)
+    pub fn delete_address(&mut self, iface: &str, addr: IpNet) -> Result<(), NetlinkError> {
+        self.change_address(false, iface, addr)
     }
 
     /// Adds (`add`) or deletes an address; being there already, or gone already, is the goal.
-    fn change_address(
-        &mut self,
-        add: bool,
-        iface: &str,
-        addr: IpAddr,
-        prefix_len: u8,
-    ) -> Result<(), NetlinkError> {
-        let msg = address_message(iface, addr, prefix_len)?;
+    fn change_address(&mut self, add: bool, iface: &str, addr: IpNet) -> Result<(), NetlinkError> {
+        let msg = address_message(iface, addr.addr(), addr.prefix_len())?;
         let (message, flags, what) = if add {
-            let what = format!("add address {addr}/{prefix_len} to {iface}");
+            let what = format!("add address {addr} to {iface}");
             (
                 RouteNetlinkMessage::NewAddress(msg),
                 NLM_F_CREATE | NLM_F_EXCL,
                 what,
             )
         } else {
-            let what = format!("delete address {addr}/{prefix_len} from {iface}");
+            let what = format!("delete address {addr} from {iface}");
             (RouteNetlinkMessage::DelAddress(msg), 0, what)
         };
         match self.request(message, flags, &what) {

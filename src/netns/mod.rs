@@ -195,9 +195,37 @@ impl Netns {
             })?;
         handle.join().map_err(|panic| NetnsError::Thread {
             path: self.path.clone(),
-            reason: panic_message(&panic),
+            reason: panic_text(panic.as_ref()).unwrap_or("panic").to_string(),
         })?
     }
+}
+
+/// Runs `work` on a fresh thread inside a new, empty network namespace that exists only as long
+/// as `work` runs (children it spawns inherit it). For learning how the kernel stores something
+/// without touching any real namespace.
+pub fn run_in_scratch<T, F>(work: F) -> Result<T, NetnsError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let path = PathBuf::from("(scratch netns)");
+    let handle = std::thread::Builder::new()
+        .name("netns-scratch".into())
+        .spawn(move || -> Result<T, NetnsError> {
+            nix::sched::unshare(CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter {
+                path: PathBuf::from("(scratch netns)"),
+                source,
+            })?;
+            Ok(work())
+        })
+        .map_err(|e| NetnsError::Thread {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+    handle.join().map_err(|panic| NetnsError::Thread {
+        path,
+        reason: panic_text(panic.as_ref()).unwrap_or("panic").to_string(),
+    })?
 }
 
 impl AsFd for Netns {
@@ -371,15 +399,12 @@ fn read_full(fd: &OwnedFd, reply: &mut [u64; 2]) -> std::io::Result<usize> {
     Ok(done)
 }
 
-/// The text of a panic payload, for error messages.
-pub fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "panic".to_string()
-    }
+/// The text of a panic payload (`panic!` with a literal or a formatted message), if it has one.
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
 }
 
 #[cfg(test)]

@@ -57,34 +57,11 @@ pub fn add_event(
 mod tests {
     use super::*;
     use crate::kube::selector::LabelSelector;
+    use crate::kube::selector::testing::{chart_default, labels};
     use serde_json::{Value, json};
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
 
     fn sel(v: Value) -> Option<LabelSelector> {
         Some(serde_json::from_value(v).expect("selector JSON"))
-    }
-
-    fn chart_default() -> Vec<EnablementSelector> {
-        vec![
-            EnablementSelector {
-                pod_selector: sel(json!({"matchLabels": {"istio.io/dataplane-mode": "ambient"}})),
-                namespace_selector: None,
-            },
-            EnablementSelector {
-                pod_selector: sel(
-                    json!({"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]}),
-                ),
-                namespace_selector: sel(
-                    json!({"matchLabels": {"istio.io/dataplane-mode": "ambient"}}),
-                ),
-            },
-        ]
     }
 
     #[test]

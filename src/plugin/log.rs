@@ -15,6 +15,9 @@ use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 
+// The agent's log time format (RFC 3339 UTC, microseconds), tested with it.
+use crate::telemetry::logging::rfc3339_micros;
+
 /// Rotate the plugin log file past this size.
 pub const MAX_LOG_FILE: u64 = 10 * 1024 * 1024;
 /// Largest body the agent's log sink accepts.
@@ -42,11 +45,6 @@ pub fn level_threshold(name: &str) -> Option<u8> {
         "debug" => Some(4),
         _ => None,
     }
-}
-
-/// RFC 3339 UTC with microseconds (the agent's log format).
-pub fn rfc3339(t: SystemTime) -> String {
-    crate::telemetry::logging::rfc3339_micros(t)
 }
 
 #[derive(Default)]
@@ -97,7 +95,7 @@ pub fn format_record(
         _ => "debug",
     };
     obj.insert("level".into(), name.into());
-    obj.insert("time".into(), rfc3339(time).into());
+    obj.insert("time".into(), rfc3339_micros(time).into());
     obj.insert("msg".into(), msg.into());
     for (k, v) in fields {
         obj.entry(k.clone()).or_insert_with(|| v.clone());
@@ -359,13 +357,6 @@ impl PluginLog {
 mod tests {
     use super::*;
     use std::time::UNIX_EPOCH;
-
-    #[test]
-    fn rfc3339_known_instants() {
-        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000000Z");
-        let t = UNIX_EPOCH + Duration::from_micros(1_709_251_199_123_456);
-        assert_eq!(rfc3339(t), "2024-02-29T23:59:59.123456Z");
-    }
 
     #[test]
     fn record_shape() {

@@ -98,14 +98,8 @@ pub fn main(_args: Vec<String>) -> i32 {
     reply.exit
 }
 
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_string()
-    }
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
+    crate::netns::panic_text(payload).unwrap_or("unknown panic")
 }
 
 fn run(log: &log::PluginLog) -> Reply {

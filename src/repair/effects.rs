@@ -18,7 +18,7 @@ use super::{HostSettings, RepairError};
 use crate::apply::ForceBinary;
 use crate::apply::pod::{self, Backend, PodError, PodOptions, Target};
 use crate::kube::stores::pod_ips;
-use crate::kube::{KubeClient, KubeError, MetadataPatch, PodEvent, pod_preconditions};
+use crate::kube::{KubeClient, KubeError, MetadataPatch, PodEvent, PodPatchVia, pod_preconditions};
 use crate::sidecar::redirect::{AnnotationError, EngineEnv, Redirect, RedirectError};
 use crate::sidecar::{PodInfo, redirect};
 
@@ -186,7 +186,7 @@ impl Effects for KubeEffects {
             let (ns, name) = names(&pod);
             let patch = MetadataPatch::default().set_label(&key, &value);
             client
-                .patch_pod_status_metadata(&ns, &name, &patch, timeout)
+                .patch_pod_metadata(PodPatchVia::Status, &ns, &name, &patch, timeout)
                 .await?;
             Ok(())
         }

@@ -142,8 +142,27 @@ fn prefixes_load_whole_bytes_or_mask() {
 #[test]
 fn unsupported_rules_are_named() {
     let mut b = RuleSetBuilder::new(false);
-    b.append(Table::Mangle, "PREROUTING", vec![], Target::Return);
-    assert!(encode(Family::V4, &b.build().v4).is_err());
+    b.append(
+        Table::Mangle,
+        "PREROUTING",
+        vec![],
+        Target::SetMark("0x539/0xffffffff".into()),
+    );
+    assert!(encode(Family::V4, &b.build().v4).is_err(), "MARK target");
+    let mut b = RuleSetBuilder::new(false);
+    b.append(
+        Table::Mangle,
+        "PREROUTING",
+        vec![Match::Mark {
+            value: "0x539".into(),
+            negate: false,
+        }],
+        Target::Return,
+    );
+    assert!(
+        encode(Family::V4, &b.build().v4).is_err(),
+        "a mark without its mask"
+    );
     let mut b = RuleSetBuilder::new(false);
     b.append(Table::Raw, "INPUT", vec![], Target::Return);
     assert!(

@@ -65,6 +65,32 @@ pub fn unique(tag: &str) -> String {
     )
 }
 
+/// Loads `rules` with `iptables-nft-restore --noflush` inside the netns at `netns_path` and
+/// returns how long that took (the bare-restore baseline of the benchmarks).
+pub fn timed_restore(netns_path: &Path, rules: &str) -> std::time::Duration {
+    let rules = rules.to_string();
+    istio_cni::netns::Netns::open(netns_path)
+        .and_then(|ns| {
+            ns.run(move || {
+                let start = std::time::Instant::now();
+                let mut child = Command::new("iptables-nft-restore")
+                    .arg("--noflush")
+                    .stdin(Stdio::piped())
+                    .spawn()
+                    .expect("iptables-nft-restore");
+                child
+                    .stdin
+                    .take()
+                    .expect("stdin")
+                    .write_all(rules.as_bytes())
+                    .expect("write rules");
+                assert!(child.wait().expect("wait").success());
+                start.elapsed()
+            })
+        })
+        .expect("enter netns")
+}
+
 /// Runs a command and returns its output, panicking with that output on failure.
 pub fn run_checked(program: &str, args: &[&str]) -> std::process::Output {
     let out = Command::new(program)

@@ -70,6 +70,8 @@ pub struct Node {
     pub dirs: Dirs,
     pub zds_socket: PathBuf,
     pub chain: Chain,
+    /// install-cni's environment (a restart starts it again with the same).
+    env: Vec<(String, String)>,
     _kubelet: Option<FakeKubelet>,
     _ipam: tempfile::TempDir,
     _kube: tempfile::TempDir,
@@ -178,6 +180,7 @@ impl Node {
             backend,
             dirs,
             zds_socket,
+            env,
             chain: Chain {
                 conflist: Value::Null,
                 cni_path: vec![],
@@ -215,6 +218,19 @@ impl Node {
         };
         self.peer.wait_snapshots(1, Duration::from_secs(10));
         self
+    }
+
+    /// Kills install-cni (SIGKILL: a crash, an OOM kill, a node agent restarted under it) and
+    /// starts it again with the same settings; returns once the new agent served ztunnel a
+    /// snapshot (the peer reconnects by itself).
+    pub fn restart_agent_killed(&mut self) -> Vec<crate::support::zds_peer::Seen> {
+        let snapshots = self.peer.snapshots();
+        let _ = self.agent.child.kill();
+        let _ = self.agent.child.wait();
+        let nsenter = format!("--net={}", self.ns.path());
+        self.agent = install_support::start_via(&["nsenter", &nsenter], &self.env, &[]);
+        self.peer
+            .wait_snapshots(snapshots + 1, Duration::from_secs(30))
     }
 
     /// Adds a namespace with `labels`.

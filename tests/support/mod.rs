@@ -138,23 +138,14 @@ impl PodAndServer {
         let server_ip = format!("10.253.{subnet}.1");
         let veth_pod = format!("vp{}", COUNTER.fetch_add(1, Ordering::SeqCst));
         let veth_srv = format!("vs{}", COUNTER.fetch_add(1, Ordering::SeqCst));
-        pod.exec(
-            "ip",
-            &[
-                "link", "add", &veth_pod, "type", "veth", "peer", "name", &veth_srv,
-            ],
+        wire_veth(
+            |program, args| {
+                pod.exec(program, args);
+            },
+            &server,
+            (&veth_pod, &veth_srv),
+            (&pod_ip, &server_ip),
         );
-        pod.exec("ip", &["link", "set", &veth_srv, "netns", &server.name]);
-        pod.exec(
-            "ip",
-            &["addr", "add", &format!("{pod_ip}/24"), "dev", &veth_pod],
-        );
-        pod.exec("ip", &["link", "set", &veth_pod, "up"]);
-        server.exec(
-            "ip",
-            &["addr", "add", &format!("{server_ip}/24"), "dev", &veth_srv],
-        );
-        server.exec("ip", &["link", "set", &veth_srv, "up"]);
         PodAndServer {
             pod,
             server,
@@ -180,6 +171,32 @@ pub fn assert_outbound_redirected(env: &PodAndServer) {
         target,
         "SO_ORIGINAL_DST must be the address the app dialed"
     );
+}
+
+/// Joins a pod netns to `server` by a veth pair: `inner` with `pod_ip/24` on the pod side (set up
+/// through `pod_exec`, which runs a command inside the pod netns however that is entered), `outer`
+/// with `server_ip/24` in `server`; both ends up.
+pub fn wire_veth(
+    pod_exec: impl Fn(&str, &[&str]),
+    server: &Netns,
+    (inner, outer): (&str, &str),
+    (pod_ip, server_ip): (&str, &str),
+) {
+    pod_exec(
+        "ip",
+        &["link", "add", inner, "type", "veth", "peer", "name", outer],
+    );
+    pod_exec("ip", &["link", "set", outer, "netns", &server.name]);
+    pod_exec(
+        "ip",
+        &["addr", "add", &format!("{pod_ip}/24"), "dev", inner],
+    );
+    pod_exec("ip", &["link", "set", inner, "up"]);
+    server.exec(
+        "ip",
+        &["addr", "add", &format!("{server_ip}/24"), "dev", outer],
+    );
+    server.exec("ip", &["link", "set", outer, "up"]);
 }
 
 /// Accepts one connection within `timeout`; returns the peer's original destination (for

@@ -11,11 +11,13 @@ mod probe;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use tracing::{info, warn};
 
 use crate::apply::ambient::{
-    AmbientApply, AmbientError, program_host_here, program_inpod_here, remove_inpod_here,
+    AmbientApply, AmbientError, inpod_nft_transaction, nft_listing_of, program_host_here,
+    program_inpod_here, remove_inpod_here,
 };
 use crate::apply::backend::{BackendRequest, Decision, ProcessHost, decide_for_host};
 use crate::apply::exec::ProcessExecutor;
@@ -126,6 +128,8 @@ pub struct Dataplane {
     host_netns: Option<Netns>,
     /// Probe-set changes, applied in batches.
     probes: probe::Batcher,
+    /// nftables: in-pod transaction -> how it lists once applied (learnt once each).
+    nft_listings: Mutex<HashMap<String, String>>,
 }
 
 impl Dataplane {
@@ -156,6 +160,7 @@ impl Dataplane {
             decision,
             host_netns,
             probes: probe::Batcher::default(),
+            nft_listings: Mutex::new(HashMap::new()),
         };
         if !settings.skip_host_rules {
             dp.program_host()?;
@@ -184,6 +189,7 @@ impl Dataplane {
                 _ => vec![],
             },
             userns: netns.and_then(|ns| ns.userns_entry().cloned()),
+            nft_expected: None,
         }
     }
 
@@ -219,34 +225,40 @@ impl Dataplane {
     pub fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<Outcome, DataplaneError> {
         let cfg = self.settings.ambient.clone();
         let overrides = pod.overrides.clone();
-        let opts = self.apply_opts(Some(netns));
-        let outcome = netns
-            .run(move || program_inpod_here(&cfg, &overrides, &opts))
-            .map_err(|source| DataplaneError::Enter {
-                pod: pod_ref(pod),
-                source,
-            })?
-            .map_err(|source| DataplaneError::Inpod {
-                pod: pod_ref(pod),
-                source,
-            })?;
+        let mut opts = self.apply_opts(Some(netns));
+        if self.nftables() {
+            opts.nft_expected = self.nft_listing(&inpod_nft_transaction(&cfg, &overrides));
+        }
+        let outcome = in_pod(netns, pod, move || {
+            program_inpod_here(&cfg, &overrides, &opts)
+        })?;
         tracing::debug!(pod = %pod_ref(pod), %outcome, "in-pod rules");
         Ok(outcome)
+    }
+
+    /// How `transaction` lists once applied (cached; None when it cannot be learnt, and then
+    /// every program re-applies, atomically, as before).
+    fn nft_listing(&self, transaction: &str) -> Option<String> {
+        let mut known = self.nft_listings.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(listing) = known.get(transaction) {
+            return Some(listing.clone());
+        }
+        match nft_listing_of(transaction) {
+            Ok(listing) => {
+                known.insert(transaction.to_string(), listing.clone());
+                Some(listing)
+            }
+            Err(e) => {
+                warn!("cannot learn how the in-pod nft rules list (each pod is re-applied): {e}");
+                None
+            }
+        }
     }
 
     /// Removes the in-pod rules and policy routing.
     pub fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), DataplaneError> {
         let opts = self.apply_opts(Some(netns));
-        netns
-            .run(move || remove_inpod_here(&opts))
-            .map_err(|source| DataplaneError::Enter {
-                pod: pod_ref(pod),
-                source,
-            })?
-            .map_err(|source| DataplaneError::Inpod {
-                pod: pod_ref(pod),
-                source,
-            })
+        in_pod(netns, pod, move || remove_inpod_here(&opts))
     }
 
     /// Puts the pod's IPs into the probe sets under its UID (a reused IP moves to this UID).
@@ -335,6 +347,25 @@ pub fn host_path(prefix: &Path, path: &str) -> PathBuf {
 
 fn pod_ref(pod: &PodNet) -> String {
     format!("{}/{} ({})", pod.namespace, pod.name, pod.uid)
+}
+
+/// Runs in-pod work inside the pod's netns; entering and the work itself fail as their own kinds
+/// (the agent retries neither).
+fn in_pod<T: Send + 'static>(
+    netns: &Netns,
+    pod: &PodNet,
+    work: impl FnOnce() -> Result<T, AmbientError> + Send + 'static,
+) -> Result<T, DataplaneError> {
+    netns
+        .run(work)
+        .map_err(|source| DataplaneError::Enter {
+            pod: pod_ref(pod),
+            source,
+        })?
+        .map_err(|source| DataplaneError::Inpod {
+            pod: pod_ref(pod),
+            source,
+        })
 }
 
 #[cfg(test)]

@@ -13,30 +13,14 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
     let r = Resolver { env };
     let mut warnings = Vec::new();
 
-    let chained = r.boolean(
-        &f.chained_cni_plugin,
-        "chained-cni-plugin",
-        "CHAINED_CNI_PLUGIN",
-        true,
-    )?;
-    let owned = r.boolean(
-        &f.istio_owned_cni_config,
-        "istio-owned-cni-config",
-        "ISTIO_OWNED_CNI_CONFIG",
-        false,
-    )?;
-    let ambient_enabled = r.boolean(
-        &f.ambient_enabled,
-        "ambient-enabled",
-        "AMBIENT_ENABLED",
-        false,
-    )?;
+    let chained = r.boolean(&f.chained_cni_plugin, "CHAINED_CNI_PLUGIN", true)?;
+    let owned = r.boolean(&f.istio_owned_cni_config, "ISTIO_OWNED_CNI_CONFIG", false)?;
+    let ambient_enabled = r.boolean(&f.ambient_enabled, "AMBIENT_ENABLED", false)?;
 
     // Istio bug B1: the chart writes ISTIO_OWNED_CNI_CONF_FILENAME, the agent reads
     // ISTIO_OWNED_CNI_CONFIG_FILENAME. Accept both; the correct name wins.
     let owned_raw = r.raw(
         &f.istio_owned_cni_config_filename,
-        "istio-owned-cni-config-filename",
         "ISTIO_OWNED_CNI_CONFIG_FILENAME",
     );
     let legacy = r.env_raw("ISTIO_OWNED_CNI_CONF_FILENAME");
@@ -65,17 +49,15 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         Some(raw) => file_name_only(&raw)?,
         None => DEFAULT_OWNED_FILENAME.to_string(),
     };
-    let cni_conf_name = match r.raw(&f.cni_conf_name, "cni-conf-name", "CNI_CONF_NAME") {
+    let cni_conf_name = match r.raw(&f.cni_conf_name, "CNI_CONF_NAME") {
         Some(raw) => Some(file_name_only(&raw)?).filter(|s| !s.is_empty()),
         None => None,
     };
 
-    let bin_raw = r
-        .raw(&f.cni_bin_dirs, "cni-bin-dirs", "CNI_BIN_DIRS")
-        .unwrap_or(Raw {
-            name: "--cni-bin-dirs".to_string(),
-            value: "/host/opt/cni/bin,/host/secondary-bin-dir".to_string(),
-        });
+    let bin_raw = r.raw(&f.cni_bin_dirs, "CNI_BIN_DIRS").unwrap_or(Raw {
+        name: "--cni-bin-dirs".to_string(),
+        value: "/host/opt/cni/bin,/host/secondary-bin-dir".to_string(),
+    });
     let cni_bin_dirs: Vec<PathBuf> = split_list(&bin_raw.value)
         .into_iter()
         .map(PathBuf::from)
@@ -84,7 +66,7 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         return Err(invalid(&bin_raw, "needs at least one directory"));
     }
 
-    let kubeconfig_mode = match r.raw(&f.kubeconfig_mode, "kubeconfig-mode", "KUBECONFIG_MODE") {
+    let kubeconfig_mode = match r.raw(&f.kubeconfig_mode, "KUBECONFIG_MODE") {
         Some(raw) => match parse_go_int(&raw.value) {
             Some(m) if (0..=0o7777).contains(&m) => m as u32,
             _ => {
@@ -99,16 +81,15 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
 
     let service_account_dir = PathBuf::from(r.string(
         &f.service_account_dir,
-        "service-account-dir",
         "SERVICE_ACCOUNT_DIR",
         "/var/run/secrets/kubernetes.io/serviceaccount",
     ));
     let kube_ca_file = r
-        .raw(&f.kube_ca_file, "kube-ca-file", "KUBE_CA_FILE")
+        .raw(&f.kube_ca_file, "KUBE_CA_FILE")
         .map(|raw| PathBuf::from(raw.value))
         .unwrap_or_else(|| service_account_dir.join("ca.crt"));
 
-    let log_levels_raw = r.raw(&f.log_output_level, "log-output-level", "LOG_OUTPUT_LEVEL");
+    let log_levels_raw = r.raw(&f.log_output_level, "LOG_OUTPUT_LEVEL");
     let (default_level, scopes) = match &log_levels_raw {
         Some(raw) => parse_log_levels(&raw.value).map_err(|e| invalid(raw, e))?,
         None => (LogLevel::Info, BTreeMap::new()),
@@ -116,11 +97,8 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
     let log = LogConfig {
         default_level,
         scopes,
-        as_json: r.boolean(&f.log_as_json, "log-as-json", "LOG_AS_JSON", false)?,
-        target: match r
-            .string(&f.log_target, "log-target", "LOG_TARGET", "stderr")
-            .as_str()
-        {
+        as_json: r.boolean(&f.log_as_json, "LOG_AS_JSON", false)?,
+        target: match r.string(&f.log_target, "LOG_TARGET", "stderr").as_str() {
             "stderr" => LogTarget::Stderr,
             "stdout" => LogTarget::Stdout,
             path => LogTarget::File(PathBuf::from(path)),
@@ -135,11 +113,11 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         None => Vec::new(),
     };
 
-    let health_port = match r.raw(&f.health_port, "health-port", "HEALTH_PORT") {
+    let health_port = match r.raw(&f.health_port, "HEALTH_PORT") {
         Some(raw) => port(&raw)?,
         None => 8000,
     };
-    let monitoring_port = match r.raw(&f.monitoring_port, "monitoring-port", "MONITORING_PORT") {
+    let monitoring_port = match r.raw(&f.monitoring_port, "MONITORING_PORT") {
         Some(raw) => match parse_go_int(&raw.value) {
             Some(p) if p <= 0 => None,
             Some(p) if p <= 65535 => Some(p as u16),
@@ -157,7 +135,6 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
     let install = InstallConfig {
         mounted_cni_net_dir: PathBuf::from(r.string(
             &f.mounted_cni_net_dir,
-            "mounted-cni-net-dir",
             "MOUNTED_CNI_NET_DIR",
             "/host/etc/cni/net.d",
         )),
@@ -168,24 +145,13 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         cni_bin_dirs,
         run_dir: PathBuf::from(r.string(
             &f.cni_agent_run_dir,
-            "cni-agent-run-dir",
             "CNI_AGENT_RUN_DIR",
             "/var/run/istio-cni",
         )),
         kubeconfig_mode,
-        cni_conf_group_read: r.boolean(
-            &f.cni_conf_group_read,
-            "cni-conf-group-read",
-            "CNI_CONF_GROUP_READ",
-            false,
-        )?,
+        cni_conf_group_read: r.boolean(&f.cni_conf_group_read, "CNI_CONF_GROUP_READ", false)?,
         kube_ca_file,
-        skip_tls_verify: r.boolean(
-            &f.skip_tls_verify,
-            "skip-tls-verify",
-            "SKIP_TLS_VERIFY",
-            false,
-        )?,
+        skip_tls_verify: r.boolean(&f.skip_tls_verify, "SKIP_TLS_VERIFY", false)?,
         service_account_dir,
         k8s_service_host: r.env_raw("KUBERNETES_SERVICE_HOST").map(|r| r.value),
         k8s_service_port: r.env_raw("KUBERNETES_SERVICE_PORT").map(|r| r.value),
@@ -193,7 +159,6 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         ambient_enabled,
         enable_ambient_detection_retry: r.boolean(
             &f.enable_ambient_detection_retry,
-            "enable-ambient-detection-retry",
             "ENABLE_AMBIENT_DETECTION_RETRY",
             false,
         )?,
@@ -214,7 +179,6 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
 
     let exit_code_raw = r.raw(
         &f.repair_init_container_exit_code,
-        "repair-init-container-exit-code",
         "REPAIR_INIT_CONTAINER_EXIT_CODE",
     );
     let init_container_exit_code = match &exit_code_raw {
@@ -225,69 +189,39 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         None => 126,
     };
     let repair = RepairConfig {
-        enabled: r.boolean(&f.repair_enabled, "repair-enabled", "REPAIR_ENABLED", true)?,
-        delete_pods: r.boolean(
-            &f.repair_delete_pods,
-            "repair-delete-pods",
-            "REPAIR_DELETE_PODS",
-            false,
-        )?,
-        label_pods: r.boolean(
-            &f.repair_label_pods,
-            "repair-label-pods",
-            "REPAIR_LABEL_PODS",
-            false,
-        )?,
+        enabled: r.boolean(&f.repair_enabled, "REPAIR_ENABLED", true)?,
+        delete_pods: r.boolean(&f.repair_delete_pods, "REPAIR_DELETE_PODS", false)?,
+        label_pods: r.boolean(&f.repair_label_pods, "REPAIR_LABEL_PODS", false)?,
         repair_pods: r.env_bool("REPAIR_REPAIR_PODS", false)?,
         broken_pod_label_key: r.string(
             &f.repair_broken_pod_label_key,
-            "repair-broken-pod-label-key",
             "REPAIR_BROKEN_POD_LABEL_KEY",
             "cni.istio.io/uninitialized",
         ),
         broken_pod_label_value: r.string(
             &f.repair_broken_pod_label_value,
-            "repair-broken-pod-label-value",
             "REPAIR_BROKEN_POD_LABEL_VALUE",
             "true",
         ),
-        node_name: r.string(
-            &f.repair_node_name,
-            "repair-node-name",
-            "REPAIR_NODE_NAME",
-            "",
-        ),
+        node_name: r.string(&f.repair_node_name, "REPAIR_NODE_NAME", ""),
         sidecar_annotation: r.string(
             &f.repair_sidecar_annotation,
-            "repair-sidecar-annotation",
             "REPAIR_SIDECAR_ANNOTATION",
             "sidecar.istio.io/status",
         ),
         init_container_name: r.string(
             &f.repair_init_container_name,
-            "repair-init-container-name",
             "REPAIR_INIT_CONTAINER_NAME",
             "istio-validation",
         ),
         init_container_termination_message: r.string(
             &f.repair_init_container_termination_message,
-            "repair-init-container-termination-message",
             "REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE",
             "",
         ),
         init_container_exit_code,
-        label_selectors: r.string(
-            &f.repair_label_selectors,
-            "repair-label-selectors",
-            "REPAIR_LABEL_SELECTORS",
-            "",
-        ),
-        field_selectors: r.string(
-            &f.repair_field_selectors,
-            "repair-field-selectors",
-            "REPAIR_FIELD_SELECTORS",
-            "",
-        ),
+        label_selectors: r.string(&f.repair_label_selectors, "REPAIR_LABEL_SELECTORS", ""),
+        field_selectors: r.string(&f.repair_field_selectors, "REPAIR_FIELD_SELECTORS", ""),
     };
 
     let ip_env = |name: &str, default: &str| -> Result<IpAddr, ConfigError> {
@@ -310,7 +244,6 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
     let agent = AgentConfig {
         ztunnel_uds_address: PathBuf::from(r.string(
             &f.ztunnel_uds_address,
-            "ztunnel-uds-address",
             "ZTUNNEL_UDS_ADDRESS",
             "/var/run/ztunnel/ztunnel.sock",
         )),
@@ -341,22 +274,14 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
     }
 
     // Read-and-ignored for drop-in compatibility; say so when someone sets them.
-    for (flag, name, env_name) in [
-        (&f.log_level, "log-level", "LOG_LEVEL"),
-        (
-            &f.cni_network_config,
-            "cni-network-config",
-            "CNI_NETWORK_CONFIG",
-        ),
-        (
-            &f.cni_network_config_file,
-            "cni-network-config-file",
-            "CNI_NETWORK_CONFIG_FILE",
-        ),
-        (&f.ctrlz_port, "ctrlz-port", "CTRLZ_PORT"),
-        (&f.log_rotate, "log-rotate", "LOG_ROTATE"),
+    for (flag, env_name) in [
+        (&f.log_level, "LOG_LEVEL"),
+        (&f.cni_network_config, "CNI_NETWORK_CONFIG"),
+        (&f.cni_network_config_file, "CNI_NETWORK_CONFIG_FILE"),
+        (&f.ctrlz_port, "CTRLZ_PORT"),
+        (&f.log_rotate, "LOG_ROTATE"),
     ] {
-        if let Some(raw) = r.raw(flag, name, env_name) {
+        if let Some(raw) = r.raw(flag, env_name) {
             warnings.push(format!(
                 "{} is accepted for compatibility and ignored",
                 raw.name
@@ -371,15 +296,9 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         log,
         health_port,
         monitoring_port,
-        host_proc_dir: PathBuf::from(r.string(
-            &f.host_proc_dir,
-            "host-proc-dir",
-            "HOST_PROC_DIR",
-            "/host/proc",
-        )),
+        host_proc_dir: PathBuf::from(r.string(&f.host_proc_dir, "HOST_PROC_DIR", "/host/proc")),
         host_netns_dir: PathBuf::from(r.string(
             &f.host_netns_dir,
-            "host-netns-dir",
             "HOST_NETNS_DIR",
             "/host/var/run/netns",
         )),

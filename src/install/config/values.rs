@@ -17,16 +17,13 @@ pub(super) struct Resolver<'a> {
 }
 
 impl Resolver<'_> {
-    /// flag > env > none. An empty env var counts as unset (viper's default).
-    pub(super) fn raw(
-        &self,
-        flag: &Option<String>,
-        flag_name: &str,
-        env_name: &str,
-    ) -> Option<Raw> {
+    /// flag > env > none. An empty env var counts as unset (viper's default). Every setting's
+    /// flag is its env var's name in lower case with `-` for `_` (viper's key replacer binds them
+    /// that way), so the env name names both.
+    pub(super) fn raw(&self, flag: &Option<String>, env_name: &str) -> Option<Raw> {
         if let Some(v) = flag {
             return Some(Raw {
-                name: format!("--{flag_name}"),
+                name: format!("--{}", env_name.to_ascii_lowercase().replace('_', "-")),
                 value: v.clone(),
             });
         }
@@ -42,14 +39,8 @@ impl Resolver<'_> {
             })
     }
 
-    pub(super) fn string(
-        &self,
-        flag: &Option<String>,
-        flag_name: &str,
-        env_name: &str,
-        default: &str,
-    ) -> String {
-        self.raw(flag, flag_name, env_name)
+    pub(super) fn string(&self, flag: &Option<String>, env_name: &str, default: &str) -> String {
+        self.raw(flag, env_name)
             .map(|r| r.value)
             .unwrap_or_else(|| default.to_string())
     }
@@ -63,11 +54,10 @@ impl Resolver<'_> {
     pub(super) fn boolean(
         &self,
         flag: &Option<String>,
-        flag_name: &str,
         env_name: &str,
         default: bool,
     ) -> Result<bool, ConfigError> {
-        match self.raw(flag, flag_name, env_name) {
+        match self.raw(flag, env_name) {
             Some(r) => parse_bool(&r),
             None => Ok(default),
         }

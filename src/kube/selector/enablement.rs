@@ -80,25 +80,9 @@ impl Enablement {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::{chart_default, labels};
     use super::*;
     use serde_json::json;
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    /// The chart's default `ambient.enablementSelectors`.
-    pub(crate) fn chart_default() -> Vec<EnablementSelector> {
-        serde_json::from_value(json!([
-            {"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}},
-            {"podSelector": {"matchExpressions": [{"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]},
-             "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}
-        ]))
-        .unwrap()
-    }
 
     #[test]
     fn namespace_match_ignores_pairs_without_namespace_requirements() {

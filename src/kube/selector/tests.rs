@@ -1,13 +1,7 @@
+use super::testing::labels;
 use super::*;
 use k8s_openapi::api::core::v1::NodeSelectorTerm;
 use serde_json::json;
-
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
 
 fn structured(v: serde_json::Value) -> Result<Selector, SelectorError> {
     let sel: LabelSelector = serde_json::from_value(v).expect("selector JSON");
@@ -180,26 +174,15 @@ fn node_selector_semantics() {
             match_fields: Some(f),
         };
     let one = |r: NodeSelectorRequirement| sel(vec![term(vec![r], vec![])]);
-    assert!(node_selector_matches(
-        &one(req("pool", "In", &["mesh"])),
-        &l,
-        "n1"
-    ));
-    assert!(!node_selector_matches(
-        &one(req("pool", "NotIn", &["mesh"])),
-        &l,
-        "n1"
-    ));
-    assert!(node_selector_matches(
-        &one(req("cpu", "Gt", &["4"])),
-        &l,
-        "n1"
-    ));
-    assert!(!node_selector_matches(
-        &one(req("cpu", "Lt", &["4"])),
-        &l,
-        "n1"
-    ));
+    for (r, want) in [
+        (req("pool", "In", &["mesh"]), true),
+        (req("pool", "NotIn", &["mesh"]), false),
+        (req("cpu", "Gt", &["4"]), true),
+        (req("cpu", "Lt", &["4"]), false),
+    ] {
+        let why = format!("{r:?}");
+        assert_eq!(node_selector_matches(&one(r), &l, "n1"), want, "{why}");
+    }
     assert!(
         !node_selector_matches(&one(req("pool", "Gt", &["4"])), &l, "n1"),
         "not a number"
