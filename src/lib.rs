@@ -11,13 +11,15 @@
 //! | [`rules`] | the redirect rule model, its builders (sidecar capture, ambient) and renderers (iptables-restore text, nftables, the iptables-nft messages as a neutral description for the netlink transport) — pure, no effects | — |
 //! | [`iptables_cmd`] | the `istio-iptables` role: flags/env -> capture config -> rules -> apply/dry-run/validation | `cli`, `rules`, `apply`, `netns`, `netlink`, `telemetry` |
 //! | [`apply`] | applying rule sets all or nothing: one nf_tables transaction, or iptables/ip6tables(-save/-restore) and nft: binary detection, locking, verify/reconcile/rollback, the cleanup plan, dry-run recording; which routes a sidecar capture needs; the one entry programming a netns for both roles (`pod`) | `rules`, `netlink`, `netns` |
-//! | [`netns`] | the netns handle (with the user namespace owning it), entered on a dedicated thread or by a child process | — |
-//! | [`netlink`] | the netlink transport: wire format (headers, batch framing, sequence numbers, replies), addresses, ip rules and routes via rtnetlink with plain parameters, nf_tables transactions via nfnetlink | `netns` |
+//! | [`netns`] | the netns handle (with the user namespace owning it), entered on a dedicated thread or by a child process; finding a pod's netns in the host /proc by the pod UID in the cgroup path (`procfs`) | — |
+//! | [`netlink`] | the netlink transport: wire format (headers, batch framing, sequence numbers, replies), addresses (and the /proc scan's address probe), ip rules and routes via rtnetlink with plain parameters, nf_tables transactions via nfnetlink | `netns` |
 //! | [`retry`] | retry spacing (doubling, equal jitter, through backon) and the loop retrying only transient failures under a deadline | — |
 //! | [`kube`] | the one Kubernetes client module (kubeconfig/in-cluster, typed helpers) and the test API server | `retry` |
-//! | [`plugin`] | the `istio-cni` CNI plugin role | `cli`, `rules`, `apply`, `netns`, `kube`, `telemetry` |
-//! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup; starts the ambient agent | `cli`, `kube`, `telemetry`, `agent` |
-//! | [`agent`] | the ambient node agent: settings, the pure enrolment state machine, pod cache, add/remove steps, keyed work queue over the kube stores, plugin-event server, startup and shutdown; its data plane (`dataplane`: in-pod and host rules, probe sets, the /proc netns finder); ZDS through `zds` | `cli`, `kube`, `rules`, `apply`, `netns`, `netlink`, `telemetry`, `zds` |
+//! | [`sidecar`] | the sidecar redirect derivation, pure: pod facts from the API object, Istio's selection checks, annotations -> capture config; shared by the plugin and the repair controller | `cli`, `rules` |
+//! | [`plugin`] | the `istio-cni` CNI plugin role | `cli`, `rules`, `sidecar`, `apply`, `netns`, `kube`, `telemetry` |
+//! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup; the one node pod store; starts the ambient agent and the repair controller | `cli`, `kube`, `telemetry`, `agent`, `repair` |
+//! | [`repair`] | the repair controller: is a sidecar pod broken (pure), the reconcile loop over the node pod store (once per UID, jittered backoff), repair/delete/label | `cli`, `kube`, `retry`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry` |
+//! | [`agent`] | the ambient node agent: settings, the pure enrolment state machine, pod cache, add/remove steps, keyed work queue over the kube stores, plugin-event server, startup and shutdown; its data plane (`dataplane`: in-pod and host rules, probe sets); ZDS through `zds` | `cli`, `kube`, `rules`, `apply`, `netns`, `netlink`, `telemetry`, `zds` |
 //! | [`telemetry`] | logging setup, plugin log sink, health/readiness and metrics servers | — |
 //! | [`zds`] | the ZDS server handing enrolled pods' netns fds to ztunnel: protocol messages, the SOCK_SEQPACKET socket, per-connection snapshot and lock-step updates, NACK backoff | `netns`, `retry`, `telemetry` |
 
@@ -30,8 +32,10 @@ pub mod kube;
 pub mod netlink;
 pub mod netns;
 pub mod plugin;
+pub mod repair;
 pub mod retry;
 pub mod rules;
+pub mod sidecar;
 pub mod telemetry;
 pub mod zds;
 

@@ -26,7 +26,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use ambient_node::{Backend, Node, PodNs};
+use ambient_node::{Backend, Node, PodNs, other_node_pod, rss_mb};
 use istio_cni::agent::dataplane::{Dataplane, DataplaneSettings, PodNet};
 use istio_cni::netns::Netns;
 use nix::sched::{CloneFlags, setns};
@@ -300,34 +300,6 @@ fn cpu_split(node: &Node) -> [f64; 4] {
     let (me, children) = cpu_seconds("self");
     let (agent_own, agent_children) = cpu_seconds(&agent);
     [me, children, agent_own, agent_children]
-}
-
-/// The agent's resident set size in MB (install-cni was exec'd by nsenter: the same pid).
-fn rss_mb(node: &Node) -> f64 {
-    let pid = node.agent.child.id();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
-    kb / 1024.0
-}
-
-/// A pod scheduled on another node (the agent must never cache these).
-fn other_node_pod(i: usize, generation: usize) -> k8s_openapi::api::core::v1::Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "name": format!("o{i}-g{generation}"), "namespace": "elsewhere",
-            "labels": {"app": format!("app-{}", i % 100), AMBIENT: "ambient"},
-            "annotations": {"note": "x".repeat(200)}
-        },
-        "spec": {"nodeName": format!("node-{}", 2 + i % 50), "containers": [{"name": "app", "image": "registry.example/app:1"}]},
-        "status": {"phase": "Running", "podIP": format!("10.100.{}.{}", i / 250, i % 250 + 2)}
-    }))
-    .expect("Pod")
 }
 
 #[test]

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{PodAndServer, accept_within, bin, require_tool};
+use support::{PodAndServer, accept_within, assert_outbound_redirected, bin, require_tool};
 
 use istio_cni::iptables_cmd::INJECTOR_DEFAULT_ARGS as INIT_ARGS;
 
@@ -35,24 +35,6 @@ fn assert_ok(out: &std::process::Output) {
         out.status.success(),
         "istio-iptables failed: {}",
         String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A connection from the pod to the server lands on a 15001 listener in the pod, with the dialed
-/// address as its original destination.
-fn assert_outbound_redirected(env: &PodAndServer) {
-    let proxy = env.pod.listen("0.0.0.0:15001");
-    let target = format!("{}:8080", env.server_ip);
-    assert!(
-        env.pod.connect(&target),
-        "outbound connect to {target} was not accepted by anything"
-    );
-    let orig =
-        accept_within(&proxy, Duration::from_secs(2)).expect("no connection on the 15001 listener");
-    assert_eq!(
-        orig.to_string(),
-        target,
-        "SO_ORIGINAL_DST must be the address the app dialed"
     );
 }
 

@@ -59,28 +59,8 @@ pub fn uid(pod: &Pod) -> &str {
     pod.metadata.uid.as_deref().unwrap_or_default()
 }
 
-/// `status.podIPs`, else `status.podIP`; unparsable entries skipped; v4-in-v6 unmapped.
-pub fn ips(pod: &Pod) -> Vec<IpAddr> {
-    let Some(status) = &pod.status else {
-        return Vec::new();
-    };
-    let from_list: Vec<IpAddr> = status
-        .pod_ips
-        .iter()
-        .flatten()
-        .filter_map(|p| p.ip.parse::<IpAddr>().ok())
-        .map(|ip| ip.to_canonical())
-        .collect();
-    if !from_list.is_empty() {
-        return from_list;
-    }
-    status
-        .pod_ip
-        .as_deref()
-        .and_then(|ip| ip.parse::<IpAddr>().ok())
-        .map(|ip| vec![ip.to_canonical()])
-        .unwrap_or_default()
-}
+/// `status.podIPs`, else `status.podIP` (the one reading, shared with the repair controller).
+pub use crate::kube::stores::pod_ips as ips;
 
 /// Phase Succeeded or Failed.
 pub fn is_terminal(pod: &Pod) -> bool {

@@ -1,6 +1,6 @@
 //! The `install-cni` role: installs this binary as the CNI plugin, merges our entry into the node's
 //! CNI config, writes the plugin kubeconfig, guards all of it, and cleans up on shutdown.
-//! May call: `cli`, `kube`, `telemetry`, `agent`.
+//! May call: `cli`, `kube`, `telemetry`, `agent`, `repair`.
 //!
 //! Files: `config` (flags/env, pure; split into `flags`, `values` (how each kind of value is read;
 //! selector YAML through serde-saphyr into `kube::selector`), `resolve` (flag > env > default),
@@ -9,7 +9,9 @@
 //! `select` (which file), `merge` (writing our entry), `restore` (cleanup and the `.conf` record)),
 //! `guard` (watch loop),
 //! `upgrade` (shutdown keep/clean decision; its API reads go through `kube`), `caps` (capability dropping),
-//! `ambient` (starting the node agent when `AMBIENT_ENABLED=true`).
+//! `node_store` (the ONE node-scoped pod store, made here and handed to the agent and the repair
+//! controller), `ambient` (starting the node agent when `AMBIENT_ENABLED=true`); the repair
+//! controller (`crate::repair`) is started here when `REPAIR_ENABLED=true`.
 
 pub mod ambient;
 pub mod caps;
@@ -19,6 +21,7 @@ pub mod fsutil;
 pub mod guard;
 pub mod installer;
 pub mod kubeconfig;
+pub mod node_store;
 pub mod upgrade;
 
 use std::collections::BTreeMap;
@@ -27,16 +30,22 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::kube::KubeClient;
 use crate::telemetry::health::{self, Readiness};
 use crate::telemetry::logging::{self, LogSettings, ScopeLevels};
 use crate::telemetry::logsink;
 use crate::telemetry::metrics::Metrics;
 use config::{Config, LogLevel, LogTarget, Parsed};
+use node_store::NodePods;
 
 /// Readiness component name of the installer.
 const INSTALLER: &str = "installer";
 /// Readiness component name of the ambient node agent (initial sync done).
 const AGENT: &str = "agent";
+/// Readiness component name of the repair controller (node pod store synced).
+const REPAIR: &str = "repair";
+/// How long the repair controller waits for the node pod store's initial list.
+const REPAIR_SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Entry point of the `install-cni` role.
 pub fn main(args: Vec<String>) -> i32 {
@@ -219,17 +228,62 @@ async fn run(cfg: Config) -> i32 {
             return 1;
         }
     }
-    if cfg.repair.enabled {
-        info!(
-            "the repair controller is not part of this build; REPAIR_* settings are validated only"
-        );
-    }
+    // The one watch of this node's pods, shared by the agent and the repair controller.
+    let node = match node_store::store_node(&cfg) {
+        Ok(node) => node,
+        Err(e) => {
+            error!("{e}");
+            return 1;
+        }
+    };
+    let node = match node {
+        Some(node) => match KubeClient::for_agent(None).await {
+            Ok((client, source)) => {
+                info!(?source, node, "watching this node's pods");
+                Some(NodePods::spawn(client, node, &stop))
+            }
+            Err(e) => {
+                error!("{}: Kubernetes client: {e}", node_store::features(&cfg));
+                stop.cancel();
+                return 1;
+            }
+        },
+        None => None,
+    };
+    // §2.2 step 9 (started first so it sees the store's initial list; ready once synced below).
+    let repair = match (&node, cfg.repair.enabled) {
+        (Some(node), true) => {
+            readiness.register(REPAIR);
+            let host = crate::repair::HostSettings {
+                host_proc_dir: cfg.host_proc_dir.clone(),
+                native_nftables: ic.native_nftables,
+                force_iptables_binary: cfg.agent.force_iptables_binary.clone(),
+            };
+            let pods = node.pods.clone();
+            match crate::repair::start(
+                &cfg.repair,
+                host,
+                node.client.clone(),
+                pods,
+                metrics.clone(),
+                &stop,
+            ) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    error!("{e}");
+                    stop.cancel();
+                    return 1;
+                }
+            }
+        }
+        _ => None,
+    };
 
     // §2.2 step 8: the agent is ready (stores synced) before the plugin is installed, so a new
     // node's CNI config only appears once ambient pods can be served.
-    let agent = if ic.ambient_enabled {
+    let agent = if let (true, Some(node)) = (ic.ambient_enabled, &node) {
         readiness.register(AGENT);
-        match ambient::start(&cfg, &metrics, &stop).await {
+        match ambient::start(&cfg, node, &metrics, &stop).await {
             Ok(agent) => {
                 readiness.set(AGENT, true);
                 info!("ambient node agent ready");
@@ -244,6 +298,18 @@ async fn run(cfg: Config) -> i32 {
     } else {
         None
     };
+
+    // Istio blocks here until the repair informer synced: a new node's CNI config only appears
+    // once broken pods can be seen. With a deadline (an unreachable API server fails startup).
+    if let (Some(_), Some(node)) = (&repair, &node) {
+        if let Err(e) = node.pods.wait_synced(REPAIR_SYNC_TIMEOUT).await {
+            error!("repair controller: {e}");
+            stop.cancel();
+            return 1;
+        }
+        readiness.set(REPAIR, true);
+        info!(pods = node.pods.len(), "repair controller ready");
+    }
 
     let check = upgrade::checker(&ic.pod_namespace, &ic.node_name).await;
 

@@ -103,6 +103,34 @@ impl Stored for Namespace {
     }
 }
 
+/// A pod's IPs: `status.podIPs`, else `status.podIP`; unparsable entries skipped; v4-in-v6
+/// unmapped. What the ambient agent and the repair controller match a netns against.
+pub fn pod_ips(pod: &Pod) -> Vec<std::net::IpAddr> {
+    let Some(status) = &pod.status else {
+        return Vec::new();
+    };
+    let parse = |ip: &str| {
+        ip.parse::<std::net::IpAddr>()
+            .ok()
+            .map(|ip| ip.to_canonical())
+    };
+    let from_list: Vec<_> = status
+        .pod_ips
+        .iter()
+        .flatten()
+        .filter_map(|p| parse(&p.ip))
+        .collect();
+    if !from_list.is_empty() {
+        return from_list;
+    }
+    status
+        .pod_ip
+        .as_deref()
+        .and_then(parse)
+        .into_iter()
+        .collect()
+}
+
 /// The key of a pod in the pod store.
 pub fn pod_key(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")

@@ -5,7 +5,8 @@
 //! batch framing, sequence numbers, one socket per transaction, the kernel's answers — and frames
 //! whatever neutral description it is given (message kind, flags, family, netlink-packet-core
 //! attributes).
-//! May call: `netns` (sending from inside a pod's user namespace).
+//! Also the real address probe of the host /proc netns scan ([`AddressProbe`], [`find_pod_netns`]).
+//! May call: `netns` (sending from inside a pod's user namespace; the /proc scan).
 
 use std::net::IpAddr;
 
@@ -69,6 +70,35 @@ pub fn interface_addresses() -> std::io::Result<Vec<IpAddr>> {
             }
         })
         .collect())
+}
+
+/// The real effects of a host /proc netns scan ([`crate::netns::procfs::scan`]): open the netns,
+/// read its interface addresses from a thread inside it, and compare them with the pod's IPs.
+pub struct AddressProbe;
+
+impl crate::netns::procfs::NetnsProbe for AddressProbe {
+    type Handle = crate::netns::Netns;
+    fn open(&self, path: &std::path::Path) -> Result<crate::netns::Netns, String> {
+        crate::netns::Netns::open(path).map_err(|e| e.to_string())
+    }
+    fn has_any_ip(&self, netns: &crate::netns::Netns, ips: &[IpAddr]) -> Result<bool, String> {
+        let addrs = netns
+            .run(interface_addresses)
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(addrs
+            .iter()
+            .any(|a| ips.iter().any(|b| crate::netns::procfs::same_ip(*a, *b))))
+    }
+}
+
+/// Finds the netns of each wanted pod (uid -> its IPs) under `proc_root` (the host's /proc);
+/// pods not found, or without IPs yet, are absent from the answer.
+pub fn find_pod_netns(
+    proc_root: &std::path::Path,
+    wanted: &std::collections::HashMap<String, Vec<IpAddr>>,
+) -> std::collections::HashMap<String, crate::netns::Netns> {
+    crate::netns::procfs::scan(proc_root, wanted, &AddressProbe)
 }
 
 /// Detects the host IP of the calling thread's network namespace.

@@ -8,7 +8,11 @@
 //! `-m owner` matches unless the writer is in that user namespace, and a multi-threaded process
 //! cannot enter one; so [`Netns`] also holds the owning user namespace when it is not ours, and
 //! [`UsernsEntry`] moves a child process (spawned tool or forked helper) into it before it works.
+//! Also: finding a pod's netns from the host's `/proc` by the pod UID in a process's cgroup path
+//! ([`procfs`]).
 //! May call: nothing else in this crate.
+
+pub mod procfs;
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};

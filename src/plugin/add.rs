@@ -12,10 +12,10 @@ use super::args::{ArgsError, CniArgs};
 use super::cni::{CniEnv, CniError, code};
 use super::config::NetConf;
 use super::k8s::{KubeCallError, KubeReads};
-use super::pod::PodInfo;
 use super::result::CniResult;
-use super::sidecar::{self, EngineEnv, Redirect};
 use crate::kube::retry::{RetryPolicy, retry_transient};
+use crate::sidecar::PodInfo;
+use crate::sidecar::redirect::{self as sidecar, EngineEnv, Redirect};
 
 /// Spacing of lookup retries (transient failures only): 200 ms doubling to 1 s, jittered.
 /// Istio waits a constant 1 s; starting shorter gets a pod through an API blip sooner.

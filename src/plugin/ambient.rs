@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use super::config::EnablementSelector;
-use super::pod::PodInfo;
 use super::result::CniResult;
 use crate::kube::plugin_event::{EventIp, EventIpNet, PluginAddEvent};
 use crate::kube::selector::enablement::{Enablement, PodFacts};
+use crate::sidecar::PodInfo;
 
 pub use crate::kube::selector::SelectorError;
 
@@ -76,7 +76,7 @@ mod tests {
         pod.labels = labels(&[("istio.io/dataplane-mode", "ambient")]);
         assert!(is_ambient(&s, &pod, &labels(&[])).unwrap());
         pod.annotations
-            .insert(super::super::sidecar::ANN_STATUS.into(), "{}".into());
+            .insert(crate::sidecar::redirect::ANN_STATUS.into(), "{}".into());
         assert!(!is_ambient(&s, &pod, &ns_ambient).unwrap());
         assert!(!is_ambient(&[], &PodInfo::default(), &ns_ambient).unwrap());
     }

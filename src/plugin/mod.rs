@@ -1,9 +1,10 @@
 //! The `istio-cni` CNI plugin role (ADD/DEL/CHECK/VERSION/STATUS/GC).
-//! May call: `cli`, `rules`, `apply`, `netns`, `kube`, `telemetry`.
+//! May call: `cli`, `rules`, `sidecar`, `apply`, `netns`, `kube`, `telemetry`.
 //!
 //! Layout: pure parts — [`cni`] (env, versions, errors), [`config`] (stdin JSON), [`args`]
-//! (`CNI_ARGS`), [`result`] (prevResult conversion), [`pod`], [`sidecar`] (selection + redirect),
-//! [`ambient`] (selectors, event); effects — [`add`] (the ADD flow), [`k8s`] (API reads),
+//! (`CNI_ARGS`), [`result`] (prevResult conversion), [`ambient`] (selectors, event); the pod facts,
+//! the sidecar selection and the redirect come from the shared [`crate::sidecar`] room (the
+//! repair controller derives the same rules); effects — [`add`] (the ADD flow), [`k8s`] (API reads),
 //! [`program`] (the pod's netns through `apply::pod`), [`uds`] and [`log`] (agent sockets, log sinks).
 //! Operator documentation: docs/plugin.md.
 
@@ -14,11 +15,9 @@ pub mod cni;
 pub mod config;
 pub mod k8s;
 pub mod log;
-pub mod pod;
 pub mod program;
 pub mod result;
 pub mod runtime;
-pub mod sidecar;
 pub mod uds;
 
 use std::io::{Read, Write};
@@ -214,7 +213,7 @@ fn cmd_add(
     let args = args::CniArgs::parse(&env.args).map_err(|e| CniError::internal(e.to_string()))?;
     let override_ok = env.netns_override.eq_ignore_ascii_case("true") || env.netns_override == "1";
     // A dry run never changes the namespace, so it may name any (Istio's tests use a fake one).
-    let engine = sidecar::EngineEnv::from_env(process);
+    let engine = crate::sidecar::EngineEnv::from_env(process);
     if !override_ok && engine.dry_run.is_none() && program::is_own_netns(Path::new(&env.netns)) {
         return Err(CniError::new(
             code::INVALID_NETNS,
@@ -306,8 +305,8 @@ mod robustness {
 
     #[test]
     fn redirect_survives_arbitrary_annotation_values() {
-        use super::pod::PodInfo;
-        use super::sidecar::*;
+        use crate::sidecar::PodInfo;
+        use crate::sidecar::redirect::*;
         let keys = [
             ANN_INTERCEPTION_MODE,
             ANN_INCLUDE_OUTBOUND_IP_RANGES,

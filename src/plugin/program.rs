@@ -135,6 +135,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn rendered_rules_carry_the_trimmed_items() {
+        use crate::sidecar::redirect::*;
+        let mut p = crate::sidecar::PodInfo::default();
+        p.containers.insert(crate::sidecar::pod::ISTIO_PROXY.into());
+        p.annotations.insert(ANN_STATUS.into(), "true".into());
+        for (k, v) in [
+            (ANN_EXCLUDE_INBOUND_PORTS, "8080, 9090"),
+            (ANN_EXCLUDE_OUTBOUND_PORTS, " 5432 "),
+            (ANN_EXCLUDE_INTERFACES, "eth1, eth2"),
+        ] {
+            p.annotations.insert(k.into(), v.into());
+        }
+        let Ok(Redirect::Capture(c)) = redirect(&p, &EngineEnv::default()) else {
+            panic!("expected capture")
+        };
+        for backend in [Backend::Iptables, Backend::Nftables] {
+            let text = dry_run_text(&c.config, backend);
+            for item in ["9090", "5432", "eth2"] {
+                assert!(text.contains(item), "{item} missing:\n{text}");
+            }
+            assert!(
+                !text.contains("  "),
+                "an untrimmed item was rendered:\n{text}"
+            );
+        }
+    }
+
+    #[test]
     fn own_netns_is_recognised_by_identity_under_any_path() {
         assert!(is_own_netns(Path::new("/proc/self/ns/net")));
         assert!(is_own_netns(Path::new("/proc/thread-self/ns/net")));

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use istio_cni::kube::testserver::TestApiServer;
 
-use crate::chart::{ApiCall, NAMESPACE, Rendered};
+use crate::chart::{ApiCall, NAMESPACE, NODE, Rendered};
 use crate::install::{Agent, Dirs, bin, has_istio_entry, http_get, start_via, testdata};
 use crate::support::Netns;
 
@@ -241,6 +241,13 @@ pub fn expect_ready(group: &[&Rendered]) {
     let r = group[0];
     let name = &r.name;
     let mut node = Node::new();
+    // A sidecar pod on this node that started before the plugin (its validation init container
+    // exited 126): the repair controller acts on it, so its API calls are checked below too.
+    let repair = r.config_data().get("REPAIR_ENABLED").map(String::as_str) == Some("true");
+    node.api
+        .server
+        .add_pod(broken_sidecar_pod())
+        .expect("add pod");
     let mut agent = node.start(r);
     let probe = &r.container()["readinessProbe"]["httpGet"];
     let (port, path) = (
@@ -308,6 +315,19 @@ pub fn expect_ready(group: &[&Rendered]) {
             assert!(conf.contains("\"istio-cni\""), "{name}: {own}: {conf}");
         }
     }
+    if repair {
+        // Every mode ends in an event (repair mode gives up after its retries: this run's
+        // stand-in /proc holds no pod).
+        let deadline = Instant::now() + T;
+        while node.api.server.events().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "{name}: the repair controller recorded no event within {T:?}:\n{}",
+                agent.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
     let st = agent.terminate(T);
     assert!(st.success(), "{name}: exit {st}:\n{}", agent.output());
 
@@ -336,4 +356,21 @@ pub fn expect_ready(group: &[&Rendered]) {
             );
         }
     }
+}
+
+/// A sidecar pod on [`NODE`] whose `istio-validation` init container last exited 126.
+fn broken_sidecar_pod() -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "broken", "namespace": "shop",
+                     "uid": "00000000-0000-4000-8000-0000000000b0",
+                     "annotations": {"sidecar.istio.io/status": "{}"}},
+        "spec": {"nodeName": NODE, "initContainers": [{"name": "istio-validation"}],
+                 "containers": [{"name": "app"}, {"name": "istio-proxy"}]},
+        "status": {"phase": "Pending", "podIP": "10.250.0.3", "initContainerStatuses": [{
+            "name": "istio-validation", "ready": false, "restartCount": 2, "image": "proxyv2",
+            "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 126, "reason": "Error"}}}]}
+    }))
+    .expect("Pod")
 }

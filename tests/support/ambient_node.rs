@@ -38,6 +38,27 @@ pub struct NodeApi {
     rt: tokio::runtime::Runtime,
 }
 
+impl NodeApi {
+    /// Stops the server (every watch drops), runs `while_down` (the history is compacted too, so
+    /// clients must re-list), then listens again from a thread inside `netns`.
+    pub fn restart(&self, netns: &Path, while_down: impl FnOnce()) {
+        self.rt.block_on(self.server.stop());
+        while_down();
+        self.server.compact();
+        let file = File::open(netns).expect("open netns");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
+                self.rt
+                    .block_on(self.server.restart())
+                    .expect("restart the API server");
+            })
+            .join()
+            .expect("restart thread")
+        });
+    }
+}
+
 /// Everything one e2e test owns. Fields drop in order: the agent first (it holds the node netns
 /// alive), then the peer, the API server, the namespace and the temp dirs.
 pub struct Node {
@@ -230,15 +251,7 @@ impl Node {
     /// Like [`pod`](Self::pod) with a UID unique on this machine (the test API server counts
     /// from 1 in every test, and the /proc scan looks at every process of the machine).
     pub fn unique_pod(&self, namespace: &str, name: &str) -> String {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_nanos() as u64;
-        let uid = format!(
-            "{:08x}-e2e0-4000-8000-{:012x}",
-            std::process::id(),
-            nanos & 0xffff_ffff_ffff
-        );
+        let uid = unique_uid();
         self.pod_meta(
             json!({"name": name, "namespace": namespace, "uid": uid}),
             json!({}),
@@ -386,6 +399,22 @@ impl Node {
     }
 }
 
+/// A pod UID unique on this machine (the test API server counts from 1 in every test, and the
+/// /proc scan looks at every process of the machine).
+pub fn unique_uid() -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as u64;
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    format!(
+        "{:08x}-e2e0-4000-8000-{:012x}",
+        std::process::id(),
+        (nanos + n) & 0xffff_ffff_ffff
+    )
+}
+
 /// A process named `kubelet` (a copy of `sleep`) for the agent's kubelet-UID lookup under
 /// /proc; killed on drop.
 pub struct FakeKubelet(std::process::Child);
@@ -425,8 +454,13 @@ pub struct PodProcess {
 
 impl PodProcess {
     pub fn start(pod: &PodNs, uid: &str) -> PodProcess {
+        Self::start_in(&pod.guard.path(), uid)
+    }
+
+    /// Like [`start`](Self::start), in the netns at `netns`.
+    pub fn start_in(netns: &Path, uid: &str) -> PodProcess {
         let mut child = std::process::Command::new("nsenter")
-            .arg(format!("--net={}", pod.guard.path().display()))
+            .arg(format!("--net={}", netns.display()))
             .args(["sleep", "600"])
             .spawn()
             .expect("start a process in the pod netns");
@@ -496,4 +530,32 @@ impl PodNs {
 pub fn result_ip(result: &Value) -> String {
     let addr = result["ips"][0]["address"].as_str().expect("an IP");
     addr.split('/').next().expect("addr").to_string()
+}
+
+/// The agent's resident set size in MB (install-cni was exec'd by nsenter: the same pid).
+pub fn rss_mb(node: &Node) -> f64 {
+    let pid = node.agent.child.id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS");
+    kb / 1024.0
+}
+
+/// A pod scheduled on another node (the agent must never cache these).
+pub fn other_node_pod(i: usize, generation: usize) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": format!("o{i}-g{generation}"), "namespace": "elsewhere",
+            "labels": {"app": format!("app-{}", i % 100), "istio.io/dataplane-mode": "ambient"},
+            "annotations": {"note": "x".repeat(200)}
+        },
+        "spec": {"nodeName": format!("node-{}", 2 + i % 50), "containers": [{"name": "app", "image": "registry.example/app:1"}]},
+        "status": {"phase": "Running", "podIP": format!("10.100.{}.{}", i / 250, i % 250 + 2)}
+    }))
+    .expect("Pod")
 }

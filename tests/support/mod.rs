@@ -155,6 +155,24 @@ impl PodAndServer {
     }
 }
 
+/// A connection from the pod to the server lands on a 15001 listener in the pod, with the dialed
+/// address as its original destination.
+pub fn assert_outbound_redirected(env: &PodAndServer) {
+    let proxy = env.pod.listen("0.0.0.0:15001");
+    let target = format!("{}:8080", env.server_ip);
+    assert!(
+        env.pod.connect(&target),
+        "outbound connect to {target} was not accepted by anything"
+    );
+    let orig =
+        accept_within(&proxy, Duration::from_secs(2)).expect("no connection on the 15001 listener");
+    assert_eq!(
+        orig.to_string(),
+        target,
+        "SO_ORIGINAL_DST must be the address the app dialed"
+    );
+}
+
 /// Joins a pod netns to `server` by a veth pair: `inner` with `pod_ip/24` on the pod side (set up
 /// through `pod_exec`, which runs a command inside the pod netns however that is entered), `outer`
 /// with `server_ip/24` in `server`; both ends up.

@@ -2,12 +2,11 @@
 //! ztunnel and the policy routing, [`Dataplane::program_pod`]), on the host (probe SNAT rules and
 //! the probe address sets, never flushed: [`Dataplane::probe_sync`] reconciles), and how it finds a
 //! pod's netns (the plugin's path under the host prefix, or a scan of the host's /proc,
-//! [`procfs`]). The backend is decided once at construction ([`crate::apply::backend`]) and logged
-//! with its reason. Blocking: callers run these on a blocking thread.
+//! `crate::netns::procfs`, shared with the repair controller). The backend is decided once at
+//! construction ([`crate::apply::backend`]) and logged with its reason. Blocking: callers run these on a blocking thread.
 //! Owns nothing of Kubernetes or ZDS; it is given plain pod facts ([`PodNet`]).
 
 mod probe;
-pub mod procfs;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -218,7 +217,7 @@ impl Dataplane {
     /// Finds the netns of each wanted pod (uid -> its IPs) by scanning the host's /proc; pods not
     /// found (or without IPs yet) are absent from the answer.
     pub fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns> {
-        procfs::scan(&self.settings.host_proc, wanted, &RealProbe)
+        crate::netlink::find_pod_netns(&self.settings.host_proc, wanted)
     }
 
     /// Programs the in-pod redirection and policy routing; idempotent (an unchanged pod is not
@@ -367,26 +366,6 @@ fn in_pod<T: Send + 'static>(
             pod: pod_ref(pod),
             source,
         })
-}
-
-/// The real effects of a /proc scan: open the netns, read its addresses from inside it.
-struct RealProbe;
-
-impl procfs::NetnsProbe for RealProbe {
-    type Handle = Netns;
-    fn open(&self, path: &Path) -> Result<Netns, String> {
-        Netns::open(path).map_err(|e| e.to_string())
-    }
-    fn has_any_ip(&self, netns: &Netns, ips: &[IpAddr]) -> Result<bool, String> {
-        let ips = ips.to_vec();
-        let addrs = netns
-            .run(crate::netlink::interface_addresses)
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
-        Ok(addrs
-            .iter()
-            .any(|a| ips.iter().any(|b| procfs::same_ip(*a, *b))))
-    }
 }
 
 #[cfg(test)]

@@ -175,23 +175,8 @@ impl InstallConfig {
     }
 }
 
-/// Repair controller settings (parsed and validated here; the controller lives elsewhere).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RepairConfig {
-    pub enabled: bool,
-    pub delete_pods: bool,
-    pub label_pods: bool,
-    pub repair_pods: bool,
-    pub broken_pod_label_key: String,
-    pub broken_pod_label_value: String,
-    pub node_name: String,
-    pub sidecar_annotation: String,
-    pub init_container_name: String,
-    pub init_container_termination_message: String,
-    pub init_container_exit_code: i32,
-    pub label_selectors: String,
-    pub field_selectors: String,
-}
+/// Repair controller settings (parsed and validated here; the repair room owns the type).
+pub use crate::repair::RepairConfig;
 
 /// Ambient node-agent settings (parsed and validated here; the agent room owns the type).
 pub use crate::agent::settings::AgentConfig;

@@ -634,27 +634,6 @@ mod tests {
     }
 
     #[test]
-    fn rendered_rules_carry_the_trimmed_items() {
-        use crate::plugin::program::{Backend, dry_run_text};
-        let p = sidecar_pod(&[
-            (ANN_EXCLUDE_INBOUND_PORTS, "8080, 9090"),
-            (ANN_EXCLUDE_OUTBOUND_PORTS, " 5432 "),
-            (ANN_EXCLUDE_INTERFACES, "eth1, eth2"),
-        ]);
-        let cfg = capture(&p).config;
-        for backend in [Backend::Iptables, Backend::Nftables] {
-            let text = dry_run_text(&cfg, backend);
-            for item in ["9090", "5432", "eth2"] {
-                assert!(text.contains(item), "{item} missing:\n{text}");
-            }
-            assert!(
-                !text.contains("  "),
-                "an untrimmed item was rendered:\n{text}"
-            );
-        }
-    }
-
-    #[test]
     fn proxy_env_flags() {
         let mut p = sidecar_pod(&[]);
         p.proxy_env.insert(ENV_DNS_CAPTURE.into(), "true".into());

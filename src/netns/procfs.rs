@@ -3,7 +3,11 @@
 //! of a wanted pod wins; the host netns is skipped; and a netns only counts when one of its
 //! interface addresses is one of the pod's IPs (a process may be visiting another pod's netns).
 //! Parsing is pure ([`pod_uid_from_cgroup`], [`start_time`]); the effects (opening a netns,
-//! reading its addresses) sit behind [`NetnsProbe`] so fixture trees can drive [`scan`].
+//! reading its addresses) sit behind [`NetnsProbe`] so fixture trees can drive [`scan`]; the real
+//! probe is `netlink::AddressProbe` (addresses are read over netlink, inside the netns).
+//!
+//! Here, below both its users: the ambient agent (pods enrolled before a restart) and the repair
+//! controller (a pod that started before the plugin was installed) find netns the same way.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;

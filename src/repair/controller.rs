@@ -1,0 +1,364 @@
+//! The reconcile loop, in the style of kube-runtime's `Controller`: the pod store's subscription
+//! feeds keys (`namespace/name`); [`reconcile`] acts on the pod as the store has it now; the
+//! error policy ([`error_policy`], pure) decides between a jittered retry and giving up. One pod's
+//! work never runs twice at once (a key in flight is marked dirty and looked at again after), a
+//! key waiting for its retry ignores events (the retry reads the newest state), and a pod UID is
+//! acted on once: success, a permanent failure or the last attempt records it, so a pod that stays
+//! broken (or whose annotations cannot be used) is never hot-looped. A deleted pod is forgotten.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use super::detect::{Broken, Detection};
+use super::effects::ActError;
+use super::{Mode, Timing};
+use crate::kube::stores::{PodStore, StoreEvent, Stored};
+use crate::kube::{EventType, PodEvent};
+use crate::telemetry::metrics::{Metrics, RepairLabels};
+
+/// Source component of the controller's events (Istio's).
+pub const EVENT_COMPONENT: &str = "cni-repair";
+
+/// What acting on a pod does (the real one is `effects::KubeEffects`; tests use fakes).
+pub trait Effects: Send + Sync + 'static {
+    /// Programs the sidecar rules in the pod's netns; `false` when the pod wants none
+    /// (`interceptionMode: NONE`).
+    fn repair(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<bool, ActError>>;
+    /// Deletes the pod as it was read (UID and resourceVersion preconditions).
+    fn delete(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<(), ActError>>;
+    /// Sets a label (through `pods/status`, as Istio).
+    fn label(
+        &self,
+        pod: Arc<Pod>,
+        key: String,
+        value: String,
+    ) -> BoxFuture<'static, Result<(), ActError>>;
+    /// Records an event on the pod.
+    fn event(&self, pod: Arc<Pod>, event: PodEvent) -> BoxFuture<'static, Result<(), ActError>>;
+}
+
+/// What became of a broken pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// Nothing to do (already labelled; no capture wanted; detect-only mode).
+    Skipped(&'static str),
+}
+
+/// What to do after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    RetryAfter(Duration),
+    GiveUp,
+}
+
+/// The error policy: permanent errors and the last attempt give up; transient ones are retried
+/// with the jittered doubling delay of the `retry` room. `attempt` counts from 1.
+pub fn error_policy(err: &ActError, attempt: u32, timing: &Timing) -> Policy {
+    let max = timing.retry.max_attempts.unwrap_or(u32::MAX);
+    if err.is_permanent() || attempt >= max {
+        Policy::GiveUp
+    } else {
+        Policy::RetryAfter(timing.retry.jittered_delay(attempt - 1))
+    }
+}
+
+fn pod_ref(pod: &Pod) -> String {
+    pod.key()
+}
+
+fn event(event_type: EventType, reason: &str, message: String) -> PodEvent {
+    PodEvent {
+        event_type,
+        reason: reason.to_string(),
+        message,
+        component: EVENT_COMPONENT.to_string(),
+    }
+}
+
+/// The reason of this mode's events (Istio's for delete and label).
+fn reason(mode: &Mode) -> &'static str {
+    match mode {
+        Mode::Delete => "DeleteBrokenPod",
+        Mode::Label { .. } => "LabelBrokenPod",
+        Mode::Repair | Mode::Detect => "RepairBrokenPod",
+    }
+}
+
+/// Acts on one broken pod, as the mode says, and records the event of a success.
+pub async fn reconcile<E: Effects + ?Sized>(
+    effects: &E,
+    mode: &Mode,
+    pod: Arc<Pod>,
+    broken: &Broken,
+) -> Result<Outcome, ActError> {
+    let why = format!(
+        "init container {} last exited {}",
+        broken.container, broken.exit_code
+    );
+    let (outcome, message) = match mode {
+        Mode::Detect => return Ok(Outcome::Skipped("no repair mode set")),
+        Mode::Repair => {
+            if !effects.repair(pod.clone()).await? {
+                return Ok(Outcome::Skipped(
+                    "interceptionMode NONE: nothing to program",
+                ));
+            }
+            (
+                Outcome::Done,
+                format!(
+                    "pod detected as broken ({why}), traffic redirection programmed in its network namespace"
+                ),
+            )
+        }
+        Mode::Delete => {
+            effects.delete(pod.clone()).await?;
+            (
+                Outcome::Done,
+                format!("pod detected as broken ({why}), deleted"),
+            )
+        }
+        Mode::Label { key, value } => {
+            let labelled = pod
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(key));
+            if labelled {
+                return Ok(Outcome::Skipped("already labelled"));
+            }
+            effects
+                .label(pod.clone(), key.clone(), value.clone())
+                .await?;
+            (
+                Outcome::Done,
+                format!("pod detected as broken ({why}), labelled {key}={value}"),
+            )
+        }
+    };
+    let kind = if *mode == Mode::Repair {
+        EventType::Normal
+    } else {
+        EventType::Warning
+    };
+    if let Err(e) = effects
+        .event(pod.clone(), event(kind, reason(mode), message))
+        .await
+    {
+        warn!(pod = %pod_ref(&pod), "recording the repair event failed: {e}");
+    }
+    Ok(outcome)
+}
+
+/// The controller: the store, what counts as broken, what to do, and through what.
+pub struct Controller<E: ?Sized> {
+    pub pods: PodStore,
+    pub detection: Detection,
+    pub mode: Mode,
+    pub effects: Arc<E>,
+    pub metrics: Metrics,
+    pub timing: Timing,
+}
+
+/// The result of one attempt, sent back to the loop.
+struct Attempt {
+    key: String,
+    uid: String,
+    pod: Arc<Pod>,
+    result: Result<Outcome, ActError>,
+}
+
+/// The loop's bookkeeping, per key.
+#[derive(Default)]
+struct Keys {
+    /// key -> the UID acted on (once per UID).
+    done: HashMap<String, String>,
+    /// key -> (UID, failed attempts so far).
+    attempts: HashMap<String, (String, u32)>,
+    in_flight: HashSet<String>,
+    dirty: HashSet<String>,
+    waiting: HashSet<String>,
+}
+
+impl<E: Effects + ?Sized> Controller<E> {
+    fn count(&self, result: &str) {
+        self.metrics
+            .pods_repaired
+            .get_or_create(&RepairLabels {
+                r#type: self.mode.as_str().to_string(),
+                result: result.to_string(),
+            })
+            .inc();
+    }
+
+    /// Runs until `shutdown` (or the store goes away).
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut events = self.pods.subscribe();
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Attempt>();
+        let (retry_tx, mut retry_rx) = mpsc::unbounded_channel::<String>();
+        let mut keys = Keys::default();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                ev = events.recv() => match ev {
+                    None => break,
+                    Some(StoreEvent::Deleted(pod)) => {
+                        let key = pod.key();
+                        keys.done.remove(&key);
+                        keys.attempts.remove(&key);
+                        keys.dirty.remove(&key);
+                    }
+                    Some(StoreEvent::Added(pod) | StoreEvent::Updated { new: pod, .. }) => {
+                        let key = pod.key();
+                        if !keys.waiting.contains(&key) {
+                            self.schedule(key, &mut keys, &done_tx);
+                        }
+                    }
+                },
+                Some(key) = retry_rx.recv() => {
+                    keys.waiting.remove(&key);
+                    self.schedule(key, &mut keys, &done_tx);
+                }
+                Some(attempt) = done_rx.recv() => {
+                    let key = attempt.key.clone();
+                    keys.in_flight.remove(&key);
+                    self.finish(attempt, &mut keys, &retry_tx, &shutdown);
+                    if keys.dirty.remove(&key) && !keys.waiting.contains(&key) {
+                        self.schedule(key, &mut keys, &done_tx);
+                    }
+                }
+            }
+        }
+        debug!("repair controller stopped");
+    }
+
+    /// Looks at the pod as the store has it now; starts an attempt if it is broken and its UID
+    /// was not acted on.
+    fn schedule(&self, key: String, keys: &mut Keys, done_tx: &mpsc::UnboundedSender<Attempt>) {
+        if keys.in_flight.contains(&key) {
+            keys.dirty.insert(key);
+            return;
+        }
+        let Some(pod) = self.pods.get(&key) else {
+            return;
+        };
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if keys.done.get(&key) == Some(&uid) {
+            return;
+        }
+        let Some(broken) = self.detection.broken(&pod) else {
+            return;
+        };
+        info!(
+            pod = %key,
+            container = %broken.container,
+            exit_code = broken.exit_code,
+            action = self.mode.as_str(),
+            "broken pod detected"
+        );
+        keys.in_flight.insert(key.clone());
+        let effects = self.effects.clone();
+        let mode = self.mode.clone();
+        let tx = done_tx.clone();
+        tokio::spawn(async move {
+            let result = reconcile(&*effects, &mode, pod.clone(), &broken).await;
+            let _ = tx.send(Attempt {
+                key,
+                uid,
+                pod,
+                result,
+            });
+        });
+    }
+
+    /// Records that `uid` was acted on, unless the pod went away meanwhile (its delete event
+    /// already came, so nothing would ever forget the record).
+    fn remember(&self, keys: &mut Keys, key: String, uid: String) {
+        keys.attempts.remove(&key);
+        let present = self
+            .pods
+            .get(&key)
+            .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid.as_str()));
+        if present {
+            keys.done.insert(key, uid);
+        }
+    }
+
+    fn finish(
+        &self,
+        attempt: Attempt,
+        keys: &mut Keys,
+        retry_tx: &mpsc::UnboundedSender<String>,
+        shutdown: &CancellationToken,
+    ) {
+        let Attempt {
+            key,
+            uid,
+            pod,
+            result,
+        } = attempt;
+        let action = self.mode.as_str();
+        let err = match result {
+            Ok(Outcome::Done) => {
+                info!(pod = %key, uid = %uid, action, "broken pod handled");
+                self.count("success");
+                self.remember(keys, key, uid);
+                return;
+            }
+            Ok(Outcome::Skipped(why)) => {
+                info!(pod = %key, uid = %uid, action, "broken pod skipped: {why}");
+                self.count("skip");
+                self.remember(keys, key, uid);
+                return;
+            }
+            Err(e) => e,
+        };
+        let entry = keys
+            .attempts
+            .entry(key.clone())
+            .or_insert_with(|| (uid.clone(), 0));
+        if entry.0 != uid {
+            *entry = (uid.clone(), 0);
+        }
+        entry.1 += 1;
+        let attempt = entry.1;
+        match error_policy(&err, attempt, &self.timing) {
+            Policy::RetryAfter(delay) => {
+                warn!(pod = %key, action, attempt, "acting on broken pod failed, retrying in {delay:?}: {err}");
+                keys.waiting.insert(key.clone());
+                let tx = retry_tx.clone();
+                let stop = shutdown.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = tokio::time::sleep(delay) => { let _ = tx.send(key); }
+                    }
+                });
+            }
+            Policy::GiveUp => {
+                error!(pod = %key, action, attempt, "acting on broken pod failed, giving up on this pod: {err}");
+                self.count("fail");
+                self.remember(keys, key.clone(), uid);
+                let message = format!("pod detected as broken, but {action} failed: {err}");
+                let ev = event(EventType::Warning, reason(&self.mode), message);
+                let effects = self.effects.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = effects.event(pod, ev).await {
+                        warn!(pod = %key, "recording the repair event failed: {e}");
+                    }
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "controller_tests.rs"]
+mod tests;

@@ -1,0 +1,310 @@
+use std::sync::Mutex;
+
+use futures::FutureExt;
+use serde_json::json;
+
+use super::*;
+use crate::kube::WatchEvent;
+use crate::repair::RepairConfig;
+use crate::retry::RetryPolicy;
+
+type RepairFn = dyn Fn(u32) -> Result<bool, ActError> + Send + Sync;
+
+/// Records every call; repair answers with `repair(nth call)`.
+struct Fake {
+    calls: Mutex<Vec<String>>,
+    repair: Box<RepairFn>,
+}
+
+impl Fake {
+    fn new(repair: impl Fn(u32) -> Result<bool, ActError> + Send + Sync + 'static) -> Arc<Fake> {
+        Arc::new(Fake {
+            calls: Mutex::new(Vec::new()),
+            repair: Box::new(repair),
+        })
+    }
+
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    fn record(&self, call: String) -> u32 {
+        let mut calls = self.calls.lock().unwrap();
+        calls.push(call);
+        calls.len() as u32
+    }
+}
+
+impl Effects for Fake {
+    fn repair(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<bool, ActError>> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let n = self.record(format!("repair {uid}"));
+        futures::future::ready((self.repair)(n)).boxed()
+    }
+    fn delete(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<(), ActError>> {
+        self.record(format!("delete {}", pod.key()));
+        futures::future::ready(Ok(())).boxed()
+    }
+    fn label(
+        &self,
+        pod: Arc<Pod>,
+        key: String,
+        value: String,
+    ) -> BoxFuture<'static, Result<(), ActError>> {
+        self.record(format!("label {} {key}={value}", pod.key()));
+        futures::future::ready(Ok(())).boxed()
+    }
+    fn event(&self, _pod: Arc<Pod>, event: PodEvent) -> BoxFuture<'static, Result<(), ActError>> {
+        self.record(format!(
+            "event {:?} {} {}",
+            event.event_type, event.reason, event.message
+        ));
+        futures::future::ready(Ok(())).boxed()
+    }
+}
+
+fn cfg() -> RepairConfig {
+    RepairConfig {
+        enabled: true,
+        delete_pods: false,
+        label_pods: false,
+        repair_pods: true,
+        broken_pod_label_key: "cni.istio.io/uninitialized".into(),
+        broken_pod_label_value: "true".into(),
+        node_name: "n1".into(),
+        sidecar_annotation: "sidecar.istio.io/status".into(),
+        init_container_name: "istio-validation".into(),
+        init_container_termination_message: String::new(),
+        init_container_exit_code: 126,
+        label_selectors: String::new(),
+        field_selectors: String::new(),
+    }
+}
+
+fn broken_pod(name: &str, uid: &str, rv: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": rv,
+                     "annotations": {"sidecar.istio.io/status": "{}"}},
+        "spec": {"nodeName": "n1", "containers": [{"name": "app"}]},
+        "status": {"initContainerStatuses": [{
+            "name": "istio-validation", "ready": false, "restartCount": 1, "image": "i",
+            "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 126}}}]}
+    }))
+    .unwrap()
+}
+
+fn fast() -> Timing {
+    Timing {
+        kube_call_timeout: Duration::from_secs(1),
+        retry: RetryPolicy {
+            first: Duration::from_millis(2),
+            max: Duration::from_millis(10),
+            max_attempts: Some(5),
+        },
+    }
+}
+
+struct Rig {
+    store: PodStore,
+    metrics: Metrics,
+    stop: CancellationToken,
+}
+
+impl Rig {
+    fn start<E: Effects>(effects: Arc<E>, mode: Mode) -> Rig {
+        let store = PodStore::new();
+        store.apply(WatchEvent::Init);
+        store.apply(WatchEvent::InitDone);
+        let metrics = Metrics::default();
+        let stop = CancellationToken::new();
+        let c = Controller {
+            pods: store.clone(),
+            detection: Detection::new(&cfg()).unwrap(),
+            mode,
+            effects,
+            metrics: metrics.clone(),
+            timing: fast(),
+        };
+        tokio::spawn(c.run(stop.clone()));
+        Rig {
+            store,
+            metrics,
+            stop,
+        }
+    }
+
+    fn count(&self, kind: &str, result: &str) -> u64 {
+        self.metrics
+            .pods_repaired
+            .get_or_create(&RepairLabels {
+                r#type: kind.into(),
+                result: result.into(),
+            })
+            .get()
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(150)).await;
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_pod_uid_is_acted_on_once_and_a_new_uid_again() {
+    rt().block_on(async {
+        let fake = Fake::new(|_| Ok(true));
+        let rig = Rig::start(fake.clone(), Mode::Repair);
+        rig.store
+            .apply(WatchEvent::Apply(broken_pod("p", "u1", "1")));
+        settle().await;
+        // Still broken a moment later (the container has not restarted yet): no second repair.
+        rig.store
+            .apply(WatchEvent::Apply(broken_pod("p", "u1", "2")));
+        settle().await;
+        let repairs = |f: &Fake| f.calls().iter().filter(|c| c.starts_with("repair")).count();
+        assert_eq!(repairs(&fake), 1, "{:?}", fake.calls());
+        assert!(
+            fake.calls()
+                .iter()
+                .any(|c| c.starts_with("event Normal RepairBrokenPod")),
+            "{:?}",
+            fake.calls()
+        );
+        assert_eq!(rig.count("repair", "success"), 1);
+        // Deleted and recreated under the same name: a new pod.
+        rig.store
+            .apply(WatchEvent::Delete(broken_pod("p", "u1", "3")));
+        rig.store
+            .apply(WatchEvent::Apply(broken_pod("p", "u2", "4")));
+        settle().await;
+        assert_eq!(repairs(&fake), 2, "{:?}", fake.calls());
+        assert!(fake.calls().contains(&"repair u2".to_string()));
+    });
+}
+
+#[test]
+fn transient_failures_back_off_then_give_up_with_one_event() {
+    rt().block_on(async {
+        let fake = Fake::new(|_| Err(ActError::NoIp));
+        let rig = Rig::start(fake.clone(), Mode::Repair);
+        rig.store
+            .apply(WatchEvent::Apply(broken_pod("p", "u1", "1")));
+        // Events while waiting for the retry do not jump the queue.
+        for rv in 2..20 {
+            rig.store
+                .apply(WatchEvent::Apply(broken_pod("p", "u1", &rv.to_string())));
+        }
+        settle().await;
+        let calls = fake.calls();
+        let repairs = calls.iter().filter(|c| c.starts_with("repair")).count();
+        assert_eq!(repairs, 5, "max attempts: {calls:?}");
+        let events: Vec<_> = calls.iter().filter(|c| c.starts_with("event")).collect();
+        assert_eq!(events.len(), 1, "{calls:?}");
+        assert!(events[0].contains("Warning") && events[0].contains("no IP"));
+        assert_eq!(rig.count("repair", "fail"), 1);
+    });
+}
+
+#[test]
+fn invalid_annotations_get_one_event_naming_the_annotation_and_no_retry() {
+    rt().block_on(async {
+        let fake = Fake::new(|_| {
+            Err(ActError::Annotation(
+                crate::sidecar::redirect::AnnotationError {
+                    annotation: "traffic.sidecar.istio.io/excludeOutboundPorts",
+                    value: "x".into(),
+                    reason: "not a port".into(),
+                },
+            ))
+        });
+        let rig = Rig::start(fake.clone(), Mode::Repair);
+        for rv in 1..10 {
+            rig.store
+                .apply(WatchEvent::Apply(broken_pod("p", "u1", &rv.to_string())));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        settle().await;
+        let calls = fake.calls();
+        assert_eq!(calls.len(), 2, "one attempt, one event: {calls:?}");
+        assert!(calls[1].contains("excludeOutboundPorts"), "{calls:?}");
+        assert_eq!(rig.count("repair", "fail"), 1);
+    });
+}
+
+#[test]
+fn label_mode_labels_once_and_skips_a_labelled_pod() {
+    rt().block_on(async {
+        let fake = Fake::new(|_| Ok(true));
+        let mode = Mode::of(&RepairConfig {
+            repair_pods: false,
+            label_pods: true,
+            ..cfg()
+        });
+        let rig = Rig::start(fake.clone(), mode);
+        rig.store
+            .apply(WatchEvent::Apply(broken_pod("a", "u1", "1")));
+        let mut labelled = broken_pod("b", "u2", "1");
+        labelled.metadata.labels =
+            Some([("cni.istio.io/uninitialized".to_string(), "true".to_string())].into());
+        rig.store.apply(WatchEvent::Apply(labelled));
+        settle().await;
+        let calls = fake.calls();
+        assert!(calls.contains(&"label ns/a cni.istio.io/uninitialized=true".to_string()));
+        assert!(
+            !calls.iter().any(|c| c.starts_with("label ns/b")),
+            "{calls:?}"
+        );
+        assert!(
+            calls
+                .iter()
+                .any(|c| c.starts_with("event Warning LabelBrokenPod"))
+        );
+        assert_eq!(rig.count("label", "success"), 1);
+        assert_eq!(rig.count("label", "skip"), 1);
+    });
+}
+
+#[test]
+fn modes_follow_istio_precedence_and_the_policy_gives_up_on_permanent_errors() {
+    let all = RepairConfig {
+        delete_pods: true,
+        label_pods: true,
+        ..cfg()
+    };
+    assert_eq!(Mode::of(&all), Mode::Repair);
+    let delete = RepairConfig {
+        repair_pods: false,
+        ..all.clone()
+    };
+    assert_eq!(Mode::of(&delete), Mode::Delete);
+    let none = RepairConfig {
+        repair_pods: false,
+        delete_pods: false,
+        label_pods: false,
+        ..cfg()
+    };
+    assert_eq!(Mode::of(&none), Mode::Detect);
+    let t = fast();
+    assert!(matches!(
+        error_policy(&ActError::NoIp, 1, &t),
+        Policy::RetryAfter(d) if d <= Duration::from_millis(2)
+    ));
+    assert_eq!(error_policy(&ActError::NoIp, 5, &t), Policy::GiveUp);
+    assert_eq!(
+        error_policy(&ActError::Task("x".into()), 1, &t),
+        Policy::GiveUp
+    );
+}

@@ -1,0 +1,270 @@
+//! What acting on a broken pod does, for real: the API calls (delete with preconditions, the
+//! label through `pods/status`, events) and, in repair mode, the sidecar rules programmed in the
+//! pod's netns — the plugin's derivation (`sidecar::redirect` from the pod's annotations and
+//! proxy env) through the plugin's entry (`apply::pod::program`), in the netns the host /proc
+//! scan finds by the pod UID and IPs (`netns::procfs`, as the ambient agent finds netns).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+
+use super::controller::Effects;
+use super::{HostSettings, RepairError};
+use crate::apply::ForceBinary;
+use crate::apply::pod::{self, Backend, PodError, PodOptions, Target};
+use crate::kube::stores::pod_ips;
+use crate::kube::{KubeClient, KubeError, MetadataPatch, PodEvent, PodPatchVia, pod_preconditions};
+use crate::sidecar::redirect::{AnnotationError, EngineEnv, Redirect, RedirectError};
+use crate::sidecar::{PodInfo, redirect};
+
+/// Why acting on a pod failed. [`ActError::is_permanent`] tells the error policy whether waiting
+/// can help.
+#[derive(Debug, thiserror::Error)]
+pub enum ActError {
+    /// The pod's redirect annotations cannot be used: nothing to retry until the pod changes
+    /// (and a changed pod is a new pod: annotations are immutable once running).
+    #[error("{0}")]
+    Annotation(#[source] AnnotationError),
+    /// A redirect value from install-cni's own environment.
+    #[error("redirect settings: {0}")]
+    Redirect(#[source] RedirectError),
+    #[error("pod has no IP in its status yet")]
+    NoIp,
+    #[error("no process of pod {uid} with a netns holding {ips} found under {proc_dir}")]
+    NetnsNotFound {
+        uid: String,
+        ips: String,
+        proc_dir: PathBuf,
+    },
+    #[error("programming the pod's network namespace: {0}")]
+    Program(#[source] PodError),
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+    #[error("the repair task failed: {0}")]
+    Task(String),
+}
+
+impl ActError {
+    /// Waiting will not fix it: bad annotations or settings, an API refusal (403, 404, a 409 from
+    /// the preconditions: the pod changed, and its new state comes as its own event).
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            ActError::Annotation(_) | ActError::Redirect(_) | ActError::Task(_) => true,
+            ActError::Kube(e) => !e.is_transient(),
+            ActError::NoIp | ActError::NetnsNotFound { .. } | ActError::Program(_) => false,
+        }
+    }
+}
+
+/// The real effects.
+pub struct KubeEffects {
+    client: KubeClient,
+    host_proc_dir: PathBuf,
+    backend: Backend,
+    force_binary: Option<ForceBinary>,
+    engine: Arc<EngineEnv>,
+    timeout: Duration,
+}
+
+impl KubeEffects {
+    pub fn new(
+        client: KubeClient,
+        host: HostSettings,
+        timeout: Duration,
+    ) -> Result<Self, RepairError> {
+        let force_binary = match host.force_iptables_binary.as_deref() {
+            None | Some("") => None,
+            Some("legacy") => Some(ForceBinary::Legacy),
+            Some("nft") => Some(ForceBinary::Nft),
+            Some(other) => return Err(RepairError::ForceBinary(other.to_string())),
+        };
+        // What the plugin reads from the runtime's environment, read once from ours.
+        let engine = EngineEnv::from_env(&crate::cli::ProcessEnv);
+        let backend = crate::apply::backend::decide(&crate::apply::backend::BackendRequest {
+            native_nftables: host.native_nftables,
+            restore_only: engine.restore_only,
+            force_binary: None,
+        })
+        .backend;
+        Ok(KubeEffects {
+            client,
+            host_proc_dir: host.host_proc_dir,
+            backend,
+            force_binary,
+            engine: Arc::new(engine),
+            timeout,
+        })
+    }
+}
+
+/// Repair mode's blocking part: derive, find the netns, program. `Ok(false)`: no capture wanted.
+fn program_pod(
+    pod: &Pod,
+    engine: &EngineEnv,
+    host_proc_dir: &std::path::Path,
+    backend: Backend,
+    force_binary: Option<ForceBinary>,
+) -> Result<bool, ActError> {
+    let settings = match redirect(&PodInfo::from_pod(pod), engine) {
+        Ok(Redirect::None) => return Ok(false),
+        Ok(Redirect::Capture(s)) => s,
+        Err(RedirectError::Annotation(e)) => return Err(ActError::Annotation(e)),
+        Err(e) => return Err(ActError::Redirect(e)),
+    };
+    for w in &settings.warnings {
+        tracing::warn!(pod = %crate::kube::stores::Stored::key(pod), "{w}");
+    }
+    let ips = pod_ips(pod);
+    if ips.is_empty() {
+        return Err(ActError::NoIp);
+    }
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let wanted = HashMap::from([(uid.clone(), ips.clone())]);
+    let Some(netns) = crate::netlink::find_pod_netns(host_proc_dir, &wanted).remove(&uid) else {
+        return Err(ActError::NetnsNotFound {
+            uid,
+            ips: ips
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            proc_dir: host_proc_dir.to_path_buf(),
+        });
+    };
+    let opts = PodOptions {
+        backend,
+        force_binary,
+        // The pod runs: our chains, if any are there, are replaced with what it should have.
+        reconcile_on_drift: true,
+        detect_ipv6: Some(settings.dual_stack),
+        ..PodOptions::default()
+    };
+    pod::program(Target::Pod(&netns), &settings.config, &opts).map_err(ActError::Program)?;
+    Ok(true)
+}
+
+impl Effects for KubeEffects {
+    fn repair(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<bool, ActError>> {
+        let engine = self.engine.clone();
+        let dir = self.host_proc_dir.clone();
+        let (backend, force) = (self.backend, self.force_binary);
+        async move {
+            tokio::task::spawn_blocking(move || program_pod(&pod, &engine, &dir, backend, force))
+                .await
+                .map_err(|e| ActError::Task(e.to_string()))?
+        }
+        .boxed()
+    }
+
+    fn delete(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<(), ActError>> {
+        let client = self.client.clone();
+        let timeout = self.timeout;
+        async move {
+            let (ns, name) = names(&pod);
+            client
+                .delete_pod(&ns, &name, Some(pod_preconditions(&pod)), timeout)
+                .await?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn label(
+        &self,
+        pod: Arc<Pod>,
+        key: String,
+        value: String,
+    ) -> BoxFuture<'static, Result<(), ActError>> {
+        let client = self.client.clone();
+        let timeout = self.timeout;
+        async move {
+            let (ns, name) = names(&pod);
+            let patch = MetadataPatch::default().set_label(&key, &value);
+            client
+                .patch_pod_metadata(PodPatchVia::Status, &ns, &name, &patch, timeout)
+                .await?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn event(&self, pod: Arc<Pod>, event: PodEvent) -> BoxFuture<'static, Result<(), ActError>> {
+        let client = self.client.clone();
+        let timeout = self.timeout;
+        async move {
+            client.create_pod_event(&pod, &event, timeout).await?;
+            Ok(())
+        }
+        .boxed()
+    }
+}
+
+fn names(pod: &Pod) -> (String, String) {
+    (
+        pod.metadata.namespace.clone().unwrap_or_default(),
+        pod.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_waiting_can_fix_is_retried() {
+        let ann = ActError::Annotation(AnnotationError {
+            annotation: "traffic.sidecar.istio.io/includeInboundPorts",
+            value: "abc".into(),
+            reason: "bad".into(),
+        });
+        assert!(ann.is_permanent());
+        assert!(ann.to_string().contains("includeInboundPorts"));
+        assert!(!ActError::NoIp.is_permanent());
+        let missing = ActError::NetnsNotFound {
+            uid: "u".into(),
+            ips: "10.0.0.1".into(),
+            proc_dir: "/host/proc".into(),
+        };
+        assert!(!missing.is_permanent());
+        assert!(missing.to_string().contains("/host/proc"));
+    }
+
+    #[test]
+    fn a_pod_without_ip_or_netns_is_not_programmed() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "863b91d4-4b68-4efa-917f-4b560e3e86aa",
+                         "annotations": {"sidecar.istio.io/status": "{}"}},
+            "spec": {"containers": [{"name": "app"}, {"name": "istio-proxy"}]}
+        }))
+        .unwrap();
+        let engine = EngineEnv::default();
+        let dir = tempfile::tempdir().unwrap();
+        let run = |pod: &Pod| program_pod(pod, &engine, dir.path(), Backend::Iptables, None);
+        assert!(matches!(run(&pod), Err(ActError::NoIp)));
+        pod.status =
+            Some(serde_json::from_value(serde_json::json!({"podIP": "10.9.9.9"})).unwrap());
+        assert!(matches!(run(&pod), Err(ActError::NetnsNotFound { .. })));
+        // Bad annotations are refused before anything is looked up.
+        pod.metadata.annotations.as_mut().unwrap().insert(
+            "traffic.sidecar.istio.io/includeInboundPorts".into(),
+            "abc".into(),
+        );
+        match run(&pod) {
+            Err(ActError::Annotation(e)) => {
+                assert_eq!(e.annotation, "traffic.sidecar.istio.io/includeInboundPorts")
+            }
+            other => panic!("{other:?}"),
+        }
+        pod.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert("sidecar.istio.io/interceptionMode".into(), "NONE".into());
+        assert!(matches!(run(&pod), Ok(false)));
+    }
+}

@@ -1,0 +1,173 @@
+//! The repair controller (§4): a sidecar pod that started before the CNI plugin was installed on
+//! its node has no redirection, so its `istio-validation` init container fails (exit 126) and
+//! crash-loops. The controller finds such pods in install-cni's node pod store and acts once per
+//! pod UID: programs the sidecar rules in the pod's netns (`REPAIR_REPAIR_PODS`, so the
+//! validation container succeeds on its next restart), deletes the pod (`REPAIR_DELETE_PODS`) or
+//! labels it (`REPAIR_LABEL_PODS`); the first true mode wins, as in Istio.
+//!
+//! Files: `detect` (pure: is this pod broken), `controller` (the reconcile loop over the store's
+//! subscription: per-pod keyed, once per UID, the error policy with jittered backoff), `effects`
+//! (what acting does: the API calls, and the netns programming through the SAME derivation
+//! (`sidecar`) and entry (`apply::pod`) as the plugin; the netns is found with `netns::procfs`).
+//!
+//! May call: `cli`, `kube`, `retry`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`.
+
+pub mod controller;
+pub mod detect;
+pub mod effects;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::kube::stores::PodStore;
+use crate::kube::{KubeClient, RetryPolicy};
+use crate::telemetry::metrics::Metrics;
+use controller::Controller;
+use detect::{Detection, FilterError};
+use effects::KubeEffects;
+
+/// Repair controller settings (flags/env parsed by install-cni's config under Istio's names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepairConfig {
+    pub enabled: bool,
+    pub delete_pods: bool,
+    pub label_pods: bool,
+    pub repair_pods: bool,
+    pub broken_pod_label_key: String,
+    pub broken_pod_label_value: String,
+    pub node_name: String,
+    pub sidecar_annotation: String,
+    pub init_container_name: String,
+    pub init_container_termination_message: String,
+    pub init_container_exit_code: i32,
+    pub label_selectors: String,
+    pub field_selectors: String,
+}
+
+/// What is done to a broken pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Program the sidecar rules in the pod's netns.
+    Repair,
+    Delete,
+    Label {
+        key: String,
+        value: String,
+    },
+    /// No mode set: broken pods are only logged.
+    Detect,
+}
+
+impl Mode {
+    /// Istio's precedence: repair > delete > label.
+    pub fn of(cfg: &RepairConfig) -> Mode {
+        if cfg.repair_pods {
+            Mode::Repair
+        } else if cfg.delete_pods {
+            Mode::Delete
+        } else if cfg.label_pods {
+            Mode::Label {
+                key: cfg.broken_pod_label_key.clone(),
+                value: cfg.broken_pod_label_value.clone(),
+            }
+        } else {
+            Mode::Detect
+        }
+    }
+
+    /// The metric's `type` label.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Mode::Repair => "repair",
+            Mode::Delete => "delete",
+            Mode::Label { .. } => "label",
+            Mode::Detect => "detect",
+        }
+    }
+}
+
+/// What repair mode needs from the host (install-cni's settings).
+#[derive(Debug, Clone)]
+pub struct HostSettings {
+    /// `HOST_PROC_DIR`: the netns of a pod is found by scanning it.
+    pub host_proc_dir: PathBuf,
+    /// `NATIVE_NFTABLES`.
+    pub native_nftables: bool,
+    /// `FORCE_IPTABLES_BINARY` (`legacy` | `nft`).
+    pub force_iptables_binary: Option<String>,
+}
+
+/// The controller's time budgets. Every wait has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// Each Kubernetes call.
+    pub kube_call_timeout: Duration,
+    /// Spacing of retries of one pod (jittered); `max_attempts` attempts in all (Istio: 5).
+    pub retry: RetryPolicy,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            kube_call_timeout: Duration::from_secs(5),
+            // client-go's per-item limiter starts at 5 ms; a broken pod's netns may appear a
+            // little later than its status, so start at 100 ms and give it ~10 s in all.
+            retry: RetryPolicy {
+                first: Duration::from_millis(100),
+                max: Duration::from_secs(5),
+                max_attempts: Some(5),
+            },
+        }
+    }
+}
+
+/// Why the controller did not start (install-cni exits 1 naming the variable).
+#[derive(Debug, thiserror::Error)]
+pub enum RepairError {
+    #[error("repair controller: {0}")]
+    Filter(#[from] FilterError),
+    #[error("repair controller: FORCE_IPTABLES_BINARY={0:?}: expected legacy or nft")]
+    ForceBinary(String),
+}
+
+/// A running controller (stops with the token it was started with).
+pub struct Repair {
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+/// Starts the controller on install-cni's node pod store. Returns at once: readiness (the
+/// store's initial sync) is awaited by the caller, which owns the store.
+pub fn start(
+    cfg: &RepairConfig,
+    host: HostSettings,
+    client: KubeClient,
+    pods: PodStore,
+    metrics: Metrics,
+    stop: &CancellationToken,
+) -> Result<Repair, RepairError> {
+    let detection = Detection::new(cfg)?;
+    let mode = Mode::of(cfg);
+    let timing = Timing::default();
+    let effects = KubeEffects::new(client, host, timing.kube_call_timeout)?;
+    info!(
+        mode = mode.as_str(),
+        node = %cfg.node_name,
+        init_container = %cfg.init_container_name,
+        exit_code = cfg.init_container_exit_code,
+        "starting the repair controller"
+    );
+    let controller = Controller {
+        pods,
+        detection,
+        mode,
+        effects: Arc::new(effects),
+        metrics,
+        timing,
+    };
+    let task = tokio::spawn(controller.run(stop.child_token()));
+    Ok(Repair { task })
+}
