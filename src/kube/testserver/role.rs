@@ -22,10 +22,14 @@ struct Args {
     /// accept requests without a token
     #[argh(switch)]
     anonymous: bool,
+    /// serve plain HTTP instead of HTTPS with a generated CA
+    #[argh(switch)]
+    plain_http: bool,
 }
 
-/// Entry point of the `test-apiserver` role: prints the URL on stdout line 1 once listening and
-/// serves until SIGTERM/SIGINT.
+/// Entry point of the `test-apiserver` role: prints the URL on stdout line 1 once listening (an
+/// `https://` one unless `--plain-http`; the CA is in the `--kubeconfig-out` file) and serves
+/// until SIGTERM/SIGINT.
 pub fn main(args: Vec<String>) -> i32 {
     let strs: Vec<&str> = args.iter().map(String::as_str).collect();
     let (command, rest) = strs
@@ -71,6 +75,7 @@ async fn run(args: Args) -> Result<(), TestServerError> {
         } else {
             Some(args.token.unwrap_or_else(|| DEFAULT_TOKEN.to_string()))
         },
+        tls: !args.plain_http,
         ..TestServerOptions::default()
     };
     let server = TestApiServer::start_with(options).await?;
