@@ -19,6 +19,7 @@ pub mod fsutil;
 pub mod guard;
 pub mod installer;
 pub mod kubeconfig;
+pub mod pod_facts;
 pub mod upgrade;
 
 use std::collections::BTreeMap;

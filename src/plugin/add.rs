@@ -228,7 +228,34 @@ where
         info!(pod = %pod_ref, outcome = %done, "nothing to do for this pod");
         return Ok(done);
     }
-    let dry_run = engine_env.dry_run.clone();
+    // The node pod store first (no client, no TLS handshake, no API request); see k8s::cached_pod.
+    if let Some(cached) = super::k8s::cached_pod(
+        &conf.cni_agent_run_dir,
+        &args.pod_namespace,
+        &args.pod_name,
+        &args.pod_uid,
+        conf.ambient_enabled,
+        conf.pod_facts_timeout,
+    )
+    .await
+    {
+        debug!(
+            took_ms = started.elapsed().as_millis() as u64,
+            "pod read from the node pod store"
+        );
+        let pod = PodInfo::from_pod(&cached.pod);
+        if conf.ambient_enabled {
+            let ns_labels = cached.namespace_labels.unwrap_or_default();
+            if ambient::is_ambient(&conf.enablement_selectors, &pod, &ns_labels)
+                .map_err(internal)?
+            {
+                info!(pod = %pod_ref, "pod is ambient; handing it to the node agent");
+                send_ambient_event(conf, env, args).await?;
+                return Ok(AddOutcome::Ambient);
+            }
+        }
+        return redirect_pod::<K>(env, conf, engine_env, args, pod, None, started, deadline).await;
+    }
     let kube = tokio::time::timeout(conf.kube_call_timeout.min(left(deadline)), connect())
         .await
         .map_err(|_| CniError::internal("building the Kubernetes client timed out"))?
@@ -282,8 +309,28 @@ where
     };
 
     debug!(took_ms = started.elapsed().as_millis() as u64, "pod read");
+    let recheck = (conf.ambient_enabled && !ambient_decided).then_some(&kube);
+    redirect_pod(env, conf, engine_env, args, pod, recheck, started, deadline).await
+}
+
+/// The sidecar part of ADD once the pod is known: skip, no redirection, or program the netns.
+/// `ambient_recheck` is the client when the ambient check failed earlier: a pod the sidecar path
+/// skips is then checked for ambient again before it may start uncaptured.
+#[allow(clippy::too_many_arguments)]
+async fn redirect_pod<K: KubeReads>(
+    env: &CniEnv,
+    conf: &NetConf,
+    engine_env: &EngineEnv,
+    args: &CniArgs,
+    pod: PodInfo,
+    ambient_recheck: Option<&K>,
+    started: Instant,
+    deadline: Instant,
+) -> Result<AddOutcome, CniError> {
+    let pod_ref = format!("{}/{}", args.pod_namespace, args.pod_name);
+    let dry_run = engine_env.dry_run.clone();
     if let Some(skip) = sidecar::skip_reason(&pod) {
-        if conf.ambient_enabled && !ambient_decided {
+        if let Some(kube) = ambient_recheck {
             // Reached after a failed ambient check: decide ambient with the pod we now have.
             let t = conf.kube_call_timeout.min(left(deadline));
             let ns = kube
