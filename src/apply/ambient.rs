@@ -18,7 +18,7 @@ use super::iptables::{
     ApplyError, Binaries, ForceBinary, detect, restore_cmd, run_checked, save_cmd,
 };
 use super::nft::apply_transaction;
-use super::sidecar::{Outcome, Snapshot, restore_snapshots};
+use super::sidecar::{Outcome, Snapshot, holds_no_tables, restore_snapshots};
 use super::state::{State, jump_target, normalise, parse_save};
 use crate::netns::UsernsEntry;
 use crate::rules::ambient::{AmbientConfig, PodOverrides};
@@ -201,7 +201,7 @@ pub fn apply_iptables_here(
     opts: &AmbientApply,
 ) -> Result<Outcome, ApplyError> {
     let mut exec = ProcessExecutor::entering(opts.userns.clone());
-    apply_iptables(&mut exec, rules, owned, opts)
+    apply_iptables_with(&mut exec, rules, owned, opts, &holds_no_tables)
 }
 
 /// [`apply_iptables_here`] with any executor (tests script it).
@@ -210,6 +210,18 @@ pub fn apply_iptables(
     rules: &RuleSet,
     owned: Owned,
     opts: &AmbientApply,
+) -> Result<Outcome, ApplyError> {
+    apply_iptables_with(exec, rules, owned, opts, &|_| false)
+}
+
+/// `empty`: whether a family holds no table at all (a new pod's netns); its state is then known
+/// without running `*-save` — a process per family saved on every enrolment.
+fn apply_iptables_with(
+    exec: &mut dyn Executor,
+    rules: &RuleSet,
+    owned: Owned,
+    opts: &AmbientApply,
+    empty: &dyn Fn(&Binaries) -> bool,
 ) -> Result<Outcome, ApplyError> {
     let mut work: Vec<(Binaries, String, State, String)> = Vec::new();
     for family in Family::ALL {
@@ -220,7 +232,11 @@ pub fn apply_iptables(
             Err(_) if family == Family::V6 && family_rules.is_empty() => continue,
             Err(e) => return Err(e),
         };
-        let text = run_checked(exec, &save_cmd(&bins, &opts.env))?.stdout;
+        let text = if empty(&bins) {
+            String::new()
+        } else {
+            run_checked(exec, &save_cmd(&bins, &opts.env))?.stdout
+        };
         let state = parse_save(&text);
         if let Some(restore) = plan_family(&state, family_rules, owned) {
             work.push((bins, text, state, restore));

@@ -1,3 +1,4 @@
+use super::super::exec::Executor;
 use super::*;
 use crate::rules::ambient::{AmbientConfig, PodOverrides, host_rules, inpod_rules};
 use crate::rules::iptables::render_restore;
@@ -124,4 +125,42 @@ fn the_nft_transaction_deletes_tables_the_pod_no_longer_uses() {
     );
     let with_dns = inpod_nft_transaction(&cfg(true), &PodOverrides::default());
     assert!(!with_dns.contains("delete table"), "{with_dns}");
+}
+
+/// Records what would run; every command succeeds with no output (an empty netns's `*-save`).
+#[derive(Default)]
+struct Recorder(Vec<String>);
+
+impl Executor for Recorder {
+    fn run(
+        &mut self,
+        cmd: &super::super::exec::Cmd,
+    ) -> Result<super::super::exec::CmdOutput, super::super::exec::SpawnError> {
+        self.0.push(cmd.program.clone());
+        Ok(super::super::exec::CmdOutput {
+            success: true,
+            code: Some(0),
+            stdout: String::new(),
+            stderr: String::new(),
+        })
+    }
+}
+
+#[test]
+fn a_netns_without_tables_is_programmed_without_reading_it_first() {
+    let rules = inpod_rules(&cfg(false), &PodOverrides::default());
+    let opts = AmbientApply::default();
+    let mut known_empty = Recorder::default();
+    apply_iptables_with(&mut known_empty, &rules, INPOD_CHAINS, &opts, &|_| true).unwrap();
+    assert!(
+        !known_empty.0.is_empty() && known_empty.0.iter().all(|p| p.contains("restore")),
+        "{:?}",
+        known_empty.0
+    );
+    let mut unknown = Recorder::default();
+    apply_iptables(&mut unknown, &rules, INPOD_CHAINS, &opts).unwrap();
+    let (saves, restores): (Vec<&String>, Vec<&String>) =
+        unknown.0.iter().partition(|p| p.contains("save"));
+    assert!(!saves.is_empty(), "a save per family otherwise: {saves:?}");
+    assert_eq!(restores, known_empty.0.iter().collect::<Vec<_>>());
 }

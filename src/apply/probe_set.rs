@@ -95,6 +95,20 @@ pub fn plan_sync(current: &Entries, members: &[(String, Vec<IpAddr>)], prune: bo
     ops
 }
 
+/// `current` after `ops` were applied (what the kernel holds after a successful batch).
+pub fn apply_to(current: &mut Entries, ops: &[SetOp]) {
+    for op in ops {
+        match op {
+            SetOp::Add { ip, uid } => {
+                current.insert(*ip, uid.clone());
+            }
+            SetOp::Del { ip } => {
+                current.remove(ip);
+            }
+        }
+    }
+}
+
 fn set_name(ip: &IpAddr) -> &'static str {
     if ip.is_ipv6() {
         PROBE_SET_V6

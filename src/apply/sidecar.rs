@@ -420,6 +420,12 @@ fn probe_fresh(bins: &Binaries) -> Option<BTreeSet<String>> {
     Some(chains.into_iter().map(|(table, _)| table).collect())
 }
 
+/// Whether a family holds no table at all in the calling thread's netns (a new pod's), learnt
+/// without a process; then `*-save` would print nothing and need not run.
+pub fn holds_no_tables(bins: &Binaries) -> bool {
+    probe_fresh(bins).is_some_and(|tables| tables.is_empty())
+}
+
 /// Detects the binaries for every family the rule set uses and applies it with real processes in
 /// the calling thread's network namespace (run it inside [`crate::netns::Netns::run`] for a pod).
 pub fn apply_sidecar_here(

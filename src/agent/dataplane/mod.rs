@@ -6,12 +6,12 @@
 //! with its reason. Blocking: callers run these on a blocking thread.
 //! Owns nothing of Kubernetes or ZDS; it is given plain pod facts ([`PodNet`]).
 
+mod probe;
 pub mod procfs;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use tracing::{info, warn};
 
@@ -109,6 +109,12 @@ pub enum DataplaneError {
         #[source]
         source: ApplyError,
     },
+    #[error("host probe set ({what}): {source}")]
+    ProbeBatch {
+        what: String,
+        #[source]
+        source: probe::BatchNotRun,
+    },
     #[error("kubelet UID for the nftables probe rule: {0}")]
     KubeletUid(#[source] KubeletUidError),
 }
@@ -118,8 +124,8 @@ pub struct Dataplane {
     settings: DataplaneSettings,
     decision: Decision,
     host_netns: Option<Netns>,
-    /// Serialises the probe sets' read-modify-write batches.
-    probe_lock: Mutex<()>,
+    /// Probe-set changes, applied in batches.
+    probes: probe::Batcher,
 }
 
 impl Dataplane {
@@ -149,7 +155,7 @@ impl Dataplane {
             settings: settings.clone(),
             decision,
             host_netns,
-            probe_lock: Mutex::new(()),
+            probes: probe::Batcher::default(),
         };
         if !settings.skip_host_rules {
             dp.program_host()?;
@@ -246,7 +252,7 @@ impl Dataplane {
     /// Puts the pod's IPs into the probe sets under its UID (a reused IP moves to this UID).
     pub fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), DataplaneError> {
         let (uid, ips) = (uid.to_string(), ips.to_vec());
-        self.probe_batch(format!("add pod {uid}"), move |current| {
+        self.probe_batch(format!("add pod {uid}"), false, move |current| {
             (probe_set::plan_upsert(current, &uid, &ips), vec![])
         })
     }
@@ -254,7 +260,7 @@ impl Dataplane {
     /// Removes the pod's IPs from the probe sets, only where the entry carries its UID.
     pub fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), DataplaneError> {
         let (owner, ips) = (uid.to_string(), ips.to_vec());
-        self.probe_batch(format!("remove pod {uid}"), move |current| {
+        self.probe_batch(format!("remove pod {uid}"), false, move |current| {
             let (ops, foreign) = probe_set::plan_remove(current, &owner, &ips);
             let warnings = foreign
                 .into_iter()
@@ -272,32 +278,39 @@ impl Dataplane {
         prune: bool,
     ) -> Result<(), DataplaneError> {
         let members = members.to_vec();
-        self.probe_batch("sync".to_string(), move |current| {
+        self.probe_batch("sync".to_string(), true, move |current| {
             (probe_set::plan_sync(current, &members, prune), vec![])
         })
     }
 
+    /// Queues a probe-set change (batched with concurrent ones, see [`probe`]); returns once it
+    /// was applied.
     fn probe_batch(
         &self,
         what: String,
+        fresh: bool,
         plan: impl FnOnce(&probe_set::Entries) -> (Vec<SetOp>, Vec<String>) + Send + 'static,
     ) -> Result<(), DataplaneError> {
-        let _guard = self.probe_lock.lock().unwrap_or_else(|p| p.into_inner());
         let nft = self.nftables();
-        let ipv6 = self.settings.ambient.enable_ipv6;
-        let label = what.clone();
-        let result = in_host(&self.host_netns, move || {
-            let sets: &dyn ProbeSets = if nft { &NftSets } else { &Ipsets };
-            let mut exec = ProcessExecutor::default();
-            sets.ensure(&mut exec, ipv6)?;
-            let current = sets.entries(&mut exec)?;
-            let (ops, warnings) = plan(&current);
-            for w in &warnings {
-                warn!(step = %label, "{w}");
-            }
-            sets.apply(&mut exec, &ops)
-        })?;
-        result.map_err(|source| DataplaneError::ProbeSet { what, source })
+        let request = probe::Request {
+            label: what.clone(),
+            fresh,
+            plan: Box::new(plan),
+        };
+        let run = |job: probe::Job| {
+            in_host(&self.host_netns, move || {
+                let sets: &dyn ProbeSets = if nft { &NftSets } else { &Ipsets };
+                job.execute(sets, &mut ProcessExecutor::default())
+            })
+            .map_err(|e| e.to_string())
+        };
+        match self
+            .probes
+            .submit(request, self.settings.ambient.enable_ipv6, run)
+        {
+            Ok(result) => result.map_err(|source| DataplaneError::ProbeSet { what, source }),
+            Err(source) => Err(DataplaneError::ProbeBatch { what, source }),
+        }
     }
 }
 
