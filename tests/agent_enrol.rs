@@ -112,7 +112,13 @@ async fn rig_with(setup: impl FnOnce(&TestApiServer), reconcile: bool) -> Rig {
         metrics: Default::default(),
     };
     let stop = CancellationToken::new();
-    let agent = Agent::start(&s, &client, deps, &stop).await.unwrap();
+    let pods = istio_cni::kube::stores::spawn_pod_store(
+        &client,
+        &s.config.node_name,
+        istio_cni::kube::WatchBackoff::default(),
+        stop.clone(),
+    );
+    let agent = Agent::start(&s, &client, pods, deps, &stop).await.unwrap();
     Rig {
         api,
         agent: Some(agent),

@@ -238,6 +238,8 @@ fn invalid_settings_stop_startup_naming_the_variable() {
             "[{\"podSelector\":{\"matchExpressions\":[{\"key\":\"a\",\"operator\":\"Near\"}]}}]",
             "AMBIENT_ENABLEMENT_SELECTOR",
         ),
+        // Repair on with no node would watch every pod of the cluster (Istio's B3).
+        ("REPAIR_ENABLED", "true", "REPAIR_NODE_NAME"),
     ] {
         let mut env = d.base_env();
         env.push((k.to_string(), v.to_string()));

@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::kube::stores::{self, SyncTimeout};
+use crate::kube::stores::{self, PodStore, SyncTimeout};
 use crate::kube::{KubeClient, WatchBackoff};
 use cache::PodCache;
 use machine::Policy;
@@ -74,12 +74,16 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// §3.2: stores (this node's pods, namespaces) and the plugin-event server first (requests
-    /// wait for the store through the stale-cache retry); then the initial sync (with its
-    /// deadline), the startup snapshot (§3.2 step 3), and the queue. Returns when ready.
+    /// §3.2: the namespace store and the plugin-event server first (requests wait for the store
+    /// through the stale-cache retry); then the initial sync (with its deadline), the startup
+    /// snapshot (§3.2 step 3), and the queue. Returns when ready.
+    ///
+    /// `pods` is install-cni's one node-scoped pod store (`spec.nodeName=<NODE_NAME>`, shared with
+    /// the repair controller); the caller owns its watch, the agent only subscribes.
     pub async fn start(
         settings: &Settings,
         client: &KubeClient,
+        pods: PodStore,
         deps: Deps,
         parent: &CancellationToken,
     ) -> Result<Agent, AgentError> {
@@ -94,12 +98,6 @@ impl Agent {
         .map_err(AgentError::Selectors)?;
         let shutdown = parent.child_token();
         let backoff = WatchBackoff::default();
-        let pods = stores::spawn_pod_store(
-            client,
-            &settings.config.node_name,
-            backoff,
-            shutdown.clone(),
-        );
         let namespaces = stores::spawn_namespace_store(client, backoff, shutdown.clone());
         let core = Arc::new(Core {
             pods,

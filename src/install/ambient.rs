@@ -14,7 +14,8 @@ use crate::agent::join;
 use crate::agent::ports::{KubeAnnotator, LateZtunnel};
 use crate::agent::settings::{Settings, Timing};
 use crate::agent::{Agent, AgentError, Deps};
-use crate::kube::{KubeClient, KubeError};
+use super::node_store::NodePods;
+use crate::kube::KubeClient;
 use crate::telemetry::metrics::Metrics;
 
 /// Env var (test-hooks builds only) that selects the fake data plane and ztunnel.
@@ -25,8 +26,6 @@ pub const FAKE_DATAPLANE_ENV: &str = "ISTIO_CNI_RS_TEST_FAKE_DATAPLANE";
 pub enum StartError {
     #[error("ambient node agent: {0}")]
     Agent(#[from] AgentError),
-    #[error("ambient node agent: Kubernetes client: {0}")]
-    Kube(#[from] KubeError),
     #[error("ambient node agent: {0}")]
     Join(#[from] join::JoinError),
 }
@@ -80,11 +79,12 @@ async fn deps(
     Ok((deps, ztunnel, true))
 }
 
-/// Starts the agent: settings checked, seams built, client made (explicit > $KUBECONFIG >
-/// in-cluster), then [`Agent::start`] (stores synced, startup snapshot restored), and only then
+/// Starts the agent on install-cni's client and node pod store ([`NodePods`]): settings checked,
+/// seams built, then [`Agent::start`] (stores synced, startup snapshot restored), and only then
 /// the ZDS server, so the first ztunnel to connect gets the whole restored state.
 pub async fn start(
     cfg: &Config,
+    node: &NodePods,
     metrics: &Metrics,
     stop: &tokio_util::sync::CancellationToken,
 ) -> Result<Agent, StartError> {
@@ -92,10 +92,10 @@ pub async fn start(
     if settings.config.node_name.is_empty() {
         return Err(AgentError::NoNodeName.into());
     }
-    let (client, source) = KubeClient::for_agent(None).await?;
-    info!(?source, node = %settings.config.node_name, "starting the ambient node agent");
-    let (deps, ztunnel, serve_zds) = deps(&client, &settings, metrics).await?;
-    let agent = Agent::start(&settings, &client, deps, stop).await?;
+    let client = &node.client;
+    info!(node = %settings.config.node_name, "starting the ambient node agent");
+    let (deps, ztunnel, serve_zds) = deps(client, &settings, metrics).await?;
+    let agent = Agent::start(&settings, client, node.pods.clone(), deps, stop).await?;
     if serve_zds {
         join::serve_ztunnel(
             &agent,

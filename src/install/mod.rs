@@ -9,7 +9,8 @@
 //! `select` (which file), `merge` (writing our entry), `restore` (cleanup and the `.conf` record)),
 //! `guard` (watch loop),
 //! `upgrade` (shutdown keep/clean decision; its API reads go through `kube`), `caps` (capability dropping),
-//! `ambient` (starting the node agent when `AMBIENT_ENABLED=true`).
+//! `node_store` (the ONE node-scoped pod store, made here and handed to the agent and the repair
+//! controller), `ambient` (starting the node agent when `AMBIENT_ENABLED=true`).
 
 pub mod ambient;
 pub mod caps;
@@ -19,6 +20,7 @@ pub mod fsutil;
 pub mod guard;
 pub mod installer;
 pub mod kubeconfig;
+pub mod node_store;
 pub mod pod_facts;
 pub mod upgrade;
 
@@ -32,7 +34,9 @@ use crate::telemetry::health::{self, Readiness};
 use crate::telemetry::logging::{self, LogSettings, ScopeLevels};
 use crate::telemetry::logsink;
 use crate::telemetry::metrics::Metrics;
+use crate::kube::KubeClient;
 use config::{Config, LogLevel, LogTarget, Parsed};
+use node_store::NodePods;
 
 /// Readiness component name of the installer.
 const INSTALLER: &str = "installer";
@@ -220,6 +224,28 @@ async fn run(cfg: Config) -> i32 {
             return 1;
         }
     }
+    // The one watch of this node's pods, shared by the agent and the repair controller.
+    let node = match node_store::store_node(&cfg) {
+        Ok(node) => node,
+        Err(e) => {
+            error!("{e}");
+            return 1;
+        }
+    };
+    let node = match node {
+        Some(node) => match KubeClient::for_agent(None).await {
+            Ok((client, source)) => {
+                info!(?source, node, "watching this node's pods");
+                Some(NodePods::spawn(client, node, &stop))
+            }
+            Err(e) => {
+                error!("Kubernetes client for this node's pods: {e}");
+                stop.cancel();
+                return 1;
+            }
+        },
+        None => None,
+    };
     if cfg.repair.enabled {
         info!(
             "the repair controller is not part of this build; REPAIR_* settings are validated only"
@@ -228,9 +254,9 @@ async fn run(cfg: Config) -> i32 {
 
     // §2.2 step 8: the agent is ready (stores synced) before the plugin is installed, so a new
     // node's CNI config only appears once ambient pods can be served.
-    let agent = if ic.ambient_enabled {
+    let agent = if let (true, Some(node)) = (ic.ambient_enabled, &node) {
         readiness.register(AGENT);
-        match ambient::start(&cfg, &metrics, &stop).await {
+        match ambient::start(&cfg, node, &metrics, &stop).await {
             Ok(agent) => {
                 readiness.set(AGENT, true);
                 info!("ambient node agent ready");
