@@ -10,11 +10,11 @@ use std::sync::Arc;
 use tracing::info;
 
 use super::config::Config;
+use super::node_store::NodePods;
 use crate::agent::join;
 use crate::agent::ports::{KubeAnnotator, LateZtunnel};
 use crate::agent::settings::{Settings, Timing};
 use crate::agent::{Agent, AgentError, Deps};
-use super::node_store::NodePods;
 use crate::kube::KubeClient;
 use crate::telemetry::metrics::Metrics;
 

@@ -10,7 +10,8 @@
 //! `guard` (watch loop),
 //! `upgrade` (shutdown keep/clean decision; its API reads go through `kube`), `caps` (capability dropping),
 //! `node_store` (the ONE node-scoped pod store, made here and handed to the agent and the repair
-//! controller), `ambient` (starting the node agent when `AMBIENT_ENABLED=true`).
+//! controller), `pod_facts` (the root-only socket answering the plugin's pod reads from that
+//! store), `ambient` (starting the node agent when `AMBIENT_ENABLED=true`).
 
 pub mod ambient;
 pub mod caps;
@@ -30,11 +31,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::kube::KubeClient;
 use crate::telemetry::health::{self, Readiness};
 use crate::telemetry::logging::{self, LogSettings, ScopeLevels};
 use crate::telemetry::logsink;
 use crate::telemetry::metrics::Metrics;
-use crate::kube::KubeClient;
 use config::{Config, LogLevel, LogTarget, Parsed};
 use node_store::NodePods;
 
@@ -271,6 +272,17 @@ async fn run(cfg: Config) -> i32 {
     } else {
         None
     };
+
+    // Pod facts (issue 14): the plugin reads its pod from the node pod store instead of the API
+    // server; the namespace labels for its ambient check come from the agent's store.
+    if let Some(node) = &node {
+        let namespaces = agent.as_ref().map(|a| a.core().namespaces.clone());
+        let path = crate::kube::pod_facts::socket_path(&ic.run_dir);
+        if let Err(e) = pod_facts::start(&path, node.pods.clone(), namespaces, stop.clone()) {
+            // Not fatal: every plugin ADD then asks the API server, as without a store.
+            warn!("{e}; the plugin will GET pods from the API server");
+        }
+    }
 
     let check = upgrade::checker(&ic.pod_namespace, &ic.node_name).await;
 

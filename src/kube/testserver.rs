@@ -61,6 +61,12 @@ pub enum TestServerError {
     },
     #[error("invalid object: {0}")]
     InvalidObject(String),
+    #[error("cannot write the CA to {path}: {source}")]
+    WriteCa {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot set up TLS: {0}")]
     Tls(String),
     #[error("{kind} {key} not found")]

@@ -25,6 +25,9 @@ struct Args {
     /// serve plain HTTP instead of HTTPS with a generated CA
     #[argh(switch)]
     plain_http: bool,
+    /// write the generated CA (PEM) here, e.g. as a service account's ca.crt
+    #[argh(option)]
+    ca_out: Option<PathBuf>,
 }
 
 /// Entry point of the `test-apiserver` role: prints the URL on stdout line 1 once listening (an
@@ -84,6 +87,12 @@ async fn run(args: Args) -> Result<(), TestServerError> {
     }
     if let Some(path) = &args.kubeconfig_out {
         server.write_kubeconfig(path)?;
+    }
+    if let (Some(path), Some(ca)) = (&args.ca_out, server.ca_pem()) {
+        std::fs::write(path, ca).map_err(|source| TestServerError::WriteCa {
+            path: path.clone(),
+            source,
+        })?;
     }
     let signal_error = |source| TestServerError::Listen {
         addr: server.addr(),
