@@ -46,7 +46,10 @@ fn root_only_socket_answers_and_malformed_requests_change_nothing() {
     let rt = rt();
     let pods = store();
     let stop = CancellationToken::new();
-    let task = rt.block_on(async { start(&path, pods.clone(), None, stop.clone()).unwrap() });
+    let task = {
+        let _entered = rt.enter();
+        start(&path, pods.clone(), None, stop.clone()).unwrap()
+    };
     let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
     assert_eq!(mode(&path), 0o600);
     assert_eq!(mode(path.parent().unwrap()), 0o700);
