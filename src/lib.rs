@@ -14,9 +14,9 @@
 //! | [`netns`] | the netns handle (with the user namespace owning it), entered on a dedicated thread or by a child process | — |
 //! | [`netlink`] | the netlink transport: wire format (headers, batch framing, sequence numbers, replies), addresses, ip rules and routes via rtnetlink with plain parameters, nf_tables transactions via nfnetlink | `netns` |
 //! | [`retry`] | retry spacing (doubling, equal jitter, through backon) and the loop retrying only transient failures under a deadline | — |
-//! | [`kube`] | the one Kubernetes client module (kubeconfig/in-cluster, typed helpers) and the test API server | `retry` |
+//! | [`kube`] | the one Kubernetes client module (kubeconfig/in-cluster, typed helpers), the node stores, the pod-facts request/answer, and the test API server | `retry` |
 //! | [`plugin`] | the `istio-cni` CNI plugin role | `cli`, `rules`, `apply`, `netns`, `kube`, `telemetry` |
-//! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup; starts the ambient agent | `cli`, `kube`, `telemetry`, `agent` |
+//! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup; the node pod store and the pod-facts socket; starts the ambient agent | `cli`, `kube`, `telemetry`, `agent` |
 //! | [`agent`] | the ambient node agent: settings, the pure enrolment state machine, pod cache, add/remove steps, keyed work queue over the kube stores, plugin-event server, startup and shutdown; its data plane (`dataplane`: in-pod and host rules, probe sets, the /proc netns finder); ZDS through `zds` | `cli`, `kube`, `rules`, `apply`, `netns`, `netlink`, `telemetry`, `zds` |
 //! | [`telemetry`] | logging setup, plugin log sink, health/readiness and metrics servers | — |
 //! | [`zds`] | the ZDS server handing enrolled pods' netns fds to ztunnel: protocol messages, the SOCK_SEQPACKET socket, per-connection snapshot and lock-step updates, NACK backoff | `netns`, `retry`, `telemetry` |
