@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use cni_driver::*;
 use istio_cni::install::pod_facts;
-use istio_cni::kube::stores::{PodStore, spawn_pod_store};
+use istio_cni::kube::stores::{PodStore, spawn_namespace_store, spawn_pod_store};
 use istio_cni::kube::testserver::{Fault, TestApiServer};
 use istio_cni::kube::{KubeClient, WatchBackoff};
 use istio_cni::plugin::k8s::cached_pod;
@@ -56,8 +56,11 @@ impl Node {
             };
             let pods = spawn_pod_store(&client, NODE, backoff, stop.clone());
             pods.wait_synced(PATIENCE).await.expect("synced");
+            // The ambient agent's namespace store (for the ambient check's labels).
+            let namespaces = spawn_namespace_store(&client, backoff, stop.clone());
+            namespaces.wait_synced(PATIENCE).await.expect("synced");
             let path = istio_cni::kube::pod_facts::socket_path(dir.path());
-            pod_facts::start(&path, pods.clone(), None, stop.clone()).expect("socket");
+            pod_facts::start(&path, pods.clone(), Some(namespaces), stop.clone()).expect("socket");
             (server, client, pods)
         });
         Node {
@@ -341,4 +344,90 @@ fn a_store_whose_watch_failed_is_not_used_until_it_has_caught_up() {
         PodInfo::from_pod(&cached).annotations["traffic.sidecar.istio.io/excludeOutboundPorts"],
         "7000"
     );
+}
+
+/// With ambient on, the enablement check takes the pod and its namespace's labels from the
+/// agent's stores: an ambient pod is handed to the agent and a sidecar pod programmed, neither
+/// with an API request.
+#[test]
+fn the_ambient_check_uses_the_agents_stores() {
+    let node = Node::start();
+    let ns =
+        json!({"metadata": {"name": "mesh", "labels": {"istio.io/dataplane-mode": "ambient"}}});
+    node.server
+        .add_namespace(serde_json::from_value(ns).unwrap())
+        .expect("namespace");
+    // The agent's plugin-event socket: counts the ambient events it is sent.
+    let events = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sock = node.dir.path().join("pluginevent.sock");
+    {
+        let _entered = node.rt.enter();
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let seen = events.clone();
+        let app = axum::Router::new().route(
+            "/cmdadd",
+            axum::routing::post(move || {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { "" }
+            }),
+        );
+        node.rt
+            .spawn(async move { axum::serve(listener, app).await });
+    }
+    let ambient_uid = node.add(on_node(
+        json!({"metadata": {"name": "amb", "namespace": "mesh"},
+               "spec": {"containers": [{"name": "app"}]}}),
+        NODE,
+    ));
+    let sidecar_uid = node.add(on_node(annotated_pod("mesh", "side", json!({})), NODE));
+    node.wait("the namespace store", || {
+        node.rt
+            .block_on(istio_cni::plugin::k8s::cached_pod(
+                node.dir.path(),
+                "mesh",
+                "amb",
+                &ambient_uid,
+                true,
+                Duration::from_secs(1),
+            ))
+            .is_some_and(|c| c.namespace_labels.is_some())
+    });
+    let conf = || {
+        json!({
+            "cniVersion": "1.0.0", "name": "facts", "type": "istio-cni",
+            "cni_agent_run_dir": node.dir.path().display().to_string(),
+            "pod_facts_timeout_seconds": 2.0,
+            "ambient_enabled": true,
+            "enablement_selectors": enablement_selectors(),
+            "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.29.0.2/24"}], "dns": {}}
+        })
+        .to_string()
+    };
+    let requests = node.server.requests().len();
+    for (name, uid) in [("amb", &ambient_uid), ("side", &sidecar_uid)] {
+        let rules = node.dir.path().join(format!("rules-{name}"));
+        let mut env = cni_env("ADD", "/var/run/netns/not-opened", "mesh", name);
+        env.retain(|(k, _)| *k != "CNI_ARGS");
+        env.push(("CNI_ARGS", cni_args("mesh", name, uid)));
+        env.push(("DRY_RUN_FILE_PATH", rules.display().to_string()));
+        let run = run_plugin(&env, &conf());
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+        let text = std::fs::read_to_string(&rules).unwrap_or_default();
+        assert_eq!(
+            text.contains("ISTIO_OUTPUT"),
+            name == "side",
+            "{name}: {text}"
+        );
+    }
+    assert_eq!(
+        events.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one ambient event"
+    );
+    let api: Vec<_> = node.server.requests()[requests..]
+        .iter()
+        .filter(|r| !r.is_watch())
+        .cloned()
+        .collect();
+    assert!(api.is_empty(), "API requests with the agent up: {api:?}");
 }

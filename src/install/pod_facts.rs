@@ -23,6 +23,9 @@ use crate::kube::stores::{NamespaceStore, PodStore};
 
 /// A client gets this long to send its request line.
 const READ_TIMEOUT: Duration = Duration::from_secs(1);
+/// After answering, unread input is drained for at most this long and this much.
+const LINGER: Duration = Duration::from_millis(100);
+const LINGER_BYTES: u64 = 64 * 1024;
 
 /// The socket could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -117,26 +120,30 @@ async fn answer_connection(
     pods: &PodStore,
     namespaces: Option<&NamespaceStore>,
 ) -> io::Result<()> {
-    let answer = match peer_is_root(&stream) {
-        Err(message) => {
+    // The request is read before the peer is judged, also from a refused peer: closing with
+    // its bytes unread would reset the connection, and it would never see why it was refused.
+    let mut line = Vec::with_capacity(256);
+    // One byte past the limit tells "too long" from "exactly at the limit".
+    let mut reader = BufReader::new((&mut stream).take(MAX_REQUEST_BYTES as u64 + 1));
+    let read = tokio::time::timeout(READ_TIMEOUT, reader.read_until(b'\n', &mut line)).await;
+    let answer = match (peer_is_root(&stream), read) {
+        (Err(message), _) => {
             warn!("pod facts: {message}");
             PodFactsAnswer::Error { message }
         }
-        Ok(()) => {
-            let mut line = Vec::with_capacity(256);
-            // One byte past the limit tells "too long" from "exactly at the limit".
-            let mut reader = BufReader::new((&mut stream).take(MAX_REQUEST_BYTES as u64 + 1));
-            match tokio::time::timeout(READ_TIMEOUT, reader.read_until(b'\n', &mut line)).await {
-                Ok(Ok(_)) => answer_line(&line, pods, namespaces),
-                Ok(Err(e)) => return Err(e),
-                Err(_) => PodFactsAnswer::Error {
-                    message: format!("no request line within {READ_TIMEOUT:?}"),
-                },
-            }
-        }
+        (Ok(()), Ok(Ok(_))) => answer_line(&line, pods, namespaces),
+        (Ok(()), Ok(Err(e))) => return Err(e),
+        (Ok(()), Err(_)) => PodFactsAnswer::Error {
+            message: format!("no request line within {READ_TIMEOUT:?}"),
+        },
     };
     stream.write_all(&answer.encode()).await?;
-    stream.shutdown().await
+    stream.shutdown().await?;
+    // Whatever the client sent past what was read (an oversized request) is drained briefly, so
+    // closing does not reset the connection before the client has read its answer.
+    let mut rest = (&mut stream).take(LINGER_BYTES);
+    let _ = tokio::time::timeout(LINGER, tokio::io::copy(&mut rest, &mut tokio::io::sink())).await;
+    Ok(())
 }
 
 #[cfg(test)]
