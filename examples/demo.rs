@@ -206,6 +206,9 @@ fn main() -> Result<(), String> {
             &fixtures_file.display().to_string(),
             "--token",
             TOKEN,
+            // TLS as in a cluster: install-cni embeds this CA in the plugin's kubeconfig.
+            "--ca-out",
+            &sa.join("ca.crt").display().to_string(),
         ],
         &[],
         Stdio::piped(),
@@ -228,7 +231,7 @@ fn main() -> Result<(), String> {
         ("SERVICE_ACCOUNT_DIR", sa.display().to_string()),
         ("KUBERNETES_SERVICE_HOST", "127.0.0.1".to_string()),
         ("KUBERNETES_SERVICE_PORT", port),
-        ("KUBERNETES_SERVICE_PROTOCOL", "http".to_string()),
+        ("KUBERNETES_SERVICE_PROTOCOL", "https".to_string()),
         ("HEALTH_PORT", "0".to_string()),
         ("MONITORING_PORT", "0".to_string()),
         ("REPAIR_ENABLED", "false".to_string()),

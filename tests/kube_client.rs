@@ -518,7 +518,9 @@ async fn test_apiserver_binary_serves_fixtures_until_sigterm() {
         {"metadata": {"name": "fx", "namespace": "ns1"}, "spec": {"nodeName": "n1", "containers": []}}
     ]});
     std::fs::write(&fixtures, list.to_string()).expect("fixtures");
+    // Plain HTTP (the option; TLS is the default) so the control calls below can be raw HTTP.
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_test-apiserver"))
+        .arg("--plain-http")
         .arg("--port")
         .arg("0")
         .arg("--fixtures")
@@ -760,8 +762,11 @@ async fn server_follows_api_server_semantics() {
     assert!(started.elapsed() < Duration::from_secs(1));
 
     // No token: 401 before anything else.
-    let anonymous = kube::Client::try_from(kube::Config::new(server.url().parse().expect("url")))
-        .expect("client");
+    let mut anonymous = istio_cni::kube::config_from_kubeconfig_file(&kubeconfig)
+        .await
+        .expect("config");
+    anonymous.auth_info = Default::default();
+    let anonymous = kube::Client::try_from(anonymous).expect("client");
     let err = Api::<Pod>::namespaced(anonymous, "ns1")
         .get("a")
         .await
@@ -959,4 +964,64 @@ async fn forbidden_names_the_missing_permission() {
             .contains("cannot patch pods/status in namespace ns1"),
         "{err}"
     );
+}
+
+/// The test API server speaks TLS by default: the kubeconfig it writes carries its CA, a client
+/// without that CA is refused, plain HTTP is an option; single-pod GETs are counted per node.
+#[tokio::test]
+async fn test_server_serves_tls_by_default_and_counts_pod_gets_per_node() {
+    let server = TestApiServer::start().await.expect("server");
+    assert!(
+        server.url().starts_with("https://127.0.0.1:"),
+        "{}",
+        server.url()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let text = std::fs::read_to_string(&kubeconfig).expect("read");
+    assert!(text.contains("certificate-authority-data: "), "{text}");
+    server.add_pod(pod("ns1", "a", "n1")).expect("pod");
+    server.add_pod(pod("ns1", "b", "n2")).expect("pod");
+    let client = KubeClient::from_kubeconfig_file(&kubeconfig)
+        .await
+        .expect("client");
+    client
+        .get_pod("ns1", "a", CALL)
+        .await
+        .expect("GET over TLS");
+    client
+        .get_pod("ns1", "a", CALL)
+        .await
+        .expect("GET over TLS");
+    client
+        .get_pod("ns1", "b", CALL)
+        .await
+        .expect("GET over TLS");
+    let _ = client.get_pod("ns1", "gone", CALL).await;
+    assert_eq!(server.pod_gets_on_node("n1"), 2);
+    assert_eq!(server.pod_gets_on_node("n2"), 1);
+    assert_eq!(server.pod_gets_on_node(""), 1);
+
+    // Without the CA (webpki roots only) the handshake fails: the CA is really checked.
+    let mut untrusting = istio_cni::kube::config_from_kubeconfig_file(&kubeconfig)
+        .await
+        .expect("config");
+    untrusting.root_cert = None;
+    untrusting.default_retry = false;
+    let untrusting = kube::Client::try_from(untrusting).expect("client");
+    let err = kube::Api::<Pod>::namespaced(untrusting, "ns1")
+        .get("a")
+        .await
+        .expect_err("unknown issuer");
+    assert!(format!("{err:?}").contains("UnknownIssuer"), "{err:?}");
+
+    let plain = TestApiServer::start_with(istio_cni::kube::testserver::TestServerOptions {
+        tls: false,
+        ..Default::default()
+    })
+    .await
+    .expect("plain server");
+    assert!(plain.url().starts_with("http://"), "{}", plain.url());
+    assert_eq!(plain.ca_pem(), None);
 }

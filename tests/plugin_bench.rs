@@ -1,12 +1,15 @@
 //! Benchmark, run by `just bench` (ignored in the test run; by hand:
 //! `ISTIO_CNI_RS_BIN=target/static/istio-cni-rs cargo test --test plugin_bench -- --ignored --nocapture`,
 //! optionally with `ISTIO_CNI_RS_TEST_APISERVER` naming a release-built `test-apiserver`).
-//! Prints a Markdown table: wall time of a sidecar ADD through
-//! the real binary (API lookup against a local fake server, netns entry, IPv6 detection,
-//! programming the rules) against a bare `iptables-nft-restore --noflush` of the same rules, each in a
-//! fresh network namespace.
+//! Prints a Markdown table: wall time of a sidecar ADD through the real binary against the test
+//! API server over TLS (as in a cluster: client, handshake, GET), once with install-cni running
+//! (the pod comes from its node pod store over the pod-facts socket, no API request) and once
+//! without (the GET), netns entry, IPv6 detection, programming the rules — against a bare
+//! `iptables-nft-restore --noflush` of the same rules, each in a fresh network namespace, the
+//! three interleaved round by round.
 
 mod cni_driver;
+mod install_support;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -28,73 +31,168 @@ fn stats(mut samples: Vec<Duration>) -> String {
     )
 }
 
+const NODE: &str = "bench-node";
+const UID: &str = "00000000-0000-4000-8000-0000000be4c5";
+
+/// API requests the server logged so far (control endpoints excluded), read over TLS with the
+/// same kubeconfig the plugin uses.
+fn api_requests(rt: &tokio::runtime::Runtime, kubeconfig: &std::path::Path) -> usize {
+    rt.block_on(async {
+        let client = istio_cni::kube::KubeClient::from_kubeconfig_file(kubeconfig)
+            .await
+            .expect("client");
+        let request = axum::http::Request::get("/testserver/requests")
+            .body(Vec::new())
+            .unwrap();
+        let text = client
+            .client()
+            .request_text(request)
+            .await
+            .expect("request log");
+        let log = serde_json::from_str::<Vec<serde_json::Value>>(&text).expect("JSON log");
+        if std::env::var_os("BENCH_SHOW_REQUESTS").is_some() {
+            eprintln!("{:?}", log.last());
+        }
+        log.len()
+    })
+}
+
+/// The plugin's `took_ms` for the ADD flow, from its log.
+fn flow_took(run: &Run) -> Duration {
+    let took = run
+        .stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["msg"] == "sidecar redirection programmed")
+        .find_map(|r| r["took_ms"].as_u64())
+        .expect("took_ms logged");
+    Duration::from_millis(took)
+}
+
 #[test]
 #[ignore]
 fn sidecar_add_vs_bare_restore() {
     require_tool("iptables-nft-restore", "iptables");
-    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dirs = install_support::Dirs::new();
     // The API server runs in its own process (scripts/bench points ISTIO_CNI_RS_TEST_APISERVER at
     // a release build), so the measurement is not skewed by a debug-built server in this process.
-    let fixtures = dir.path().join("fixtures.json");
-    let pod = annotated_pod("ns1", "bench", json!({}));
+    // TLS (its default): a generated CA, written where install-cni reads the service account's.
+    let down_dir = tempfile::tempdir().unwrap();
+    let kubeconfig = down_dir.path().join("istio-cni-kubeconfig");
+    let fixtures = down_dir.path().join("fixtures.json");
+    let mut pod = annotated_pod("ns1", "bench", json!({}));
+    pod["metadata"]["uid"] = json!(UID);
+    pod["spec"]["nodeName"] = json!(NODE);
     std::fs::write(&fixtures, json!([pod]).to_string()).unwrap();
-    let mut api = Command::new(test_apiserver_binary())
-        .args(["--token", "test-token", "--fixtures"])
-        .arg(&fixtures)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start test-apiserver");
+    std::fs::write(dirs.sa.join("token"), "test-token").unwrap();
+    let mut api = ChildGuard(
+        Command::new(test_apiserver_binary())
+            .args(["--token", "test-token", "--fixtures"])
+            .arg(&fixtures)
+            .arg("--kubeconfig-out")
+            .arg(&kubeconfig)
+            .arg("--ca-out")
+            .arg(dirs.sa.join("ca.crt"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start test-apiserver"),
+    );
     let mut url = String::new();
     std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(api.stdout.take().unwrap()),
+        &mut std::io::BufReader::new(api.0.stdout.take().unwrap()),
         &mut url,
     )
     .unwrap();
-    write_kubeconfig(dir.path(), url.trim());
-    let conf = json!({
-        "cniVersion": "1.0.0", "name": "bench", "type": "istio-cni",
-        "cni_agent_run_dir": dir.path().display().to_string(),
-        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.29.0.2/24"}], "dns": {}}
-    })
-    .to_string();
+    let url = url.trim().to_string();
+    assert!(url.starts_with("https://"), "{url}");
+    let port = url.rsplit(':').next().unwrap().to_string();
+
+    // install-cni with this node's pod store (repair needs it, so it is on), serving pod facts.
+    let mut env = dirs.base_env();
+    env.retain(|(k, _)| !k.starts_with("KUBERNETES_SERVICE") && k != "REPAIR_ENABLED");
+    for (k, v) in [
+        ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+        ("KUBERNETES_SERVICE_PORT", port.as_str()),
+        ("KUBERNETES_SERVICE_PROTOCOL", "https"),
+        ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+        ("REPAIR_ENABLED", "true"),
+        ("REPAIR_NODE_NAME", NODE),
+    ] {
+        env.push((k.to_string(), v.to_string()));
+    }
+    let mut agent = install_support::start(&env, &[]);
+    let up_dir = dirs.run.clone();
+    let ready = install_support::wait_for(Duration::from_secs(30), || {
+        rt.block_on(istio_cni::plugin::k8s::cached_pod(
+            &up_dir,
+            "ns1",
+            "bench",
+            UID,
+            false,
+            Duration::from_millis(200),
+        ))
+    });
+    assert!(
+        ready.is_some(),
+        "install-cni never served pod facts:\n{}",
+        agent.output()
+    );
+    assert!(
+        install_support::wait_for(Duration::from_secs(30), || up_dir
+            .join("istio-cni-kubeconfig")
+            .exists()
+            .then_some(()))
+        .is_some(),
+        "install-cni wrote no plugin kubeconfig"
+    );
+    let conf = |run_dir: &std::path::Path| {
+        json!({
+            "cniVersion": "1.0.0", "name": "bench", "type": "istio-cni",
+            "cni_agent_run_dir": run_dir.display().to_string(),
+            "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.29.0.2/24"}], "dns": {}}
+        })
+        .to_string()
+    };
+    let (conf_up, conf_down) = (conf(&up_dir), conf(down_dir.path()));
+    let env_for = |ns: &NetnsGuard| {
+        let mut env = cni_env("ADD", &ns.path().display().to_string(), "ns1", "bench");
+        for (k, v) in env.iter_mut() {
+            if *k == "CNI_ARGS" {
+                v.push_str(&format!(";K8S_POD_UID={UID}"));
+            }
+        }
+        env
+    };
 
     // The rules to restore, as the plugin computes them (dry run).
     let ns = NetnsGuard::new("bdry");
-    let rules_file = dir.path().join("rules.txt");
-    let mut env = cni_env("ADD", &ns.path().display().to_string(), "ns1", "bench");
+    let rules_file = down_dir.path().join("rules.txt");
+    let mut env = env_for(&ns);
     env.push(("DRY_RUN_FILE_PATH", rules_file.display().to_string()));
-    assert_eq!(run_plugin(&env, &conf).code, 0);
+    assert_eq!(run_plugin(&env, &conf_down).code, 0);
     let rules = std::fs::read_to_string(&rules_file).unwrap();
 
-    let mut add = Vec::new();
-    let mut add_via_restore = Vec::new();
-    let mut in_process = Vec::new();
-    let mut bare = Vec::new();
-    for _ in 0..ROUNDS {
+    let (mut up, mut down, mut up_flow, mut down_flow, mut bare) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut requests_up, mut requests_down) = (0, 0);
+    let timed_add = |conf: &str, samples: &mut Vec<Duration>, flow: &mut Vec<Duration>| {
         let ns = NetnsGuard::new("badd");
-        let env = cni_env("ADD", &ns.path().display().to_string(), "ns1", "bench");
+        let before = api_requests(&rt, &kubeconfig);
         let start = Instant::now();
-        let run = run_plugin(&env, &conf);
-        add.push(start.elapsed());
+        let run = run_plugin(&env_for(&ns), conf);
+        samples.push(start.elapsed());
         assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
-        // The plugin's own measure of the ADD flow (client, lookup, netns, restore).
-        let took = run
-            .stderr
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|r| r["msg"] == "sidecar redirection programmed")
-            .find_map(|r| r["took_ms"].as_u64())
-            .expect("took_ms logged");
-        in_process.push(Duration::from_millis(took));
-
-        // The same ADD made to run iptables-restore (the opt-out): what the netlink path saves.
-        let ns = NetnsGuard::new("brst");
-        let mut env = cni_env("ADD", &ns.path().display().to_string(), "ns1", "bench");
-        env.push(("ISTIO_IPTABLES_RESTORE_ONLY", "true".to_string()));
-        let start = Instant::now();
-        let run = run_plugin(&env, &conf);
-        add_via_restore.push(start.elapsed());
-        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+        flow.push(flow_took(&run));
+        // Control endpoints (the log read itself) are not in the log.
+        api_requests(&rt, &kubeconfig) - before
+    };
+    for _ in 0..ROUNDS {
+        requests_down += timed_add(&conf_down, &mut down, &mut down_flow);
+        requests_up += timed_add(&conf_up, &mut up, &mut up_flow);
 
         let ns = NetnsGuard::new("bbare");
         let text = rules.clone();
@@ -125,36 +223,62 @@ fn sidecar_add_vs_bare_restore() {
         v[v.len() / 2]
     };
     let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
-    let (m_add, m_flow, m_bare) = (
-        median(add.clone()),
-        median(in_process),
-        median(bare.clone()),
-    );
-    println!("| measurement (median of {ROUNDS}, fresh netns each) | value |");
+    let (m_up, m_down, m_bare) = (median(up.clone()), median(down.clone()), median(bare));
+    let per_add = |n: usize| format!("{:.2}", n as f64 / ROUNDS as f64);
+    println!("| measurement (median of {ROUNDS}, fresh netns each, API server over TLS) | value |");
     println!("| --- | --- |");
     println!(
-        "| sidecar ADD, process spawn to exit (API lookup on loopback, netns, rules over netlink) | {} |",
-        ms(m_add)
+        "| sidecar ADD, agent up: pod from install-cni's pod store (process spawn to exit) | {} |",
+        ms(m_up)
     );
     println!(
         "| of which inside the ADD flow (`took_ms` in the plugin's log) | {} |",
-        ms(m_flow)
+        ms(median(up_flow))
     );
     println!(
-        "| same ADD with `ISTIO_IPTABLES_RESTORE_ONLY=true` (rules through iptables-restore) | {} |",
-        ms(median(add_via_restore))
+        "| sidecar ADD, agent down: TLS client, handshake and GET (process spawn to exit) | {} |",
+        ms(m_down)
+    );
+    println!(
+        "| of which inside the ADD flow (`took_ms` in the plugin's log) | {} |",
+        ms(median(down_flow))
     );
     println!(
         "| bare `iptables-nft-restore --noflush` of the same rules | {} |",
         ms(m_bare)
     );
     println!(
-        "| ratio ADD / bare (target <= 1.3) | {:.2} |",
-        m_add.as_secs_f64() / m_bare.as_secs_f64()
+        "| ratio ADD / bare, agent up (target <= 1.3) | {:.2} |",
+        m_up.as_secs_f64() / m_bare.as_secs_f64()
     );
-    println!("| ADD spread: {} |", stats(add).replace(", ", " / "));
-    let _ = api.kill();
-    let _ = api.wait();
+    println!(
+        "| ratio ADD / bare, agent down | {:.2} |",
+        m_down.as_secs_f64() / m_bare.as_secs_f64()
+    );
+    println!(
+        "| API requests per ADD, agent up / agent down | {} / {} |",
+        per_add(requests_up),
+        per_add(requests_down)
+    );
+    println!(
+        "| ADD spread, agent up: {} |",
+        stats(up).replace(", ", " / ")
+    );
+    println!(
+        "| ADD spread, agent down: {} |",
+        stats(down).replace(", ", " / ")
+    );
+    agent.terminate(Duration::from_secs(10));
+}
+
+/// Kills the child when dropped, also when the benchmark panics.
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 #[test]

@@ -10,7 +10,8 @@
 //! `guard` (watch loop),
 //! `upgrade` (shutdown keep/clean decision; its API reads go through `kube`), `caps` (capability dropping),
 //! `node_store` (the ONE node-scoped pod store, made here and handed to the agent and the repair
-//! controller), `ambient` (starting the node agent when `AMBIENT_ENABLED=true`); the repair
+//! controller), `pod_facts` (the root-only socket answering the plugin's pod reads from that
+//! store), `ambient` (starting the node agent when `AMBIENT_ENABLED=true`); the repair
 //! controller (`crate::repair`) is started here when `REPAIR_ENABLED=true`.
 
 pub mod ambient;
@@ -22,6 +23,7 @@ pub mod guard;
 pub mod installer;
 pub mod kubeconfig;
 pub mod node_store;
+pub mod pod_facts;
 pub mod upgrade;
 
 use std::collections::BTreeMap;
@@ -309,6 +311,17 @@ async fn run(cfg: Config) -> i32 {
         }
         readiness.set(REPAIR, true);
         info!(pods = node.pods.len(), "repair controller ready");
+    }
+
+    // Pod facts (issue 14): the plugin reads its pod from the node pod store instead of the API
+    // server; the namespace labels for its ambient check come from the agent's store.
+    if let Some(node) = &node {
+        let namespaces = agent.as_ref().map(|a| a.core().namespaces.clone());
+        let path = crate::kube::pod_facts::socket_path(&ic.run_dir);
+        if let Err(e) = pod_facts::start(&path, node.pods.clone(), namespaces, stop.clone()) {
+            // Not fatal: every plugin ADD then asks the API server, as without a store.
+            warn!("{e}; the plugin will GET pods from the API server");
+        }
     }
 
     let check = upgrade::checker(&ic.pod_namespace, &ic.node_name).await;

@@ -6,7 +6,8 @@
 //! errors that name the call, the object and the cause; names checked before they become
 //! request paths ([`names`]); label selectors, one model for every role ([`selector`]); which
 //! failures are worth retrying, and how ([`retry`]); ambient enablement selectors
-//! ([`selector::enablement`]); the plugin's `/cmdadd` body ([`plugin_event`]); the node agent's
+//! ([`selector::enablement`]); the plugin's `/cmdadd` body ([`plugin_event`]); the pod-facts
+//! request and answer between the plugin and install-cni's pod store ([`pod_facts`]); the node agent's
 //! node-scoped pod store and namespace store with change subscriptions ([`stores`]); and `testserver`, a small in-process
 //! Kubernetes API server for tests and the demo (also the `test-apiserver` binary); test-only,
 //! compiled in only with the `testserver` feature.
@@ -19,6 +20,7 @@ mod config;
 mod error;
 pub mod names;
 pub mod plugin_event;
+pub mod pod_facts;
 pub mod retry;
 pub mod selector;
 pub mod stores;

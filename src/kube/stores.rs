@@ -11,6 +11,11 @@
 //!
 //! Readiness is the initial sync ([`Store::wait_synced`], with a deadline: the watcher has no read
 //! timeout of its own, so a hung first LIST would otherwise wait forever).
+//!
+//! Liveness ([`Store::is_live`]): synced, and no watch error since the last event delivered. A
+//! failed watch means changes may be happening that the store has not seen; it is live again with
+//! the next event of the resumed watch (which replays from the last resourceVersion) or of a
+//! re-list. Readers that must not act on a stale object (the pod-facts answers) check it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -146,6 +151,8 @@ struct State<K> {
 struct Inner<K> {
     state: Mutex<State<K>>,
     synced: tokio::sync::watch::Sender<bool>,
+    /// False from a watch error until the next event.
+    watch_ok: std::sync::atomic::AtomicBool,
 }
 
 /// A cache of one kind of object, and the subscribers it tells about changes. Cheap to clone.
@@ -183,6 +190,7 @@ impl<K: Stored> Store<K> {
                     subscribers: Vec::new(),
                 }),
                 synced: tokio::sync::watch::Sender::new(false),
+                watch_ok: std::sync::atomic::AtomicBool::new(true),
             }),
         }
     }
@@ -227,6 +235,22 @@ impl<K: Stored> Store<K> {
         *self.inner.synced.borrow()
     }
 
+    /// Synced and the watch has not failed since the last event (see the module doc).
+    pub fn is_live(&self) -> bool {
+        self.is_synced()
+            && self
+                .inner
+                .watch_ok
+                .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The watch failed: until the next event the store may be missing changes.
+    pub fn mark_watch_failed(&self) {
+        self.inner
+            .watch_ok
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Waits for the initial list, at most `timeout`.
     pub async fn wait_synced(&self, timeout: Duration) -> Result<(), SyncTimeout> {
         let mut rx = self.inner.synced.subscribe();
@@ -243,6 +267,9 @@ impl<K: Stored> Store<K> {
     pub fn apply(&self, event: watcher::Event<K>) {
         let mut state = self.state();
         let mut out = Vec::new();
+        // Init starts a re-list: not live until its InitDone (objects deleted meanwhile are
+        // still here until then).
+        let live_after = !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_));
         match event {
             watcher::Event::Init => state.relist = Some(HashMap::new()),
             watcher::Event::InitApply(object) => {
@@ -293,6 +320,9 @@ impl<K: Stored> Store<K> {
                 .subscribers
                 .retain(|tx| out.iter().all(|ev| tx.send(ev.clone()).is_ok()));
         }
+        self.inner
+            .watch_ok
+            .store(live_after, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -361,7 +391,10 @@ async fn drive<K: Stored>(
         };
         match next {
             Some(Ok(event)) => store.apply(event),
-            Some(Err(e)) => warn!(what = K::WHAT, "watch failed, retrying: {e}"),
+            Some(Err(e)) => {
+                store.mark_watch_failed();
+                warn!(what = K::WHAT, "watch failed, retrying: {e}");
+            }
             None => break,
         }
     }
@@ -472,6 +505,25 @@ mod tests {
         );
         assert_eq!(store.pods_in_namespace("a").len(), 3);
         assert!(store.pods_in_namespace("b").is_empty());
+    }
+
+    #[test]
+    fn live_means_synced_and_no_watch_failure_since_the_last_event() {
+        let store = PodStore::new();
+        assert!(!store.is_live());
+        store.apply(watcher::Event::Init);
+        store.apply(watcher::Event::InitDone);
+        assert!(store.is_live());
+        store.mark_watch_failed();
+        assert!(!store.is_live() && store.is_synced());
+        store.apply(watcher::Event::Apply(pod("a", "p", "2")));
+        assert!(store.is_live());
+        // A re-list in progress may still hold deleted pods: not live until it is done.
+        store.apply(watcher::Event::Init);
+        store.apply(watcher::Event::InitApply(pod("a", "q", "3")));
+        assert!(!store.is_live());
+        store.apply(watcher::Event::InitDone);
+        assert!(store.is_live() && store.get("a/p").is_none());
     }
 
     #[test]

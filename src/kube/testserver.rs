@@ -1,5 +1,5 @@
-//! A small Kubernetes API server for tests and the demo: pods and namespaces over plain HTTP on
-//! loopback, speaking the real wire format (k8s-openapi objects, `List`s with a resourceVersion,
+//! A small Kubernetes API server for tests and the demo: pods and namespaces over HTTPS (a CA
+//! generated at start, handed out in kubeconfigs; plain HTTP as an option) on loopback, speaking the real wire format (k8s-openapi objects, `List`s with a resourceVersion,
 //! newline-delimited watch events, `Status` errors), with fault injection at run time.
 //!
 //! Behaviour copied from a real API server because clients depend on it: a global resourceVersion
@@ -14,6 +14,7 @@
 mod http;
 mod role;
 mod selector;
+mod tls;
 
 pub use role::main;
 
@@ -60,6 +61,14 @@ pub enum TestServerError {
     },
     #[error("invalid object: {0}")]
     InvalidObject(String),
+    #[error("cannot write the CA to {path}: {source}")]
+    WriteCa {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot set up TLS: {0}")]
+    Tls(String),
     #[error("{kind} {key} not found")]
     NotFound { kind: &'static str, key: String },
 }
@@ -153,6 +162,9 @@ pub struct TestServerOptions {
     pub bookmark_interval: Duration,
     /// How many changes are kept for watch replay before older resourceVersions expire (410).
     pub history_limit: usize,
+    /// Serve HTTPS with a CA generated at start (the default, as every cluster does); `false`
+    /// serves plain HTTP.
+    pub tls: bool,
 }
 
 impl Default for TestServerOptions {
@@ -162,6 +174,7 @@ impl Default for TestServerOptions {
             token: Some(DEFAULT_TOKEN.to_string()),
             bookmark_interval: Duration::from_secs(2),
             history_limit: 1000,
+            tls: true,
         }
     }
 }
@@ -275,6 +288,9 @@ struct Running {
 
 struct Shared {
     addr: SocketAddr,
+    tls: Option<tls::TestTls>,
+    /// GETs of single pods, by the pod's `spec.nodeName` ("" when unscheduled or not found).
+    pod_gets: Mutex<BTreeMap<String, u64>>,
     options: TestServerOptions,
     store: Mutex<Store>,
     token: Mutex<Option<String>>,
@@ -329,10 +345,17 @@ impl TestApiServer {
                 addr: requested,
                 source,
             })?;
+        let tls = if options.tls {
+            Some(tls::TestTls::generate()?)
+        } else {
+            None
+        };
         let (events, _) = broadcast::channel(1024);
         let (activity, _) = tokio::sync::watch::channel(0u64);
         let shared = Arc::new(Shared {
             addr,
+            tls,
+            pod_gets: Mutex::new(BTreeMap::new()),
             store: Mutex::new(Store {
                 resource_version: 1,
                 objects: BTreeMap::new(),
@@ -357,9 +380,25 @@ impl TestApiServer {
         Ok(TestApiServer { shared })
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// `https://127.0.0.1:<port>` (`http://` when started without TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.shared.addr)
+        let scheme = if self.shared.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.shared.addr)
+    }
+
+    /// The CA clients must trust, PEM (`None` for plain HTTP).
+    pub fn ca_pem(&self) -> Option<String> {
+        self.shared.tls.as_ref().map(|t| t.ca_pem.clone())
+    }
+
+    /// How many single-pod GETs (`/api/v1/namespaces/{ns}/pods/{name}`, any subresource) asked
+    /// for pods scheduled on `node`.
+    pub fn pod_gets_on_node(&self, node: &str) -> u64 {
+        lock(&self.shared.pod_gets).get(node).copied().unwrap_or(0)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -527,8 +566,14 @@ impl TestApiServer {
 
     /// Writes a kubeconfig pointing here, in the layout install-cni writes (cluster `local`,
     /// user `istio-cni`, context `istio-cni-context`, embedded token).
+    /// With TLS the CA is embedded as `certificate-authority-data`.
     pub fn write_kubeconfig(&self, path: &Path) -> Result<(), TestServerError> {
-        write_kubeconfig(path, &self.url(), self.token().as_deref())
+        write_kubeconfig(
+            path,
+            &self.url(),
+            self.token().as_deref(),
+            self.ca_pem().as_deref(),
+        )
     }
 
     /// Loads a fixtures file: a JSON array of Pods/Namespaces, or a Kubernetes List of them.
@@ -575,11 +620,24 @@ impl Shared {
         *lock(&self.generation) = cancel.clone();
         let app = router(self.clone());
         let shutdown = cancel.clone();
+        let listener = match &self.tls {
+            Some(tls) => Err(tls.listener(listener, cancel.clone())),
+            None => Ok(listener),
+        };
         let task = tokio::spawn(async move {
             // Serving ends only on shutdown; an accept error is not something a test can fix.
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { shutdown.cancelled().await })
-                .await;
+            let _ = match listener {
+                Err(tls) => {
+                    axum::serve(tls, app)
+                        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                        .await
+                }
+                Ok(listener) => {
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                        .await
+                }
+            };
         });
         Running { cancel, task }
     }
@@ -723,15 +781,25 @@ fn validate(kind: Kind, object: &Value) -> Result<(), String> {
     result.map_err(|e| e.to_string())
 }
 
-fn write_kubeconfig(path: &Path, url: &str, token: Option<&str>) -> Result<(), TestServerError> {
+fn write_kubeconfig(
+    path: &Path,
+    url: &str,
+    token: Option<&str>,
+    ca_pem: Option<&str>,
+) -> Result<(), TestServerError> {
+    use base64::Engine as _;
     // JSON strings are valid YAML scalars, so quoting through serde_json escapes safely.
     let quote = |s: &str| Value::String(s.to_string()).to_string();
+    let ca = ca_pem.map_or_else(String::new, |pem| {
+        let data = base64::engine::general_purpose::STANDARD.encode(pem);
+        format!("    certificate-authority-data: {data}\n")
+    });
     let user = match token {
         Some(token) => format!("    token: {}\n", quote(token)),
         None => "    {}\n".to_string(),
     };
     let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    server: {server}\n  name: local\n\
+        "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n{ca}    server: {server}\n  name: local\n\
          contexts:\n- context:\n    cluster: local\n    user: istio-cni\n  name: istio-cni-context\n\
          current-context: istio-cni-context\npreferences: {{}}\nusers:\n- name: istio-cni\n  user:\n{user}",
         server = quote(url),
@@ -750,7 +818,7 @@ mod tests {
     fn kubeconfig_written_for_the_server_parses() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("kubeconfig");
-        write_kubeconfig(&path, "http://127.0.0.1:1234", Some("tok\"en")).expect("writes");
+        write_kubeconfig(&path, "http://127.0.0.1:1234", Some("tok\"en"), None).expect("writes");
         let text = std::fs::read_to_string(&path).expect("reads");
         let parsed = kube::config::Kubeconfig::from_yaml(&text).expect("parses");
         assert_eq!(parsed.current_context.as_deref(), Some("istio-cni-context"));

@@ -18,6 +18,8 @@ pub const DEFAULT_ADD_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_KUBE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the pod lookup is retried (Istio: 30 attempts, 1 s apart).
 pub const DEFAULT_POD_LOOKUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// The agent answers from memory in well under a millisecond; past this a GET is the better bet.
+pub const DEFAULT_POD_FACTS_TIMEOUT: Duration = Duration::from_millis(5);
 
 /// One ambient enablement selector pair (shape checked when the config is parsed, operators and
 /// keys when the selector is used; absent selects everything).
@@ -42,6 +44,8 @@ pub struct NetConf {
     pub add_timeout: Duration,
     pub kube_call_timeout: Duration,
     pub pod_lookup_timeout: Duration,
+    /// How long the plugin waits for install-cni's pod-facts answer before GETting the pod.
+    pub pod_facts_timeout: Duration,
 }
 
 /// The config's spec version as libcni decodes it: absent means 0.1.0.
@@ -195,6 +199,11 @@ impl NetConf {
                 &obj,
                 "pod_lookup_timeout_seconds",
                 DEFAULT_POD_LOOKUP_TIMEOUT,
+            )?,
+            pod_facts_timeout: seconds(
+                &obj,
+                "pod_facts_timeout_seconds",
+                DEFAULT_POD_FACTS_TIMEOUT,
             )?,
         })
     }

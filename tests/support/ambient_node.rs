@@ -131,6 +131,14 @@ impl Node {
         // The plugin's kubeconfig (written by install-cni) carries the SA token.
         let token = api.server.token().unwrap_or_default();
         std::fs::write(dirs.sa.join("token"), token).expect("token");
+        // ...and the API server's CA (the test server speaks TLS, as a cluster does).
+        let protocol = match api.server.ca_pem() {
+            Some(ca) => {
+                std::fs::write(dirs.sa.join("ca.crt"), ca).expect("ca.crt");
+                "https"
+            }
+            None => "http",
+        };
 
         let ipam = tempfile::tempdir().expect("tempdir");
         let conflist = json!({
@@ -156,7 +164,7 @@ impl Node {
         let mut add = |k: &str, v: &str| env.push((k.to_string(), v.to_string()));
         add("KUBERNETES_SERVICE_HOST", "127.0.0.1");
         add("KUBERNETES_SERVICE_PORT", &port);
-        add("KUBERNETES_SERVICE_PROTOCOL", "http");
+        add("KUBERNETES_SERVICE_PROTOCOL", protocol);
         add("KUBECONFIG", kubeconfig.to_str().expect("utf-8"));
         add("AMBIENT_ENABLED", "true");
         add("NODE_NAME", NODE);

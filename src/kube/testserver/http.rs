@@ -47,6 +47,7 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
             post(control_set_fault).delete(control_clear_faults),
         )
         .route("/testserver/requests", get(control_requests))
+        .route("/testserver/pod-gets", get(control_pod_gets))
         .route("/testserver/compact", post(control_compact))
         .fallback(not_routed)
         .method_not_allowed_fallback(method_not_allowed)
@@ -477,7 +478,15 @@ type PodPath = axum::extract::Path<(String, String)>;
 
 async fn get_pod(State(shared): AppState, axum::extract::Path((ns, name)): PodPath) -> Response {
     let key = (Kind::Pod, ns, name);
-    match lock(&shared.store).objects.get(&key) {
+    let store = lock(&shared.store);
+    let node = store
+        .objects
+        .get(&key)
+        .and_then(|pod| pod.pointer("/spec/nodeName"))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    *lock(&shared.pod_gets).entry(node.to_string()).or_default() += 1;
+    match store.objects.get(&key) {
         Some(object) => json_response(StatusCode::OK, object),
         None => not_found("pods", &key.2),
     }
@@ -791,6 +800,12 @@ async fn control_clear_faults(State(shared): AppState) -> Response {
 async fn control_requests(State(shared): AppState) -> Response {
     let requests = lock(&shared.requests).clone();
     json_response(StatusCode::OK, &json!(requests))
+}
+
+/// `{"<node>": <GETs of single pods on that node>}` ("" = unscheduled or unknown pods).
+async fn control_pod_gets(State(shared): AppState) -> Response {
+    let counts = lock(&shared.pod_gets).clone();
+    json_response(StatusCode::OK, &json!(counts))
 }
 
 async fn control_compact(State(shared): AppState) -> Response {

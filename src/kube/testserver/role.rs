@@ -22,10 +22,17 @@ struct Args {
     /// accept requests without a token
     #[argh(switch)]
     anonymous: bool,
+    /// serve plain HTTP instead of HTTPS with a generated CA
+    #[argh(switch)]
+    plain_http: bool,
+    /// write the generated CA (PEM) here, e.g. as a service account's ca.crt
+    #[argh(option)]
+    ca_out: Option<PathBuf>,
 }
 
-/// Entry point of the `test-apiserver` role: prints the URL on stdout line 1 once listening and
-/// serves until SIGTERM/SIGINT.
+/// Entry point of the `test-apiserver` role: prints the URL on stdout line 1 once listening (an
+/// `https://` one unless `--plain-http`; the CA is in the `--kubeconfig-out` file) and serves
+/// until SIGTERM/SIGINT.
 pub fn main(args: Vec<String>) -> i32 {
     let strs: Vec<&str> = args.iter().map(String::as_str).collect();
     let (command, rest) = strs
@@ -71,6 +78,7 @@ async fn run(args: Args) -> Result<(), TestServerError> {
         } else {
             Some(args.token.unwrap_or_else(|| DEFAULT_TOKEN.to_string()))
         },
+        tls: !args.plain_http,
         ..TestServerOptions::default()
     };
     let server = TestApiServer::start_with(options).await?;
@@ -79,6 +87,12 @@ async fn run(args: Args) -> Result<(), TestServerError> {
     }
     if let Some(path) = &args.kubeconfig_out {
         server.write_kubeconfig(path)?;
+    }
+    if let (Some(path), Some(ca)) = (&args.ca_out, server.ca_pem()) {
+        std::fs::write(path, ca).map_err(|source| TestServerError::WriteCa {
+            path: path.clone(),
+            source,
+        })?;
     }
     let signal_error = |source| TestServerError::Listen {
         addr: server.addr(),
