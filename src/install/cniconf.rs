@@ -352,6 +352,18 @@ mod tests {
         String::from_utf8(read(name)).expect("utf8")
     }
 
+    /// A float in a primary's config survives our rewrite exactly: were it re-read 1 ulp off,
+    /// the owned copy would never match its primary again and be rewritten on every check.
+    #[test]
+    fn floats_survive_marshal_and_reparse() {
+        let text = br#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"x","f":-3.7877248441367966e+155}]}"#;
+        let primary = classify("10-n.conflist", text).unwrap();
+        let ours = insert("02-istio-cni.conflist", &primary.value, &test_plugin(false)).unwrap();
+        let reread = classify("02-istio-cni.conflist", &marshal(&ours)).unwrap();
+        assert_eq!(reread.value, ours);
+        assert_eq!(check_owned_copy(&reread.value, &primary), Ok(()));
+    }
+
     #[test]
     fn standalone_matches_istio_cni_conf() {
         let out = String::from_utf8(test_plugin(false).standalone_bytes()).expect("utf8");
