@@ -9,6 +9,8 @@ use serde_json::{Map, Value};
 
 #[path = "properties/cniconf.rs"]
 mod cniconf;
+#[path = "properties/install.rs"]
+mod install;
 #[path = "properties/plugin.rs"]
 mod plugin;
 #[path = "properties/wire.rs"]

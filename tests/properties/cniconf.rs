@@ -27,7 +27,7 @@ fn istio(level: &str, ambient: bool) -> IstioPlugin {
 }
 
 /// A plugin entry: the primary's kind, or a stale istio-cni entry with any content.
-fn plugin() -> impl Strategy<Value = Value> {
+pub fn plugin() -> impl Strategy<Value = Value> {
     prop_oneof![
         3 => (prop::sample::select(&["calico", "bandwidth", "portmap", "cilium-cni", "flannel"][..]), any_json())
             .prop_map(|(t, extra)| json!({"type": t, "extra": extra})),
@@ -35,7 +35,7 @@ fn plugin() -> impl Strategy<Value = Value> {
     ]
 }
 
-fn primary_list() -> impl Strategy<Value = Value> {
+pub fn primary_list() -> impl Strategy<Value = Value> {
     ("[a-z0-9-]{1,16}", prop::collection::vec(plugin(), 1..6), any_json())
         .prop_map(|(name, plugins, extra)| json!({"cniVersion": "1.0.0", "name": name, "plugins": plugins, "x-extra": extra}))
 }
