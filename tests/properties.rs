@@ -13,6 +13,8 @@ mod cniconf;
 mod install;
 #[path = "properties/plugin.rs"]
 mod plugin;
+#[path = "properties/sidecar.rs"]
+mod sidecar;
 #[path = "properties/wire.rs"]
 mod wire;
 

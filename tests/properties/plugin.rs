@@ -97,7 +97,7 @@ fn event() -> impl Strategy<Value = PluginAddEvent> {
                 .prop_map(|(a, p)| format!("{}/{p}", std::net::Ipv6Addr::from(a))),
         ],
         prop::option::of(any::<i64>()),
-        prop::option::of(any::<[u8; 4]>().prop_map(|a| std::net::IpAddr::from(a))),
+        prop::option::of(any::<[u8; 4]>().prop_map(std::net::IpAddr::from)),
     )
         .prop_map(|(cidr, interface, gateway)| EventIp {
             interface,
