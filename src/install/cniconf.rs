@@ -198,6 +198,13 @@ pub fn insert(file: &str, primary: &Value, istio: &IstioPlugin) -> Result<Value,
     if obj.contains_key("type") && !obj.contains_key("plugins") {
         let mut single = obj.clone();
         single.remove("cniVersion");
+        // A single istio-cni plugin (a stale standalone file) is an istio entry like any other:
+        // wrapping it would chain the plugin twice.
+        let plugins = if is_istio_entry(primary) {
+            vec![entry]
+        } else {
+            vec![Value::Object(single), entry]
+        };
         let mut list = Map::new();
         list.insert(
             "cniVersion".to_string(),
@@ -207,10 +214,7 @@ pub fn insert(file: &str, primary: &Value, istio: &IstioPlugin) -> Result<Value,
             "name".to_string(),
             Value::String(WRAPPED_LIST_NAME.to_string()),
         );
-        list.insert(
-            "plugins".to_string(),
-            Value::Array(vec![Value::Object(single), entry]),
-        );
+        list.insert("plugins".to_string(), Value::Array(plugins));
         return Ok(Value::Object(list));
     }
     let mut out = obj.clone();
@@ -284,6 +288,7 @@ pub fn primary_plugins(primary: &Candidate) -> Vec<Value> {
             .and_then(Value::as_array)
             .map(|p| p.iter().filter(|x| !is_istio_entry(x)).cloned().collect())
             .unwrap_or_default(),
+        Kind::Single if is_istio_entry(&primary.value) => Vec::new(),
         Kind::Single => {
             let mut single = primary.value.clone();
             if let Value::Object(m) = &mut single {
@@ -350,6 +355,31 @@ mod tests {
 
     fn golden(name: &str) -> String {
         String::from_utf8(read(name)).expect("utf8")
+    }
+
+    /// A stale standalone istio-cni `.conf` as the primary: wrapped, it must not chain the
+    /// plugin twice (the list would then fail our own check and be rewritten).
+    #[test]
+    fn a_single_istio_plugin_is_not_wrapped_twice() {
+        let stale = serde_json::json!({"cniVersion": "0.3.1", "name": "x", "type": ISTIO_TYPE});
+        let ours = test_plugin(false);
+        let merged = insert("20-b.conf", &stale, &ours).unwrap();
+        assert_eq!(merged["plugins"], Value::Array(vec![ours.list_entry()]));
+        assert_eq!(check_chained(&merged, &ours), Ok(()));
+        let c = classify("20-b.conf", &marshal(&stale)).unwrap();
+        assert_eq!(primary_plugins(&c), Vec::<Value>::new());
+    }
+
+    /// A float in a primary's config survives our rewrite exactly: were it re-read 1 ulp off,
+    /// the owned copy would never match its primary again and be rewritten on every check.
+    #[test]
+    fn floats_survive_marshal_and_reparse() {
+        let text = br#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"x","f":-3.7877248441367966e+155}]}"#;
+        let primary = classify("10-n.conflist", text).unwrap();
+        let ours = insert("02-istio-cni.conflist", &primary.value, &test_plugin(false)).unwrap();
+        let reread = classify("02-istio-cni.conflist", &marshal(&ours)).unwrap();
+        assert_eq!(reread.value, ours);
+        assert_eq!(check_owned_copy(&reread.value, &primary), Ok(()));
     }
 
     #[test]

@@ -100,13 +100,10 @@ pub fn format_record(
     for (k, v) in fields {
         obj.entry(k.clone()).or_insert_with(|| v.clone());
     }
-    // JSON escapes C0 controls (newline, ESC); DEL and C1 are escaped as in the agent's logs.
-    let line = serde_json::Value::Object(obj).to_string();
-    crate::telemetry::logging::escape_controls(
-        &line,
-        crate::telemetry::logging::Controls::BeyondAscii,
-    )
-    .into_owned()
+    // JSON escapes C0 controls (newline, ESC); DEL and C1 are escaped as in the agent's logs,
+    // in the values (escaping the serialized line would make it invalid JSON, and the sink
+    // would drop the record).
+    crate::telemetry::logging::escape_json_controls(serde_json::Value::Object(obj)).to_string()
 }
 
 /// A size-capped append-only file with one backup (`<name>.1`).
@@ -369,8 +366,12 @@ mod tests {
         assert_eq!(v["pod"], "ns/p");
         assert_eq!(v["time"], "1970-01-01T00:00:00.000000Z");
         fields.insert("pod\n".into(), "a\u{1b}[31m\u{9b}".into());
-        let line = format_record(&Level::INFO, UNIX_EPOCH, "x\ry", &fields);
+        let line = format_record(&Level::INFO, UNIX_EPOCH, "x\ry\u{7f}", &fields);
         assert!(!line.chars().any(char::is_control), "{line:?}");
+        // Still one JSON object, so the agent's log sink does not drop it.
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["msg"], "x\ry\\u{7f}");
+        assert_eq!(v["pod\n"], "a\u{1b}[31m\\u{9b}");
     }
 
     #[test]

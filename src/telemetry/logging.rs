@@ -227,14 +227,12 @@ where
             obj.insert("scope".into(), Value::String(scope.into()));
             obj.insert("msg".into(), Value::String(esc(&c.message)));
             for (k, v) in extra {
-                let v = match v {
-                    Value::String(s) => Value::String(esc(&s)),
-                    other => other,
-                };
-                obj.entry(esc(&k)).or_insert(v);
+                obj.entry(esc(&k)).or_insert(escape_json_controls(v));
             }
+            // Every string is escaped already: escaping the serialized line instead would put
+            // `\u{9b}` into JSON text, an invalid escape that breaks the whole record.
             let line = serde_json::to_string(&Value::Object(obj)).map_err(|_| fmt::Error)?;
-            writeln!(w, "{}", escape_controls(&line, Controls::BeyondAscii))
+            writeln!(w, "{line}")
         } else {
             // One record, one line, no terminal escapes: every control character in every part
             // (forwarded plugin records included) is written escaped.
@@ -284,6 +282,23 @@ pub fn escape_controls(s: &str, which: Controls) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// `v` with DEL and C1 escaped ([`Controls::BeyondAscii`]) in every string and key, at any
+/// depth. JSON output must be escaped this way, before serializing: the escapes are then plain
+/// text inside JSON strings, so the line stays valid JSON and carries no raw control character.
+pub fn escape_json_controls(v: Value) -> Value {
+    let esc = |s: &str| escape_controls(s, Controls::BeyondAscii).into_owned();
+    match v {
+        Value::String(s) => Value::String(esc(&s)),
+        Value::Array(items) => Value::Array(items.into_iter().map(escape_json_controls).collect()),
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| (esc(&k), escape_json_controls(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
 /// `2024-01-02T03:04:05.123456Z`.
 pub fn rfc3339_micros(t: SystemTime) -> String {
     match jiff::Timestamp::try_from(t) {
@@ -297,6 +312,18 @@ mod tests {
     use super::*;
     use std::time::Duration;
     use std::time::UNIX_EPOCH;
+
+    #[test]
+    fn json_escapes_stay_valid_json_at_any_depth() {
+        let forged = serde_json::json!({"k\u{7f}": ["a\u{9b}2J", {"n": "\u{85}"}], "n": 1});
+        let escaped = escape_json_controls(forged);
+        let line = serde_json::to_string(&escaped).unwrap();
+        assert!(!line.chars().any(char::is_control), "{line}");
+        let back: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back["k\\u{7f}"][0], "a\\u{9b}2J");
+        assert_eq!(back["k\\u{7f}"][1]["n"], "\\u{85}");
+        assert_eq!(back["n"], 1);
+    }
 
     #[test]
     fn time_format() {
