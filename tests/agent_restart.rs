@@ -130,39 +130,28 @@ fn restart_keeps_everything(backend: Backend) {
     }
 }
 
-/// The probe set as the test poller reads it (a closure that owns what it needs).
+/// The probe set's IPv4 members as the test poller reads them (with the product's parsers of the
+/// two listings), from a thread of its own.
 fn node_probe_reader(node: &Node) -> impl Fn() -> BTreeSet<String> + Send + 'static {
-    let (ns, backend) = (node.ns.path().to_string(), node.backend);
+    use istio_cni::apply::probe_set::{NFT_TABLE, parse_ipset_save, parse_nft_set};
+    use istio_cni::rules::ambient::PROBE_SET_V4;
+    let (net, backend) = (format!("--net={}", node.ns.path()), node.backend);
     move || {
-        let out = match backend {
-            Backend::Iptables => std::process::Command::new("nsenter")
-                .args([
-                    &format!("--net={ns}"),
-                    "ipset",
-                    "list",
-                    "istio-inpod-probes-v4",
-                ])
-                .output(),
-            Backend::Nftables => std::process::Command::new("nsenter")
-                .args([
-                    &format!("--net={ns}"),
-                    "nft",
-                    "list",
-                    "set",
-                    "inet",
-                    "istio-ambient-nat",
-                    "istio-inpod-probes-v4",
-                ])
-                .output(),
+        let list: &[&str] = match backend {
+            Backend::Iptables => &["ipset", "save", PROBE_SET_V4],
+            Backend::Nftables => &["nft", "list", "set", "inet", NFT_TABLE, PROBE_SET_V4],
         };
-        let text = out
+        let out = std::process::Command::new("nsenter")
+            .arg(&net)
+            .args(list)
+            .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
-        // Both listings name each member's address as a word of its own.
-        text.split(|c: char| c.is_whitespace() || c == ',' || c == '{' || c == '}')
-            .filter(|w| w.parse::<std::net::Ipv4Addr>().is_ok())
-            .map(str::to_string)
-            .collect()
+        let entries = match backend {
+            Backend::Iptables => parse_ipset_save(&out),
+            Backend::Nftables => parse_nft_set(&out),
+        };
+        entries.keys().map(|ip| ip.to_string()).collect()
     }
 }
 

@@ -331,26 +331,9 @@ fn every_covered_rule_shape_matches_iptables_nft_restore() {
     let rules = b.build();
 
     let oracle = Netns::new("zooref");
-    for (tool, family_rules) in [
-        ("iptables-nft-restore", &rules.v4),
-        ("ip6tables-nft-restore", &rules.v6),
-    ] {
-        let text = istio_cni::rules::iptables::render_restore(family_rules);
-        let mut child = std::process::Command::new("ip")
-            .args(["netns", "exec", &oracle.name, tool, "--noflush"])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .expect("restore");
-        std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
-        assert!(child.wait().unwrap().success(), "{tool} refused:\n{text}");
-    }
+    restore_with_iptables_nft(&oracle, &rules);
     let ours = Netns::new("zoo");
-    let applied = {
-        let rules = rules.clone();
-        ours.spawn(move || istio_cni::apply::iptables::apply_nft_netlink(&rules))
-            .join()
-            .unwrap()
-    };
+    let applied = apply_over_netlink(&ours, &rules);
     applied.expect("covered shapes are encoded and accepted");
     let listing = |ns: &Netns| {
         String::from_utf8_lossy(
@@ -423,29 +406,9 @@ fn ambient_inpod_rules_match_iptables_nft_restore() {
     for (i, (cfg, pod)) in cases.into_iter().enumerate() {
         let rules = inpod_rules(&cfg, &pod);
         let oracle = Netns::new("inpodref");
-        for (tool, family_rules) in [
-            ("iptables-nft-restore", &rules.v4),
-            ("ip6tables-nft-restore", &rules.v6),
-        ] {
-            if family_rules.is_empty() {
-                continue;
-            }
-            let text = istio_cni::rules::iptables::render_restore(family_rules);
-            let mut child = std::process::Command::new("ip")
-                .args(["netns", "exec", &oracle.name, tool, "--noflush"])
-                .stdin(std::process::Stdio::piped())
-                .spawn()
-                .expect("restore");
-            std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
-            assert!(child.wait().unwrap().success(), "{tool} refused:\n{text}");
-        }
+        restore_with_iptables_nft(&oracle, &rules);
         let ours = Netns::new("inpod");
-        let applied = {
-            let rules = rules.clone();
-            ours.spawn(move || istio_cni::apply::iptables::apply_nft_netlink(&rules))
-                .join()
-                .unwrap()
-        };
+        let applied = apply_over_netlink(&ours, &rules);
         applied.unwrap_or_else(|e| panic!("case {i}: in-pod rules are encoded and accepted: {e}"));
         let view = |ns: &Netns| {
             let listing = ns
@@ -465,4 +428,35 @@ fn ambient_inpod_rules_match_iptables_nft_restore() {
         };
         assert_eq!(view(&ours), view(&oracle), "case {i}");
     }
+}
+
+/// The oracle: `rules` applied in `ns` by iptables-nft-restore itself, family by family.
+fn restore_with_iptables_nft(ns: &Netns, rules: &istio_cni::rules::RuleSet) {
+    for (tool, family_rules) in [
+        ("iptables-nft-restore", &rules.v4),
+        ("ip6tables-nft-restore", &rules.v6),
+    ] {
+        if family_rules.is_empty() {
+            continue;
+        }
+        let text = istio_cni::rules::iptables::render_restore(family_rules);
+        let mut child = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns.name, tool, "--noflush"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("restore");
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
+        assert!(child.wait().unwrap().success(), "{tool} refused:\n{text}");
+    }
+}
+
+/// `rules` applied in `ns` through our nf_tables encoding (no process).
+fn apply_over_netlink(
+    ns: &Netns,
+    rules: &istio_cni::rules::RuleSet,
+) -> Result<(), istio_cni::apply::iptables::NftNetlinkError> {
+    let rules = rules.clone();
+    ns.spawn(move || istio_cni::apply::iptables::apply_nft_netlink(&rules))
+        .join()
+        .unwrap()
 }

@@ -11,7 +11,6 @@
 mod cni_driver;
 mod install_support;
 
-use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -195,28 +194,7 @@ fn sidecar_add_vs_bare_restore() {
         requests_up += timed_add(&conf_up, &mut up, &mut up_flow);
 
         let ns = NetnsGuard::new("bbare");
-        let text = rules.clone();
-        let took = istio_cni::netns::Netns::open(&ns.path())
-            .and_then(|ns| {
-                ns.run(move || {
-                    let start = Instant::now();
-                    let mut child = Command::new("iptables-nft-restore")
-                        .arg("--noflush")
-                        .stdin(Stdio::piped())
-                        .spawn()
-                        .expect("iptables-nft-restore");
-                    child
-                        .stdin
-                        .take()
-                        .unwrap()
-                        .write_all(text.as_bytes())
-                        .unwrap();
-                    assert!(child.wait().unwrap().success());
-                    start.elapsed()
-                })
-            })
-            .unwrap();
-        bare.push(took);
+        bare.push(timed_restore(&ns.path(), &rules));
     }
     let median = |mut v: Vec<Duration>| {
         v.sort();
