@@ -206,21 +206,7 @@ mod tests {
     use serde_json::json;
 
     fn cfg() -> RepairConfig {
-        RepairConfig {
-            enabled: true,
-            delete_pods: false,
-            label_pods: false,
-            repair_pods: true,
-            broken_pod_label_key: "cni.istio.io/uninitialized".into(),
-            broken_pod_label_value: "true".into(),
-            node_name: "n1".into(),
-            sidecar_annotation: "sidecar.istio.io/status".into(),
-            init_container_name: "istio-validation".into(),
-            init_container_termination_message: String::new(),
-            init_container_exit_code: 126,
-            label_selectors: String::new(),
-            field_selectors: String::new(),
-        }
+        crate::repair::test_config()
     }
 
     /// A sidecar pod whose validation container has `state` now and last terminated with `last`.

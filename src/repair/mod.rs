@@ -171,3 +171,23 @@ pub fn start(
     let task = tokio::spawn(controller.run(stop.child_token()));
     Ok(Repair { task })
 }
+
+/// Istio's defaults with repair on for node `n1` (the unit tests' starting point).
+#[cfg(test)]
+pub(crate) fn test_config() -> RepairConfig {
+    RepairConfig {
+        enabled: true,
+        delete_pods: false,
+        label_pods: false,
+        repair_pods: true,
+        broken_pod_label_key: "cni.istio.io/uninitialized".into(),
+        broken_pod_label_value: "true".into(),
+        node_name: "n1".into(),
+        sidecar_annotation: "sidecar.istio.io/status".into(),
+        init_container_name: "istio-validation".into(),
+        init_container_termination_message: String::new(),
+        init_container_exit_code: 126,
+        label_selectors: String::new(),
+        field_selectors: String::new(),
+    }
+}
