@@ -26,7 +26,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use ambient_node::{Backend, Node, PodNs, other_node_pod, rss_mb};
+use ambient_node::{Backend, Node, PodNs, rss_mb};
 use istio_cni::agent::dataplane::{Dataplane, DataplaneSettings, PodNet};
 use istio_cni::netns::Netns;
 use nix::sched::{CloneFlags, setns};
@@ -312,12 +312,7 @@ fn agent_rss_flat_under_churn() {
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     node.namespace("elsewhere", json!({AMBIENT: "ambient"}));
     let before = rss_mb(&node);
-    for i in 0..others {
-        node.api
-            .server
-            .add_pod(other_node_pod(i, 0))
-            .expect("add pod");
-    }
+    node.add_other_node_pods(others);
     let pods = node_pods(&node, "amb", "p", enrolled);
     // An ADD that missed its 4.5 s budget on a busy machine still gets enrolled by the agent
     // (ztunnel acks late); what is measured here is memory once all are in.
@@ -337,15 +332,7 @@ fn agent_rss_flat_under_churn() {
     std::thread::sleep(Duration::from_secs(2));
     let after_enrol = rss_mb(&node);
 
-    // Other nodes' pods churn: deleted and recreated under new names (new UIDs).
-    for i in 0..churn {
-        node.api.server.delete_pod("elsewhere", &format!("o{i}-g0"));
-        node.api
-            .server
-            .add_pod(other_node_pod(i, 1))
-            .expect("recreate pod");
-    }
-    std::thread::sleep(Duration::from_secs(3));
+    node.churn_other_node_pods(churn);
     let after_churn = rss_mb(&node);
     assert_eq!(node.peer.workloads().len(), enrolled);
     assert_eq!(node.peer.violations(), Vec::<String>::new());

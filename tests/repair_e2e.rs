@@ -294,7 +294,7 @@ fn label_mode_labels_the_broken_pod_and_a_watch_restart_misses_nothing() {
 #[test]
 #[ignore]
 fn install_cni_rss_with_repair_flat_under_churn() {
-    use ambient_node::{other_node_pod, rss_mb};
+    use ambient_node::rss_mb;
     let env_usize = |name: &str, default: usize| {
         std::env::var(name)
             .ok()
@@ -309,12 +309,7 @@ fn install_cni_rss_with_repair_flat_under_churn() {
     node.namespace("elsewhere", json!({}));
     std::thread::sleep(Duration::from_secs(2));
     let idle = rss_mb(&node);
-    for i in 0..others {
-        node.api
-            .server
-            .add_pod(other_node_pod(i, 0))
-            .expect("add pod");
-    }
+    node.add_other_node_pods(others);
     let names: Vec<String> = (0..here).map(|i| format!("s{i}")).collect();
     for (i, name) in names.iter().enumerate() {
         let ip = format!("10.251.{}.{}", i / 250, i % 250 + 2);
@@ -332,14 +327,7 @@ fn install_cni_rss_with_repair_flat_under_churn() {
     });
     std::thread::sleep(Duration::from_secs(2));
     let loaded = rss_mb(&node);
-    for i in 0..churn {
-        node.api.server.delete_pod("elsewhere", &format!("o{i}-g0"));
-        node.api
-            .server
-            .add_pod(other_node_pod(i, 1))
-            .expect("recreate pod");
-    }
-    std::thread::sleep(Duration::from_secs(3));
+    node.churn_other_node_pods(churn);
     let churned = rss_mb(&node);
     assert!(names[broken..].iter().all(|n| label_of(&node, n).is_none()));
 

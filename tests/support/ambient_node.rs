@@ -553,6 +553,31 @@ pub fn rss_mb(node: &Node) -> f64 {
     kb / 1024.0
 }
 
+impl Node {
+    /// Puts `n` pods of other nodes (generation 0) into the API server.
+    pub fn add_other_node_pods(&self, n: usize) {
+        for i in 0..n {
+            self.api
+                .server
+                .add_pod(other_node_pod(i, 0))
+                .expect("add pod");
+        }
+    }
+
+    /// Other nodes' churn: the first `n` of them deleted and recreated under new names (new
+    /// UIDs), then a moment for the watch to deliver it.
+    pub fn churn_other_node_pods(&self, n: usize) {
+        for i in 0..n {
+            self.api.server.delete_pod("elsewhere", &format!("o{i}-g0"));
+            self.api
+                .server
+                .add_pod(other_node_pod(i, 1))
+                .expect("recreate pod");
+        }
+        std::thread::sleep(Duration::from_secs(3));
+    }
+}
+
 /// A pod scheduled on another node (the agent must never cache these).
 pub fn other_node_pod(i: usize, generation: usize) -> k8s_openapi::api::core::v1::Pod {
     serde_json::from_value(json!({
