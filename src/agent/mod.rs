@@ -8,7 +8,7 @@
 //! data plane's (`dataplane`), ZDS is the `zds` room's; the agent reaches both and the API server's annotation
 //! patch through the traits in `ports` (fakes in `testing`, test-only).
 //!
-//! May call: `cli`, `kube`, `rules`, `apply`, `netns`, `netlink`, `telemetry`, `zds`.
+//! May call: `cli`, `kube`, `retry`, `rules`, `apply`, `netns`, `netlink`, `telemetry`, `zds`.
 
 pub mod cache;
 pub mod dataplane;

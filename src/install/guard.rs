@@ -22,6 +22,9 @@ pub trait GuardObserver: Send + 'static {
     fn set_ready(&self, ready: bool);
     /// An install pass ended: `None` = success, `Some(label)` = Istio's failure label.
     fn pass_result(&self, failure: Option<&'static str>);
+    /// A pass (re)wrote the install: the first one, or a repair of our entry that something
+    /// removed or changed (pods started meanwhile may lack their rules: verify them).
+    fn installed(&self) {}
 }
 
 enum Msg {
@@ -314,6 +317,7 @@ fn run(installer: &mut Installer, obs: &dyn GuardObserver, tx: Sender<Msg>, rx: 
         match installer.install_all() {
             Ok(Outcome::Installed) => {
                 waiting_logged = None;
+                obs.installed();
             }
             Ok(Outcome::WaitingForPrimary(what)) => {
                 if waiting_logged.as_deref() != Some(what.as_str()) {

@@ -1,6 +1,6 @@
 //! The `install-cni` role: installs this binary as the CNI plugin, merges our entry into the node's
 //! CNI config, writes the plugin kubeconfig, guards all of it, and cleans up on shutdown.
-//! May call: `cli`, `kube`, `telemetry`, `agent`, `repair`.
+//! May call: `cli`, `kube`, `retry`, `telemetry`, `agent`, `repair`.
 //!
 //! Files: `config` (flags/env, pure; split into `flags`, `values` (how each kind of value is read;
 //! selector YAML through serde-saphyr into `kube::selector`), `resolve` (flag > env > default),
@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::kube::KubeClient;
+use crate::retry::periodic::Kick;
 use crate::telemetry::health::{self, Readiness};
 use crate::telemetry::logging::{self, LogSettings, ScopeLevels};
 use crate::telemetry::logsink;
@@ -135,6 +136,9 @@ fn log_settings(cfg: &Config) -> LogSettings {
 struct Observer {
     readiness: Readiness,
     metrics: Metrics,
+    /// Asks the drift verifiers for a pass (issue 13): pods started while our entry was missing
+    /// ran without the plugin.
+    drift: Kick,
 }
 
 impl guard::GuardObserver for Observer {
@@ -145,6 +149,10 @@ impl guard::GuardObserver for Observer {
 
     fn pass_result(&self, failure: Option<&'static str>) {
         self.metrics.install_result(failure.unwrap_or("SUCCESS"));
+    }
+
+    fn installed(&self) {
+        self.drift.kick();
     }
 }
 
@@ -206,6 +214,8 @@ async fn run(cfg: Config) -> i32 {
     let metrics = Metrics::default();
     let readiness = Readiness::default();
     readiness.register(INSTALLER);
+    // Kicked when the guard (re)installs; the drift verifiers then run a pass at once.
+    let drift_kick = Kick::new();
 
     if let Some(port) = cfg.monitoring_port {
         match health::serve_metrics(port, metrics.clone(), stop.clone()).await {
@@ -343,6 +353,7 @@ async fn run(cfg: Config) -> i32 {
     let observer = Observer {
         readiness: readiness.clone(),
         metrics: metrics.clone(),
+        drift: drift_kick.clone(),
     };
     let guard = match guard::spawn(installer, observer) {
         Ok(g) => g,

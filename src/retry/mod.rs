@@ -9,6 +9,8 @@
 //! module only fixes the policy: which spacing, which deadline. May call: nothing else in this
 //! crate.
 
+pub mod periodic;
+
 use std::future::Future;
 use std::time::{Duration, Instant};
 

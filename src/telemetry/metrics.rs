@@ -33,6 +33,12 @@ pub struct RepairLabels {
     pub result: String,
 }
 
+/// `kind` label of the drift counters: `ambient_rules`, `probe_set`, `sidecar_rules`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DriftLabel {
+    pub kind: String,
+}
+
 /// Handles to every metric; clone-cheap (the metrics are shared).
 #[derive(Clone, Default)]
 pub struct Metrics {
@@ -42,6 +48,10 @@ pub struct Metrics {
     pub reconcile_events: Family<EventTypeLabel, Counter>,
     pub ztunnel_connected: Gauge,
     pub pods_repaired: Family<RepairLabels, Counter>,
+    /// Ours: drift found in a pod's netns (or the probe set) and healed.
+    pub drift_repaired: Family<DriftLabel, Counter>,
+    /// Ours: drift found and NOT healed (reported with an event; not retried until it changes).
+    pub drift_unhealed: Family<DriftLabel, Counter>,
 }
 
 impl Metrics {
@@ -50,6 +60,20 @@ impl Metrics {
         self.installs
             .get_or_create(&ResultLabel {
                 result: result.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one drift healed (`healed`) or reported as not healable.
+    pub fn drift(&self, kind: &str, healed: bool) {
+        let family = if healed {
+            &self.drift_repaired
+        } else {
+            &self.drift_unhealed
+        };
+        family
+            .get_or_create(&DriftLabel {
+                kind: kind.to_string(),
             })
             .inc();
     }
@@ -86,6 +110,16 @@ impl Metrics {
             "istio_cni_repair_pods_repaired",
             "Total number of pods repaired by the repair controller",
             self.pods_repaired.clone(),
+        );
+        r.register(
+            "istio_cni_drift_repaired",
+            "Total number of drifted redirection rules (or probe set entries) found and healed",
+            self.drift_repaired.clone(),
+        );
+        r.register(
+            "istio_cni_drift_unhealed",
+            "Total number of drifted pods found that could not be healed (reported)",
+            self.drift_unhealed.clone(),
         );
         r
     }

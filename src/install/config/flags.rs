@@ -49,6 +49,9 @@ pub struct Flags {
     /// host netns directory mount; default /host/var/run/netns (env HOST_NETNS_DIR)
     #[argh(option)]
     pub host_netns_dir: Option<String>,
+    /// how often every redirected pod's netns is checked against its expected rules and healed (a Go duration, jittered up to +25%; 0 disables); default 60s (env DRIFT_VERIFY_INTERVAL)
+    #[argh(option)]
+    pub drift_verify_interval: Option<String>,
     /// port of /healthz and /readyz (0 = any free port); default 8000 (env HEALTH_PORT)
     #[argh(option)]
     pub health_port: Option<String>,

@@ -289,6 +289,18 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         }
     }
 
+    let drift_verify_interval = match r.raw(&f.drift_verify_interval, "DRIFT_VERIFY_INTERVAL") {
+        None => Some(DEFAULT_DRIFT_VERIFY_INTERVAL),
+        Some(raw) => match crate::cli::parse_go_duration(raw.value.trim()) {
+            Some(d) if d.is_zero() => None,
+            Some(d) if d < std::time::Duration::from_secs(1) => {
+                return Err(invalid(&raw, "expected at least 1s (or 0 to disable)"));
+            }
+            Some(d) => Some(d),
+            None => return Err(invalid(&raw, "expected a Go duration such as 60s or 5m")),
+        },
+    };
+
     Ok(Config {
         install,
         repair,
@@ -302,6 +314,7 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
             "HOST_NETNS_DIR",
             "/host/var/run/netns",
         )),
+        drift_verify_interval,
         warnings,
     })
 }

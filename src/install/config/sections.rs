@@ -9,6 +9,8 @@ pub const DEFAULT_OWNED_FILENAME: &str = "02-istio-cni.conflist";
 pub const DEFAULT_STANDALONE_FILENAME: &str = "YYY-istio-cni.conf";
 /// Name of the plugin kubeconfig in the run dir.
 pub const KUBECONFIG_FILENAME: &str = "istio-cni-kubeconfig";
+/// Default `DRIFT_VERIFY_INTERVAL`.
+pub const DEFAULT_DRIFT_VERIFY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 /// Name the plugin binary is installed under.
 pub const PLUGIN_BINARY: &str = "istio-cni";
 
@@ -193,6 +195,8 @@ pub struct Config {
     pub monitoring_port: Option<u16>,
     pub host_proc_dir: PathBuf,
     pub host_netns_dir: PathBuf,
+    /// `DRIFT_VERIFY_INTERVAL`: the drift verification period (`None` = off). Ours, not Istio's.
+    pub drift_verify_interval: Option<std::time::Duration>,
     /// Warnings found while parsing, logged once logging is up.
     pub warnings: Vec<String>,
 }
