@@ -123,6 +123,7 @@ pub fn dataplane_settings(
         allow_switch_to_host_ns: c.allow_switch_to_host_ns,
         scoped_xtables_locking: c.scoped_xtables_locking,
         skip_host_rules: false,
+        aws_branch_eni_probe: c.aws_branch_eni_probe,
     }
 }
 

@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkHeader,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkHeader,
     NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage, AddressScope};
@@ -120,6 +120,138 @@ impl RouteSession {
                 _ => continue,
             }
         }
+    }
+
+    /// Sends one dump request and collects every answer up to `NLMSG_DONE` (multi-part replies
+    /// span several reads).
+    fn dump(
+        &mut self,
+        msg: RouteNetlinkMessage,
+        what: &str,
+    ) -> Result<Vec<RouteNetlinkMessage>, NetlinkError> {
+        let failed = |source: std::io::Error| NetlinkError::Request {
+            what: what.to_string(),
+            source,
+        };
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        header.sequence_number = seq;
+        let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(msg));
+        packet.finalize();
+        let mut buf = vec![0u8; packet.buffer_len()];
+        packet.serialize(&mut buf);
+        let socket = self.socket()?;
+        socket.send(&buf, 0).map_err(failed)?;
+        let mut answers = Vec::new();
+        // A dump answer packs several messages into one read; 32 KiB holds the kernel's chunks.
+        let mut reply = vec![0u8; 4 * REPLY_BUFFER];
+        loop {
+            let n = socket.recv(&mut &mut reply[..], 0).map_err(failed)?;
+            if n == 0 {
+                return Err(failed(std::io::Error::from(
+                    std::io::ErrorKind::UnexpectedEof,
+                )));
+            }
+            let mut at = 0;
+            while at < n {
+                let msg = <NetlinkMessage<RouteNetlinkMessage>>::deserialize(&reply[at..n])
+                    .map_err(|e| failed(std::io::Error::other(e.to_string())))?;
+                let len = msg.header.length as usize;
+                if len == 0 {
+                    return Err(failed(std::io::Error::other("zero-length netlink message")));
+                }
+                // Messages are 4-byte aligned within a read.
+                at += (len + 3) & !3;
+                if msg.header.sequence_number != seq {
+                    continue;
+                }
+                match msg.payload {
+                    NetlinkPayload::Done(_) => return Ok(answers),
+                    NetlinkPayload::Error(e) if e.code.is_some() => return Err(failed(e.to_io())),
+                    NetlinkPayload::InnerMessage(inner) => answers.push(inner),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// `ip rule show` of one family, as plain values.
+    pub fn list_rules(&mut self, ipv6: bool) -> Result<Vec<PolicyRule>, NetlinkError> {
+        let mut msg = RuleMessage::default();
+        msg.header.family = family(ipv6);
+        let answers = self.dump(RouteNetlinkMessage::GetRule(msg), "ip rule show")?;
+        Ok(answers
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewRule(rule) => Some(PolicyRule::from_message(&rule)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The interfaces (by index) of the host routes to `ip` (`/32` or `/128`) in `table`.
+    pub fn host_route_links(&mut self, table: u32, ip: IpAddr) -> Result<Vec<u32>, NetlinkError> {
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = family(ip.is_ipv6());
+        let answers = self.dump(
+            RouteNetlinkMessage::GetRoute(msg),
+            &format!("ip route show table {table}"),
+        )?;
+        let full = if ip.is_ipv6() { 128 } else { 32 };
+        let mut links = Vec::new();
+        for m in answers {
+            let RouteNetlinkMessage::NewRoute(route) = m else {
+                continue;
+            };
+            if route.header.destination_prefix_length != full {
+                continue;
+            }
+            let mut route_table = u32::from(route.header.table);
+            let (mut dst, mut oif) = (None, None);
+            for attr in &route.attributes {
+                match attr {
+                    RouteAttribute::Table(t) => route_table = *t,
+                    RouteAttribute::Destination(RouteAddress::Inet(a)) => {
+                        dst = Some(IpAddr::V4(*a))
+                    }
+                    RouteAttribute::Destination(RouteAddress::Inet6(a)) => {
+                        dst = Some(IpAddr::V6(*a))
+                    }
+                    RouteAttribute::Oif(i) => oif = Some(*i),
+                    _ => {}
+                }
+            }
+            if route_table == table
+                && dst == Some(ip)
+                && let Some(oif) = oif
+            {
+                links.push(oif);
+            }
+        }
+        Ok(links)
+    }
+
+    /// `ip rule add` of a destination or input-interface rule; one already there is fine.
+    pub fn add_policy_rule(&mut self, rule: &PolicyRule) -> Result<(), NetlinkError> {
+        match self.request(
+            RouteNetlinkMessage::NewRule(rule.message()),
+            NLM_F_CREATE | NLM_F_EXCL,
+            &format!("ip rule add {rule}"),
+        ) {
+            Err(e) if e.is_exists() => Ok(()),
+            other => other,
+        }
+    }
+
+    /// `ip rule del` of the rule; none there is fine.
+    pub fn delete_policy_rule(&mut self, rule: &PolicyRule) -> Result<(), NetlinkError> {
+        ignore_absent(self.request(
+            RouteNetlinkMessage::DelRule(rule.message()),
+            0,
+            &format!("ip rule del {rule}"),
+        ))
     }
 
     /// Adds an address to an interface; an existing one is fine.
@@ -319,6 +451,103 @@ impl std::fmt::Display for MarkRule {
             self.priority
         )
     }
+}
+
+/// A policy rule `[to IP] [iif NAME] lookup TABLE pref PRIORITY` of one family (the family is
+/// the destination's; without one, `ipv6` says). What `ip rule` lists, as plain values.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PolicyRule {
+    pub ipv6: bool,
+    /// A host destination (`/32` or `/128`); other destinations list as `None` with `other_dst`.
+    pub to: Option<IpAddr>,
+    /// The rule matches some other selector this model does not carry (a prefix destination, a
+    /// source, a mark...): never one of ours, never an `iif`-only rule.
+    pub other_match: bool,
+    pub iif: Option<String>,
+    pub table: u32,
+    pub priority: u32,
+}
+
+/// The kernel's local routing table (`lookup local`).
+pub const TABLE_LOCAL: u32 = 255;
+/// The kernel's main routing table.
+pub const TABLE_MAIN: u32 = 254;
+
+impl PolicyRule {
+    fn from_message(msg: &RuleMessage) -> PolicyRule {
+        let mut rule = PolicyRule {
+            ipv6: msg.header.family == AddressFamily::Inet6,
+            to: None,
+            other_match: msg.header.src_len != 0,
+            iif: None,
+            table: u32::from(msg.header.table),
+            priority: 0,
+        };
+        let full = if rule.ipv6 { 128 } else { 32 };
+        for attr in &msg.attributes {
+            match attr {
+                RuleAttribute::Destination(ip) if msg.header.dst_len == full => rule.to = Some(*ip),
+                RuleAttribute::Destination(_) => rule.other_match = true,
+                RuleAttribute::Iifname(name) => rule.iif = Some(name.clone()),
+                RuleAttribute::Table(t) => rule.table = *t,
+                RuleAttribute::Priority(p) => rule.priority = *p,
+                RuleAttribute::FwMark(_) | RuleAttribute::Oifname(_) | RuleAttribute::Source(_) => {
+                    rule.other_match = true
+                }
+                _ => {}
+            }
+        }
+        rule
+    }
+
+    fn message(&self) -> RuleMessage {
+        let mut msg = RuleMessage::default();
+        msg.header.family = family(self.ipv6);
+        msg.header.action = RuleAction::ToTable;
+        msg.header.table = if self.table < 256 {
+            self.table as u8
+        } else {
+            0
+        };
+        if let Some(ip) = self.to {
+            msg.header.dst_len = if ip.is_ipv6() { 128 } else { 32 };
+            msg.attributes.push(RuleAttribute::Destination(ip));
+        }
+        if let Some(iif) = &self.iif {
+            msg.attributes.push(RuleAttribute::Iifname(iif.clone()));
+        }
+        msg.attributes.push(RuleAttribute::Table(self.table));
+        msg.attributes.push(RuleAttribute::Priority(self.priority));
+        msg
+    }
+}
+
+impl std::fmt::Display for PolicyRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.ipv6 {
+            f.write_str("-6 ")?;
+        }
+        if let Some(ip) = self.to {
+            write!(f, "to {ip} ")?;
+        }
+        if let Some(iif) = &self.iif {
+            write!(f, "iif {iif} ")?;
+        }
+        match self.table {
+            TABLE_LOCAL => f.write_str("lookup local")?,
+            TABLE_MAIN => f.write_str("lookup main")?,
+            t => write!(f, "lookup {t}")?,
+        }
+        write!(f, " pref {}", self.priority)
+    }
+}
+
+/// The name of the interface with index `index`, if it exists.
+pub fn interface_name(index: u32) -> Option<String> {
+    let all = nix::net::if_::if_nameindex().ok()?;
+    all.iter()
+        .find(|i| i.index() == index)
+        .map(|i| i.name().to_string_lossy().into_owned())
 }
 
 /// `ip rule fwmark MARK lookup TABLE`.

@@ -6,12 +6,13 @@
 //! construction ([`crate::apply::backend`]) and logged with its reason. Blocking: callers run these on a blocking thread.
 //! Owns nothing of Kubernetes or ZDS; it is given plain pod facts ([`PodNet`]).
 
+pub mod branch_eni;
 mod probe;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tracing::{info, warn};
 
@@ -28,6 +29,7 @@ use crate::apply::probe_set::{self, Ipsets, NftSets, ProbeSets, SetOp};
 use crate::apply::sidecar::Outcome;
 use crate::netns::{Netns, NetnsError};
 use crate::rules::ambient::{AmbientConfig, PodOverrides};
+use branch_eni::BranchEniProbe;
 
 /// The data plane's settings (from the agent's configuration).
 #[derive(Debug, Clone)]
@@ -49,6 +51,9 @@ pub struct DataplaneSettings {
     pub scoped_xtables_locking: bool,
     /// Skip the host rules at construction (tests that only program pods).
     pub skip_host_rules: bool,
+    /// `AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE` (active only where the host has
+    /// `tcp_early_demux=0`, see [`branch_eni`]).
+    pub aws_branch_eni_probe: bool,
 }
 
 impl Default for DataplaneSettings {
@@ -62,6 +67,7 @@ impl Default for DataplaneSettings {
             allow_switch_to_host_ns: false,
             scoped_xtables_locking: true,
             skip_host_rules: false,
+            aws_branch_eni_probe: true,
         }
     }
 }
@@ -119,6 +125,12 @@ pub enum DataplaneError {
     },
     #[error("kubelet UID for the nftables probe rule: {0}")]
     KubeletUid(#[source] KubeletUidError),
+    #[error("AWS branch-ENI probe rules ({what}): {source}")]
+    BranchEni {
+        what: String,
+        #[source]
+        source: crate::netlink::routes::NetlinkError,
+    },
 }
 
 /// The data plane of one node.
@@ -130,6 +142,8 @@ pub struct Dataplane {
     probes: probe::Batcher,
     /// nftables: in-pod transaction -> how it lists once applied (learnt once each).
     nft_listings: Mutex<HashMap<String, String>>,
+    /// The AWS branch-ENI probe routing of enrolled pods (inert on other hosts).
+    branch_eni: Arc<BranchEniProbe>,
 }
 
 impl Dataplane {
@@ -155,12 +169,17 @@ impl Dataplane {
             warn!("{w}");
         }
         info!(backend = ?decision.backend, flavour = ?decision.force_binary, reason = %decision.reason, "ambient data plane backend");
+        let branch_eni = BranchEniProbe::new(settings.aws_branch_eni_probe, &settings.host_proc);
+        if branch_eni.active() {
+            info!("AWS branch-ENI probe routing is on (the host has tcp_early_demux=0)");
+        }
         let dp = Dataplane {
             settings: settings.clone(),
             decision,
             host_netns,
             probes: probe::Batcher::default(),
             nft_listings: Mutex::new(HashMap::new()),
+            branch_eni: Arc::new(branch_eni),
         };
         if !settings.skip_host_rules {
             dp.program_host()?;
@@ -263,23 +282,46 @@ impl Dataplane {
 
     /// Puts the pod's IPs into the probe sets under its UID (a reused IP moves to this UID).
     pub fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), DataplaneError> {
-        let (uid, ips) = (uid.to_string(), ips.to_vec());
+        let (owner, wanted) = (uid.to_string(), ips.to_vec());
         self.probe_batch(format!("add pod {uid}"), false, move |current| {
-            (probe_set::plan_upsert(current, &uid, &ips), vec![])
-        })
+            (probe_set::plan_upsert(current, &owner, &wanted), vec![])
+        })?;
+        self.branch_eni_step(format!("add pod {uid}"), ips, true)
+    }
+
+    /// Adds (`add`) or removes the branch-ENI probe rules of `ips`, in the host netns.
+    fn branch_eni_step(
+        &self,
+        what: String,
+        ips: &[IpAddr],
+        add: bool,
+    ) -> Result<(), DataplaneError> {
+        if !self.branch_eni.active() || ips.is_empty() {
+            return Ok(());
+        }
+        let (probe, ips) = (self.branch_eni.clone(), ips.to_vec());
+        in_host(&self.host_netns, move || {
+            if add {
+                probe.add(&ips).map(|_| ())
+            } else {
+                probe.remove(&ips)
+            }
+        })?
+        .map_err(|source| DataplaneError::BranchEni { what, source })
     }
 
     /// Removes the pod's IPs from the probe sets, only where the entry carries its UID.
     pub fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), DataplaneError> {
-        let (owner, ips) = (uid.to_string(), ips.to_vec());
+        let (owner, gone) = (uid.to_string(), ips.to_vec());
         self.probe_batch(format!("remove pod {uid}"), false, move |current| {
-            let (ops, foreign) = probe_set::plan_remove(current, &owner, &ips);
+            let (ops, foreign) = probe_set::plan_remove(current, &owner, &gone);
             let warnings = foreign
                 .into_iter()
                 .map(|ip| format!("probe set entry {ip} belongs to another pod; left in place"))
                 .collect();
             (ops, warnings)
-        })
+        })?;
+        self.branch_eni_step(format!("remove pod {uid}"), ips, false)
     }
 
     /// Reconciles the probe sets with the enrolled pods (never flushed: members stay present
@@ -289,10 +331,17 @@ impl Dataplane {
         members: &[(String, Vec<IpAddr>)],
         prune: bool,
     ) -> Result<(), DataplaneError> {
-        let members = members.to_vec();
+        let wanted = members.to_vec();
         self.probe_batch("sync".to_string(), true, move |current| {
-            (probe_set::plan_sync(current, &members, prune), vec![])
-        })
+            (probe_set::plan_sync(current, &wanted, prune), vec![])
+        })?;
+        // Re-learns (and re-adds where missing) every member's branch-ENI rules, so a restarted
+        // agent can still remove them.
+        let ips: Vec<IpAddr> = members
+            .iter()
+            .flat_map(|(_, ips)| ips.iter().copied())
+            .collect();
+        self.branch_eni_step("sync".to_string(), &ips, true)
     }
 
     /// Queues a probe-set change (batched with concurrent ones, see [`probe`]); returns once it
