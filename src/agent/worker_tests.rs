@@ -55,6 +55,7 @@ fn rig() -> Rig {
             annotator: ann.clone(),
             cache: Arc::new(PodCache::default()),
             locks: Default::default(),
+            probe_gate: Default::default(),
         },
         timing: timing(),
         metrics: Default::default(),
