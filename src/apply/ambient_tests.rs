@@ -159,12 +159,29 @@ fn removing_is_the_plan_without_rules() {
 #[test]
 fn the_nft_transaction_deletes_tables_the_pod_no_longer_uses() {
     let text = inpod_nft_transaction(&cfg(false), &PodOverrides::default());
+    // Every table of ours goes first (with anything added to it), then the used ones return.
+    for t in ["nat", "mangle", "raw"] {
+        let delete =
+            format!("add table inet istio-ambient-{t}\ndelete table inet istio-ambient-{t}\n");
+        assert!(
+            text.starts_with(&render_cleanup(&NftTable::AMBIENT_POD)),
+            "{text}"
+        );
+        assert_eq!(text.matches(&delete).count(), 1, "{text}");
+    }
     assert!(
-        text.ends_with("add table inet istio-ambient-raw\ndelete table inet istio-ambient-raw\n"),
+        !text.contains("flush table inet istio-ambient-raw"),
+        "{text}"
+    );
+    assert!(
+        text.contains("flush table inet istio-ambient-nat"),
         "{text}"
     );
     let with_dns = inpod_nft_transaction(&cfg(true), &PodOverrides::default());
-    assert!(!with_dns.contains("delete table"), "{with_dns}");
+    assert!(
+        with_dns.contains("flush table inet istio-ambient-raw"),
+        "{with_dns}"
+    );
 }
 
 /// Records what would run; every command succeeds with no output (an empty netns's `*-save`).
