@@ -7,7 +7,8 @@
 //! (`istio_cni_drift_repaired_total{kind=...}`) and recorded as an event on pod A. Pod B, never
 //! touched, is never rewritten: with iptables its rules' packet counters (`iptables-save -c`,
 //! non-zero from a ping first) keep their values across the passes; with nftables its rules keep
-//! their handles (`nft -a list ruleset`: a rewrite gives new ones). Run once per backend.
+//! their handles (`nft -a list ruleset`: a rewrite gives new ones). Run once per backend. And
+//! install-cni's guard, putting back our CNI entry that something removed, starts a pass at once.
 
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
@@ -149,8 +150,11 @@ fn nft_handle(listing: &str, needle: &str) -> (String, String) {
     panic!("no rule with {needle:?} in:\n{listing}")
 }
 
+/// One way of breaking a pod's rules: what it is, and the commands doing it.
+type Breakage = (&'static str, Box<dyn Fn(&PodNs)>);
+
 /// The ways pod A's rules are broken, per backend.
-fn breakages(backend: Backend) -> Vec<(&'static str, Box<dyn Fn(&PodNs)>)> {
+fn breakages(backend: Backend) -> Vec<Breakage> {
     match backend {
         Backend::Iptables => vec![
             (
@@ -427,4 +431,53 @@ fn drifted_rules_and_probe_entries_are_healed_untouched_pods_kept_iptables() {
 #[test]
 fn drifted_rules_and_probe_entries_are_healed_untouched_pods_kept_nftables() {
     drift_is_healed(Backend::Nftables);
+}
+
+/// Pods started while our CNI entry was missing ran without the plugin: when the guard puts the
+/// entry back it kicks a drift pass at once (here the period is an hour, so only the kick can
+/// explain the heal). Shows the wiring install-cni guard -> `drift_kick` -> the agent's pass.
+#[test]
+fn the_guard_reinstalling_our_entry_starts_a_pass_at_once() {
+    let node = Node::start_with(Backend::Iptables, &[("DRIFT_VERIFY_INTERVAL", "1h")]);
+    node.namespace("amb", json!({AMBIENT: "ambient"}));
+    node.pod("amb", "a", json!({}));
+    let pod = PodNs::new("kick");
+    let ip = result_ip(
+        &node
+            .add(&pod, "amb", "a")
+            .unwrap_or_else(|e| panic!("ADD: {e}\n{}", node.agent.output())),
+    );
+    node.set_running("amb", "a", &ip);
+    node.wait_until(Duration::from_secs(10), "enrolled", || {
+        node.redirection("amb", "a").as_deref() == Some("enabled")
+    });
+    node.wait_until(Duration::from_secs(10), "the startup pass", || {
+        passes(&node) >= 1
+    });
+    let expected = ours(&pod, Backend::Iptables);
+    run(&pod, "iptables", &["-t", "nat", "-F"]);
+    // Another component rewrites the CNI config without our entry.
+    let conflist = node.dirs.read("10-e2e.conflist").expect("conflist");
+    let mut without: serde_json::Value = serde_json::from_str(&conflist).expect("JSON");
+    without["plugins"]
+        .as_array_mut()
+        .expect("plugins")
+        .retain(|p| p["type"] != "istio-cni");
+    node.dirs
+        .put("10-e2e.conflist", without.to_string().as_bytes());
+    let started = Instant::now();
+    node.wait_until(
+        Duration::from_secs(20),
+        "a kicked pass healing the pod",
+        || ours(&pod, Backend::Iptables) == expected && passes(&node) >= 2,
+    );
+    eprintln!(
+        "healed {:?} after the conflist was rewritten",
+        started.elapsed()
+    );
+    assert!(
+        install_support::has_istio_entry(&node.dirs.read("10-e2e.conflist").expect("conflist")),
+        "the guard did not put our entry back"
+    );
+    assert_eq!(events(&node, "a", "RedirectionDriftRepaired"), 1);
 }
