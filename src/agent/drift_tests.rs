@@ -301,3 +301,33 @@ async fn the_first_pass_runs_at_once_then_on_a_kick_until_stopped() {
         .unwrap();
     assert_eq!(passes(), 2, "only the timer (an hour) could start another");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_reconcile_waits_for_an_add_half_done_and_keeps_its_entry() {
+    let r = rig();
+    // An add between its probe-set write and its record in the cache (holding the gate).
+    let gate = r.core.mesh.probe_gate.read().await;
+    r.core.mesh.cache.ensure("uid-c", Default::default());
+    r.dp.probes
+        .lock()
+        .unwrap()
+        .insert(ip("10.0.0.3"), "uid-c".into());
+    let core = r.core.clone();
+    let running = tokio::spawn(async move {
+        pass(&core, &mut Reported::default(), &CancellationToken::new()).await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        r.dp.count("probe_sync"),
+        0,
+        "reconciled under a half-done add"
+    );
+    r.core
+        .mesh
+        .cache
+        .set_probe_ips("uid-c", Some(vec![ip("10.0.0.3")]));
+    drop(gate);
+    let s = running.await.unwrap();
+    assert_eq!((s.probe_added, s.probe_removed), (0, 0));
+    assert!(r.dp.probes.lock().unwrap().contains_key(&ip("10.0.0.3")));
+}
