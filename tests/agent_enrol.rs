@@ -83,6 +83,7 @@ fn settings(run_dir: PathBuf) -> Settings {
             sync_timeout: T,
             ..Timing::default()
         },
+        drift: None,
     }
 }
 

@@ -12,7 +12,11 @@
 //!   calls) against a bare `iptables-nft-restore --noflush` of the same in-pod rules, each in a
 //!   fresh netns, alternating.
 //! - `agent_rss_flat_under_churn`: the agent's RSS with 250 enrolled pods on this node and 5,000
-//!   pods of other nodes in the API server, then again after the other nodes' pods churn.
+//!   pods of other nodes in the API server, then again after the other nodes' pods churn. The
+//!   drift pass runs every `BENCH_DRIFT_INTERVAL` (default 5s) meanwhile; once the pods are
+//!   enrolled, a few passes are timed from their log lines: pods verified per pass, the median
+//!   pass duration, and the agent's CPU per pass (its own and the tools it ran, from
+//!   /proc/<pid>/stat), with the RSS after them.
 
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
@@ -308,7 +312,11 @@ fn agent_rss_flat_under_churn() {
     let enrolled = env_usize("BENCH_AMBIENT_RSS_PODS", 250);
     let others = env_usize("BENCH_AMBIENT_OTHER_PODS", 5000);
     let churn = env_usize("BENCH_AMBIENT_CHURN", 3000).min(others);
-    let node = Node::start(Backend::Iptables);
+    let drift_interval = std::env::var("BENCH_DRIFT_INTERVAL").unwrap_or_else(|_| "5s".into());
+    let node = Node::start_with(
+        Backend::Iptables,
+        &[("DRIFT_VERIFY_INTERVAL", drift_interval.as_str())],
+    );
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     node.namespace("elsewhere", json!({AMBIENT: "ambient"}));
     let before = rss_mb(&node);
@@ -331,6 +339,8 @@ fn agent_rss_flat_under_churn() {
     });
     std::thread::sleep(Duration::from_secs(2));
     let after_enrol = rss_mb(&node);
+    let drift = drift_passes(&node, enrolled, env_usize("BENCH_DRIFT_PASSES", 3));
+    let after_drift = rss_mb(&node);
 
     node.churn_other_node_pods(churn);
     let after_churn = rss_mb(&node);
@@ -354,4 +364,89 @@ fn agent_rss_flat_under_churn() {
         "| growth from the churn | {:+.1} MB | ~0 |",
         after_churn - after_enrol
     );
+    println!(
+        "| drift pass (every {drift_interval} here, 60 s by default): pods verified per pass | {} of {enrolled} | all |",
+        drift.pods
+    );
+    println!(
+        "| drift pass duration, median of {} passes | {} | < 60 s (one period) |",
+        drift.passes,
+        ms(drift.median)
+    );
+    println!(
+        "| agent CPU per drift pass: own / the `iptables-save` runs it started | {:.0} / {:.0} ms ({:.2} ms per pod) | |",
+        drift.cpu_own_ms,
+        drift.cpu_tools_ms,
+        (drift.cpu_own_ms + drift.cpu_tools_ms) / enrolled.max(1) as f64
+    );
+    println!(
+        "| RSS after the drift passes ({enrolled} pods) | {after_drift:.1} MB ({:+.1} MB) | |",
+        after_drift - after_enrol
+    );
+}
+
+/// What the timed drift passes showed.
+struct DriftPasses {
+    passes: usize,
+    /// Pods verified by the last pass.
+    pods: usize,
+    median: Duration,
+    cpu_own_ms: f64,
+    cpu_tools_ms: f64,
+}
+
+/// The agent's `drift pass done` lines (its key=value fields).
+fn pass_lines(node: &Node) -> Vec<std::collections::HashMap<String, String>> {
+    let lines = node.agent.lines.lock().expect("lines").clone();
+    lines
+        .iter()
+        .filter(|l| l.contains("drift pass done"))
+        .map(|l| {
+            l.split(['\t', ' '])
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Waits for a pass that verified `pods`, then times `n` more: their durations from the log
+/// lines, the agent's CPU (own, and its reaped children: the tools it ran) between the end of
+/// the first and the end of the last, per pass.
+fn drift_passes(node: &Node, pods: usize, n: usize) -> DriftPasses {
+    let verified = |line: &std::collections::HashMap<String, String>| {
+        line.get("pods").and_then(|v| v.parse::<usize>().ok())
+    };
+    node.wait_until(
+        Duration::from_secs(120),
+        "a drift pass over every pod",
+        || {
+            pass_lines(node)
+                .last()
+                .and_then(verified)
+                .is_some_and(|v| v >= pods)
+        },
+    );
+    let agent = node.agent.child.id().to_string();
+    let seen = pass_lines(node).len();
+    let (own0, tools0) = cpu_seconds(&agent);
+    node.wait_until(Duration::from_secs(600), "the timed drift passes", || {
+        pass_lines(node).len() >= seen + n
+    });
+    let (own1, tools1) = cpu_seconds(&agent);
+    let lines = pass_lines(node);
+    let timed = &lines[seen..seen + n];
+    let mut took: Vec<Duration> = timed
+        .iter()
+        .filter_map(|l| l.get("duration_ms")?.parse().ok())
+        .map(Duration::from_millis)
+        .collect();
+    took.sort();
+    DriftPasses {
+        passes: n,
+        pods: timed.last().and_then(verified).unwrap_or(0),
+        median: quantile(&took, 0.5),
+        cpu_own_ms: (own1 - own0) * 1000.0 / n as f64,
+        cpu_tools_ms: (tools1 - tools0) * 1000.0 / n as f64,
+    }
 }

@@ -427,6 +427,10 @@ fn calls_made(data: &BTreeMap<String, String>) -> Vec<(&'static str, ApiCall)> {
             "ambient agent: the redirection annotation",
             call("patch", "", "pods/status", Some("p")),
         ));
+        calls.push((
+            "ambient agent: an event per drift healed or not healable",
+            call("create", "", "events", None),
+        ));
     }
     if on("REPAIR_ENABLED") {
         for verb in ["list", "watch"] {

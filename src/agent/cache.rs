@@ -1,8 +1,10 @@
 //! The pod cache (§3.7): enrolled pod UID -> workload identity and netns handle. It is the ZDS
 //! "state of the world": a connecting ztunnel gets a snapshot of it. Handles close when the last
-//! `Arc` goes (no explicit close).
+//! `Arc` goes (no explicit close). Each entry also keeps the IPs the agent put in the host probe
+//! set for the pod: the expected state the drift pass reconciles the set with.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::ports::WorkloadInfo;
@@ -12,6 +14,10 @@ use crate::netns::Netns;
 pub struct CachedPod {
     pub info: WorkloadInfo,
     pub netns: Option<Arc<Netns>>,
+    /// The pod's probe-set entries: `Some(ips)` as the agent wrote them (empty: none expected,
+    /// e.g. a pod ztunnel has not taken yet), `None` when unknown (restored at startup without
+    /// an IP) — a probe-set reconcile then must not prune.
+    pub probe_ips: Option<Vec<IpAddr>>,
 }
 
 #[derive(Debug, Default)]
@@ -30,9 +36,11 @@ impl PodCache {
 
     /// A placeholder without a netns, unless the pod is already there.
     pub fn ensure(&self, uid: &str, info: WorkloadInfo) {
-        self.write()
-            .entry(uid.to_string())
-            .or_insert(CachedPod { info, netns: None });
+        self.write().entry(uid.to_string()).or_insert(CachedPod {
+            info,
+            netns: None,
+            probe_ips: Some(vec![]),
+        });
     }
 
     /// Records the pod's netns. An entry holding the same namespace (dev, inode) keeps its
@@ -42,6 +50,7 @@ impl PodCache {
         let entry = pods.entry(uid.to_string()).or_insert(CachedPod {
             info: info.clone(),
             netns: None,
+            probe_ips: Some(vec![]),
         });
         entry.info = info;
         match &entry.netns {
@@ -56,6 +65,30 @@ impl PodCache {
 
     pub fn netns(&self, uid: &str) -> Option<Arc<Netns>> {
         self.read().get(uid).and_then(|p| p.netns.clone())
+    }
+
+    /// Records the pod's probe-set entries (see [`CachedPod::probe_ips`]); a pod not cached is
+    /// left out.
+    pub fn set_probe_ips(&self, uid: &str, ips: Option<Vec<IpAddr>>) {
+        if let Some(pod) = self.write().get_mut(uid) {
+            pod.probe_ips = ips;
+        }
+    }
+
+    /// What the probe set should hold: (UID, IPs) of every cached pod with entries, and whether
+    /// every pod's entries are known (only then may strangers be pruned).
+    pub fn probe_members(&self) -> (Vec<(String, Vec<IpAddr>)>, bool) {
+        let pods = self.read();
+        let known = pods.values().all(|p| p.probe_ips.is_some());
+        let mut members: Vec<(String, Vec<IpAddr>)> = pods
+            .iter()
+            .filter_map(|(uid, p)| match &p.probe_ips {
+                Some(ips) if !ips.is_empty() => Some((uid.clone(), ips.clone())),
+                _ => None,
+            })
+            .collect();
+        members.sort();
+        (members, known)
     }
 
     pub fn contains(&self, uid: &str) -> bool {
@@ -110,8 +143,22 @@ mod tests {
         let again = cache.upsert("u", info("b"), Netns::current().unwrap());
         assert!(Arc::ptr_eq(&first, &again));
         assert_eq!(cache.snapshot()[0].1.info.name, "b");
+        assert_eq!(
+            cache.probe_members(),
+            (vec![], true),
+            "no entries expected yet"
+        );
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        cache.set_probe_ips("u", Some(vec![ip]));
+        cache.ensure("v", info("c"));
+        assert_eq!(cache.probe_members(), (vec![("u".into(), vec![ip])], true));
+        cache.set_probe_ips("v", None);
+        assert!(!cache.probe_members().1, "an unknown pod forbids pruning");
+        cache.set_probe_ips("gone", Some(vec![ip]));
+        assert!(!cache.contains("gone"));
         assert!(cache.take("u").is_some());
         assert!(cache.take("u").is_none());
+        cache.take("v");
         assert!(cache.is_empty());
     }
 }

@@ -32,10 +32,8 @@ impl ports::Dataplane for Dataplane {
         Dataplane::find_netns(self, wanted)
     }
 
-    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError> {
-        Dataplane::program_pod(self, netns, pod)
-            .map(drop)
-            .map_err(dataplane_error)
+    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<ports::Outcome, PortError> {
+        Dataplane::program_pod(self, netns, pod).map_err(dataplane_error)
     }
 
     fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError> {
@@ -50,7 +48,11 @@ impl ports::Dataplane for Dataplane {
         Dataplane::probe_remove(self, uid, ips).map_err(dataplane_error)
     }
 
-    fn probe_sync(&self, members: &[(String, Vec<IpAddr>)], prune: bool) -> Result<(), PortError> {
+    fn probe_sync(
+        &self,
+        members: &[(String, Vec<IpAddr>)],
+        prune: bool,
+    ) -> Result<ports::ProbeSynced, PortError> {
         Dataplane::probe_sync(self, members, prune).map_err(dataplane_error)
     }
 }

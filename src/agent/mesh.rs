@@ -70,6 +70,10 @@ pub struct Mesh {
     pub cache: Arc<PodCache>,
     /// Serialises the adds and removes of one pod (plugin requests and watch events).
     pub locks: PodLocks,
+    /// Held shared by one pod's probe-set change and its record in the cache, exclusively by
+    /// the drift pass's reconcile of the whole set: the members it reads from the cache are then
+    /// exactly what the set should hold (no add or remove half done).
+    pub probe_gate: tokio::sync::RwLock<()>,
 }
 
 fn describe(p: &Pod) -> String {
@@ -146,11 +150,7 @@ impl Mesh {
             });
         }
         // After ztunnel's ack, as in Istio: a pending pod has no probe-set entry.
-        let (probe_uid, probe_ips) = (uid.clone(), ips.to_vec());
-        self.blocking(p, Step::ProbeSet, move |dp| {
-            dp.probe_add(&probe_uid, &probe_ips)
-        })
-        .await?;
+        self.probe_add(p, &uid, ips).await?;
         self.annotate(p, Redirection::Enabled).await?;
         info!(pod = %describe(p), uid, "pod enrolled in ambient");
         Ok(())
@@ -195,11 +195,15 @@ impl Mesh {
         let _one_at_a_time = self.locks.lock(&describe(p)).await;
         let uid = pod::uid(p).to_string();
         let ips = pod::ips(p);
-        let (probe_uid, probe_ips) = (uid.clone(), ips.clone());
-        self.blocking(p, Step::ProbeSet, move |dp| {
-            dp.probe_remove(&probe_uid, &probe_ips)
-        })
-        .await?;
+        {
+            let _gate = self.probe_gate.read().await;
+            let (probe_uid, probe_ips) = (uid.clone(), ips.clone());
+            self.blocking(p, Step::ProbeSet, move |dp| {
+                dp.probe_remove(&probe_uid, &probe_ips)
+            })
+            .await?;
+            self.cache.set_probe_ips(&uid, Some(vec![]));
+        }
         let cached = self.cache.take(&uid);
         if !deleted {
             match cached.as_ref().and_then(|c| c.netns.clone()) {
@@ -244,9 +248,20 @@ impl Mesh {
     /// Puts an enrolled pod's (new) IPs in the probe set again.
     pub async fn reassert_probes(&self, p: &Pod, ips: &[IpAddr]) -> Result<(), MeshError> {
         let _one_at_a_time = self.locks.lock(&describe(p)).await;
-        let (uid, ips) = (pod::uid(p).to_string(), ips.to_vec());
-        self.blocking(p, Step::ProbeSet, move |dp| dp.probe_add(&uid, &ips))
-            .await
+        self.probe_add(p, pod::uid(p), ips).await
+    }
+
+    /// Adds the pod's IPs to the probe set and records them in the cache (the drift pass's
+    /// expected state), under the probe gate.
+    async fn probe_add(&self, p: &Pod, uid: &str, ips: &[IpAddr]) -> Result<(), MeshError> {
+        let _gate = self.probe_gate.read().await;
+        let (probe_uid, probe_ips) = (uid.to_string(), ips.to_vec());
+        self.blocking(p, Step::ProbeSet, move |dp| {
+            dp.probe_add(&probe_uid, &probe_ips)
+        })
+        .await?;
+        self.cache.set_probe_ips(uid, Some(ips.to_vec()));
+        Ok(())
     }
 }
 
@@ -280,7 +295,7 @@ mod tests {
             &self,
             netns: &Netns,
             pod: &crate::agent::ports::PodNet,
-        ) -> Result<(), PortError> {
+        ) -> Result<crate::agent::ports::Outcome, PortError> {
             let now = self.in_flight[&pod.uid].fetch_add(1, Ordering::SeqCst) + 1;
             self.most.fetch_max(now, Ordering::SeqCst);
             std::thread::sleep(Duration::from_millis(30));
@@ -300,7 +315,11 @@ mod tests {
         fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
             self.inner.probe_remove(uid, ips)
         }
-        fn probe_sync(&self, m: &[(String, Vec<IpAddr>)], prune: bool) -> Result<(), PortError> {
+        fn probe_sync(
+            &self,
+            m: &[(String, Vec<IpAddr>)],
+            prune: bool,
+        ) -> Result<crate::agent::ports::ProbeSynced, PortError> {
             self.inner.probe_sync(m, prune)
         }
     }
@@ -327,6 +346,7 @@ mod tests {
             annotator: Arc::new(FakeAnnotator::default()),
             cache: Arc::new(PodCache::default()),
             locks: PodLocks::default(),
+            probe_gate: Default::default(),
         });
         let ip: IpAddr = "10.0.0.9".parse().unwrap();
         let add = |name: &'static str, netns: Option<&'static str>| {

@@ -4,7 +4,8 @@
 //! state machine (`machine`), the pod cache that is ztunnel's state of the world (`cache`), the
 //! add/remove steps and their error classes (`mesh`), the keyed work queue fed by the kube
 //! stores (`worker`), the plugin-event server (`server`), the startup sequence and ordered
-//! shutdown (here). The in-pod rules, host probe set, netns finder and backend decision are the
+//! shutdown (here), and the drift pass that verifies enrolled pods' rules and the probe set
+//! periodically and heals them (`drift`). The in-pod rules, host probe set, netns finder and backend decision are the
 //! data plane's (`dataplane`), ZDS is the `zds` room's; the agent reaches both and the API server's annotation
 //! patch through the traits in `ports` (fakes in `testing`, test-only).
 //!
@@ -12,6 +13,7 @@
 
 pub mod cache;
 pub mod dataplane;
+pub mod drift;
 pub mod join;
 pub mod locks;
 pub mod machine;
@@ -110,6 +112,7 @@ impl Agent {
                 annotator: deps.annotator,
                 cache: Arc::new(PodCache::default()),
                 locks: Default::default(),
+                probe_gate: Default::default(),
             },
             timing: settings.timing,
             metrics: deps.metrics,
@@ -135,11 +138,20 @@ impl Agent {
         restore_enrolled(&core, settings.config.reconcile_pod_rules_on_startup).await;
         let worker = Worker::new(core.clone(), shutdown.clone());
         let pump = tokio::spawn(worker.clone().pump());
+        let mut tasks = vec![server, pump];
+        match settings.drift.clone() {
+            Some(schedule) => tasks.push(tokio::spawn(drift::run(
+                core.clone(),
+                schedule,
+                shutdown.clone(),
+            ))),
+            None => info!("drift verification off (DRIFT_VERIFY_INTERVAL=0)"),
+        }
         Ok(Agent {
             core,
             worker,
             shutdown,
-            tasks: vec![server, pump],
+            tasks,
         })
     }
 
@@ -191,8 +203,11 @@ async fn restore_enrolled(core: &Arc<Core>, reconcile: bool) {
         warn!("an enrolled pod has no IP yet; the probe set is not pruned this time");
     }
     let cache = &core.mesh.cache;
-    for p in &snapshot {
-        cache.ensure(pod::uid(p), pod::workload_info(p));
+    for (p, (uid, ips)) in snapshot.iter().zip(&members) {
+        cache.ensure(uid, pod::workload_info(p));
+        // What the sync below puts in the set: the drift pass's expected entries (unknown
+        // without an IP, and then it does not prune either).
+        cache.set_probe_ips(uid, (!ips.is_empty()).then(|| ips.clone()));
     }
     let dp = core.mesh.dataplane.clone();
     let wanted: HashMap<String, Vec<std::net::IpAddr>> = members.iter().cloned().collect();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::kube::{KubeClient, KubeError, MetadataPatch, PodPatchVia};
+use crate::kube::{KubeClient, KubeError, MetadataPatch, PodEvent, PodPatchVia};
 use crate::netns::Netns;
 
 /// A failure of a seam, and whether trying again later may help.
@@ -41,6 +41,11 @@ impl PortError {
 
 /// What the data plane needs to program one pod (the data plane's own type).
 pub use super::dataplane::PodNet;
+/// What a probe-set reconcile changed (the data plane's own type).
+pub use super::dataplane::ProbeSynced;
+/// What programming a pod did: `AlreadyApplied` when the netns held exactly the rules (nothing
+/// written), anything else when it had to write (the apply room's one outcome type).
+pub use crate::apply::sidecar::Outcome;
 
 /// In-pod rules, the host probe set and netns lookup. Blocking calls: the agent runs them on
 /// the blocking pool.
@@ -49,15 +54,21 @@ pub trait Dataplane: Send + Sync + 'static {
     fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, PortError>;
     /// The /proc scan (§3.8): pod UID -> its netns, for the wanted pods (UID -> IPs).
     fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns>;
-    /// In-pod rules and routes; idempotent and atomic.
-    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError>;
+    /// In-pod rules and routes; idempotent and atomic. Reads the netns first: an unchanged pod
+    /// is not written (`Outcome::AlreadyApplied`).
+    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<Outcome, PortError>;
     fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError>;
     /// Adds (replacing other owners of the same IP) the pod's IPs to the probe set.
     fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError>;
     /// Removes only entries owned by `uid`.
     fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError>;
-    /// Makes the set hold `members`; with `prune`, entries of anyone else go.
-    fn probe_sync(&self, members: &[(String, Vec<IpAddr>)], prune: bool) -> Result<(), PortError>;
+    /// Makes the set hold `members` (read fresh from the kernel); with `prune`, entries of anyone
+    /// else go. Returns what it had to change.
+    fn probe_sync(
+        &self,
+        members: &[(String, Vec<IpAddr>)],
+        prune: bool,
+    ) -> Result<ProbeSynced, PortError>;
 }
 
 /// Workload identity sent to ztunnel (the ZDS room's own type).
@@ -78,10 +89,16 @@ pub trait Ztunnel: Send + Sync + 'static {
 /// What an annotator call returns.
 pub type KubeFuture<'a> = BoxFuture<'a, Result<(), KubeError>>;
 
-/// Writes the `ambient.istio.io/redirection` annotation on the pod (`None` removes it).
+/// What the agent writes to the API server about a pod: the `ambient.istio.io/redirection`
+/// annotation (`None` removes it) and events (the drift pass's heals and failures).
 pub trait Annotator: Send + Sync + 'static {
     fn set_redirection<'a>(&'a self, pod: &'a Pod, value: Option<&'a str>) -> KubeFuture<'a>;
+    /// Records an event about the pod (source component [`EVENT_COMPONENT`]).
+    fn event<'a>(&'a self, pod: &'a Pod, event: PodEvent) -> KubeFuture<'a>;
 }
+
+/// The source component of the agent's events.
+pub const EVENT_COMPONENT: &str = "istio-cni-node";
 
 /// The redirection annotation.
 pub const ANN_REDIRECTION: &str = "ambient.istio.io/redirection";
@@ -104,6 +121,14 @@ impl Annotator for KubeAnnotator {
                 .patch_pod_metadata(PodPatchVia::Status, namespace, name, &patch, self.timeout)
                 .await
                 .map(|_| ())
+        })
+    }
+
+    fn event<'a>(&'a self, pod: &'a Pod, event: PodEvent) -> KubeFuture<'a> {
+        Box::pin(async move {
+            self.client
+                .create_pod_event(pod, &event, self.timeout)
+                .await
         })
     }
 }

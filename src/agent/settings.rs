@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::kube::RetryPolicy;
 use crate::kube::selector::enablement::EnablementSelector;
+use crate::retry::periodic::Periodic;
 
 /// Ambient node-agent settings read from env/flags (every one of §3.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +58,9 @@ pub struct Settings {
     /// `POD_NAMESPACE`.
     pub pod_namespace: String,
     pub timing: Timing,
+    /// `DRIFT_VERIFY_INTERVAL` and the kick of install-cni's guard: when the drift pass runs
+    /// (`None`: never).
+    pub drift: Option<Periodic>,
 }
 
 /// The agent's time budgets. Every wait has one.

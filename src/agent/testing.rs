@@ -2,7 +2,7 @@
 //! (test-only: compiled with `cfg(test)` or the `test-hooks` feature). They record every call and
 //! fail on request; netns handles are the test process's own namespace (nothing is programmed).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -11,8 +11,10 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::Notify;
 
 use super::ports::{
-    Annotator, Dataplane, KubeFuture, PodNet, PortError, PortFuture, WorkloadInfo, Ztunnel,
+    Annotator, Dataplane, KubeFuture, Outcome, PodNet, PortError, PortFuture, ProbeSynced,
+    WorkloadInfo, Ztunnel,
 };
+use crate::kube::PodEvent;
 use crate::netns::Netns;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -21,7 +23,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A data plane that only records. `fail_program` makes in-pod programming fail (non-retryable);
 /// `probe_failures` makes that many probe-set calls fail; `find_netns` finds every wanted pod
-/// unless `netns_missing`.
+/// unless `netns_missing`. A pod's first program writes (`Applied`), later ones find the rules in
+/// place (`AlreadyApplied`) unless its UID was put in `drifted` (its rules "changed" since).
 #[derive(Default)]
 pub struct FakeDataplane {
     pub calls: Mutex<Vec<String>>,
@@ -30,6 +33,10 @@ pub struct FakeDataplane {
     pub fail_program: AtomicBool,
     pub netns_missing: AtomicBool,
     pub probe_failures: AtomicU32,
+    /// UIDs programmed at least once.
+    pub programmed: Mutex<BTreeSet<String>>,
+    /// UIDs whose rules drifted: their next program re-applies.
+    pub drifted: Mutex<BTreeSet<String>>,
 }
 
 impl FakeDataplane {
@@ -82,12 +89,18 @@ impl Dataplane for FakeDataplane {
             .collect()
     }
 
-    fn program_pod(&self, _netns: &Netns, pod: &PodNet) -> Result<(), PortError> {
+    fn program_pod(&self, _netns: &Netns, pod: &PodNet) -> Result<Outcome, PortError> {
         self.record(format!("program {}", pod.uid));
         if self.fail_program.load(Ordering::SeqCst) {
             return Err(PortError::permanent("injected in-pod programming failure"));
         }
-        Ok(())
+        let first = lock(&self.programmed).insert(pod.uid.clone());
+        let drifted = lock(&self.drifted).remove(&pod.uid);
+        Ok(if first || drifted {
+            Outcome::Applied
+        } else {
+            Outcome::AlreadyApplied
+        })
     }
 
     fn unprogram_pod(&self, _netns: &Netns, pod: &PodNet) -> Result<(), PortError> {
@@ -113,18 +126,33 @@ impl Dataplane for FakeDataplane {
         Ok(())
     }
 
-    fn probe_sync(&self, members: &[(String, Vec<IpAddr>)], prune: bool) -> Result<(), PortError> {
-        self.record(format!("probe_sync {} prune={prune}", members.len()));
-        let mut probes = lock(&self.probes);
+    fn probe_sync(
+        &self,
+        members: &[(String, Vec<IpAddr>)],
+        prune: bool,
+    ) -> Result<ProbeSynced, PortError> {
+        let mut probes = self.probe_call(format!("probe_sync {} prune={prune}", members.len()))?;
+        let mut report = ProbeSynced::default();
+        let wanted: BTreeMap<IpAddr, &String> = members
+            .iter()
+            .flat_map(|(uid, ips)| ips.iter().map(move |ip| (*ip, uid)))
+            .collect();
         if prune {
-            probes.clear();
+            probes.retain(|ip, _| {
+                let keep = wanted.contains_key(ip);
+                if !keep {
+                    report.removed.push(*ip);
+                }
+                keep
+            });
         }
-        for (uid, ips) in members {
-            for ip in ips {
-                probes.insert(*ip, uid.clone());
+        for (ip, uid) in wanted {
+            if probes.get(&ip) != Some(uid) {
+                probes.insert(ip, uid.clone());
+                report.added.push((uid.clone(), ip));
             }
         }
-        Ok(())
+        Ok(report)
     }
 }
 
@@ -188,11 +216,13 @@ impl Ztunnel for FakeZtunnel {
     }
 }
 
-/// Records the redirection annotation per `namespace/name`.
+/// Records the redirection annotation per `namespace/name`, and events as
+/// (`namespace/name`, event).
 #[derive(Default)]
 pub struct FakeAnnotator {
     pub values: Mutex<BTreeMap<String, String>>,
     pub patches: Mutex<Vec<(String, Option<String>)>>,
+    pub events: Mutex<Vec<(String, PodEvent)>>,
 }
 
 impl FakeAnnotator {
@@ -202,6 +232,10 @@ impl FakeAnnotator {
 
     pub fn patches(&self) -> Vec<(String, Option<String>)> {
         lock(&self.patches).clone()
+    }
+
+    pub fn events(&self) -> Vec<(String, PodEvent)> {
+        lock(&self.events).clone()
     }
 }
 
@@ -215,6 +249,14 @@ impl Annotator for FakeAnnotator {
                 Some(v) => values.insert(key, v.to_string()),
                 None => values.remove(&key),
             };
+            Ok(())
+        })
+    }
+
+    fn event<'a>(&'a self, pod: &'a Pod, event: PodEvent) -> KubeFuture<'a> {
+        Box::pin(async move {
+            let key = format!("{}/{}", super::pod::namespace(pod), super::pod::name(pod));
+            lock(&self.events).push((key, event));
             Ok(())
         })
     }

@@ -55,6 +55,7 @@ fn rig() -> Rig {
             annotator: ann.clone(),
             cache: Arc::new(PodCache::default()),
             locks: Default::default(),
+            probe_gate: Default::default(),
         },
         timing: timing(),
         metrics: Default::default(),
@@ -241,6 +242,13 @@ async fn removal_is_retried_and_clears_the_annotation() {
     let r = rig();
     r.enrol("shop", "a");
     r.until_annotation("shop/a", Some("enabled")).await;
+    // The probe entry the add wrote is what the drift pass will expect in the set.
+    let ip: std::net::IpAddr = "10.0.0.9".parse().unwrap();
+    let cache = &r.worker.core().mesh.cache;
+    assert_eq!(
+        cache.probe_members(),
+        (vec![("uid-a".into(), vec![ip])], true)
+    );
     // The store now shows the annotation; then the namespace is unlabelled.
     let mut shown = enrolled("shop", "a");
     shown.metadata.resource_version = Some("2".into());
@@ -257,6 +265,11 @@ async fn removal_is_retried_and_clears_the_annotation() {
     assert_eq!(r.dp.count("unprogram uid-a"), 1);
     assert!(!r.zt.has("uid-a"));
     assert!(r.dp.probes.lock().unwrap().is_empty());
+    assert_eq!(
+        cache.probe_members(),
+        (vec![], true),
+        "no entry expected any more"
+    );
 }
 
 #[tokio::test]

@@ -283,15 +283,13 @@ fn apply_iptables_with(
     Ok(Outcome::Applied)
 }
 
-/// The in-pod nftables transaction: our tables replaced, the ones this pod does not use deleted.
+/// The in-pod nftables transaction: our tables deleted (whatever they hold, a chain someone
+/// added included) and the ones this pod uses created again, in one transaction; so a re-apply
+/// after drift converges to exactly the planned tables.
 pub fn inpod_nft_transaction(cfg: &AmbientConfig, pod: &PodOverrides) -> String {
     let set = ambient::inpod_nft_rules(cfg, pod);
-    let mut text = render_transaction(&set, &NftTable::AMBIENT_POD);
-    let unused: Vec<NftTable> = NftTable::AMBIENT_POD
-        .into_iter()
-        .filter(|t| !set.rules.iter().any(|r| r.table == *t))
-        .collect();
-    text.push_str(&render_cleanup(&unused));
+    let mut text = render_cleanup(&NftTable::AMBIENT_POD);
+    text.push_str(&render_transaction(&set, &NftTable::AMBIENT_POD));
     text
 }
 

@@ -103,6 +103,46 @@ fn a_doubled_jump_or_a_foreign_rule_in_our_chain_is_drift() {
 }
 
 #[test]
+fn a_flushed_table_a_deleted_rule_or_a_replaced_jump_is_drift() {
+    let rules = inpod_rules(&cfg(false), &PodOverrides::default());
+    // `iptables -t nat -F`: our chains stay declared, every rule of the table goes.
+    let mut flushed = saved_after(&rules.v4);
+    flushed
+        .get_mut("nat")
+        .unwrap()
+        .values_mut()
+        .for_each(Vec::clear);
+    let text = plan_family(&flushed, &rules.v4, INPOD_CHAINS).expect("flushed nat");
+    assert!(text.contains("-A PREROUTING -j ISTIO_PRERT"), "{text}");
+    // One rule of ours deleted.
+    let mut deleted = saved_after(&rules.v4);
+    let prert = deleted
+        .get_mut("nat")
+        .unwrap()
+        .get_mut("ISTIO_PRERT")
+        .unwrap();
+    assert!(prert.len() > 1);
+    prert.remove(0);
+    assert!(plan_family(&deleted, &rules.v4, INPOD_CHAINS).is_some());
+    // PREROUTING's jump into our chain replaced by a jump elsewhere: ours is put back, the
+    // foreign rule is not ours to delete.
+    let mut replaced = saved_after(&rules.v4);
+    let prerouting = replaced
+        .get_mut("nat")
+        .unwrap()
+        .get_mut("PREROUTING")
+        .unwrap();
+    let jump = prerouting
+        .iter_mut()
+        .find(|r| r.as_str() == "-j ISTIO_PRERT")
+        .expect("our jump");
+    *jump = "-j OTHER".into();
+    let text = plan_family(&replaced, &rules.v4, INPOD_CHAINS).expect("replaced jump");
+    assert!(text.contains("-A PREROUTING -j ISTIO_PRERT"), "{text}");
+    assert!(!text.contains("OTHER"), "{text}");
+}
+
+#[test]
 fn removing_is_the_plan_without_rules() {
     let rules = inpod_rules(&cfg(true), &PodOverrides::default());
     let state = saved_after(&rules.v4);
@@ -119,12 +159,29 @@ fn removing_is_the_plan_without_rules() {
 #[test]
 fn the_nft_transaction_deletes_tables_the_pod_no_longer_uses() {
     let text = inpod_nft_transaction(&cfg(false), &PodOverrides::default());
+    // Every table of ours goes first (with anything added to it), then the used ones return.
+    for t in ["nat", "mangle", "raw"] {
+        let delete =
+            format!("add table inet istio-ambient-{t}\ndelete table inet istio-ambient-{t}\n");
+        assert!(
+            text.starts_with(&render_cleanup(&NftTable::AMBIENT_POD)),
+            "{text}"
+        );
+        assert_eq!(text.matches(&delete).count(), 1, "{text}");
+    }
     assert!(
-        text.ends_with("add table inet istio-ambient-raw\ndelete table inet istio-ambient-raw\n"),
+        !text.contains("flush table inet istio-ambient-raw"),
+        "{text}"
+    );
+    assert!(
+        text.contains("flush table inet istio-ambient-nat"),
         "{text}"
     );
     let with_dns = inpod_nft_transaction(&cfg(true), &PodOverrides::default());
-    assert!(!with_dns.contains("delete table"), "{with_dns}");
+    assert!(
+        with_dns.contains("flush table inet istio-ambient-raw"),
+        "{with_dns}"
+    );
 }
 
 /// Records what would run; every command succeeds with no output (an empty netns's `*-save`).

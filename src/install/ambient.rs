@@ -16,6 +16,7 @@ use crate::agent::ports::{KubeAnnotator, LateZtunnel};
 use crate::agent::settings::{Settings, Timing};
 use crate::agent::{Agent, AgentError, Deps};
 use crate::kube::KubeClient;
+use crate::retry::periodic::{Kick, Periodic};
 use crate::telemetry::metrics::Metrics;
 
 /// Env var (test-hooks builds only) that selects the fake data plane and ztunnel.
@@ -30,8 +31,9 @@ pub enum StartError {
     Join(#[from] join::JoinError),
 }
 
-/// The agent's settings, from install-cni's parsed config.
-pub fn agent_settings(cfg: &Config) -> Settings {
+/// The agent's settings, from install-cni's parsed config; `drift_kick` starts a drift pass
+/// early (install-cni's guard kicks it when it (re)installs our CNI entry).
+pub fn agent_settings(cfg: &Config, drift_kick: &Kick) -> Settings {
     Settings {
         config: cfg.agent.clone(),
         run_dir: cfg.install.run_dir.clone(),
@@ -41,6 +43,9 @@ pub fn agent_settings(cfg: &Config) -> Settings {
         host_proc_dir: cfg.host_proc_dir.clone(),
         pod_namespace: cfg.install.pod_namespace.clone(),
         timing: Timing::default(),
+        drift: cfg
+            .drift_verify_interval
+            .map(|period| Periodic::new(period, drift_kick.clone())),
     }
 }
 
@@ -86,9 +91,10 @@ pub async fn start(
     cfg: &Config,
     node: &NodePods,
     metrics: &Metrics,
+    drift_kick: &Kick,
     stop: &tokio_util::sync::CancellationToken,
 ) -> Result<Agent, StartError> {
-    let settings = agent_settings(cfg);
+    let settings = agent_settings(cfg, drift_kick);
     if settings.config.node_name.is_empty() {
         return Err(AgentError::NoNodeName.into());
     }
@@ -136,7 +142,7 @@ mod tests {
         let Ok(Parsed::Run(cfg)) = parse(&["install-cni".to_string()], &env) else {
             panic!("parse")
         };
-        let s = agent_settings(&cfg);
+        let s = agent_settings(&cfg, &Kick::new());
         assert_eq!(s.config.node_name, "node-1");
         assert!(s.config.dns_capture);
         assert_eq!(s.config.host_probe_snat_ip.to_string(), "169.254.9.9");
@@ -147,5 +153,7 @@ mod tests {
             std::path::Path::new("/run/x/pluginevent.sock")
         );
         assert_eq!(s.config.system_namespace, "istio-system");
+        let drift = s.drift.expect("drift verification on by default");
+        assert_eq!(drift.period(), std::time::Duration::from_secs(60));
     }
 }

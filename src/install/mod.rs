@@ -295,7 +295,7 @@ async fn run(cfg: Config) -> i32 {
     // node's CNI config only appears once ambient pods can be served.
     let agent = if let (true, Some(node)) = (ic.ambient_enabled, &node) {
         readiness.register(AGENT);
-        match ambient::start(&cfg, node, &metrics, &stop).await {
+        match ambient::start(&cfg, node, &metrics, &drift_kick, &stop).await {
             Ok(agent) => {
                 readiness.set(AGENT, true);
                 info!("ambient node agent ready");

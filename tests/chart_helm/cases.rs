@@ -48,6 +48,11 @@ pub fn all() -> Vec<Case> {
             json!({"repair": {"repairPods": false, "labelPods": true}}),
         ),
         ok("repair-off", json!({"repair": {"enabled": false}})),
+        // Ambient without repair: the agent's own role must grant what it calls (its events).
+        ok(
+            "ambient-repair-off",
+            json!({"profile": "ambient", "repair": {"enabled": false}}),
+        ),
         ok(
             "logging",
             json!({"logging": {"level": "debug"}, "global": {"logAsJson": true}}),

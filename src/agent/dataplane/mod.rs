@@ -82,6 +82,41 @@ pub struct PodNet {
     pub overrides: PodOverrides,
 }
 
+/// What a probe-set reconcile changed: entries put (back) for a member, entries of no member
+/// removed. Empty when the sets already held exactly what they should.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProbeSynced {
+    /// (member UID, IP) entries that were missing or carried another owner.
+    pub added: Vec<(String, IpAddr)>,
+    /// Entries of no member (pruned).
+    pub removed: Vec<IpAddr>,
+}
+
+impl ProbeSynced {
+    /// From a sync's planned operations (a delete followed by an add of the same IP is an owner
+    /// change: counted once, as an add).
+    pub fn of(ops: &[SetOp]) -> Self {
+        let mut report = ProbeSynced::default();
+        for op in ops {
+            if let SetOp::Add { ip, uid } = op {
+                report.added.push((uid.clone(), *ip));
+            }
+        }
+        for op in ops {
+            if let SetOp::Del { ip } = op
+                && !report.added.iter().any(|(_, a)| a == ip)
+            {
+                report.removed.push(*ip);
+            }
+        }
+        report
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty()
+    }
+}
+
 /// Why a data-plane step failed. Every variant names the object.
 #[derive(Debug, thiserror::Error)]
 pub enum DataplaneError {
@@ -325,15 +360,20 @@ impl Dataplane {
     }
 
     /// Reconciles the probe sets with the enrolled pods (never flushed: members stay present
-    /// throughout); with `prune`, entries of no member are removed.
+    /// throughout); with `prune`, entries of no member are removed. The sets are read first
+    /// (the kernel is the truth); returns what had to change.
     pub fn probe_sync(
         &self,
         members: &[(String, Vec<IpAddr>)],
         prune: bool,
-    ) -> Result<(), DataplaneError> {
+    ) -> Result<ProbeSynced, DataplaneError> {
         let wanted = members.to_vec();
+        let report = Arc::new(Mutex::new(ProbeSynced::default()));
+        let planned = report.clone();
         self.probe_batch("sync".to_string(), true, move |current| {
-            (probe_set::plan_sync(current, &wanted, prune), vec![])
+            let ops = probe_set::plan_sync(current, &wanted, prune);
+            *planned.lock().unwrap_or_else(|p| p.into_inner()) = ProbeSynced::of(&ops);
+            (ops, vec![])
         })?;
         // Re-learns (and re-adds where missing) every member's branch-ENI rules, so a restarted
         // agent can still remove them.
@@ -341,7 +381,9 @@ impl Dataplane {
             .iter()
             .flat_map(|(_, ips)| ips.iter().copied())
             .collect();
-        self.branch_eni_step("sync".to_string(), &ips, true)
+        self.branch_eni_step("sync".to_string(), &ips, true)?;
+        let report = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Ok(report)
     }
 
     /// Queues a probe-set change (batched with concurrent ones, see [`probe`]); returns once it
@@ -420,6 +462,33 @@ fn in_pod<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sync_report_counts_owner_changes_as_adds_and_strangers_as_removals() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let ops = [
+            SetOp::Del { ip: ip("10.0.0.1") },
+            SetOp::Add {
+                ip: ip("10.0.0.1"),
+                uid: "a".into(),
+            },
+            SetOp::Del { ip: ip("10.0.0.9") },
+            SetOp::Add {
+                ip: ip("10.0.0.2"),
+                uid: "b".into(),
+            },
+        ];
+        let report = ProbeSynced::of(&ops);
+        assert_eq!(
+            report.added,
+            [
+                ("a".to_string(), ip("10.0.0.1")),
+                ("b".into(), ip("10.0.0.2"))
+            ]
+        );
+        assert_eq!(report.removed, [ip("10.0.0.9")]);
+        assert!(ProbeSynced::of(&[]).is_empty());
+    }
 
     #[test]
     fn plugin_paths_are_opened_under_the_host_prefix() {

@@ -304,3 +304,36 @@ fn unknown_flag_is_rejected() {
         other => panic!("expected an error exit, got {other:?}"),
     }
 }
+
+#[test]
+fn drift_verify_interval_defaults_to_60s_0_turns_it_off_and_bad_values_name_the_variable() {
+    use std::time::Duration;
+    let interval = |env: &[(&str, &str)]| run(&[], env).map(|c| c.drift_verify_interval);
+    assert_eq!(interval(&[]).unwrap(), Some(Duration::from_secs(60)));
+    assert_eq!(interval(&[("DRIFT_VERIFY_INTERVAL", "0")]).unwrap(), None);
+    assert_eq!(
+        interval(&[("DRIFT_VERIFY_INTERVAL", "2s")]).unwrap(),
+        Some(Duration::from_secs(2))
+    );
+    assert_eq!(
+        interval(&[("DRIFT_VERIFY_INTERVAL", "5m")]).unwrap(),
+        Some(Duration::from_secs(300))
+    );
+    let flag = run(
+        &["--drift-verify-interval=90s"],
+        &[("DRIFT_VERIFY_INTERVAL", "5s")],
+    );
+    assert_eq!(
+        flag.unwrap().drift_verify_interval,
+        Some(Duration::from_secs(90))
+    );
+    for bad in ["500ms", "abc", "-1s"] {
+        let e = err_text(interval(&[("DRIFT_VERIFY_INTERVAL", bad)]));
+        assert!(
+            e.contains("DRIFT_VERIFY_INTERVAL") && e.contains(bad),
+            "{bad}: {e}"
+        );
+    }
+    let e = err_text(interval(&[("DRIFT_VERIFY_INTERVAL", "500ms")]));
+    assert!(e.contains("at least 1s"), "{e}");
+}

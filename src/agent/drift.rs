@@ -1,0 +1,306 @@
+//! The drift pass (issue 13 §1): nothing else looks at an enrolled pod once its rules are in, so
+//! something that rewrote them (another agent, a debugging session, a node upgrade) would leave
+//! the pod un-redirected silently. Once after the startup snapshot, then every
+//! `DRIFT_VERIFY_INTERVAL` (jittered, `retry::periodic`) and when install-cni's guard (re)installed
+//! our CNI entry, the pass:
+//!
+//! - programs every cached pod with a netns again, under that pod's lock (never between an add
+//!   and a remove of it). Programming reads the netns once (`*-save`, or `nft list`) and writes
+//!   only when it differs from the plan, atomically; so an untouched pod costs one read and keeps
+//!   its rule counters. A write is a heal: a warning log, a Normal event on the pod and
+//!   `istio_cni_drift_repaired_total{kind="ambient_rules"}`. A pod that cannot be programmed is
+//!   reported once (a Warning event and `istio_cni_drift_unhealed_total`) and tried again each
+//!   pass, quietly, until it heals or leaves;
+//! - reconciles the host probe set with the IPs recorded in the pod cache (read fresh from the
+//!   kernel), under the probe gate so no add or remove is half done; every entry put back or
+//!   pruned counts as `kind="probe_set"`, and a pod whose entry was put back gets an event.
+//!
+//! Which outcomes are heals and when to report a failure is decided by [`judge`] and
+//! [`Reported`] (pure); the effects go through the agent's ports.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::pod;
+use super::ports::{Outcome, PortError, ProbeSynced};
+use super::worker::Core;
+use crate::kube::stores::pod_key;
+use crate::kube::{EventType, PodEvent};
+use crate::retry::periodic::Periodic;
+
+/// Event reason: a pod's in-pod rules had drifted and were re-applied.
+pub const REASON_RULES_REPAIRED: &str = "RedirectionDriftRepaired";
+/// Event reason: a pod's probe-set entry was missing (or another pod's) and was put back.
+pub const REASON_PROBE_REPAIRED: &str = "ProbeSetDriftRepaired";
+/// Event reason: a pod's in-pod rules could not be verified or re-applied.
+pub const REASON_UNHEALED: &str = "RedirectionDriftUnhealed";
+
+/// The metric kinds this pass counts.
+pub const KIND_RULES: &str = "ambient_rules";
+pub const KIND_PROBE_SET: &str = "probe_set";
+
+/// What one pod's program call means for the pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The netns held exactly the planned rules; nothing was written.
+    InPlace,
+    /// The rules differed and were written (how).
+    Healed(Outcome),
+    /// Programming failed (why).
+    Failed(String),
+}
+
+/// Pure: any outcome but `AlreadyApplied` means the netns differed from the plan and was
+/// rewritten.
+pub fn judge(result: &Result<Outcome, PortError>) -> Verdict {
+    match result {
+        Ok(Outcome::AlreadyApplied) => Verdict::InPlace,
+        Ok(outcome) => Verdict::Healed(outcome.clone()),
+        Err(e) => Verdict::Failed(e.to_string()),
+    }
+}
+
+/// Which failures were already reported. A pod that cannot be healed is tried again every pass,
+/// but reported (event, unhealed metric) once per failing streak: not an event per period.
+#[derive(Debug, Default)]
+pub struct Reported {
+    failing: HashSet<String>,
+    probe_set_failing: bool,
+}
+
+impl Reported {
+    /// A failure of `uid`; true when it starts a streak (report it).
+    pub fn pod_failed(&mut self, uid: &str) -> bool {
+        self.failing.insert(uid.to_string())
+    }
+
+    /// `uid` verified or healed: a later failure is news again.
+    pub fn pod_ok(&mut self, uid: &str) {
+        self.failing.remove(uid);
+    }
+
+    /// Forgets pods that left the cache.
+    pub fn retain(&mut self, cached: &HashSet<String>) {
+        self.failing.retain(|uid| cached.contains(uid));
+    }
+
+    /// The probe-set reconcile failed; true when that is news.
+    pub fn probe_set_failed(&mut self) -> bool {
+        !std::mem::replace(&mut self.probe_set_failing, true)
+    }
+
+    pub fn probe_set_ok(&mut self) {
+        self.probe_set_failing = false;
+    }
+}
+
+/// What one pass did (logged; read by the tests and the bench).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PassSummary {
+    /// Pods whose netns was read and compared.
+    pub verified: usize,
+    /// ... of which had drifted and were re-applied.
+    pub healed: usize,
+    /// ... of which could not be programmed.
+    pub failed: usize,
+    /// Cached pods not checked: no netns known, gone from the store, or removed meanwhile.
+    pub skipped: usize,
+    /// Probe-set entries put back / pruned.
+    pub probe_added: usize,
+    pub probe_removed: usize,
+    pub probe_failed: bool,
+    pub took: Duration,
+}
+
+/// Runs a pass now, then one per `schedule` wait, until `stop`.
+pub async fn run(core: Arc<Core>, schedule: Periodic, stop: CancellationToken) {
+    info!(
+        period_s = schedule.period().as_secs(),
+        "drift verification on"
+    );
+    let mut reported = Reported::default();
+    loop {
+        let s = pass(&core, &mut reported, &stop).await;
+        if stop.is_cancelled() {
+            break;
+        }
+        info!(
+            pods = s.verified,
+            healed = s.healed,
+            failed = s.failed,
+            skipped = s.skipped,
+            probe_added = s.probe_added,
+            probe_removed = s.probe_removed,
+            probe_failed = s.probe_failed,
+            duration_ms = s.took.as_millis() as u64,
+            "drift pass done"
+        );
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            woken = schedule.wait() => debug!(?woken, "drift pass due"),
+        }
+    }
+}
+
+/// One pass over the cached pods, then the probe set.
+pub async fn pass(core: &Core, reported: &mut Reported, stop: &CancellationToken) -> PassSummary {
+    let started = Instant::now();
+    let mut summary = PassSummary::default();
+    let cached = core.mesh.cache.snapshot();
+    let uids: HashSet<String> = cached.iter().map(|(uid, _)| uid.clone()).collect();
+    reported.retain(&uids);
+    for (uid, entry) in cached {
+        if stop.is_cancelled() {
+            return summary;
+        }
+        if entry.netns.is_none() {
+            summary.skipped += 1;
+            continue;
+        }
+        let key = pod_key(&entry.info.namespace, &entry.info.name);
+        match verify_pod(core, &uid, &key).await {
+            None => summary.skipped += 1,
+            Some((p, verdict)) => {
+                summary.verified += 1;
+                match &verdict {
+                    Verdict::InPlace => {}
+                    Verdict::Healed(_) => summary.healed += 1,
+                    Verdict::Failed(_) => summary.failed += 1,
+                }
+                report_pod(core, reported, &p, &uid, verdict).await;
+            }
+        }
+    }
+    verify_probe_set(core, reported, &mut summary).await;
+    summary.took = started.elapsed();
+    summary
+}
+
+/// Programs one pod under its lock; None when it is no longer there to verify.
+async fn verify_pod(core: &Core, uid: &str, key: &str) -> Option<(Arc<Pod>, Verdict)> {
+    let current = || core.pods.get(key).filter(|p| pod::uid(p) == uid);
+    current()?;
+    let _one_at_a_time = core.mesh.locks.lock(key).await;
+    // Looked up again under the lock: a remove may have run meanwhile (it takes the pod out of
+    // the cache before touching its rules), and the pod's annotations may have changed.
+    let netns = core.mesh.cache.netns(uid)?;
+    let p = current()?;
+    let pod_net = pod::pod_net(&p, &pod::ips(&p));
+    let dp = core.mesh.dataplane.clone();
+    let result = tokio::task::spawn_blocking(move || dp.program_pod(&netns, &pod_net))
+        .await
+        .unwrap_or_else(|e| Err(PortError::retryable(format!("data-plane task failed: {e}"))));
+    Some((p, judge(&result)))
+}
+
+async fn report_pod(core: &Core, reported: &mut Reported, p: &Pod, uid: &str, verdict: Verdict) {
+    let name = pod_key(pod::namespace(p), pod::name(p));
+    match verdict {
+        Verdict::InPlace => reported.pod_ok(uid),
+        Verdict::Healed(outcome) => {
+            reported.pod_ok(uid);
+            warn!(pod = %name, uid, %outcome, "in-pod redirection rules had drifted from the expected ones; re-applied");
+            core.metrics.drift(KIND_RULES, true);
+            let message = format!(
+                "in-pod traffic redirection rules differed from the expected ones and were re-applied ({outcome})"
+            );
+            post(core, p, EventType::Normal, REASON_RULES_REPAIRED, message).await;
+        }
+        Verdict::Failed(cause) => {
+            if !reported.pod_failed(uid) {
+                debug!(pod = %name, uid, "in-pod rules still cannot be verified: {cause}");
+                return;
+            }
+            warn!(pod = %name, uid, "in-pod redirection rules could not be verified or re-applied (tried again every pass): {cause}");
+            core.metrics.drift(KIND_RULES, false);
+            let message = format!(
+                "in-pod traffic redirection rules could not be verified or re-applied: {cause}"
+            );
+            post(core, p, EventType::Warning, REASON_UNHEALED, message).await;
+        }
+    }
+}
+
+/// Reconciles the probe set with the cache's recorded entries, under the probe gate.
+async fn verify_probe_set(core: &Core, reported: &mut Reported, summary: &mut PassSummary) {
+    let result = {
+        let _exclusive = core.mesh.probe_gate.write().await;
+        let (members, prune) = core.mesh.cache.probe_members();
+        let dp = core.mesh.dataplane.clone();
+        tokio::task::spawn_blocking(move || dp.probe_sync(&members, prune))
+            .await
+            .unwrap_or_else(|e| Err(PortError::retryable(format!("data-plane task failed: {e}"))))
+    };
+    let synced = match result {
+        Ok(synced) => synced,
+        Err(e) => {
+            summary.probe_failed = true;
+            if reported.probe_set_failed() {
+                warn!("verifying the host probe set failed (tried again next pass): {e}");
+                core.metrics.drift(KIND_PROBE_SET, false);
+            }
+            return;
+        }
+    };
+    reported.probe_set_ok();
+    summary.probe_added = synced.added.len();
+    summary.probe_removed = synced.removed.len();
+    if synced.is_empty() {
+        return;
+    }
+    for _ in 0..synced.added.len() + synced.removed.len() {
+        core.metrics.drift(KIND_PROBE_SET, true);
+    }
+    for ip in &synced.removed {
+        warn!(%ip, "host probe set held an entry of no enrolled pod; removed");
+    }
+    let cached: HashMap<String, _> = core.mesh.cache.snapshot().into_iter().collect();
+    for (uid, ips) in by_pod(&synced) {
+        let p = cached
+            .get(&uid)
+            .and_then(|c| core.pods.get(&pod_key(&c.info.namespace, &c.info.name)))
+            .filter(|p| pod::uid(p) == uid);
+        let ips = ips.join(", ");
+        warn!(
+            uid,
+            ips, "host probe set lacked the pod's entries; put back"
+        );
+        if let Some(p) = p {
+            let message = format!(
+                "the host probe set lacked this pod's entries ({ips}): kubelet probes would not reach it; put back"
+            );
+            post(core, &p, EventType::Normal, REASON_PROBE_REPAIRED, message).await;
+        }
+    }
+}
+
+/// The entries put back, grouped by pod.
+fn by_pod(synced: &ProbeSynced) -> BTreeMap<String, Vec<String>> {
+    let mut pods: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (uid, ip) in &synced.added {
+        pods.entry(uid.clone()).or_default().push(ip.to_string());
+    }
+    pods
+}
+
+/// Records an event on the pod; a failure is logged only (the log line and metric stand).
+async fn post(core: &Core, p: &Pod, event_type: EventType, reason: &str, message: String) {
+    let event = PodEvent {
+        event_type,
+        reason: reason.to_string(),
+        message,
+        component: super::ports::EVENT_COMPONENT.to_string(),
+    };
+    if let Err(e) = core.mesh.annotator.event(p, event).await {
+        warn!(pod = %pod_key(pod::namespace(p), pod::name(p)), reason, "recording the event failed: {e}");
+    }
+}
+
+#[cfg(test)]
+#[path = "drift_tests.rs"]
+mod tests;

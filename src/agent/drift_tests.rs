@@ -1,0 +1,333 @@
+//! The drift pass with fake seams: what counts as a heal, report-once failures, the per-pod lock,
+//! the probe-set reconcile and its prune rule, the schedule.
+
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher::Event;
+use serde_json::json;
+
+use super::*;
+use crate::agent::cache::PodCache;
+use crate::agent::machine::Policy;
+use crate::agent::mesh::Mesh;
+use crate::agent::settings::Timing;
+use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel};
+use crate::kube::stores::{NamespaceStore, PodStore};
+use crate::netns::Netns;
+use crate::retry::periodic::Kick;
+use crate::telemetry::metrics::DriftLabel;
+
+struct Rig {
+    core: Arc<Core>,
+    dp: Arc<FakeDataplane>,
+    ann: Arc<FakeAnnotator>,
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn pod(name: &str, ip: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                     "annotations": {"ambient.istio.io/redirection": "enabled"}},
+        "spec": {"containers": [{"name": "app"}]},
+        "status": {"phase": "Running", "podIPs": [{"ip": ip}]}
+    }))
+    .unwrap()
+}
+
+/// Pods `a` (10.0.0.1) and `b` (10.0.0.2) enrolled: in the store, cached with a netns and their
+/// probe entries, programmed once, their IPs in the probe set.
+fn rig() -> Rig {
+    let dp = Arc::new(FakeDataplane::default());
+    let ann = Arc::new(FakeAnnotator::default());
+    let core = Arc::new(Core {
+        pods: PodStore::new(),
+        namespaces: NamespaceStore::new(),
+        policy: Policy::new(&[], &[], "istio-system").unwrap(),
+        mesh: Mesh {
+            dataplane: dp.clone(),
+            ztunnel: Arc::new(FakeZtunnel::default()),
+            annotator: ann.clone(),
+            cache: Arc::new(PodCache::default()),
+            locks: Default::default(),
+            probe_gate: Default::default(),
+        },
+        timing: Timing::default(),
+        metrics: Default::default(),
+    });
+    core.pods.apply(Event::Init);
+    core.pods.apply(Event::InitDone);
+    for (name, addr) in [("a", "10.0.0.1"), ("b", "10.0.0.2")] {
+        let p = pod(name, addr);
+        let uid = pod::uid(&p).to_string();
+        core.mesh
+            .cache
+            .upsert(&uid, pod::workload_info(&p), Netns::current().unwrap());
+        core.mesh.cache.set_probe_ips(&uid, Some(vec![ip(addr)]));
+        dp.programmed.lock().unwrap().insert(uid.clone());
+        dp.probes.lock().unwrap().insert(ip(addr), uid);
+        core.pods.apply(Event::Apply(p));
+    }
+    Rig { core, dp, ann }
+}
+
+impl Rig {
+    async fn pass(&self, reported: &mut Reported) -> PassSummary {
+        pass(&self.core, reported, &CancellationToken::new()).await
+    }
+
+    fn counted(&self, healed: bool, kind: &str) -> u64 {
+        let family = if healed {
+            &self.core.metrics.drift_repaired
+        } else {
+            &self.core.metrics.drift_unhealed
+        };
+        family
+            .get_or_create(&DriftLabel { kind: kind.into() })
+            .get()
+    }
+
+    fn events(&self) -> Vec<(String, EventType, String)> {
+        self.ann
+            .events()
+            .into_iter()
+            .map(|(pod, e)| (pod, e.event_type, e.reason))
+            .collect()
+    }
+}
+
+#[test]
+fn only_a_write_is_a_heal() {
+    use Outcome::*;
+    assert_eq!(judge(&Ok(AlreadyApplied)), Verdict::InPlace);
+    for written in [Applied, AppliedOverNetlink, Reconciled] {
+        assert_eq!(judge(&Ok(written.clone())), Verdict::Healed(written));
+    }
+    let failed = judge(&Err(PortError::permanent("iptables-restore: exit 2")));
+    assert_eq!(failed, Verdict::Failed("iptables-restore: exit 2".into()));
+}
+
+#[test]
+fn failures_are_reported_once_per_streak() {
+    let mut r = Reported::default();
+    assert!(r.pod_failed("u"));
+    assert!(!r.pod_failed("u"), "the same streak again");
+    r.pod_ok("u");
+    assert!(r.pod_failed("u"), "a new streak after a heal");
+    r.retain(&HashSet::new());
+    assert!(r.pod_failed("u"), "a pod that left and came back");
+    assert!(r.probe_set_failed());
+    assert!(!r.probe_set_failed());
+    r.probe_set_ok();
+    assert!(r.probe_set_failed());
+}
+
+#[tokio::test]
+async fn untouched_pods_are_verified_and_a_drifted_one_is_healed_with_an_event_and_a_count() {
+    let r = rig();
+    let mut reported = Reported::default();
+    let s = r.pass(&mut reported).await;
+    assert_eq!((s.verified, s.healed, s.failed, s.skipped), (2, 0, 0, 0));
+    assert_eq!((s.probe_added, s.probe_removed), (0, 0));
+    assert!(
+        r.ann.events().is_empty(),
+        "nothing drifted, nothing reported"
+    );
+    assert_eq!(r.counted(true, KIND_RULES), 0);
+    assert_eq!(r.dp.count("probe_sync 2 prune=true"), 1);
+
+    r.dp.drifted.lock().unwrap().insert("uid-a".into());
+    let s = r.pass(&mut reported).await;
+    assert_eq!((s.verified, s.healed), (2, 1));
+    assert_eq!(r.counted(true, KIND_RULES), 1);
+    assert_eq!(
+        r.events(),
+        [(
+            "ns/a".to_string(),
+            EventType::Normal,
+            REASON_RULES_REPAIRED.to_string()
+        )]
+    );
+    let (_, event) = &r.ann.events()[0];
+    assert!(event.message.contains("re-applied (applied)"), "{event:?}");
+    assert_eq!(event.component, "istio-cni-node");
+    let s = r.pass(&mut reported).await;
+    assert_eq!(s.healed, 0, "healed stays healed");
+}
+
+#[tokio::test]
+async fn a_pod_that_cannot_be_healed_is_retried_every_pass_but_reported_once() {
+    let r = rig();
+    let mut reported = Reported::default();
+    r.dp.fail_program.store(true, Ordering::SeqCst);
+    for _ in 0..3 {
+        let s = r.pass(&mut reported).await;
+        assert_eq!((s.verified, s.failed), (2, 2));
+    }
+    assert_eq!(r.dp.count("program uid-a"), 3, "tried each pass");
+    assert_eq!(r.counted(false, KIND_RULES), 2, "one per pod, not per pass");
+    let warnings = r
+        .events()
+        .into_iter()
+        .filter(|(_, t, reason)| *t == EventType::Warning && reason == REASON_UNHEALED)
+        .count();
+    assert_eq!(warnings, 2);
+    // Healed, then failing again: news again.
+    r.dp.fail_program.store(false, Ordering::SeqCst);
+    assert_eq!(r.pass(&mut reported).await.failed, 0);
+    r.dp.fail_program.store(true, Ordering::SeqCst);
+    r.pass(&mut reported).await;
+    assert_eq!(r.counted(false, KIND_RULES), 4);
+}
+
+#[tokio::test]
+async fn pods_without_a_netns_or_gone_from_the_store_are_skipped() {
+    let r = rig();
+    let c = pod("c", "10.0.0.3");
+    r.core.mesh.cache.ensure("uid-c", pod::workload_info(&c));
+    // In the store under b's name but another UID: b was deleted and recreated.
+    let mut b2 = pod("b", "10.0.0.2");
+    b2.metadata.uid = Some("uid-b2".into());
+    r.core.pods.apply(Event::Apply(b2));
+    let s = r.pass(&mut Reported::default()).await;
+    assert_eq!((s.verified, s.skipped), (1, 2));
+    assert_eq!(r.dp.count("program"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_waits_for_the_pods_lock_and_skips_a_pod_removed_meanwhile() {
+    let r = rig();
+    let held = r.core.mesh.locks.lock("ns/a").await;
+    let core = r.core.clone();
+    let running = tokio::spawn(async move {
+        pass(&core, &mut Reported::default(), &CancellationToken::new()).await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!running.is_finished(), "the pass did not wait for a's lock");
+    assert_eq!(r.dp.count("program uid-a"), 0);
+    // The holder was a remove: a leaves the cache before the lock is released.
+    r.core.mesh.cache.take("uid-a");
+    drop(held);
+    let s = running.await.unwrap();
+    assert_eq!(
+        r.dp.count("program uid-a"),
+        0,
+        "a removed pod was programmed"
+    );
+    assert_eq!((s.verified, s.skipped), (1, 1));
+}
+
+#[tokio::test]
+async fn a_missing_probe_entry_is_put_back_and_a_stranger_pruned() {
+    let r = rig();
+    {
+        let mut probes = r.dp.probes.lock().unwrap();
+        probes.remove(&ip("10.0.0.1"));
+        probes.insert(ip("10.0.0.99"), "uid-gone".into());
+    }
+    let s = r.pass(&mut Reported::default()).await;
+    assert_eq!((s.probe_added, s.probe_removed), (1, 1));
+    assert_eq!(r.counted(true, KIND_PROBE_SET), 2);
+    assert_eq!(
+        r.events(),
+        [(
+            "ns/a".to_string(),
+            EventType::Normal,
+            REASON_PROBE_REPAIRED.to_string()
+        )]
+    );
+    let probes = r.dp.probes.lock().unwrap().clone();
+    assert_eq!(
+        probes.get(&ip("10.0.0.1")).map(String::as_str),
+        Some("uid-a")
+    );
+    assert!(!probes.contains_key(&ip("10.0.0.99")));
+}
+
+#[tokio::test]
+async fn no_pruning_while_a_pods_entries_are_unknown() {
+    let r = rig();
+    r.core.mesh.cache.ensure("uid-c", Default::default());
+    r.core.mesh.cache.set_probe_ips("uid-c", None);
+    r.dp.probes
+        .lock()
+        .unwrap()
+        .insert(ip("10.0.0.3"), "uid-c".into());
+    let s = r.pass(&mut Reported::default()).await;
+    assert_eq!(s.probe_removed, 0);
+    assert_eq!(r.dp.count("probe_sync 2 prune=false"), 1);
+    assert!(r.dp.probes.lock().unwrap().contains_key(&ip("10.0.0.3")));
+}
+
+#[tokio::test]
+async fn a_failing_probe_set_is_reported_once() {
+    let r = rig();
+    let mut reported = Reported::default();
+    r.dp.probe_failures.store(2, Ordering::SeqCst);
+    assert!(r.pass(&mut reported).await.probe_failed);
+    assert!(r.pass(&mut reported).await.probe_failed);
+    assert_eq!(r.counted(false, KIND_PROBE_SET), 1);
+    assert!(!r.pass(&mut reported).await.probe_failed);
+}
+
+#[tokio::test]
+async fn the_first_pass_runs_at_once_then_on_a_kick_until_stopped() {
+    let r = rig();
+    let kick = Kick::new();
+    let stop = CancellationToken::new();
+    let schedule = Periodic::new(Duration::from_secs(3600), kick.clone());
+    let task = tokio::spawn(run(r.core.clone(), schedule, stop.clone()));
+    let passes = || r.dp.count("probe_sync");
+    let wait_for = |n: usize| async move {
+        for _ in 0..200 {
+            if passes() >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("{n} passes did not run ({} ran)", passes());
+    };
+    wait_for(1).await;
+    kick.kick();
+    wait_for(2).await;
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("stopped")
+        .unwrap();
+    assert_eq!(passes(), 2, "only the timer (an hour) could start another");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_reconcile_waits_for_an_add_half_done_and_keeps_its_entry() {
+    let r = rig();
+    // An add between its probe-set write and its record in the cache (holding the gate).
+    let gate = r.core.mesh.probe_gate.read().await;
+    r.core.mesh.cache.ensure("uid-c", Default::default());
+    r.dp.probes
+        .lock()
+        .unwrap()
+        .insert(ip("10.0.0.3"), "uid-c".into());
+    let core = r.core.clone();
+    let running = tokio::spawn(async move {
+        pass(&core, &mut Reported::default(), &CancellationToken::new()).await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        r.dp.count("probe_sync"),
+        0,
+        "reconciled under a half-done add"
+    );
+    r.core
+        .mesh
+        .cache
+        .set_probe_ips("uid-c", Some(vec![ip("10.0.0.3")]));
+    drop(gate);
+    let s = running.await.unwrap();
+    assert_eq!((s.probe_added, s.probe_removed), (0, 0));
+    assert!(r.dp.probes.lock().unwrap().contains_key(&ip("10.0.0.3")));
+}
