@@ -18,6 +18,7 @@ pub mod routes;
 pub mod sidecar;
 pub mod state;
 pub mod transcript;
+pub mod verify;
 
 pub use cleanup::{CleanupInput, CleanupPlan};
 pub use exec::{Cmd, CmdOutput, Executor, ProcessExecutor};

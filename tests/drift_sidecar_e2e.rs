@@ -1,0 +1,292 @@
+//! Sidecar drift self-heal end to end (issue 13 §1): the real install-cni with REPAIR_ENABLED=true
+//! and DRIFT_VERIFY_INTERVAL=2s on a test node (support/ambient_node.rs: its own netns, the test
+//! API server, a real CNI chain). Sidecar pods are programmed by the real plugin ADD; their netns
+//! is found by the /proc scan. Then, in one pod: the nat table flushed, one rule deleted, the
+//! PREROUTING jump into ISTIO_INBOUND replaced — each healed within one period (+ slack), counted
+//! in `istio_cni_drift_repaired_total{kind="sidecar_rules"}` and posted as an event; a second,
+//! untouched pod keeps its rule counters across several passes. A redirect annotation edited on
+//! a running pod goes to the repair policy (label mode: the pod is labelled) once, and its rules
+//! are not rewritten.
+
+#[path = "support/ambient_node.rs"]
+mod ambient_node;
+mod install_support;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use ambient_node::{Backend, NODE, Node, PodNs, PodProcess, in_netns, result_ip, unique_uid};
+use serde_json::json;
+
+const NS: &str = "shop";
+const LABEL: &str = "cni.istio.io/uninitialized";
+const PERIOD: Duration = Duration::from_secs(2);
+/// One jittered period (+25%), a pass, and scheduling slack on a loaded 2-core machine.
+const HEAL_WITHIN: Duration = Duration::from_secs(8);
+
+fn start() -> Node {
+    let node = Node::start_with(
+        Backend::Iptables,
+        &[
+            ("REPAIR_ENABLED", "true"),
+            ("REPAIR_NODE_NAME", NODE),
+            ("REPAIR_REPAIR_PODS", "false"),
+            ("REPAIR_LABEL_PODS", "true"),
+            ("DRIFT_VERIFY_INTERVAL", "2s"),
+        ],
+    );
+    node.namespace(NS, json!({}));
+    node
+}
+
+/// A sidecar pod (CNI mode) that went through the real plugin ADD and runs.
+struct SidecarPod {
+    netns: PodNs,
+    _process: PodProcess,
+    uid: String,
+}
+
+fn sidecar_pod(node: &Node, name: &str, annotations: serde_json::Value) -> SidecarPod {
+    let uid = unique_uid();
+    let mut ann = annotations;
+    ann["sidecar.istio.io/status"] =
+        json!(r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"]}"#);
+    let pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "uid": uid, "annotations": ann},
+        "spec": {"nodeName": NODE, "initContainers": [{"name": "istio-validation"}],
+                 "containers": [{"name": "app"}, {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]}
+    }))
+    .expect("Pod");
+    node.api.server.add_pod(pod).expect("add pod");
+    let netns = PodNs::new("drift");
+    let result = node.add(&netns, NS, name).expect("ADD");
+    let ip = result_ip(&result);
+    assert!(netns.guard.iptables_save().contains("ISTIO_OUTPUT"));
+    node.set_running(NS, name, &ip);
+    let process = PodProcess::start(&netns, &uid);
+    SidecarPod {
+        netns,
+        _process: process,
+        uid,
+    }
+}
+
+fn exec(pod: &SidecarPod, args: &[&str]) {
+    let out = pod.netns.guard.exec(args[0], &args[1..]);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `iptables-save` without comments and chain counters (rules, in order).
+fn rules(pod: &SidecarPod) -> String {
+    pod.netns
+        .guard
+        .iptables_save()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split(" [").next().unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `iptables-save -c` without the timestamp comments: rule counters included.
+fn counters(pod: &SidecarPod) -> String {
+    let out = pod.netns.guard.exec("iptables-save", &["-c"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn metric(node: &Node, port: u16, name: &str) -> u64 {
+    let body = in_netns(std::path::Path::new(&node.ns.path()), move || {
+        install_support::http_get(port, "/metrics")
+    })
+    .expect("metrics")
+    .1;
+    let sample = format!("{name}{{kind=\"sidecar_rules\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&sample))
+        .map_or(0, |v| v.trim().parse::<f64>().expect("a number") as u64)
+}
+
+/// Events about `pod` with `reason`.
+fn events(node: &Node, pod: &str, reason: &str) -> Vec<String> {
+    node.api
+        .server
+        .events()
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(pod))
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| e.message.unwrap_or_default())
+        .collect()
+}
+
+fn passes(node: &Node) -> usize {
+    node.agent
+        .output()
+        .lines()
+        .filter(|l| l.contains("sidecar drift pass"))
+        .count()
+}
+
+fn wait_passes(node: &Node, n: usize) {
+    let target = passes(node) + n;
+    node.wait_until(HEAL_WITHIN * n as u32, "drift passes", || {
+        passes(node) >= target
+    });
+}
+
+#[test]
+fn drift_in_a_sidecar_pod_is_healed_and_an_untouched_pod_is_never_rewritten() {
+    let node = start();
+    let metrics = node.agent.port("metrics server");
+    let web = sidecar_pod(&node, "web", json!({}));
+    let quiet = sidecar_pod(&node, "quiet", json!({}));
+    let programmed = rules(&web);
+    node.wait_until(HEAL_WITHIN, "a pass verifying both pods", || {
+        node.agent
+            .output()
+            .lines()
+            .any(|l| l.contains("sidecar drift pass") && l.contains("verified=2"))
+    });
+
+    // A little traffic in the quiet pod (loopback, its own addresses): its counters move.
+    let listener = quiet.netns.guard.path();
+    let server = in_netns(&listener, || {
+        std::net::TcpListener::bind("127.0.0.1:9000").expect("bind")
+    });
+    let connected = in_netns(&quiet.netns.guard.path(), || {
+        std::net::TcpStream::connect_timeout(
+            &"127.0.0.1:9000".parse().expect("addr"),
+            Duration::from_secs(2),
+        )
+        .is_ok()
+    });
+    assert!(connected);
+    drop(server);
+    let quiet_before = counters(&quiet);
+    assert!(
+        quiet_before
+            .lines()
+            .any(|l| l.contains("ISTIO_OUTPUT") && !l.starts_with("[0:0]") && l.starts_with('[')),
+        "{quiet_before}"
+    );
+
+    let cases: [(&str, &[&str]); 3] = [
+        ("nat table flushed", &["iptables", "-t", "nat", "-F"]),
+        (
+            "one rule deleted",
+            &["iptables", "-t", "nat", "-D", "ISTIO_OUTPUT", "1"],
+        ),
+        (
+            "PREROUTING jump replaced",
+            &[
+                "iptables",
+                "-t",
+                "nat",
+                "-R",
+                "PREROUTING",
+                "1",
+                "-p",
+                "tcp",
+                "-j",
+                "RETURN",
+            ],
+        ),
+    ];
+    for (i, (what, cmd)) in cases.iter().enumerate() {
+        exec(&web, cmd);
+        assert_ne!(rules(&web), programmed, "{what}: no drift made");
+        let started = Instant::now();
+        node.wait_until(HEAL_WITHIN, what, || rules(&web) == programmed);
+        let took = started.elapsed();
+        node.wait_until(Duration::from_secs(5), "the repaired count", || {
+            metric(&node, metrics, "istio_cni_drift_repaired_total") == i as u64 + 1
+        });
+        eprintln!("{what}: healed in {} ms", took.as_millis());
+    }
+    let healed = events(&node, "web", "RedirectionDriftRepaired");
+    assert_eq!(healed.len(), 3, "{healed:?}");
+    assert!(
+        healed.iter().all(|m| m.contains("re-programmed")),
+        "{healed:?}"
+    );
+    assert_eq!(metric(&node, metrics, "istio_cni_drift_unhealed_total"), 0);
+
+    // The untouched pod: several more passes, counters exactly as they were (never rewritten).
+    wait_passes(&node, 3);
+    assert_eq!(counters(&quiet), quiet_before);
+    assert!(events(&node, "quiet", "RedirectionDriftRepaired").is_empty());
+    let log = node.agent.output();
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("drift repaired") && l.contains(&format!("{NS}/quiet"))),
+        "{log}"
+    );
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("sidecar drift pass"))
+        .expect("a pass line");
+    assert!(
+        line.contains("verified=2") && line.contains("duration_ms="),
+        "{line}"
+    );
+    eprintln!("last pass: {line}");
+    let _ = web.uid;
+}
+
+#[test]
+fn an_annotation_edited_on_a_running_pod_goes_to_the_repair_policy_once() {
+    let node = start();
+    let metrics = node.agent.port("metrics server");
+    let web = sidecar_pod(&node, "web", json!({}));
+    node.wait_until(HEAL_WITHIN, "a pass verifying the pod", || {
+        node.agent
+            .output()
+            .lines()
+            .any(|l| l.contains("sidecar drift pass") && l.contains("verified=1"))
+    });
+    let programmed = counters(&web);
+
+    let mut pod = node.api.server.pod(NS, "web").expect("web");
+    pod.metadata
+        .annotations
+        .as_mut()
+        .expect("annotations")
+        .insert(
+            "traffic.sidecar.istio.io/excludeOutboundPorts".into(),
+            "9000".into(),
+        );
+    node.api.server.update_pod(pod).expect("update");
+    node.wait_until(HEAL_WITHIN, "the label", || {
+        node.api
+            .server
+            .pod(NS, "web")
+            .and_then(|p| p.metadata.labels)
+            .is_some_and(|l| l.get(LABEL).map(String::as_str) == Some("true"))
+    });
+    let unhealed = events(&node, "web", "RedirectionDriftUnhealed");
+    assert_eq!(unhealed.len(), 1, "{unhealed:?}");
+    assert!(unhealed[0].contains("excludeOutboundPorts"), "{unhealed:?}");
+    node.wait_until(Duration::from_secs(5), "the label event", || {
+        events(&node, "web", "LabelBrokenPod").len() == 1
+    });
+    // And once only: a drift in its netns is not healed to either derivation meanwhile.
+    exec(&web, &["iptables", "-t", "nat", "-D", "ISTIO_OUTPUT", "1"]);
+    let drifted = counters(&web);
+    assert_ne!(drifted, programmed);
+    wait_passes(&node, 3);
+    assert_eq!(counters(&web), drifted, "rewritten");
+    assert_eq!(events(&node, "web", "RedirectionDriftUnhealed").len(), 1);
+    assert_eq!(events(&node, "web", "LabelBrokenPod").len(), 1);
+    assert_eq!(metric(&node, metrics, "istio_cni_drift_unhealed_total"), 1);
+    assert_eq!(metric(&node, metrics, "istio_cni_drift_repaired_total"), 0);
+    let _ = web.uid;
+}
