@@ -20,8 +20,7 @@ use serde_json::json;
 
 const NS: &str = "shop";
 const LABEL: &str = "cni.istio.io/uninitialized";
-const PERIOD: Duration = Duration::from_secs(2);
-/// One jittered period (+25%), a pass, and scheduling slack on a loaded 2-core machine.
+/// One jittered period (2 s, +25%), a pass, and scheduling slack on a loaded 2-core machine.
 const HEAL_WITHIN: Duration = Duration::from_secs(8);
 
 fn start() -> Node {
@@ -33,6 +32,8 @@ fn start() -> Node {
             ("REPAIR_REPAIR_PODS", "false"),
             ("REPAIR_LABEL_PODS", "true"),
             ("DRIFT_VERIFY_INTERVAL", "2s"),
+            // Inside the node's own netns: no other listener there.
+            ("MONITORING_PORT", "15014"),
         ],
     );
     node.namespace(NS, json!({}));
@@ -145,7 +146,7 @@ fn wait_passes(node: &Node, n: usize) {
 #[test]
 fn drift_in_a_sidecar_pod_is_healed_and_an_untouched_pod_is_never_rewritten() {
     let node = start();
-    let metrics = node.agent.port("metrics server");
+    let metrics = 15014;
     let web = sidecar_pod(&node, "web", json!({}));
     let quiet = sidecar_pod(&node, "quiet", json!({}));
     let programmed = rules(&web);
@@ -184,6 +185,7 @@ fn drift_in_a_sidecar_pod_is_healed_and_an_untouched_pod_is_never_rewritten() {
             "one rule deleted",
             &["iptables", "-t", "nat", "-D", "ISTIO_OUTPUT", "1"],
         ),
+        // Pointed at the wrong chain of ours (someone else's rule would stay: not ours to judge).
         (
             "PREROUTING jump replaced",
             &[
@@ -196,7 +198,7 @@ fn drift_in_a_sidecar_pod_is_healed_and_an_untouched_pod_is_never_rewritten() {
                 "-p",
                 "tcp",
                 "-j",
-                "RETURN",
+                "ISTIO_REDIRECT",
             ],
         ),
     ];
@@ -204,8 +206,15 @@ fn drift_in_a_sidecar_pod_is_healed_and_an_untouched_pod_is_never_rewritten() {
         exec(&web, cmd);
         assert_ne!(rules(&web), programmed, "{what}: no drift made");
         let started = Instant::now();
-        node.wait_until(HEAL_WITHIN, what, || rules(&web) == programmed);
+        while rules(&web) != programmed && started.elapsed() < HEAL_WITHIN {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let took = started.elapsed();
+        assert_eq!(
+            rules(&web),
+            programmed,
+            "{what}: not healed within {HEAL_WITHIN:?}"
+        );
         node.wait_until(Duration::from_secs(5), "the repaired count", || {
             metric(&node, metrics, "istio_cni_drift_repaired_total") == i as u64 + 1
         });
@@ -245,7 +254,7 @@ fn drift_in_a_sidecar_pod_is_healed_and_an_untouched_pod_is_never_rewritten() {
 #[test]
 fn an_annotation_edited_on_a_running_pod_goes_to_the_repair_policy_once() {
     let node = start();
-    let metrics = node.agent.port("metrics server");
+    let metrics = 15014;
     let web = sidecar_pod(&node, "web", json!({}));
     node.wait_until(HEAL_WITHIN, "a pass verifying the pod", || {
         node.agent
