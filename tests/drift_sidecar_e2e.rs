@@ -6,7 +6,8 @@
 //! in `istio_cni_drift_repaired_total{kind="sidecar_rules"}` and posted as an event; a second,
 //! untouched pod keeps its rule counters across several passes. A redirect annotation edited on
 //! a running pod goes to the repair policy (label mode: the pod is labelled) once, and its rules
-//! are not rewritten.
+//! are not rewritten. The nftables backend once: a flushed chain and a deleted table healed, an
+//! untouched pod's rule handles kept.
 
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
@@ -48,6 +49,12 @@ struct SidecarPod {
 }
 
 fn sidecar_pod(node: &Node, name: &str, annotations: serde_json::Value) -> SidecarPod {
+    let pod = sidecar_pod_programmed(node, name, annotations);
+    assert!(pod.netns.guard.iptables_save().contains("ISTIO_OUTPUT"));
+    pod
+}
+
+fn sidecar_pod_programmed(node: &Node, name: &str, annotations: serde_json::Value) -> SidecarPod {
     let uid = unique_uid();
     let mut ann = annotations;
     ann["sidecar.istio.io/status"] =
@@ -63,7 +70,6 @@ fn sidecar_pod(node: &Node, name: &str, annotations: serde_json::Value) -> Sidec
     let netns = PodNs::new("drift");
     let result = node.add(&netns, NS, name).expect("ADD");
     let ip = result_ip(&result);
-    assert!(netns.guard.iptables_save().contains("ISTIO_OUTPUT"));
     node.set_running(NS, name, &ip);
     let process = PodProcess::start(&netns, &uid);
     SidecarPod {
@@ -298,4 +304,101 @@ fn an_annotation_edited_on_a_running_pod_goes_to_the_repair_policy_once() {
     assert_eq!(metric(&node, metrics, "istio_cni_drift_unhealed_total"), 1);
     assert_eq!(metric(&node, metrics, "istio_cni_drift_repaired_total"), 0);
     let _ = web.uid;
+}
+
+/// `nft list ruleset` of the pod (`-a`: with rule handles, which a rewrite changes).
+fn nft(pod: &SidecarPod, handles: bool) -> String {
+    let args: &[&str] = if handles {
+        &["-a", "list", "ruleset"]
+    } else {
+        &["list", "ruleset"]
+    };
+    let out = pod.netns.guard.exec("nft", args);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn nftables_drift_is_healed_and_an_untouched_pod_keeps_its_rule_handles() {
+    let node = Node::start_with(
+        Backend::Nftables,
+        &[
+            ("REPAIR_ENABLED", "true"),
+            ("REPAIR_NODE_NAME", NODE),
+            ("REPAIR_REPAIR_PODS", "false"),
+            ("REPAIR_LABEL_PODS", "true"),
+            ("DRIFT_VERIFY_INTERVAL", "2s"),
+            ("MONITORING_PORT", "15014"),
+        ],
+    );
+    node.namespace(NS, json!({}));
+    let web = sidecar_pod_nft(&node, "web");
+    let quiet = sidecar_pod_nft(&node, "quiet");
+    let programmed = nft(&web, false);
+    node.wait_until(HEAL_WITHIN, "a pass verifying both pods", || {
+        node.agent
+            .output()
+            .lines()
+            .any(|l| l.contains("sidecar drift pass") && l.contains("verified=2"))
+    });
+    let quiet_before = nft(&quiet, true);
+
+    let cases: [(&str, &[&str]); 2] = [
+        (
+            "a chain flushed",
+            &[
+                "nft",
+                "flush",
+                "chain",
+                "inet",
+                "istio-proxy-nat",
+                "istio-output",
+            ],
+        ),
+        (
+            "the table deleted",
+            &["nft", "delete", "table", "inet", "istio-proxy-nat"],
+        ),
+    ];
+    for (i, (what, cmd)) in cases.iter().enumerate() {
+        exec(&web, cmd);
+        assert_ne!(nft(&web, false), programmed, "{what}: no drift made");
+        let started = Instant::now();
+        while nft(&web, false) != programmed && started.elapsed() < HEAL_WITHIN {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(nft(&web, false), programmed, "{what}: not healed");
+        eprintln!("{what}: healed in {} ms", started.elapsed().as_millis());
+        node.wait_until(Duration::from_secs(5), "the repaired count", || {
+            metric(&node, 15014, "istio_cni_drift_repaired_total") == i as u64 + 1
+        });
+    }
+    wait_passes(&node, 3);
+    assert_eq!(
+        nft(&quiet, true),
+        quiet_before,
+        "the untouched pod was rewritten"
+    );
+    let healed = events(&node, "web", "RedirectionDriftRepaired");
+    assert_eq!(healed.len(), 2, "{healed:?}");
+    // The event names what drifted: the flushed chain, then the missing table.
+    assert!(
+        healed.iter().any(|m| m.contains("istio-output")),
+        "{healed:?}"
+    );
+    assert!(
+        healed.iter().any(|m| m.contains("istio-proxy-nat missing")),
+        "{healed:?}"
+    );
+    assert_eq!(metric(&node, 15014, "istio_cni_drift_unhealed_total"), 0);
+}
+
+/// [`sidecar_pod`] on the nftables backend: the plugin created our `istio-proxy-*` tables.
+fn sidecar_pod_nft(node: &Node, name: &str) -> SidecarPod {
+    let pod = sidecar_pod_programmed(node, name, json!({}));
+    assert!(
+        nft(&pod, false).contains("istio-proxy-nat"),
+        "{}",
+        nft(&pod, false)
+    );
+    pod
 }
