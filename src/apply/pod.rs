@@ -2,8 +2,10 @@
 //! `istio-iptables` role and the CNI plugin call, so they validate, lock, enter, pick the backend,
 //! take a user-namespaced pod's user namespace and converge the routes the same way.
 //!
-//! [`program`] applies, [`cleanup`] removes; dry runs stay with their callers (they print or write
-//! a file and never program), using [`in_target`], [`cleanup_rules`] and the transaction texts.
+//! [`program`] applies, [`cleanup`] removes, [`verify`] reads what is there and compares it with
+//! what `program` would leave (the drift check; nothing written); dry runs stay with their
+//! callers (they print or write a file and never program), using [`in_target`],
+//! [`cleanup_rules`] and the transaction texts.
 
 use std::sync::Arc;
 
