@@ -402,3 +402,86 @@ fn sidecar_pod_nft(node: &Node, name: &str) -> SidecarPod {
     );
     pod
 }
+
+/// install-cni's CPU seconds so far, its reaped children's (the `*-save` processes) included.
+fn cpu_seconds(node: &Node) -> f64 {
+    let pid = node.agent.child.id();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // Fields after the `(comm)`: utime, stime, cutime, cstime are the 14th-17th of the line.
+    let rest = stat.rsplit_once(')').expect("comm").1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11..15]
+        .iter()
+        .map(|f| f.parse::<u64>().expect("ticks"))
+        .sum();
+    ticks as f64
+        / nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .unwrap_or(100) as f64
+}
+
+/// The `duration_ms` of every `sidecar drift pass` line verifying `n` pods.
+fn pass_durations(node: &Node, n: usize) -> Vec<u64> {
+    node.agent
+        .output()
+        .lines()
+        .filter(|l| l.contains("sidecar drift pass") && l.contains(&format!("verified={n} ")))
+        .filter_map(|l| l.split("duration_ms=").nth(1)?.trim().parse().ok())
+        .collect()
+}
+
+/// Benchmark (ignored; `scripts/bench` runs it against the release binary): one drift pass over
+/// `BENCH_DRIFT_PODS` (250) sidecar pods programmed by the real plugin, every one in place — the
+/// pass's wall time, install-cni's CPU per pass (its `*-save` children included) and its RSS.
+/// Prints Markdown table rows.
+#[test]
+#[ignore]
+fn sidecar_drift_pass_cost() {
+    let n: usize = std::env::var("BENCH_DRIFT_PODS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(250)
+        .min(250);
+    let node = Node::start_with(
+        Backend::Iptables,
+        &[
+            ("REPAIR_ENABLED", "true"),
+            ("REPAIR_NODE_NAME", NODE),
+            ("REPAIR_REPAIR_PODS", "false"),
+            ("REPAIR_LABEL_PODS", "true"),
+            ("DRIFT_VERIFY_INTERVAL", "15s"),
+        ],
+    );
+    node.namespace(NS, json!({}));
+    let idle = ambient_node::rss_mb(&node);
+    let pods: Vec<SidecarPod> = (0..n)
+        .map(|i| sidecar_pod(&node, &format!("s{i}"), json!({})))
+        .collect();
+    node.wait_until(Duration::from_secs(120), "a pass over every pod", || {
+        !pass_durations(&node, n).is_empty()
+    });
+    // Two whole periods measured from the end of a pass: exactly two passes in them.
+    let seen = pass_durations(&node, n).len();
+    let cpu_before = cpu_seconds(&node);
+    node.wait_until(Duration::from_secs(120), "two more passes", || {
+        pass_durations(&node, n).len() >= seen + 2
+    });
+    let cpu = (cpu_seconds(&node) - cpu_before) / 2.0;
+    let rss = ambient_node::rss_mb(&node);
+    let mut durations = pass_durations(&node, n)[seen..seen + 2].to_vec();
+    durations.sort_unstable();
+    let label = format!("{}", node.agent.output().matches("drift repaired").count());
+    assert_eq!(label, "0", "nothing drifted, nothing may be rewritten");
+    println!("| measurement | value | target |");
+    println!("| --- | --- | --- |");
+    println!(
+        "| sidecar drift pass over {n} pods in place (one /proc scan, one iptables-save each) | {} ms wall, {cpu:.2} s CPU (install-cni + its iptables-save processes) | within one period (60 s default) |",
+        durations[1]
+    );
+    println!(
+        "| install-cni RSS (repair, label mode, + ambient agent) idle / with {n} sidecar pods verified | {idle:.1} MB / {rss:.1} MB ({:+.1} MB) | |",
+        rss - idle
+    );
+    drop(pods);
+}
