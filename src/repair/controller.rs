@@ -302,6 +302,12 @@ impl<E: Effects + ?Sized> Controller<E> {
         };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let handed = keys.handed.get(&key).filter(|(u, _)| *u == uid);
+        if handed.is_some() && !self.detection.selected(&pod) {
+            // The operator's selectors bound every action of the controller, hand-offs too.
+            info!(pod = %key, "pod handed over by the sidecar drift check is outside REPAIR_LABEL_SELECTORS/REPAIR_FIELD_SELECTORS; not acted on");
+            keys.handed.remove(&key);
+            return;
+        }
         let why = if let Some((_, why)) = handed {
             info!(pod = %key, action = self.mode.as_str(), "pod handed over by the sidecar drift check: {why}");
             why.clone()

@@ -377,3 +377,41 @@ fn a_pod_handed_over_by_the_drift_pass_takes_the_policy_path_though_not_broken()
         assert_eq!(rig.count("label", "success"), 1);
     });
 }
+
+#[test]
+fn a_handed_over_pod_outside_the_repair_selectors_is_left_alone() {
+    rt().block_on(async {
+        let fake = Fake::new(|_| Ok(true));
+        let store = PodStore::new();
+        store.apply(WatchEvent::Init);
+        store.apply(WatchEvent::InitDone);
+        let c = Controller {
+            pods: store.clone(),
+            detection: Detection::new(&RepairConfig {
+                label_selectors: "team=payments".into(),
+                ..cfg()
+            })
+            .unwrap(),
+            mode: Mode::Delete,
+            effects: fake.clone(),
+            metrics: Metrics::default(),
+            timing: fast(),
+        };
+        let stop = CancellationToken::new();
+        let (handoffs, handed) = mpsc::unbounded_channel();
+        tokio::spawn(c.run(stop.clone(), handed));
+        let mut healthy = broken_pod("h", "u1", "1");
+        healthy.status = None;
+        store.apply(WatchEvent::Apply(healthy));
+        handoffs
+            .send(HandOff {
+                key: "ns/h".into(),
+                uid: "u1".into(),
+                why: "annotations changed".into(),
+            })
+            .unwrap();
+        settle().await;
+        assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+        stop.cancel();
+    });
+}
