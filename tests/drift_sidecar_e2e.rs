@@ -70,8 +70,9 @@ fn sidecar_pod_programmed(node: &Node, name: &str, annotations: serde_json::Valu
     let netns = PodNs::new("drift");
     let result = node.add(&netns, NS, name).expect("ADD");
     let ip = result_ip(&result);
-    node.set_running(NS, name, &ip);
+    // The sandbox's process first: a pass may run as soon as the pod says Running.
     let process = PodProcess::start(&netns, &uid);
+    node.set_running(NS, name, &ip);
     SidecarPod {
         netns,
         _process: process,
@@ -380,13 +381,13 @@ fn nftables_drift_is_healed_and_an_untouched_pod_keeps_its_rule_handles() {
     );
     let healed = events(&node, "web", "RedirectionDriftRepaired");
     assert_eq!(healed.len(), 2, "{healed:?}");
-    // The event names what drifted: the flushed chain, then the missing table.
+    // The event names what drifted: the flushed chain, then the deleted (only) table.
     assert!(
         healed.iter().any(|m| m.contains("istio-output")),
         "{healed:?}"
     );
     assert!(
-        healed.iter().any(|m| m.contains("istio-proxy-nat missing")),
+        healed.iter().any(|m| m.contains("no rules of ours at all")),
         "{healed:?}"
     );
     assert_eq!(metric(&node, 15014, "istio_cni_drift_unhealed_total"), 0);

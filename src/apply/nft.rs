@@ -152,9 +152,13 @@ pub fn listing_difference(expected: &str, actual: &str) -> Option<String> {
             }
             continue;
         }
-        let show = |l: Option<&str>| l.map_or("nothing".to_string(), |l| format!("`{}`", l.trim()));
+        let show = |l: Option<&str>| match l.map(str::trim) {
+            None => "nothing".to_string(),
+            Some("}") => "the end of the chain".to_string(),
+            Some(l) => format!("`{l}`"),
+        };
         return Some(format!(
-            "{table} chain {chain}: {} where {} expected",
+            "{table} chain {chain}: found {}, expected {}",
             show(line),
             show(want)
         ));
