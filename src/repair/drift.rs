@@ -46,6 +46,18 @@ pub struct DriftSettings {
     pub exclude_namespaces: Vec<String>,
 }
 
+/// Why the pass cannot run on this host, if it cannot: pods' netns are found under
+/// `HOST_PROC_DIR`, which the chart mounts only for in-place repair or ambient. Checked once at
+/// start, so a missing mount is one warning, not one per pod and pass.
+pub fn unusable_proc(host_proc_dir: &std::path::Path) -> Option<String> {
+    (!host_proc_dir.join("self").exists()).then(|| {
+        format!(
+            "{} is not a procfs mount (HOST_PROC_DIR; the chart mounts the host /proc with repair.repairPods or ambient)",
+            host_proc_dir.display()
+        )
+    })
+}
+
 /// Whether the plugin would have programmed `pod`'s netns: running, with an IP, not host-network,
 /// not in an excluded namespace, not ambient, and selected by Istio's sidecar checks.
 pub fn candidate(pod: &Pod, info: &PodInfo, exclude_namespaces: &[String]) -> bool {

@@ -24,6 +24,14 @@ fn is_candidate(p: &Pod) -> bool {
 }
 
 #[test]
+fn the_pass_needs_a_procfs_under_host_proc_dir() {
+    assert_eq!(unusable_proc(std::path::Path::new("/proc")), None);
+    let empty = tempfile::tempdir().unwrap();
+    let why = unusable_proc(empty.path()).expect("no procfs there");
+    assert!(why.contains("HOST_PROC_DIR"), "{why}");
+}
+
+#[test]
 fn only_pods_the_plugin_would_have_programmed_are_checked() {
     let base = pod("p", "u", json!({}));
     assert!(is_candidate(&base));

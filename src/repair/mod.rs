@@ -158,6 +158,13 @@ pub fn start(
     drift: Option<drift::DriftSettings>,
     stop: &CancellationToken,
 ) -> Result<Repair, RepairError> {
+    let drift = drift.filter(|_| match drift::unusable_proc(&host.host_proc_dir) {
+        Some(why) => {
+            tracing::warn!("sidecar drift check off: {why}");
+            false
+        }
+        None => true,
+    });
     let detection = Detection::new(cfg)?;
     let mode = Mode::of(cfg);
     let timing = Timing::default();
