@@ -321,7 +321,7 @@ pub fn program_inpod_here(
 }
 
 /// The prefix of every nft table the agent owns.
-const OUR_NFT_TABLES: &str = "istio-ambient-";
+pub const OUR_NFT_TABLES: &str = "istio-ambient-";
 
 /// Whether the calling thread's netns holds exactly `expected` (our tables as [`nft_listing_of`]
 /// prints them). A netns without any table of ours is answered over netlink, without a process.
@@ -337,52 +337,17 @@ fn nft_already_holds(exec: &mut dyn Executor, expected: Option<&str>) -> Result<
 
 /// Our tables in the calling thread's netns, as `nft list ruleset` prints them, normalised.
 fn our_nft_listing(exec: &mut dyn Executor) -> Result<String, ApplyError> {
-    let out = run_checked(exec, &super::exec::Cmd::new("nft", ["list", "ruleset"]))?;
-    Ok(normalise_nft_listing(&out.stdout))
+    super::nft::our_listing(exec, OUR_NFT_TABLES)
 }
 
-/// How our tables list when they hold exactly `transaction`: learnt by applying it in a scratch
-/// netns (the kernel's own canonical form: nft rewrites some expressions as it stores them).
+/// How our tables list when they hold exactly `transaction` ([`super::nft::listing_of`]).
 pub fn nft_listing_of(transaction: &str) -> Result<String, AmbientError> {
-    let transaction = transaction.to_string();
-    crate::netns::run_in_scratch(move || {
-        let mut exec = ProcessExecutor::default();
-        apply_transaction(&mut exec, &transaction)?;
-        our_nft_listing(&mut exec)
-    })
-    .map_err(|e| ApplyError::Failed {
-        command: "nft -f - (in a scratch netns)".into(),
-        code: None,
-        stderr: e.to_string(),
-    })?
-    .map_err(AmbientError::from)
+    Ok(super::nft::listing_of(transaction, OUR_NFT_TABLES)?)
 }
 
-/// Our tables only (`table <family> istio-ambient-*` blocks), without rule handles and counter
-/// values, which differ between two identical rule sets.
+/// Our tables only ([`super::nft::normalise_listing`] for `istio-ambient-*`).
 pub fn normalise_nft_listing(text: &str) -> String {
-    let mut out = String::new();
-    let mut ours = false;
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("table ") {
-            ours = rest
-                .split_whitespace()
-                .nth(1)
-                .is_some_and(|name| name.starts_with(OUR_NFT_TABLES));
-        }
-        if !ours {
-            continue;
-        }
-        let line = line.split(" # handle ").next().unwrap_or(line);
-        let mut words: Vec<&str> = line.split(' ').collect();
-        while let Some(i) = words.iter().position(|w| *w == "packets") {
-            // `counter packets N bytes M` -> `counter`
-            words.drain(i..(i + 4).min(words.len()));
-        }
-        out.push_str(&words.join(" "));
-        out.push('\n');
-    }
-    out
+    super::nft::normalise_listing(text, OUR_NFT_TABLES)
 }
 
 /// A new pod's netns (no table in any family) with the iptables-nft flavour gets the rules as one

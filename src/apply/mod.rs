@@ -1,6 +1,7 @@
 //! Applying rule sets: iptables/ip6tables(-save/-restore) binary detection, locking, state
 //! verification, reconcile/cleanup, and the dry-run transcript in Istio's format. [`pod`] is the
-//! one entry that programs (or cleans) a netns, for `istio-iptables` and the plugin alike. The
+//! one entry that programs (or cleans, or verifies without writing: `verify`) a netns, for
+//! `istio-iptables`, the plugin and the repair room's drift pass alike. The
 //! routes a sidecar capture needs besides its rules are decided here too ([`routes`]).
 //! May call: `rules`, `netlink` (nf_tables transactions, rtnetlink routes), `netns` (entering a
 //! pod's user namespace).
@@ -18,6 +19,7 @@ pub mod routes;
 pub mod sidecar;
 pub mod state;
 pub mod transcript;
+pub mod verify;
 
 pub use cleanup::{CleanupInput, CleanupPlan};
 pub use exec::{Cmd, CmdOutput, Executor, ProcessExecutor};

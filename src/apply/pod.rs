@@ -2,11 +2,16 @@
 //! `istio-iptables` role and the CNI plugin call, so they validate, lock, enter, pick the backend,
 //! take a user-namespaced pod's user namespace and converge the routes the same way.
 //!
-//! [`program`] applies, [`cleanup`] removes; dry runs stay with their callers (they print or write
-//! a file and never program), using [`in_target`], [`cleanup_rules`] and the transaction texts.
+//! [`program`] applies, [`cleanup`] removes, [`verify`] reads what is there and compares it with
+//! what `program` would leave (the drift check; nothing written); dry runs stay with their
+//! callers (they print or write a file and never program), using [`in_target`],
+//! [`cleanup_rules`] and the transaction texts.
+
+use std::sync::Arc;
 
 use super::exec::ProcessExecutor;
 use super::iptables::{ApplyError, ForceBinary};
+use super::nft::Listings;
 use super::sidecar::{Outcome, SidecarOptions, apply_sidecar_here, cleanup_sidecar_here};
 use super::{CleanupInput, nft};
 use crate::netns::{Netns, NetnsError, UsernsEntry};
@@ -51,6 +56,23 @@ pub struct PodOptions {
     /// `Some(dual_stack)`: IPv6 on/off from the netns's own addresses (the plugin), instead of
     /// the configuration's `enable_ipv6`.
     pub detect_ipv6: Option<bool>,
+    /// [`verify`] with nftables: the expected listings, learnt once per distinct transaction
+    /// (without it every verify learns its own, in a scratch netns).
+    pub nft_listings: Option<Arc<Listings>>,
+}
+
+/// The prefix of our sidecar nftables tables (`istio-proxy-nat`, ...).
+pub const SIDECAR_NFT_TABLES: &str = "istio-proxy-";
+
+/// What [`verify`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Exactly the rules [`program`] would leave.
+    InPlace,
+    /// Rules of ours, but not those: `what` names the first difference.
+    Drifted { what: String },
+    /// Nothing of ours at all.
+    Absent,
 }
 
 /// What [`program`] did.
@@ -114,6 +136,49 @@ pub fn program(
             ipv6: cfg.enable_ipv6,
             warnings,
         })
+    })?
+}
+
+/// Whether `target` holds exactly what [`program`] would leave there for `cfg` (the rules; the
+/// routes are not read), reading the kernel once: one `*-save` per family in use (ip6tables only
+/// when the pod has IPv6, decided as `program` decides), or one `nft list ruleset` compared with
+/// how the transaction lists once applied. Writes nothing. Blocking, like [`program`].
+pub fn verify(
+    target: Target<'_>,
+    cfg: &CaptureConfig,
+    opts: &PodOptions,
+) -> Result<Verdict, PodError> {
+    cfg.validate()?;
+    let mut cfg = cfg.clone();
+    let opts = opts.clone();
+    let lock = lock_env(target);
+    in_target(target, move |userns| {
+        if let Some(dual_stack) = opts.detect_ipv6 {
+            cfg.enable_ipv6 = detect_ipv6(dual_stack, &mut Vec::new());
+        }
+        let verdict = match opts.backend {
+            Backend::Iptables | Backend::IptablesRestore => super::verify::verify_sidecar_here(
+                &capture::build(&cfg),
+                &lock,
+                opts.force_binary,
+                userns.as_ref(),
+            )?,
+            Backend::Nftables => {
+                let transaction = nft_transaction(&cfg);
+                let expected = match &opts.nft_listings {
+                    Some(known) => known.expected(&transaction)?,
+                    None => nft::listing_of(&transaction, SIDECAR_NFT_TABLES)?,
+                };
+                let mut exec = ProcessExecutor::entering(userns);
+                let actual = nft::our_listing(&mut exec, SIDECAR_NFT_TABLES)?;
+                match nft::listing_difference(&expected, &actual) {
+                    None => Verdict::InPlace,
+                    Some(_) if actual.is_empty() => Verdict::Absent,
+                    Some(what) => Verdict::Drifted { what },
+                }
+            }
+        };
+        Ok(verdict)
     })?
 }
 
@@ -302,6 +367,16 @@ mod tests {
             )]
         );
         assert!(lock_env(Target::Here).is_empty());
+    }
+
+    #[test]
+    fn every_sidecar_nft_table_carries_the_verified_prefix() {
+        for table in NftTable::SIDECAR {
+            assert!(table.name().starts_with(SIDECAR_NFT_TABLES), "{table:?}");
+        }
+        for table in NftTable::AMBIENT_POD {
+            assert!(!table.name().starts_with(SIDECAR_NFT_TABLES), "{table:?}");
+        }
     }
 
     #[test]

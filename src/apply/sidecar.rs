@@ -112,7 +112,7 @@ pub fn apply_sidecar(
         let state = parse_save(&text);
         let in_place = match compare_with_plan(&state, family_rules) {
             Comparison::Same => true,
-            Comparison::Different => false,
+            Comparison::Different(_) => false,
             // The kernel re-spells some rules (marks in hex...): ask iptables itself.
             Comparison::Unsure(rules) => rules_present(exec, b, &rules, &opts.env)?,
         };
@@ -387,6 +387,16 @@ fn rules_present(
     rules: &[&Rule],
     env: &[(String, String)],
 ) -> Result<bool, ApplyError> {
+    Ok(first_missing(exec, b, rules, env)?.is_none())
+}
+
+/// The first of `rules` that `iptables -C` does not find.
+pub(super) fn first_missing<'a>(
+    exec: &mut dyn Executor,
+    b: &Binaries,
+    rules: &[&'a Rule],
+    env: &[(String, String)],
+) -> Result<Option<&'a Rule>, ApplyError> {
     for rule in rules {
         let mut args = vec![
             "-t".to_string(),
@@ -400,10 +410,10 @@ fn rules_present(
             .run(&with_env(Cmd::new(&b.iptables, args), env))?
             .success
         {
-            return Ok(false);
+            return Ok(Some(rule));
         }
     }
-    Ok(true)
+    Ok(None)
 }
 
 /// Whether a family holds none of our chains, learnt without starting a process; Some(tables that

@@ -153,9 +153,61 @@ pub fn rule_words(rule: &str) -> Vec<String> {
 /// Result of comparing the current state with a plan.
 pub enum Comparison<'a> {
     Same,
-    Different,
+    Different(Difference),
     /// Structure matches; these rules did not match textually and need an `iptables -C` check.
     Unsure(Vec<&'a Rule>),
+}
+
+/// The first way the state differs from a plan (for logs and events: what drifted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Difference {
+    /// A planned chain is not there (or nothing of its table).
+    MissingChain { table: String, chain: String },
+    /// A chain of ours holds another number of rules than planned.
+    RuleCount {
+        table: String,
+        chain: String,
+        found: usize,
+        planned: usize,
+    },
+    /// A planned rule of a built-in chain is there more often than planned.
+    Stacked { table: String, chain: String },
+    /// A chain of ours that the plan does not create.
+    ExtraChain { table: String, chain: String },
+    /// A planned rule is not there (its chain holds others).
+    MissingRule {
+        table: String,
+        chain: String,
+        rule: String,
+    },
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Difference::MissingChain { table, chain } => {
+                write!(f, "chain {chain} missing from table {table}")
+            }
+            Difference::RuleCount {
+                table,
+                chain,
+                found,
+                planned,
+            } => write!(
+                f,
+                "{table} chain {chain} holds {found} rules, {planned} expected"
+            ),
+            Difference::Stacked { table, chain } => {
+                write!(f, "{table} chain {chain} holds a rule of ours twice")
+            }
+            Difference::ExtraChain { table, chain } => {
+                write!(f, "unexpected chain {chain} in table {table}")
+            }
+            Difference::MissingRule { table, chain, rule } => {
+                write!(f, "{table} chain {chain} lacks rule `{rule}`")
+            }
+        }
+    }
 }
 
 /// Whether the current state already holds exactly the planned rules: every planned chain and rule
@@ -173,10 +225,18 @@ pub fn compare_with_plan<'a>(current: &State, plan: &'a [Rule]) -> Comparison<'a
     let mut unsure = Vec::new();
     for ((table, chain), rules) in &planned {
         let Some(existing) = current.get(table).and_then(|c| c.get(chain)) else {
-            return Comparison::Different;
+            return Comparison::Different(Difference::MissingChain {
+                table: table.clone(),
+                chain: chain.clone(),
+            });
         };
         if is_owned_chain(&owned, table, chain) && existing.len() != rules.len() {
-            return Comparison::Different;
+            return Comparison::Different(Difference::RuleCount {
+                table: table.clone(),
+                chain: chain.clone(),
+                found: existing.len(),
+                planned: rules.len(),
+            });
         }
         // A planned rule of a built-in chain present more often than planned was applied twice.
         let count =
@@ -190,7 +250,10 @@ pub fn compare_with_plan<'a>(current: &State, plan: &'a [Rule]) -> Comparison<'a
             count(&mut existing.iter().map(|e| normalise(e)), &key) > planned
         });
         if stacked {
-            return Comparison::Different;
+            return Comparison::Different(Difference::Stacked {
+                table: table.clone(),
+                chain: chain.clone(),
+            });
         }
         let existing: BTreeSet<String> = existing.iter().map(|r| normalise(r)).collect();
         unsure.extend(
@@ -200,14 +263,15 @@ pub fn compare_with_plan<'a>(current: &State, plan: &'a [Rule]) -> Comparison<'a
         );
     }
     // Chains of ours that this plan would not create are drift too.
-    let foreign_chains = current.iter().any(|(table, chains)| {
+    let foreign_chain = current.iter().find_map(|(table, chains)| {
         chains
             .keys()
             .filter(|c| is_owned_chain(&owned, table, c))
-            .any(|c| !planned.contains_key(&(table.clone(), c.clone())))
+            .find(|c| !planned.contains_key(&(table.clone(), (*c).clone())))
+            .map(|c| (table.clone(), c.clone()))
     });
-    if foreign_chains {
-        Comparison::Different
+    if let Some((table, chain)) = foreign_chain {
+        Comparison::Different(Difference::ExtraChain { table, chain })
     } else if unsure.is_empty() {
         Comparison::Same
     } else {
@@ -329,7 +393,7 @@ mod tests {
         text = text.replace("COMMIT", "-A OUTPUT -j ISTIO_OUTPUT\nCOMMIT");
         assert!(matches!(
             compare_with_plan(&parse_save(&text), &rules.v4),
-            Comparison::Different
+            Comparison::Different(Difference::Stacked { .. })
         ));
     }
 

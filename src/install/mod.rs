@@ -272,12 +272,21 @@ async fn run(cfg: Config) -> i32 {
                 force_iptables_binary: cfg.agent.force_iptables_binary.clone(),
             };
             let pods = node.pods.clone();
+            // Sidecar drift self-heal (issue 13) runs with the repair controller only.
+            let drift =
+                cfg.drift_verify_interval
+                    .map(|period| crate::repair::drift::DriftSettings {
+                        period,
+                        kick: drift_kick.clone(),
+                        exclude_namespaces: ic.exclude_namespaces.clone(),
+                    });
             match crate::repair::start(
                 &cfg.repair,
                 host,
                 node.client.clone(),
                 pods,
                 metrics.clone(),
+                drift,
                 &stop,
             ) {
                 Ok(r) => Some(r),

@@ -5,6 +5,8 @@
 //! key waiting for its retry ignores events (the retry reads the newest state), and a pod UID is
 //! acted on once: success, a permanent failure or the last attempt records it, so a pod that stays
 //! broken (or whose annotations cannot be used) is never hot-looped. A deleted pod is forgotten.
+//! The sidecar drift pass (`drift`) hands over running pods whose redirect annotations changed
+//! since their rules were programmed ([`HandOff`]): they take the same path, once per UID.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -16,11 +18,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::detect::{Broken, Detection};
+use super::detect::Detection;
 use super::effects::ActError;
 use super::{Mode, Timing};
+use crate::apply::pod::Verdict;
 use crate::kube::stores::{PodStore, StoreEvent, Stored};
 use crate::kube::{EventType, PodEvent};
+use crate::netns::Netns;
+use crate::sidecar::redirect::CaptureSettings;
 use crate::telemetry::metrics::{Metrics, RepairLabels};
 
 /// Source component of the controller's events (Istio's).
@@ -42,6 +47,42 @@ pub trait Effects: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<(), ActError>>;
     /// Records an event on the pod.
     fn event(&self, pod: Arc<Pod>, event: PodEvent) -> BoxFuture<'static, Result<(), ActError>>;
+    /// The drift pass's read: one /proc scan for every pod of `batch`, then each netns found
+    /// verified against the pod's expected rules (nothing written).
+    fn verify_pods(&self, batch: Vec<Expected>) -> BoxFuture<'static, Vec<Checked>>;
+    /// Re-programs a drifted pod's netns in place: our rules replaced with the expected ones.
+    fn heal(
+        &self,
+        netns: Arc<Netns>,
+        expected: Expected,
+    ) -> BoxFuture<'static, Result<(), ActError>>;
+}
+
+/// A pod whose rules the drift pass checks, with what they should be.
+#[derive(Debug, Clone)]
+pub struct Expected {
+    pub uid: String,
+    pub ips: Vec<std::net::IpAddr>,
+    pub settings: Arc<CaptureSettings>,
+}
+
+/// What [`Effects::verify_pods`] found for one pod.
+#[derive(Debug)]
+pub struct Checked {
+    pub uid: String,
+    /// The netns (kept for the heal) and the verdict; `ActError::NetnsNotFound` when the scan
+    /// found no netns of the pod.
+    pub result: Result<(Arc<Netns>, Verdict), ActError>,
+}
+
+/// A running pod the drift pass hands to the controller's policy: its redirect derivation changed
+/// since its rules were programmed, so re-programming them is not the drift pass's call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandOff {
+    pub key: String,
+    pub uid: String,
+    /// Why, for the log and the event.
+    pub why: String,
 }
 
 /// What became of a broken pod.
@@ -92,17 +133,14 @@ fn reason(mode: &Mode) -> &'static str {
     }
 }
 
-/// Acts on one broken pod, as the mode says, and records the event of a success.
+/// Acts on one broken pod, as the mode says, and records the event of a success. `why` says what
+/// made it broken (the validation container's exit, or the drift pass's reason).
 pub async fn reconcile<E: Effects + ?Sized>(
     effects: &E,
     mode: &Mode,
     pod: Arc<Pod>,
-    broken: &Broken,
+    why: &str,
 ) -> Result<Outcome, ActError> {
-    let why = format!(
-        "init container {} last exited {}",
-        broken.container, broken.exit_code
-    );
     let (outcome, message) = match mode {
         Mode::Detect => return Ok(Outcome::Skipped("no repair mode set")),
         Mode::Repair => {
@@ -185,6 +223,8 @@ struct Keys {
     in_flight: HashSet<String>,
     dirty: HashSet<String>,
     waiting: HashSet<String>,
+    /// key -> (UID, why): handed over by the drift pass, acted on whatever `detect` says.
+    handed: HashMap<String, (String, String)>,
 }
 
 impl<E: Effects + ?Sized> Controller<E> {
@@ -198,8 +238,12 @@ impl<E: Effects + ?Sized> Controller<E> {
             .inc();
     }
 
-    /// Runs until `shutdown` (or the store goes away).
-    pub async fn run(self, shutdown: CancellationToken) {
+    /// Runs until `shutdown` (or the store goes away); `handoffs` brings the drift pass's pods.
+    pub async fn run(
+        self,
+        shutdown: CancellationToken,
+        mut handoffs: mpsc::UnboundedReceiver<HandOff>,
+    ) {
         let mut events = self.pods.subscribe();
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Attempt>();
         let (retry_tx, mut retry_rx) = mpsc::unbounded_channel::<String>();
@@ -214,6 +258,7 @@ impl<E: Effects + ?Sized> Controller<E> {
                         keys.done.remove(&key);
                         keys.attempts.remove(&key);
                         keys.dirty.remove(&key);
+                        keys.handed.remove(&key);
                     }
                     Some(StoreEvent::Added(pod) | StoreEvent::Updated { new: pod, .. }) => {
                         let key = pod.key();
@@ -222,6 +267,12 @@ impl<E: Effects + ?Sized> Controller<E> {
                         }
                     }
                 },
+                Some(h) = handoffs.recv() => {
+                    keys.handed.insert(h.key.clone(), (h.uid, h.why));
+                    if !keys.waiting.contains(&h.key) {
+                        self.schedule(h.key, &mut keys, &done_tx);
+                    }
+                }
                 Some(key) = retry_rx.recv() => {
                     keys.waiting.remove(&key);
                     self.schedule(key, &mut keys, &done_tx);
@@ -250,25 +301,41 @@ impl<E: Effects + ?Sized> Controller<E> {
             return;
         };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        if keys.done.get(&key) == Some(&uid) {
+        let handed = keys.handed.get(&key).filter(|(u, _)| *u == uid);
+        if handed.is_some() && !self.detection.selected(&pod) {
+            // The operator's selectors bound every action of the controller, hand-offs too.
+            info!(pod = %key, "pod handed over by the sidecar drift check is outside REPAIR_LABEL_SELECTORS/REPAIR_FIELD_SELECTORS; not acted on");
+            keys.handed.remove(&key);
             return;
         }
-        let Some(broken) = self.detection.broken(&pod) else {
-            return;
+        let why = if let Some((_, why)) = handed {
+            info!(pod = %key, action = self.mode.as_str(), "pod handed over by the sidecar drift check: {why}");
+            why.clone()
+        } else {
+            if keys.done.get(&key) == Some(&uid) {
+                return;
+            }
+            let Some(broken) = self.detection.broken(&pod) else {
+                return;
+            };
+            info!(
+                pod = %key,
+                container = %broken.container,
+                exit_code = broken.exit_code,
+                action = self.mode.as_str(),
+                "broken pod detected"
+            );
+            format!(
+                "init container {} last exited {}",
+                broken.container, broken.exit_code
+            )
         };
-        info!(
-            pod = %key,
-            container = %broken.container,
-            exit_code = broken.exit_code,
-            action = self.mode.as_str(),
-            "broken pod detected"
-        );
         keys.in_flight.insert(key.clone());
         let effects = self.effects.clone();
         let mode = self.mode.clone();
         let tx = done_tx.clone();
         tokio::spawn(async move {
-            let result = reconcile(&*effects, &mode, pod.clone(), &broken).await;
+            let result = reconcile(&*effects, &mode, pod.clone(), &why).await;
             let _ = tx.send(Attempt {
                 key,
                 uid,
@@ -282,6 +349,7 @@ impl<E: Effects + ?Sized> Controller<E> {
     /// already came, so nothing would ever forget the record).
     fn remember(&self, keys: &mut Keys, key: String, uid: String) {
         keys.attempts.remove(&key);
+        keys.handed.remove(&key);
         let present = self
             .pods
             .get(&key)
@@ -361,4 +429,4 @@ impl<E: Effects + ?Sized> Controller<E> {
 
 #[cfg(test)]
 #[path = "controller_tests.rs"]
-mod tests;
+pub(crate) mod tests;

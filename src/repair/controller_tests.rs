@@ -10,21 +10,28 @@ use crate::retry::RetryPolicy;
 
 type RepairFn = dyn Fn(u32) -> Result<bool, ActError> + Send + Sync;
 
-/// Records every call; repair answers with `repair(nth call)`.
-struct Fake {
+/// Records every call; repair answers with `repair(nth call)`; the drift pass's verify answers
+/// per UID from `verdicts` (absent: no netns found), its heal fails for UIDs in `heal_fails`.
+pub(crate) struct Fake {
     calls: Mutex<Vec<String>>,
     repair: Box<RepairFn>,
+    pub(crate) verdicts: Mutex<std::collections::HashMap<String, Verdict>>,
+    pub(crate) heal_fails: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Fake {
-    fn new(repair: impl Fn(u32) -> Result<bool, ActError> + Send + Sync + 'static) -> Arc<Fake> {
+    pub(crate) fn new(
+        repair: impl Fn(u32) -> Result<bool, ActError> + Send + Sync + 'static,
+    ) -> Arc<Fake> {
         Arc::new(Fake {
             calls: Mutex::new(Vec::new()),
             repair: Box::new(repair),
+            verdicts: Mutex::default(),
+            heal_fails: Mutex::default(),
         })
     }
 
-    fn calls(&self) -> Vec<String> {
+    pub(crate) fn calls(&self) -> Vec<String> {
         self.calls.lock().unwrap().clone()
     }
 
@@ -61,6 +68,38 @@ impl Effects for Fake {
         ));
         futures::future::ready(Ok(())).boxed()
     }
+    fn verify_pods(&self, batch: Vec<Expected>) -> BoxFuture<'static, Vec<Checked>> {
+        let verdicts = self.verdicts.lock().unwrap().clone();
+        let checked = batch
+            .into_iter()
+            .map(|e| {
+                self.record(format!("verify {}", e.uid));
+                let result = match verdicts.get(&e.uid) {
+                    Some(v) => Ok((Arc::new(Netns::current().unwrap()), v.clone())),
+                    None => Err(ActError::NetnsNotFound {
+                        uid: e.uid.clone(),
+                        ips: String::new(),
+                        proc_dir: "/proc".into(),
+                    }),
+                };
+                Checked { uid: e.uid, result }
+            })
+            .collect();
+        futures::future::ready(checked).boxed()
+    }
+    fn heal(&self, _netns: Arc<Netns>, e: Expected) -> BoxFuture<'static, Result<(), ActError>> {
+        self.record(format!("heal {}", e.uid));
+        let result = if self.heal_fails.lock().unwrap().contains(&e.uid) {
+            Err(ActError::Task("heal refused".into()))
+        } else {
+            self.verdicts
+                .lock()
+                .unwrap()
+                .insert(e.uid.clone(), Verdict::InPlace);
+            Ok(())
+        };
+        futures::future::ready(result).boxed()
+    }
 }
 
 fn cfg() -> RepairConfig {
@@ -95,6 +134,7 @@ struct Rig {
     store: PodStore,
     metrics: Metrics,
     stop: CancellationToken,
+    handoffs: mpsc::UnboundedSender<HandOff>,
 }
 
 impl Rig {
@@ -112,11 +152,13 @@ impl Rig {
             metrics: metrics.clone(),
             timing: fast(),
         };
-        tokio::spawn(c.run(stop.clone()));
+        let (handoffs, handed) = mpsc::unbounded_channel();
+        tokio::spawn(c.run(stop.clone(), handed));
         Rig {
             store,
             metrics,
             stop,
+            handoffs,
         }
     }
 
@@ -293,4 +335,83 @@ fn modes_follow_istio_precedence_and_the_policy_gives_up_on_permanent_errors() {
         error_policy(&ActError::Task("x".into()), 1, &t),
         Policy::GiveUp
     );
+}
+
+#[test]
+fn a_pod_handed_over_by_the_drift_pass_takes_the_policy_path_though_not_broken() {
+    rt().block_on(async {
+        let fake = Fake::new(|_| Ok(true));
+        let mode = Mode::of(&RepairConfig {
+            repair_pods: false,
+            label_pods: true,
+            ..cfg()
+        });
+        let rig = Rig::start(fake.clone(), mode);
+        let mut healthy = broken_pod("h", "u1", "1");
+        healthy.status = None;
+        rig.store.apply(WatchEvent::Apply(healthy));
+        settle().await;
+        assert!(fake.calls().is_empty(), "not broken: {:?}", fake.calls());
+        let handoff = |uid: &str| HandOff {
+            key: "ns/h".into(),
+            uid: uid.into(),
+            why: "annotations traffic.sidecar.istio.io/excludeOutboundPorts changed".into(),
+        };
+        // A hand-off for another UID (a re-created pod) is not this pod's.
+        rig.handoffs.send(handoff("u0")).unwrap();
+        settle().await;
+        assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+        rig.handoffs.send(handoff("u1")).unwrap();
+        settle().await;
+        let calls = fake.calls();
+        assert_eq!(
+            calls[0], "label ns/h cni.istio.io/uninitialized=true",
+            "{calls:?}"
+        );
+        assert!(
+            calls[1].starts_with("event Warning LabelBrokenPod")
+                && calls[1].contains("excludeOutboundPorts"),
+            "{calls:?}"
+        );
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(rig.count("label", "success"), 1);
+    });
+}
+
+#[test]
+fn a_handed_over_pod_outside_the_repair_selectors_is_left_alone() {
+    rt().block_on(async {
+        let fake = Fake::new(|_| Ok(true));
+        let store = PodStore::new();
+        store.apply(WatchEvent::Init);
+        store.apply(WatchEvent::InitDone);
+        let c = Controller {
+            pods: store.clone(),
+            detection: Detection::new(&RepairConfig {
+                label_selectors: "team=payments".into(),
+                ..cfg()
+            })
+            .unwrap(),
+            mode: Mode::Delete,
+            effects: fake.clone(),
+            metrics: Metrics::default(),
+            timing: fast(),
+        };
+        let stop = CancellationToken::new();
+        let (handoffs, handed) = mpsc::unbounded_channel();
+        tokio::spawn(c.run(stop.clone(), handed));
+        let mut healthy = broken_pod("h", "u1", "1");
+        healthy.status = None;
+        store.apply(WatchEvent::Apply(healthy));
+        handoffs
+            .send(HandOff {
+                key: "ns/h".into(),
+                uid: "u1".into(),
+                why: "annotations changed".into(),
+            })
+            .unwrap();
+        settle().await;
+        assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+        stop.cancel();
+    });
 }

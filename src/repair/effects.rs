@@ -13,12 +13,14 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::controller::Effects;
+use super::controller::{Checked, Effects, Expected};
 use super::{HostSettings, RepairError};
 use crate::apply::ForceBinary;
+use crate::apply::nft::Listings;
 use crate::apply::pod::{self, Backend, PodError, PodOptions, Target};
 use crate::kube::stores::pod_ips;
 use crate::kube::{KubeClient, KubeError, MetadataPatch, PodEvent, PodPatchVia, pod_preconditions};
+use crate::netns::Netns;
 use crate::sidecar::redirect::{AnnotationError, EngineEnv, Redirect, RedirectError};
 use crate::sidecar::{PodInfo, redirect};
 
@@ -43,6 +45,8 @@ pub enum ActError {
     },
     #[error("programming the pod's network namespace: {0}")]
     Program(#[source] PodError),
+    #[error("reading the pod's rules: {0}")]
+    Verify(#[source] PodError),
     #[error(transparent)]
     Kube(#[from] KubeError),
     #[error("the repair task failed: {0}")]
@@ -56,7 +60,10 @@ impl ActError {
         match self {
             ActError::Annotation(_) | ActError::Redirect(_) | ActError::Task(_) => true,
             ActError::Kube(e) => !e.is_transient(),
-            ActError::NoIp | ActError::NetnsNotFound { .. } | ActError::Program(_) => false,
+            ActError::NoIp
+            | ActError::NetnsNotFound { .. }
+            | ActError::Program(_)
+            | ActError::Verify(_) => false,
         }
     }
 }
@@ -69,6 +76,8 @@ pub struct KubeEffects {
     force_binary: Option<ForceBinary>,
     engine: Arc<EngineEnv>,
     timeout: Duration,
+    /// nftables: how each distinct sidecar transaction lists once applied (for the verify).
+    nft_listings: Arc<Listings>,
 }
 
 impl KubeEffects {
@@ -98,6 +107,7 @@ impl KubeEffects {
             force_binary,
             engine: Arc::new(engine),
             timeout,
+            nft_listings: Arc::new(Listings::new(pod::SIDECAR_NFT_TABLES)),
         })
     }
 }
@@ -126,15 +136,7 @@ fn program_pod(
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let wanted = HashMap::from([(uid.clone(), ips.clone())]);
     let Some(netns) = crate::netlink::find_pod_netns(host_proc_dir, &wanted).remove(&uid) else {
-        return Err(ActError::NetnsNotFound {
-            uid,
-            ips: ips
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
-            proc_dir: host_proc_dir.to_path_buf(),
-        });
+        return Err(not_found(uid, &ips, host_proc_dir));
     };
     let opts = PodOptions {
         backend,
@@ -148,7 +150,102 @@ fn program_pod(
     Ok(true)
 }
 
+fn not_found(uid: String, ips: &[std::net::IpAddr], proc_dir: &std::path::Path) -> ActError {
+    ActError::NetnsNotFound {
+        uid,
+        ips: ips
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        proc_dir: proc_dir.to_path_buf(),
+    }
+}
+
+/// The drift pass's read, blocking: one /proc scan for the whole batch, then one kernel read per
+/// netns found, one pod after another (a pass is background work: it keeps to one core).
+fn verify_batch(
+    batch: Vec<Expected>,
+    host_proc_dir: &std::path::Path,
+    opts: &PodOptions,
+) -> Vec<Checked> {
+    let wanted: HashMap<String, Vec<std::net::IpAddr>> = batch
+        .iter()
+        .map(|e| (e.uid.clone(), e.ips.clone()))
+        .collect();
+    let mut found = crate::netlink::find_pod_netns(host_proc_dir, &wanted);
+    batch
+        .into_iter()
+        .map(|e| {
+            let result = match found.remove(&e.uid) {
+                None => Err(not_found(e.uid.clone(), &e.ips, host_proc_dir)),
+                Some(netns) => {
+                    let opts = PodOptions {
+                        detect_ipv6: Some(e.settings.dual_stack),
+                        ..opts.clone()
+                    };
+                    pod::verify(Target::Pod(&netns), &e.settings.config, &opts)
+                        .map(|verdict| (Arc::new(netns), verdict))
+                        .map_err(ActError::Verify)
+                }
+            };
+            Checked { uid: e.uid, result }
+        })
+        .collect()
+}
+
+impl KubeEffects {
+    /// What the plugin reads from the runtime's environment (read once, from ours).
+    pub fn engine(&self) -> Arc<EngineEnv> {
+        self.engine.clone()
+    }
+
+    fn pod_options(&self) -> PodOptions {
+        PodOptions {
+            backend: self.backend,
+            force_binary: self.force_binary,
+            nft_listings: Some(self.nft_listings.clone()),
+            ..PodOptions::default()
+        }
+    }
+}
+
 impl Effects for KubeEffects {
+    fn verify_pods(&self, batch: Vec<Expected>) -> BoxFuture<'static, Vec<Checked>> {
+        let dir = self.host_proc_dir.clone();
+        let opts = self.pod_options();
+        async move {
+            tokio::task::spawn_blocking(move || verify_batch(batch, &dir, &opts))
+                .await
+                .unwrap_or_default()
+        }
+        .boxed()
+    }
+
+    fn heal(
+        &self,
+        netns: Arc<Netns>,
+        expected: Expected,
+    ) -> BoxFuture<'static, Result<(), ActError>> {
+        let opts = PodOptions {
+            // Ours are replaced with the expected rules, under the guardrails (no window
+            // without capture); a netns holding nothing of ours gets a plain apply.
+            reconcile: true,
+            detect_ipv6: Some(expected.settings.dual_stack),
+            ..self.pod_options()
+        };
+        async move {
+            tokio::task::spawn_blocking(move || {
+                pod::program(Target::Pod(&netns), &expected.settings.config, &opts)
+                    .map(|_| ())
+                    .map_err(ActError::Program)
+            })
+            .await
+            .map_err(|e| ActError::Task(e.to_string()))?
+        }
+        .boxed()
+    }
+
     fn repair(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<bool, ActError>> {
         let engine = self.engine.clone();
         let dir = self.host_proc_dir.clone();

@@ -8,12 +8,17 @@
 //! Files: `detect` (pure: is this pod broken), `controller` (the reconcile loop over the store's
 //! subscription: per-pod keyed, once per UID, the error policy with jittered backoff), `effects`
 //! (what acting does: the API calls, and the netns programming through the SAME derivation
-//! (`sidecar`) and entry (`apply::pod`) as the plugin; the netns is found with `netns::procfs`).
+//! (`sidecar`) and entry (`apply::pod`) as the plugin; the netns is found with `netns::procfs`),
+//! `drift` (issue 13: the sidecar drift pass — running sidecar pods verified on a jittered period
+//! (`DRIFT_VERIFY_INTERVAL`) and when the guard re-installed our entry, healed in place while
+//! their derivation is unchanged, else handed to the controller's policy; it runs only with the
+//! controller, i.e. with `REPAIR_ENABLED=true`).
 //!
 //! May call: `cli`, `kube`, `retry`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`.
 
 pub mod controller;
 pub mod detect;
+pub mod drift;
 pub mod effects;
 
 use std::path::PathBuf;
@@ -137,18 +142,29 @@ pub enum RepairError {
 /// A running controller (stops with the token it was started with).
 pub struct Repair {
     pub task: tokio::task::JoinHandle<()>,
+    /// The sidecar drift pass, when `DRIFT_VERIFY_INTERVAL` is not 0.
+    pub drift: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// Starts the controller on install-cni's node pod store. Returns at once: readiness (the
-/// store's initial sync) is awaited by the caller, which owns the store.
+/// Starts the controller on install-cni's node pod store, and with `drift` the sidecar drift pass
+/// next to it. Returns at once: readiness (the store's initial sync) is awaited by the caller,
+/// which owns the store.
 pub fn start(
     cfg: &RepairConfig,
     host: HostSettings,
     client: KubeClient,
     pods: PodStore,
     metrics: Metrics,
+    drift: Option<drift::DriftSettings>,
     stop: &CancellationToken,
 ) -> Result<Repair, RepairError> {
+    let drift = drift.filter(|_| match drift::unusable_proc(&host.host_proc_dir) {
+        Some(why) => {
+            tracing::warn!("sidecar drift check off: {why}");
+            false
+        }
+        None => true,
+    });
     let detection = Detection::new(cfg)?;
     let mode = Mode::of(cfg);
     let timing = Timing::default();
@@ -160,16 +176,31 @@ pub fn start(
         exit_code = cfg.init_container_exit_code,
         "starting the repair controller"
     );
+    let effects = Arc::new(effects);
+    let (handoffs, handed) = tokio::sync::mpsc::unbounded_channel();
+    let drift = drift.map(|d| {
+        let pass = drift::DriftPass {
+            pods: pods.clone(),
+            engine: effects.engine(),
+            exclude_namespaces: d.exclude_namespaces,
+            effects: effects.clone(),
+            metrics: metrics.clone(),
+            handoffs,
+            ledger: drift::Ledger::default(),
+        };
+        let schedule = crate::retry::periodic::Periodic::new(d.period, d.kick);
+        tokio::spawn(pass.run(schedule, stop.child_token()))
+    });
     let controller = Controller {
         pods,
         detection,
         mode,
-        effects: Arc::new(effects),
+        effects,
         metrics,
         timing,
     };
-    let task = tokio::spawn(controller.run(stop.child_token()));
-    Ok(Repair { task })
+    let task = tokio::spawn(controller.run(stop.child_token(), handed));
+    Ok(Repair { task, drift })
 }
 
 /// Istio's defaults with repair on for node `n1` (the unit tests' starting point).

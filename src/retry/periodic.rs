@@ -2,18 +2,20 @@
 //! one period plus up to a quarter more, drawn at random (the nodes of a cluster started together
 //! by one rollout do not verify, and log, in step); a [`Kick`] ends the wait early. Kicks that
 //! arrive during a pass are kept: the next wait ends at once, so a change seen mid-pass is never
-//! missed.
+//! missed. One kick reaches every schedule made with it (the ambient and the sidecar verifiers
+//! share install-cni's).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
 use super::RetryPolicy;
 
-/// Ends a [`Periodic`] wait early (cheap to clone; kicks while no one waits are kept, once).
+/// Ends a [`Periodic`] wait early, for every schedule made with it (cheap to clone; a kick while
+/// a schedule is not waiting is kept for it, once).
 #[derive(Clone, Default, Debug)]
-pub struct Kick(Arc<Notify>);
+pub struct Kick(Arc<Mutex<Vec<Arc<Notify>>>>);
 
 impl Kick {
     pub fn new() -> Self {
@@ -22,7 +24,19 @@ impl Kick {
 
     /// Asks for a pass now (or right after the running one).
     pub fn kick(&self) {
-        self.0.notify_one();
+        for schedule in self.0.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            schedule.notify_one();
+        }
+    }
+
+    /// A new schedule's own wake-up.
+    fn register(&self) -> Arc<Notify> {
+        let notify = Arc::new(Notify::new());
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(notify.clone());
+        notify
     }
 }
 
@@ -37,12 +51,15 @@ pub enum Woken {
 #[derive(Clone, Debug)]
 pub struct Periodic {
     period: Duration,
-    kick: Kick,
+    kicked: Arc<Notify>,
 }
 
 impl Periodic {
     pub fn new(period: Duration, kick: Kick) -> Self {
-        Periodic { period, kick }
+        Periodic {
+            period,
+            kicked: kick.register(),
+        }
     }
 
     pub fn period(&self) -> Duration {
@@ -65,7 +82,7 @@ impl Periodic {
     pub async fn wait(&self) -> Woken {
         tokio::select! {
             _ = tokio::time::sleep(self.next_delay()) => Woken::Timer,
-            _ = self.kick.0.notified() => Woken::Kicked,
+            _ = self.kicked.notified() => Woken::Kicked,
         }
     }
 }
@@ -106,5 +123,19 @@ mod tests {
             idle.is_err(),
             "no kick left: only the (hour-long) timer could end it"
         );
+    }
+
+    #[tokio::test]
+    async fn one_kick_wakes_every_schedule_made_with_it() {
+        let kick = Kick::new();
+        let hour = Duration::from_secs(3600);
+        let (ambient, sidecar) = (
+            Periodic::new(hour, kick.clone()),
+            Periodic::new(hour, kick.clone()),
+        );
+        kick.kick();
+        let both = async { (ambient.wait().await, sidecar.wait().await) };
+        let woken = tokio::time::timeout(Duration::from_secs(5), both).await;
+        assert_eq!(woken.unwrap(), (Woken::Kicked, Woken::Kicked));
     }
 }

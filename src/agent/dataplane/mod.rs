@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use tracing::{info, warn};
 
 use crate::apply::ambient::{
-    AmbientApply, AmbientError, inpod_nft_transaction, nft_listing_of, program_host_here,
-    program_inpod_here, remove_inpod_here,
+    AmbientApply, AmbientError, inpod_nft_transaction, program_host_here, program_inpod_here,
+    remove_inpod_here,
 };
 use crate::apply::backend::{BackendRequest, Decision, ProcessHost, decide_for_host};
 use crate::apply::exec::ProcessExecutor;
@@ -176,7 +176,7 @@ pub struct Dataplane {
     /// Probe-set changes, applied in batches.
     probes: probe::Batcher,
     /// nftables: in-pod transaction -> how it lists once applied (learnt once each).
-    nft_listings: Mutex<HashMap<String, String>>,
+    nft_listings: crate::apply::nft::Listings,
     /// The AWS branch-ENI probe routing of enrolled pods (inert on other hosts).
     branch_eni: Arc<BranchEniProbe>,
 }
@@ -213,7 +213,7 @@ impl Dataplane {
             decision,
             host_netns,
             probes: probe::Batcher::default(),
-            nft_listings: Mutex::new(HashMap::new()),
+            nft_listings: crate::apply::nft::Listings::new(crate::apply::ambient::OUR_NFT_TABLES),
             branch_eni: Arc::new(branch_eni),
         };
         if !settings.skip_host_rules {
@@ -293,15 +293,8 @@ impl Dataplane {
     /// How `transaction` lists once applied (cached; None when it cannot be learnt, and then
     /// every program re-applies, atomically, as before).
     fn nft_listing(&self, transaction: &str) -> Option<String> {
-        let mut known = self.nft_listings.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(listing) = known.get(transaction) {
-            return Some(listing.clone());
-        }
-        match nft_listing_of(transaction) {
-            Ok(listing) => {
-                known.insert(transaction.to_string(), listing.clone());
-                Some(listing)
-            }
+        match self.nft_listings.expected(transaction) {
+            Ok(listing) => Some(listing),
             Err(e) => {
                 warn!("cannot learn how the in-pod nft rules list (each pod is re-applied): {e}");
                 None

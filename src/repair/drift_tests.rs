@@ -1,0 +1,287 @@
+use serde_json::json;
+
+use super::*;
+use crate::kube::WatchEvent;
+use crate::repair::controller::tests::Fake;
+
+/// A running sidecar pod (CNI mode) on this node, with `extra` annotations.
+fn pod(name: &str, uid: &str, extra: serde_json::Value) -> Pod {
+    let mut annotations = json!({"sidecar.istio.io/status": "{}"});
+    for (k, v) in extra.as_object().unwrap() {
+        annotations[k] = v.clone();
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "shop", "uid": uid, "annotations": annotations},
+        "spec": {"nodeName": "n1", "initContainers": [{"name": "istio-validation"}],
+                 "containers": [{"name": "app"}, {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]},
+        "status": {"phase": "Running", "podIP": "10.1.0.2", "podIPs": [{"ip": "10.1.0.2"}]}
+    }))
+    .unwrap()
+}
+
+fn is_candidate(p: &Pod) -> bool {
+    candidate(p, &PodInfo::from_pod(p), &["kube-system".to_string()])
+}
+
+#[test]
+fn the_pass_needs_a_procfs_under_host_proc_dir() {
+    assert_eq!(unusable_proc(std::path::Path::new("/proc")), None);
+    let empty = tempfile::tempdir().unwrap();
+    let why = unusable_proc(empty.path()).expect("no procfs there");
+    assert!(why.contains("HOST_PROC_DIR"), "{why}");
+}
+
+#[test]
+fn only_pods_the_plugin_would_have_programmed_are_checked() {
+    let base = pod("p", "u", json!({}));
+    assert!(is_candidate(&base));
+    let with = |edit: &dyn Fn(&mut Pod)| {
+        let mut p = base.clone();
+        edit(&mut p);
+        is_candidate(&p)
+    };
+    assert!(!with(
+        &|p| p.status.as_mut().unwrap().phase = Some("Pending".into())
+    ));
+    assert!(!with(
+        &|p| p.spec.as_mut().unwrap().host_network = Some(true)
+    ));
+    assert!(!with(&|p| p.metadata.namespace = Some("kube-system".into())));
+    assert!(!with(&|p| {
+        p.status.as_mut().unwrap().pod_ip = None;
+        p.status.as_mut().unwrap().pod_ips = None;
+    }));
+    assert!(!with(&|p| {
+        p.metadata.annotations.as_mut().unwrap().remove(ANN_STATUS);
+    }));
+    assert!(!with(&|p| {
+        p.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(AMBIENT_REDIRECTION.into(), "enabled".into());
+    }));
+    assert!(!with(&|p| p.spec.as_mut().unwrap().containers.truncate(1)));
+}
+
+fn plan(ledger: &mut Ledger, p: &Pod) -> Plan {
+    let info = PodInfo::from_pod(p);
+    let derived = Derived::of(&info, &EngineEnv::default());
+    ledger.plan(p.metadata.uid.as_deref().unwrap(), &info, derived)
+}
+
+#[test]
+fn a_changed_derivation_is_handed_over_once_and_never_verified() {
+    let mut ledger = Ledger::default();
+    let p = pod(
+        "p",
+        "u1",
+        json!({"traffic.sidecar.istio.io/excludeOutboundPorts": "9000"}),
+    );
+    assert!(matches!(plan(&mut ledger, &p), Plan::Verify(_)));
+    // An unrelated annotation does not change the derivation.
+    let noted = pod(
+        "p",
+        "u1",
+        json!({"traffic.sidecar.istio.io/excludeOutboundPorts": "9000", "note": "x"}),
+    );
+    assert!(matches!(plan(&mut ledger, &noted), Plan::Verify(_)));
+    let edited = pod(
+        "p",
+        "u1",
+        json!({"traffic.sidecar.istio.io/excludeOutboundPorts": "9001"}),
+    );
+    match plan(&mut ledger, &edited) {
+        Plan::HandOff { why } => assert!(
+            why.contains("traffic.sidecar.istio.io/excludeOutboundPorts")
+                && !why.contains(ANN_STATUS),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(plan(&mut ledger, &edited), Plan::Skip, "once per UID");
+    // Edited back: the rules it has are the ones it should have again.
+    assert!(matches!(plan(&mut ledger, &p), Plan::Verify(_)));
+    // A new pod under the same name is judged on its own derivation.
+    let recreated = pod(
+        "p",
+        "u2",
+        json!({"traffic.sidecar.istio.io/excludeOutboundPorts": "9001"}),
+    );
+    assert!(matches!(plan(&mut ledger, &recreated), Plan::Verify(_)));
+    ledger.retain(&HashSet::from(["u2".to_string()]));
+    assert_eq!(ledger.len(), 1);
+    let none = pod(
+        "n",
+        "u3",
+        json!({"sidecar.istio.io/interceptionMode": "NONE"}),
+    );
+    assert_eq!(plan(&mut ledger, &none), Plan::Skip);
+}
+
+#[test]
+fn a_failure_is_reported_once_until_the_pod_is_fine_again() {
+    let mut ledger = Ledger::default();
+    let failed = PodOutcome::Unhealed { why: "x".into() };
+    assert_eq!(ledger.record("u", &failed), Report::Unhealed);
+    assert_eq!(ledger.record("u", &failed), Report::Nothing);
+    assert_eq!(ledger.record("u", &PodOutcome::InPlace), Report::Nothing);
+    assert_eq!(ledger.record("u", &failed), Report::Unhealed);
+    let healed = PodOutcome::Healed { what: "y".into() };
+    assert_eq!(ledger.record("u", &healed), Report::Healed);
+    assert_eq!(
+        ledger.record("u", &healed),
+        Report::Healed,
+        "every heal counts"
+    );
+}
+
+struct Rig {
+    pass: DriftPass<Fake>,
+    fake: Arc<Fake>,
+    handed: mpsc::UnboundedReceiver<HandOff>,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let store = PodStore::new();
+        store.apply(WatchEvent::Init);
+        store.apply(WatchEvent::InitDone);
+        let fake = Fake::new(|_| Ok(true));
+        let (tx, handed) = mpsc::unbounded_channel();
+        let pass = DriftPass {
+            pods: store,
+            engine: Arc::new(EngineEnv::default()),
+            exclude_namespaces: vec![],
+            effects: fake.clone(),
+            metrics: Metrics::default(),
+            handoffs: tx,
+            ledger: Ledger::default(),
+        };
+        Rig { pass, fake, handed }
+    }
+
+    fn add(&self, p: Pod, verdict: Option<Verdict>) {
+        let uid = p.metadata.uid.clone().unwrap();
+        if let Some(v) = verdict {
+            self.fake.verdicts.lock().unwrap().insert(uid, v);
+        }
+        self.pass.pods.apply(WatchEvent::Apply(p));
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        let label = crate::telemetry::metrics::DriftLabel { kind: KIND.into() };
+        let m = &self.pass.metrics;
+        (
+            m.drift_repaired.get_or_create(&label).get(),
+            m.drift_unhealed.get_or_create(&label).get(),
+        )
+    }
+
+    fn take_calls(&self, from: usize) -> Vec<String> {
+        self.fake.calls()[from..].to_vec()
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_pass_heals_drift_reports_failures_once_and_leaves_pods_in_place_alone() {
+    rt().block_on(async {
+        let mut rig = Rig::new();
+        let drifted = Verdict::Drifted {
+            what: "iptables: nat chain ISTIO_OUTPUT holds 0 rules, 9 expected".into(),
+        };
+        rig.add(pod("fine", "u-fine", json!({})), Some(Verdict::InPlace));
+        rig.add(
+            pod("flushed", "u-flushed", json!({})),
+            Some(drifted.clone()),
+        );
+        rig.add(pod("gone", "u-gone", json!({})), None);
+        rig.add(pod("stuck", "u-stuck", json!({})), Some(Verdict::Absent));
+        rig.fake.heal_fails.lock().unwrap().insert("u-stuck".into());
+
+        let stats = rig.pass.pass().await;
+        assert_eq!(
+            stats,
+            PassStats {
+                verified: 4,
+                healed: 1,
+                failed: 2,
+                handed_over: 0
+            }
+        );
+        let calls = rig.take_calls(0);
+        let heals: Vec<_> = calls.iter().filter(|c| c.starts_with("heal")).collect();
+        assert_eq!(heals, ["heal u-flushed", "heal u-stuck"], "{calls:?}");
+        let events: Vec<_> = calls.iter().filter(|c| c.starts_with("event")).collect();
+        assert_eq!(events.len(), 3, "{calls:?}");
+        assert!(events.iter().any(
+            |e| e.starts_with(&format!("event Normal {REASON_REPAIRED}"))
+                && e.contains("ISTIO_OUTPUT holds 0 rules")
+        ));
+        assert!(events.iter().any(
+            |e| e.starts_with(&format!("event Warning {REASON_UNHEALED}")) && e.contains("u-gone")
+        ));
+        assert!(events.iter().any(
+            |e| e.starts_with(&format!("event Warning {REASON_UNHEALED}"))
+                && e.contains("heal refused")
+        ));
+        assert_eq!(rig.counts(), (1, 2));
+
+        // Next pass: the healed pod is in place, the failures are retried without new reports.
+        let seen = rig.fake.calls().len();
+        let stats = rig.pass.pass().await;
+        assert_eq!((stats.verified, stats.healed, stats.failed), (4, 0, 2));
+        let calls = rig.take_calls(seen);
+        assert_eq!(
+            calls
+                .iter()
+                .filter(|c| c.starts_with("heal"))
+                .collect::<Vec<_>>(),
+            ["heal u-stuck"],
+            "{calls:?}"
+        );
+        assert!(!calls.iter().any(|c| c.starts_with("event")), "{calls:?}");
+        assert_eq!(rig.counts(), (1, 2));
+        assert!(rig.handed.try_recv().is_err());
+    });
+}
+
+#[test]
+fn an_annotation_edited_on_a_running_pod_goes_to_the_policy_once_and_is_not_rewritten() {
+    rt().block_on(async {
+        let mut rig = Rig::new();
+        rig.add(pod("web", "u1", json!({})), Some(Verdict::InPlace));
+        rig.pass.pass().await;
+        rig.add(
+            pod(
+                "web",
+                "u1",
+                json!({"traffic.sidecar.istio.io/includeInboundPorts": "8080"}),
+            ),
+            Some(Verdict::Drifted { what: "x".into() }),
+        );
+        let seen = rig.fake.calls().len();
+        let stats = rig.pass.pass().await;
+        assert_eq!((stats.verified, stats.handed_over), (0, 1));
+        let h = rig.handed.try_recv().expect("handed over");
+        assert_eq!((h.key.as_str(), h.uid.as_str()), ("shop/web", "u1"));
+        assert!(h.why.contains("includeInboundPorts"), "{}", h.why);
+        let calls = rig.take_calls(seen);
+        assert_eq!(calls.len(), 1, "one event, no verify, no heal: {calls:?}");
+        assert!(calls[0].starts_with(&format!("event Warning {REASON_UNHEALED}")));
+        assert_eq!(rig.counts(), (0, 1));
+        for _ in 0..3 {
+            rig.pass.pass().await;
+        }
+        assert!(rig.handed.try_recv().is_err(), "once per UID");
+        assert_eq!(rig.fake.calls().len(), seen + 1, "{:?}", rig.fake.calls());
+        assert_eq!(rig.counts(), (0, 1));
+    });
+}
