@@ -208,3 +208,34 @@ fn transient_api_errors_are_retried() {
     assert!(file_text(&out).contains("ISTIO_REDIRECT"));
     assert!(api.request_count() >= 3, "expected retries");
 }
+
+#[test]
+fn an_api_server_certificate_from_another_ca_fails_add_at_once_naming_the_server() {
+    let (api, dir) = api_with_sidecar_pod("ns1", "tls");
+    // The kubeconfig trusts another server's CA (what a rotated cluster CA looks like).
+    let other = FakeApiServer::start();
+    let other_dir = tempfile::tempdir().unwrap();
+    other.write_kubeconfig(other_dir.path());
+    let text = file_text(&other_dir.path().join("istio-cni-kubeconfig"));
+    std::fs::write(
+        dir.path().join("istio-cni-kubeconfig"),
+        text.replace(&other.server.url(), &api.server.url()),
+    )
+    .unwrap();
+    let netns = NetnsGuard::new("tls");
+    let mut c = conf(dir.path());
+    // A transient error would be retried for this long; a certificate error is not retried.
+    c["pod_lookup_timeout_seconds"] = json!(10);
+    let run = netns.add("ns1", "tls", &c);
+    run.assert_failed_saying(&[
+        "ns1/tls",
+        "TLS with the API server",
+        &api.server.url(),
+        "invalid peer certificate",
+        "certificate authority in the kubeconfig",
+    ]);
+    assert!(run.took < Duration::from_secs(3), "took {:?}", run.took);
+    // The handshake failed: no request ever reached the server.
+    assert_eq!(api.request_count(), 0);
+    assert_untouched(&netns);
+}
