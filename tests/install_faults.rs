@@ -169,3 +169,135 @@ fn transient_list_errors_are_retried_until_the_store_syncs() {
     assert!(lists >= 3, "{lists} lists");
     assert!(agent.terminate(T).success(), "{}", agent.output());
 }
+
+/// A small tmpfs mounted over a directory, unmounted on drop (also when the test fails).
+struct Tmpfs {
+    path: std::path::PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(path: &std::path::Path, size: &str) -> Tmpfs {
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(path)
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "mount tmpfs on {} (needs root)",
+            path.display()
+        );
+        Tmpfs {
+            path: path.to_path_buf(),
+        }
+    }
+
+    fn remount(&self, how: &str) {
+        let status = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,{how}")])
+            .arg(&self.path)
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "remount {how} {}", self.path.display());
+    }
+
+    /// Fills the file system with `filler` until a write fails with ENOSPC.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let filler = self.path.join("filler");
+        let mut f = std::fs::File::create(&filler).expect("filler");
+        let chunk = [0u8; 4096];
+        loop {
+            match f.write_all(&chunk) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => panic!("filling {}: {e}", self.path.display()),
+            }
+        }
+        filler
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.path)
+            .status();
+    }
+}
+
+fn readyz(port: u16) -> Option<u16> {
+    http_get(port, "/readyz").map(|(s, _)| s)
+}
+
+/// Temp files our atomic writes left in the conf dir.
+fn temps(d: &Dirs) -> Vec<String> {
+    d.names()
+        .into_iter()
+        .filter(|n| n.contains(".tmp."))
+        .collect()
+}
+
+/// A conf dir that cannot take our write (`break_it` on the mounted tmpfs): the pass fails
+/// naming the file and `cause`, readiness stays false, the primary stays byte-identical with no
+/// temp file beside it; after `heal` the next pass installs and readiness turns true.
+fn unwritable_conf_dir_case(break_it: impl FnOnce(&Tmpfs), cause: &str, heal: impl FnOnce(&Tmpfs)) {
+    let d = Dirs::new();
+    let fs = Tmpfs::mount(&d.net, "64k");
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    break_it(&fs);
+    let mut agent = start(&d.base_env(), &[]);
+    let health = agent.port("health server");
+    let line = agent.wait_line("install pass failed", T);
+    let primary = d.net.join("10-list.conflist");
+    // The file being replaced is named (not the temp file), with the cause.
+    let named = format!("{}: ", primary.display());
+    assert!(
+        line.contains(&named) && line.to_lowercase().contains(&cause.to_lowercase()),
+        "{line}"
+    );
+    // A second failed pass (the retry) changes nothing either.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(readyz(health), Some(503));
+    assert_eq!(
+        d.read("10-list.conflist"),
+        Some(testdata_str("list.conflist"))
+    );
+    assert!(temps(&d).is_empty(), "temp files left: {:?}", temps(&d));
+
+    heal(&fs);
+    assert!(
+        d.waits_for(T, "10-list.conflist", has_istio_entry),
+        "{}",
+        agent.output()
+    );
+    assert!(
+        wait_for(T, || (readyz(health) == Some(200)).then_some(())).is_some(),
+        "{}",
+        agent.output()
+    );
+    assert!(temps(&d).is_empty(), "temp files left: {:?}", temps(&d));
+    assert!(agent.terminate(T).success(), "{}", agent.output());
+}
+
+#[test]
+fn a_full_conf_dir_keeps_the_primary_whole_and_recovers_once_space_is_freed() {
+    let filler = std::sync::OnceLock::new();
+    unwritable_conf_dir_case(
+        |fs| {
+            let _ = filler.set(fs.fill());
+        },
+        "no space left",
+        |_| std::fs::remove_file(filler.get().expect("filled")).expect("free space"),
+    );
+}
+
+#[test]
+fn a_read_only_conf_dir_keeps_the_primary_whole_and_recovers_once_writable() {
+    unwritable_conf_dir_case(
+        |fs| fs.remount("ro"),
+        "read-only file system",
+        |fs| fs.remount("rw"),
+    );
+}
