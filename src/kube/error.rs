@@ -92,6 +92,15 @@ pub struct Refusal {
     pub message: String,
 }
 
+/// What a TLS failure names besides the call.
+#[derive(Debug)]
+pub struct TlsDetail {
+    /// The server URL, as the kubeconfig names it.
+    pub server: String,
+    /// The certificate verifier's own words (e.g. "invalid peer certificate: UnknownIssuer").
+    pub cause: String,
+}
+
 /// Why building a client failed, or why one call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -161,17 +170,17 @@ pub enum KubeError {
     /// The API server's certificate was refused (wrong CA in the kubeconfig, expired, wrong
     /// name). Not transient: retrying cannot fix a certificate.
     #[error(
-        "{call} {object}: TLS with the API server {server} failed: {cause}; the server's \
-         certificate does not verify against the certificate authority in the kubeconfig (wrong \
-         CA, expired or issued for another name)"
+        "{call} {object}: TLS with the API server {} failed: {}; the server's certificate does \
+         not verify against the certificate authority in the kubeconfig (wrong CA, expired or \
+         issued for another name)",
+        .detail.server,
+        .detail.cause
     )]
     Tls {
         call: Call,
         object: String,
-        /// The server URL, as the kubeconfig names it.
-        server: String,
-        /// The certificate verifier's own words (e.g. "invalid peer certificate: UnknownIssuer").
-        cause: String,
+        /// Boxed: every call's `Result` carries this enum.
+        detail: Box<TlsDetail>,
         #[source]
         source: kube::Error,
     },
@@ -231,8 +240,10 @@ impl KubeError {
                     KubeError::Tls {
                         call,
                         object,
-                        server: server.to_string(),
-                        cause,
+                        detail: Box::new(TlsDetail {
+                            server: server.to_string(),
+                            cause,
+                        }),
                         source: err,
                     }
                 } else if io_error_kind(&err) == Some(std::io::ErrorKind::ConnectionRefused) {
