@@ -334,3 +334,31 @@ fn log_as_json_and_log_target_are_honoured() {
     assert!(text(&out.stdout).contains("254") && out.stderr.is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn ambient_virtual_interfaces_are_checked_like_the_sidecar_ones() {
+    for bad in ["tun0:1", "eth0 -j ACCEPT", "sixteen-chars-xx"] {
+        let flag = format!("--reroute-virtual-interfaces=ok0,{bad}");
+        let out = Command::new(bin())
+            .args(["istio-iptables", "ambient", "--dry-run", &flag])
+            .output()
+            .expect("run istio-iptables ambient");
+        assert_refused(
+            &out,
+            1,
+            &["--reroute-virtual-interfaces", &format!("{bad:?}")],
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "printed rules: {}",
+            text(&out.stdout)
+        );
+    }
+    let out = Command::new(bin())
+        .args(["istio-iptables", "ambient", "--dry-run"])
+        .arg("--reroute-virtual-interfaces=tun0, veth+")
+        .output()
+        .expect("run istio-iptables ambient");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("-i veth+ -p tcp"));
+}

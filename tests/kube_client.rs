@@ -1025,3 +1025,41 @@ async fn test_server_serves_tls_by_default_and_counts_pod_gets_per_node() {
     assert!(plain.url().starts_with("http://"), "{}", plain.url());
     assert_eq!(plain.ca_pem(), None);
 }
+
+#[tokio::test]
+async fn an_expired_server_certificate_is_a_permanent_tls_error_naming_the_server() {
+    use istio_cni::kube::stores::{SyncError, spawn_pod_store};
+    let server = TestApiServer::start_with(istio_cni::kube::testserver::TestServerOptions {
+        expired_certificate: true,
+        ..Default::default()
+    })
+    .await
+    .expect("server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let client = KubeClient::from_kubeconfig_file(&kubeconfig)
+        .await
+        .expect("client");
+    let err = client.get_pod("ns1", "a", CALL).await.unwrap_err();
+    assert!(matches!(err, KubeError::Tls { .. }), "{err:?}");
+    assert!(!err.is_transient() && err.needs_operator());
+    let text = err.to_string();
+    for part in [
+        "get pod ns1/a",
+        &server.url(),
+        "invalid peer certificate: certificate expired",
+    ] {
+        assert!(text.contains(part), "{part:?} missing: {text}");
+    }
+    // A store on it gives up at once instead of waiting out its deadline.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let pods = spawn_pod_store(&client, "n1", FAST_BACKOFF, stop.clone());
+    let started = Instant::now();
+    let err = pods.wait_synced(Duration::from_secs(30)).await.unwrap_err();
+    assert!(matches!(err, SyncError::Refused { .. }), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(err.to_string().contains("list pods"), "{err}");
+    stop.cancel();
+    assert!(server.requests().is_empty(), "no request gets through");
+}

@@ -237,6 +237,38 @@ fn inpod_iptables_converges_when_the_pod_settings_change() {
 }
 
 #[test]
+fn a_bad_virtual_interface_annotation_is_refused_before_anything_is_programmed() {
+    tools();
+    let host = Host::new("abvh");
+    let env = PodAndServer::new("abvp");
+    let netns = open(&env.pod);
+    let mut pod = pod(&env);
+    for nft in [false, true] {
+        let dp = Dataplane::new(&host.settings(nft, false)).expect("data plane");
+        // ':' passes iptables but is no interface name; the second would become rule arguments.
+        for bad in ["tun0:1", "eth0 -j ACCEPT"] {
+            pod.overrides.virtual_interfaces = vec!["ok0".into(), bad.into()];
+            let err = dp.program_pod(&netns, &pod).unwrap_err().to_string();
+            assert!(
+                err.contains("istio.io/reroute-virtual-interfaces")
+                    && err.contains(&format!("{bad:?}"))
+                    && err.contains("default/app"),
+                "{err}"
+            );
+            let rules = iptables_rules(&env.pod);
+            assert!(!rules.contains("ISTIO"), "programmed:\n{rules}");
+            let ruleset = nft_rules(&env.pod);
+            assert!(!ruleset.contains("istio"), "programmed:\n{ruleset}");
+        }
+    }
+    // A good name (and iptables' wildcard) is programmed.
+    pod.overrides.virtual_interfaces = vec!["tun0".into(), "veth+".into()];
+    let dp = Dataplane::new(&host.settings(false, false)).expect("data plane");
+    dp.program_pod(&netns, &pod).expect("program");
+    assert!(iptables_rules(&env.pod).contains("-A ISTIO_PRERT -i veth+ -p tcp"));
+}
+
+#[test]
 fn inpod_nftables_equals_the_golden_is_stable_redirects_and_is_removed() {
     tools();
     let host = Host::new("anh");

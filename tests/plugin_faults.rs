@@ -208,3 +208,148 @@ fn transient_api_errors_are_retried() {
     assert!(file_text(&out).contains("ISTIO_REDIRECT"));
     assert!(api.request_count() >= 3, "expected retries");
 }
+
+#[test]
+fn an_api_server_certificate_from_another_ca_fails_add_at_once_naming_the_server() {
+    let (api, dir) = api_with_sidecar_pod("ns1", "tls");
+    // The kubeconfig trusts another server's CA (what a rotated cluster CA looks like).
+    let other = FakeApiServer::start();
+    let other_dir = tempfile::tempdir().unwrap();
+    other.write_kubeconfig(other_dir.path());
+    let text = file_text(&other_dir.path().join("istio-cni-kubeconfig"));
+    std::fs::write(
+        dir.path().join("istio-cni-kubeconfig"),
+        text.replace(&other.server.url(), &api.server.url()),
+    )
+    .unwrap();
+    let netns = NetnsGuard::new("tls");
+    let mut c = conf(dir.path());
+    // A transient error would be retried for this long; a certificate error is not retried.
+    c["pod_lookup_timeout_seconds"] = json!(10);
+    let run = netns.add("ns1", "tls", &c);
+    run.assert_failed_saying(&[
+        "ns1/tls",
+        "TLS with the API server",
+        &api.server.url(),
+        "invalid peer certificate",
+        "certificate authority in the kubeconfig",
+    ]);
+    assert!(run.took < Duration::from_secs(3), "took {:?}", run.took);
+    // The handshake failed: no request ever reached the server.
+    assert_eq!(api.request_count(), 0);
+    assert_untouched(&netns);
+}
+
+/// The host's ISTIO rule lines (iptables-save of this process's netns).
+fn host_istio_lines() -> std::collections::BTreeSet<String> {
+    let mut lines = std::collections::BTreeSet::new();
+    for tool in ["iptables-nft-save", "iptables-legacy-save"] {
+        let out = std::process::Command::new(tool).output();
+        let Ok(out) = out else { continue };
+        lines.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| l.contains("ISTIO"))
+                .map(str::to_string),
+        );
+    }
+    lines
+}
+
+/// After the netns went away: the ADD failed naming its path, the host got no rule of ours, and
+/// DEL (twice, as runtimes retry) succeeds.
+fn assert_failed_cleanly_and_del_succeeds(
+    run: &Run,
+    saying: &str,
+    path: &Path,
+    before: &std::collections::BTreeSet<String>,
+    c: &Value,
+) {
+    run.assert_failed_saying(&["ns1/gone", saying, &path.display().to_string()]);
+    let added: Vec<_> = host_istio_lines().difference(before).cloned().collect();
+    assert!(added.is_empty(), "rules left on the host: {added:?}");
+    for _ in 0..2 {
+        let env = cni_env("DEL", &path.display().to_string(), "ns1", "gone");
+        let del = run_plugin(&env, &c.to_string());
+        assert_eq!(del.code, 0, "{}{}", del.stdout, del.stderr);
+    }
+}
+
+#[test]
+fn a_netns_removed_before_add_fails_naming_it_and_del_still_succeeds() {
+    let (_api, dir) = api_with_sidecar_pod("ns1", "gone");
+    let before = host_istio_lines();
+    let netns = NetnsGuard::new("gone");
+    let path = netns.path();
+    drop(netns);
+    assert!(!path.exists());
+    let c = conf(dir.path());
+    let run = run_plugin(
+        &cni_env("ADD", &path.display().to_string(), "ns1", "gone"),
+        &c.to_string(),
+    );
+    let saying = "cannot open network namespace";
+    assert_failed_cleanly_and_del_succeeds(&run, saying, &path, &before, &c);
+}
+
+#[test]
+fn a_netns_removed_while_add_reads_the_pod_fails_naming_it_and_del_still_succeeds() {
+    use istio_cni::kube::testserver::Fault;
+    let (api, dir) = api_with_sidecar_pod("ns1", "gone");
+    // The pod read takes a while: the netns is removed in the middle of the ADD.
+    api.fault(Fault::slow(Duration::from_millis(1500)).on_path("/api/v1/namespaces/ns1/pods"));
+    let before = host_istio_lines();
+    let netns = NetnsGuard::new("gone-mid");
+    let path = netns.path();
+    let c = conf(dir.path());
+    let run = std::thread::scope(|s| {
+        let add = s.spawn(|| {
+            run_plugin(
+                &cni_env("ADD", &path.display().to_string(), "ns1", "gone"),
+                &c.to_string(),
+            )
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while api.request_count() == 0 {
+            assert!(Instant::now() < deadline, "the ADD never asked for its pod");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(netns);
+        assert!(!path.exists());
+        add.join().expect("ADD thread")
+    });
+    let saying = "cannot open network namespace";
+    assert_failed_cleanly_and_del_succeeds(&run, saying, &path, &before, &c);
+}
+
+#[test]
+fn a_netns_removed_while_add_programs_it_fails_naming_it_and_del_still_succeeds() {
+    require_tool("iptables-restore", "iptables");
+    let (api, dir) = api_with_sidecar_pod("ns1", "gone");
+    let before = host_istio_lines();
+    let netns = NetnsGuard::new("gone-prog");
+    let path = netns.path();
+    let c = conf(dir.path());
+    let mut env = cni_env("ADD", &path.display().to_string(), "ns1", "gone");
+    // test-hooks: the ADD holds 2 s between opening the netns and programming it.
+    env.push(("ISTIO_CNI_RS_TEST_PAUSE_AFTER_NETNS_OPEN_MS", "2000".into()));
+    let run = std::thread::scope(|s| {
+        let add = s.spawn(|| run_plugin(&env, &c.to_string()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while api.request_count() == 0 {
+            assert!(Instant::now() < deadline, "the ADD never asked for its pod");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The pod answer and the open take milliseconds; the pause is 2 s.
+        std::thread::sleep(Duration::from_millis(500));
+        drop(netns);
+        assert!(!path.exists());
+        add.join().expect("ADD thread")
+    });
+    let saying = "was removed while the ADD programmed it";
+    assert_failed_cleanly_and_del_succeeds(&run, saying, &path, &before, &c);
+    assert!(
+        run.took >= Duration::from_secs(2),
+        "the pause did not happen"
+    );
+}

@@ -33,7 +33,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::kube::stores::{self, PodStore, SyncTimeout};
+use crate::kube::stores::{self, PodStore, SyncError};
 use crate::kube::{KubeClient, WatchBackoff};
 use cache::PodCache;
 use machine::Policy;
@@ -56,7 +56,7 @@ pub enum AgentError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Sync(#[from] SyncTimeout),
+    Sync(#[from] SyncError),
 }
 
 /// The agent's seams.

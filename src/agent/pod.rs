@@ -11,7 +11,7 @@ use crate::rules::ambient::{PodDns, PodOverrides};
 
 pub const ANN_BYPASS_INBOUND: &str = "ambient.istio.io/bypass-inbound-capture";
 pub const ANN_DNS_CAPTURE: &str = "ambient.istio.io/dns-capture";
-pub const ANN_REROUTE_VIRTUAL_INTERFACES: &str = "istio.io/reroute-virtual-interfaces";
+pub use crate::rules::ambient::ANN_REROUTE_VIRTUAL_INTERFACES;
 
 /// The value of the redirection annotation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,14 +106,10 @@ fn bool_annotation(pod: &Pod, key: &str) -> Option<bool> {
 pub fn overrides(pod: &Pod) -> PodOverrides {
     PodOverrides {
         ingress: bool_annotation(pod, ANN_BYPASS_INBOUND).unwrap_or(false),
+        // Checked where the rules are applied (apply::ambient), so a bad name fails the pod's
+        // enrolment naming the annotation before anything is programmed.
         virtual_interfaces: annotation(pod, ANN_REROUTE_VIRTUAL_INTERFACES)
-            .map(|v| {
-                v.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string)
-                    .collect()
-            })
+            .map(crate::rules::ambient::split_interfaces)
             .unwrap_or_default(),
         dns: match bool_annotation(pod, ANN_DNS_CAPTURE) {
             Some(true) => PodDns::Enabled,

@@ -300,6 +300,10 @@ pub fn program_inpod_here(
     pod: &PodOverrides,
     opts: &AmbientApply,
 ) -> Result<Outcome, AmbientError> {
+    // Only the virtual interfaces come from the pod unchecked (its annotation); refuse a bad
+    // one before any rule is written.
+    pod.validate()
+        .map_err(|source| AmbientError::Invalid { source })?;
     let outcome = if opts.nftables {
         let mut exec = ProcessExecutor::entering(opts.userns.clone());
         if nft_already_holds(&mut exec, opts.nft_expected.as_deref())? {
@@ -435,6 +439,12 @@ pub fn program_host_here(
 /// Why ambient rules could not be applied or removed.
 #[derive(Debug, thiserror::Error)]
 pub enum AmbientError {
+    /// A pod override that must not reach the kernel; nothing was programmed.
+    #[error("pod annotation {annotation}: {source}", annotation = crate::rules::ambient::ANN_REROUTE_VIRTUAL_INTERFACES)]
+    Invalid {
+        #[source]
+        source: crate::rules::capture_values::InvalidValue,
+    },
     #[error(transparent)]
     Apply(#[from] ApplyError),
     #[error("policy routing: {0}")]

@@ -19,12 +19,16 @@ pub struct FsError {
 
 impl FsError {
     pub fn new(op: &'static str, path: &Path, source: io::Error) -> Self {
+        let source = unwrap_tempfile(source);
         // Written files are CNI configs (and the run dir's kubeconfig); binaries get their own
         // hint in `copy_atomic`.
         let hint = if is_erofs(&source) {
             " (read-only file system: the agent writes the CNI config dir; mount the host's CNI \
              config dir read-write (chart: cni.cniConfDir, here --mounted-cni-net-dir) and the \
              run dir (--cni-agent-run-dir))"
+        } else if is_enospc(&source) {
+            " (no space left on the file system holding it: the previous file is kept whole and \
+             the write is retried; free space on the node)"
         } else {
             ""
         };
@@ -52,9 +56,29 @@ impl FsError {
     }
 }
 
-/// tempfile wraps OS errors with the path, so the raw errno is not always there; the kind is.
+/// tempfile wraps OS errors with the temp file's path ("<error> (os error N) at path ..."), in a
+/// private type that does not lend out the original; our messages name the file being replaced
+/// instead, so the errno is read back from std's rendering of it.
+fn unwrap_tempfile(e: io::Error) -> io::Error {
+    if e.raw_os_error().is_some() {
+        return e;
+    }
+    let text = e.to_string();
+    let code = text
+        .split_once("(os error ")
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .and_then(|(n, _)| n.parse::<i32>().ok());
+    code.map_or(e, io::Error::from_raw_os_error)
+}
+
 fn is_erofs(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EROFS) || e.kind() == io::ErrorKind::ReadOnlyFilesystem
+}
+
+/// A full file system, or the writer's quota on it.
+fn is_enospc(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+        || e.kind() == io::ErrorKind::StorageFull
 }
 
 /// Test builds (`test-hooks`) only: `ISTIO_CNI_RS_TEST_KILL_AT_STEP=N` sends this process SIGKILL at
@@ -111,23 +135,23 @@ fn split(path: &Path) -> Result<(&Path, String), FsError> {
     Ok((dir, name))
 }
 
-/// Writes `path` atomically: readers see the old content or the new, never a partial file.
+/// Writes `path` atomically: readers see the old content or the new, never a partial file. On
+/// any error the temp file is removed (dropped) and `path` is untouched; errors name `path`.
 pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), FsError> {
     let (dir, name) = split(path)?;
     remove_stale_temps(dir, &name);
     let mut tmp = tempfile::Builder::new()
         .prefix(&temp_prefix(&name))
         .tempfile_in(dir)
-        .map_err(|e| FsError::new("creating temp file in", dir, e))?;
-    let tmp_path = tmp.path().to_path_buf();
+        .map_err(|e| FsError::new("creating a temp file to replace", path, e))?;
     tmp.write_all(data)
-        .map_err(|e| FsError::new("writing", &tmp_path, e))?;
+        .map_err(|e| FsError::new("writing (to a temp file)", path, e))?;
     tmp.as_file()
         .set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(|e| FsError::new("setting mode of", &tmp_path, e))?;
+        .map_err(|e| FsError::new("setting mode of (a temp file for)", path, e))?;
     tmp.as_file()
         .sync_all()
-        .map_err(|e| FsError::new("syncing", &tmp_path, e))?;
+        .map_err(|e| FsError::new("syncing (a temp file for)", path, e))?;
     crash_point();
     tmp.persist(path)
         .map_err(|e| FsError::new("renaming temp file onto", path, e.error))?;
@@ -336,6 +360,29 @@ mod tests {
             fs::read_link(&link).expect("readlink"),
             Path::new("store/other")
         );
+    }
+
+    #[test]
+    fn a_full_file_system_is_named_with_the_file_replaced_and_the_old_one_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let e = FsError::new(
+            "writing (to a temp file)",
+            &dir.path().join("10-x.conflist"),
+            io::Error::from_raw_os_error(libc::ENOSPC),
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("10-x.conflist: ") && text.contains("no space left"),
+            "{text}"
+        );
+        // tempfile's wrapper ("... at path <temp>") is taken off: the errno is kept.
+        let wrapped = tempfile::Builder::new()
+            .tempfile_in(dir.path().join("missing"))
+            .unwrap_err();
+        assert!(wrapped.raw_os_error().is_none() && wrapped.to_string().contains("at path"));
+        let e = FsError::new("creating", dir.path(), wrapped);
+        assert_eq!(e.source.raw_os_error(), Some(libc::ENOENT));
+        assert!(!e.to_string().contains("at path"), "{e}");
     }
 
     #[test]

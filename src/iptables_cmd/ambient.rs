@@ -180,10 +180,20 @@ pub fn resolve(
         virtual_interfaces: flags
             .reroute_virtual_interfaces
             .as_deref()
-            .map(parse_interfaces)
+            .map(ambient::split_interfaces)
             .unwrap_or_default(),
         dns,
     };
+    // As the sidecar path checks --kube-virt-interfaces: refused before anything is rendered.
+    pod.validate().map_err(|e| {
+        format!(
+            "invalid value {:?} for --reroute-virtual-interfaces: {e}",
+            flags
+                .reroute_virtual_interfaces
+                .as_deref()
+                .unwrap_or_default()
+        )
+    })?;
     let nftables = flags.native_nftables
         || (!explicit_false.contains("native-nftables")
             && bool_value("native-nftables", &None, "NATIVE_NFTABLES", env)?);
@@ -205,15 +215,6 @@ pub fn resolve(
         host: flags.host,
         kubelet_uid,
     })
-}
-
-/// `istio.io/reroute-virtual-interfaces`: comma list, items trimmed, empties dropped.
-pub fn parse_interfaces(list: &str) -> Vec<String> {
-    list.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect()
 }
 
 /// What the agent would program, in Istio's golden format. `kubelet_uid` is only used for the
@@ -347,8 +348,34 @@ mod tests {
 
     #[test]
     fn virtual_interfaces_are_trimmed_and_empties_dropped() {
-        assert_eq!(parse_interfaces(" a, ,b ,"), vec!["a", "b"]);
+        assert_eq!(ambient::split_interfaces(" a, ,b ,"), vec!["a", "b"]);
         let cmd = parse(&["--dry-run", "--reroute-virtual-interfaces=x,y"], &[]).unwrap();
         assert!(render(&cmd, "").contains("-A ISTIO_PRERT -i y -p tcp -j RETURN"));
+    }
+
+    #[test]
+    fn bad_virtual_interface_names_are_refused_naming_the_flag_and_the_value() {
+        for bad in [
+            "eth0 -j ACCEPT",
+            "a/b",
+            "waytoolonginterface0",
+            "-x",
+            "tun0,eth:1",
+        ] {
+            let flag = format!("--reroute-virtual-interfaces={bad}");
+            let err = parse(&["--dry-run", &flag], &[]).unwrap_err();
+            assert!(
+                err.contains("--reroute-virtual-interfaces") && err.contains("virtual interface"),
+                "{bad:?}: {err}"
+            );
+        }
+        let err = parse(
+            &["--dry-run", "--reroute-virtual-interfaces=ok0, bad name"],
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.contains("\"bad name\""), "{err}");
+        // iptables' trailing wildcard is an interface pattern, as on the sidecar path.
+        assert!(parse(&["--dry-run", "--reroute-virtual-interfaces=veth+"], &[]).is_ok());
     }
 }

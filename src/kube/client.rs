@@ -176,6 +176,8 @@ pub type WatchStream<K> = BoxStream<'static, Result<watcher::Event<K>, watcher::
 #[derive(Clone)]
 pub struct KubeClient {
     client: kube::Client,
+    /// The server URL, for errors that must name it (TLS).
+    server: std::sync::Arc<str>,
 }
 
 impl KubeClient {
@@ -193,13 +195,22 @@ impl KubeClient {
 
     /// Builds the HTTP stack (rustls with ring; webpki roots when the config has no CA).
     pub fn from_config(config: kube::Config) -> Result<Self, KubeError> {
+        let server = config.cluster_url.to_string().trim_end_matches('/').into();
         let client = kube::Client::try_from(config).map_err(KubeError::BuildClient)?;
-        Ok(KubeClient { client })
+        Ok(KubeClient { client, server })
     }
 
     /// Wraps an existing client (e.g. one built on a mock service in unit tests).
-    pub fn from_client(client: kube::Client) -> Self {
-        KubeClient { client }
+    pub fn from_client(client: kube::Client, server: &str) -> Self {
+        KubeClient {
+            client,
+            server: server.into(),
+        }
+    }
+
+    /// The API server's URL.
+    pub fn server(&self) -> &str {
+        &self.server
     }
 
     /// The underlying client, for calls not covered here.
@@ -216,6 +227,7 @@ impl KubeClient {
         check_pod_names(Call::GetPod, namespace, name)?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         bounded(
+            &self.server,
             Call::GetPod,
             format!("{namespace}/{name}"),
             timeout,
@@ -235,7 +247,14 @@ impl KubeClient {
             names::check_namespace(name),
         )?;
         let api: Api<Namespace> = Api::all(self.client.clone());
-        bounded(Call::GetNamespace, name.to_string(), timeout, api.get(name)).await
+        bounded(
+            &self.server,
+            Call::GetNamespace,
+            name.to_string(),
+            timeout,
+            api.get(name),
+        )
+        .await
     }
 
     /// Pods in all namespaces matching `selectors`, and the list's resourceVersion.
@@ -257,6 +276,7 @@ impl KubeClient {
     {
         let api: Api<K> = Api::all(self.client.clone());
         let list = bounded(
+            &self.server,
             call,
             selectors.describe(),
             timeout,
@@ -281,6 +301,30 @@ impl KubeClient {
         watch(api, selectors, backoff)
     }
 
+    /// A watch stream's error as the one call that failed: the list half (`list`) or the watch
+    /// half (`watch`) of a list-then-watch over `selectors`, so 403/401/TLS read as they do for
+    /// one-shot calls. The watcher's own `NoResourceVersion` is given back unchanged.
+    pub fn watch_error(
+        &self,
+        list: Call,
+        watch: Call,
+        selectors: &Selectors,
+        err: watcher::Error,
+    ) -> Result<KubeError, watcher::Error> {
+        let (call, source) = match err {
+            watcher::Error::InitialListFailed(e) => (list, e),
+            watcher::Error::WatchStartFailed(e) | watcher::Error::WatchFailed(e) => (watch, e),
+            watcher::Error::WatchError(status) => (watch, kube::Error::Api(status)),
+            other @ watcher::Error::NoResourceVersion => return Err(other),
+        };
+        Ok(KubeError::from_call_to(
+            &self.server,
+            call,
+            selectors.describe(),
+            source,
+        ))
+    }
+
     /// Merge-patches the pod's labels/annotations, through the pod itself or through its
     /// `pods/status` subresource ([`PodPatchVia`]).
     pub async fn patch_pod_metadata(
@@ -303,6 +347,7 @@ impl KubeClient {
         match via {
             PodPatchVia::Status => {
                 bounded(
+                    &self.server,
                     call,
                     object,
                     timeout,
@@ -311,7 +356,14 @@ impl KubeClient {
                 .await
             }
             PodPatchVia::Pod => {
-                bounded(call, object, timeout, api.patch(name, &params, &body)).await
+                bounded(
+                    &self.server,
+                    call,
+                    object,
+                    timeout,
+                    api.patch(name, &params, &body),
+                )
+                .await
             }
         }
     }
@@ -332,6 +384,7 @@ impl KubeClient {
             ..DeleteParams::default()
         };
         bounded(
+            &self.server,
             Call::DeletePod,
             format!("{namespace}/{name}"),
             timeout,
@@ -358,6 +411,7 @@ impl KubeClient {
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let body = event.to_event(pod, Time(k8s_openapi::jiff::Timestamp::now()));
         bounded(
+            &self.server,
             Call::CreateEvent,
             format!("{namespace}/{name} {}", event.reason),
             timeout,
@@ -462,6 +516,7 @@ pub(super) fn check_name(
 
 /// Runs one call under a deadline and names the call and object in any error.
 pub(super) async fn bounded<T>(
+    server: &str,
     call: Call,
     object: String,
     timeout: Duration,
@@ -469,7 +524,7 @@ pub(super) async fn bounded<T>(
 ) -> Result<T, KubeError> {
     match tokio::time::timeout(timeout, request).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(err)) => Err(KubeError::from_call(call, object, err)),
+        Ok(Err(err)) => Err(KubeError::from_call_to(server, call, object, err)),
         Err(_) => Err(KubeError::Timeout {
             call,
             object,

@@ -28,7 +28,7 @@ impl KubeClient {
         )?;
         let api: Api<DaemonSet> = Api::namespaced(self.client().clone(), namespace);
         let object = format!("{namespace}/{name}");
-        bounded(call, object, timeout, api.get_opt(name)).await
+        bounded(self.server(), call, object, timeout, api.get_opt(name)).await
     }
 
     /// The node, or `None` when it does not exist.
@@ -36,6 +36,13 @@ impl KubeClient {
         let call = Call::GetNode;
         check_name(call, "node name", names::check(name, NameRule::Subdomain))?;
         let api: Api<Node> = Api::all(self.client().clone());
-        bounded(call, name.to_string(), timeout, api.get_opt(name)).await
+        bounded(
+            self.server(),
+            call,
+            name.to_string(),
+            timeout,
+            api.get_opt(name),
+        )
+        .await
     }
 }

@@ -11,6 +11,9 @@ pub enum Call {
     GetNamespace,
     ListPods,
     ListNamespaces,
+    /// The watch half of a store's list-then-watch (the list half is `ListPods`/`ListNamespaces`).
+    WatchPods,
+    WatchNamespaces,
     PatchPod,
     PatchPodStatus,
     DeletePod,
@@ -27,6 +30,8 @@ impl Call {
             Call::GetNamespace => ("get", "namespaces"),
             Call::ListPods => ("list", "pods"),
             Call::ListNamespaces => ("list", "namespaces"),
+            Call::WatchPods => ("watch", "pods"),
+            Call::WatchNamespaces => ("watch", "namespaces"),
             Call::PatchPod => ("patch", "pods"),
             Call::PatchPodStatus => ("patch", "pods/status"),
             Call::DeletePod => ("delete", "pods"),
@@ -66,6 +71,8 @@ impl fmt::Display for Call {
             Call::GetNamespace => "get namespace",
             Call::ListPods => "list pods",
             Call::ListNamespaces => "list namespaces",
+            Call::WatchPods => "watch pods",
+            Call::WatchNamespaces => "watch namespaces",
             Call::PatchPod => "patch pod",
             Call::PatchPodStatus => "patch pod status",
             Call::DeletePod => "delete pod",
@@ -83,6 +90,15 @@ pub struct Refusal {
     pub call: Call,
     pub object: String,
     pub message: String,
+}
+
+/// What a TLS failure names besides the call.
+#[derive(Debug)]
+pub struct TlsDetail {
+    /// The server URL, as the kubeconfig names it.
+    pub server: String,
+    /// The certificate verifier's own words (e.g. "invalid peer certificate: UnknownIssuer").
+    pub cause: String,
 }
 
 /// Why building a client failed, or why one call failed.
@@ -151,6 +167,23 @@ pub enum KubeError {
         #[source]
         source: kube::Error,
     },
+    /// The API server's certificate was refused (wrong CA in the kubeconfig, expired, wrong
+    /// name). Not transient: retrying cannot fix a certificate.
+    #[error(
+        "{call} {object}: TLS with the API server {} failed: {}; the server's certificate does \
+         not verify against the certificate authority in the kubeconfig (wrong CA, expired or \
+         issued for another name)",
+        .detail.server,
+        .detail.cause
+    )]
+    Tls {
+        call: Call,
+        object: String,
+        /// Boxed: every call's `Result` carries this enum.
+        detail: Box<TlsDetail>,
+        #[source]
+        source: kube::Error,
+    },
     #[error("{call} {object}: cannot reach the API server: {source}")]
     Transport {
         call: Call,
@@ -170,6 +203,16 @@ pub enum KubeError {
 impl KubeError {
     /// Sorts a kube error from one call into the variant that says why it failed.
     pub fn from_call(call: Call, object: impl Into<String>, err: kube::Error) -> Self {
+        Self::from_call_to("(unknown)", call, object, err)
+    }
+
+    /// [`KubeError::from_call`] for a client that knows its server URL (named by TLS errors).
+    pub fn from_call_to(
+        server: &str,
+        call: Call,
+        object: impl Into<String>,
+        err: kube::Error,
+    ) -> Self {
         let object = object.into();
         match err {
             kube::Error::Api(status) => {
@@ -193,7 +236,17 @@ impl KubeError {
                 }
             }
             kube::Error::HyperError(_) | kube::Error::Service(_) => {
-                if io_error_kind(&err) == Some(std::io::ErrorKind::ConnectionRefused) {
+                if let Some(cause) = certificate_error(&err) {
+                    KubeError::Tls {
+                        call,
+                        object,
+                        detail: Box::new(TlsDetail {
+                            server: server.to_string(),
+                            cause,
+                        }),
+                        source: err,
+                    }
+                } else if io_error_kind(&err) == Some(std::io::ErrorKind::ConnectionRefused) {
                     KubeError::ConnectRefused {
                         call,
                         object,
@@ -229,6 +282,7 @@ impl KubeError {
             KubeError::InvalidName { call, .. }
             | KubeError::Timeout { call, .. }
             | KubeError::Api { call, .. }
+            | KubeError::Tls { call, .. }
             | KubeError::ConnectRefused { call, .. }
             | KubeError::Transport { call, .. }
             | KubeError::Other { call, .. } => Some(*call),
@@ -241,6 +295,16 @@ impl KubeError {
 
     pub fn is_timeout(&self) -> bool {
         matches!(self, KubeError::Timeout { .. })
+    }
+
+    /// True when only an operator can fix it: RBAC (403), the token (401) or the certificate
+    /// authority (TLS). A store whose first list fails so gives up at once instead of waiting
+    /// out its sync deadline.
+    pub fn needs_operator(&self) -> bool {
+        matches!(
+            self,
+            KubeError::Forbidden(_) | KubeError::Unauthorized(_) | KubeError::Tls { .. }
+        )
     }
 
     /// True when trying the same call again later may succeed: the server was slow, unreachable,
@@ -273,6 +337,21 @@ fn kubeconfig_reason(err: &kube::config::KubeconfigError, named: Option<&PathBuf
         K::LoadClientKey(e) => data("client key", e),
         other => other.to_string(),
     }
+}
+
+/// The certificate verifier's message when the error chain holds one. rustls' errors reach us
+/// boxed inside an `io::Error` (hyper-rustls), and rustls is not a direct dependency, so the
+/// error is recognised by rustls' stable wording for a refused peer certificate.
+fn certificate_error(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = current {
+        let text = e.to_string();
+        if let Some(at) = text.find("invalid peer certificate") {
+            return Some(text[at..].to_string());
+        }
+        current = e.source();
+    }
+    None
 }
 
 /// The kind of the first `std::io::Error` in the error's source chain, if any. Connect failures
@@ -339,6 +418,35 @@ mod tests {
         );
         assert!(matches!(err, KubeError::ConnectRefused { .. }), "{err:?}");
         assert!(err.is_transient());
+    }
+
+    #[test]
+    fn a_refused_certificate_is_a_tls_error_naming_the_server_and_not_transient() {
+        let rustls_like = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "invalid peer certificate: UnknownIssuer",
+        );
+        let err = KubeError::from_call_to(
+            "https://10.96.0.1:443",
+            Call::ListPods,
+            "node=n1",
+            kube::Error::Service(Box::new(rustls_like)),
+        );
+        assert!(matches!(err, KubeError::Tls { .. }), "{err:?}");
+        assert!(!err.is_transient() && err.needs_operator());
+        let text = err.to_string();
+        for part in [
+            "list pods node=n1",
+            "https://10.96.0.1:443",
+            "invalid peer certificate: UnknownIssuer",
+            "certificate authority",
+        ] {
+            assert!(text.contains(part), "{part:?} missing: {text}");
+        }
+        // Other transport failures stay transient.
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let err = KubeError::from_call(Call::ListPods, "x", kube::Error::Service(Box::new(reset)));
+        assert!(err.is_transient() && !err.needs_operator(), "{err:?}");
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub use client::{
     WatchBackoff, WatchStream, pod_preconditions,
 };
 pub use config::{ConfigSource, config_from_kubeconfig_file, load_config, load_config_with};
-pub use error::{Call, KubeError, Refusal};
+pub use error::{Call, KubeError, Refusal, TlsDetail};
 pub use names::InvalidName;
 pub use retry::RetryPolicy;
 

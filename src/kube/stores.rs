@@ -10,7 +10,11 @@
 //! a lost watch must come out as the adds, updates and deletes it implies.
 //!
 //! Readiness is the initial sync ([`Store::wait_synced`], with a deadline: the watcher has no read
-//! timeout of its own, so a hung first LIST would otherwise wait forever).
+//! timeout of its own, so a hung first LIST would otherwise wait forever). A first list or watch
+//! refused for a reason only an operator can fix (403 RBAC, 401 token, a TLS certificate the
+//! kubeconfig's CA does not verify) ends the wait at once with that error, naming the resource
+//! and the verb; transient failures (5xx, refused, reset) keep the watcher's jittered retries
+//! until the deadline.
 //!
 //! Liveness ([`Store::is_live`]): synced, and no watch error since the last event delivered. A
 //! failed watch means changes may be happening that the store has not seen; it is live again with
@@ -27,9 +31,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 use super::client::{KubeClient, Selectors, WatchBackoff};
+use super::error::{Call, KubeError};
 
 /// A change seen by a subscriber.
 #[derive(Debug, Clone)]
@@ -43,17 +48,39 @@ pub enum StoreEvent<K> {
     Deleted(Arc<K>),
 }
 
-/// The store never got its initial list in time.
+/// The store never got its initial list.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("the {what} store did not sync within {timeout:?} (is the API server reachable?)")]
-pub struct SyncTimeout {
-    pub what: &'static str,
-    pub timeout: Duration,
+pub enum SyncError {
+    /// Not in time (the API server is down, slow or failing with 5xx).
+    #[error("the {what} store did not sync within {timeout:?} (is the API server reachable?)")]
+    Timeout {
+        what: &'static str,
+        timeout: Duration,
+    },
+    /// Refused in a way retrying cannot fix ([`KubeError::needs_operator`]); not waited out.
+    #[error("the {what} store cannot start (it needs list and watch on {what}s): {source}")]
+    Refused {
+        what: &'static str,
+        #[source]
+        source: Arc<KubeError>,
+    },
+}
+
+/// Where the initial sync stands.
+#[derive(Debug, Clone)]
+enum SyncState {
+    Pending,
+    Synced,
+    /// Not synced, and the last list/watch error needs an operator.
+    Refused(Arc<KubeError>),
 }
 
 /// Objects a store can hold: how they are keyed and what is kept of them.
 pub trait Stored: Clone + Send + Sync + 'static {
     const WHAT: &'static str;
+    /// The two calls of the store's list-then-watch (their RBAC verbs are named in errors).
+    const LIST: Call;
+    const WATCH: Call;
     fn key(&self) -> String;
     fn resource_version(&self) -> Option<&str>;
     /// Drops what no consumer reads, before the object is stored.
@@ -62,6 +89,8 @@ pub trait Stored: Clone + Send + Sync + 'static {
 
 impl Stored for Pod {
     const WHAT: &'static str = "pod";
+    const LIST: Call = Call::ListPods;
+    const WATCH: Call = Call::WatchPods;
 
     /// `namespace/name`.
     fn key(&self) -> String {
@@ -83,6 +112,8 @@ impl Stored for Pod {
 
 impl Stored for Namespace {
     const WHAT: &'static str = "namespace";
+    const LIST: Call = Call::ListNamespaces;
+    const WATCH: Call = Call::WatchNamespaces;
 
     fn key(&self) -> String {
         self.metadata.name.clone().unwrap_or_default()
@@ -150,7 +181,7 @@ struct State<K> {
 
 struct Inner<K> {
     state: Mutex<State<K>>,
-    synced: tokio::sync::watch::Sender<bool>,
+    synced: tokio::sync::watch::Sender<SyncState>,
     /// False from a watch error until the next event.
     watch_ok: std::sync::atomic::AtomicBool,
 }
@@ -189,7 +220,7 @@ impl<K: Stored> Store<K> {
                     relist: None,
                     subscribers: Vec::new(),
                 }),
-                synced: tokio::sync::watch::Sender::new(false),
+                synced: tokio::sync::watch::Sender::new(SyncState::Pending),
                 watch_ok: std::sync::atomic::AtomicBool::new(true),
             }),
         }
@@ -232,7 +263,7 @@ impl<K: Stored> Store<K> {
     }
 
     pub fn is_synced(&self) -> bool {
-        *self.inner.synced.borrow()
+        matches!(*self.inner.synced.borrow(), SyncState::Synced)
     }
 
     /// Synced and the watch has not failed since the last event (see the module doc).
@@ -251,12 +282,35 @@ impl<K: Stored> Store<K> {
             .store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Waits for the initial list, at most `timeout`.
-    pub async fn wait_synced(&self, timeout: Duration) -> Result<(), SyncTimeout> {
+    /// A list/watch error before the first sync that retrying cannot fix: waiters stop waiting.
+    /// Ignored once synced (the store keeps its objects and the watcher keeps retrying).
+    pub fn refuse(&self, err: KubeError) {
+        let err = Arc::new(err);
+        self.inner.synced.send_if_modified(|state| match state {
+            SyncState::Synced => false,
+            _ => {
+                *state = SyncState::Refused(err);
+                true
+            }
+        });
+    }
+
+    /// Waits for the initial list, at most `timeout`; at once with the error when the list or
+    /// watch was refused for a reason only an operator can fix ([`Store::refuse`]).
+    pub async fn wait_synced(&self, timeout: Duration) -> Result<(), SyncError> {
         let mut rx = self.inner.synced.subscribe();
-        match tokio::time::timeout(timeout, rx.wait_for(|synced| *synced)).await {
-            Ok(Ok(_)) => Ok(()),
-            _ => Err(SyncTimeout {
+        let settled = rx.wait_for(|state| !matches!(state, SyncState::Pending));
+        let state = match tokio::time::timeout(timeout, settled).await {
+            Ok(Ok(state)) => state.clone(),
+            _ => SyncState::Pending,
+        };
+        match state {
+            SyncState::Synced => Ok(()),
+            SyncState::Refused(source) => Err(SyncError::Refused {
+                what: K::WHAT,
+                source,
+            }),
+            SyncState::Pending => Err(SyncError::Timeout {
                 what: K::WHAT,
                 timeout,
             }),
@@ -297,7 +351,7 @@ impl<K: Stored> Store<K> {
                 }
                 out.extend(old.into_values().map(StoreEvent::Deleted));
                 state.objects = fresh;
-                self.inner.synced.send_replace(true);
+                self.inner.synced.send_replace(SyncState::Synced);
             }
             watcher::Event::Apply(object) => {
                 let new = Arc::new(object.trim());
@@ -362,8 +416,14 @@ pub fn spawn_pod_store(
     shutdown: CancellationToken,
 ) -> PodStore {
     let store = PodStore::new();
-    let stream = client.watch_pods(&Selectors::on_node(node), backoff);
-    tokio::spawn(drive(store.clone(), stream, shutdown));
+    let selectors = Selectors::on_node(node);
+    let stream = client.watch_pods(&selectors, backoff);
+    let watch = Watch {
+        client: client.clone(),
+        selectors,
+        stream,
+    };
+    tokio::spawn(drive(store.clone(), watch, shutdown));
     store
 }
 
@@ -374,26 +434,45 @@ pub fn spawn_namespace_store(
     shutdown: CancellationToken,
 ) -> NamespaceStore {
     let store = NamespaceStore::new();
-    let stream = client.watch_namespaces(&Selectors::default(), backoff);
-    tokio::spawn(drive(store.clone(), stream, shutdown));
+    let selectors = Selectors::default();
+    let stream = client.watch_namespaces(&selectors, backoff);
+    let watch = Watch {
+        client: client.clone(),
+        selectors,
+        stream,
+    };
+    tokio::spawn(drive(store.clone(), watch, shutdown));
     store
 }
 
-async fn drive<K: Stored>(
-    store: Store<K>,
-    mut stream: super::client::WatchStream<K>,
-    shutdown: CancellationToken,
-) {
+/// A store's watch and what its errors are named with.
+struct Watch<K> {
+    client: KubeClient,
+    selectors: Selectors,
+    stream: super::client::WatchStream<K>,
+}
+
+async fn drive<K: Stored>(store: Store<K>, mut watch: Watch<K>, shutdown: CancellationToken) {
     loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => break,
-            next = stream.next() => next,
+            next = watch.stream.next() => next,
         };
         match next {
             Some(Ok(event)) => store.apply(event),
             Some(Err(e)) => {
                 store.mark_watch_failed();
-                warn!(what = K::WHAT, "watch failed, retrying: {e}");
+                let err = watch
+                    .client
+                    .watch_error(K::LIST, K::WATCH, &watch.selectors, e);
+                match err {
+                    Ok(err) if err.needs_operator() => {
+                        error!(what = K::WHAT, "watch refused, retrying: {err}");
+                        store.refuse(err);
+                    }
+                    Ok(err) => warn!(what = K::WHAT, "watch failed, retrying: {err}"),
+                    Err(e) => warn!(what = K::WHAT, "watch failed, retrying: {e}"),
+                }
             }
             None => break,
         }
@@ -402,164 +481,4 @@ async fn drive<K: Stored>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pod(ns: &str, name: &str, rv: &str) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
-                namespace: Some(ns.into()),
-                name: Some(name.into()),
-                resource_version: Some(rv.into()),
-                managed_fields: Some(vec![Default::default()]),
-                ..Default::default()
-            },
-            ..Default::default()
-        }
-    }
-
-    fn rv(ev: &StoreEvent<Pod>) -> (&'static str, String) {
-        let v = |p: &Pod| p.metadata.resource_version.clone().unwrap_or_default();
-        match ev {
-            StoreEvent::Added(p) => ("add", v(p)),
-            StoreEvent::Updated { old, new } => ("update", format!("{}->{}", v(old), v(new))),
-            StoreEvent::Deleted(p) => ("delete", v(p)),
-        }
-    }
-
-    fn drain(rx: &mut mpsc::UnboundedReceiver<StoreEvent<Pod>>) -> Vec<(&'static str, String)> {
-        std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|e| rv(&e))
-            .collect()
-    }
-
-    #[test]
-    fn updates_carry_the_old_object_and_deletes_the_last_state() {
-        let store = PodStore::new();
-        let mut rx = store.subscribe();
-        store.apply(watcher::Event::Init);
-        store.apply(watcher::Event::InitApply(pod("a", "p", "1")));
-        assert!(!store.is_synced() && store.is_empty());
-        store.apply(watcher::Event::InitDone);
-        assert!(store.is_synced());
-        store.apply(watcher::Event::Apply(pod("a", "p", "2")));
-        store.apply(watcher::Event::Apply(pod("a", "p", "2")));
-        store.apply(watcher::Event::Delete(pod("a", "p", "3")));
-        assert_eq!(
-            drain(&mut rx),
-            [
-                ("add", "1".into()),
-                ("update", "1->2".into()),
-                ("delete", "3".into())
-            ]
-        );
-        assert!(store.get("a/p").is_none());
-    }
-
-    #[test]
-    fn a_relist_comes_out_as_the_changes_it_implies_and_late_subscribers_get_a_replay() {
-        let store = PodStore::new();
-        let relist = |pods: [Pod; 3]| {
-            store.apply(watcher::Event::Init);
-            for p in pods {
-                store.apply(watcher::Event::InitApply(p));
-            }
-            store.apply(watcher::Event::InitDone);
-        };
-        relist([
-            pod("a", "keep", "1"),
-            pod("a", "change", "1"),
-            pod("a", "gone", "1"),
-        ]);
-        let mut first = store.subscribe();
-        let mut replay = drain(&mut first);
-        replay.sort();
-        assert_eq!(replay.len(), 3);
-        let mut second = store.subscribe();
-        let _ = drain(&mut second);
-        relist([
-            pod("a", "keep", "1"),
-            pod("a", "change", "5"),
-            pod("a", "new", "6"),
-        ]);
-        for rx in [&mut first, &mut second] {
-            let mut got = drain(rx);
-            got.sort();
-            assert_eq!(
-                got,
-                [
-                    ("add", "6".into()),
-                    ("delete", "1".into()),
-                    ("update", "1->5".into())
-                ]
-            );
-        }
-        assert_eq!(store.len(), 3);
-        assert!(
-            store
-                .get("a/change")
-                .unwrap()
-                .metadata
-                .managed_fields
-                .is_none()
-        );
-        assert_eq!(store.pods_in_namespace("a").len(), 3);
-        assert!(store.pods_in_namespace("b").is_empty());
-    }
-
-    #[test]
-    fn live_means_synced_and_no_watch_failure_since_the_last_event() {
-        let store = PodStore::new();
-        assert!(!store.is_live());
-        store.apply(watcher::Event::Init);
-        store.apply(watcher::Event::InitDone);
-        assert!(store.is_live());
-        store.mark_watch_failed();
-        assert!(!store.is_live() && store.is_synced());
-        store.apply(watcher::Event::Apply(pod("a", "p", "2")));
-        assert!(store.is_live());
-        // A re-list in progress may still hold deleted pods: not live until it is done.
-        store.apply(watcher::Event::Init);
-        store.apply(watcher::Event::InitApply(pod("a", "q", "3")));
-        assert!(!store.is_live());
-        store.apply(watcher::Event::InitDone);
-        assert!(store.is_live() && store.get("a/p").is_none());
-    }
-
-    #[test]
-    fn namespaces_keep_labels_only_and_sync_waits_have_a_deadline() {
-        let store = NamespaceStore::new();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let err = rt
-            .block_on(store.wait_synced(Duration::from_millis(20)))
-            .unwrap_err();
-        assert!(err.to_string().contains("namespace store did not sync"));
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some("shop".into()),
-                labels: Some(
-                    [("istio.io/dataplane-mode".to_string(), "ambient".to_string())].into(),
-                ),
-                annotations: Some([("big".to_string(), "x".repeat(100))].into()),
-                ..Default::default()
-            },
-            spec: Some(Default::default()),
-            ..Default::default()
-        };
-        store.apply(watcher::Event::Init);
-        store.apply(watcher::Event::InitApply(ns));
-        store.apply(watcher::Event::InitDone);
-        rt.block_on(store.wait_synced(Duration::from_millis(20)))
-            .unwrap();
-        let kept = store.get("shop").unwrap();
-        assert!(kept.metadata.annotations.is_none() && kept.spec.is_none());
-        assert_eq!(
-            namespace_labels(&store, "shop").unwrap()["istio.io/dataplane-mode"],
-            "ambient"
-        );
-        assert_eq!(namespace_labels(&store, "other"), None);
-    }
-}
+mod tests;

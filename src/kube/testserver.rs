@@ -165,6 +165,9 @@ pub struct TestServerOptions {
     /// Serve HTTPS with a CA generated at start (the default, as every cluster does); `false`
     /// serves plain HTTP.
     pub tls: bool,
+    /// With `tls`: the serving certificate expired long ago (its CA is still handed out), so
+    /// clients must refuse it.
+    pub expired_certificate: bool,
 }
 
 impl Default for TestServerOptions {
@@ -175,6 +178,7 @@ impl Default for TestServerOptions {
             bookmark_interval: Duration::from_secs(2),
             history_limit: 1000,
             tls: true,
+            expired_certificate: false,
         }
     }
 }
@@ -346,7 +350,7 @@ impl TestApiServer {
                 source,
             })?;
         let tls = if options.tls {
-            Some(tls::TestTls::generate()?)
+            Some(tls::TestTls::generate(options.expired_certificate)?)
         } else {
             None
         };

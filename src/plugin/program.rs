@@ -23,6 +23,12 @@ pub enum ProgramError {
         #[source]
         source: PodError,
     },
+    /// The runtime removed the netns while the ADD was programming it (sandbox torn down).
+    #[error(
+        "network namespace {netns} was removed while the ADD programmed it (the pod sandbox is \
+         gone); its rules went with it"
+    )]
+    Gone { netns: String },
     #[error("cannot write dry-run output {path}: {source}")]
     DryRun {
         path: PathBuf,
@@ -65,6 +71,7 @@ pub fn program(
         return write_dry_run(netns, cfg, dual_stack, backend, out);
     }
     let pod_netns = Netns::open(netns)?;
+    pause_after_open();
     let opts = PodOptions {
         backend,
         // A repeated ADD with changed settings converges: the pod is not running yet.
@@ -79,12 +86,36 @@ pub fn program(
             source,
         },
     })?;
+    // The open fd kept the namespace alive while it was programmed; if its path is gone now, the
+    // runtime tore the sandbox down meanwhile, and success would report a pod that is not there.
+    if !Netns::open(netns).is_ok_and(|now| now == pod_netns) {
+        return Err(ProgramError::Gone {
+            netns: netns.display().to_string(),
+        });
+    }
     Ok(Programmed {
         ipv6: done.ipv6,
         outcome: Some(done.outcome),
         warnings: done.warnings,
     })
 }
+
+/// Test builds (`test-hooks`) only: `ISTIO_CNI_RS_TEST_PAUSE_AFTER_NETNS_OPEN_MS=N` holds the
+/// ADD for N ms between opening the netns and programming it, so a test can remove the netns
+/// in the middle. Compiled out of the product.
+#[cfg(feature = "test-hooks")]
+fn pause_after_open() {
+    let pause = std::env::var("ISTIO_CNI_RS_TEST_PAUSE_AFTER_NETNS_OPEN_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(ms) = pause {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+fn pause_after_open() {}
 
 /// The dry run: IPv6 as the pod's addresses say, if its netns can be opened at all (it may be a
 /// placeholder; then IPv4 only).

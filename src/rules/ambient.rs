@@ -3,6 +3,7 @@
 
 pub use super::ambient_nft::{host_nft_rules, inpod_nft_rules};
 use super::capture::{DEFAULT_LOOPBACK_V4 as LO_V4, LOOPBACK_V6 as LO_V6};
+use super::capture_values::{Field, InvalidValue, check_interface};
 use super::model::parts::{TCP, UDP, dst, jump, redirect};
 use super::model::well_known::{CT_ZONE_UPSTREAM_DNS, DNS_PORT as DNS, LOOPBACK_IFACE};
 use super::model::{Match, Proto, RuleSet, RuleSetBuilder, Table, Target};
@@ -71,6 +72,36 @@ pub struct PodOverrides {
     /// Interfaces whose inbound traffic is treated as outbound.
     pub virtual_interfaces: Vec<String>,
     pub dns: PodDns,
+}
+
+impl PodOverrides {
+    /// Checks every value that reaches the kernel (the interface names, as the sidecar path
+    /// checks its own: [`check_interface`]); the first bad one is returned. A name like
+    /// `eth0 -j ACCEPT` would otherwise become rule arguments.
+    pub fn validate(&self) -> Result<(), InvalidValue> {
+        for name in &self.virtual_interfaces {
+            check_interface(name).map_err(|reason| InvalidValue {
+                field: Field::RerouteVirtualInterfaces,
+                value: name.clone(),
+                reason,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The pod annotation naming the virtual interfaces, read by both modes (the sidecar derivation
+/// and the ambient agent re-export it).
+pub const ANN_REROUTE_VIRTUAL_INTERFACES: &str = "istio.io/reroute-virtual-interfaces";
+
+/// A virtual-interface list as Istio reads it: comma-separated, items trimmed, empties dropped.
+/// Not checked here: [`PodOverrides::validate`] does that before anything is programmed.
+pub fn split_interfaces(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 fn dns_enabled(cfg: &AmbientConfig, pod: &PodOverrides) -> bool {

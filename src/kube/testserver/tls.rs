@@ -40,8 +40,9 @@ fn tls_error(what: &str, e: impl std::fmt::Display) -> TestServerError {
 }
 
 impl TestTls {
-    /// A fresh CA and a leaf for `localhost` and 127.0.0.1 signed by it.
-    pub fn generate() -> Result<TestTls, TestServerError> {
+    /// A fresh CA and a leaf for `localhost` and 127.0.0.1 signed by it (valid in 2000 only
+    /// when `expired`).
+    pub fn generate(expired: bool) -> Result<TestTls, TestServerError> {
         let rcgen_error = |what| move |e: rcgen::Error| tls_error(what, e);
         let ca_key = KeyPair::generate().map_err(rcgen_error("CA key"))?;
         let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(rcgen_error("CA"))?;
@@ -62,6 +63,10 @@ impl TestTls {
         leaf.distinguished_name
             .push(DnType::CommonName, "istio-cni test API server");
         leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        if expired {
+            leaf.not_before = rcgen::date_time_ymd(2000, 1, 1);
+            leaf.not_after = rcgen::date_time_ymd(2000, 12, 31);
+        }
         let leaf_cert = leaf
             .signed_by(&leaf_key, &issuer)
             .map_err(rcgen_error("serving cert"))?;

@@ -1,0 +1,204 @@
+//! Unit tests of the node stores: events, re-lists, liveness, sync deadlines and refusals.
+
+use super::*;
+
+fn pod(ns: &str, name: &str, rv: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            resource_version: Some(rv.into()),
+            managed_fields: Some(vec![Default::default()]),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn rv(ev: &StoreEvent<Pod>) -> (&'static str, String) {
+    let v = |p: &Pod| p.metadata.resource_version.clone().unwrap_or_default();
+    match ev {
+        StoreEvent::Added(p) => ("add", v(p)),
+        StoreEvent::Updated { old, new } => ("update", format!("{}->{}", v(old), v(new))),
+        StoreEvent::Deleted(p) => ("delete", v(p)),
+    }
+}
+
+fn drain(rx: &mut mpsc::UnboundedReceiver<StoreEvent<Pod>>) -> Vec<(&'static str, String)> {
+    std::iter::from_fn(|| rx.try_recv().ok())
+        .map(|e| rv(&e))
+        .collect()
+}
+
+#[test]
+fn updates_carry_the_old_object_and_deletes_the_last_state() {
+    let store = PodStore::new();
+    let mut rx = store.subscribe();
+    store.apply(watcher::Event::Init);
+    store.apply(watcher::Event::InitApply(pod("a", "p", "1")));
+    assert!(!store.is_synced() && store.is_empty());
+    store.apply(watcher::Event::InitDone);
+    assert!(store.is_synced());
+    store.apply(watcher::Event::Apply(pod("a", "p", "2")));
+    store.apply(watcher::Event::Apply(pod("a", "p", "2")));
+    store.apply(watcher::Event::Delete(pod("a", "p", "3")));
+    assert_eq!(
+        drain(&mut rx),
+        [
+            ("add", "1".into()),
+            ("update", "1->2".into()),
+            ("delete", "3".into())
+        ]
+    );
+    assert!(store.get("a/p").is_none());
+}
+
+#[test]
+fn a_relist_comes_out_as_the_changes_it_implies_and_late_subscribers_get_a_replay() {
+    let store = PodStore::new();
+    let relist = |pods: [Pod; 3]| {
+        store.apply(watcher::Event::Init);
+        for p in pods {
+            store.apply(watcher::Event::InitApply(p));
+        }
+        store.apply(watcher::Event::InitDone);
+    };
+    relist([
+        pod("a", "keep", "1"),
+        pod("a", "change", "1"),
+        pod("a", "gone", "1"),
+    ]);
+    let mut first = store.subscribe();
+    let mut replay = drain(&mut first);
+    replay.sort();
+    assert_eq!(replay.len(), 3);
+    let mut second = store.subscribe();
+    let _ = drain(&mut second);
+    relist([
+        pod("a", "keep", "1"),
+        pod("a", "change", "5"),
+        pod("a", "new", "6"),
+    ]);
+    for rx in [&mut first, &mut second] {
+        let mut got = drain(rx);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("add", "6".into()),
+                ("delete", "1".into()),
+                ("update", "1->5".into())
+            ]
+        );
+    }
+    assert_eq!(store.len(), 3);
+    assert!(
+        store
+            .get("a/change")
+            .unwrap()
+            .metadata
+            .managed_fields
+            .is_none()
+    );
+    assert_eq!(store.pods_in_namespace("a").len(), 3);
+    assert!(store.pods_in_namespace("b").is_empty());
+}
+
+#[test]
+fn live_means_synced_and_no_watch_failure_since_the_last_event() {
+    let store = PodStore::new();
+    assert!(!store.is_live());
+    store.apply(watcher::Event::Init);
+    store.apply(watcher::Event::InitDone);
+    assert!(store.is_live());
+    store.mark_watch_failed();
+    assert!(!store.is_live() && store.is_synced());
+    store.apply(watcher::Event::Apply(pod("a", "p", "2")));
+    assert!(store.is_live());
+    // A re-list in progress may still hold deleted pods: not live until it is done.
+    store.apply(watcher::Event::Init);
+    store.apply(watcher::Event::InitApply(pod("a", "q", "3")));
+    assert!(!store.is_live());
+    store.apply(watcher::Event::InitDone);
+    assert!(store.is_live() && store.get("a/p").is_none());
+}
+
+#[test]
+fn namespaces_keep_labels_only_and_sync_waits_have_a_deadline() {
+    let store = NamespaceStore::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let err = rt
+        .block_on(store.wait_synced(Duration::from_millis(20)))
+        .unwrap_err();
+    assert!(err.to_string().contains("namespace store did not sync"));
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some("shop".into()),
+            labels: Some([("istio.io/dataplane-mode".to_string(), "ambient".to_string())].into()),
+            annotations: Some([("big".to_string(), "x".repeat(100))].into()),
+            ..Default::default()
+        },
+        spec: Some(Default::default()),
+        ..Default::default()
+    };
+    store.apply(watcher::Event::Init);
+    store.apply(watcher::Event::InitApply(ns));
+    store.apply(watcher::Event::InitDone);
+    rt.block_on(store.wait_synced(Duration::from_millis(20)))
+        .unwrap();
+    let kept = store.get("shop").unwrap();
+    assert!(kept.metadata.annotations.is_none() && kept.spec.is_none());
+    assert_eq!(
+        namespace_labels(&store, "shop").unwrap()["istio.io/dataplane-mode"],
+        "ambient"
+    );
+    assert_eq!(namespace_labels(&store, "other"), None);
+}
+
+fn forbidden() -> KubeError {
+    let status = kube::core::Status::failure("pods is forbidden", "Forbidden").with_code(403);
+    KubeError::from_call(
+        Call::ListPods,
+        "node=n1",
+        kube::Error::Api(Box::new(status)),
+    )
+}
+
+#[test]
+fn a_refused_first_list_ends_the_wait_at_once_and_a_later_sync_wins() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = PodStore::new();
+    store.refuse(forbidden());
+    let started = std::time::Instant::now();
+    let err = rt
+        .block_on(store.wait_synced(Duration::from_secs(30)))
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(1));
+    let text = err.to_string();
+    for part in [
+        "pod store",
+        "list pods",
+        "forbidden",
+        "ClusterRole",
+        "list and watch",
+    ] {
+        assert!(text.contains(part), "{part:?} missing: {text}");
+    }
+    assert!(!store.is_synced());
+    // RBAC fixed: the watcher's next list syncs the store, and the wait succeeds.
+    store.apply(watcher::Event::Init);
+    store.apply(watcher::Event::InitDone);
+    rt.block_on(store.wait_synced(Duration::from_millis(20)))
+        .unwrap();
+    // Once synced, a later refusal does not unsync it (the store only goes not-live).
+    store.refuse(forbidden());
+    assert!(store.is_synced());
+    rt.block_on(store.wait_synced(Duration::from_millis(20)))
+        .unwrap();
+}

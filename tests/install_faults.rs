@@ -1,0 +1,303 @@
+//! install-cni against an API server that refuses it: RBAC (403), a bad token (401) and a
+//! certificate the kubeconfig's CA does not verify end startup within seconds with an error
+//! naming the resource, the verb and what to fix; transient errors (5xx) are retried until the
+//! store syncs. In every refused case the plugin is never installed.
+
+#[path = "install_support.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use istio_cni::kube::testserver::Fault;
+use support::*;
+
+const T: Duration = Duration::from_secs(30);
+/// The stores' sync deadline is 60 s; a refusal must end startup well before it.
+const FAST: Duration = Duration::from_secs(10);
+
+/// Env for install-cni with the repair controller (the node pod store) against `api`.
+fn repair_env(d: &Dirs, api: &ApiServer) -> Vec<(String, String)> {
+    let mut env = d.base_env();
+    env.retain(|(k, _)| k != "REPAIR_ENABLED");
+    env.extend(
+        [
+            ("REPAIR_ENABLED", "true"),
+            ("REPAIR_NODE_NAME", "node-1"),
+            ("KUBECONFIG", api.kubeconfig.to_str().expect("utf-8 path")),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    env
+}
+
+/// Starts install-cni, waits for its exit (at most [`FAST`]); returns the exit code, the time it
+/// took and its output. The conf dir's primary must be untouched: nothing was installed.
+fn exits_fast(d: &Dirs, env: &[(String, String)]) -> (i32, Duration, String) {
+    let started = Instant::now();
+    let mut agent = start(env, &[]);
+    let status = agent.wait(FAST);
+    let took = started.elapsed();
+    let out = agent.output();
+    assert_eq!(
+        d.read("10-list.conflist"),
+        Some(testdata_str("list.conflist")),
+        "the primary changed:\n{out}"
+    );
+    (status.code().unwrap_or(-1), took, out)
+}
+
+fn assert_says(out: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(out.contains(part), "{part:?} missing from:\n{out}");
+    }
+}
+
+#[test]
+fn a_forbidden_pod_list_fails_startup_at_once_naming_the_verb_and_the_cluster_role() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    let api = ApiServer::start();
+    api.rt.block_on(
+        api.server
+            .set_fault(Fault::fail(403).on_path("/api/v1/pods")),
+    );
+    let (code, took, out) = exits_fast(&d, &repair_env(&d, &api));
+    assert_eq!(code, 1, "{out}");
+    assert!(took < FAST, "took {took:?}");
+    assert_says(
+        &out,
+        &[
+            "repair controller",
+            "pod store cannot start",
+            "list pods",
+            "forbidden",
+            "cannot list pods at cluster scope",
+            "ClusterRole",
+        ],
+    );
+}
+
+#[test]
+fn a_forbidden_namespace_list_fails_the_ambient_agent_at_once() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    let api = ApiServer::start();
+    // The pod store syncs; the namespace store (the agent's own) is refused.
+    let refused = Fault::fail(403).on_path("/api/v1/namespaces");
+    api.rt.block_on(api.server.set_fault(refused));
+    let mut env = d.base_env();
+    env.extend(api.ambient_env());
+    let (code, took, out) = exits_fast(&d, &env);
+    assert_eq!(code, 1, "{out}");
+    assert!(took < FAST, "took {took:?}");
+    assert_says(
+        &out,
+        &[
+            "namespace store cannot start",
+            "cannot list namespaces at cluster scope",
+            "ClusterRole",
+        ],
+    );
+}
+
+#[test]
+fn a_rejected_token_fails_startup_at_once() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    let api = ApiServer::start();
+    api.server.set_token(Some("another-token"));
+    let (code, took, out) = exits_fast(&d, &repair_env(&d, &api));
+    assert_eq!(code, 1, "{out}");
+    assert!(took < FAST, "took {took:?}");
+    assert_says(
+        &out,
+        &["pod store cannot start", "list pods", "unauthorized"],
+    );
+}
+
+#[test]
+fn an_api_server_certificate_from_another_ca_fails_startup_at_once_naming_the_server() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    let api = ApiServer::start();
+    // The kubeconfig trusts another server's CA.
+    let other = ApiServer::start();
+    let text = std::fs::read_to_string(&other.kubeconfig).expect("kubeconfig");
+    std::fs::write(
+        &api.kubeconfig,
+        text.replace(&other.server.url(), &api.server.url()),
+    )
+    .expect("kubeconfig");
+    let (code, took, out) = exits_fast(&d, &repair_env(&d, &api));
+    assert_eq!(code, 1, "{out}");
+    assert!(took < FAST, "took {took:?}");
+    assert_says(
+        &out,
+        &[
+            "pod store cannot start",
+            "TLS with the API server",
+            &api.server.url(),
+            "invalid peer certificate",
+            "certificate authority in the kubeconfig",
+        ],
+    );
+    // The handshake failed: no request ever reached the server.
+    assert!(api.server.requests().is_empty());
+}
+
+#[test]
+fn transient_list_errors_are_retried_until_the_store_syncs() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    let api = ApiServer::start();
+    let flaky = Fault::fail(500).on_path("/api/v1/pods").times(2);
+    api.rt.block_on(api.server.set_fault(flaky));
+    let mut agent = start(&repair_env(&d, &api), &[]);
+    agent.wait_line("watch failed, retrying", T);
+    agent.wait_line("repair controller ready", T);
+    assert!(
+        d.waits_for(T, "10-list.conflist", has_istio_entry),
+        "{}",
+        agent.output()
+    );
+    let lists = api
+        .server
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/api/v1/pods" && !r.is_watch())
+        .count();
+    assert!(lists >= 3, "{lists} lists");
+    assert!(agent.terminate(T).success(), "{}", agent.output());
+}
+
+/// A small tmpfs mounted over a directory, unmounted on drop (also when the test fails).
+struct Tmpfs {
+    path: std::path::PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(path: &std::path::Path, size: &str) -> Tmpfs {
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(path)
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "mount tmpfs on {} (needs root)",
+            path.display()
+        );
+        Tmpfs {
+            path: path.to_path_buf(),
+        }
+    }
+
+    fn remount(&self, how: &str) {
+        let status = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,{how}")])
+            .arg(&self.path)
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "remount {how} {}", self.path.display());
+    }
+
+    /// Fills the file system with `filler` until a write fails with ENOSPC.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let filler = self.path.join("filler");
+        let mut f = std::fs::File::create(&filler).expect("filler");
+        let chunk = [0u8; 4096];
+        loop {
+            match f.write_all(&chunk) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => panic!("filling {}: {e}", self.path.display()),
+            }
+        }
+        filler
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.path)
+            .status();
+    }
+}
+
+fn readyz(port: u16) -> Option<u16> {
+    http_get(port, "/readyz").map(|(s, _)| s)
+}
+
+/// Temp files our atomic writes left in the conf dir.
+fn temps(d: &Dirs) -> Vec<String> {
+    d.names()
+        .into_iter()
+        .filter(|n| n.contains(".tmp."))
+        .collect()
+}
+
+/// A conf dir that cannot take our write (`break_it` on the mounted tmpfs): the pass fails
+/// naming the file and `cause`, readiness stays false, the primary stays byte-identical with no
+/// temp file beside it; after `heal` the next pass installs and readiness turns true.
+fn unwritable_conf_dir_case(break_it: impl FnOnce(&Tmpfs), cause: &str, heal: impl FnOnce(&Tmpfs)) {
+    let d = Dirs::new();
+    let fs = Tmpfs::mount(&d.net, "64k");
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    break_it(&fs);
+    let mut agent = start(&d.base_env(), &[]);
+    let health = agent.port("health server");
+    let line = agent.wait_line("install pass failed", T);
+    let primary = d.net.join("10-list.conflist");
+    // The file being replaced is named (not the temp file), with the cause.
+    let named = format!("{}: ", primary.display());
+    assert!(
+        line.contains(&named) && line.to_lowercase().contains(&cause.to_lowercase()),
+        "{line}"
+    );
+    // A second failed pass (the retry) changes nothing either.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(readyz(health), Some(503));
+    assert_eq!(
+        d.read("10-list.conflist"),
+        Some(testdata_str("list.conflist"))
+    );
+    assert!(temps(&d).is_empty(), "temp files left: {:?}", temps(&d));
+
+    heal(&fs);
+    assert!(
+        d.waits_for(T, "10-list.conflist", has_istio_entry),
+        "{}",
+        agent.output()
+    );
+    assert!(
+        wait_for(T, || (readyz(health) == Some(200)).then_some(())).is_some(),
+        "{}",
+        agent.output()
+    );
+    assert!(temps(&d).is_empty(), "temp files left: {:?}", temps(&d));
+    assert!(agent.terminate(T).success(), "{}", agent.output());
+}
+
+#[test]
+fn a_full_conf_dir_keeps_the_primary_whole_and_recovers_once_space_is_freed() {
+    let filler = std::sync::OnceLock::new();
+    unwritable_conf_dir_case(
+        |fs| {
+            let _ = filler.set(fs.fill());
+        },
+        "no space left",
+        |_| std::fs::remove_file(filler.get().expect("filled")).expect("free space"),
+    );
+}
+
+#[test]
+fn a_read_only_conf_dir_keeps_the_primary_whole_and_recovers_once_writable() {
+    unwritable_conf_dir_case(
+        |fs| fs.remount("ro"),
+        "read-only file system",
+        |fs| fs.remount("rw"),
+    );
+}
