@@ -77,38 +77,8 @@ fn sidecar_add_vs_bare_restore() {
         .build()
         .unwrap();
     let dirs = install_support::Dirs::new();
-    // The API server runs in its own process (scripts/bench points ISTIO_CNI_RS_TEST_APISERVER at
-    // a release build), so the measurement is not skewed by a debug-built server in this process.
-    // TLS (its default): a generated CA, written where install-cni reads the service account's.
-    let down_dir = tempfile::tempdir().unwrap();
+    let (_api, down_dir, port) = api_server_process(&dirs);
     let kubeconfig = down_dir.path().join("istio-cni-kubeconfig");
-    let fixtures = down_dir.path().join("fixtures.json");
-    let mut pod = annotated_pod("ns1", "bench", json!({}));
-    pod["metadata"]["uid"] = json!(UID);
-    pod["spec"]["nodeName"] = json!(NODE);
-    std::fs::write(&fixtures, json!([pod]).to_string()).unwrap();
-    std::fs::write(dirs.sa.join("token"), "test-token").unwrap();
-    let mut api = ChildGuard(
-        Command::new(test_apiserver_binary())
-            .args(["--token", "test-token", "--fixtures"])
-            .arg(&fixtures)
-            .arg("--kubeconfig-out")
-            .arg(&kubeconfig)
-            .arg("--ca-out")
-            .arg(dirs.sa.join("ca.crt"))
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start test-apiserver"),
-    );
-    let mut url = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(api.0.stdout.take().unwrap()),
-        &mut url,
-    )
-    .unwrap();
-    let url = url.trim().to_string();
-    assert!(url.starts_with("https://"), "{url}");
-    let port = url.rsplit(':').next().unwrap().to_string();
 
     // install-cni with this node's pod store (repair needs it, so it is on), serving pod facts.
     let mut env = dirs.base_env();
@@ -247,6 +217,131 @@ fn sidecar_add_vs_bare_restore() {
         stats(down).replace(", ", " / ")
     );
     agent.terminate(Duration::from_secs(10));
+}
+
+/// The test API server in its own process (scripts/bench points ISTIO_CNI_RS_TEST_APISERVER at a
+/// release build, so a debug-built server in this process does not skew the measurement), over
+/// TLS (its default: a generated CA, written where install-cni reads the service account's), with
+/// the one sidecar pod. Returns the server, a run dir holding the plugin kubeconfig for it, and
+/// its port.
+fn api_server_process(dirs: &install_support::Dirs) -> (ChildGuard, tempfile::TempDir, String) {
+    let down_dir = tempfile::tempdir().unwrap();
+    let kubeconfig = down_dir.path().join("istio-cni-kubeconfig");
+    let fixtures = down_dir.path().join("fixtures.json");
+    let mut pod = annotated_pod("ns1", "bench", json!({}));
+    pod["metadata"]["uid"] = json!(UID);
+    pod["spec"]["nodeName"] = json!(NODE);
+    std::fs::write(&fixtures, json!([pod]).to_string()).unwrap();
+    std::fs::write(dirs.sa.join("token"), "test-token").unwrap();
+    let mut api = ChildGuard(
+        Command::new(test_apiserver_binary())
+            .args(["--token", "test-token", "--fixtures"])
+            .arg(&fixtures)
+            .arg("--kubeconfig-out")
+            .arg(&kubeconfig)
+            .arg("--ca-out")
+            .arg(dirs.sa.join("ca.crt"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start test-apiserver"),
+    );
+    let mut url = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(api.0.stdout.take().unwrap()),
+        &mut url,
+    )
+    .unwrap();
+    let url = url.trim().to_string();
+    assert!(url.starts_with("https://"), "{url}");
+    let port = url.rsplit(':').next().unwrap().to_string();
+    (api, down_dir, port)
+}
+
+/// The same sidecar ADD (TLS GET, no install-cni) through this build and through a baseline
+/// binary (`ISTIO_CNI_RS_BIN_BASELINE`, e.g. a static build of an earlier commit), interleaved
+/// with a bare restore of the same rules, fresh netns each: a refactor's cost, side by side in
+/// one run. By hand:
+/// `ISTIO_CNI_RS_BIN=... ISTIO_CNI_RS_BIN_BASELINE=... cargo test --test plugin_bench -- --ignored --nocapture against_a_baseline`.
+#[test]
+#[ignore]
+fn sidecar_add_against_a_baseline_binary() {
+    require_tool("iptables-nft-restore", "iptables");
+    let baseline = std::env::var_os("ISTIO_CNI_RS_BIN_BASELINE")
+        .map(std::path::PathBuf::from)
+        .expect("set ISTIO_CNI_RS_BIN_BASELINE to the binary to compare with");
+    let dirs = install_support::Dirs::new();
+    let (_api, run_dir, _port) = api_server_process(&dirs);
+    let conf = json!({
+        "cniVersion": "1.0.0", "name": "bench", "type": "istio-cni",
+        "cni_agent_run_dir": run_dir.path().display().to_string(),
+        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.29.0.2/24"}], "dns": {}}
+    })
+    .to_string();
+    let env_for =
+        |ns: &NetnsGuard| cni_env("ADD", &ns.path().display().to_string(), "ns1", "bench");
+    let ns = NetnsGuard::new("bbdry");
+    let rules_file = run_dir.path().join("rules.txt");
+    let mut env = env_for(&ns);
+    env.push(("DRY_RUN_FILE_PATH", rules_file.display().to_string()));
+    assert_eq!(run_plugin(&env, &conf).code, 0);
+    let rules = std::fs::read_to_string(&rules_file).unwrap();
+    let (mut ours, mut base, mut bare) = (Vec::new(), Vec::new(), Vec::new());
+    let timed = |bin: &std::path::Path, samples: &mut Vec<Duration>| {
+        let ns = NetnsGuard::new("bbadd");
+        let run = run_cni(bin, &["istio-cni"], &env_for(&ns), &conf);
+        assert_eq!(
+            run.code,
+            0,
+            "{}: {}{}",
+            bin.display(),
+            run.stdout,
+            run.stderr
+        );
+        samples.push(run.took);
+    };
+    for round in 0..ROUNDS {
+        // Alternate which binary goes first, so neither always gets the warmer cache.
+        if round % 2 == 0 {
+            timed(&binary(), &mut ours);
+            timed(&baseline, &mut base);
+        } else {
+            timed(&baseline, &mut base);
+            timed(&binary(), &mut ours);
+        }
+        let ns = NetnsGuard::new("bbbare");
+        bare.push(timed_restore(&ns.path(), &rules));
+    }
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (m_ours, m_base, m_bare) = (median(ours), median(base), median(bare));
+    let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
+    let size = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .map(|m| format!("{:.2} MB", m.len() as f64 / 1e6))
+            .unwrap_or_default()
+    };
+    println!(
+        "| measurement (median of {ROUNDS}, TLS GET, fresh netns each) | this build | baseline | bare restore |"
+    );
+    println!("| --- | --- | --- | --- |");
+    println!(
+        "| sidecar ADD, process spawn to exit | {} | {} | {} |",
+        ms(m_ours),
+        ms(m_base),
+        ms(m_bare)
+    );
+    println!(
+        "| ratio to the bare restore | {:.2} | {:.2} | 1.00 |",
+        m_ours.as_secs_f64() / m_bare.as_secs_f64(),
+        m_base.as_secs_f64() / m_bare.as_secs_f64()
+    );
+    println!(
+        "| binary size | {} | {} | |",
+        size(&binary()),
+        size(&baseline)
+    );
 }
 
 /// Kills the child when dropped, also when the benchmark panics.
