@@ -85,41 +85,7 @@ impl RouteSession {
         flags: u16,
         what: &str,
     ) -> Result<(), NetlinkError> {
-        let failed = |source: std::io::Error| NetlinkError::Request {
-            what: what.to_string(),
-            source,
-        };
-        self.seq = self.seq.wrapping_add(1);
-        let seq = self.seq;
-        let mut header = NetlinkHeader::default();
-        header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
-        header.sequence_number = seq;
-        let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(msg));
-        packet.finalize();
-        let mut buf = vec![0u8; packet.buffer_len()];
-        packet.serialize(&mut buf);
-        let socket = self.socket()?;
-        socket.send(&buf, 0).map_err(failed)?;
-        let mut reply = vec![0u8; REPLY_BUFFER];
-        loop {
-            let n = socket.recv(&mut &mut reply[..], 0).map_err(failed)?;
-            if n == 0 {
-                return Err(failed(std::io::Error::from(
-                    std::io::ErrorKind::UnexpectedEof,
-                )));
-            }
-            let msg = <NetlinkMessage<RouteNetlinkMessage>>::deserialize(&reply[..n])
-                .map_err(|e| failed(std::io::Error::other(e.to_string())))?;
-            if msg.header.sequence_number != seq {
-                // An answer to an earlier request of this session: not ours to judge.
-                continue;
-            }
-            match msg.payload {
-                NetlinkPayload::Error(e) if e.code.is_some() => return Err(failed(e.to_io())),
-                NetlinkPayload::Error(_) | NetlinkPayload::Done(_) => return Ok(()),
-                _ => continue,
-            }
-        }
+        self.exchange(msg, NLM_F_ACK | flags, what).map(|_| ())
     }
 
     /// Sends one dump request and collects every answer up to `NLMSG_DONE` (multi-part replies
@@ -129,6 +95,18 @@ impl RouteSession {
         msg: RouteNetlinkMessage,
         what: &str,
     ) -> Result<Vec<RouteNetlinkMessage>, NetlinkError> {
+        self.exchange(msg, NLM_F_DUMP, what)
+    }
+
+    /// Sends one request and reads the answers carrying its sequence number until its ACK, its
+    /// error or `NLMSG_DONE`; the messages before that (a dump's) are returned. Answers to an
+    /// earlier request of this session are not ours to judge and are skipped.
+    fn exchange(
+        &mut self,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+        what: &str,
+    ) -> Result<Vec<RouteNetlinkMessage>, NetlinkError> {
         let failed = |source: std::io::Error| NetlinkError::Request {
             what: what.to_string(),
             source,
@@ -136,7 +114,7 @@ impl RouteSession {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let mut header = NetlinkHeader::default();
-        header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        header.flags = NLM_F_REQUEST | flags;
         header.sequence_number = seq;
         let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(msg));
         packet.finalize();
@@ -145,7 +123,7 @@ impl RouteSession {
         let socket = self.socket()?;
         socket.send(&buf, 0).map_err(failed)?;
         let mut answers = Vec::new();
-        // A dump answer packs several messages into one read; 32 KiB holds the kernel's chunks.
+        // One read may pack several messages (a dump's chunks are up to 32 KiB).
         let mut reply = vec![0u8; 4 * REPLY_BUFFER];
         loop {
             let n = socket.recv(&mut &mut reply[..], 0).map_err(failed)?;
@@ -168,8 +146,8 @@ impl RouteSession {
                     continue;
                 }
                 match msg.payload {
-                    NetlinkPayload::Done(_) => return Ok(answers),
                     NetlinkPayload::Error(e) if e.code.is_some() => return Err(failed(e.to_io())),
+                    NetlinkPayload::Error(_) | NetlinkPayload::Done(_) => return Ok(answers),
                     NetlinkPayload::InnerMessage(inner) => answers.push(inner),
                     _ => {}
                 }

@@ -115,7 +115,8 @@ fn pod_ref(pod: &Pod) -> String {
     pod.key()
 }
 
-fn event(event_type: EventType, reason: &str, message: String) -> PodEvent {
+/// An event about a pod from the repair room (the controller's and the drift pass's).
+pub(super) fn event(event_type: EventType, reason: &str, message: String) -> PodEvent {
     PodEvent {
         event_type,
         reason: reason.to_string(),

@@ -183,7 +183,7 @@ async fn settle() {
     tokio::time::sleep(Duration::from_millis(150)).await;
 }
 
-fn rt() -> tokio::runtime::Runtime {
+pub(crate) fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

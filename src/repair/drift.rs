@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::controller::{EVENT_COMPONENT, Effects, Expected, HandOff};
+use super::controller::{Effects, Expected, HandOff, event};
 use crate::apply::pod::Verdict;
 use crate::kube::stores::{PodStore, Stored, pod_ips};
 use crate::kube::{EventType, PodEvent};
@@ -246,15 +246,6 @@ pub struct DriftPass<E: ?Sized> {
     pub metrics: Metrics,
     pub handoffs: mpsc::UnboundedSender<HandOff>,
     pub ledger: Ledger,
-}
-
-fn event(event_type: EventType, reason: &str, message: String) -> PodEvent {
-    PodEvent {
-        event_type,
-        reason: reason.to_string(),
-        message,
-        component: EVENT_COMPONENT.to_string(),
-    }
 }
 
 impl<E: Effects + ?Sized> DriftPass<E> {

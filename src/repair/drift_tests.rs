@@ -2,7 +2,7 @@ use serde_json::json;
 
 use super::*;
 use crate::kube::WatchEvent;
-use crate::repair::controller::tests::Fake;
+use crate::repair::controller::tests::{Fake, rt};
 
 /// A running sidecar pod (CNI mode) on this node, with `extra` annotations.
 fn pod(name: &str, uid: &str, extra: serde_json::Value) -> Pod {
@@ -181,13 +181,6 @@ impl Rig {
     fn take_calls(&self, from: usize) -> Vec<String> {
         self.fake.calls()[from..].to_vec()
     }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 #[test]
