@@ -14,7 +14,10 @@ fuzz_target!(|data: &[u8]| {
         Ok(args) => {
             if let Err(e) = args.check_kubernetes_names() {
                 let text = e.to_string();
-                assert!(text.contains("K8S_POD_"), "name error without its key: {text}");
+                assert!(
+                    text.contains("K8S_POD_"),
+                    "name error without its key: {text}"
+                );
             }
             // Every known key reads back verbatim (the last one when given twice).
             for (key, got) in [

@@ -23,10 +23,16 @@ fuzz_target!(|stdin: &[u8]| {
     };
     // The version the plugin answers in comes from the same bytes: both readers agree.
     if let Ok(v) = &version {
-        assert_eq!(v, &conf.cni_version, "config_version and NetConf::parse disagree");
+        assert_eq!(
+            v, &conf.cni_version,
+            "config_version and NetConf::parse disagree"
+        );
     }
     if let Some(dir) = &salvaged {
-        assert_eq!(dir, &conf.cni_agent_run_dir, "salvage_run_dir and NetConf::parse disagree");
+        assert_eq!(
+            dir, &conf.cni_agent_run_dir,
+            "salvage_run_dir and NetConf::parse disagree"
+        );
     }
     let Some(prev) = &conf.prev_result else {
         return;

@@ -9,7 +9,12 @@ use istio_cni::install::cniconf::{self, ISTIO_TYPE, IstioPlugin, Kind};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
 
-const NAMES: &[&str] = &["10-calico.conflist", "10-net.conf", "05-cilium.json", "99-x.conflist"];
+const NAMES: &[&str] = &[
+    "10-calico.conflist",
+    "10-net.conf",
+    "05-cilium.json",
+    "99-x.conflist",
+];
 /// Where the installer writes a merged file (a `.conf` primary becomes a list).
 const OUT: &str = "10-merged.conflist";
 
@@ -32,7 +37,9 @@ fn ours() -> IstioPlugin {
 }
 
 fn plugins(list: &Value) -> &Vec<Value> {
-    list["plugins"].as_array().expect("a merged config has a plugins list")
+    list["plugins"]
+        .as_array()
+        .expect("a merged config has a plugins list")
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -59,8 +66,15 @@ fuzz_target!(|data: &[u8]| {
     // The primary's plugins, in order, then exactly our entry.
     let mut want = primary.clone();
     want.push(ours.list_entry());
-    assert_eq!(plugins(&merged), &want, "{name}: merge lost or changed a plugin");
-    if primary.iter().all(|p| p.get("type").is_some_and(Value::is_string)) {
+    assert_eq!(
+        plugins(&merged),
+        &want,
+        "{name}: merge lost or changed a plugin"
+    );
+    if primary
+        .iter()
+        .all(|p| p.get("type").is_some_and(Value::is_string))
+    {
         assert_eq!(cniconf::check_chained(&merged, &ours), Ok(()));
     }
     // Idempotent, and our own output reads back as the same list.

@@ -31,6 +31,9 @@ fuzz_target!(|data: &[u8]| {
     std::fs::write(&path, data).expect("write the kubeconfig");
     if let Err(e) = s.rt.block_on(config_from_kubeconfig_file(&path)) {
         let text = e.to_string();
-        assert!(text.contains(&*path.to_string_lossy()), "error without the file: {text}");
+        assert!(
+            text.contains(&*path.to_string_lossy()),
+            "error without the file: {text}"
+        );
     }
 });

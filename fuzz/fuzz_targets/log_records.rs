@@ -46,13 +46,20 @@ fuzz_target!(|body: &[u8]| {
         let text = emitted(&lines, json);
         assert!(text.is_empty() || text.ends_with('\n'));
         let out: Vec<&str> = text.lines().collect();
-        assert!(out.len() <= records, "{records} records became {} lines", out.len());
+        assert!(
+            out.len() <= records,
+            "{records} records became {} lines",
+            out.len()
+        );
         for line in out {
             // The text form separates its columns with tabs; a tab inside a value is escaped.
             let raw = |c: char| c.is_control() && !(c == '\t' && !json);
             assert!(!line.chars().any(raw), "raw control in {line:?}");
             if json {
-                assert!(serde_json::from_str::<serde_json::Value>(line).is_ok(), "not JSON: {line}");
+                assert!(
+                    serde_json::from_str::<serde_json::Value>(line).is_ok(),
+                    "not JSON: {line}"
+                );
             }
         }
     }

@@ -9,12 +9,23 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|line: &[u8]| {
     if let Ok(req) = PodFactsRequest::decode(line) {
         let again = req.encode();
-        assert_eq!(again.iter().filter(|b| **b == b'\n').count(), 1, "not one line");
-        assert_eq!(PodFactsRequest::decode(&again).expect("our own request decodes"), req);
+        assert_eq!(
+            again.iter().filter(|b| **b == b'\n').count(),
+            1,
+            "not one line"
+        );
+        assert_eq!(
+            PodFactsRequest::decode(&again).expect("our own request decodes"),
+            req
+        );
     }
     if let Ok(answer) = PodFactsAnswer::decode(line) {
         let again = answer.encode();
-        assert_eq!(again.iter().filter(|b| **b == b'\n').count(), 1, "not one line");
+        assert_eq!(
+            again.iter().filter(|b| **b == b'\n').count(),
+            1,
+            "not one line"
+        );
         let back = PodFactsAnswer::decode(&again).expect("our own answer decodes");
         assert_eq!(back.encode(), again, "answer does not round-trip");
     }

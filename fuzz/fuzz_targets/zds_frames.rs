@@ -14,12 +14,17 @@ fuzz_target!(|frame: &[u8]| {
         Ok(Reply::Nack { message, truncated }) => {
             assert!(!truncated, "a whole frame read as truncated");
             let again = WorkloadResponse {
-                payload: Some(pb::workload_response::Payload::Ack(Ack { error: message.clone() })),
+                payload: Some(pb::workload_response::Payload::Ack(Ack {
+                    error: message.clone(),
+                })),
             }
             .encode_to_vec();
             assert_eq!(
                 proto::decode_reply(&again, false),
-                Ok(Reply::Nack { message, truncated: false })
+                Ok(Reply::Nack {
+                    message,
+                    truncated: false
+                })
             );
         }
         Ok(_) | Err(_) => {}
