@@ -8,6 +8,10 @@ demo:
 test:
     ./scripts/test
 
+# fuzz every parser of outside input, FUZZ_SECONDS each (default 30; needs nightly + cargo-fuzz)
+fuzz *targets:
+    ./scripts/fuzz {{targets}}
+
 # benchmarks; results are written to docs/benchmarks.md
 bench:
     ./scripts/bench
