@@ -130,6 +130,17 @@ fn passes(node: &Node) -> usize {
         .count()
 }
 
+/// The chain and handle of the first rule of the pod's `istio-ambient-nat` table containing
+/// `needle`.
+fn ambient_nat_rule(p: &PodNs, needle: &str) -> (String, String) {
+    let listing = run(
+        p,
+        "nft",
+        &["-a", "list", "table", "inet", "istio-ambient-nat"],
+    );
+    nft_handle(&listing, needle)
+}
+
 /// The `handle` of the first line of `listing` containing `needle` (nft -a output), with the
 /// chain it is in.
 fn nft_handle(listing: &str, needle: &str) -> (String, String) {
@@ -218,12 +229,7 @@ fn breakages(backend: Backend) -> Vec<Breakage> {
             (
                 "one rule deleted",
                 Box::new(|p: &PodNs| {
-                    let listing = run(
-                        p,
-                        "nft",
-                        &["-a", "list", "table", "inet", "istio-ambient-nat"],
-                    );
-                    let (chain, handle) = nft_handle(&listing, "redirect to :15001");
+                    let (chain, handle) = ambient_nat_rule(p, "redirect to :15001");
                     run(
                         p,
                         "nft",
@@ -242,12 +248,7 @@ fn breakages(backend: Backend) -> Vec<Breakage> {
             (
                 "the jump into our chain replaced",
                 Box::new(|p: &PodNs| {
-                    let listing = run(
-                        p,
-                        "nft",
-                        &["-a", "list", "table", "inet", "istio-ambient-nat"],
-                    );
-                    let (chain, handle) = nft_handle(&listing, "jump istio-prerouting");
+                    let (chain, handle) = ambient_nat_rule(p, "jump istio-prerouting");
                     // A chain added to our table, and the jump sent there instead.
                     run(
                         p,

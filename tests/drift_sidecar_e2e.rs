@@ -25,8 +25,12 @@ const LABEL: &str = "cni.istio.io/uninitialized";
 const HEAL_WITHIN: Duration = Duration::from_secs(8);
 
 fn start() -> Node {
+    start_on(Backend::Iptables)
+}
+
+fn start_on(backend: Backend) -> Node {
     let node = Node::start_with(
-        Backend::Iptables,
+        backend,
         &[
             ("REPAIR_ENABLED", "true"),
             ("REPAIR_NODE_NAME", NODE),
@@ -320,18 +324,7 @@ fn nft(pod: &SidecarPod, handles: bool) -> String {
 
 #[test]
 fn nftables_drift_is_healed_and_an_untouched_pod_keeps_its_rule_handles() {
-    let node = Node::start_with(
-        Backend::Nftables,
-        &[
-            ("REPAIR_ENABLED", "true"),
-            ("REPAIR_NODE_NAME", NODE),
-            ("REPAIR_REPAIR_PODS", "false"),
-            ("REPAIR_LABEL_PODS", "true"),
-            ("DRIFT_VERIFY_INTERVAL", "2s"),
-            ("MONITORING_PORT", "15014"),
-        ],
-    );
-    node.namespace(NS, json!({}));
+    let node = start_on(Backend::Nftables);
     let web = sidecar_pod_nft(&node, "web");
     let quiet = sidecar_pod_nft(&node, "quiet");
     let programmed = nft(&web, false);
