@@ -326,16 +326,7 @@ fn drift_is_healed(backend: Backend) {
     let (a, b) = (&pods[0], &pods[1]);
     // Traffic through B's rules, so a rewrite would show as reset counters: TCP connects to its
     // own address from inside it (refused or not, each SYN passes our OUTPUT chains).
-    let to: std::net::SocketAddr = format!("{}:9", b.1).parse().expect("addr");
-    istio_cni::netns::Netns::open(&b.2.guard.path())
-        .and_then(|ns| {
-            ns.run(move || {
-                for _ in 0..3 {
-                    let _ = std::net::TcpStream::connect_timeout(&to, Duration::from_millis(300));
-                }
-            })
-        })
-        .expect("enter pod B");
+    b.2.send_tcp_to(&b.1);
     let b_before = counted(&b.2, backend);
     if backend == Backend::Iptables {
         assert!(

@@ -63,7 +63,7 @@ fn restart_keeps_everything(backend: Backend) {
     // Traffic through the pods' rules first, so a rewrite would show as reset counters (and, with
     // nftables, as new rule handles).
     for (_, _, ip, ns, _) in &pods {
-        let _ = ns.guard.exec("ping", &["-c", "1", "-W", "1", ip]);
+        ns.send_tcp_to(ip);
     }
     let before: Vec<String> = pods.iter().map(|p| counted_rules(&p.3, backend)).collect();
     if backend == Backend::Iptables {

@@ -523,6 +523,22 @@ pub struct PodNs {
 }
 
 impl PodNs {
+    /// A few TCP connects from inside the pod to `ip:9` (its own address): refused or not, each
+    /// SYN passes the pod's OUTPUT chains, so rule counters move (needs no tool such as ping).
+    pub fn send_tcp_to(&self, ip: &str) {
+        let to: std::net::SocketAddr = format!("{ip}:9").parse().expect("pod address");
+        istio_cni::netns::Netns::open(&self.guard.path())
+            .and_then(|ns| {
+                ns.run(move || {
+                    for _ in 0..3 {
+                        let _ =
+                            std::net::TcpStream::connect_timeout(&to, Duration::from_millis(300));
+                    }
+                })
+            })
+            .expect("enter the pod netns");
+    }
+
     pub fn new(tag: &str) -> PodNs {
         PodNs {
             guard: NetnsGuard::new(tag),
