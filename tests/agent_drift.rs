@@ -471,5 +471,9 @@ fn the_guard_reinstalling_our_entry_starts_a_pass_at_once() {
         install_support::has_istio_entry(&node.dirs.read("10-e2e.conflist").expect("conflist")),
         "the guard did not put our entry back"
     );
+    // The event is posted after the heal, through the API server: wait for it, not race it.
+    node.wait_until(Duration::from_secs(10), "the heal's event", || {
+        events(&node, "a", "RedirectionDriftRepaired") >= 1
+    });
     assert_eq!(events(&node, "a", "RedirectionDriftRepaired"), 1);
 }

@@ -231,6 +231,10 @@ fn drift_in_a_sidecar_pod_is_healed_and_an_untouched_pod_is_never_rewritten() {
         });
         eprintln!("{what}: healed in {} ms", took.as_millis());
     }
+    // Events reach the API server after the heal: wait for them, not race them.
+    node.wait_until(Duration::from_secs(5), "the heal events", || {
+        events(&node, "web", "RedirectionDriftRepaired").len() >= 3
+    });
     let healed = events(&node, "web", "RedirectionDriftRepaired");
     assert_eq!(healed.len(), 3, "{healed:?}");
     assert!(
@@ -291,6 +295,9 @@ fn an_annotation_edited_on_a_running_pod_goes_to_the_repair_policy_once() {
             .pod(NS, "web")
             .and_then(|p| p.metadata.labels)
             .is_some_and(|l| l.get(LABEL).map(String::as_str) == Some("true"))
+    });
+    node.wait_until(Duration::from_secs(5), "the unhealed event", || {
+        !events(&node, "web", "RedirectionDriftUnhealed").is_empty()
     });
     let unhealed = events(&node, "web", "RedirectionDriftUnhealed");
     assert_eq!(unhealed.len(), 1, "{unhealed:?}");
