@@ -5,19 +5,23 @@
 //!
 //! Files: `flags` (the argh flag table), `sections` (the resolved config and its sections),
 //! `values` (one setting's raw value and how each kind of value is read), `resolve` (flag > env >
-//! default for every setting).
+//! default for every setting), `checks` (values that parse but can never work, refused).
 
 use argh::FromArgs;
 
+mod checks;
 mod flags;
 mod resolve;
 mod sections;
+#[cfg(test)]
+mod checks_tests;
 #[cfg(test)]
 mod tests;
 mod values;
 
 use flags::BOOL_FLAGS;
 pub use flags::Flags;
+pub use checks::{PROC_SUPER_MAGIC, procfs};
 pub use resolve::from_flags;
 pub use sections::*;
 pub use values::{SelectorsError, parse_log_levels, parse_selectors};
