@@ -10,18 +10,18 @@
 use argh::FromArgs;
 
 mod checks;
+#[cfg(test)]
+mod checks_tests;
 mod flags;
 mod resolve;
 mod sections;
 #[cfg(test)]
-mod checks_tests;
-#[cfg(test)]
 mod tests;
 mod values;
 
+pub use checks::{PROC_SUPER_MAGIC, procfs};
 use flags::BOOL_FLAGS;
 pub use flags::Flags;
-pub use checks::{PROC_SUPER_MAGIC, procfs};
 pub use resolve::from_flags;
 pub use sections::*;
 pub use values::{SelectorsError, parse_log_levels, parse_selectors};

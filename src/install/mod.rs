@@ -114,7 +114,7 @@ fn check_host_proc(cfg: &Config) -> Result<(), config::ConfigError> {
         return Ok(());
     }
     let f_type = nix::sys::statfs::statfs(&cfg.host_proc_dir)
-        .map(|s| s.filesystem_type().0 as i64)
+        .map(|s| s.filesystem_type().0)
         .map_err(|e| e.to_string());
     config::procfs(
         &cfg.host_proc_setting,

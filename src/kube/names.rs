@@ -114,7 +114,11 @@ pub struct InvalidName {
 impl fmt::Display for InvalidName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let value = echo(&self.value);
-        write!(f, "\"{value}\" is not a valid {}: {}", self.rule, self.problem)?;
+        write!(
+            f,
+            "\"{value}\" is not a valid {}: {}",
+            self.rule, self.problem
+        )?;
         if let NameProblem::BadChar { .. } = self.problem {
             write!(f, " (only {})", self.rule.allowed())?;
         }

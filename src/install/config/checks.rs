@@ -51,7 +51,8 @@ pub(super) fn socket_path(raw: &Raw, suffix: &str) -> Result<PathBuf, ConfigErro
     Ok(path)
 }
 
-/// A CNI config file name the container runtime would load (`.conf`, `.conflist`, `.json`).
+/// The name of a CNI config we write for the container runtime to load (`.conf`, `.conflist`,
+/// `.json`; the owned conflist). Not applied to `CNI_CONF_NAME`, which names an existing file.
 pub(super) fn cni_conf_file_name(raw: &Raw, name: &str) -> Result<(), ConfigError> {
     if CNI_CONF_EXTENSIONS.iter().any(|ext| name.ends_with(ext)) {
         return Ok(());
@@ -95,10 +96,7 @@ pub(super) fn kubeconfig_mode(raw: &Raw) -> Result<u32, ConfigError> {
 pub(super) fn exit_code(raw: &Raw) -> Result<i32, ConfigError> {
     match parse_go_int(&raw.value) {
         Some(c) if (0..=255).contains(&c) => Ok(c as i32),
-        _ => Err(invalid(
-            raw,
-            "expected an exit code 0-255 (0 matches any)",
-        )),
+        _ => Err(invalid(raw, "expected an exit code 0-255 (0 matches any)")),
     }
 }
 
@@ -118,17 +116,7 @@ pub(super) fn probe_snat_ip(raw: &Raw, v6: bool) -> Result<IpAddr, ConfigError> 
             format!("expected an {family} address, not {}", family_of(ip)),
         ));
     }
-    let why = match ip {
-        IpAddr::V4(a) if a.is_unspecified() => Some("the unspecified address"),
-        IpAddr::V4(a) if a.is_loopback() => Some("a loopback address"),
-        IpAddr::V4(a) if a.is_multicast() => Some("a multicast address"),
-        IpAddr::V4(a) if a.is_broadcast() => Some("the broadcast address"),
-        IpAddr::V6(a) if a.is_unspecified() => Some("the unspecified address"),
-        IpAddr::V6(a) if a.is_loopback() => Some("a loopback address"),
-        IpAddr::V6(a) if a.is_multicast() => Some("a multicast address"),
-        IpAddr::V6(a) if a.to_ipv4_mapped().is_some() => Some("an IPv4-mapped address"),
-        _ => None,
-    };
+    let why = crate::cli::unusable_source_ip(ip);
     match why {
         Some(why) => Err(invalid(
             raw,
@@ -166,7 +154,9 @@ pub fn procfs(raw_name: &str, path: &str, f_type: Result<i64, String>) -> Result
         Ok(t) => format!(
             "not a procfs mount (filesystem type {t:#x}); the chart mounts the host /proc here for ambient and repair.repairPods"
         ),
-        Err(e) => format!("cannot be read ({e}); the chart mounts the host /proc here for ambient and repair.repairPods"),
+        Err(e) => format!(
+            "cannot be read ({e}); the chart mounts the host /proc here for ambient and repair.repairPods"
+        ),
     };
     Err(ConfigError::Invalid {
         name: raw_name.to_string(),

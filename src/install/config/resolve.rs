@@ -56,13 +56,8 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         None => DEFAULT_OWNED_FILENAME.to_string(),
     };
     let cni_conf_name = match r.raw(&f.cni_conf_name, "CNI_CONF_NAME") {
-        Some(raw) => {
-            let name = Some(file_name_only(&raw)?).filter(|s| !s.is_empty());
-            if let Some(name) = &name {
-                cni_conf_file_name(&raw, name)?;
-            }
-            name
-        }
+        // Any name: Istio's own goldens install into an explicitly named `undetectable.file`.
+        Some(raw) => Some(file_name_only(&raw)?).filter(|s| !s.is_empty()),
         None => None,
     };
 
@@ -88,8 +83,7 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         None => 0o600,
     };
 
-    let path = |flag: &Option<String>, env_name: &str, default: &str| match r.raw(flag, env_name)
-    {
+    let path = |flag: &Option<String>, env_name: &str, default: &str| match r.raw(flag, env_name) {
         Some(raw) => absolute_path(&raw),
         None => Ok(PathBuf::from(default)),
     };
@@ -158,8 +152,7 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
 
     // Settings that name Kubernetes objects: a value the API server could never hold would
     // never match anything (or, in a selector, change what is asked for).
-    let name = |flag: &Option<String>, env_name: &str, rule: NameRule| match r.raw(flag, env_name)
-    {
+    let name = |flag: &Option<String>, env_name: &str, rule: NameRule| match r.raw(flag, env_name) {
         Some(raw) => kube_name(&raw, rule),
         None => Ok(String::new()),
     };
@@ -255,8 +248,7 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
             "",
             NameRule::StrictSubdomain,
         )?,
-        sidecar_annotation: match r.raw(&f.repair_sidecar_annotation, "REPAIR_SIDECAR_ANNOTATION")
-        {
+        sidecar_annotation: match r.raw(&f.repair_sidecar_annotation, "REPAIR_SIDECAR_ANNOTATION") {
             Some(raw) if raw.value.trim().is_empty() => String::new(),
             Some(raw) => kube_name(&raw, NameRule::QualifiedName)?,
             None => "sidecar.istio.io/status".to_string(),
@@ -400,7 +392,10 @@ fn kube_service(r: &Resolver) -> Result<KubeService, ConfigError> {
     let host = match r.env_raw("KUBERNETES_SERVICE_HOST") {
         Some(raw) => {
             let v = raw.value.trim();
-            let bare = v.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(v);
+            let bare = v
+                .strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .unwrap_or(v);
             if bare.parse::<IpAddr>().is_err()
                 && crate::kube::names::check(bare, NameRule::Subdomain).is_err()
             {
