@@ -120,14 +120,18 @@ fn cli_args(golden: &str, case: &Value) -> Vec<String> {
     let p = &case["config"]["PodLevelOverrides"];
     let cfg = ambient_config(c);
     let pod = overrides(p);
+    let host = golden.ends_with("hostprobe.golden");
     let mut args = vec![
         "ambient".to_string(),
         "--dry-run".to_string(),
         format!("--ipv6={}", cfg.enable_ipv6),
-        format!("--redirect-dns={}", cfg.redirect_dns),
         format!("--host-probe-snat-ip={}", cfg.probe_snat_v4),
         format!("--host-probe-snat-ipv6={}", cfg.probe_snat_v6),
     ];
+    // DNS capture is in-pod only; the command refuses it with --host rather than ignore it.
+    if !host {
+        args.push(format!("--redirect-dns={}", cfg.redirect_dns));
+    }
     match pod.dns {
         PodDns::Enabled => args.push("--pod-dns=enabled".into()),
         PodDns::Disabled => args.push("--pod-dns=disabled".into()),
@@ -145,7 +149,7 @@ fn cli_args(golden: &str, case: &Value) -> Vec<String> {
     if golden.starts_with("cni/pkg/nftables/") {
         args.push("--native-nftables".into());
     }
-    if golden.ends_with("hostprobe.golden") {
+    if host {
         args.push("--host".into());
         if golden.starts_with("cni/pkg/nftables/") {
             let uid = case["config"]["kubeletUID"].as_str().unwrap_or("0");

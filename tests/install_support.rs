@@ -98,6 +98,8 @@ impl Dirs {
             ("MONITORING_PORT", "0".to_string()),
             ("REPAIR_ENABLED", "false".to_string()),
             ("POD_NAMESPACE", "my-namespace".to_string()),
+            // Ambient refuses to start without a procfs here (the chart mounts the host's).
+            ("HOST_PROC_DIR", "/proc".to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

@@ -362,3 +362,88 @@ fn ambient_virtual_interfaces_are_checked_like_the_sidecar_ones() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("-i veth+ -p tcp"));
 }
+
+/// `istio-iptables ambient` (issue 20 §10), the real binary in a namespace of its own: a boolean
+/// in the space form, a pod-only flag with `--host`, an empty virtual-interface item and the uid
+/// (uid_t)-1 are refused naming the flag, print no rules and change nothing; the usage shows the
+/// booleans as the switches they are.
+#[test]
+fn ambient_refuses_flags_it_would_misread_or_ignore_and_changes_nothing() {
+    tools();
+    let ns = Netns::new("ambflags");
+    let before = kernel_state(&ns);
+    let ambient = |args: &[&str]| run_in(&ns, &[&["ambient", "--dry-run"][..], args].concat(), &[]);
+    for (args, code, names) in [
+        (
+            vec!["--ipv6", "true"],
+            EXIT_USAGE,
+            vec!["\"true\"", "--ipv6=true"],
+        ),
+        (
+            vec!["--ipv6", "false"],
+            EXIT_USAGE,
+            vec!["\"false\"", "--ipv6=false"],
+        ),
+        (vec!["--host", "--ingress"], 1, vec!["--ingress", "--host"]),
+        (
+            vec!["--host", "--pod-dns=disabled"],
+            1,
+            vec!["--pod-dns", "--host"],
+        ),
+        (
+            vec!["--host", "--reroute-virtual-interfaces=tun0"],
+            1,
+            vec!["--reroute-virtual-interfaces", "--host"],
+        ),
+        (
+            vec!["--host", "--redirect-dns"],
+            1,
+            vec!["--redirect-dns", "--host"],
+        ),
+        (
+            vec!["--reroute-virtual-interfaces=tun+,,x"],
+            1,
+            vec!["--reroute-virtual-interfaces", "\"tun+,,x\"", "item 2"],
+        ),
+        (
+            vec!["--host", "--native-nftables", "--kubelet-uid=4294967295"],
+            1,
+            vec!["--kubelet-uid", "\"4294967295\""],
+        ),
+        (
+            vec!["--kubelet-uid=0"],
+            1,
+            vec!["--kubelet-uid", "--native-nftables"],
+        ),
+        (
+            vec!["--host-probe-snat-ip=0.0.0.0"],
+            1,
+            vec!["--host-probe-snat-ip", "\"0.0.0.0\""],
+        ),
+    ] {
+        let out = ambient(&args);
+        assert_refused(&out, code, &names);
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?} printed: {}",
+            text(&out.stdout)
+        );
+        assert_eq!(kernel_state(&ns), before, "{args:?} changed the namespace");
+    }
+    // What the usage shows is accepted.
+    let help = text(&ambient(&["--help"]).stdout);
+    assert!(
+        help.contains("[--ipv6]") && !help.contains("--ipv6 <"),
+        "{help}"
+    );
+    for args in [
+        vec!["--ipv6"],
+        vec!["--ipv6=false"],
+        vec!["--host", "--native-nftables", "--kubelet-uid=0"],
+    ] {
+        let out = ambient(&args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    }
+    assert!(text(&ambient(&["--ipv6"]).stdout).contains("ip6tables"));
+    assert_eq!(kernel_state(&ns), before);
+}

@@ -241,6 +241,25 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_secs_f64(total))
 }
 
+/// Why `ip` can never be the source address of a packet sent to a pod (the probe SNAT
+/// address of install-cni and `istio-iptables ambient`): unspecified, loopback (dropped as
+/// martian once routed off `lo`), multicast, broadcast, or IPv4-mapped IPv6 (an IPv4 address in
+/// IPv6 clothes, never on an IPv6 wire). `None`: usable.
+pub fn unusable_source_ip(ip: std::net::IpAddr) -> Option<&'static str> {
+    use std::net::IpAddr;
+    match ip {
+        IpAddr::V4(a) if a.is_unspecified() => Some("the unspecified address"),
+        IpAddr::V4(a) if a.is_loopback() => Some("a loopback address"),
+        IpAddr::V4(a) if a.is_multicast() => Some("a multicast address"),
+        IpAddr::V4(a) if a.is_broadcast() => Some("the broadcast address"),
+        IpAddr::V6(a) if a.is_unspecified() => Some("the unspecified address"),
+        IpAddr::V6(a) if a.is_loopback() => Some("a loopback address"),
+        IpAddr::V6(a) if a.is_multicast() => Some("a multicast address"),
+        IpAddr::V6(a) if a.to_ipv4_mapped().is_some() => Some("an IPv4-mapped address"),
+        _ => None,
+    }
+}
+
 /// Reads environment variables; a seam so config parsing is testable without touching the process
 /// environment.
 pub trait Env {

@@ -5,10 +5,13 @@
 //!
 //! Files: `flags` (the argh flag table), `sections` (the resolved config and its sections),
 //! `values` (one setting's raw value and how each kind of value is read), `resolve` (flag > env >
-//! default for every setting).
+//! default for every setting), `checks` (values that parse but can never work, refused).
 
 use argh::FromArgs;
 
+mod checks;
+#[cfg(test)]
+mod checks_tests;
 mod flags;
 mod resolve;
 mod sections;
@@ -16,6 +19,7 @@ mod sections;
 mod tests;
 mod values;
 
+pub use checks::{PROC_SUPER_MAGIC, procfs};
 use flags::BOOL_FLAGS;
 pub use flags::Flags;
 pub use resolve::from_flags;

@@ -70,6 +70,11 @@ pub fn main(args: Vec<String>) -> i32 {
             return 1;
         }
     };
+    // The one setting checked on the host, still before anything is touched (even the log file).
+    if let Err(e) = check_host_proc(&cfg) {
+        eprintln!("install-cni: {e}");
+        return 1;
+    }
     if let Err(e) = logging::init(log_settings(&cfg)) {
         eprintln!("install-cni: {e}");
         return 1;
@@ -99,6 +104,23 @@ pub fn main(args: Vec<String>) -> i32 {
     let code = rt.block_on(run(*cfg));
     rt.shutdown_timeout(Duration::from_secs(2));
     code
+}
+
+/// `HOST_PROC_DIR` must be a procfs when a feature reads pods' netns from it (ambient, in-place
+/// repair; the chart mounts it for exactly those). The sidecar drift pass only warns (it is on by
+/// default, and the chart does not mount /proc without those features).
+fn check_host_proc(cfg: &Config) -> Result<(), config::ConfigError> {
+    if !(cfg.install.ambient_enabled || (cfg.repair.enabled && cfg.repair.repair_pods)) {
+        return Ok(());
+    }
+    let f_type = nix::sys::statfs::statfs(&cfg.host_proc_dir)
+        .map(|s| s.filesystem_type().0)
+        .map_err(|e| e.to_string());
+    config::procfs(
+        &cfg.host_proc_setting,
+        &cfg.host_proc_dir.display().to_string(),
+        f_type,
+    )
 }
 
 fn to_tracing(l: LogLevel) -> Option<tracing::Level> {

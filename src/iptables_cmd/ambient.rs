@@ -20,18 +20,19 @@ use crate::rules::nftables::{NftTable, render_transaction};
 #[derive(FromArgs, Debug, Default)]
 #[argh(
     help_triggers("-h", "--help"),
-    note = "Booleans take true/false/1/0/t/f. Without --native-nftables the output is the iptables transcript (iptables-save, ip6tables-save, then the restore input per family); with it, the one nftables transaction. With --host and --native-nftables the kubelet UID is read from the host /proc (--host-proc, default /host/proc) unless --kubelet-uid is given."
+    note = "A boolean flag is set by its name alone or --flag=true/false (also 1/0/t/f); `--flag true` with a space is refused, as pflag would read `--ipv6 false` as --ipv6 plus a stray argument. Pod-only flags (--ingress, --pod-dns, --reroute-virtual-interfaces, --redirect-dns) are refused with --host, and --kubelet-uid/--host-proc without --host --native-nftables: nothing given is ignored. Without --native-nftables the output is the iptables transcript (iptables-save, ip6tables-save, then the restore input per family); with it, the one nftables transaction. With --host and --native-nftables the kubelet UID is read from the host /proc (--host-proc, default /host/proc) unless --kubelet-uid is given."
 )]
 pub struct AmbientFlags {
     /// print the rules instead of applying them (required: the node agent applies them)
     #[argh(switch)]
     pub dry_run: bool,
-    /// also IPv6 rules [AMBIENT_IPV6] (default false)
-    #[argh(option)]
-    pub ipv6: Option<String>,
-    /// capture DNS to ztunnel's DNS proxy [AMBIENT_DNS_CAPTURE] (default false)
-    #[argh(option)]
-    pub redirect_dns: Option<String>,
+    /// also IPv6 rules; --ipv6=false turns them off [AMBIENT_IPV6] (default false)
+    #[argh(switch)]
+    pub ipv6: bool,
+    /// capture DNS to ztunnel's DNS proxy (in-pod rules only); --redirect-dns=false turns it off
+    /// [AMBIENT_DNS_CAPTURE] (default false)
+    #[argh(switch)]
+    pub redirect_dns: bool,
     /// the pod's DNS override (ambient.istio.io/dns-capture): enabled, disabled or unset (default)
     #[argh(option)]
     pub pod_dns: Option<String>,
@@ -39,7 +40,7 @@ pub struct AmbientFlags {
     #[argh(switch)]
     pub ingress: bool,
     /// comma-separated interfaces whose inbound TCP is treated as outbound
-    /// (istio.io/reroute-virtual-interfaces)
+    /// (istio.io/reroute-virtual-interfaces); an empty item is refused
     #[argh(option)]
     pub reroute_virtual_interfaces: Option<String>,
     /// IPv4 source address of SNATed kubelet probes [HOST_PROBE_SNAT_IP] (default 169.254.7.127)
@@ -55,20 +56,29 @@ pub struct AmbientFlags {
     /// the host-side rules (probe SNAT) instead of the in-pod rules
     #[argh(switch)]
     pub host: bool,
-    /// kubelet's UID for the nftables host rule (default: found under --host-proc)
+    /// kubelet's UID for the nftables host rule, 0-4294967294 (only with --host --native-nftables;
+    /// default: found under --host-proc)
     #[argh(option)]
     pub kubelet_uid: Option<String>,
-    /// where the host's /proc is mounted (default /host/proc)
+    /// where the host's /proc is mounted, to find kubelet's UID (only with --host
+    /// --native-nftables; default /host/proc)
     #[argh(option)]
     pub host_proc: Option<String>,
 }
 
 pub const SHAPES: FlagShapes = FlagShapes {
-    switches: &["dry-run", "ingress", "native-nftables", "host"],
+    switches: &[
+        "dry-run",
+        "ingress",
+        "native-nftables",
+        "host",
+        "ipv6",
+        "redirect-dns",
+    ],
     shorts: &[],
     underscore_longs: &[],
     all_underscores: true,
-    bool_options: &["ipv6", "redirect-dns"],
+    bool_options: &[],
     repeatable: &[],
     positionals: false,
 };
@@ -90,19 +100,99 @@ pub struct AmbientCommand {
     pub kubelet_uid: KubeletUid,
 }
 
-fn bool_value(
+/// A boolean switch: set (`--flag`, `--flag=true`), explicitly off (`--flag=false`), else its
+/// env var, else false.
+fn switch_value(
     flag: &str,
-    value: &Option<String>,
+    on: bool,
     env_name: &str,
     env: &dyn Env,
+    explicit_false: &HashSet<String>,
 ) -> Result<bool, String> {
-    let (source, raw) = match (value, env.get(env_name)) {
-        (Some(v), _) => (format!("--{flag}"), v.clone()),
-        (None, Some(v)) => (env_name.to_string(), v),
-        (None, None) => return Ok(false),
+    if on {
+        return Ok(true);
+    }
+    if explicit_false.contains(flag) {
+        return Ok(false);
+    }
+    match env.get(env_name) {
+        Some(raw) => parse_go_bool(&raw)
+            .ok_or_else(|| format!("invalid value {raw:?} for {env_name}: expected true or false")),
+        None => Ok(false),
+    }
+}
+
+/// Whether `flag` (a switch) was written on the command line at all, on or off.
+fn given(on: bool, flag: &str, explicit_false: &HashSet<String>) -> bool {
+    on || explicit_false.contains(flag)
+}
+
+/// Flags that mean nothing with the other flags given: refused, naming them, instead of ignored.
+fn meaningless_flags(
+    flags: &AmbientFlags,
+    explicit_false: &HashSet<String>,
+    nftables: bool,
+) -> Result<(), String> {
+    if flags.host {
+        let pod_only = [
+            ("--ingress", given(flags.ingress, "ingress", explicit_false)),
+            ("--pod-dns", flags.pod_dns.is_some()),
+            (
+                "--reroute-virtual-interfaces",
+                flags.reroute_virtual_interfaces.is_some(),
+            ),
+            (
+                "--redirect-dns",
+                given(flags.redirect_dns, "redirect-dns", explicit_false),
+            ),
+        ];
+        if let Some((flag, _)) = pod_only.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "{flag} is about the in-pod rules and means nothing with --host (the host rules only SNAT kubelet probes)"
+            ));
+        }
+    }
+    if !(flags.host && nftables) {
+        for (flag, set) in [
+            ("--kubelet-uid", flags.kubelet_uid.is_some()),
+            ("--host-proc", flags.host_proc.is_some()),
+        ] {
+            if set {
+                return Err(format!(
+                    "{flag} is only used by the nftables host rule: give it with --host --native-nftables (or NATIVE_NFTABLES=true)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `--reroute-virtual-interfaces`: the agent reads the pod annotation as Istio does (empty items
+/// dropped), but on the command line an empty item is a typo that would silently lose a name.
+fn virtual_interfaces(list: Option<&str>) -> Result<Vec<String>, String> {
+    let Some(list) = list else {
+        return Ok(Vec::new());
     };
-    parse_go_bool(&raw)
-        .ok_or_else(|| format!("invalid value {raw:?} for {source}: expected true or false"))
+    if list.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    if let Some(at) = list.split(',').position(|item| item.trim().is_empty()) {
+        return Err(format!(
+            "invalid value {list:?} for --reroute-virtual-interfaces: item {} is empty",
+            at + 1
+        ));
+    }
+    Ok(ambient::split_interfaces(list))
+}
+
+/// `--kubelet-uid`: a uid_t, but not 4294967295 ((uid_t)-1, "no uid", never a process's).
+fn kubelet_uid(raw: &str) -> Result<String, String> {
+    match raw.trim().parse::<u32>() {
+        Ok(uid) if uid != u32::MAX => Ok(uid.to_string()),
+        _ => Err(format!(
+            "invalid value {raw:?} for --kubelet-uid: expected a numeric UID 0-4294967294"
+        )),
+    }
 }
 
 fn address(
@@ -120,7 +210,12 @@ fn address(
     };
     let family = if v6 { "IPv6" } else { "IPv4" };
     match raw.trim().parse::<IpAddr>() {
-        Ok(ip) if ip.is_ipv6() == v6 => Ok(ip.to_string()),
+        Ok(ip) if ip.is_ipv6() == v6 => match crate::cli::unusable_source_ip(ip) {
+            None => Ok(ip.to_string()),
+            Some(why) => Err(format!(
+                "invalid value {raw:?} for {source}: {why} cannot be the source of SNATed kubelet probes"
+            )),
+        },
         _ => Err(format!(
             "invalid value {raw:?} for {source}: expected an {family} address"
         )),
@@ -140,6 +235,14 @@ pub fn resolve(
                 .into(),
         );
     }
+    let nftables = switch_value(
+        "native-nftables",
+        flags.native_nftables,
+        "NATIVE_NFTABLES",
+        env,
+        explicit_false,
+    )?;
+    meaningless_flags(flags, explicit_false, nftables)?;
     let config = AmbientConfig {
         probe_snat_v4: address(
             "host-probe-snat-ip",
@@ -157,12 +260,13 @@ pub fn resolve(
             ambient::DEFAULT_PROBE_SNAT_V6,
             true,
         )?,
-        enable_ipv6: bool_value("ipv6", &flags.ipv6, "AMBIENT_IPV6", env)?,
-        redirect_dns: bool_value(
+        enable_ipv6: switch_value("ipv6", flags.ipv6, "AMBIENT_IPV6", env, explicit_false)?,
+        redirect_dns: switch_value(
             "redirect-dns",
-            &flags.redirect_dns,
+            flags.redirect_dns,
             "AMBIENT_DNS_CAPTURE",
             env,
+            explicit_false,
         )?,
     };
     let dns = match flags.pod_dns.as_deref().map(str::trim) {
@@ -177,11 +281,7 @@ pub fn resolve(
     };
     let pod = PodOverrides {
         ingress: flags.ingress,
-        virtual_interfaces: flags
-            .reroute_virtual_interfaces
-            .as_deref()
-            .map(ambient::split_interfaces)
-            .unwrap_or_default(),
+        virtual_interfaces: virtual_interfaces(flags.reroute_virtual_interfaces.as_deref())?,
         dns,
     };
     // As the sidecar path checks --kube-virt-interfaces: refused before anything is rendered.
@@ -194,16 +294,8 @@ pub fn resolve(
                 .unwrap_or_default()
         )
     })?;
-    let nftables = flags.native_nftables
-        || (!explicit_false.contains("native-nftables")
-            && bool_value("native-nftables", &None, "NATIVE_NFTABLES", env)?);
     let kubelet_uid = match &flags.kubelet_uid {
-        Some(uid) if uid.trim().parse::<u32>().is_ok() => KubeletUid::Given(uid.trim().into()),
-        Some(uid) => {
-            return Err(format!(
-                "invalid value {uid:?} for --kubelet-uid: expected a numeric UID"
-            ));
-        }
+        Some(uid) => KubeletUid::Given(kubelet_uid(uid)?),
         None => KubeletUid::FromProc(PathBuf::from(
             flags.host_proc.as_deref().unwrap_or("/host/proc"),
         )),

@@ -306,3 +306,186 @@ fn unreadable_booleans_fail_closed() {
             .dry_run
     );
 }
+
+/// `istio-iptables ambient` (issue 20 §10): what the usage shows is what is accepted, and nothing
+/// given is silently ignored.
+mod ambient_flags {
+    use crate::iptables_cmd::ambient::{AmbientCommand, AmbientFlags, KubeletUid, SHAPES, resolve};
+    use argh::FromArgs;
+    use std::collections::HashMap;
+
+    fn parse(args: &[&str], env: &[(&str, &str)]) -> Result<AmbientCommand, String> {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let n = crate::cli::normalise_args(&args, &SHAPES).map_err(|e| e.to_string())?;
+        let refs: Vec<&str> = n.args.iter().map(String::as_str).collect();
+        let flags = AmbientFlags::from_args(&["ambient"], &refs).map_err(|e| e.output)?;
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        resolve(&flags, &env, &n.explicit_false)
+    }
+
+    #[test]
+    fn booleans_are_switches_as_the_usage_shows_and_the_space_form_is_refused_naming_the_flag() {
+        for (args, ipv6) in [
+            (vec!["--dry-run", "--ipv6"], true),
+            (vec!["--dry-run", "--ipv6=true"], true),
+            (vec!["--dry-run", "--ipv6=1"], true),
+            (vec!["--dry-run", "--ipv6=false"], false),
+            (vec!["--dry-run"], false),
+        ] {
+            assert_eq!(
+                parse(&args, &[]).unwrap().config.enable_ipv6,
+                ipv6,
+                "{args:?}"
+            );
+        }
+        // An explicit false beats the environment; the environment fills an absent flag.
+        assert!(
+            !parse(&["--dry-run", "--ipv6=false"], &[("AMBIENT_IPV6", "true")])
+                .unwrap()
+                .config
+                .enable_ipv6
+        );
+        assert!(
+            parse(&["--dry-run"], &[("AMBIENT_IPV6", "true")])
+                .unwrap()
+                .config
+                .enable_ipv6
+        );
+        // pflag would read `--ipv6 false` as --ipv6 (on) and a stray "false": refused instead.
+        for (args, flag) in [
+            (vec!["--dry-run", "--ipv6", "true"], "--ipv6=true"),
+            (vec!["--dry-run", "--ipv6", "false"], "--ipv6=false"),
+            (
+                vec!["--dry-run", "--redirect-dns", "false"],
+                "--redirect-dns=false",
+            ),
+        ] {
+            let err = parse(&args, &[]).unwrap_err();
+            assert!(err.contains(flag), "{args:?}: {err}");
+        }
+        let help = AmbientFlags::from_args(&["ambient"], &["--help"])
+            .unwrap_err()
+            .output;
+        assert!(
+            help.contains("[--ipv6]") && help.contains("[--redirect-dns]"),
+            "{help}"
+        );
+        assert!(
+            !help.contains("--ipv6 <"),
+            "usage still shows a value: {help}"
+        );
+    }
+
+    #[test]
+    fn pod_only_flags_are_refused_with_host() {
+        for flag in [
+            "--ingress",
+            "--ingress=false",
+            "--pod-dns=enabled",
+            "--reroute-virtual-interfaces=tun0",
+            "--redirect-dns",
+            "--redirect-dns=false",
+        ] {
+            let err = parse(&["--dry-run", "--host", flag], &[]).unwrap_err();
+            let name = flag.split('=').next().unwrap();
+            assert!(
+                err.contains(name) && err.contains("--host"),
+                "{flag}: {err}"
+            );
+        }
+        // The environment is not a flag: AMBIENT_DNS_CAPTURE set for the agent is fine.
+        assert!(parse(&["--dry-run", "--host"], &[("AMBIENT_DNS_CAPTURE", "true")]).is_ok());
+    }
+
+    #[test]
+    fn host_nftables_only_flags_are_refused_elsewhere() {
+        for args in [
+            vec!["--dry-run", "--kubelet-uid=0"],
+            vec!["--dry-run", "--host", "--kubelet-uid=0"],
+            vec!["--dry-run", "--native-nftables", "--host-proc=/proc"],
+        ] {
+            let err = parse(&args, &[]).unwrap_err();
+            assert!(
+                err.contains("only used by the nftables host rule"),
+                "{args:?}: {err}"
+            );
+        }
+        let cmd = parse(
+            &["--dry-run", "--host", "--kubelet-uid=0"],
+            &[("NATIVE_NFTABLES", "1")],
+        )
+        .unwrap();
+        assert_eq!(cmd.kubelet_uid, KubeletUid::Given("0".into()));
+    }
+
+    #[test]
+    fn kubelet_uid_is_a_real_uid_and_rendered_as_parsed() {
+        let host = ["--dry-run", "--host", "--native-nftables"];
+        for bad in ["4294967295", "4294967296", "-1", "kubelet", ""] {
+            let flag = format!("--kubelet-uid={bad}");
+            let err = parse(&[&host[..], &[flag.as_str()]].concat(), &[]).unwrap_err();
+            assert!(
+                err.contains("--kubelet-uid") && err.contains(&format!("{bad:?}")),
+                "{err}"
+            );
+        }
+        let cmd = parse(&[&host[..], &["--kubelet-uid=+0042"]].concat(), &[]).unwrap();
+        assert_eq!(cmd.kubelet_uid, KubeletUid::Given("42".into()));
+        let cmd = parse(&[&host[..], &["--kubelet-uid=4294967294"]].concat(), &[]).unwrap();
+        assert_eq!(cmd.kubelet_uid, KubeletUid::Given("4294967294".into()));
+    }
+
+    #[test]
+    fn empty_virtual_interface_items_are_refused_naming_the_item() {
+        for (list, item) in [
+            ("tun+,,x", "item 2"),
+            ("tun0,", "item 2"),
+            (",a", "item 1"),
+            ("a, ,b", "item 2"),
+        ] {
+            let flag = format!("--reroute-virtual-interfaces={list}");
+            let err = parse(&["--dry-run", &flag], &[]).unwrap_err();
+            assert!(
+                err.contains("--reroute-virtual-interfaces")
+                    && err.contains(item)
+                    && err.contains(&format!("{list:?}")),
+                "{list:?}: {err}"
+            );
+        }
+        // No list at all (or an empty one) is no interfaces, as Istio's default "".
+        for flag in [
+            "--reroute-virtual-interfaces=",
+            "--reroute-virtual-interfaces= ",
+        ] {
+            assert!(
+                parse(&["--dry-run", flag], &[])
+                    .unwrap()
+                    .pod
+                    .virtual_interfaces
+                    .is_empty()
+            );
+        }
+        let cmd = parse(&["--dry-run", "--reroute-virtual-interfaces= tun+ ,x"], &[]).unwrap();
+        assert_eq!(cmd.pod.virtual_interfaces, ["tun+", "x"]);
+    }
+
+    #[test]
+    fn probe_snat_addresses_must_be_usable_sources() {
+        for (flag, why) in [
+            ("--host-probe-snat-ip=0.0.0.0", "unspecified"),
+            ("--host-probe-snat-ip=127.0.0.1", "loopback"),
+            ("--host-probe-snat-ip=255.255.255.255", "broadcast"),
+            ("--host-probe-snat-ipv6=::", "unspecified"),
+            ("--host-probe-snat-ipv6=ff02::1", "multicast"),
+            ("--host-probe-snat-ipv6=::ffff:1.2.3.4", "IPv4-mapped"),
+            ("--host-probe-snat-ipv6=10.0.0.1", "IPv6"),
+        ] {
+            let err = parse(&["--dry-run", flag], &[]).unwrap_err();
+            let name = flag.split('=').next().unwrap();
+            assert!(err.contains(name) && err.contains(why), "{flag}: {err}");
+        }
+    }
+}

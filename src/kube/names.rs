@@ -17,17 +17,47 @@ pub const ECHO_MAX_CHARS: usize = 64;
 /// Which naming rule a value broke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NameRule {
-    /// `[A-Za-z0-9-]`, alphanumeric at both ends, at most 63 characters (namespaces).
+    /// `[A-Za-z0-9-]`, alphanumeric at both ends, at most 63 characters (namespace lookups).
     Label,
-    /// Labels joined by `.`, at most 253 characters (pods).
+    /// Labels joined by `.`, at most 253 characters (pod lookups).
     Subdomain,
+    /// A DNS-1123 label exactly as the API server creates one: lower case only (a setting that
+    /// must match a real namespace or container name; upper case could never match).
+    StrictLabel,
+    /// A DNS-1123 subdomain, lower case only (a node name in a setting).
+    StrictSubdomain,
+    /// A label key or annotation name: an optional lower-case DNS-1123 subdomain prefix and `/`,
+    /// then a name of at most 63 `[A-Za-z0-9._-]`, alphanumeric at both ends.
+    QualifiedName,
+    /// A label value: empty, or at most 63 `[A-Za-z0-9._-]`, alphanumeric at both ends.
+    LabelValue,
+}
+
+impl NameRule {
+    /// The characters the rule allows, for the error message.
+    fn allowed(self) -> &'static str {
+        match self {
+            NameRule::Label | NameRule::Subdomain => {
+                "ASCII letters, digits, '-' and, in pod names, '.'"
+            }
+            NameRule::StrictLabel => "lower-case ASCII letters, digits and '-'",
+            NameRule::StrictSubdomain => "lower-case ASCII letters, digits, '-' and '.'",
+            NameRule::QualifiedName => {
+                "ASCII letters, digits, '-', '_' and '.' in the name; lower-case letters, \
+                 digits, '-' and '.' in the prefix before one '/'"
+            }
+            NameRule::LabelValue => "ASCII letters, digits, '-', '_' and '.'",
+        }
+    }
 }
 
 impl fmt::Display for NameRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            NameRule::Label => "DNS-1123 label",
-            NameRule::Subdomain => "DNS-1123 subdomain",
+            NameRule::Label | NameRule::StrictLabel => "DNS-1123 label",
+            NameRule::Subdomain | NameRule::StrictSubdomain => "DNS-1123 subdomain",
+            NameRule::QualifiedName => "Kubernetes qualified name (label key or annotation name)",
+            NameRule::LabelValue => "Kubernetes label value",
         })
     }
 }
@@ -40,7 +70,7 @@ pub enum NameProblem {
         chars: usize,
         max: usize,
     },
-    /// A character outside `[A-Za-z0-9-]` (and `.` for subdomains), with its byte offset.
+    /// A character the rule does not allow, with its byte offset.
     BadChar {
         ch: char,
         at: usize,
@@ -48,6 +78,8 @@ pub enum NameProblem {
     /// A label (a whole label name, or one `.`-separated part) starts or ends with `-`, or a part
     /// is empty (`a..b`, `.a`, `a.`).
     BadEdge,
+    /// A qualified name with more than one `/`.
+    ExtraSlash,
 }
 
 impl fmt::Display for NameProblem {
@@ -59,12 +91,13 @@ impl fmt::Display for NameProblem {
             }
             NameProblem::BadChar { ch, at } => write!(
                 f,
-                "character '{}' at offset {at} is not allowed (only ASCII letters, digits, '-' and, in pod names, '.')",
+                "character '{}' at offset {at} is not allowed",
                 ch.escape_debug()
             ),
             NameProblem::BadEdge => {
                 f.write_str("each part must start and end with a letter or digit (no empty parts)")
             }
+            NameProblem::ExtraSlash => f.write_str("it has more than one '/'"),
         }
     }
 }
@@ -72,11 +105,25 @@ impl fmt::Display for NameProblem {
 /// A value that is not a valid Kubernetes name. The message repeats at most
 /// [`ECHO_MAX_CHARS`] characters of it, control characters escaped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("\"{}\" is not a valid {rule}: {problem}", echo(value))]
 pub struct InvalidName {
     pub rule: NameRule,
     pub value: String,
     pub problem: NameProblem,
+}
+
+impl fmt::Display for InvalidName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let value = echo(&self.value);
+        write!(
+            f,
+            "\"{value}\" is not a valid {}: {}",
+            self.rule, self.problem
+        )?;
+        if let NameProblem::BadChar { .. } = self.problem {
+            write!(f, " (only {})", self.rule.allowed())?;
+        }
+        Ok(())
+    }
 }
 
 /// A namespace name (DNS-1123 label).
@@ -87,6 +134,16 @@ pub fn check_namespace(value: &str) -> Result<(), InvalidName> {
 /// A pod name (DNS-1123 subdomain).
 pub fn check_pod_name(value: &str) -> Result<(), InvalidName> {
     check(value, NameRule::Subdomain)
+}
+
+/// A label key or annotation name (Kubernetes' qualified name).
+pub fn check_qualified_name(value: &str) -> Result<(), InvalidName> {
+    check(value, NameRule::QualifiedName)
+}
+
+/// A label value (may be empty).
+pub fn check_label_value(value: &str) -> Result<(), InvalidName> {
+    check(value, NameRule::LabelValue)
 }
 
 /// Checks `value` against `rule`.
@@ -101,21 +158,83 @@ pub fn check(value: &str, rule: NameRule) -> Result<(), InvalidName> {
 }
 
 fn problem(value: &str, rule: NameRule) -> Option<NameProblem> {
+    match rule {
+        NameRule::QualifiedName => qualified_problem(value),
+        NameRule::LabelValue if value.is_empty() => None,
+        NameRule::LabelValue => segment_problem(value, 0, LABEL_MAX, name_char),
+        _ => dns_problem(value, rule),
+    }
+}
+
+/// The name part of a qualified name, and label values.
+fn name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')
+}
+
+/// `prefix/name` or `name`: the prefix a lower-case DNS-1123 subdomain, the name a 63-character
+/// segment. Offsets in the problem are into the whole value.
+fn qualified_problem(value: &str) -> Option<NameProblem> {
     if value.is_empty() {
         return Some(NameProblem::Empty);
     }
-    let max = match rule {
-        NameRule::Label => LABEL_MAX,
-        NameRule::Subdomain => SUBDOMAIN_MAX,
-    };
+    match value.split_once('/') {
+        None => segment_problem(value, 0, LABEL_MAX, name_char),
+        Some((_, name)) if name.contains('/') => Some(NameProblem::ExtraSlash),
+        Some((prefix, name)) => dns_problem(prefix, NameRule::StrictSubdomain)
+            .map(|p| match p {
+                NameProblem::Empty => NameProblem::BadEdge,
+                p => p,
+            })
+            .or_else(|| segment_problem(name, prefix.len() + 1, LABEL_MAX, name_char)),
+    }
+}
+
+/// A non-empty run of `allowed` characters, at most `max` long, alphanumeric at both ends.
+fn segment_problem(
+    value: &str,
+    offset: usize,
+    max: usize,
+    allowed: fn(char) -> bool,
+) -> Option<NameProblem> {
+    if value.is_empty() {
+        return Some(NameProblem::Empty);
+    }
     // Every allowed character is ASCII, so a too-long value is too long in bytes as well.
     let chars = value.chars().count();
     if chars > max {
         return Some(NameProblem::TooLong { chars, max });
     }
+    if let Some((at, ch)) = value.char_indices().find(|(_, c)| !allowed(*c)) {
+        return Some(NameProblem::BadChar {
+            ch,
+            at: at + offset,
+        });
+    }
+    let bytes = value.as_bytes();
+    let alnum = |b: &u8| b.is_ascii_alphanumeric();
+    (!(bytes.first().is_some_and(alnum) && bytes.last().is_some_and(alnum)))
+        .then_some(NameProblem::BadEdge)
+}
+
+fn dns_problem(value: &str, rule: NameRule) -> Option<NameProblem> {
+    let strict = matches!(rule, NameRule::StrictLabel | NameRule::StrictSubdomain);
+    let dotted = matches!(rule, NameRule::Subdomain | NameRule::StrictSubdomain);
+    let max = if dotted { SUBDOMAIN_MAX } else { LABEL_MAX };
     let allowed = |c: char| {
-        c.is_ascii_alphanumeric() || c == '-' || (c == '.' && rule == NameRule::Subdomain)
+        let letter = if strict {
+            c.is_ascii_lowercase()
+        } else {
+            c.is_ascii_alphabetic()
+        };
+        letter || c.is_ascii_digit() || c == '-' || (c == '.' && dotted)
     };
+    if value.is_empty() {
+        return Some(NameProblem::Empty);
+    }
+    let chars = value.chars().count();
+    if chars > max {
+        return Some(NameProblem::TooLong { chars, max });
+    }
     if let Some((at, ch)) = value.char_indices().find(|(_, c)| !allowed(*c)) {
         return Some(NameProblem::BadChar { ch, at });
     }
@@ -211,6 +330,70 @@ mod tests {
                 max: 253
             }
         );
+    }
+
+    #[test]
+    fn label_keys_and_annotation_names_are_qualified_names() {
+        for ok in [
+            "app",
+            "cni.istio.io/uninitialized",
+            "sidecar.istio.io/status",
+            "a_b.C-9",
+            "x/Y",
+            &format!("{}/{}", "a".repeat(253), "b".repeat(63)),
+        ] {
+            assert_eq!(check_qualified_name(ok), Ok(()), "{ok}");
+        }
+        let long_name = format!("p/{}", "b".repeat(64));
+        let long_prefix = format!("{}/b", "a".repeat(254));
+        let bad = [
+            ("", NameProblem::Empty),
+            ("/a", NameProblem::BadEdge),
+            ("a/", NameProblem::Empty),
+            ("a/b/c", NameProblem::ExtraSlash),
+            ("Cni.io/a", NameProblem::BadChar { ch: 'C', at: 0 }),
+            ("cni_io/a", NameProblem::BadChar { ch: '_', at: 3 }),
+            ("x/a b", NameProblem::BadChar { ch: ' ', at: 3 }),
+            ("a=b", NameProblem::BadChar { ch: '=', at: 1 }),
+            ("-a", NameProblem::BadEdge),
+            ("a.", NameProblem::BadEdge),
+            ("x/_a", NameProblem::BadEdge),
+            ("a..b/c", NameProblem::BadEdge),
+            (&long_name, NameProblem::TooLong { chars: 64, max: 63 }),
+            (
+                &long_prefix,
+                NameProblem::TooLong {
+                    chars: 254,
+                    max: 253,
+                },
+            ),
+        ];
+        for (value, problem) in bad {
+            let err = check_qualified_name(value).unwrap_err();
+            assert_eq!(err.problem, problem, "{value:?}");
+            assert!(err.to_string().contains("qualified name"), "{err}");
+        }
+    }
+
+    #[test]
+    fn label_values_may_be_empty_and_are_otherwise_names() {
+        for ok in ["", "true", "a.b_c-D", &"v".repeat(63)] {
+            assert_eq!(check_label_value(ok), Ok(()), "{ok}");
+        }
+        for bad in ["a/b", "-x", "x-", "a b", "é", &"v".repeat(64)] {
+            assert!(check_label_value(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn strict_rules_refuse_upper_case() {
+        assert!(check("istio-system", NameRule::StrictLabel).is_ok());
+        assert!(check("node-1.example.com", NameRule::StrictSubdomain).is_ok());
+        let err = check("Istio-System", NameRule::StrictLabel).unwrap_err();
+        assert_eq!(err.problem, NameProblem::BadChar { ch: 'I', at: 0 });
+        assert!(err.to_string().contains("lower-case"), "{err}");
+        assert!(check("a.b", NameRule::StrictLabel).is_err());
+        assert!(check("Node-1", NameRule::StrictSubdomain).is_err());
     }
 
     #[test]

@@ -20,8 +20,14 @@ pub enum SelectorError {
     MissingValues { key: String, operator: &'static str },
     #[error("operator {operator} on key {key:?} takes no values")]
     UnexpectedValues { key: String, operator: &'static str },
-    #[error("invalid label key {key:?}")]
-    InvalidKey { key: String },
+    #[error("invalid label key: {0}")]
+    InvalidKey(#[source] super::names::InvalidName),
+    #[error("invalid value on key {key:?}: {source}")]
+    InvalidValue {
+        key: String,
+        #[source]
+        source: super::names::InvalidName,
+    },
     #[error("invalid label value set {text:?}: expected (v1,v2,...)")]
     InvalidValueSet { text: String },
 }
@@ -84,6 +90,18 @@ impl Requirement {
     ) -> Result<Self, SelectorError> {
         let key = checked_key(key)?;
         let operator = Operator::parse(&key, operator, numeric_allowed)?;
+        // Node selectors' `matchFields` values are node names (up to 253 characters), not label
+        // values; only label selectors' values follow the label-value rule.
+        if !numeric_allowed {
+            for value in values {
+                super::names::check_label_value(value).map_err(|source| {
+                    SelectorError::InvalidValue {
+                        key: key.clone(),
+                        source,
+                    }
+                })?;
+            }
+        }
         let wants_values = !matches!(operator, Operator::Exists | Operator::DoesNotExist);
         if wants_values && values.is_empty() {
             return Err(SelectorError::MissingValues {
@@ -131,20 +149,11 @@ impl Requirement {
     }
 }
 
-/// A label key as Kubernetes allows it, loosely: non-empty, `[A-Za-z0-9._/-]`.
+/// A label key as the API server allows it (a qualified name, `kube::names`).
 fn checked_key(key: &str) -> Result<String, SelectorError> {
     let key = key.trim();
-    let valid = !key.is_empty()
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
-    if valid {
-        Ok(key.to_string())
-    } else {
-        Err(SelectorError::InvalidKey {
-            key: key.to_string(),
-        })
-    }
+    super::names::check_qualified_name(key).map_err(SelectorError::InvalidKey)?;
+    Ok(key.to_string())
 }
 
 /// A checked label selector, ready to match: every requirement must hold.

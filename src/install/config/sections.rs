@@ -194,6 +194,8 @@ pub struct Config {
     /// `None` = metrics disabled.
     pub monitoring_port: Option<u16>,
     pub host_proc_dir: PathBuf,
+    /// Which flag or env var set `host_proc_dir` (for the procfs check's message).
+    pub host_proc_setting: String,
     pub host_netns_dir: PathBuf,
     /// `DRIFT_VERIFY_INTERVAL`: the drift verification period (`None` = off). Ours, not Istio's.
     pub drift_verify_interval: Option<std::time::Duration>,

@@ -45,12 +45,6 @@ impl Resolver<'_> {
             .unwrap_or_else(|| default.to_string())
     }
 
-    pub(super) fn env_string(&self, env_name: &str, default: &str) -> String {
-        self.env_raw(env_name)
-            .map(|r| r.value)
-            .unwrap_or_else(|| default.to_string())
-    }
-
     pub(super) fn boolean(
         &self,
         flag: &Option<String>,
