@@ -65,7 +65,7 @@ pub struct Netns {
 
 /// Which namespace a handle names: the (st_dev, st_ino) of its nsfs file, as `ip netns identify`
 /// and ztunnel compare them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct NetnsId {
     pub dev: u64,
     pub inode: u64,

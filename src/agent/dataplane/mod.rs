@@ -27,7 +27,9 @@ use crate::apply::iptables::{ApplyError, ForceBinary};
 use crate::apply::pod::Backend;
 use crate::apply::probe_set::{self, Ipsets, NftSets, ProbeSets, SetOp};
 use crate::apply::sidecar::Outcome;
-use crate::netns::{Netns, NetnsError};
+use std::os::unix::fs::MetadataExt;
+
+use crate::netns::{Netns, NetnsError, NetnsId};
 use crate::rules::ambient::{AmbientConfig, PodOverrides};
 use branch_eni::BranchEniProbe;
 
@@ -131,6 +133,13 @@ pub enum DataplaneError {
         pod: String,
         #[source]
         source: NetnsError,
+    },
+    #[error("cannot read the addresses in netns {path} offered for pod {pod}: {source}")]
+    Addresses {
+        pod: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
     },
     #[error("in-pod rules of pod {pod}: {source}")]
     Inpod {
@@ -266,6 +275,47 @@ impl Dataplane {
     pub fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, DataplaneError> {
         let path = host_path(&self.settings.host_prefix, cni_netns_path);
         Netns::open(&path).map_err(|source| DataplaneError::OpenNetns { path, source })
+    }
+
+    /// The agent's own netns and the node's (`<host_proc>/1/ns/net`), by identity; one that cannot
+    /// be read is left out (the other checks still hold).
+    pub fn reserved_netns(&self) -> Vec<(String, NetnsId)> {
+        let node = self.settings.host_proc.join("1/ns/net");
+        [
+            (
+                "the agent's own netns".to_string(),
+                PathBuf::from("/proc/self/ns/net"),
+            ),
+            (format!("the node's netns ({})", node.display()), node),
+        ]
+        .into_iter()
+        .filter_map(|(label, path)| match std::fs::metadata(&path) {
+            Ok(m) => Some((
+                label,
+                NetnsId {
+                    dev: m.dev(),
+                    inode: m.ino(),
+                },
+            )),
+            Err(e) => {
+                warn!(path = %path.display(), "cannot stat a reserved netns: {e}");
+                None
+            }
+        })
+        .collect()
+    }
+
+    /// The interface addresses inside the netns offered for `pod`.
+    pub fn netns_addresses(
+        &self,
+        netns: &Netns,
+        pod: &PodNet,
+    ) -> Result<Vec<IpAddr>, DataplaneError> {
+        crate::netlink::addresses_in(netns).map_err(|source| DataplaneError::Addresses {
+            pod: pod_ref(pod),
+            path: netns.path().to_path_buf(),
+            source,
+        })
     }
 
     /// Finds the netns of each wanted pod (uid -> its IPs) by scanning the host's /proc; pods not
