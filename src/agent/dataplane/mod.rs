@@ -188,6 +188,33 @@ pub struct Dataplane {
     nft_listings: crate::apply::nft::Listings,
     /// The AWS branch-ENI probe routing of enrolled pods (inert on other hosts).
     branch_eni: Arc<BranchEniProbe>,
+    /// The netns no pod may claim ([`reserved_netns`]).
+    reserved: Vec<(String, NetnsId)>,
+}
+
+/// The agent's own netns and the node's (`<host_proc>/1/ns/net`), labelled, by identity; one that
+/// cannot be read is left out with a warning (the address checks still hold).
+pub fn reserved_netns(host_proc: &Path) -> Vec<(String, NetnsId)> {
+    let node = host_proc.join("1/ns/net");
+    [
+        ("the agent's own netns".to_string(), PathBuf::from("/proc/self/ns/net")),
+        (format!("the node's netns ({})", node.display()), node),
+    ]
+    .into_iter()
+    .filter_map(|(label, path)| match std::fs::metadata(&path) {
+        Ok(m) => Some((
+            label,
+            NetnsId {
+                dev: m.dev(),
+                inode: m.ino(),
+            },
+        )),
+        Err(e) => {
+            warn!(path = %path.display(), "cannot identify {label}; a plugin naming it is refused only by the address checks: {e}");
+            None
+        }
+    })
+    .collect()
 }
 
 impl Dataplane {
@@ -224,6 +251,7 @@ impl Dataplane {
             probes: probe::Batcher::default(),
             nft_listings: crate::apply::nft::Listings::new(crate::apply::ambient::OUR_NFT_TABLES),
             branch_eni: Arc::new(branch_eni),
+            reserved: reserved_netns(&settings.host_proc),
         };
         if !settings.skip_host_rules {
             dp.program_host()?;
@@ -277,32 +305,9 @@ impl Dataplane {
         Netns::open(&path).map_err(|source| DataplaneError::OpenNetns { path, source })
     }
 
-    /// The agent's own netns and the node's (`<host_proc>/1/ns/net`), by identity; one that cannot
-    /// be read is left out (the other checks still hold).
+    /// The agent's own netns and the node's, by identity (learnt at construction).
     pub fn reserved_netns(&self) -> Vec<(String, NetnsId)> {
-        let node = self.settings.host_proc.join("1/ns/net");
-        [
-            (
-                "the agent's own netns".to_string(),
-                PathBuf::from("/proc/self/ns/net"),
-            ),
-            (format!("the node's netns ({})", node.display()), node),
-        ]
-        .into_iter()
-        .filter_map(|(label, path)| match std::fs::metadata(&path) {
-            Ok(m) => Some((
-                label,
-                NetnsId {
-                    dev: m.dev(),
-                    inode: m.ino(),
-                },
-            )),
-            Err(e) => {
-                warn!(path = %path.display(), "cannot stat a reserved netns: {e}");
-                None
-            }
-        })
-        .collect()
+        self.reserved.clone()
     }
 
     /// The interface addresses inside the netns offered for `pod`.
@@ -531,6 +536,41 @@ mod tests {
         );
         assert_eq!(report.removed, [ip("10.0.0.9")]);
         assert!(ProbeSynced::of(&[]).is_empty());
+    }
+
+    #[test]
+    fn the_agent_s_and_the_node_s_netns_are_reserved_by_identity() {
+        let here = Netns::current().unwrap().id();
+        let proc = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(proc.path().join("1/ns")).unwrap();
+        // A node whose pid 1 runs in another netns (a fresh one, kept by a sleeping process).
+        let mut child = std::process::Command::new("unshare")
+            .args(["--net", "sleep", "30"])
+            .spawn()
+            .unwrap();
+        let child_ns = PathBuf::from(format!("/proc/{}/ns/net", child.id()));
+        let node = loop {
+            // unshare execs sleep after entering the new netns.
+            let id = Netns::open(&child_ns).unwrap().id();
+            if id != here {
+                break id;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        std::os::unix::fs::symlink(&child_ns, proc.path().join("1/ns/net")).unwrap();
+        let reserved = reserved_netns(proc.path());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(reserved.len(), 2, "{reserved:?}");
+        assert_eq!(reserved[0], ("the agent's own netns".to_string(), here));
+        assert!(
+            reserved[1].0.starts_with("the node's netns ("),
+            "{reserved:?}"
+        );
+        assert_eq!(reserved[1].1, node);
+        // Unreadable: left out.
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(reserved_netns(empty.path()).len(), 1);
     }
 
     #[test]
