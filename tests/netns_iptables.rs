@@ -358,3 +358,32 @@ fn fresh_namespace_is_programmed_over_netlink_and_reruns_still_verify() {
     assert_eq!(env.pod.iptables_state(), applied);
     assert_outbound_redirected(&env);
 }
+
+/// A FIFO as `--network-namespace` fails at once naming the path and what it is (a blocking
+/// open would wait for a writer forever; issue 20 §2).
+#[test]
+fn cni_mode_with_a_fifo_as_the_namespace_fails_fast_naming_it() {
+    tools();
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("netns-fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let ns = fifo.display().to_string();
+    let mut args = vec!["istio-iptables", "--cni-mode", "--network-namespace", &ns];
+    args.extend_from_slice(INIT_ARGS);
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(bin())
+        .args(&args)
+        .output()
+        .expect("run");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "istio-iptables took {took:?}"
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{ns} is a FIFO, not a network namespace")),
+        "{stderr}"
+    );
+}

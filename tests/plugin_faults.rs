@@ -353,3 +353,23 @@ fn a_netns_removed_while_add_programs_it_fails_naming_it_and_del_still_succeeds(
         "the pause did not happen"
     );
 }
+
+/// A FIFO as CNI_NETNS (a blocking open would wait for a writer forever): the ADD fails at once
+/// naming the path and what it is, and the host gets no rule of ours (issue 20 §2).
+#[test]
+fn a_fifo_as_the_netns_fails_fast_naming_it() {
+    let (_api, dir) = api_with_sidecar_pod("ns1", "gone");
+    let before = host_istio_lines();
+    let fifo = dir.path().join("netns-fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let c = conf(dir.path());
+    let started = Instant::now();
+    let run = run_plugin(
+        &cni_env("ADD", &fifo.display().to_string(), "ns1", "gone"),
+        &c.to_string(),
+    );
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "the ADD took {took:?}");
+    let saying = "is a FIFO, not a network namespace";
+    assert_failed_cleanly_and_del_succeeds(&run, saying, &fifo, &before, &c);
+}

@@ -45,7 +45,13 @@ impl PodCache {
 
     /// Records the pod's netns. An entry holding the same namespace (dev, inode) keeps its
     /// handle (the new one is dropped); identity is refreshed either way. Returns the kept one.
-    pub fn upsert(&self, uid: &str, info: WorkloadInfo, netns: Netns) -> Arc<Netns> {
+    pub fn upsert(
+        &self,
+        uid: &str,
+        info: WorkloadInfo,
+        netns: impl Into<Arc<Netns>>,
+    ) -> Arc<Netns> {
+        let netns = netns.into();
         let mut pods = self.write();
         let entry = pods.entry(uid.to_string()).or_insert(CachedPod {
             info: info.clone(),
@@ -56,9 +62,8 @@ impl PodCache {
         match &entry.netns {
             Some(old) if old.id() == netns.id() => old.clone(),
             _ => {
-                let fresh = Arc::new(netns);
-                entry.netns = Some(fresh.clone());
-                fresh
+                entry.netns = Some(netns.clone());
+                netns
             }
         }
     }

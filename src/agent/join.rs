@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::cache::PodCache;
 use super::dataplane::{Dataplane, DataplaneError};
 use super::ports::{self, PodNet, PortError, PortFuture, WorkloadInfo};
-use crate::netns::Netns;
+use crate::netns::{Netns, NetnsId};
 use crate::zds::{SnapshotEntry, SnapshotSource, ZdsError, ZdsHandle};
 
 /// A pod whose netns cannot be opened or entered, or whose rules the kernel refuses, will not
@@ -18,6 +18,7 @@ fn dataplane_error(e: DataplaneError) -> PortError {
     match e {
         DataplaneError::OpenNetns { .. }
         | DataplaneError::Enter { .. }
+        | DataplaneError::Addresses { .. }
         | DataplaneError::Inpod { .. } => PortError::permanent(e),
         _ => PortError::retryable(e),
     }
@@ -26,6 +27,18 @@ fn dataplane_error(e: DataplaneError) -> PortError {
 impl ports::Dataplane for Dataplane {
     fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, PortError> {
         Dataplane::open_netns(self, cni_netns_path).map_err(dataplane_error)
+    }
+
+    fn reserved_netns(&self) -> Vec<(String, NetnsId)> {
+        Dataplane::reserved_netns(self)
+    }
+
+    fn netns_addresses(&self, netns: &Netns, pod: &PodNet) -> Result<Vec<IpAddr>, PortError> {
+        Dataplane::netns_addresses(self, netns, pod).map_err(dataplane_error)
+    }
+
+    fn netns_alive(&self, netns: &Netns) -> bool {
+        netns.still_named()
     }
 
     fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns> {

@@ -41,11 +41,7 @@ impl Policy {
         let facts = PodFacts {
             labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
             annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
-            host_network: pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.host_network)
-                .unwrap_or(false),
+            host_network: pod::is_host_network(pod),
         };
         self.enablement.pod_matches(facts, namespace_labels)
     }

@@ -13,6 +13,8 @@ use super::cache::PodCache;
 use super::locks::PodLocks;
 use super::pod::{self, Redirection};
 use super::ports::{Annotator, Dataplane, PortError, Ztunnel};
+use super::progress::{self, AddStep, Progress};
+use super::trust;
 use crate::kube::KubeError;
 use crate::netns::Netns;
 
@@ -46,6 +48,12 @@ pub enum MeshError {
     },
     #[error("pod {pod}: no netns found (not announced by the plugin and not found in /proc)")]
     NoNetns { pod: String },
+    #[error("pod {pod}: refused: {reason}")]
+    Refused {
+        pod: String,
+        #[source]
+        reason: trust::Refusal,
+    },
 }
 
 impl MeshError {
@@ -57,9 +65,36 @@ impl MeshError {
                 _ => source.retryable,
             },
             MeshError::Annotate { .. } => true,
-            MeshError::NoNetns { .. } => false,
+            MeshError::NoNetns { .. } | MeshError::Refused { .. } => false,
         }
     }
+}
+
+/// How an add came: the watch (netns from the cache or the /proc scan) or a plugin's `/cmdadd`.
+pub enum Via<'a> {
+    Watch,
+    Plugin(&'a PluginAdd),
+}
+
+impl Via<'_> {
+    fn progress(&self) -> Option<&Progress> {
+        match self {
+            Via::Watch => None,
+            Via::Plugin(add) => Some(&add.progress),
+        }
+    }
+}
+
+/// What a plugin's `/cmdadd` says, none of it believed until checked ([`trust::verify`]).
+#[derive(Debug, Default)]
+pub struct PluginAdd {
+    /// `CNI_NETNS` (empty: the runtime gave none; found as the watch would).
+    pub netns: String,
+    /// The event's `IPs`.
+    pub event_ips: Vec<IpAddr>,
+    /// Other known pods of the node (pod store): (`namespace/name`, IP).
+    pub others: Vec<(String, IpAddr)>,
+    pub progress: Arc<Progress>,
 }
 
 /// The add/remove steps over the seams.
@@ -113,35 +148,35 @@ impl Mesh {
             })
     }
 
-    /// §3.6 AddPodToMesh. `netns_path`: the plugin's `CNI_NETNS` (None: informer path).
-    pub async fn add_pod(
-        &self,
-        p: &Pod,
-        ips: &[IpAddr],
-        netns_path: Option<&str>,
-    ) -> Result<(), MeshError> {
+    /// §3.6 AddPodToMesh. `ips`: the pod's status IPs. A failed add of a pod already in the
+    /// cache changes nothing (its entry, netns, probe entries, ztunnel's view and its rules stay
+    /// as they were); only a new pod's placeholder is undone.
+    pub async fn add_pod(&self, p: &Pod, ips: &[IpAddr], via: Via<'_>) -> Result<(), MeshError> {
+        let progress = via.progress();
+        progress::enter(progress, AddStep::WaitingForPodLock);
         let _one_at_a_time = self.locks.lock(&describe(p)).await;
         let uid = pod::uid(p).to_string();
         let info = pod::workload_info(p);
-        self.cache.ensure(&uid, info.clone());
-        let netns = match self.netns_for(p, ips, netns_path).await {
-            Ok(ns) => ns,
-            Err(e) => {
+        let was_cached = self.cache.contains(&uid);
+        let undo = |e: MeshError| {
+            if !was_cached {
                 self.cache.take(&uid);
-                return Err(e);
             }
+            e
         };
-        let pod_net = pod::pod_net(p, ips);
+        self.cache.ensure(&uid, info.clone());
+        let (netns, ips) = self.netns_for(p, ips, &via).await.map_err(undo)?;
+        progress::enter(progress, AddStep::ProgrammingRules);
+        let pod_net = pod::pod_net(p, &ips);
         let ns = netns.clone();
-        if let Err(e) = self
-            .blocking(p, Step::ProgramPod, move |dp| dp.program_pod(&ns, &pod_net))
+        self.blocking(p, Step::ProgramPod, move |dp| dp.program_pod(&ns, &pod_net))
             .await
-        {
-            self.cache.take(&uid);
-            return Err(e);
-        }
+            .map_err(undo)?;
+        let netns = self.cache.upsert(&uid, info.clone(), netns);
+        progress::enter(progress, AddStep::WaitingForZtunnelAck);
         if let Err(source) = self.ztunnel.add_workload(uid.clone(), info, netns).await {
             warn!(pod = %describe(p), "ztunnel did not take the pod yet, marking it pending: {source}");
+            progress::enter(progress, AddStep::WritingAnnotation);
             self.annotate(p, Redirection::Pending).await?;
             return Err(MeshError::Port {
                 pod: describe(p),
@@ -150,35 +185,110 @@ impl Mesh {
             });
         }
         // After ztunnel's ack, as in Istio: a pending pod has no probe-set entry.
-        self.probe_add(p, &uid, ips).await?;
+        progress::enter(progress, AddStep::UpdatingProbeSet);
+        self.probe_add(p, &uid, &ips).await?;
+        progress::enter(progress, AddStep::WritingAnnotation);
         self.annotate(p, Redirection::Enabled).await?;
+        progress::enter(progress, AddStep::Done);
         info!(pod = %describe(p), uid, "pod enrolled in ambient");
         Ok(())
     }
 
+    /// The pod's netns and the IPs verified with it. Not recorded in the cache here (only once
+    /// its rules are in). The watch's add takes the cached netns while it lives (else the /proc
+    /// scan, which checks ownership by IP); a plugin's netns, however it was found, must pass
+    /// [`trust::verify`].
     async fn netns_for(
         &self,
         p: &Pod,
         ips: &[IpAddr],
-        netns_path: Option<&str>,
-    ) -> Result<Arc<Netns>, MeshError> {
+        via: &Via<'_>,
+    ) -> Result<(Arc<Netns>, Vec<IpAddr>), MeshError> {
         let uid = pod::uid(p).to_string();
-        if let Some(path) = netns_path.filter(|p| !p.is_empty()) {
-            let path = path.to_string();
-            let ns = self
+        let cached = self.cache.netns(&uid);
+        let alive = match cached.clone() {
+            Some(ns) => {
+                self.blocking(p, Step::FindNetns, move |dp| Ok(dp.netns_alive(&ns)))
+                    .await?
+            }
+            None => false,
+        };
+        let Via::Plugin(add) = via else {
+            return match cached.filter(|_| alive) {
+                Some(ns) => Ok((ns, ips.to_vec())),
+                None => Ok((self.scan_netns(p, ips).await?, ips.to_vec())),
+            };
+        };
+        add.progress.enter(AddStep::OpeningNetns);
+        let offered = if add.netns.is_empty() {
+            match cached.clone().filter(|_| alive) {
+                Some(ns) => ns,
+                None => {
+                    let wanted: Vec<IpAddr> = ips.iter().chain(&add.event_ips).copied().collect();
+                    self.scan_netns(p, &wanted).await?
+                }
+            }
+        } else {
+            let path = add.netns.clone();
+            let opened = self
                 .blocking(p, Step::FindNetns, move |dp| dp.open_netns(&path))
                 .await?;
-            return Ok(self.cache.upsert(&uid, pod::workload_info(p), ns));
+            match &cached {
+                // The same namespace: the handle already held is kept.
+                Some(old) if old.id() == opened.id() => old.clone(),
+                _ => Arc::new(opened),
+            }
+        };
+        add.progress.opened(offered.id());
+        add.progress.enter(AddStep::CheckingNetns);
+        let claimed: Vec<IpAddr> = add.event_ips.iter().chain(ips).copied().collect();
+        let (ns, pod_net) = (offered.clone(), pod::pod_net(p, &claimed));
+        let (reserved, held) = self
+            .blocking(p, Step::FindNetns, move |dp| {
+                Ok((dp.reserved_netns(), dp.netns_addresses(&ns, &pod_net)?))
+            })
+            .await?;
+        let mut others = add.others.clone();
+        others.extend(
+            self.cache
+                .probe_members()
+                .0
+                .into_iter()
+                .filter(|(other, _)| *other != uid)
+                .flat_map(|(other, ips)| ips.into_iter().map(move |ip| (other.clone(), ip))),
+        );
+        let facts = trust::Offered {
+            path: offered.path().display().to_string(),
+            id: offered.id(),
+            reserved,
+            held,
+            event_ips: add.event_ips.clone(),
+            status_ips: ips.to_vec(),
+            others,
+            enrolled: cached.map(|old| trust::Enrolled {
+                path: old.path().display().to_string(),
+                id: old.id(),
+                alive,
+            }),
+        };
+        match trust::verify(&facts) {
+            Ok(verified) => Ok((offered, verified)),
+            Err(reason) => Err(MeshError::Refused {
+                pod: describe(p),
+                reason,
+            }),
         }
-        if let Some(ns) = self.cache.netns(&uid) {
-            return Ok(ns);
-        }
+    }
+
+    /// The /proc scan for one pod (ownership checked by its IPs).
+    async fn scan_netns(&self, p: &Pod, ips: &[IpAddr]) -> Result<Arc<Netns>, MeshError> {
+        let uid = pod::uid(p).to_string();
         let wanted = std::collections::HashMap::from([(uid.clone(), ips.to_vec())]);
         let mut found = self
             .blocking(p, Step::FindNetns, move |dp| Ok(dp.find_netns(&wanted)))
             .await?;
         match found.remove(&uid) {
-            Some(ns) => Ok(self.cache.upsert(&uid, pod::workload_info(p), ns)),
+            Some(ns) => Ok(Arc::new(ns)),
             None => Err(MeshError::NoNetns { pod: describe(p) }),
         }
     }
@@ -266,103 +376,5 @@ impl Mesh {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
-    use std::sync::atomic::{AtomicU32, Ordering};
-    use std::time::Duration;
-
-    use serde_json::json;
-
-    use super::*;
-    use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel};
-
-    /// The fake data plane, slow to program and counting programs in flight per pod.
-    #[derive(Default)]
-    struct Slow {
-        inner: FakeDataplane,
-        in_flight: HashMap<String, AtomicU32>,
-        most: AtomicU32,
-    }
-
-    impl Dataplane for Slow {
-        fn open_netns(&self, path: &str) -> Result<Netns, PortError> {
-            self.inner.open_netns(path)
-        }
-        fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns> {
-            self.inner.find_netns(wanted)
-        }
-        fn program_pod(
-            &self,
-            netns: &Netns,
-            pod: &crate::agent::ports::PodNet,
-        ) -> Result<crate::agent::ports::Outcome, PortError> {
-            let now = self.in_flight[&pod.uid].fetch_add(1, Ordering::SeqCst) + 1;
-            self.most.fetch_max(now, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(30));
-            self.in_flight[&pod.uid].fetch_sub(1, Ordering::SeqCst);
-            self.inner.program_pod(netns, pod)
-        }
-        fn unprogram_pod(
-            &self,
-            netns: &Netns,
-            pod: &crate::agent::ports::PodNet,
-        ) -> Result<(), PortError> {
-            self.inner.unprogram_pod(netns, pod)
-        }
-        fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
-            self.inner.probe_add(uid, ips)
-        }
-        fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
-            self.inner.probe_remove(uid, ips)
-        }
-        fn probe_sync(
-            &self,
-            m: &[(String, Vec<IpAddr>)],
-            prune: bool,
-        ) -> Result<crate::agent::ports::ProbeSynced, PortError> {
-            self.inner.probe_sync(m, prune)
-        }
-    }
-
-    fn pod(name: &str) -> Pod {
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}")},
-            "status": {"podIPs": [{"ip": "10.0.0.9"}]}
-        }))
-        .unwrap()
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_plugin_add_and_a_watch_add_of_one_pod_never_interleave() {
-        let slow = Arc::new(Slow {
-            in_flight: ["uid-a", "uid-b"]
-                .map(|u| (u.to_string(), AtomicU32::new(0)))
-                .into(),
-            ..Default::default()
-        });
-        let mesh = Arc::new(Mesh {
-            dataplane: slow.clone(),
-            ztunnel: Arc::new(FakeZtunnel::default()),
-            annotator: Arc::new(FakeAnnotator::default()),
-            cache: Arc::new(PodCache::default()),
-            locks: PodLocks::default(),
-            probe_gate: Default::default(),
-        });
-        let ip: IpAddr = "10.0.0.9".parse().unwrap();
-        let add = |name: &'static str, netns: Option<&'static str>| {
-            let mesh = mesh.clone();
-            tokio::spawn(async move { mesh.add_pod(&pod(name), &[ip], netns).await })
-        };
-        // The plugin's ADD (with its netns) and the informer's add of the same pod, at once.
-        let (plugin, watch) = (add("a", Some("/proc/self/ns/net")), add("a", None));
-        plugin.await.unwrap().unwrap();
-        watch.await.unwrap().unwrap();
-        assert_eq!(slow.most.load(Ordering::SeqCst), 1);
-        assert!(mesh.locks.is_empty());
-        // Different pods are programmed side by side.
-        let (a, b) = (add("a", None), add("b", Some("/proc/self/ns/net")));
-        a.await.unwrap().unwrap();
-        b.await.unwrap().unwrap();
-        assert_eq!(slow.inner.count("program"), 4);
-    }
-}
+#[path = "mesh_tests.rs"]
+mod tests;

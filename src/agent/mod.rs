@@ -2,7 +2,8 @@
 //!
 //! Owns: the agent's settings (`settings`), what it reads from pods (`pod`), the pure enrolment
 //! state machine (`machine`), the pod cache that is ztunnel's state of the world (`cache`), the
-//! add/remove steps and their error classes (`mesh`), the keyed work queue fed by the kube
+//! add/remove steps and their error classes (`mesh`), what it believes of a plugin's `/cmdadd`
+//! (`trust`, pure) and where an add is (`progress`, named in a 504), the keyed work queue fed by the kube
 //! stores (`worker`), the plugin-event server (`server`), the startup sequence and ordered
 //! shutdown (here), and the drift pass that verifies enrolled pods' rules and the probe set
 //! periodically and heals them (`drift`). The in-pod rules, host probe set, netns finder and backend decision are the
@@ -20,10 +21,12 @@ pub mod machine;
 pub mod mesh;
 pub mod pod;
 pub mod ports;
+pub mod progress;
 pub mod server;
 pub mod settings;
 #[cfg(any(test, feature = "test-hooks"))]
 pub mod testing;
+pub mod trust;
 pub mod worker;
 
 use std::collections::HashMap;

@@ -62,6 +62,14 @@ pub fn uid(pod: &Pod) -> &str {
 /// `status.podIPs`, else `status.podIP` (the one reading, shared with the repair controller).
 pub use crate::kube::stores::pod_ips as ips;
 
+/// `spec.hostNetwork`: the pod shares the node's netns.
+pub fn is_host_network(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+}
+
 /// Phase Succeeded or Failed.
 pub fn is_terminal(pod: &Pod) -> bool {
     matches!(

@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::kube::{KubeClient, KubeError, MetadataPatch, PodEvent, PodPatchVia};
-use crate::netns::Netns;
+use crate::netns::{Netns, NetnsId};
 
 /// A failure of a seam, and whether trying again later may help.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +52,14 @@ pub use crate::apply::sidecar::Outcome;
 pub trait Dataplane: Send + Sync + 'static {
     /// Opens the netns the runtime named (`CNI_NETNS`), under the host prefix.
     fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, PortError>;
+    /// The namespaces no pod may claim, each with a label for messages: the agent's own and the
+    /// node's (`<HOST_PROC_DIR>/1/ns/net`).
+    fn reserved_netns(&self) -> Vec<(String, NetnsId)>;
+    /// The interface addresses inside `netns` (read over netlink there), offered as `pod`'s.
+    fn netns_addresses(&self, netns: &Netns, pod: &PodNet) -> Result<Vec<IpAddr>, PortError>;
+    /// Whether `netns` still exists where it was found ([`Netns::still_named`]); a netns that
+    /// does not is gone, and its pod may take another.
+    fn netns_alive(&self, netns: &Netns) -> bool;
     /// The /proc scan (§3.8): pod UID -> its netns, for the wanted pods (UID -> IPs).
     fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns>;
     /// In-pod rules and routes; idempotent and atomic. Reads the netns first: an unchanged pod

@@ -1,28 +1,36 @@
 //! The plugin-event server (§3.3): HTTP over `<run_dir>/pluginevent.sock`, `/cmdadd` (any
-//! method). 200 only once the pod is fully enrolled (rules in, ztunnel acked, annotation
+//! method). Only a root peer (SO_PEERCRED uid 0, judged per connection) is heard; anyone else
+//! gets 403 and a log line. The body is not believed: the netns and IPs it names are checked
+//! (`trust`, through `mesh`) before anything is written, and every request is logged with the
+//! caller's pid and uid, the netns path and its inode. 200 only once the pod is fully enrolled (rules in, ztunnel acked, annotation
 //! written); a body that does not decode gets 400 naming the field and changes nothing; a pod
 //! the store does not have (after the stale-cache retries) or that is not eligible gets 500, as
 //! does a failed enrolment. An enrolment not done within `Timing::plugin_answer_budget` (below
-//! the plugin's own timeout) is answered 504 with the reason; the handler runs to completion
+//! the plugin's own timeout) is answered 504 naming the step it is in (`progress`); the handler runs to completion
 //! regardless, so a pod is never left half-enrolled by a dropped request.
 
 use std::io;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::StatusCode;
 use axum::routing::any;
+use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::mesh::{PluginAdd, Via};
 use super::pod;
+use super::progress::{AddStep, Progress};
 use super::worker::Core;
 use crate::kube::plugin_event::PluginAddEvent;
 use crate::kube::stores::{self, pod_key};
 use crate::telemetry::metrics::ResponseCodeLabel;
+use crate::telemetry::peer::{Peer, PeerCred};
 
 /// Largest body accepted (an event is a few hundred bytes).
 const MAX_BODY: usize = 64 * 1024;
@@ -41,7 +49,7 @@ pub async fn serve(
         .with_state(core);
     info!(path = %path.display(), "plugin-event server listening");
     Ok(tokio::spawn(async move {
-        let served = axum::serve(listener, app)
+        let served = axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
             .await;
         if let Err(e) = served {
@@ -51,8 +59,18 @@ pub async fn serve(
     }))
 }
 
-async fn cmd_add(State(core): State<Arc<Core>>, body: Bytes) -> (StatusCode, String) {
-    let (status, text) = handle(core.clone(), body).await;
+async fn cmd_add(
+    State(core): State<Arc<Core>>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
+    body: Bytes,
+) -> (StatusCode, String) {
+    let (status, text) = match peer.require_root() {
+        Ok(caller) => handle(core.clone(), caller, body).await,
+        Err(message) => {
+            warn!("/cmdadd {message}");
+            (StatusCode::FORBIDDEN, message)
+        }
+    };
     core.metrics
         .plugin_requests
         .get_or_create(&ResponseCodeLabel {
@@ -62,7 +80,7 @@ async fn cmd_add(State(core): State<Arc<Core>>, body: Bytes) -> (StatusCode, Str
     (status, text)
 }
 
-async fn handle(core: Arc<Core>, body: Bytes) -> (StatusCode, String) {
+async fn handle(core: Arc<Core>, caller: PeerCred, body: Bytes) -> (StatusCode, String) {
     let event = match PluginAddEvent::decode(&body) {
         Ok(ev) => ev,
         Err(e) => {
@@ -70,36 +88,58 @@ async fn handle(core: Arc<Core>, body: Bytes) -> (StatusCode, String) {
             return (StatusCode::BAD_REQUEST, e.to_string());
         }
     };
+    let pod = pod_key(&event.pod_namespace, &event.pod_name);
+    info!(
+        caller_pid = caller.pid,
+        caller_uid = caller.uid,
+        pod,
+        netns = event.netns,
+        "/cmdadd received"
+    );
     // Run to the end even if the plugin hangs up: a half-done add would otherwise be left.
     let budget = core.timing.plugin_answer_budget;
-    let pod = pod_key(&event.pod_namespace, &event.pod_name);
-    let task = tokio::spawn(async move { enrol(&core, &event).await });
-    answer_within(budget, &pod, task).await
+    let progress = Arc::new(Progress::default());
+    let watched = progress.clone();
+    let task = tokio::spawn(async move {
+        let result = enrol(&core, &event, progress.clone()).await;
+        // One line per /cmdadd with who asked and which netns it named (and what that was).
+        let inode = progress.netns().map(|id| id.inode);
+        match &result {
+            Ok(()) => {
+                info!(caller_pid = caller.pid, caller_uid = caller.uid, pod = %pod_key(&event.pod_namespace, &event.pod_name), netns = event.netns, inode, "/cmdadd done: pod enrolled")
+            }
+            Err(e) => {
+                warn!(caller_pid = caller.pid, caller_uid = caller.uid, pod = %pod_key(&event.pod_namespace, &event.pod_name), netns = event.netns, inode, "/cmdadd failed: {e}")
+            }
+        }
+        result
+    });
+    answer_within(budget, &pod, &watched, task).await
 }
 
 /// The answer to the plugin: the enrolment's outcome, or, when it is not done within `budget`
-/// (shorter than the plugin's own 5 s timeout, L23), a 504 naming the pod while the enrolment
-/// runs on to its end (enrolled, or marked pending with its cleanup). Without the budget the
-/// plugin would only ever report its own timeout, never why the agent was slow.
+/// (shorter than the plugin's own 5 s timeout, L23), a 504 naming the pod and the step it is in
+/// while the enrolment runs on to its end (enrolled, or marked pending with its cleanup).
+/// Without the budget the plugin would only ever report its own timeout, never why the agent
+/// was slow.
 async fn answer_within(
     budget: std::time::Duration,
     pod: &str,
+    progress: &Progress,
     mut task: tokio::task::JoinHandle<Result<(), String>>,
 ) -> (StatusCode, String) {
     match tokio::time::timeout(budget, &mut task).await {
         Ok(Ok(Ok(()))) => (StatusCode::OK, String::new()),
-        Ok(Ok(Err(message))) => {
-            warn!("/cmdadd: {message}");
-            (StatusCode::INTERNAL_SERVER_ERROR, message)
-        }
+        Ok(Ok(Err(message))) => (StatusCode::INTERNAL_SERVER_ERROR, message),
         Ok(Err(e)) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("the add task failed: {e}"),
         ),
         Err(_) => {
             let message = format!(
-                "pod {pod} not enrolled within {budget:?} (ztunnel has not acknowledged it yet); \
-                 the agent finishes the enrolment or marks the pod pending"
+                "pod {pod} not enrolled within {budget:?} (still {}); the agent finishes the \
+                 enrolment or marks the pod pending",
+                progress.step()
             );
             warn!("/cmdadd: {message}");
             (StatusCode::GATEWAY_TIMEOUT, message)
@@ -107,8 +147,9 @@ async fn answer_within(
     }
 }
 
-async fn enrol(core: &Core, event: &PluginAddEvent) -> Result<(), String> {
+async fn enrol(core: &Core, event: &PluginAddEvent, progress: Arc<Progress>) -> Result<(), String> {
     let key = pod_key(&event.pod_namespace, &event.pod_name);
+    progress.enter(AddStep::WaitingForPodInStore);
     let mut found = core.pods.get(&key);
     // The plugin may be faster than our watch (stale cache).
     for _ in 0..core.timing.stale_cache_attempts {
@@ -134,14 +175,28 @@ async fn enrol(core: &Core, event: &PluginAddEvent) -> Result<(), String> {
             "pod {key} unexpectedly not eligible for ambient enrollment"
         ));
     }
-    let mut ips = event.pod_ips();
-    if ips.is_empty() {
-        ips = pod::ips(&p);
-    }
+    let add = PluginAdd {
+        netns: event.netns.clone(),
+        event_ips: event.pod_ips(),
+        others: other_pod_ips(&core.pods.list(), pod::uid(&p)),
+        progress,
+    };
     core.mesh
-        .add_pod(&p, &ips, Some(&event.netns))
+        .add_pod(&p, &pod::ips(&p), Via::Plugin(&add))
         .await
         .map_err(|e| e.to_string())
+}
+
+/// The IPs of the node's other live pods with a netns of their own (host-network pods share the
+/// node's, finished pods' IPs may be reused): a netns holding one of them is not a new pod's.
+fn other_pod_ips(pods: &[Arc<Pod>], uid: &str) -> Vec<(String, IpAddr)> {
+    pods.iter()
+        .filter(|p| pod::uid(p) != uid && !pod::is_terminal(p) && !pod::is_host_network(p))
+        .flat_map(|p| {
+            let name = pod_key(pod::namespace(p), pod::name(p));
+            pod::ips(p).into_iter().map(move |ip| (name.clone(), ip))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -150,21 +205,26 @@ mod tests {
     use std::time::Duration;
 
     #[tokio::test]
-    async fn a_slow_enrolment_is_answered_within_the_budget_and_runs_on() {
+    async fn a_slow_enrolment_is_answered_within_the_budget_naming_its_step_and_runs_on() {
         let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = done.clone();
+        let progress = Arc::new(Progress::default());
+        let (flag, steps) = (done.clone(), progress.clone());
+        // An enrolment stuck opening the netns (a slow step other than ztunnel's ack).
         let task = tokio::spawn(async move {
+            steps.enter(AddStep::OpeningNetns);
             tokio::time::sleep(Duration::from_millis(300)).await;
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
             Ok(())
         });
         let started = tokio::time::Instant::now();
-        let (status, text) = answer_within(Duration::from_millis(100), "ns/p", task).await;
+        let (status, text) =
+            answer_within(Duration::from_millis(100), "ns/p", &progress, task).await;
         assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
         assert!(
-            text.contains("pod ns/p not enrolled within 100ms"),
+            text.contains("pod ns/p not enrolled within 100ms (still opening the pod's netns)"),
             "{text}"
         );
+        assert!(!text.contains("ztunnel"), "{text}");
         assert!(started.elapsed() < Duration::from_millis(250));
         assert!(!done.load(std::sync::atomic::Ordering::SeqCst));
         // The enrolment was not cancelled with the answer.
@@ -173,15 +233,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn each_step_is_named_in_the_504() {
+        for (step, words) in [
+            (AddStep::WaitingForPodLock, "waiting for the pod's lock"),
+            (
+                AddStep::WaitingForPodInStore,
+                "waiting for the pod to appear",
+            ),
+            (AddStep::ProgrammingRules, "programming the in-pod rules"),
+            (
+                AddStep::WaitingForZtunnelAck,
+                "waiting for ztunnel to acknowledge",
+            ),
+            (AddStep::UpdatingProbeSet, "host probe set"),
+            (AddStep::WritingAnnotation, "redirection annotation"),
+        ] {
+            let progress = Progress::default();
+            progress.enter(step);
+            let task = tokio::spawn(async {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok(())
+            });
+            let (status, text) =
+                answer_within(Duration::from_millis(10), "ns/p", &progress, task).await;
+            assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+            assert!(text.contains(words), "{step:?}: {text}");
+        }
+    }
+
+    #[tokio::test]
     async fn outcomes_within_the_budget_pass_through() {
+        let progress = Progress::default();
         let ok = tokio::spawn(async { Ok(()) });
         assert_eq!(
-            answer_within(Duration::from_secs(1), "ns/p", ok).await.0,
+            answer_within(Duration::from_secs(1), "ns/p", &progress, ok)
+                .await
+                .0,
             StatusCode::OK
         );
         let failed = tokio::spawn(async { Err("no netns".to_string()) });
         assert_eq!(
-            answer_within(Duration::from_secs(1), "ns/p", failed).await,
+            answer_within(Duration::from_secs(1), "ns/p", &progress, failed).await,
             (StatusCode::INTERNAL_SERVER_ERROR, "no netns".to_string())
         );
     }

@@ -15,13 +15,16 @@ use super::ports::{
     WorkloadInfo, Ztunnel,
 };
 use crate::kube::PodEvent;
-use crate::netns::Netns;
+use crate::netns::{Netns, NetnsId};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A data plane that only records. `fail_program` makes in-pod programming fail (non-retryable);
+/// A data plane that only records. `open_netns` opens the path when it exists (else hands out the
+/// test's own netns); `reserved` is what it calls the agent's and the node's netns (none unless
+/// set), `addresses` what every netns holds (unset: exactly the IPs the pod is offered with),
+/// `netns_gone` makes every cached netns count as gone. `fail_program` makes in-pod programming fail (non-retryable);
 /// `probe_failures` makes that many probe-set calls fail; `find_netns` finds every wanted pod
 /// unless `netns_missing`. A pod's first program writes (`Applied`), later ones find the rules in
 /// place (`AlreadyApplied`) unless its UID was put in `drifted` (its rules "changed" since).
@@ -31,6 +34,9 @@ pub struct FakeDataplane {
     /// Probe set: IP -> owner UID.
     pub probes: Mutex<BTreeMap<IpAddr, String>>,
     pub fail_program: AtomicBool,
+    pub reserved: Mutex<Vec<(String, NetnsId)>>,
+    pub addresses: Mutex<Option<Vec<IpAddr>>>,
+    pub netns_gone: AtomicBool,
     pub netns_missing: AtomicBool,
     pub probe_failures: AtomicU32,
     /// UIDs programmed at least once.
@@ -73,7 +79,29 @@ impl FakeDataplane {
 impl Dataplane for FakeDataplane {
     fn open_netns(&self, path: &str) -> Result<Netns, PortError> {
         self.record(format!("open {path}"));
+        if std::path::Path::new(path).exists() {
+            return Netns::open(std::path::Path::new(path)).map_err(PortError::permanent);
+        }
         Netns::current().map_err(PortError::permanent)
+    }
+
+    fn reserved_netns(&self) -> Vec<(String, NetnsId)> {
+        lock(&self.reserved).clone()
+    }
+
+    fn netns_addresses(&self, _netns: &Netns, pod: &PodNet) -> Result<Vec<IpAddr>, PortError> {
+        self.record(format!("addresses {}", pod.uid));
+        let mut held = vec!["127.0.0.1".parse().expect("loopback")];
+        held.extend(
+            lock(&self.addresses)
+                .clone()
+                .unwrap_or_else(|| pod.ips.clone()),
+        );
+        Ok(held)
+    }
+
+    fn netns_alive(&self, _netns: &Netns) -> bool {
+        !self.netns_gone.load(Ordering::SeqCst)
     }
 
     fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns> {

@@ -190,7 +190,9 @@ impl Worker {
             Action::RequeueNamespaceMissing => {
                 return Outcome::Retry(format!("namespace {namespace} not in the store yet"));
             }
-            Action::Add { pod, ips } => core.mesh.add_pod(&pod, &ips, None).await,
+            Action::Add { pod, ips } => {
+                core.mesh.add_pod(&pod, &ips, super::mesh::Via::Watch).await
+            }
             Action::Remove { pod, deleted } => {
                 let terminal = deleted && matches!(event, PodEvent::Update { .. });
                 core.mesh.remove_pod(&pod, deleted, terminal).await

@@ -12,7 +12,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use nix::sys::socket::{getsockopt, sockopt};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
@@ -20,6 +19,7 @@ use tracing::{debug, info, warn};
 
 use crate::kube::pod_facts::{MAX_REQUEST_BYTES, PodFactsAnswer, answer_line};
 use crate::kube::stores::{NamespaceStore, PodStore};
+use crate::telemetry::peer::PeerCred;
 
 /// A client gets this long to send its request line.
 const READ_TIMEOUT: Duration = Duration::from_secs(1);
@@ -104,15 +104,9 @@ pub async fn serve(
 
 /// Only root may ask (the answer carries any pod of the node).
 fn peer_is_root(stream: &UnixStream) -> Result<(), String> {
-    match getsockopt(stream, sockopt::PeerCredentials) {
-        Ok(cred) if cred.uid() == 0 => Ok(()),
-        Ok(cred) => Err(format!(
-            "refused: peer uid {} (pid {}) is not root",
-            cred.uid(),
-            cred.pid()
-        )),
-        Err(e) => Err(format!("refused: cannot read peer credentials: {e}")),
-    }
+    crate::telemetry::peer::Peer(PeerCred::of(stream).map_err(|e| e.to_string()))
+        .require_root()
+        .map(|_| ())
 }
 
 async fn answer_connection(

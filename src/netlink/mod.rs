@@ -82,14 +82,19 @@ impl crate::netns::procfs::NetnsProbe for AddressProbe {
         crate::netns::Netns::open(path).map_err(|e| e.to_string())
     }
     fn has_any_ip(&self, netns: &crate::netns::Netns, ips: &[IpAddr]) -> Result<bool, String> {
-        let addrs = netns
-            .run(interface_addresses)
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        let addrs = addresses_in(netns).map_err(|e| e.to_string())?;
         Ok(addrs
             .iter()
             .any(|a| ips.iter().any(|b| crate::netns::procfs::same_ip(*a, *b))))
     }
+}
+
+/// The interface addresses inside `netns`, read from a thread in it (the one reading shared by
+/// the /proc scan and the agent's check of a netns the plugin names).
+pub fn addresses_in(netns: &crate::netns::Netns) -> std::io::Result<Vec<IpAddr>> {
+    netns
+        .run(interface_addresses)
+        .map_err(std::io::Error::other)?
 }
 
 /// Finds the netns of each wanted pod (uid -> its IPs) under `proc_root` (the host's /proc);

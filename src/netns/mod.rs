@@ -30,6 +30,8 @@ pub enum NetnsError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{path} {what}, not a network namespace")]
+    NotNetns { path: PathBuf, what: String },
     #[error("{path} is not a network namespace or cannot be entered: {source}")]
     Enter { path: PathBuf, source: nix::Error },
     #[error("the worker thread for network namespace {path} failed: {reason}")]
@@ -63,7 +65,7 @@ pub struct Netns {
 
 /// Which namespace a handle names: the (st_dev, st_ino) of its nsfs file, as `ip netns identify`
 /// and ztunnel compare them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct NetnsId {
     pub dev: u64,
     pub inode: u64,
@@ -100,20 +102,96 @@ fn identity(meta: &std::fs::Metadata) -> (u64, u64) {
     (meta.dev(), meta.ino())
 }
 
+/// `path` opened without blocking and checked to be a network namespace (nsfs, CLONE_NEWNET),
+/// with its fstat. A FIFO opened O_NONBLOCK for reading returns at once, so nothing here waits.
+fn open_checked(path: &Path) -> Result<(OwnedFd, std::fs::Metadata), NetnsError> {
+    use nix::fcntl::OFlag;
+    let not_netns = |what: String| NetnsError::NotNetns {
+        path: path.to_path_buf(),
+        what,
+    };
+    let io_err = |source: std::io::Error| NetnsError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    // A socket cannot be opened at all (ENXIO) and a device should not be: judge by stat first.
+    let kind = std::fs::metadata(path).map_err(io_err)?.file_type();
+    if !kind.is_file() {
+        return Err(not_netns(format!("is {}", file_kind(&kind))));
+    }
+    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY;
+    let fd = nix::fcntl::open(path, flags, nix::sys::stat::Mode::empty())
+        .map_err(|e| io_err(e.into()))?;
+    // Judged again on the fd: the path may have been swapped since the stat.
+    let meta = File::from(fd.try_clone().map_err(io_err)?)
+        .metadata()
+        .map_err(io_err)?;
+    if !meta.file_type().is_file() {
+        return Err(not_netns(format!("is {}", file_kind(&meta.file_type()))));
+    }
+    let fs = nix::sys::statfs::fstatfs(&fd).map_err(|e| io_err(e.into()))?;
+    if fs.filesystem_type() != nix::sys::statfs::NSFS_MAGIC {
+        return Err(not_netns(format!(
+            "is a regular file (filesystem magic {:#x}, not nsfs)",
+            fs.filesystem_type().0
+        )));
+    }
+    // SAFETY: NS_GET_NSTYPE takes no argument and returns the CLONE_NEW* type (or -1).
+    let nstype = unsafe { libc::ioctl(fd.as_raw_fd(), libc::NS_GET_NSTYPE) };
+    if nstype < 0 {
+        return Err(io_err(std::io::Error::last_os_error()));
+    }
+    if nstype != libc::CLONE_NEWNET {
+        return Err(not_netns(format!("is {}", namespace_kind(nstype))));
+    }
+    Ok((fd, meta))
+}
+
+/// "a FIFO", "a directory", ... for messages.
+fn file_kind(kind: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else {
+        "a regular file"
+    }
+}
+
+/// The namespace kind NS_GET_NSTYPE answered, for messages.
+fn namespace_kind(nstype: libc::c_int) -> String {
+    let name = match nstype {
+        libc::CLONE_NEWNS => "a mount namespace",
+        libc::CLONE_NEWUTS => "a UTS namespace",
+        libc::CLONE_NEWIPC => "an IPC namespace",
+        libc::CLONE_NEWUSER => "a user namespace",
+        libc::CLONE_NEWPID => "a PID namespace",
+        libc::CLONE_NEWCGROUP => "a cgroup namespace",
+        0x80 => "a time namespace",
+        other => return format!("a namespace of type {other:#x}"),
+    };
+    name.to_string()
+}
+
 impl Netns {
     /// Opens the netns at `path` (e.g. `/var/run/netns/x` or `/proc/<pid>/ns/net`) and finds the
-    /// user namespace owning it (one ioctl and one fstat more than a plain open).
+    /// user namespace owning it (one ioctl and one fstat more than a plain open). The open never
+    /// blocks (O_NONBLOCK: a FIFO answers at once) and leaks into no child (O_CLOEXEC); before
+    /// anything else the fd must be on nsfs and name a network namespace, so a FIFO, a regular
+    /// file or another kind of namespace is refused naming the path and what it is.
     pub fn open(path: &Path) -> Result<Netns, NetnsError> {
-        let file = File::open(path).map_err(|source| NetnsError::Open {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let meta = file.metadata().map_err(|source| NetnsError::Open {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let (fd, meta) = open_checked(path)?;
         let (dev, inode) = identity(&meta);
-        let net = Arc::new(OwnedFd::from(file));
+        let net = Arc::new(fd);
         // SAFETY: NS_GET_USERNS takes no argument and returns a new fd (or -1) that we own.
         let raw = unsafe { libc::ioctl(net.as_raw_fd(), libc::NS_GET_USERNS) };
         let userns = if raw >= 0 {
@@ -131,18 +209,9 @@ impl Netns {
                 _ => None,
             }
         } else {
-            match nix::errno::Errno::last() {
-                // Not a namespace file at all (a regular file answers ENOTTY).
-                nix::errno::Errno::ENOTTY | nix::errno::Errno::EINVAL => {
-                    return Err(NetnsError::Enter {
-                        path: path.to_path_buf(),
-                        source: nix::errno::Errno::last(),
-                    });
-                }
-                // EPERM: the owner is outside our view (an ancestor of our user namespace), so we
-                // cannot enter it anyway; work as before.
-                _ => None,
-            }
+            // EPERM: the owner is outside our view (an ancestor of our user namespace), so we
+            // cannot enter it anyway; work as before.
+            None
         };
         Ok(Netns {
             path: path.to_path_buf(),
@@ -150,6 +219,14 @@ impl Netns {
             id: NetnsId { dev, inode },
             userns,
         })
+    }
+
+    /// Whether the path it was opened from still names this namespace. False once the runtime
+    /// removed the sandbox's bind mount or the process behind a `/proc/<pid>/ns/net` path ended
+    /// (the path is gone or names another namespace): the agent's rule for "the old netns is
+    /// gone" (the fd held here keeps the namespace itself alive, so that cannot be the test).
+    pub fn still_named(&self) -> bool {
+        std::fs::metadata(&self.path).is_ok_and(|m| identity(&m) == (self.id.dev, self.id.inode))
     }
 
     /// The netns of the calling thread.
@@ -421,7 +498,51 @@ mod tests {
     fn regular_file_is_not_a_namespace() {
         let file = tempfile::NamedTempFile::new().unwrap();
         let err = Netns::open(file.path()).unwrap_err();
-        assert!(matches!(err, NetnsError::Enter { .. }), "{err}");
+        assert!(matches!(err, NetnsError::NotNetns { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains(&file.path().display().to_string()), "{text}");
+        assert!(text.contains("is a regular file"), "{text}");
+    }
+
+    #[test]
+    fn a_fifo_is_refused_at_once_naming_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("netns-fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let started = std::time::Instant::now();
+        let err = Netns::open(&fifo).unwrap_err();
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        assert_eq!(
+            err.to_string(),
+            format!("{} is a FIFO, not a network namespace", fifo.display())
+        );
+    }
+
+    #[test]
+    fn other_namespaces_and_directories_are_not_network_namespaces() {
+        let err = Netns::open(Path::new("/proc/self/ns/mnt")).unwrap_err();
+        assert!(err.to_string().contains("is a mount namespace"), "{err}");
+        let err = Netns::open(Path::new("/proc/self/ns/user")).unwrap_err();
+        assert!(err.to_string().contains("is a user namespace"), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let err = Netns::open(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("is a directory"), "{err}");
+        let err = Netns::open(Path::new("/dev/null")).unwrap_err();
+        assert!(err.to_string().contains("is a character device"), "{err}");
+    }
+
+    #[test]
+    fn a_handle_knows_whether_its_path_still_names_it() {
+        // A process's ns/net path names its netns only while the process lives.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let ns = Netns::open(&PathBuf::from(format!("/proc/{}/ns/net", child.id()))).unwrap();
+        assert!(ns.still_named());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!ns.still_named(), "the path no longer names the namespace");
     }
 
     #[test]

@@ -27,7 +27,9 @@ use crate::apply::iptables::{ApplyError, ForceBinary};
 use crate::apply::pod::Backend;
 use crate::apply::probe_set::{self, Ipsets, NftSets, ProbeSets, SetOp};
 use crate::apply::sidecar::Outcome;
-use crate::netns::{Netns, NetnsError};
+use std::os::unix::fs::MetadataExt;
+
+use crate::netns::{Netns, NetnsError, NetnsId};
 use crate::rules::ambient::{AmbientConfig, PodOverrides};
 use branch_eni::BranchEniProbe;
 
@@ -132,6 +134,13 @@ pub enum DataplaneError {
         #[source]
         source: NetnsError,
     },
+    #[error("cannot read the addresses in netns {path} offered for pod {pod}: {source}")]
+    Addresses {
+        pod: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("in-pod rules of pod {pod}: {source}")]
     Inpod {
         pod: String,
@@ -179,6 +188,33 @@ pub struct Dataplane {
     nft_listings: crate::apply::nft::Listings,
     /// The AWS branch-ENI probe routing of enrolled pods (inert on other hosts).
     branch_eni: Arc<BranchEniProbe>,
+    /// The netns no pod may claim ([`reserved_netns`]).
+    reserved: Vec<(String, NetnsId)>,
+}
+
+/// The agent's own netns and the node's (`<host_proc>/1/ns/net`), labelled, by identity; one that
+/// cannot be read is left out with a warning (the address checks still hold).
+pub fn reserved_netns(host_proc: &Path) -> Vec<(String, NetnsId)> {
+    let node = host_proc.join("1/ns/net");
+    [
+        ("the agent's own netns".to_string(), PathBuf::from("/proc/self/ns/net")),
+        (format!("the node's netns ({})", node.display()), node),
+    ]
+    .into_iter()
+    .filter_map(|(label, path)| match std::fs::metadata(&path) {
+        Ok(m) => Some((
+            label,
+            NetnsId {
+                dev: m.dev(),
+                inode: m.ino(),
+            },
+        )),
+        Err(e) => {
+            warn!(path = %path.display(), "cannot identify {label}; a plugin naming it is refused only by the address checks: {e}");
+            None
+        }
+    })
+    .collect()
 }
 
 impl Dataplane {
@@ -215,6 +251,7 @@ impl Dataplane {
             probes: probe::Batcher::default(),
             nft_listings: crate::apply::nft::Listings::new(crate::apply::ambient::OUR_NFT_TABLES),
             branch_eni: Arc::new(branch_eni),
+            reserved: reserved_netns(&settings.host_proc),
         };
         if !settings.skip_host_rules {
             dp.program_host()?;
@@ -266,6 +303,24 @@ impl Dataplane {
     pub fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, DataplaneError> {
         let path = host_path(&self.settings.host_prefix, cni_netns_path);
         Netns::open(&path).map_err(|source| DataplaneError::OpenNetns { path, source })
+    }
+
+    /// The agent's own netns and the node's, by identity (learnt at construction).
+    pub fn reserved_netns(&self) -> Vec<(String, NetnsId)> {
+        self.reserved.clone()
+    }
+
+    /// The interface addresses inside the netns offered for `pod`.
+    pub fn netns_addresses(
+        &self,
+        netns: &Netns,
+        pod: &PodNet,
+    ) -> Result<Vec<IpAddr>, DataplaneError> {
+        crate::netlink::addresses_in(netns).map_err(|source| DataplaneError::Addresses {
+            pod: pod_ref(pod),
+            path: netns.path().to_path_buf(),
+            source,
+        })
     }
 
     /// Finds the netns of each wanted pod (uid -> its IPs) by scanning the host's /proc; pods not
@@ -481,6 +536,41 @@ mod tests {
         );
         assert_eq!(report.removed, [ip("10.0.0.9")]);
         assert!(ProbeSynced::of(&[]).is_empty());
+    }
+
+    #[test]
+    fn the_agent_s_and_the_node_s_netns_are_reserved_by_identity() {
+        let here = Netns::current().unwrap().id();
+        let proc = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(proc.path().join("1/ns")).unwrap();
+        // A node whose pid 1 runs in another netns (a fresh one, kept by a sleeping process).
+        let mut child = std::process::Command::new("unshare")
+            .args(["--net", "sleep", "30"])
+            .spawn()
+            .unwrap();
+        let child_ns = PathBuf::from(format!("/proc/{}/ns/net", child.id()));
+        let node = loop {
+            // unshare execs sleep after entering the new netns.
+            let id = Netns::open(&child_ns).unwrap().id();
+            if id != here {
+                break id;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        std::os::unix::fs::symlink(&child_ns, proc.path().join("1/ns/net")).unwrap();
+        let reserved = reserved_netns(proc.path());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(reserved.len(), 2, "{reserved:?}");
+        assert_eq!(reserved[0], ("the agent's own netns".to_string(), here));
+        assert!(
+            reserved[1].0.starts_with("the node's netns ("),
+            "{reserved:?}"
+        );
+        assert_eq!(reserved[1].1, node);
+        // Unreadable: left out.
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(reserved_netns(empty.path()).len(), 1);
     }
 
     #[test]
