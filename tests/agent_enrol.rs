@@ -316,7 +316,11 @@ async fn refused_cmdadds_change_nothing() {
         api.add_namespace(namespace("plain", false)).unwrap();
     })
     .await;
-    r.api.add_pod(pod("shop", "web", NODE, "10.1.0.9")).unwrap();
+    // Not running yet (no IP): the namespace's replayed add, which may come after the pod is in
+    // the store, must not enrol it through the watch meanwhile.
+    let mut web = pod("shop", "web", NODE, "10.1.0.9");
+    web.status = None;
+    r.api.add_pod(web).unwrap();
     r.api
         .add_pod(pod("plain", "other", NODE, "10.1.0.10"))
         .unwrap();
