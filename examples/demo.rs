@@ -126,13 +126,13 @@ fn fixtures() -> Value {
     json!([
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bookinfo", "labels": {"istio-injection": "enabled"}}},
         {"apiVersion": "v1", "kind": "Pod",
-         "metadata": {"name": "productpage", "namespace": "bookinfo", "uid": "5c1f1c9e-demo-0001",
+         "metadata": {"name": "productpage", "namespace": "bookinfo", "uid": "5c1f1c9e-0d3e-4a6b-9c1f-00000000d001",
                       "annotations": {"sidecar.istio.io/status": status}},
          "spec": {"nodeName": "demo-node", "containers": [
              {"name": "productpage", "ports": [{"containerPort": 9080}]},
              {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]}},
         {"apiVersion": "v1", "kind": "Pod",
-         "metadata": {"name": "plain-app", "namespace": "bookinfo", "uid": "5c1f1c9e-demo-0002"},
+         "metadata": {"name": "plain-app", "namespace": "bookinfo", "uid": "5c1f1c9e-0d3e-4a6b-9c1f-00000000d002"},
          "spec": {"nodeName": "demo-node", "containers": [{"name": "app"}]}}
     ])
 }
