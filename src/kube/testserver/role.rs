@@ -122,3 +122,30 @@ async fn run(args: Args) -> Result<(), TestServerError> {
     server.shutdown().await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Args;
+
+    #[test]
+    fn help_documents_the_control_endpoint() {
+        let help = match <Args as argh::FromArgs>::from_args(&["test-apiserver"], &["--help"]) {
+            Err(exit) => exit.output,
+            Ok(args) => panic!("--help parsed as {args:?}"),
+        };
+        for route in [
+            "POST /testserver/objects",
+            "POST /testserver/fault",
+            "DELETE /testserver/fault",
+            "GET /testserver/requests",
+            "GET /testserver/pod-gets",
+            "POST /testserver/compact",
+            "version-4 UUID",
+        ] {
+            assert!(
+                help.contains(route),
+                "{route:?} missing from --help:\n{help}"
+            );
+        }
+    }
+}
