@@ -25,3 +25,7 @@ fmt:
 
 lint:
     cargo clippy --all-targets -- -D warnings
+
+# the container image from the Containerfile with podman (root; local bases: see docs/deploy.md)
+image:
+    ./scripts/image

@@ -8,7 +8,11 @@
 //! 3. the merged conflist is run the way containerd runs it (Debian's real `bridge` + `host-local`,
 //!    then ours) for both pods: the sidecar pod's outbound connection lands on its 15001 listener
 //!    with the original destination intact; the plain pod is untouched;
-//! 4. SIGTERM: install-cni removes its entry and binary again.
+//! 4. ambient (install-cni runs its node agent too): a pod in an `istio.io/dataplane-mode=ambient`
+//!    namespace is ADDed through the same chain, the ADD returns only after the ztunnel-like ZDS
+//!    peer acked, the pod's outbound connection lands on the peer's listener inside the pod netns,
+//!    and relabelling the namespace `none` takes it out again;
+//! 5. SIGTERM: install-cni removes its entry and binary again.
 //!
 //! Run as root: `scripts/demo`. Only addresses inside the demo's namespaces are used.
 
@@ -29,6 +33,13 @@ use serde_json::{Value, json};
 
 #[path = "support/mod.rs"]
 mod support;
+
+#[path = "demo_parts/ambient.rs"]
+mod ambient;
+#[path = "../tests/support/zds_peer.rs"]
+mod zds_peer;
+#[path = "../tests/support/zds_raw.rs"]
+mod zds_raw;
 use support::run;
 
 const SUBNET: &str = "10.254.88.0/24";
@@ -72,6 +83,7 @@ impl Netns {
         args: &[&str],
         env: &[(&str, String)],
         stdout: Stdio,
+        stderr: Stdio,
     ) -> Result<Child, String> {
         Command::new("ip")
             .args(["netns", "exec", &self.0, program])
@@ -80,7 +92,7 @@ impl Netns {
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .envs(env.iter().map(|(k, v)| (*k, v)))
             .stdout(stdout)
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .map_err(|e| format!("cannot start {program}: {e}"))
     }
@@ -123,16 +135,18 @@ fn wait_until(what: &str, timeout: Duration, cond: impl Fn() -> bool) -> Result<
 /// The embedded default: a namespace, a sidecar-injected pod and a plain pod.
 fn fixtures() -> Value {
     let status = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":["istio-envoy"]}"#;
+    let [ambient_ns, ambient_pod] = ambient::fixtures();
     json!([
+        ambient_ns, ambient_pod,
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bookinfo", "labels": {"istio-injection": "enabled"}}},
         {"apiVersion": "v1", "kind": "Pod",
-         "metadata": {"name": "productpage", "namespace": "bookinfo", "uid": "5c1f1c9e-demo-0001",
+         "metadata": {"name": "productpage", "namespace": "bookinfo", "uid": "5c1f1c9e-0d3e-4a6b-9c1f-00000000d001",
                       "annotations": {"sidecar.istio.io/status": status}},
          "spec": {"nodeName": "demo-node", "containers": [
              {"name": "productpage", "ports": [{"containerPort": 9080}]},
              {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]}},
         {"apiVersion": "v1", "kind": "Pod",
-         "metadata": {"name": "plain-app", "namespace": "bookinfo", "uid": "5c1f1c9e-demo-0002"},
+         "metadata": {"name": "plain-app", "namespace": "bookinfo", "uid": "5c1f1c9e-0d3e-4a6b-9c1f-00000000d002"},
          "spec": {"nodeName": "demo-node", "containers": [{"name": "app"}]}}
     ])
 }
@@ -188,6 +202,8 @@ fn main() -> Result<(), String> {
     let primary = serde_json::to_string_pretty(&primary_conflist(&root.join("ipam")))
         .map_err(|e| e.to_string())?;
     std::fs::write(&conflist, primary + "\n").map_err(|e| e.to_string())?;
+    let kubeconfig = root.join("demo-kubeconfig");
+    let zds_socket = root.join("ztunnel.sock");
     let fixtures_file = root.join("fixtures.json");
     std::fs::write(&fixtures_file, fixtures().to_string()).map_err(|e| e.to_string())?;
 
@@ -209,9 +225,13 @@ fn main() -> Result<(), String> {
             // TLS as in a cluster: install-cni embeds this CA in the plugin's kubeconfig.
             "--ca-out",
             &sa.join("ca.crt").display().to_string(),
+            // The demo's own client for the control endpoint (the ambient part relabels).
+            "--kubeconfig-out",
+            &kubeconfig.display().to_string(),
         ],
         &[],
         Stdio::piped(),
+        Stdio::null(),
     )?);
     let mut url = String::new();
     BufReader::new(api.0.stdout.take().ok_or("no stdout")?)
@@ -220,11 +240,13 @@ fn main() -> Result<(), String> {
     let url = url.trim().to_string();
     let port = url.rsplit(':').next().unwrap_or_default().to_string();
     println!(
-        "== test API server at {url} with pods bookinfo/productpage (sidecar) and bookinfo/plain-app"
+        "== test API server at {url} with pods bookinfo/productpage (sidecar), bookinfo/plain-app and {}/{} (ambient)",
+        ambient::NAMESPACE,
+        ambient::POD
     );
 
     // 2. install-cni, as the DaemonSet would run it.
-    let env = [
+    let mut env = vec![
         ("MOUNTED_CNI_NET_DIR", net.display().to_string()),
         ("CNI_BIN_DIRS", bin.display().to_string()),
         ("CNI_AGENT_RUN_DIR", run_dir.display().to_string()),
@@ -238,13 +260,35 @@ fn main() -> Result<(), String> {
         ("POD_NAMESPACE", "istio-system".to_string()),
         ("NODE_NAME", "demo-node".to_string()),
     ];
+    // Ambient on as well (the sidecar pods work the same): its agent serves ZDS on zds_socket,
+    // where a ztunnel-like peer connects.
+    env.extend(ambient::env(&zds_socket));
+    // The agent's own API client (the plugin's kubeconfig is still made from the service
+    // account): outside a pod there is no in-cluster config.
+    env.push(("KUBECONFIG", kubeconfig.display().to_string()));
+    let peer = zds_peer::ZdsPeer::start(&zds_socket);
     let started = Instant::now();
-    let mut installer = Process(node.spawn(&binary, &["install-cni"], &env, Stdio::null())?);
+    // Its log goes to a file, shown when something fails.
+    let log = root.join("install-cni.log");
+    let log_file = File::create(&log).map_err(|e| e.to_string())?;
+    let log_err = log_file.try_clone().map_err(|e| e.to_string())?;
+    let mut installer = Process(node.spawn(
+        &binary,
+        &["install-cni"],
+        &env,
+        log_file.into(),
+        log_err.into(),
+    )?);
+    let show_log = |e: String| {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        format!("{e}; install-cni's log:\n{text}")
+    };
     wait_until(
         "install-cni to merge its entry",
         Duration::from_secs(30),
         || our_entry(&conflist).is_some(),
-    )?;
+    )
+    .map_err(show_log)?;
     println!(
         "== install-cni merged its entry in {:?}; {} now reads:",
         started.elapsed(),
@@ -339,7 +383,16 @@ fn main() -> Result<(), String> {
         println!("   CNI DEL done");
     }
 
-    // 4. Shutdown: the entry and the binary go away again.
+    // 4. Ambient: a pod enrolled through ztunnel (the peer) and taken out again.
+    wait_until(
+        "the ZDS peer's first snapshot",
+        Duration::from_secs(30),
+        || peer.snapshots() >= 1,
+    )
+    .map_err(show_log)?;
+    ambient::run(&node, &merged, &bin, &peer, &kubeconfig).map_err(show_log)?;
+
+    // 5. Shutdown: the entry and the binary go away again.
     installer.terminate();
     println!(
         "== SIGTERM to install-cni: our entry present = {}, plugin binary present = {}",

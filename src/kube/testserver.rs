@@ -15,6 +15,7 @@ mod http;
 mod role;
 mod selector;
 mod tls;
+mod uid;
 
 pub use role::main;
 
@@ -202,7 +203,6 @@ struct Store {
     /// Watches must start at or after this resourceVersion; older ones get 410 Expired.
     compacted_through: u64,
     history_limit: usize,
-    next_uid: u64,
     events: broadcast::Sender<Arc<Change>>,
     activity: tokio::sync::watch::Sender<u64>,
 }
@@ -246,14 +246,8 @@ impl Store {
         after.or(before)
     }
 
-    fn new_uid(&mut self) -> String {
-        self.next_uid += 1;
-        format!("00000000-0000-4000-8000-{:012x}", self.next_uid)
-    }
-
     /// Fills what the API server would on create: namespace, uid, creationTimestamp.
     fn admit(&mut self, kind: Kind, mut object: Value) -> Result<(ObjectKey, Value), String> {
-        let uid = self.new_uid();
         let meta = object
             .get_mut("metadata")
             .and_then(Value::as_object_mut)
@@ -277,7 +271,13 @@ impl Store {
             }
             Kind::Namespace => String::new(),
         };
-        meta.entry("uid").or_insert(Value::String(uid));
+        match meta.get("uid") {
+            Some(Value::String(given)) => uid::check(given)?,
+            Some(other) => return Err(format!("metadata.uid {other} is not a string")),
+            None => {
+                meta.insert("uid".into(), Value::String(uid::new_v4()?));
+            }
+        }
         meta.entry("creationTimestamp")
             .or_insert(Value::String("2026-01-01T00:00:00Z".into()));
         Ok(((kind, namespace, name), object))
@@ -366,7 +366,6 @@ impl TestApiServer {
                 history: VecDeque::new(),
                 compacted_through: 0,
                 history_limit: options.history_limit.max(1),
-                next_uid: 0,
                 events,
                 activity: activity.clone(),
             }),

@@ -39,6 +39,13 @@ pub struct NodeApi {
 }
 
 impl NodeApi {
+    pub fn new(
+        server: istio_cni::kube::testserver::TestApiServer,
+        rt: tokio::runtime::Runtime,
+    ) -> NodeApi {
+        NodeApi { server, rt }
+    }
+
     /// Stops the server (every watch drops), runs `while_down` (the history is compacted too, so
     /// clients must re-list), then listens again from a thread inside `netns`.
     pub fn restart(&self, netns: &Path, while_down: impl FnOnce()) {

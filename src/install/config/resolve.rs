@@ -199,6 +199,16 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         ambient_disable_safe_upgrade: r.env_bool("AMBIENT_DISABLE_SAFE_UPGRADE", false)?,
         node_name: node_name.clone(),
     };
+    if install.ambient_enabled && install.enablement_selectors.is_empty() {
+        // The chart always sets it; run by hand it is easy to miss, and then every ADD just says
+        // the pod is not ambient.
+        warnings.push(
+            "AMBIENT_ENABLED=true but AMBIENT_ENABLEMENT_SELECTOR is unset or empty: no pod will \
+             ever be enrolled in ambient; set it as the chart does, e.g. \
+             [{\"podSelector\":{\"matchLabels\":{\"istio.io/dataplane-mode\":\"ambient\"}}}]"
+                .to_string(),
+        );
+    }
     if owned && !install.owned_mode() {
         warnings.push(format!(
             "ISTIO_OWNED_CNI_CONFIG is set but has no effect: it needs CHAINED_CNI_PLUGIN=true (is {chained}) \

@@ -337,3 +337,31 @@ fn drift_verify_interval_defaults_to_60s_0_turns_it_off_and_bad_values_name_the_
     let e = err_text(interval(&[("DRIFT_VERIFY_INTERVAL", "500ms")]));
     assert!(e.contains("at least 1s"), "{e}");
 }
+
+#[test]
+fn ambient_without_an_enablement_selector_warns_that_nothing_is_enrolled() {
+    let warned = |c: &Config| {
+        c.warnings
+            .iter()
+            .any(|w| w.contains("AMBIENT_ENABLEMENT_SELECTOR") && w.contains("no pod"))
+    };
+    for selector in [None, Some(""), Some("[]")] {
+        let mut env = vec![("AMBIENT_ENABLED", "true")];
+        env.extend(selector.map(|s| ("AMBIENT_ENABLEMENT_SELECTOR", s)));
+        let c = run(&[], &env).expect("parses");
+        assert!(warned(&c), "{selector:?}: {:?}", c.warnings);
+    }
+    let chart = r#"[{"podSelector":{"matchLabels":{"istio.io/dataplane-mode":"ambient"}}}]"#;
+    let c = run(
+        &[],
+        &[
+            ("AMBIENT_ENABLED", "true"),
+            ("AMBIENT_ENABLEMENT_SELECTOR", chart),
+        ],
+    )
+    .expect("parses");
+    assert!(!warned(&c), "{:?}", c.warnings);
+    // Sidecar mode never reads it.
+    let c = run(&[], &[]).expect("parses");
+    assert!(!warned(&c), "{:?}", c.warnings);
+}

@@ -704,7 +704,10 @@ async fn create_event(
     }
     let mut store = lock(&shared.store);
     store.resource_version += 1;
-    let uid = store.new_uid();
+    let uid = match super::uid::new_v4() {
+        Ok(uid) => uid,
+        Err(e) => return status_response(500, &e, Some(("events", &name))),
+    };
     let rv = store.resource_version.to_string();
     drop(store);
     if let Some(meta) = event.get_mut("metadata").and_then(Value::as_object_mut) {

@@ -6,6 +6,20 @@ use super::{DEFAULT_TOKEN, TestApiServer, TestServerError, TestServerOptions};
 
 /// Runs the test API server as a process (for the demo and tests that spawn the real binary).
 #[derive(argh::FromArgs, Debug)]
+#[argh(
+    note = "Serves the Kubernetes API for pods and namespaces (list, watch, get, patch, delete, \
+events) at the URL it prints, with the bearer token, plus a control endpoint under the same URL \
+(same token): \
+POST /testserver/objects  a Pod, Namespace, a list of them or a PodList/NamespaceList (JSON); \
+adds or replaces them and answers {{\"loaded\": N}}. A pod's metadata.uid, when given, must be \
+a UUID (8-4-4-4-12 hex); without one it gets a random version-4 UUID, as Kubernetes does. \
+POST /testserver/fault  {{\"kind\":\"fail\",\"code\":500}} | {{\"kind\":\"delay\",\"ms\":300}} | \
+{{\"kind\":\"down\",\"ms\":1000}}, with optional \"pathPrefix\" and \"times\". \
+DELETE /testserver/fault  clears the faults. \
+GET /testserver/requests  every API request so far. \
+GET /testserver/pod-gets  single-pod GETs by node. \
+POST /testserver/compact  forgets the watch history (clients must re-list)."
+)]
 struct Args {
     /// port on 127.0.0.1 (0 picks a free one)
     #[argh(option, default = "0")]
@@ -107,4 +121,31 @@ async fn run(args: Args) -> Result<(), TestServerError> {
     }
     server.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Args;
+
+    #[test]
+    fn help_documents_the_control_endpoint() {
+        let help = match <Args as argh::FromArgs>::from_args(&["test-apiserver"], &["--help"]) {
+            Err(exit) => exit.output,
+            Ok(args) => panic!("--help parsed as {args:?}"),
+        };
+        for route in [
+            "POST /testserver/objects",
+            "POST /testserver/fault",
+            "DELETE /testserver/fault",
+            "GET /testserver/requests",
+            "GET /testserver/pod-gets",
+            "POST /testserver/compact",
+            "version-4 UUID",
+        ] {
+            assert!(
+                help.contains(route),
+                "{route:?} missing from --help:\n{help}"
+            );
+        }
+    }
 }

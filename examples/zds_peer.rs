@@ -1,0 +1,68 @@
+//! A ztunnel-like ZDS peer you can run next to install-cni in ambient mode (test-only code: an
+//! example, never part of the shipped binary; the same peer the tests use,
+//! tests/support/zds_peer.rs). It connects to the agent's ZDS socket (and reconnects), acks every
+//! request, opens a TCP listener on 15001 inside each pod netns it is handed (each connection gets
+//! one line `zds-peer <uid>`), and logs what it got until SIGINT/SIGTERM.
+//!
+//!     cargo run --example zds_peer -- /var/run/ztunnel/ztunnel.sock
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+#[path = "../tests/support/zds_peer.rs"]
+mod zds_peer;
+#[path = "../tests/support/zds_raw.rs"]
+mod zds_raw;
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn main() {
+    let Some(path) = std::env::args().nth(1).map(PathBuf::from) else {
+        eprintln!("usage: zds_peer <ztunnel socket, e.g. /var/run/ztunnel/ztunnel.sock>");
+        std::process::exit(2);
+    };
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic.
+        if let Err(e) = unsafe { signal(sig, SigHandler::Handler(on_signal)) } {
+            eprintln!("zds-peer: cannot handle {sig}: {e}");
+        }
+    }
+    println!("zds-peer: connecting to {}", path.display());
+    let peer = zds_peer::ZdsPeer::start(&path);
+    let (mut seen, mut reported, mut connected) = (0, 0, false);
+    let mut proxies = Default::default();
+    while !STOP.load(Ordering::SeqCst) {
+        if peer.connected() != connected {
+            connected = peer.connected();
+            let state = if connected {
+                "connected"
+            } else {
+                "disconnected"
+            };
+            println!("zds-peer: {state} (connection {})", peer.connection());
+        }
+        let requests = peer.all_requests();
+        for (conn, request) in &requests[seen.min(requests.len())..] {
+            println!("zds-peer: [{conn}] {request:?}");
+        }
+        seen = requests.len();
+        let violations = peer.violations();
+        for v in &violations[reported.min(violations.len())..] {
+            println!("zds-peer: ztunnel would reject: {v}");
+        }
+        reported = violations.len();
+        let now = peer.workloads();
+        if now != proxies {
+            println!("zds-peer: listening on 15001 in the netns of {now:?}");
+            proxies = now;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("zds-peer: stopping; running proxies {:?}", peer.workloads());
+}

@@ -1,0 +1,253 @@
+//! The "node" the image test's container runs on: a netns of its own (the pod's host network),
+//! the TLS test API server inside it, the chart's host paths as temp dirs, the service account
+//! mount, a fake /proc holding a kubelet, and the host side of the CNI chain (bridge + loopback +
+//! the plugin install-cni put on the host, run from the node netns in a mount namespace where the
+//! node's /var/run/istio-cni is this test's dir, as on a real node).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::ambient_node::{NodeApi, PodNs, in_netns};
+use crate::chart::{NODE, Rendered};
+use crate::install_support::{Dirs, http_get};
+use crate::podman::{Container, Mount, Spec};
+use crate::support::Netns;
+use crate::support::cni_driver::{Attachment, Chain};
+use crate::support::zds_peer::ZdsPeer;
+
+/// The primary CNI config the node starts with (install-cni merges its entry into it).
+pub const PRIMARY: &str = "10-image.conflist";
+/// Where Kubernetes mounts a pod's service account.
+const SA_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+pub struct Host {
+    pub api: NodeApi,
+    pub ns: Netns,
+    pub dirs: Dirs,
+    ztunnel: PathBuf,
+    _ipam: tempfile::TempDir,
+}
+
+impl Host {
+    pub fn new() -> Host {
+        let ns = Netns::new("imgnode");
+        let api = in_netns(&PathBuf::from(ns.path()), || {
+            let (server, rt) = istio_cni::kube::testserver::TestApiServer::start_blocking();
+            NodeApi::new(server, rt)
+        });
+        let dirs = Dirs::new();
+        // The service account as Kubernetes mounts it: the API server's token and CA.
+        let ca = api.server.ca_pem().expect("the test API server speaks TLS");
+        std::fs::write(dirs.sa.join("ca.crt"), ca).expect("ca.crt");
+        std::fs::write(
+            dirs.sa.join("token"),
+            api.server.token().unwrap_or_default(),
+        )
+        .expect("token");
+        std::fs::write(dirs.sa.join("namespace"), crate::chart::NAMESPACE).expect("namespace");
+        let ipam = tempfile::tempdir().expect("tempdir");
+        let conflist = json!({
+            "cniVersion": "1.0.0", "name": "image-net",
+            "plugins": [
+                {"type": "bridge", "bridge": "cni0", "isGateway": false, "ipMasq": false,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]],
+                          "dataDir": ipam.path().display().to_string()}},
+                {"type": "loopback"}
+            ]
+        });
+        dirs.put(PRIMARY, conflist.to_string().as_bytes());
+        let ztunnel = dirs.tmp.path().join("ztunnel");
+        std::fs::create_dir_all(&ztunnel).expect("mkdir");
+        Host {
+            api,
+            ns,
+            dirs,
+            ztunnel,
+            _ipam: ipam,
+        }
+    }
+
+    /// A stand-in for the node's /proc (the chart's `cni-host-procfs`): a kubelet process, and
+    /// no pods (a fresh node). pid 1's netns is not needed: on the host network the agent's own
+    /// netns is the node's.
+    fn fake_proc(&self) -> PathBuf {
+        let root = self.dirs.tmp.path().join("host-proc");
+        let kubelet = root.join("2");
+        std::fs::create_dir_all(&kubelet).expect("mkdir");
+        for (file, text) in [
+            ("comm", "kubelet\n"),
+            ("cmdline", "/usr/bin/kubelet\0"),
+            ("status", "Name:\tkubelet\nUid:\t0\t0\t0\t0\n"),
+        ] {
+            std::fs::write(kubelet.join(file), text).expect("fake kubelet");
+        }
+        root
+    }
+
+    /// The host path for each of the chart's hostPath volumes (every one must be known here).
+    fn host_path(&self, volume: &str, chart_path: &str) -> String {
+        let d = &self.dirs;
+        let p = |p: &Path| p.display().to_string();
+        match volume {
+            "cni-bin-dir" => p(&d.bin),
+            "cni-net-dir" => p(&d.net),
+            "cni-socket-dir" => p(&d.run),
+            "cni-ztunnel-sock-dir" => p(&self.ztunnel),
+            "cni-host-procfs" => p(&self.fake_proc()),
+            // The machine's own: `ip netns add` puts the test's pods there.
+            "cni-netns-dir" => {
+                assert_eq!(chart_path, "/var/run/netns");
+                "/run/netns".to_string()
+            }
+            other => panic!(
+                "the chart mounts a host path this test does not map: {other} ({chart_path})"
+            ),
+        }
+    }
+
+    /// Runs the image with the rendered container's command, args, env, mounts and
+    /// securityContext, on this node's network.
+    pub fn start_container(&mut self, r: &Rendered, image: &str) -> Container {
+        std::fs::create_dir_all(&self.dirs.run).expect("mkdir run");
+        let c = r.container();
+        let strings = |v: &Value| -> Vec<String> {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| s.as_str().expect("a string").to_string())
+                .collect()
+        };
+        let host_paths = r.host_paths();
+        let mut mounts: Vec<Mount> = c["volumeMounts"]
+            .as_array()
+            .expect("volumeMounts")
+            .iter()
+            .map(|m| {
+                let volume = m["name"].as_str().expect("volume name");
+                Mount {
+                    host: self.host_path(volume, &host_paths[volume]),
+                    container: m["mountPath"].as_str().expect("mountPath").to_string(),
+                    read_only: m["readOnly"] == true,
+                    host_to_container: m["mountPropagation"] == "HostToContainer",
+                }
+            })
+            .collect();
+        mounts.push(Mount {
+            host: self.dirs.sa.display().to_string(),
+            container: SA_MOUNT.to_string(),
+            read_only: true,
+            host_to_container: false,
+        });
+        let mut env: Vec<(String, String)> = r.container_env().into_iter().collect();
+        // What the kubelet adds for every pod: the API service (here the node-local test server).
+        let port = self.api.server.addr().port().to_string();
+        env.push(("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()));
+        env.push(("KUBERNETES_SERVICE_PORT".into(), port));
+        let sc = &c["securityContext"];
+        let user = format!(
+            "{}:{}",
+            sc["runAsUser"].as_u64().expect("runAsUser"),
+            sc["runAsGroup"].as_u64().expect("runAsGroup")
+        );
+        Container::start(&Spec {
+            image,
+            netns: Path::new(&self.ns.path()),
+            command: strings(&c["command"]),
+            args: strings(&c["args"]),
+            env,
+            mounts,
+            cap_add: strings(&sc["capabilities"]["add"]),
+            cap_drop_all: strings(&sc["capabilities"]["drop"]) == ["ALL"],
+            user,
+        })
+    }
+
+    pub fn get(&self, port: u16, path: &str) -> Option<(u16, String)> {
+        let path = path.to_string();
+        self.ns
+            .spawn(move || http_get(port, &path))
+            .join()
+            .expect("http thread")
+    }
+
+    /// The test ZDS peer (ztunnel's stand-in) on the agent's socket in the host's ztunnel dir.
+    pub fn peer(&self) -> ZdsPeer {
+        ZdsPeer::start(&self.ztunnel.join("ztunnel.sock"))
+    }
+
+    pub fn namespace(&self, name: &str, labels: Value) {
+        let ns = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}
+        }))
+        .expect("Namespace");
+        self.api.server.add_namespace(ns).expect("add namespace");
+    }
+
+    /// A pod on this node (the API server gives it a random v4 UID); returns the UID.
+    pub fn pod(&self, namespace: &str, name: &str) -> String {
+        let pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"nodeName": NODE, "containers": [{"name": "app"}]}
+        }))
+        .expect("Pod");
+        let stored = self.api.server.add_pod(pod).expect("add pod");
+        stored.metadata.uid.expect("uid")
+    }
+
+    /// ADD through the merged chain, run as the runtime on the node runs it: from the node netns,
+    /// with the plugin install-cni put on the host, seeing the node's /var/run/istio-cni.
+    pub fn add(
+        &self,
+        conflist: &str,
+        pod: &PodNs,
+        k8s_ns: &str,
+        name: &str,
+    ) -> Result<Value, String> {
+        let wrap = self.dirs.tmp.path().join("host-view");
+        std::fs::create_dir_all(&wrap).expect("mkdir");
+        let script = wrap.join("istio-cni");
+        // The plugin's config names /var/run/istio-cni (the chart's host path); on this machine
+        // that is the test's dir, bound there in a mount namespace of the plugin's own.
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nmkdir -p /var/run/istio-cni\nexec unshare --mount --propagation private \
+                 sh -c 'mount --bind \"$0\" /var/run/istio-cni && exec \"$@\"' {} {} \"$@\"\n",
+                self.dirs.run.display(),
+                self.dirs.bin.join("istio-cni").display()
+            ),
+        )
+        .expect("write the host-view wrapper");
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let chain = Chain {
+            conflist: serde_json::from_str(conflist).expect("conflist JSON"),
+            cni_path: vec![wrap, PathBuf::from("/usr/lib/cni")],
+        };
+        let netns = pod.guard.path();
+        let id = pod.guard.name.clone();
+        let args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={k8s_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={id}"
+        );
+        in_netns(Path::new(&self.ns.path()), move || {
+            chain.add(&Attachment {
+                container_id: &id,
+                netns: &netns,
+                ifname: "eth0",
+                args: &args,
+            })
+        })
+    }
+
+    /// The paths of every API request the agent made.
+    pub fn api_paths(&self) -> Vec<String> {
+        self.api
+            .server
+            .requests()
+            .iter()
+            .map(|q| q.path.clone())
+            .collect()
+    }
+}
