@@ -55,6 +55,10 @@ impl ports::Dataplane for Dataplane {
     ) -> Result<ports::ProbeSynced, PortError> {
         Dataplane::probe_sync(self, members, prune).map_err(dataplane_error)
     }
+
+    fn verify_host(&self) -> Result<Option<String>, PortError> {
+        Dataplane::verify_host(self).map_err(dataplane_error)
+    }
 }
 
 fn zds_error(e: ZdsError) -> PortError {
@@ -76,6 +80,10 @@ impl ports::Ztunnel for ZdsHandle {
 
     fn del_workload<'a>(&'a self, uid: &'a str) -> PortFuture<'a> {
         Box::pin(async move { ZdsHandle::del_workload(self, uid).await.map_err(zds_error) })
+    }
+
+    fn workload_states(&self) -> HashMap<String, ports::WorkloadState> {
+        ZdsHandle::workload_states(self)
     }
 }
 

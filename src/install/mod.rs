@@ -230,7 +230,15 @@ async fn run(cfg: Config) -> i32 {
         return 1;
     }
     info!(path = %sock.display(), "plugin log sink listening");
-    match health::serve_health(cfg.health_port, readiness.clone(), stop.clone()).await {
+    let debug_pods = health::DebugPods::default();
+    match health::serve_health(
+        cfg.health_port,
+        readiness.clone(),
+        debug_pods.clone(),
+        stop.clone(),
+    )
+    .await
+    {
         Ok(addr) => info!(addr = %addr, "health server listening"),
         Err(e) => {
             error!(
@@ -306,6 +314,11 @@ async fn run(cfg: Config) -> i32 {
         readiness.register(AGENT);
         match ambient::start(&cfg, node, &metrics, &drift_kick, &stop).await {
             Ok(agent) => {
+                let core = agent.core().clone();
+                debug_pods.bind(std::sync::Arc::new(move || {
+                    serde_json::to_value(crate::agent::status::debug_pods(&core))
+                        .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+                }));
                 readiness.set(AGENT, true);
                 info!("ambient node agent ready");
                 Some(agent)

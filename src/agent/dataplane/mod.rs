@@ -177,6 +177,8 @@ pub struct Dataplane {
     probes: probe::Batcher,
     /// nftables: in-pod transaction -> how it lists once applied (learnt once each).
     nft_listings: crate::apply::nft::Listings,
+    /// nftables: the host table's transaction -> how it lists (the host rules' drift check).
+    host_listing: crate::apply::nft::Listings,
     /// The AWS branch-ENI probe routing of enrolled pods (inert on other hosts).
     branch_eni: Arc<BranchEniProbe>,
 }
@@ -214,10 +216,11 @@ impl Dataplane {
             host_netns,
             probes: probe::Batcher::default(),
             nft_listings: crate::apply::nft::Listings::new(crate::apply::ambient::OUR_NFT_TABLES),
+            host_listing: crate::apply::nft::Listings::new(probe_set::NFT_TABLE),
             branch_eni: Arc::new(branch_eni),
         };
         if !settings.skip_host_rules {
-            dp.program_host()?;
+            dp.program_host(false)?;
         }
         Ok(dp)
     }
@@ -247,19 +250,46 @@ impl Dataplane {
         }
     }
 
-    fn program_host(&self) -> Result<(), DataplaneError> {
+    /// Programs the host probe SNAT rules and probe sets, reading first: `None` when they were
+    /// in place (nothing written), else what was missing or different and was re-applied.
+    /// `strict`: fail when the nftables comparison cannot be made (the drift pass; at startup
+    /// the table is then just written).
+    fn program_host(&self, strict: bool) -> Result<Option<String>, DataplaneError> {
         let cfg = self.settings.ambient.clone();
         let uid = if self.nftables() {
             kubelet_uid(&self.settings.host_proc).map_err(DataplaneError::KubeletUid)?
         } else {
             String::new()
         };
-        let opts = self.apply_opts(None);
+        let mut opts = self.apply_opts(None);
+        if self.nftables() {
+            let transaction = crate::apply::ambient::host_nft_transaction(&cfg, &uid);
+            match self.host_listing.expected(&transaction) {
+                Ok(listing) => opts.nft_expected = Some(listing),
+                Err(e) if strict => {
+                    return Err(DataplaneError::HostRules(AmbientError::Apply(e)));
+                }
+                Err(e) => warn!("cannot learn how the host nft table lists (written as is): {e}"),
+            }
+        }
         in_host(&self.host_netns, move || {
             program_host_here(&cfg, &uid, &opts)
         })?
-        .map_err(DataplaneError::HostRules)?;
-        Ok(())
+        .map_err(DataplaneError::HostRules)
+    }
+
+    /// The drift pass's host check: the probe SNAT rules (chain, jump or table) and the probe
+    /// sets compared with the plan and re-applied where they differ. `None`: all in place.
+    pub fn verify_host(&self) -> Result<Option<String>, DataplaneError> {
+        if self.settings.skip_host_rules {
+            return Ok(None);
+        }
+        let repaired = self.program_host(true)?;
+        if repaired.is_some() {
+            // The sets may have been recreated empty: the next batch must read them.
+            self.probes.forget();
+        }
+        Ok(repaired)
     }
 
     /// Opens a netns path the plugin reported (a host path) under the host prefix.
