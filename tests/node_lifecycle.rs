@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ambient_node::{Backend, Node, PodNs, in_netns, result_ip};
+use ambient_node::{Backend, Node, PodNs, PodProcess, in_netns, result_ip};
 use install_support::http_get;
 use serde_json::{Value, json};
 
@@ -79,6 +79,8 @@ struct Enrolled {
     uid: String,
     ip: String,
     ns: PodNs,
+    /// A process of the pod (its cgroup names the UID): how a restarted agent finds the netns.
+    _process: PodProcess,
 }
 
 /// Creates and ADDs `names` through the real CNI chain; waits until each is annotated and in the
@@ -96,11 +98,13 @@ fn enrol(node: &Node, names: &[&str]) -> Vec<Enrolled> {
                     .unwrap_or_else(|e| panic!("ADD {name}: {e}\n{}", node.agent.output())),
             );
             node.set_running("amb", name, &ip);
+            let _process = PodProcess::start(&ns, &uid);
             Enrolled {
                 name: name.to_string(),
                 uid,
                 ip,
                 ns,
+                _process,
             }
         })
         .collect();
@@ -321,4 +325,92 @@ fn debug_pods_answers_per_pod_and_only_to_get() {
         out
     });
     assert!(status.starts_with("HTTP/1.1 405"), "{status}");
+}
+
+/// The node's host holds the iptables host rules / the nft host table.
+fn host_has(node: &Node) -> (bool, bool) {
+    let ipt = String::from_utf8_lossy(&node.ns.exec("iptables-save", &["-t", "nat"]).stdout)
+        .contains(":ISTIO_POSTRT");
+    let nft = node
+        .ns
+        .try_exec("nft", &["list", "table", "inet", "istio-ambient-nat"])
+        .status
+        .success();
+    (ipt, nft)
+}
+
+/// The pod netns holds our iptables chains / our nft tables.
+fn pod_has(p: &Enrolled) -> (bool, bool) {
+    let ipt = p.ns.guard.iptables_save().contains("ISTIO_");
+    let nft = String::from_utf8_lossy(&p.ns.guard.exec("nft", &["list", "tables"]).stdout)
+        .contains("istio-ambient-");
+    (ipt, nft)
+}
+
+/// Scenario 6 (Istio's #61020): the backend chosen at first install is recorded in the run dir and
+/// reused by a restart although the detection inputs changed (an iptables probe ipset appeared on
+/// the host, which alone would put a fresh decision on iptables); a change of NATIVE_NFTABLES
+/// migrates: the old host and in-pod rules removed, the new applied, the pod re-verified and in the
+/// mesh, one rule set only; uninstall (SIGTERM) deletes the record.
+#[test]
+fn the_backend_is_decided_once_per_node_and_a_native_nftables_change_migrates() {
+    let mut node = Node::start_with(
+        Backend::Nftables,
+        &[
+            ("DRIFT_VERIFY_INTERVAL", "1s"),
+            ("HEALTH_PORT", HEALTH_PORT),
+        ],
+    );
+    let pods = enrol(&node, &["a"]);
+    let record = node.dirs.run.join("ambient-backend");
+    let text = std::fs::read_to_string(&record).expect("the backend record");
+    assert!(text.contains("backend=nftables"), "{text}");
+    assert_eq!(
+        (host_has(&node), pod_has(&pods[0])),
+        ((false, true), (false, true))
+    );
+
+    // The other backend's artifact appears; a restart keeps the recorded backend.
+    node.ns.exec(
+        "ipset",
+        &[
+            "create",
+            "istio-inpod-probes-v4",
+            "hash:ip",
+            "family",
+            "inet",
+            "comment",
+        ],
+    );
+    node.restart_agent_killed();
+    node.agent.wait_line(
+        "first install (recorded in the run dir)",
+        Duration::from_secs(10),
+    );
+    node.wait_until(Duration::from_secs(10), "re-verified", || {
+        debug_pods(&node)["pods"][0]["last_verified"]["result"] == "in_place"
+    });
+    assert_eq!(host_has(&node), (false, true), "a second host rule set");
+    assert_eq!(pod_has(&pods[0]), (false, true), "a second in-pod rule set");
+    node.ns.exec("ipset", &["destroy", "istio-inpod-probes-v4"]);
+    assert_in_mesh(&node, &pods);
+
+    // NATIVE_NFTABLES turned off: migrated to iptables, one rule set everywhere.
+    node.set_env("NATIVE_NFTABLES", None);
+    node.backend = Backend::Iptables;
+    node.restart_agent_killed();
+    node.wait_until(Duration::from_secs(15), "migrated to iptables", || {
+        host_has(&node) == (true, false) && pod_has(&pods[0]) == (true, false)
+    });
+    let text = std::fs::read_to_string(&record).expect("the backend record");
+    assert!(text.contains("backend=iptables"), "{text}");
+    node.wait_until(Duration::from_secs(10), "the probe set refilled", || {
+        node.probe_members()
+            .contains(&(pods[0].ip.clone(), pods[0].uid.clone()))
+    });
+    assert_in_mesh(&node, &pods);
+
+    // Uninstall: the record goes with it.
+    node.agent.terminate(Duration::from_secs(15));
+    assert!(!record.exists(), "the record outlived the uninstall");
 }

@@ -134,6 +134,7 @@ pub fn dataplane_settings(
         scoped_xtables_locking: c.scoped_xtables_locking,
         skip_host_rules: false,
         aws_branch_eni_probe: c.aws_branch_eni_probe,
+        recorded: None,
     }
 }
 
@@ -148,15 +149,20 @@ pub enum JoinError {
     Zds(#[from] ZdsError),
 }
 
-/// Builds the real data plane (backend decision, host rules, probe sets) off the async runtime.
+/// Builds the real data plane (backend decision, host rules, probe sets) off the async runtime;
+/// `recorded` is the backend recorded at the node's first install. Returns the decision made
+/// (the caller records it).
 pub async fn real_dataplane(
     settings: &super::settings::Settings,
-) -> Result<Arc<dyn ports::Dataplane>, JoinError> {
-    let dp_settings = dataplane_settings(settings);
+    recorded: Option<crate::apply::backend::Recorded>,
+) -> Result<(Arc<dyn ports::Dataplane>, crate::apply::backend::Decision), JoinError> {
+    let mut dp_settings = dataplane_settings(settings);
+    dp_settings.recorded = recorded;
     let built = tokio::task::spawn_blocking(move || Dataplane::new(&dp_settings))
         .await
         .map_err(JoinError::Task)??;
-    Ok(Arc::new(built))
+    let decision = built.decision().clone();
+    Ok((Arc::new(built), decision))
 }
 
 /// Starts the ZDS server on `ZTUNNEL_UDS_ADDRESS` with the agent's pod cache as ztunnel's state

@@ -455,6 +455,31 @@ pub fn program_host_here(
     Ok((!what.is_empty()).then(|| what.join("; ")))
 }
 
+/// Removes the host probe SNAT rules and the probe sets of one backend (`opts.nftables`) from the
+/// calling thread's netns: a `NATIVE_NFTABLES` migration, before the other backend's are
+/// programmed. Absent objects are fine.
+pub fn remove_host_here(opts: &AmbientApply, ipv6: bool) -> Result<(), AmbientError> {
+    use super::probe_set::Ipsets;
+    use crate::rules::ambient::{PROBE_SET_V4, PROBE_SET_V6};
+    let mut exec = ProcessExecutor::entering(opts.userns.clone());
+    if opts.nftables {
+        apply_transaction(&mut exec, &render_cleanup(&[NftTable::AmbientHostNat]))?;
+        return Ok(());
+    }
+    apply_iptables(&mut exec, &RuleSet::default(), HOST_CHAINS, opts)?;
+    // The SNAT rule named the sets; with it gone they can go.
+    let sets: &[&str] = if ipv6 {
+        &[PROBE_SET_V4, PROBE_SET_V6]
+    } else {
+        &[PROBE_SET_V4]
+    };
+    let missing = Ipsets.missing(&mut exec, ipv6)?;
+    for set in sets.iter().filter(|s| !missing.contains(s)) {
+        run_checked(&mut exec, &super::exec::Cmd::new("ipset", ["destroy", set]))?;
+    }
+    Ok(())
+}
+
 /// Why ambient rules could not be applied or removed.
 #[derive(Debug, thiserror::Error)]
 pub enum AmbientError {

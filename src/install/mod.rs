@@ -409,6 +409,15 @@ async fn run(cfg: Config) -> i32 {
     let code = match installer {
         Some(mut inst) if !keep => {
             let _ = tokio::task::spawn_blocking(move || inst.cleanup()).await;
+            // Uninstalled: a later install decides the backend afresh.
+            let record = ambient::record_path(&cfg);
+            match std::fs::remove_file(&record) {
+                Ok(()) => info!(path = %record.display(), "ambient backend record removed"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    warn!(path = %record.display(), "removing the ambient backend record: {e}")
+                }
+            }
             0
         }
         Some(_) => 0,

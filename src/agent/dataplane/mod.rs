@@ -20,7 +20,7 @@ use crate::apply::ambient::{
     AmbientApply, AmbientError, inpod_nft_transaction, program_host_here, program_inpod_here,
     remove_inpod_here,
 };
-use crate::apply::backend::{BackendRequest, Decision, ProcessHost, decide_for_host};
+use crate::apply::backend::{BackendRequest, Decision, ProcessHost, Recorded, decide_recorded};
 use crate::apply::exec::ProcessExecutor;
 use crate::apply::hostproc::{KubeletUidError, kubelet_uid};
 use crate::apply::iptables::{ApplyError, ForceBinary};
@@ -54,6 +54,9 @@ pub struct DataplaneSettings {
     /// `AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE` (active only where the host has
     /// `tcp_early_demux=0`, see [`branch_eni`]).
     pub aws_branch_eni_probe: bool,
+    /// The backend recorded at this node's first install (reused; see
+    /// [`crate::apply::backend::decide_recorded`]).
+    pub recorded: Option<Recorded>,
 }
 
 impl Default for DataplaneSettings {
@@ -68,6 +71,7 @@ impl Default for DataplaneSettings {
             scoped_xtables_locking: true,
             skip_host_rules: false,
             aws_branch_eni_probe: true,
+            recorded: None,
         }
     }
 }
@@ -181,6 +185,12 @@ pub struct Dataplane {
     host_listing: crate::apply::nft::Listings,
     /// The AWS branch-ENI probe routing of enrolled pods (inert on other hosts).
     branch_eni: Arc<BranchEniProbe>,
+    /// `NATIVE_NFTABLES` changed since the recorded decision: the old backend, whose in-pod
+    /// rules each pod loses the first time it is programmed (the drift pass's first run reaches
+    /// every pod).
+    migrate_from: Option<Recorded>,
+    /// Pods (netns identity) already rid of the old backend's rules.
+    migrated: Mutex<std::collections::HashSet<crate::netns::NetnsId>>,
 }
 
 impl Dataplane {
@@ -199,8 +209,9 @@ impl Dataplane {
             force_binary: settings.force_iptables_binary,
         };
         let ipv6 = settings.ambient.enable_ipv6;
-        let decision = in_host(&host_netns, move || {
-            decide_for_host(&req, ipv6, &ProcessHost)
+        let recorded = settings.recorded;
+        let (decision, migrate_from) = in_host(&host_netns, move || {
+            decide_recorded(&req, ipv6, &ProcessHost, recorded.as_ref())
         })?;
         if let Some(w) = &decision.warning {
             warn!("{w}");
@@ -218,8 +229,13 @@ impl Dataplane {
             nft_listings: crate::apply::nft::Listings::new(crate::apply::ambient::OUR_NFT_TABLES),
             host_listing: crate::apply::nft::Listings::new(probe_set::NFT_TABLE),
             branch_eni: Arc::new(branch_eni),
+            migrate_from,
+            migrated: Mutex::default(),
         };
         if !settings.skip_host_rules {
+            if let Some(old) = &dp.migrate_from {
+                dp.remove_host(old)?;
+            }
             dp.program_host(false)?;
         }
         Ok(dp)
@@ -292,6 +308,20 @@ impl Dataplane {
         Ok(repaired)
     }
 
+    /// The old backend's host rules and probe sets removed (a `NATIVE_NFTABLES` migration): the
+    /// new backend's are programmed right after, and every pod is put back by the sync.
+    fn remove_host(&self, old: &Recorded) -> Result<(), DataplaneError> {
+        let mut opts = self.apply_opts(None);
+        opts.nftables = old.backend == Backend::Nftables;
+        opts.force_binary = old.force_binary;
+        let ipv6 = self.settings.ambient.enable_ipv6;
+        info!(from = ?old.backend, to = ?self.decision.backend, "NATIVE_NFTABLES changed: removing the old backend's host rules");
+        in_host(&self.host_netns, move || {
+            crate::apply::ambient::remove_host_here(&opts, ipv6)
+        })?
+        .map_err(DataplaneError::HostRules)
+    }
+
     /// Opens a netns path the plugin reported (a host path) under the host prefix.
     pub fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, DataplaneError> {
         let path = host_path(&self.settings.host_prefix, cni_netns_path);
@@ -313,9 +343,31 @@ impl Dataplane {
         if self.nftables() {
             opts.nft_expected = self.nft_listing(&inpod_nft_transaction(&cfg, &overrides));
         }
+        let old = self.migrate_from.filter(|_| {
+            !self
+                .migrated
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&netns.id())
+        });
+        let old_opts = old.map(|old| AmbientApply {
+            nftables: old.backend == Backend::Nftables,
+            force_binary: old.force_binary,
+            ..self.apply_opts(Some(netns))
+        });
         let outcome = in_pod(netns, pod, move || {
+            if let Some(old_opts) = &old_opts {
+                remove_inpod_here(old_opts)?;
+            }
             program_inpod_here(&cfg, &overrides, &opts)
         })?;
+        if old.is_some() {
+            info!(pod = %pod_ref(pod), "the old backend's in-pod rules removed (NATIVE_NFTABLES changed)");
+            self.migrated
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(netns.id());
+        }
         tracing::debug!(pod = %pod_ref(pod), %outcome, "in-pod rules");
         Ok(outcome)
     }
