@@ -414,3 +414,64 @@ fn the_backend_is_decided_once_per_node_and_a_native_nftables_change_migrates() 
     node.agent.terminate(Duration::from_secs(15));
     assert!(!record.exists(), "the record outlived the uninstall");
 }
+
+/// A PATH directory with every tool of this machine's PATH except ip6tables (and its
+/// -save/-restore/-legacy/-nft variants): a node without IPv6 tooling.
+fn path_without_ip6tables() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    for d in path.split(':') {
+        let Ok(entries) = std::fs::read_dir(d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let link = dir.path().join(&name);
+            if name.to_string_lossy().starts_with("ip6tables") || link.exists() {
+                continue;
+            }
+            let _ = std::os::unix::fs::symlink(e.path(), &link);
+        }
+    }
+    assert!(dir.path().join("iptables").exists() && !dir.path().join("ip6tables").exists());
+    dir
+}
+
+/// Scenario 8 (Istio's #57869): with AMBIENT_IPV6=false (the default) the agent runs on a node
+/// without ip6tables: host rules, enrolment, the drift pass and a restart all work, the pod is in
+/// the mesh, and nothing in the log mentions ip6tables.
+#[test]
+fn ipv6_off_needs_no_ip6tables() {
+    let bin = path_without_ip6tables();
+    let mut node = Node::start_with(
+        Backend::Iptables,
+        &[
+            ("PATH", bin.path().to_str().expect("utf-8")),
+            ("AMBIENT_IPV6", "false"),
+            ("DRIFT_VERIFY_INTERVAL", "1s"),
+            ("HEALTH_PORT", HEALTH_PORT),
+        ],
+    );
+    let pods = enrol(&node, &["a"]);
+    let verified = |node: &Node| {
+        let report = debug_pods(node);
+        report["host_rules"]["result"] == "in_place"
+            && report["pods"][0]["last_verified"]["result"] == "in_place"
+    };
+    node.wait_until(Duration::from_secs(10), "a clean drift pass", || {
+        verified(&node)
+    });
+    assert_in_mesh(&node, &pods);
+    node.restart_agent_killed();
+    node.wait_until(
+        Duration::from_secs(10),
+        "a clean pass after the restart",
+        || verified(&node),
+    );
+    assert_in_mesh(&node, &pods);
+    let log = node.agent.output();
+    assert!(
+        !log.to_lowercase().contains("ip6tables"),
+        "the agent spoke of ip6tables:\n{log}"
+    );
+}

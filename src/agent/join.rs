@@ -149,6 +149,10 @@ pub enum JoinError {
     Zds(#[from] ZdsError),
 }
 
+/// The backend decided at a node's first install, and its file in the run dir (the data plane's
+/// decision, recorded by install-cni).
+pub use crate::apply::backend::{RECORD_FILE, Recorded};
+
 /// Builds the real data plane (backend decision, host rules, probe sets) off the async runtime;
 /// `recorded` is the backend recorded at the node's first install. Returns the decision made
 /// (the caller records it).
