@@ -475,3 +475,65 @@ fn ipv6_off_needs_no_ip6tables() {
         "the agent spoke of ip6tables:\n{log}"
     );
 }
+
+/// Scenario 7 (Istio's #61027), IPv4 half: a pod with a second IPv4 address (on its interface and
+/// in its status) keeps both in the probe set across a killed-and-restarted agent, and stays in
+/// the mesh.
+#[test]
+fn a_secondary_address_survives_an_agent_restart() {
+    let mut node = Node::start_with(Backend::Iptables, &[("HEALTH_PORT", HEALTH_PORT)]);
+    let pods = enrol(&node, &["a"]);
+    let second = "10.244.0.201";
+    pods[0].ns.guard.exec(
+        "ip",
+        &["addr", "add", &format!("{second}/24"), "dev", "eth0"],
+    );
+    let mut pod = node.api.server.pod("amb", "a").expect("pod");
+    pod.status = Some(
+        serde_json::from_value(json!({
+            "phase": "Running", "podIP": pods[0].ip,
+            "podIPs": [{"ip": pods[0].ip}, {"ip": second}]
+        }))
+        .expect("PodStatus"),
+    );
+    node.api.server.update_pod(pod).expect("update pod");
+    node.restart_agent_killed();
+    let uid = pods[0].uid.clone();
+    node.wait_until(
+        Duration::from_secs(10),
+        "both addresses in the probe set",
+        || {
+            let members = node.probe_members();
+            members.contains(&(pods[0].ip.clone(), uid.clone()))
+                && members.contains(&(second.to_string(), uid.clone()))
+        },
+    );
+    let report = debug_pods(&node);
+    assert_eq!(
+        report["pods"][0]["ips"],
+        json!([pods[0].ip, second]),
+        "{report}"
+    );
+    // Exactly the pod's two addresses.
+    let first = pods[0].ip.clone();
+    let mut members = node.probe_members();
+    members.sort();
+    assert_eq!(
+        members,
+        vec![(first, uid.clone()), (second.to_string(), uid.clone())]
+    );
+    for p in &pods {
+        let before = node.peer.accepted(&p.uid).expect("proxy");
+        let to: SocketAddr = "10.244.0.250:8080".parse().expect("addr");
+        istio_cni::netns::Netns::open(&p.ns.guard.path())
+            .and_then(|ns| {
+                ns.run(move || {
+                    let _ = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2));
+                })
+            })
+            .expect("enter the pod netns");
+        node.wait_until(Duration::from_secs(5), "outbound on the peer", || {
+            node.peer.accepted(&p.uid).is_some_and(|n| n > before)
+        });
+    }
+}
