@@ -537,3 +537,100 @@ fn a_secondary_address_survives_an_agent_restart() {
         });
     }
 }
+
+/// Scenario 4: the agent killed (-9) in the middle of 10 concurrent ADDs, started again; the
+/// failed ADDs are retried as the kubelet does. Every pod ends enrolled exactly once: annotated,
+/// its in-pod rules not duplicated, the probe set exactly the enrolled IPs, ztunnel's current
+/// connection given one Add per pod, and each pod in the mesh.
+#[test]
+fn an_agent_killed_mid_burst_enrols_every_pod_exactly_once() {
+    const N: usize = 10;
+    let mut node = Node::start(Backend::Iptables);
+    node.namespace("amb", json!({AMBIENT: "ambient"}));
+    let names: Vec<String> = (0..N).map(|i| format!("burst-{i}")).collect();
+    let sandboxes: Vec<(String, PodNs)> = names
+        .iter()
+        .map(|n| (node.unique_pod("amb", n), PodNs::new("burst")))
+        .collect();
+    let results: Vec<Result<Value, String>> = std::thread::scope(|s| {
+        let adds: Vec<_> = names
+            .iter()
+            .zip(&sandboxes)
+            .map(|(name, (_, ns))| s.spawn(|| node.add(ns, "amb", name)))
+            .collect();
+        std::thread::sleep(Duration::from_millis(400));
+        node.agent.signal(nix::sys::signal::Signal::SIGKILL);
+        adds.into_iter()
+            .map(|a| a.join().expect("ADD thread"))
+            .collect()
+    });
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    eprintln!("{failed} of {N} ADDs failed with the agent killed");
+    node.restart_agent_killed();
+    let mut pods = Vec::new();
+    for ((name, (uid, ns)), first) in names.iter().zip(sandboxes).zip(results) {
+        let result = match first {
+            Ok(r) => r,
+            // The kubelet retries a failed ADD (after a DEL of the half-made sandbox).
+            Err(_) => {
+                let _ = node.del(&ns, "amb", name);
+                node.add(&ns, "amb", name)
+                    .unwrap_or_else(|e| panic!("retried ADD {name}: {e}\n{}", node.agent.output()))
+            }
+        };
+        let ip = result_ip(&result);
+        node.set_running("amb", name, &ip);
+        let _process = PodProcess::start(&ns, &uid);
+        pods.push(Enrolled {
+            name: name.clone(),
+            uid,
+            ip,
+            ns,
+            _process,
+        });
+    }
+    for p in &pods {
+        node.wait_until(Duration::from_secs(10), "annotated", || {
+            node.redirection("amb", &p.name).as_deref() == Some("enabled")
+        });
+        // Each rule of ours once per table.
+        let mut table = String::new();
+        let mut ours: Vec<String> = Vec::new();
+        for l in p.ns.guard.iptables_save().lines() {
+            if let Some(t) = l.strip_prefix('*') {
+                table = t.to_string();
+            } else if l.starts_with("-A") && l.contains("ISTIO") {
+                ours.push(format!("{table}: {l}"));
+            }
+        }
+        let unique: std::collections::BTreeSet<&String> = ours.iter().collect();
+        assert_eq!(
+            unique.len(),
+            ours.len(),
+            "{}: duplicated rules: {ours:#?}",
+            p.name
+        );
+    }
+    node.wait_until(
+        Duration::from_secs(10),
+        "the probe set exactly the pods",
+        || {
+            let mut members = node.probe_members();
+            members.sort();
+            let mut want: Vec<_> = pods.iter().map(|p| (p.ip.clone(), p.uid.clone())).collect();
+            want.sort();
+            members == want
+        },
+    );
+    let conn = node.peer.connection();
+    for p in &pods {
+        let adds = node
+            .peer
+            .requests(conn)
+            .iter()
+            .filter(|s| s.is_add_of(&p.uid))
+            .count();
+        assert_eq!(adds, 1, "{}: {adds} Adds on connection {conn}", p.name);
+    }
+    assert_in_mesh(&node, &pods);
+}
