@@ -28,9 +28,26 @@ pub enum SetOp {
     Del { ip: IpAddr },
 }
 
-/// Adds `ips` for `uid`: absent → add; held by another UID (a reused IP) → delete, then add;
-/// already ours → nothing.
+/// Makes `ips` the entries of `uid`: absent → add; held by another UID (a reused IP) → delete,
+/// then add; already ours → nothing; and (with `ips` known) the UID's entries at other IPs are
+/// deleted — a sandbox re-created after an interrupted ADD gets a new IP, and the old one must not
+/// stay in the set under the pod's UID.
 pub fn plan_upsert(current: &Entries, uid: &str, ips: &[IpAddr]) -> Vec<SetOp> {
+    let mut ops: Vec<SetOp> = if ips.is_empty() {
+        vec![]
+    } else {
+        current
+            .iter()
+            .filter(|(ip, owner)| *owner == uid && !ips.contains(ip))
+            .map(|(ip, _)| SetOp::Del { ip: *ip })
+            .collect()
+    };
+    ops.extend(plan_put(current, uid, ips));
+    ops
+}
+
+/// `ips` present with owner `uid` (the other entries of `uid` untouched).
+fn plan_put(current: &Entries, uid: &str, ips: &[IpAddr]) -> Vec<SetOp> {
     let mut ops = Vec::new();
     for ip in ips {
         match current.get(ip) {
@@ -90,7 +107,7 @@ pub fn plan_sync(current: &Entries, members: &[(String, Vec<IpAddr>)], prune: bo
     let mut wanted: Vec<(IpAddr, &str)> = wanted.into_iter().collect();
     wanted.sort();
     for (ip, uid) in wanted {
-        ops.extend(plan_upsert(current, uid, &[ip]));
+        ops.extend(plan_put(current, uid, &[ip]));
     }
     ops
 }
@@ -129,6 +146,28 @@ pub trait ProbeSets {
 
 /// ipsets (iptables backend).
 pub struct Ipsets;
+
+impl Ipsets {
+    /// The probe sets (v6 too when `ipv6`) the calling thread's netns lacks (`ipset list -n`).
+    pub fn missing(
+        &self,
+        exec: &mut dyn Executor,
+        ipv6: bool,
+    ) -> Result<Vec<&'static str>, ApplyError> {
+        let out = run_checked(exec, &Cmd::new("ipset", ["list", "-n"]))?;
+        let present: Vec<&str> = out.stdout.lines().map(str::trim).collect();
+        let wanted: &[&'static str] = if ipv6 {
+            &[PROBE_SET_V4, PROBE_SET_V6]
+        } else {
+            &[PROBE_SET_V4]
+        };
+        Ok(wanted
+            .iter()
+            .copied()
+            .filter(|s| !present.contains(s))
+            .collect())
+    }
+}
 
 impl ProbeSets for Ipsets {
     fn ensure(&self, exec: &mut dyn Executor, ipv6: bool) -> Result<(), ApplyError> {
@@ -388,5 +427,22 @@ mod tests {
             entries(&[("10.0.0.1", "u1"), ("10.0.0.2", "u2")])
         );
         assert!(parse_nft_set("table inet x {\n\tset s {\n\t}\n}\n").is_empty());
+    }
+
+    #[test]
+    fn an_upsert_drops_the_uids_entries_at_ips_it_no_longer_has() {
+        let current = entries(&[("10.0.0.2", "a"), ("10.0.0.3", "b"), ("10.0.0.7", "a")]);
+        let ops = plan_upsert(&current, "a", &[ip("10.0.0.9"), ip("10.0.0.7")]);
+        assert_eq!(
+            ops,
+            [
+                SetOp::Del { ip: ip("10.0.0.2") },
+                SetOp::Add {
+                    ip: ip("10.0.0.9"),
+                    uid: "a".into()
+                }
+            ]
+        );
+        assert!(plan_upsert(&current, "a", &[]).is_empty(), "IPs unknown");
     }
 }
