@@ -115,3 +115,100 @@ fn wait_enrolled(node: &Node, pods: &[Enrolled]) {
         );
     }
 }
+
+/// Scenario 1 (Istio's #60882, #57285): a node rebooted without drain. Enrolled pods; agent and
+/// ztunnel stopped; every pod netns and its processes gone; new sandboxes for the same pods (same
+/// UIDs, new netns and container IDs); agent and ztunnel started (in the order given), and the
+/// kubelet's ADDs arrive as it retries them. The new netns are enrolled, ztunnel is never handed a
+/// netns that no longer exists, and the probe set and ztunnel hold exactly the live pods.
+fn reboot_without_drain(agent_first: bool) {
+    let mut node = Node::start_with(Backend::Iptables, &[("HEALTH_PORT", HEALTH_PORT)]);
+    let names = ["boot-a", "boot-b", "boot-c"];
+    let before = enrol(&node, &names);
+    assert_in_mesh(&node, &before);
+    let old_inodes: Vec<u64> = before.iter().map(|p| inode(&p.ns)).collect();
+    let uids: Vec<String> = before.iter().map(|p| p.uid.clone()).collect();
+
+    // The reboot: agent and ztunnel gone, then every sandbox with its processes.
+    // ztunnel first: an agent killed under a connected peer reads as an empty datagram to it.
+    node.peer.kill();
+    node.kill_agent();
+    drop(before);
+    let sandboxes: Vec<PodNs> = names.iter().map(|_| PodNs::new("boot")).collect();
+    let snapshots = node.peer.snapshots();
+    if agent_first {
+        node.start_agent();
+        std::thread::sleep(Duration::from_millis(500));
+        node.peer.start_again();
+    } else {
+        node.peer.start_again();
+        std::thread::sleep(Duration::from_millis(200));
+        node.start_agent();
+    }
+    node.peer
+        .wait_snapshots(snapshots + 1, Duration::from_secs(30));
+    // The kubelet's retried ADDs (the first may race the agent's start: retried like the kubelet).
+    let mut pods = Vec::new();
+    for ((name, uid), ns) in names.iter().zip(uids).zip(sandboxes) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let result = loop {
+            match node.add(&ns, "amb", name) {
+                Ok(r) => break r,
+                Err(e) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "ADD {name} after the reboot: {e}\n{}",
+                        node.agent.output()
+                    );
+                    let _ = node.del(&ns, "amb", name);
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            }
+        };
+        pods.push(running(&node, name, uid, ns, &result_ip(&result)));
+    }
+    wait_enrolled(&node, &pods);
+    node.wait_until(
+        Duration::from_secs(10),
+        "the probe set exactly the live pods",
+        || {
+            let mut members = node.probe_members();
+            members.sort();
+            let mut want: Vec<_> = pods.iter().map(|p| (p.ip.clone(), p.uid.clone())).collect();
+            want.sort();
+            members == want
+        },
+    );
+    assert_in_mesh(&node, &pods);
+    // ztunnel holds exactly the live pods, each in its new netns, never an old one.
+    let live: Vec<String> = pods.iter().map(|p| p.uid.clone()).collect();
+    assert_eq!(node.peer.workloads().keys().cloned().collect::<Vec<_>>(), {
+        let mut l = live.clone();
+        l.sort();
+        l
+    });
+    for p in &pods {
+        let ino = node.peer.netns_of(&p.uid).expect("proxy").1;
+        assert!(
+            !old_inodes.contains(&ino),
+            "{}: ztunnel was handed the deleted netns",
+            p.name
+        );
+    }
+    assert_eq!(node.peer.violations(), Vec::<String>::new());
+}
+
+fn inode(ns: &PodNs) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(ns.guard.path()).expect("netns").ino()
+}
+
+#[test]
+fn a_reboot_without_drain_enrols_the_new_netns_agent_first() {
+    reboot_without_drain(true);
+}
+
+#[test]
+fn a_reboot_without_drain_enrols_the_new_netns_ztunnel_first() {
+    reboot_without_drain(false);
+}
