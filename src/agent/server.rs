@@ -6,7 +6,6 @@
 //! the plugin's own timeout) is answered 504 with the reason; the handler runs to completion
 //! regardless, so a pod is never left half-enrolled by a dropped request.
 
-use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -19,36 +18,43 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::pod;
+use super::settings::PLUGIN_EVENT_SOCKET;
 use super::worker::Core;
 use crate::kube::plugin_event::PluginAddEvent;
 use crate::kube::stores::{self, pod_key};
 use crate::telemetry::metrics::ResponseCodeLabel;
+use crate::telemetry::serve::{self, Limits, Serving, UnixServer};
+use crate::telemetry::socket::SocketError;
 
 /// Largest body accepted (an event is a few hundred bytes).
 const MAX_BODY: usize = 64 * 1024;
 
-/// Binds the socket (stale file replaced, parent created 0750, socket 0666) and serves until
-/// `shutdown`; the socket file is removed when it stops. Returns the serving task.
+/// Binds the socket with the one binder (root only, 0600, only a stale socket replaced) and
+/// serves it until `shutdown` with the listeners' bounds, supervised (`telemetry::serve`); the
+/// socket file is removed when it stops, if it is still ours. Returns the serving task.
 pub async fn serve(
     path: PathBuf,
     core: Arc<Core>,
+    serving: Serving,
     shutdown: CancellationToken,
-) -> io::Result<tokio::task::JoinHandle<()>> {
-    let listener = crate::telemetry::logsink::bind_plugin_socket(&path)?;
+) -> Result<tokio::task::JoinHandle<()>, SocketError> {
+    let bound = serve::bind_unix(&path)?;
     let app = Router::new()
         .route("/cmdadd", any(cmd_add))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(core);
     info!(path = %path.display(), "plugin-event server listening");
-    Ok(tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-        if let Err(e) = served {
-            warn!("plugin-event server failed: {e}");
-        }
-        let _ = std::fs::remove_file(&path);
-    }))
+    let limits = Limits::new(serve::MAX_PLUGIN_EVENT_CONNECTIONS, serving.idle_timeout);
+    let server = UnixServer {
+        name: PLUGIN_EVENT_SOCKET.to_string(),
+        limits,
+        readiness: Some(serving.readiness),
+    };
+    Ok(tokio::spawn(server.run(
+        bound,
+        serve::http(app, limits),
+        shutdown,
+    )))
 }
 
 async fn cmd_add(State(core): State<Arc<Core>>, body: Bytes) -> (StatusCode, String) {

@@ -301,6 +301,16 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         },
     };
 
+    // Ours: slow request headers and idle keep-alives on every listener are closed after it.
+    let listener_idle_timeout = match r.env_raw("LISTENER_IDLE_TIMEOUT") {
+        None => DEFAULT_LISTENER_IDLE_TIMEOUT,
+        Some(raw) => match crate::cli::parse_go_duration(raw.value.trim()) {
+            Some(d) if d >= std::time::Duration::from_millis(100) => d,
+            Some(_) => return Err(invalid(&raw, "expected at least 100ms")),
+            None => return Err(invalid(&raw, "expected a Go duration such as 10s")),
+        },
+    };
+
     Ok(Config {
         install,
         repair,
@@ -315,6 +325,7 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
             "/host/var/run/netns",
         )),
         drift_verify_interval,
+        listener_idle_timeout,
         warnings,
     })
 }
