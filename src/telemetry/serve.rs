@@ -95,7 +95,13 @@ impl Limits {
 pub struct Slots {
     max: usize,
     open: Mutex<(u64, BTreeMap<u64, SlotState>)>,
+    /// Most connections open at once since the listener last went idle.
+    peak: AtomicUsize,
 }
+
+/// A listener that had at least this many connections open gives freed memory back to the
+/// system when its last one closes.
+const TRIM_AFTER_PEAK: usize = 16;
 
 struct SlotState {
     busy: Arc<AtomicUsize>,
@@ -124,6 +130,7 @@ impl Slots {
         Arc::new(Slots {
             max: max.max(1),
             open: Mutex::new((0, BTreeMap::new())),
+            peak: AtomicUsize::new(0),
         })
     }
 
@@ -151,6 +158,7 @@ impl Slots {
                 evict: evict.clone(),
             },
         );
+        self.peak.fetch_max(open.1.len(), Ordering::SeqCst);
         Some(Slot {
             id,
             slots: self.clone(),
@@ -183,9 +191,27 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if let Ok(mut open) = self.slots.open.lock() {
-            open.1.remove(&self.id);
+        let idle = match self.slots.open.lock() {
+            Ok(mut open) => {
+                open.1.remove(&self.id);
+                open.1.is_empty()
+            }
+            Err(_) => false,
+        };
+        if idle && self.slots.peak.swap(0, Ordering::SeqCst) >= TRIM_AFTER_PEAK {
+            release_memory();
         }
+    }
+}
+
+/// After a burst of connections: glibc keeps freed heap in its per-thread arenas, so the
+/// memory of thousands of closed connections would stay resident; hand it back. (musl's
+/// allocator, the static build's, returns freed memory by itself.)
+fn release_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -265,7 +291,7 @@ impl Throttled {
 async fn serve_http<I>(
     io: I,
     router: Router,
-    slot: Slot,
+    slot: Arc<Slot>,
     limits: Limits,
     peer: Option<Peer>,
     refusal: Option<String>,
@@ -280,7 +306,6 @@ async fn serve_http<I>(
             .map(|(rate, burst)| Arc::new(Mutex::new(ByteBudget::new(rate, burst)))),
     };
     let evicted = slot.evicted();
-    let slot = Arc::new(slot);
     let svc = TowerToHyperService::new(router);
     let keep_alive = refusal.is_none();
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
@@ -357,7 +382,14 @@ pub async fn serve_tcp(
             }
             continue;
         };
-        tokio::spawn(serve_http(stream, router.clone(), slot, limits, None, None));
+        tokio::spawn(serve_http(
+            stream,
+            router.clone(),
+            Arc::new(slot),
+            limits,
+            None,
+            None,
+        ));
     }
 }
 
@@ -376,9 +408,10 @@ pub enum Access {
     Refused(String),
 }
 
-/// Handles one accepted Unix connection.
-pub type UnixHandler =
-    Arc<dyn Fn(UnixStream, Access, Slot) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+/// Handles one accepted Unix connection (its slot is held until the handler's future ends).
+pub type UnixHandler = Arc<
+    dyn Fn(UnixStream, Access, Arc<Slot>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync,
+>;
 
 /// An HTTP handler for [`serve_unix`].
 pub fn http(router: Router, limits: Limits) -> UnixHandler {
@@ -475,9 +508,11 @@ impl UnixServer {
                 }
                 continue;
             };
+            let slot = Arc::new(slot);
             let evicted = slot.evicted();
-            let work = handler(stream, access, slot);
+            let work = handler(stream, access, slot.clone());
             tokio::spawn(async move {
+                let _slot = slot;
                 tokio::select! {
                     _ = work => {}
                     _ = evicted => {}
