@@ -551,15 +551,19 @@ impl UnixServer {
             }
             SocketState::Gone(why) => why,
         };
-        *healthy = false;
+        let first = std::mem::replace(healthy, false);
         self.ready(Err(format!("{}: {why}; binding it again", path.display())));
-        warn!(socket = %path.display(), "socket {why}; binding it again");
+        if first {
+            warn!(socket = %path.display(), "socket {why}; binding it again");
+        }
         match bind_unix(path) {
             // Readiness comes back at the next check, once the new file is seen to be ours.
             Ok(bound) => Some(bound),
             Err(e) => {
                 self.ready(Err(e.to_string()));
-                warn!("{e}");
+                if first {
+                    warn!("{e}");
+                }
                 None
             }
         }
