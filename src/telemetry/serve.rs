@@ -312,13 +312,14 @@ async fn serve_http<I>(
         let busy = slot.busy();
         let refusal = refusal.clone();
         req.extensions_mut().insert(info.clone());
-        let answer = refusal
-            .is_none()
-            .then(|| hyper::service::Service::call(&svc, req.map(Body::new)));
+        let answer = match refusal {
+            None => Ok(hyper::service::Service::call(&svc, req.map(Body::new))),
+            Some(reason) => Err((reason, req.into_body())),
+        };
         async move {
             let _busy = busy;
-            let response = match (answer, refusal) {
-                (Some(fut), _) => match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
+            let response = match answer {
+                Ok(fut) => match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
                     Ok(Ok(r)) => r,
                     Ok(Err(never)) => match never {},
                     Err(_) => text(
@@ -326,8 +327,15 @@ async fn serve_http<I>(
                         format!("request not done within {REQUEST_TIMEOUT:?}\n"),
                     ),
                 },
-                (None, Some(reason)) => text(StatusCode::FORBIDDEN, format!("{reason}\n")),
-                (None, None) => text(StatusCode::INTERNAL_SERVER_ERROR, String::new()),
+                Err((reason, body)) => {
+                    // Read (a bounded part of) the body first: closing with it unread would
+                    // reset the connection before the peer sees why it was refused.
+                    let drain = http_body_util::BodyExt::collect(http_body_util::Limited::new(
+                        body, MAX_BUF,
+                    ));
+                    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+                    text(StatusCode::FORBIDDEN, format!("{reason}\n"))
+                }
             };
             Ok::<_, Infallible>(response)
         }
