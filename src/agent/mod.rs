@@ -71,6 +71,8 @@ pub struct Deps {
     pub annotator: Arc<dyn Annotator>,
     /// Where the agent's counters go (install-cni's registry).
     pub metrics: crate::telemetry::metrics::Metrics,
+    /// The readiness `pluginevent.sock` reports to and the listeners' idle timeout.
+    pub serving: crate::telemetry::serve::Serving,
 }
 
 /// A running agent.
@@ -124,9 +126,12 @@ impl Agent {
             status: Default::default(),
         });
         let path = settings.plugin_event_socket();
-        let server = server::serve(path.clone(), core.clone(), shutdown.clone())
+        let server = server::serve(path.clone(), core.clone(), deps.serving, shutdown.clone())
             .await
-            .map_err(|source| AgentError::Socket { path, source })?;
+            .map_err(|e| AgentError::Socket {
+                path,
+                source: e.source,
+            })?;
         let synced = async {
             let deadline = settings.timing.sync_timeout;
             core.pods.wait_synced(deadline).await?;

@@ -38,6 +38,7 @@ use crate::telemetry::health::{self, Readiness};
 use crate::telemetry::logging::{self, LogSettings, ScopeLevels};
 use crate::telemetry::logsink;
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::serve::Serving;
 use config::{Config, LogLevel, LogTarget, Parsed};
 use node_store::NodePods;
 
@@ -81,6 +82,17 @@ pub fn main(args: Vec<String>) -> i32 {
     }
     for w in &cfg.warnings {
         warn!("{w}");
+    }
+    // Every listener at its connection bound must still leave the agent fds for its own work.
+    match crate::telemetry::socket::raise_fd_limit(crate::telemetry::serve::fds_needed()) {
+        Ok(l) if l.enough => info!(before = l.before, now = l.now, "open-file limit"),
+        Ok(l) => warn!(
+            limit = l.now,
+            needed = crate::telemetry::serve::fds_needed(),
+            "the open-file limit (RLIMIT_NOFILE hard limit) is below every listener's connection \
+             bound plus the agent's reserve; under a connection flood the agent may run out of fds"
+        ),
+        Err(e) => warn!("{e}"),
     }
     // Before any thread exists: capabilities are per thread and inherited.
     let ports = [cfg.health_port, cfg.monitoring_port.unwrap_or(0)];
@@ -239,24 +251,39 @@ async fn run(cfg: Config) -> i32 {
     // Kicked when the guard (re)installs; the drift verifiers then run a pass at once.
     let drift_kick = Kick::new();
 
+    let serving = Serving {
+        readiness: readiness.clone(),
+        idle_timeout: cfg.listener_idle_timeout,
+    };
     if let Some(port) = cfg.monitoring_port {
-        match health::serve_metrics(port, metrics.clone(), stop.clone()).await {
+        match health::serve_metrics(port, metrics.clone(), serving.idle_timeout, stop.clone()).await
+        {
             Ok(addr) => info!(addr = %addr, "metrics server listening"),
             // As Istio: metrics are not worth failing the node agent for.
             Err(e) => error!("metrics server on port {port} failed to start: {e}"),
         }
     }
     let sock = logsink::socket_path(&ic.run_dir);
-    if let Err(e) = logsink::serve(sock.clone(), stop.clone()).await {
-        error!("plugin log sink on {} failed to start: {e}", sock.display());
-        return 1;
-    }
+    let sink = match logsink::bind(&sock) {
+        Ok(bound) => bound,
+        Err(e) => {
+            error!("plugin log sink failed to start: {e}");
+            return 1;
+        }
+    };
+    let mut servers = vec![tokio::spawn(logsink::serve(
+        sink,
+        readiness.clone(),
+        serving.idle_timeout,
+        stop.clone(),
+    ))];
     info!(path = %sock.display(), "plugin log sink listening");
     let debug_pods = health::DebugPods::default();
     match health::serve_health(
         cfg.health_port,
         readiness.clone(),
         debug_pods.clone(),
+        serving.idle_timeout,
         stop.clone(),
     )
     .await
@@ -334,7 +361,7 @@ async fn run(cfg: Config) -> i32 {
     // node's CNI config only appears once ambient pods can be served.
     let agent = if let (true, Some(node)) = (ic.ambient_enabled, &node) {
         readiness.register(AGENT);
-        match ambient::start(&cfg, node, &metrics, &drift_kick, &stop).await {
+        match ambient::start(&cfg, node, &metrics, &serving, &drift_kick, &stop).await {
             Ok(agent) => {
                 let core = agent.core().clone();
                 debug_pods.bind(std::sync::Arc::new(move || {
@@ -372,9 +399,10 @@ async fn run(cfg: Config) -> i32 {
     if let Some(node) = &node {
         let namespaces = agent.as_ref().map(|a| a.core().namespaces.clone());
         let path = crate::kube::pod_facts::socket_path(&ic.run_dir);
-        if let Err(e) = pod_facts::start(&path, node.pods.clone(), namespaces, stop.clone()) {
+        match pod_facts::start(&path, node.pods.clone(), namespaces, &serving, stop.clone()) {
+            Ok(task) => servers.push(task),
             // Not fatal: every plugin ADD then asks the API server, as without a store.
-            warn!("{e}; the plugin will GET pods from the API server");
+            Err(e) => warn!("{e}; the plugin will GET pods from the API server"),
         }
     }
 
@@ -449,8 +477,8 @@ async fn run(cfg: Config) -> i32 {
         }
     };
     stop.cancel();
-    // Let the servers see the cancellation and remove the socket.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The servers remove their sockets (only those still ours) on the way out.
+    let _ = tokio::time::timeout(Duration::from_secs(2), futures::future::join_all(servers)).await;
     info!("install-cni stopped");
     code
 }
