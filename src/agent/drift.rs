@@ -11,9 +11,15 @@
 //!   `istio_cni_drift_repaired_total{kind="ambient_rules"}`. A pod that cannot be programmed is
 //!   reported once (a Warning event and `istio_cni_drift_unhealed_total`) and tried again each
 //!   pass, quietly, until it heals or leaves;
+//! - verifies the host probe SNAT rules (iptables: `ISTIO_POSTRT` and its POSTROUTING jump;
+//!   nftables: the host table) and that the probe sets exist, read and compared with the plan,
+//!   written only where they differ (a firewalld reload flushes them: Istio's #60607). A repair
+//!   counts as `kind="host_rules"` with a warning naming what was missing;
 //! - reconciles the host probe set with the IPs recorded in the pod cache (read fresh from the
 //!   kernel), under the probe gate so no add or remove is half done; every entry put back or
 //!   pruned counts as `kind="probe_set"`, and a pod whose entry was put back gets an event.
+//!
+//! Each pod's and the host's last result is kept in `Core::status` (`/debug/pods`).
 //!
 //! Which outcomes are heals and when to report a failure is decided by [`judge`] and
 //! [`Reported`] (pure); the effects go through the agent's ports.
@@ -28,6 +34,7 @@ use tracing::{debug, info, warn};
 
 use super::pod;
 use super::ports::{Outcome, PortError, ProbeSynced};
+use super::status::CheckResult;
 use super::worker::Core;
 use crate::kube::stores::pod_key;
 use crate::kube::{EventType, PodEvent};
@@ -43,6 +50,7 @@ pub const REASON_UNHEALED: &str = "RedirectionDriftUnhealed";
 /// The metric kinds this pass counts.
 pub const KIND_RULES: &str = "ambient_rules";
 pub const KIND_PROBE_SET: &str = "probe_set";
+pub const KIND_HOST_RULES: &str = "host_rules";
 
 /// What one pod's program call means for the pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +79,7 @@ pub fn judge(result: &Result<Outcome, PortError>) -> Verdict {
 pub struct Reported {
     failing: HashSet<String>,
     probe_set_failing: bool,
+    host_failing: bool,
 }
 
 impl Reported {
@@ -97,6 +106,15 @@ impl Reported {
     pub fn probe_set_ok(&mut self) {
         self.probe_set_failing = false;
     }
+
+    /// The host-rules check failed; true when that is news.
+    pub fn host_failed(&mut self) -> bool {
+        !std::mem::replace(&mut self.host_failing, true)
+    }
+
+    pub fn host_ok(&mut self) {
+        self.host_failing = false;
+    }
 }
 
 /// What one pass did (logged; read by the tests and the bench).
@@ -114,6 +132,9 @@ pub struct PassSummary {
     pub probe_added: usize,
     pub probe_removed: usize,
     pub probe_failed: bool,
+    /// The host rules were found different and re-applied / could not be checked.
+    pub host_repaired: bool,
+    pub host_failed: bool,
     pub took: Duration,
 }
 
@@ -137,6 +158,8 @@ pub async fn run(core: Arc<Core>, schedule: Periodic, stop: CancellationToken) {
             probe_added = s.probe_added,
             probe_removed = s.probe_removed,
             probe_failed = s.probe_failed,
+            host_repaired = s.host_repaired,
+            host_failed = s.host_failed,
             duration_ms = s.took.as_millis() as u64,
             "drift pass done"
         );
@@ -154,6 +177,7 @@ pub async fn pass(core: &Core, reported: &mut Reported, stop: &CancellationToken
     let cached = core.mesh.cache.snapshot();
     let uids: HashSet<String> = cached.iter().map(|(uid, _)| uid.clone()).collect();
     reported.retain(&uids);
+    core.status.retain(&uids);
     for (uid, entry) in cached {
         if stop.is_cancelled() {
             return summary;
@@ -200,6 +224,7 @@ async fn verify_pod(core: &Core, uid: &str, key: &str) -> Option<(Arc<Pod>, Verd
 
 async fn report_pod(core: &Core, reported: &mut Reported, p: &Pod, uid: &str, verdict: Verdict) {
     let name = pod_key(pod::namespace(p), pod::name(p));
+    core.status.pod_checked(uid, check_result(&verdict));
     match verdict {
         Verdict::InPlace => reported.pod_ok(uid),
         Verdict::Healed(outcome) => {
@@ -226,10 +251,30 @@ async fn report_pod(core: &Core, reported: &mut Reported, p: &Pod, uid: &str, ve
     }
 }
 
-/// Reconciles the probe set with the cache's recorded entries, under the probe gate.
+/// What `/debug/pods` shows for a pod's verdict.
+fn check_result(verdict: &Verdict) -> CheckResult {
+    match verdict {
+        Verdict::InPlace => CheckResult::InPlace,
+        Verdict::Healed(outcome) => CheckResult::Repaired {
+            what: format!("in-pod rules re-applied ({outcome})"),
+        },
+        Verdict::Failed(error) => CheckResult::Failed {
+            error: error.clone(),
+        },
+    }
+}
+
+/// The host rules first (the SNAT rule names the sets, so a recreated set is filled by the sync
+/// right after), then the probe set reconciled with the cache's recorded entries; both under the
+/// probe gate, so no add or remove is half done.
 async fn verify_probe_set(core: &Core, reported: &mut Reported, summary: &mut PassSummary) {
     let result = {
         let _exclusive = core.mesh.probe_gate.write().await;
+        let dp = core.mesh.dataplane.clone();
+        let host = tokio::task::spawn_blocking(move || dp.verify_host())
+            .await
+            .unwrap_or_else(|e| Err(PortError::retryable(format!("data-plane task failed: {e}"))));
+        report_host(core, reported, summary, host);
         let (members, prune) = core.mesh.cache.probe_members();
         let dp = core.mesh.dataplane.clone();
         tokio::task::spawn_blocking(move || dp.probe_sync(&members, prune))
@@ -275,6 +320,37 @@ async fn verify_probe_set(core: &Core, reported: &mut Reported, summary: &mut Pa
                 "the host probe set lacked this pod's entries ({ips}): kubelet probes would not reach it; put back"
             );
             post(core, &p, EventType::Normal, REASON_PROBE_REPAIRED, message).await;
+        }
+    }
+}
+
+fn report_host(
+    core: &Core,
+    reported: &mut Reported,
+    summary: &mut PassSummary,
+    result: Result<Option<String>, PortError>,
+) {
+    match result {
+        Ok(None) => {
+            reported.host_ok();
+            core.status.host_checked(CheckResult::InPlace);
+        }
+        Ok(Some(what)) => {
+            reported.host_ok();
+            summary.host_repaired = true;
+            warn!(repaired = %what, "host probe SNAT rules had drifted from the expected ones (kubelet probes would not reach ambient pods); re-applied");
+            core.metrics.drift(KIND_HOST_RULES, true);
+            core.status.host_checked(CheckResult::Repaired { what });
+        }
+        Err(e) => {
+            summary.host_failed = true;
+            if reported.host_failed() {
+                warn!("verifying the host probe SNAT rules failed (tried again next pass): {e}");
+                core.metrics.drift(KIND_HOST_RULES, false);
+            }
+            core.status.host_checked(CheckResult::Failed {
+                error: e.to_string(),
+            });
         }
     }
 }

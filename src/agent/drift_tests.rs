@@ -13,6 +13,7 @@ use crate::agent::cache::PodCache;
 use crate::agent::machine::Policy;
 use crate::agent::mesh::Mesh;
 use crate::agent::settings::Timing;
+use crate::agent::status::CheckResult;
 use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel};
 use crate::kube::stores::{NamespaceStore, PodStore};
 use crate::netns::Netns;
@@ -58,6 +59,7 @@ fn rig() -> Rig {
         },
         timing: Timing::default(),
         metrics: Default::default(),
+        status: Default::default(),
     });
     core.pods.apply(Event::Init);
     core.pods.apply(Event::InitDone);
@@ -330,4 +332,74 @@ async fn the_probe_reconcile_waits_for_an_add_half_done_and_keeps_its_entry() {
     let s = running.await.unwrap();
     assert_eq!((s.probe_added, s.probe_removed), (0, 0));
     assert!(r.dp.probes.lock().unwrap().contains_key(&ip("10.0.0.3")));
+}
+
+#[tokio::test]
+async fn drifted_host_rules_are_repaired_counted_and_shown_before_the_probe_sync() {
+    let r = rig();
+    let mut reported = Reported::default();
+    let s = r.pass(&mut reported).await;
+    assert!(!s.host_repaired && !s.host_failed);
+    assert_eq!(r.counted(true, KIND_HOST_RULES), 0);
+    assert_eq!(
+        r.core.status.host().map(|c| c.result),
+        Some(CheckResult::InPlace)
+    );
+    *r.dp.host_drift.lock().unwrap() = Some("ipset istio-inpod-probes-v4 missing".into());
+    let s = r.pass(&mut reported).await;
+    assert!(s.host_repaired);
+    assert_eq!(r.counted(true, KIND_HOST_RULES), 1);
+    assert_eq!(
+        r.core.status.host().map(|c| c.result),
+        Some(CheckResult::Repaired {
+            what: "ipset istio-inpod-probes-v4 missing".into()
+        })
+    );
+    // The host check comes before the sync that refills a recreated set.
+    let calls = r.dp.calls();
+    let host = calls.iter().rposition(|c| c == "verify_host").unwrap();
+    let sync = calls
+        .iter()
+        .rposition(|c| c.starts_with("probe_sync"))
+        .unwrap();
+    assert!(host < sync, "{calls:?}");
+    assert!(!r.pass(&mut reported).await.host_repaired, "healed once");
+    assert_eq!(r.counted(true, KIND_HOST_RULES), 1);
+}
+
+#[tokio::test]
+async fn a_failing_host_check_is_reported_once_and_each_pods_check_is_recorded() {
+    let r = rig();
+    let mut reported = Reported::default();
+    r.dp.host_failures.store(2, Ordering::SeqCst);
+    assert!(r.pass(&mut reported).await.host_failed);
+    assert!(r.pass(&mut reported).await.host_failed);
+    assert_eq!(r.counted(false, KIND_HOST_RULES), 1);
+    assert!(matches!(
+        r.core.status.host().map(|c| c.result),
+        Some(CheckResult::Failed { .. })
+    ));
+    r.dp.drifted.lock().unwrap().insert("uid-a".into());
+    assert!(!r.pass(&mut reported).await.host_failed);
+    assert!(matches!(
+        r.core.status.pod("uid-a").map(|c| c.result),
+        Some(CheckResult::Repaired { .. })
+    ));
+    assert_eq!(
+        r.core.status.pod("uid-b").map(|c| c.result),
+        Some(CheckResult::InPlace)
+    );
+    let answer = crate::agent::status::debug_pods(&r.core);
+    let json = serde_json::to_value(&answer).unwrap();
+    assert_eq!(json["version"], 1);
+    assert_eq!(json["host_rules"]["result"], "in_place");
+    let pods = json["pods"].as_array().unwrap();
+    assert_eq!(pods.len(), 2);
+    assert_eq!(pods[0]["name"], "a");
+    assert_eq!(pods[0]["uid"], "uid-a");
+    assert_eq!(pods[0]["ips"], json!(["10.0.0.1"]));
+    assert_eq!(pods[0]["last_verified"]["result"], "repaired");
+    assert_eq!(pods[1]["last_verified"]["result"], "in_place");
+    assert!(pods[0]["netns"]["inode"].as_u64().unwrap() > 0);
+    assert!(pods[0]["zds"].is_null());
 }

@@ -68,6 +68,10 @@ impl ports::Dataplane for Dataplane {
     ) -> Result<ports::ProbeSynced, PortError> {
         Dataplane::probe_sync(self, members, prune).map_err(dataplane_error)
     }
+
+    fn verify_host(&self) -> Result<Option<String>, PortError> {
+        Dataplane::verify_host(self).map_err(dataplane_error)
+    }
 }
 
 fn zds_error(e: ZdsError) -> PortError {
@@ -89,6 +93,10 @@ impl ports::Ztunnel for ZdsHandle {
 
     fn del_workload<'a>(&'a self, uid: &'a str) -> PortFuture<'a> {
         Box::pin(async move { ZdsHandle::del_workload(self, uid).await.map_err(zds_error) })
+    }
+
+    fn workload_states(&self) -> HashMap<String, ports::WorkloadState> {
+        ZdsHandle::workload_states(self)
     }
 }
 
@@ -139,6 +147,7 @@ pub fn dataplane_settings(
         scoped_xtables_locking: c.scoped_xtables_locking,
         skip_host_rules: false,
         aws_branch_eni_probe: c.aws_branch_eni_probe,
+        recorded: None,
     }
 }
 
@@ -153,15 +162,24 @@ pub enum JoinError {
     Zds(#[from] ZdsError),
 }
 
-/// Builds the real data plane (backend decision, host rules, probe sets) off the async runtime.
+/// The backend decided at a node's first install, and its file in the run dir (the data plane's
+/// decision, recorded by install-cni).
+pub use crate::apply::backend::{RECORD_FILE, Recorded};
+
+/// Builds the real data plane (backend decision, host rules, probe sets) off the async runtime;
+/// `recorded` is the backend recorded at the node's first install. Returns the decision made
+/// (the caller records it).
 pub async fn real_dataplane(
     settings: &super::settings::Settings,
-) -> Result<Arc<dyn ports::Dataplane>, JoinError> {
-    let dp_settings = dataplane_settings(settings);
+    recorded: Option<crate::apply::backend::Recorded>,
+) -> Result<(Arc<dyn ports::Dataplane>, crate::apply::backend::Decision), JoinError> {
+    let mut dp_settings = dataplane_settings(settings);
+    dp_settings.recorded = recorded;
     let built = tokio::task::spawn_blocking(move || Dataplane::new(&dp_settings))
         .await
         .map_err(JoinError::Task)??;
-    Ok(Arc::new(built))
+    let decision = built.decision().clone();
+    Ok((Arc::new(built), decision))
 }
 
 /// Starts the ZDS server on `ZTUNNEL_UDS_ADDRESS` with the agent's pod cache as ztunnel's state

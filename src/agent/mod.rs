@@ -6,7 +6,8 @@
 //! (`trust`, pure) and where an add is (`progress`, named in a 504), the keyed work queue fed by the kube
 //! stores (`worker`), the plugin-event server (`server`), the startup sequence and ordered
 //! shutdown (here), and the drift pass that verifies enrolled pods' rules and the probe set
-//! periodically and heals them (`drift`). The in-pod rules, host probe set, netns finder and backend decision are the
+//! periodically and heals them (`drift`), and what that pass last found per pod and for the host
+//! rules, served as `/debug/pods` (`status`). The in-pod rules, host probe set, netns finder and backend decision are the
 //! data plane's (`dataplane`), ZDS is the `zds` room's; the agent reaches both and the API server's annotation
 //! patch through the traits in `ports` (fakes in `testing`, test-only).
 //!
@@ -24,6 +25,7 @@ pub mod ports;
 pub mod progress;
 pub mod server;
 pub mod settings;
+pub mod status;
 #[cfg(any(test, feature = "test-hooks"))]
 pub mod testing;
 pub mod trust;
@@ -119,6 +121,7 @@ impl Agent {
             },
             timing: settings.timing,
             metrics: deps.metrics,
+            status: Default::default(),
         });
         let path = settings.plugin_event_socket();
         let server = server::serve(path.clone(), core.clone(), shutdown.clone())

@@ -77,6 +77,13 @@ pub trait Dataplane: Send + Sync + 'static {
         members: &[(String, Vec<IpAddr>)],
         prune: bool,
     ) -> Result<ProbeSynced, PortError>;
+    /// The host probe SNAT rules (iptables: `ISTIO_POSTRT` and its POSTROUTING jump; nftables:
+    /// the host table) and the probe sets themselves, read and compared with the plan, written
+    /// only where they differ: `None` when all was in place, else what was repaired. A data
+    /// plane without host rules has nothing to check (the default).
+    fn verify_host(&self) -> Result<Option<String>, PortError> {
+        Ok(None)
+    }
 }
 
 /// Workload identity sent to ztunnel (the ZDS room's own type).
@@ -92,7 +99,15 @@ pub trait Ztunnel: Send + Sync + 'static {
     fn add_workload(&self, uid: String, info: WorkloadInfo, netns: Arc<Netns>) -> PortFuture<'_>;
     /// Tells every connection the pod is gone (no connection: Ok).
     fn del_workload<'a>(&'a self, uid: &'a str) -> PortFuture<'a>;
+    /// What was last sent about each pod (UID), on which connection, and ztunnel's answer
+    /// (the debug endpoint's ZDS state). Empty where nothing is recorded (the default).
+    fn workload_states(&self) -> HashMap<String, WorkloadState> {
+        HashMap::new()
+    }
 }
+
+/// What was last sent to ztunnel about a pod (the ZDS room's own type).
+pub use crate::zds::ledger::{Delivery, WorkloadState};
 
 /// What an annotator call returns.
 pub type KubeFuture<'a> = BoxFuture<'a, Result<(), KubeError>>;
@@ -175,5 +190,12 @@ impl Ztunnel for LateZtunnel {
             // Nobody connected can hold the pod: nothing to tell.
             None => Box::pin(async { Ok(()) }),
         }
+    }
+
+    fn workload_states(&self) -> HashMap<String, WorkloadState> {
+        self.inner
+            .get()
+            .map(|z| z.workload_states())
+            .unwrap_or_default()
     }
 }

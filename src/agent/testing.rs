@@ -43,6 +43,10 @@ pub struct FakeDataplane {
     pub programmed: Mutex<BTreeSet<String>>,
     /// UIDs whose rules drifted: their next program re-applies.
     pub drifted: Mutex<BTreeSet<String>>,
+    /// The host rules' drift: the next host check reports (and so repairs) it.
+    pub host_drift: Mutex<Option<String>>,
+    /// Host checks fail while this lasts.
+    pub host_failures: AtomicU32,
 }
 
 impl FakeDataplane {
@@ -181,6 +185,16 @@ impl Dataplane for FakeDataplane {
             }
         }
         Ok(report)
+    }
+
+    fn verify_host(&self) -> Result<Option<String>, PortError> {
+        self.record("verify_host".to_string());
+        let left = self.host_failures.load(Ordering::SeqCst);
+        if left > 0 {
+            self.host_failures.store(left - 1, Ordering::SeqCst);
+            return Err(PortError::retryable("injected host-rules failure"));
+        }
+        Ok(lock(&self.host_drift).take())
     }
 }
 

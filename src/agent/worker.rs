@@ -29,6 +29,8 @@ pub struct Core {
     pub timing: Timing,
     /// `istio_cni_plugin_requests_total`, `nodeagent_reconcile_events_total`.
     pub metrics: Metrics,
+    /// The drift pass's last results (`/debug/pods`).
+    pub status: super::status::Status,
 }
 
 fn count_event(metrics: &Metrics, kind: &str) {

@@ -59,6 +59,7 @@ fn rig() -> Rig {
         },
         timing: timing(),
         metrics: Default::default(),
+        status: Default::default(),
     });
     let stop = CancellationToken::new();
     let worker = Worker::new(core, stop.clone());

@@ -414,26 +414,70 @@ pub fn host_nft_transaction(cfg: &AmbientConfig, kubelet_uid: &str) -> String {
 }
 
 /// Programs the host side in the calling thread's netns: the probe sets (created, never flushed)
-/// and the probe SNAT rules. `kubelet_uid` is needed with nftables.
+/// and the probe SNAT rules. `kubelet_uid` is needed with nftables. Reads first and writes only
+/// what differs: `None` when everything was in place, else what was missing or different (the
+/// drift pass's heal report). With nftables the comparison needs `opts.nft_expected` (how the
+/// host table lists, [`nft_listing_of`] of [`host_nft_transaction`]); without it the table is
+/// written and reported as such.
 pub fn program_host_here(
     cfg: &AmbientConfig,
     kubelet_uid: &str,
     opts: &AmbientApply,
-) -> Result<Outcome, AmbientError> {
-    use super::probe_set::{Ipsets, ProbeSets};
+) -> Result<Option<String>, AmbientError> {
+    use super::probe_set::{Ipsets, NFT_TABLE, ProbeSets};
     let mut exec = ProcessExecutor::entering(opts.userns.clone());
     if opts.nftables {
-        apply_transaction(&mut exec, &host_nft_transaction(cfg, kubelet_uid))?;
-        return Ok(Outcome::Applied);
+        let difference = match opts.nft_expected.as_deref() {
+            Some(expected) => {
+                let actual = super::nft::our_listing(&mut exec, NFT_TABLE)?;
+                super::nft::listing_difference(expected, &actual)
+            }
+            None => Some(format!("table inet {NFT_TABLE} not compared")),
+        };
+        if difference.is_some() {
+            apply_transaction(&mut exec, &host_nft_transaction(cfg, kubelet_uid))?;
+        }
+        return Ok(difference);
     }
     // The SNAT rule names the sets, so they exist first.
-    Ipsets.ensure(&mut exec, cfg.enable_ipv6)?;
-    Ok(apply_iptables(
-        &mut exec,
-        &ambient::host_rules(cfg),
-        HOST_CHAINS,
-        opts,
-    )?)
+    let missing = Ipsets.missing(&mut exec, cfg.enable_ipv6)?;
+    if !missing.is_empty() {
+        Ipsets.ensure(&mut exec, cfg.enable_ipv6)?;
+    }
+    let rules = apply_iptables(&mut exec, &ambient::host_rules(cfg), HOST_CHAINS, opts)?;
+    let mut what: Vec<String> = missing
+        .iter()
+        .map(|s| format!("ipset {s} missing"))
+        .collect();
+    if rules != Outcome::AlreadyApplied {
+        what.push("nat chain ISTIO_POSTRT or its POSTROUTING jump differed".to_string());
+    }
+    Ok((!what.is_empty()).then(|| what.join("; ")))
+}
+
+/// Removes the host probe SNAT rules and the probe sets of one backend (`opts.nftables`) from the
+/// calling thread's netns: a `NATIVE_NFTABLES` migration, before the other backend's are
+/// programmed. Absent objects are fine.
+pub fn remove_host_here(opts: &AmbientApply, ipv6: bool) -> Result<(), AmbientError> {
+    use super::probe_set::Ipsets;
+    use crate::rules::ambient::{PROBE_SET_V4, PROBE_SET_V6};
+    let mut exec = ProcessExecutor::entering(opts.userns.clone());
+    if opts.nftables {
+        apply_transaction(&mut exec, &render_cleanup(&[NftTable::AmbientHostNat]))?;
+        return Ok(());
+    }
+    apply_iptables(&mut exec, &RuleSet::default(), HOST_CHAINS, opts)?;
+    // The SNAT rule named the sets; with it gone they can go.
+    let sets: &[&str] = if ipv6 {
+        &[PROBE_SET_V4, PROBE_SET_V6]
+    } else {
+        &[PROBE_SET_V4]
+    };
+    let missing = Ipsets.missing(&mut exec, ipv6)?;
+    for set in sets.iter().filter(|s| !missing.contains(s)) {
+        run_checked(&mut exec, &super::exec::Cmd::new("ipset", ["destroy", set]))?;
+    }
+    Ok(())
 }
 
 /// Why ambient rules could not be applied or removed.

@@ -218,6 +218,112 @@ fn run_with_deadline(program: &str, args: &[&str], deadline: Duration) -> Result
     Ok(text)
 }
 
+/// The backend decided at a node's first install, as recorded in the agent's run dir: reused by
+/// every later start, so detection inputs that change under a running node (the other flavour's
+/// tables appearing, an ipset left behind) cannot flip it and leave two rule sets (Istio's
+/// #61020). Only a change of `NATIVE_NFTABLES` itself decides again (and migrates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded {
+    pub backend: Backend,
+    pub force_binary: Option<ForceBinary>,
+    /// The `NATIVE_NFTABLES` the decision was made under.
+    pub native_nftables: bool,
+}
+
+/// The record's file name in the run dir.
+pub const RECORD_FILE: &str = "ambient-backend";
+
+impl Recorded {
+    pub fn of(decision: &Decision, native_nftables: bool) -> Self {
+        Recorded {
+            backend: decision.backend,
+            force_binary: decision.force_binary,
+            native_nftables,
+        }
+    }
+
+    /// `key=value` lines (the file's content).
+    pub fn render(&self) -> String {
+        let backend = match self.backend {
+            Backend::Iptables => "iptables",
+            Backend::IptablesRestore => "iptables-restore",
+            Backend::Nftables => "nftables",
+        };
+        let flavour = match self.force_binary {
+            Some(ForceBinary::Legacy) => "legacy",
+            Some(ForceBinary::Nft) => "nft",
+            None => "auto",
+        };
+        format!(
+            "backend={backend}\nflavour={flavour}\nnative_nftables={}\n",
+            self.native_nftables
+        )
+    }
+
+    /// Parses [`Recorded::render`]'s text; an error names the bad line.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (mut backend, mut flavour, mut native) = (None, None, None);
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let bad = || format!("unexpected line {line:?}");
+            let (key, value) = line.split_once('=').ok_or_else(bad)?;
+            match (key, value) {
+                ("backend", "iptables") => backend = Some(Backend::Iptables),
+                ("backend", "iptables-restore") => backend = Some(Backend::IptablesRestore),
+                ("backend", "nftables") => backend = Some(Backend::Nftables),
+                ("flavour", "legacy") => flavour = Some(Some(ForceBinary::Legacy)),
+                ("flavour", "nft") => flavour = Some(Some(ForceBinary::Nft)),
+                ("flavour", "auto") => flavour = Some(None),
+                ("native_nftables", "true") => native = Some(true),
+                ("native_nftables", "false") => native = Some(false),
+                _ => return Err(bad()),
+            }
+        }
+        match (backend, flavour, native) {
+            (Some(backend), Some(force_binary), Some(native_nftables)) => Ok(Recorded {
+                backend,
+                force_binary,
+                native_nftables,
+            }),
+            _ => Err("backend, flavour and native_nftables are all required".into()),
+        }
+    }
+}
+
+/// The node agent's decision with a record of the first install: the recorded backend when it was
+/// made under the same `NATIVE_NFTABLES`, else a fresh [`decide_for_host`]. Returns the decision
+/// and, when it differs from a recorded one, the backend to migrate from.
+pub fn decide_recorded(
+    req: &BackendRequest,
+    ipv6: bool,
+    host: &dyn HostArtifacts,
+    recorded: Option<&Recorded>,
+) -> (Decision, Option<Recorded>) {
+    match recorded {
+        Some(r) if r.native_nftables == req.native_nftables => (
+            Decision {
+                backend: r.backend,
+                force_binary: req.force_binary.or(r.force_binary),
+                reason: "decided at this node's first install (recorded in the run dir)".into(),
+                warning: None,
+            },
+            None,
+        ),
+        Some(r) => {
+            let mut fresh = decide(req);
+            if fresh.backend != Backend::Nftables && fresh.force_binary.is_none() {
+                fresh.force_binary = r.force_binary.or_else(pinned_flavour);
+            }
+            fresh.reason = format!(
+                "NATIVE_NFTABLES changed to {} since the recorded decision: migrating",
+                req.native_nftables
+            );
+            let old = (r.backend != fresh.backend).then_some(*r);
+            (fresh, old)
+        }
+        None => (decide_for_host(req, ipv6, host), None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,5 +406,45 @@ mod tests {
             fallbacks(&Default::default(), true, &Panics).backend,
             Backend::Iptables
         );
+    }
+
+    #[test]
+    fn a_recorded_backend_is_reused_whatever_the_host_shows_until_native_nftables_changes() {
+        let req = BackendRequest {
+            native_nftables: true,
+            ..Default::default()
+        };
+        // The host now shows a leftover ipset: fresh detection would say iptables.
+        let host = Fake {
+            sets: vec![PROBE_SET_V4],
+            json: NftJson::Supported,
+        };
+        assert_eq!(
+            decide_for_host(&req, false, &host).backend,
+            Backend::Iptables
+        );
+        let recorded = Recorded {
+            backend: Backend::Nftables,
+            force_binary: None,
+            native_nftables: true,
+        };
+        let (d, migrate) = decide_recorded(&req, false, &host, Some(&recorded));
+        assert_eq!((d.backend, migrate), (Backend::Nftables, None));
+        assert!(d.reason.contains("recorded"), "{}", d.reason);
+        // NATIVE_NFTABLES turned off: iptables, migrating from the recorded nftables.
+        let off = BackendRequest::default();
+        let (d, migrate) = decide_recorded(&off, false, &host, Some(&recorded));
+        assert_eq!(d.backend, Backend::Iptables);
+        assert_eq!(migrate, Some(recorded));
+        assert_eq!(Recorded::parse(&recorded.render()), Ok(recorded));
+        let legacy = Recorded {
+            backend: Backend::Iptables,
+            force_binary: Some(ForceBinary::Legacy),
+            native_nftables: false,
+        };
+        assert_eq!(Recorded::parse(&legacy.render()), Ok(legacy));
+        let bad = Recorded::parse("backend=ebpf\n").unwrap_err();
+        assert!(bad.contains("backend=ebpf"), "{bad}");
+        assert!(Recorded::parse("").is_err());
     }
 }

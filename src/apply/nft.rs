@@ -33,10 +33,11 @@ pub fn apply_transaction(exec: &mut dyn Executor, transaction: &str) -> Result<(
     }
 }
 
-/// How tables named `<prefix>*` list in the calling thread's netns (`nft list ruleset`,
-/// normalised by [`normalise_listing`]): one process.
+/// How tables named `<prefix>*` list in the calling thread's netns (`nft -t list ruleset`,
+/// normalised by [`normalise_listing`]): one process. Terse: without set elements, which are
+/// state (the host probe sets' members), not rules.
 pub fn our_listing(exec: &mut dyn Executor, prefix: &str) -> Result<String, ApplyError> {
-    let out = run_checked(exec, &Cmd::new("nft", ["list", "ruleset"]))?;
+    let out = run_checked(exec, &Cmd::new("nft", ["-t", "list", "ruleset"]))?;
     Ok(normalise_listing(&out.stdout, prefix))
 }
 

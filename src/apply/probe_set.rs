@@ -130,6 +130,28 @@ pub trait ProbeSets {
 /// ipsets (iptables backend).
 pub struct Ipsets;
 
+impl Ipsets {
+    /// The probe sets (v6 too when `ipv6`) the calling thread's netns lacks (`ipset list -n`).
+    pub fn missing(
+        &self,
+        exec: &mut dyn Executor,
+        ipv6: bool,
+    ) -> Result<Vec<&'static str>, ApplyError> {
+        let out = run_checked(exec, &Cmd::new("ipset", ["list", "-n"]))?;
+        let present: Vec<&str> = out.stdout.lines().map(str::trim).collect();
+        let wanted: &[&'static str] = if ipv6 {
+            &[PROBE_SET_V4, PROBE_SET_V6]
+        } else {
+            &[PROBE_SET_V4]
+        };
+        Ok(wanted
+            .iter()
+            .copied()
+            .filter(|s| !present.contains(s))
+            .collect())
+    }
+}
+
 impl ProbeSets for Ipsets {
     fn ensure(&self, exec: &mut dyn Executor, ipv6: bool) -> Result<(), ApplyError> {
         let mut text = format!("create {PROBE_SET_V4} hash:ip family inet comment\n");

@@ -12,6 +12,7 @@ use tracing::info;
 use super::config::Config;
 use super::node_store::NodePods;
 use crate::agent::join;
+use crate::agent::join::{RECORD_FILE, Recorded};
 use crate::agent::ports::{KubeAnnotator, LateZtunnel};
 use crate::agent::settings::{Settings, Timing};
 use crate::agent::{Agent, AgentError, Deps};
@@ -29,6 +30,50 @@ pub enum StartError {
     Agent(#[from] AgentError),
     #[error("ambient node agent: {0}")]
     Join(#[from] join::JoinError),
+    #[error(
+        "ambient node agent: the backend record {path} is unreadable ({cause}); delete it to let the agent detect the backend again"
+    )]
+    Record {
+        path: std::path::PathBuf,
+        cause: String,
+    },
+}
+
+/// Where the backend decided at the node's first install is recorded.
+pub fn record_path(cfg: &Config) -> std::path::PathBuf {
+    cfg.install.run_dir.join(RECORD_FILE)
+}
+
+/// The recorded backend (None: no record yet, a first install).
+fn read_record(path: &std::path::Path) -> Result<Option<Recorded>, StartError> {
+    let bad = |cause: String| StartError::Record {
+        path: path.to_path_buf(),
+        cause,
+    };
+    match std::fs::read_to_string(path) {
+        Ok(text) => Recorded::parse(&text).map(Some).map_err(bad),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(bad(e.to_string())),
+    }
+}
+
+/// Records the decision (atomically) unless the record already says it.
+fn write_record(
+    path: &std::path::Path,
+    old: Option<&Recorded>,
+    new: &Recorded,
+) -> Result<(), StartError> {
+    if old == Some(new) {
+        return Ok(());
+    }
+    super::fsutil::write_atomic(path, new.render().as_bytes(), 0o644).map_err(|e| {
+        StartError::Record {
+            path: path.to_path_buf(),
+            cause: e.to_string(),
+        }
+    })?;
+    info!(path = %path.display(), backend = ?new.backend, "ambient backend recorded for this node");
+    Ok(())
 }
 
 /// The agent's settings, from install-cni's parsed config; `drift_kick` starts a drift pass
@@ -55,6 +100,7 @@ async fn deps(
     client: &KubeClient,
     settings: &Settings,
     metrics: &Metrics,
+    record: &std::path::Path,
 ) -> Result<(Deps, Arc<LateZtunnel>, bool), StartError> {
     let annotator = Arc::new(KubeAnnotator {
         client: client.clone(),
@@ -74,7 +120,10 @@ async fn deps(
         };
         return Ok((deps, ztunnel, false));
     }
-    let dataplane = join::real_dataplane(settings).await?;
+    let recorded = read_record(record)?;
+    let (dataplane, decision) = join::real_dataplane(settings, recorded).await?;
+    let now = Recorded::of(&decision, settings.native_nftables);
+    write_record(record, recorded.as_ref(), &now)?;
     let deps = Deps {
         dataplane,
         ztunnel: ztunnel.clone(),
@@ -100,7 +149,7 @@ pub async fn start(
     }
     let client = &node.client;
     info!(node = %settings.config.node_name, "starting the ambient node agent");
-    let (deps, ztunnel, serve_zds) = deps(client, &settings, metrics).await?;
+    let (deps, ztunnel, serve_zds) = deps(client, &settings, metrics, &record_path(cfg)).await?;
     let agent = Agent::start(&settings, client, node.pods.clone(), deps, stop).await?;
     if serve_zds {
         join::serve_ztunnel(

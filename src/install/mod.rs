@@ -252,7 +252,15 @@ async fn run(cfg: Config) -> i32 {
         return 1;
     }
     info!(path = %sock.display(), "plugin log sink listening");
-    match health::serve_health(cfg.health_port, readiness.clone(), stop.clone()).await {
+    let debug_pods = health::DebugPods::default();
+    match health::serve_health(
+        cfg.health_port,
+        readiness.clone(),
+        debug_pods.clone(),
+        stop.clone(),
+    )
+    .await
+    {
         Ok(addr) => info!(addr = %addr, "health server listening"),
         Err(e) => {
             error!(
@@ -328,6 +336,11 @@ async fn run(cfg: Config) -> i32 {
         readiness.register(AGENT);
         match ambient::start(&cfg, node, &metrics, &drift_kick, &stop).await {
             Ok(agent) => {
+                let core = agent.core().clone();
+                debug_pods.bind(std::sync::Arc::new(move || {
+                    serde_json::to_value(crate::agent::status::debug_pods(&core))
+                        .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+                }));
                 readiness.set(AGENT, true);
                 info!("ambient node agent ready");
                 Some(agent)
@@ -418,6 +431,15 @@ async fn run(cfg: Config) -> i32 {
     let code = match installer {
         Some(mut inst) if !keep => {
             let _ = tokio::task::spawn_blocking(move || inst.cleanup()).await;
+            // Uninstalled: a later install decides the backend afresh.
+            let record = ambient::record_path(&cfg);
+            match std::fs::remove_file(&record) {
+                Ok(()) => info!(path = %record.display(), "ambient backend record removed"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    warn!(path = %record.display(), "removing the ambient backend record: {e}")
+                }
+            }
             0
         }
         Some(_) => 0,

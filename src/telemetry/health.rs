@@ -1,4 +1,6 @@
-//! `/healthz`, `/readyz` and `/metrics` over HTTP (§2.11).
+//! `/healthz`, `/readyz` and `/metrics` over HTTP (§2.11), and the read-only `/debug/pods` on the
+//! health port (the agent's per-pod answer to "is this pod in the mesh right now?", bound once the
+//! agent runs; GET only, other methods get 405).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -56,6 +58,33 @@ impl Readiness {
     }
 }
 
+/// A JSON report made on request (the agent's `/debug/pods`).
+pub type Report = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+
+/// `/debug/pods`, bound late: the health server starts before the agent.
+#[derive(Clone, Default)]
+pub struct DebugPods {
+    inner: Arc<std::sync::OnceLock<Report>>,
+}
+
+impl DebugPods {
+    /// Binds the report (the first bind wins).
+    pub fn bind(&self, report: Report) {
+        let _ = self.inner.set(report);
+    }
+}
+
+async fn debug_pods(State(d): State<DebugPods>) -> axum::response::Response {
+    match d.inner.get() {
+        Some(report) => axum::Json(report()).into_response(),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the ambient node agent is not running (AMBIENT_ENABLED=false, or still starting)",
+        )
+            .into_response(),
+    }
+}
+
 async fn healthz() -> &'static str {
     "ok"
 }
@@ -89,12 +118,17 @@ async fn metrics_handler(State(m): State<Metrics>, headers: HeaderMap) -> impl I
 pub async fn serve_health(
     port: u16,
     readiness: Readiness,
+    debug: DebugPods,
     stop: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
+    let debug: Router<()> = Router::new()
+        .route("/debug/pods", get(debug_pods))
+        .with_state(debug);
     let app: Router<()> = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(readiness);
+        .with_state(readiness)
+        .merge(debug);
     serve(port, app, stop).await
 }
 

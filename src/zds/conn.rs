@@ -161,6 +161,8 @@ impl Session {
                 refused += 1;
                 netns = None;
             }
+            let request = if netns.is_some() { "add" } else { "keep" };
+            lock(&self.shared.ledger).sent(uid, self.id, request);
             let reply = match netns {
                 Some(ns) => {
                     adds += 1;
@@ -175,6 +177,7 @@ impl Session {
                     self.exchange(&Request::Keep { uid }, None).await?
                 }
             };
+            self.answered(uid, &reply);
             match reply {
                 Reply::Ack if netns.is_some() => lock(&self.shared.nacks).clear(uid),
                 Reply::Ack => {}
@@ -209,10 +212,21 @@ impl Session {
         let started = Instant::now();
         let (result, uid) = match &update.op {
             Op::Add { uid, info, netns } => {
+                lock(&self.shared.ledger).sent(uid, self.id, "add");
                 let request = Request::Add { uid, info };
-                (self.exchange(&request, Some(netns.as_fd())).await, uid)
+                let result = self.exchange(&request, Some(netns.as_fd())).await;
+                if let Ok(reply) = &result {
+                    self.answered(uid, reply);
+                }
+                (result, uid)
             }
-            Op::Del { uid } => (self.exchange(&Request::Del { uid }, None).await, uid),
+            Op::Del { uid } => {
+                let result = self.exchange(&Request::Del { uid }, None).await;
+                if matches!(result, Ok(Reply::Ack)) {
+                    lock(&self.shared.ledger).forget(uid);
+                }
+                (result, uid)
+            }
         };
         let is_add = matches!(update.op, Op::Add { .. });
         let kind = if is_add { "add" } else { "delete" };
@@ -242,6 +256,17 @@ impl Session {
         };
         let _ = update.reply.send(answer);
         Ok(())
+    }
+
+    /// Records ztunnel's answer about `uid` in the ledger.
+    fn answered(&self, uid: &str, reply: &Reply) {
+        let delivery = match reply {
+            Reply::Ack => super::ledger::Delivery::Acked,
+            Reply::Nack { message, .. } => super::ledger::Delivery::Nacked {
+                message: message.clone(),
+            },
+        };
+        lock(&self.shared.ledger).answered(uid, self.id, delivery);
     }
 
     /// Logs a NACK; a NACKed Add holds the pod back.

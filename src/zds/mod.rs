@@ -4,13 +4,15 @@
 //! Owns: the protocol messages (`proto`, generated from `zds.proto` and committed), the socket
 //! (`socket`: bind with tight permissions, accept, send with one fd, receive with truncation
 //! detection), the per-connection session (`conn`: hello, snapshot, lock-step updates, liveness),
-//! the connection set and the public handle (`server`), and the NACK backoff (`backoff`).
+//! the connection set and the public handle (`server`), the NACK backoff (`backoff`) and what was
+//! last sent about each pod and its answer (`ledger`, for the agent's debug endpoint).
 //! It knows nothing of Kubernetes: the agent feeds it pods through [`SnapshotSource`] and
 //! [`ZdsHandle`]. May call: `netns` (the handle whose fd is sent), `retry` (the NACK hold's
 //! spacing) and `telemetry` (metrics).
 
 mod backoff;
 mod conn;
+pub mod ledger;
 pub mod proto;
 mod server;
 mod socket;

@@ -42,6 +42,8 @@ pub(crate) struct Shared {
     pub cfg: ZdsConfig,
     pub source: Arc<dyn SnapshotSource>,
     pub nacks: Mutex<NackBook>,
+    /// What was last sent about each pod, and its answer.
+    pub ledger: Mutex<super::ledger::Ledger>,
     conns: Mutex<Vec<ConnEntry>>,
     next_id: AtomicU64,
 }
@@ -60,6 +62,7 @@ impl Shared {
         let mut conns = lock(&self.conns);
         conns.retain(|c| c.id != id);
         self.cfg.metrics.ztunnel_connected.set(conns.len() as i64);
+        lock(&self.ledger).closed(id);
     }
 
     fn newest(&self) -> Option<(u64, mpsc::Sender<Update>)> {
@@ -102,6 +105,7 @@ pub async fn serve(
     cfg.metrics.ztunnel_connected.set(0);
     let shared = Arc::new(Shared {
         nacks: Mutex::new(NackBook::new(cfg.nack_backoff_first, cfg.nack_backoff_max)),
+        ledger: Mutex::default(),
         cfg,
         source,
         conns: Mutex::new(Vec::new()),
@@ -201,6 +205,7 @@ impl ZdsHandle {
     /// the pod (remove it from the [`SnapshotSource`] before calling this). No connection = done.
     pub async fn del_workload(&self, uid: &str) -> Result<(), ZdsError> {
         lock(&self.shared.nacks).clear(uid);
+        lock(&self.shared.ledger).forget(uid);
         let timeout = self.shared.cfg.update_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
         let sends = self.shared.all().into_iter().map(|(conn, tx)| async move {
@@ -230,6 +235,13 @@ impl ZdsHandle {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// What was last sent to ztunnel about each pod (UID), on which connection, and its answer.
+    pub fn workload_states(
+        &self,
+    ) -> std::collections::HashMap<String, super::ledger::WorkloadState> {
+        lock(&self.shared.ledger).snapshot()
     }
 
     /// Live connections (past their hello).

@@ -241,6 +241,14 @@ impl Node {
             .wait_snapshots(snapshots + 1, Duration::from_secs(30))
     }
 
+    /// Sets (or unsets, `None`) one of install-cni's env vars for the next restart.
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            self.env.push((key.to_string(), v.to_string()));
+        }
+    }
+
     /// Adds a namespace with `labels`.
     pub fn namespace(&self, name: &str, labels: Value) {
         let ns = serde_json::from_value(json!({

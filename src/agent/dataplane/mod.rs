@@ -20,7 +20,7 @@ use crate::apply::ambient::{
     AmbientApply, AmbientError, inpod_nft_transaction, program_host_here, program_inpod_here,
     remove_inpod_here,
 };
-use crate::apply::backend::{BackendRequest, Decision, ProcessHost, decide_for_host};
+use crate::apply::backend::{BackendRequest, Decision, ProcessHost, Recorded, decide_recorded};
 use crate::apply::exec::ProcessExecutor;
 use crate::apply::hostproc::{KubeletUidError, kubelet_uid};
 use crate::apply::iptables::{ApplyError, ForceBinary};
@@ -56,6 +56,9 @@ pub struct DataplaneSettings {
     /// `AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE` (active only where the host has
     /// `tcp_early_demux=0`, see [`branch_eni`]).
     pub aws_branch_eni_probe: bool,
+    /// The backend recorded at this node's first install (reused; see
+    /// [`crate::apply::backend::decide_recorded`]).
+    pub recorded: Option<Recorded>,
 }
 
 impl Default for DataplaneSettings {
@@ -70,6 +73,7 @@ impl Default for DataplaneSettings {
             scoped_xtables_locking: true,
             skip_host_rules: false,
             aws_branch_eni_probe: true,
+            recorded: None,
         }
     }
 }
@@ -186,10 +190,18 @@ pub struct Dataplane {
     probes: probe::Batcher,
     /// nftables: in-pod transaction -> how it lists once applied (learnt once each).
     nft_listings: crate::apply::nft::Listings,
+    /// nftables: the host table's transaction -> how it lists (the host rules' drift check).
+    host_listing: crate::apply::nft::Listings,
     /// The AWS branch-ENI probe routing of enrolled pods (inert on other hosts).
     branch_eni: Arc<BranchEniProbe>,
     /// The netns no pod may claim ([`reserved_netns`]).
     reserved: Vec<(String, NetnsId)>,
+    /// `NATIVE_NFTABLES` changed since the recorded decision: the old backend, whose in-pod
+    /// rules each pod loses the first time it is programmed (the drift pass's first run reaches
+    /// every pod).
+    migrate_from: Option<Recorded>,
+    /// Pods (netns identity) already rid of the old backend's rules.
+    migrated: Mutex<std::collections::HashSet<crate::netns::NetnsId>>,
 }
 
 /// The agent's own netns and the node's (`<host_proc>/1/ns/net`), labelled, by identity; one that
@@ -233,8 +245,9 @@ impl Dataplane {
             force_binary: settings.force_iptables_binary,
         };
         let ipv6 = settings.ambient.enable_ipv6;
-        let decision = in_host(&host_netns, move || {
-            decide_for_host(&req, ipv6, &ProcessHost)
+        let recorded = settings.recorded;
+        let (decision, migrate_from) = in_host(&host_netns, move || {
+            decide_recorded(&req, ipv6, &ProcessHost, recorded.as_ref())
         })?;
         if let Some(w) = &decision.warning {
             warn!("{w}");
@@ -250,11 +263,17 @@ impl Dataplane {
             host_netns,
             probes: probe::Batcher::default(),
             nft_listings: crate::apply::nft::Listings::new(crate::apply::ambient::OUR_NFT_TABLES),
+            host_listing: crate::apply::nft::Listings::new(probe_set::NFT_TABLE),
             branch_eni: Arc::new(branch_eni),
             reserved: reserved_netns(&settings.host_proc),
+            migrate_from,
+            migrated: Mutex::default(),
         };
         if !settings.skip_host_rules {
-            dp.program_host()?;
+            if let Some(old) = &dp.migrate_from {
+                dp.remove_host(old)?;
+            }
+            dp.program_host(false)?;
         }
         Ok(dp)
     }
@@ -284,19 +303,60 @@ impl Dataplane {
         }
     }
 
-    fn program_host(&self) -> Result<(), DataplaneError> {
+    /// Programs the host probe SNAT rules and probe sets, reading first: `None` when they were
+    /// in place (nothing written), else what was missing or different and was re-applied.
+    /// `strict`: fail when the nftables comparison cannot be made (the drift pass; at startup
+    /// the table is then just written).
+    fn program_host(&self, strict: bool) -> Result<Option<String>, DataplaneError> {
         let cfg = self.settings.ambient.clone();
         let uid = if self.nftables() {
             kubelet_uid(&self.settings.host_proc).map_err(DataplaneError::KubeletUid)?
         } else {
             String::new()
         };
-        let opts = self.apply_opts(None);
+        let mut opts = self.apply_opts(None);
+        if self.nftables() {
+            let transaction = crate::apply::ambient::host_nft_transaction(&cfg, &uid);
+            match self.host_listing.expected(&transaction) {
+                Ok(listing) => opts.nft_expected = Some(listing),
+                Err(e) if strict => {
+                    return Err(DataplaneError::HostRules(AmbientError::Apply(e)));
+                }
+                Err(e) => warn!("cannot learn how the host nft table lists (written as is): {e}"),
+            }
+        }
         in_host(&self.host_netns, move || {
             program_host_here(&cfg, &uid, &opts)
         })?
-        .map_err(DataplaneError::HostRules)?;
-        Ok(())
+        .map_err(DataplaneError::HostRules)
+    }
+
+    /// The drift pass's host check: the probe SNAT rules (chain, jump or table) and the probe
+    /// sets compared with the plan and re-applied where they differ. `None`: all in place.
+    pub fn verify_host(&self) -> Result<Option<String>, DataplaneError> {
+        if self.settings.skip_host_rules {
+            return Ok(None);
+        }
+        let repaired = self.program_host(true)?;
+        if repaired.is_some() {
+            // The sets may have been recreated empty: the next batch must read them.
+            self.probes.forget();
+        }
+        Ok(repaired)
+    }
+
+    /// The old backend's host rules and probe sets removed (a `NATIVE_NFTABLES` migration): the
+    /// new backend's are programmed right after, and every pod is put back by the sync.
+    fn remove_host(&self, old: &Recorded) -> Result<(), DataplaneError> {
+        let mut opts = self.apply_opts(None);
+        opts.nftables = old.backend == Backend::Nftables;
+        opts.force_binary = old.force_binary;
+        let ipv6 = self.settings.ambient.enable_ipv6;
+        info!(from = ?old.backend, to = ?self.decision.backend, "NATIVE_NFTABLES changed: removing the old backend's host rules");
+        in_host(&self.host_netns, move || {
+            crate::apply::ambient::remove_host_here(&opts, ipv6)
+        })?
+        .map_err(DataplaneError::HostRules)
     }
 
     /// Opens a netns path the plugin reported (a host path) under the host prefix.
@@ -338,9 +398,31 @@ impl Dataplane {
         if self.nftables() {
             opts.nft_expected = self.nft_listing(&inpod_nft_transaction(&cfg, &overrides));
         }
+        let old = self.migrate_from.filter(|_| {
+            !self
+                .migrated
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&netns.id())
+        });
+        let old_opts = old.map(|old| AmbientApply {
+            nftables: old.backend == Backend::Nftables,
+            force_binary: old.force_binary,
+            ..self.apply_opts(Some(netns))
+        });
         let outcome = in_pod(netns, pod, move || {
+            if let Some(old_opts) = &old_opts {
+                remove_inpod_here(old_opts)?;
+            }
             program_inpod_here(&cfg, &overrides, &opts)
         })?;
+        if old.is_some() {
+            info!(pod = %pod_ref(pod), "the old backend's in-pod rules removed (NATIVE_NFTABLES changed)");
+            self.migrated
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(netns.id());
+        }
         tracing::debug!(pod = %pod_ref(pod), %outcome, "in-pod rules");
         Ok(outcome)
     }

@@ -172,6 +172,12 @@ pub struct Batcher {
 pub struct BatchNotRun(pub String);
 
 impl Batcher {
+    /// Forgets what is known of the sets (they were recreated behind our back): the next batch
+    /// creates and reads them again.
+    pub fn forget(&self) {
+        *lock(&self.known) = Known::default();
+    }
+
     /// Queues `request` and returns once it was applied, by this thread or in another thread's
     /// batch. `run` executes a batch where the sets live; it is called only when this thread
     /// runs the batch.

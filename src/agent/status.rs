@@ -1,0 +1,152 @@
+//! "Is this pod in the mesh right now?": what the drift pass last found for each enrolled pod and
+//! for the host rules ([`Status`]), and the `/debug/pods` answer ([`debug_pods`]) that joins it
+//! with the pod cache (netns), the pod store (IPs) and ztunnel's side (what was last sent on
+//! which connection, and the answer). The JSON shape is versioned and documented in
+//! docs/troubleshooting.md; fields are only ever added.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::pod;
+use super::ports::WorkloadState;
+use super::worker::Core;
+use crate::kube::stores::pod_key;
+
+/// The shape's version (`version` in the answer): bumped only if a field changes meaning.
+pub const DEBUG_PODS_VERSION: u32 = 1;
+
+/// One check's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum CheckResult {
+    /// Read and found as planned; nothing written.
+    InPlace,
+    /// Found different and re-applied (what differed).
+    Repaired { what: String },
+    /// Could not be verified or re-applied (why).
+    Failed { error: String },
+}
+
+/// A check and when it finished.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub at_unix_ms: u64,
+    #[serde(flatten)]
+    pub result: CheckResult,
+}
+
+impl Check {
+    fn now(result: CheckResult) -> Self {
+        let at_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Check { at_unix_ms, result }
+    }
+}
+
+/// The drift pass's last results.
+#[derive(Debug, Default)]
+pub struct Status {
+    pods: Mutex<HashMap<String, Check>>,
+    host: Mutex<Option<Check>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Status {
+    pub fn pod_checked(&self, uid: &str, result: CheckResult) {
+        lock(&self.pods).insert(uid.to_string(), Check::now(result));
+    }
+
+    pub fn host_checked(&self, result: CheckResult) {
+        *lock(&self.host) = Some(Check::now(result));
+    }
+
+    /// Forgets pods no longer cached.
+    pub fn retain(&self, cached: &HashSet<String>) {
+        lock(&self.pods).retain(|uid, _| cached.contains(uid));
+    }
+
+    pub fn pod(&self, uid: &str) -> Option<Check> {
+        lock(&self.pods).get(uid).cloned()
+    }
+
+    pub fn host(&self) -> Option<Check> {
+        lock(&self.host).clone()
+    }
+}
+
+/// The `/debug/pods` answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct DebugPods {
+    pub version: u32,
+    /// The host probe SNAT rules and probe sets at the last drift pass (null before the first).
+    pub host_rules: Option<Check>,
+    /// Every pod in the agent's cache (ztunnel's state of the world), by namespace and name.
+    pub pods: Vec<PodStatus>,
+}
+
+/// One enrolled pod.
+#[derive(Debug, Clone, Serialize)]
+pub struct PodStatus {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// The netns handle the agent holds (null: not found; ztunnel then gets a Keep).
+    pub netns: Option<NetnsStatus>,
+    /// The pod's IPs (the store's pod, else what the agent put in the probe set).
+    pub ips: Vec<String>,
+    /// The drift pass's last check of the pod's in-pod rules (null before the first).
+    pub last_verified: Option<Check>,
+    /// What was last sent to ztunnel about the pod (null: nothing since the agent started).
+    pub zds: Option<WorkloadState>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NetnsStatus {
+    pub path: String,
+    pub inode: u64,
+}
+
+/// Builds the answer from the agent's state; read-only.
+pub fn debug_pods(core: &Core) -> DebugPods {
+    let zds = core.mesh.ztunnel.workload_states();
+    let mut pods: Vec<PodStatus> = core
+        .mesh
+        .cache
+        .snapshot()
+        .into_iter()
+        .map(|(uid, entry)| {
+            let key = pod_key(&entry.info.namespace, &entry.info.name);
+            let stored = core.pods.get(&key).filter(|p| pod::uid(p) == uid);
+            let ips = match &stored {
+                Some(p) => pod::ips(p),
+                None => entry.probe_ips.clone().unwrap_or_default(),
+            };
+            PodStatus {
+                netns: entry.netns.as_ref().map(|ns| NetnsStatus {
+                    path: ns.path().display().to_string(),
+                    inode: ns.id().inode,
+                }),
+                ips: ips.iter().map(ToString::to_string).collect(),
+                last_verified: core.status.pod(&uid),
+                zds: zds.get(&uid).cloned(),
+                namespace: entry.info.namespace,
+                name: entry.info.name,
+                uid,
+            }
+        })
+        .collect();
+    pods.sort_by(|a, b| (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid)));
+    DebugPods {
+        version: DEBUG_PODS_VERSION,
+        host_rules: core.status.host(),
+        pods,
+    }
+}

@@ -1,0 +1,477 @@
+//! End to end, node lifecycle (issue 21): the real install-cni with the agent and the real data
+//! plane in a node netns of its own (tests/support/ambient_node.rs), pods enrolled through the
+//! real CNI chain, the test ZDS peer as ztunnel. After each scenario every enrolled pod's outbound
+//! TCP lands on the peer's listener inside the pod's current netns (counted), and `/debug/pods`
+//! on the health port says so.
+//!
+//! Scenario 5, host rules flushed (Istio's #60607: a firewalld reload flushes the host probe SNAT
+//! rules and nothing puts them back): iptables — `ISTIO_POSTRT` flushed and its POSTROUTING jump
+//! removed, then the chain and the probe ipset destroyed; nftables — the host chain flushed, then
+//! the whole host table (sets included) deleted. Each is healed within one drift period, counted in
+//! `istio_cni_drift_repaired_total{kind="host_rules"}` with a warning naming what was repaired, and
+//! the probe set holds exactly the enrolled pods again.
+
+#[path = "support/ambient_node.rs"]
+mod ambient_node;
+mod install_support;
+mod support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ambient_node::{Backend, Node, PodNs, PodProcess, in_netns, result_ip};
+use install_support::http_get;
+use serde_json::{Value, json};
+
+const AMBIENT: &str = "istio.io/dataplane-mode";
+const PERIOD: Duration = Duration::from_secs(2);
+/// Ports of the node netns (private to each test's node).
+const METRICS_PORT: &str = "15014";
+const HEALTH_PORT: &str = "15021";
+/// Slack on top of one jittered period: the machine runs other tests.
+const SLACK: Duration = Duration::from_secs(6);
+
+/// GET on the agent's port `port` (inside the node netns).
+fn get(node: &Node, port: &str, path: &'static str) -> (u16, String) {
+    let port: u16 = port.parse().expect("port");
+    in_netns(Path::new(&node.ns.path()), move || http_get(port, path)).expect("GET")
+}
+
+/// `istio_cni_drift_repaired_total{kind}`.
+fn repaired(node: &Node, kind: &str) -> u64 {
+    let (_, body) = get(node, METRICS_PORT, "/metrics");
+    let prefix = format!("istio_cni_drift_repaired_total{{kind=\"{kind}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().parse().expect("a count"))
+        .unwrap_or(0)
+}
+
+/// `/debug/pods` as JSON.
+fn debug_pods(node: &Node) -> Value {
+    let (status, body) = get(node, HEALTH_PORT, "/debug/pods");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/debug/pods JSON: {e}: {body}"))
+}
+
+/// The node's host rules of ours, without counters: what a heal must restore.
+fn host_rules(node: &Node) -> String {
+    let out = match node.backend {
+        Backend::Iptables => node.ns.exec("iptables-save", &["-t", "nat"]),
+        Backend::Nftables => node.ns.exec("nft", &["-t", "list", "ruleset"]),
+    };
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    match node.backend {
+        Backend::Iptables => text
+            .lines()
+            .filter(|l| l.contains("ISTIO"))
+            .map(|l| l.split(" [").next().unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Backend::Nftables => istio_cni::apply::nft::normalise_listing(&text, "istio-ambient-nat"),
+    }
+}
+
+/// An enrolled pod: name, UID, IP, sandbox.
+struct Enrolled {
+    name: String,
+    uid: String,
+    ip: String,
+    ns: PodNs,
+    /// A process of the pod (its cgroup names the UID): how a restarted agent finds the netns.
+    _process: PodProcess,
+}
+
+/// Creates and ADDs `names` through the real CNI chain; waits until each is annotated and in the
+/// probe set.
+fn enrol(node: &Node, names: &[&str]) -> Vec<Enrolled> {
+    node.namespace("amb", json!({AMBIENT: "ambient"}));
+    let pods: Vec<Enrolled> = names
+        .iter()
+        .map(|name| {
+            let uid = node.unique_pod("amb", name);
+            let ns = PodNs::new("life");
+            let ip = result_ip(
+                &node
+                    .add(&ns, "amb", name)
+                    .unwrap_or_else(|e| panic!("ADD {name}: {e}\n{}", node.agent.output())),
+            );
+            node.set_running("amb", name, &ip);
+            let _process = PodProcess::start(&ns, &uid);
+            Enrolled {
+                name: name.to_string(),
+                uid,
+                ip,
+                ns,
+                _process,
+            }
+        })
+        .collect();
+    for p in &pods {
+        node.wait_until(Duration::from_secs(10), "enrolled", || {
+            node.redirection("amb", &p.name).as_deref() == Some("enabled")
+                && node
+                    .probe_members()
+                    .contains(&(p.ip.clone(), p.uid.clone()))
+        });
+    }
+    pods
+}
+
+/// Every pod's outbound TCP lands on the peer's listener inside its current netns (the count
+/// goes up), and the probe set holds exactly the enrolled pods.
+fn assert_in_mesh(node: &Node, pods: &[Enrolled]) {
+    for p in pods {
+        let before = node.peer.accepted(&p.uid).unwrap_or_else(|| {
+            panic!("{}: the peer runs no proxy for it", p.name);
+        });
+        // Any address will do: the pod's rules send it to 15001 in the pod netns.
+        let to: SocketAddr = "10.244.0.250:8080".parse().expect("addr");
+        istio_cni::netns::Netns::open(&p.ns.guard.path())
+            .and_then(|ns| {
+                ns.run(move || {
+                    let _ = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2));
+                })
+            })
+            .expect("enter the pod netns");
+        node.wait_until(
+            Duration::from_secs(5),
+            &format!("{}: outbound on the peer", p.name),
+            || node.peer.accepted(&p.uid).is_some_and(|n| n > before),
+        );
+        let path = p.ns.guard.path();
+        let inode = std::fs::metadata(&path).map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.ino()
+        });
+        assert_eq!(
+            node.peer.netns_of(&p.uid).map(|(_, ino)| ino),
+            inode.ok(),
+            "{}: the peer's proxy is not in the pod's current netns",
+            p.name
+        );
+    }
+    let mut members = node.probe_members();
+    members.sort();
+    let mut want: Vec<(String, String)> =
+        pods.iter().map(|p| (p.ip.clone(), p.uid.clone())).collect();
+    want.sort();
+    assert_eq!(members, want, "probe set");
+}
+
+fn host_rules_are_healed(backend: Backend) {
+    let node = Node::start_with(
+        backend,
+        &[
+            ("DRIFT_VERIFY_INTERVAL", "2s"),
+            ("MONITORING_PORT", METRICS_PORT),
+            ("HEALTH_PORT", HEALTH_PORT),
+        ],
+    );
+    let pods = enrol(&node, &["a", "b"]);
+    let expected = host_rules(&node);
+    assert!(!expected.is_empty(), "no host rules at all");
+    node.wait_until(Duration::from_secs(10), "a first drift pass", || {
+        debug_pods(&node)["host_rules"]["result"] == "in_place"
+    });
+    assert_eq!(repaired(&node, "host_rules"), 0, "a heal before any change");
+    assert_in_mesh(&node, &pods);
+
+    let breakages: Vec<(&str, Vec<Vec<&str>>)> = match backend {
+        Backend::Iptables => vec![
+            (
+                "ISTIO_POSTRT flushed, its POSTROUTING jump removed",
+                vec![
+                    vec!["iptables", "-t", "nat", "-F", "ISTIO_POSTRT"],
+                    vec![
+                        "iptables",
+                        "-t",
+                        "nat",
+                        "-D",
+                        "POSTROUTING",
+                        "-j",
+                        "ISTIO_POSTRT",
+                    ],
+                ],
+            ),
+            (
+                "the chain and the probe ipset destroyed",
+                vec![
+                    vec![
+                        "iptables",
+                        "-t",
+                        "nat",
+                        "-D",
+                        "POSTROUTING",
+                        "-j",
+                        "ISTIO_POSTRT",
+                    ],
+                    vec!["iptables", "-t", "nat", "-F", "ISTIO_POSTRT"],
+                    vec!["iptables", "-t", "nat", "-X", "ISTIO_POSTRT"],
+                    vec!["ipset", "destroy", "istio-inpod-probes-v4"],
+                ],
+            ),
+        ],
+        Backend::Nftables => vec![
+            (
+                "the host chain flushed",
+                vec![vec![
+                    "nft",
+                    "flush",
+                    "chain",
+                    "inet",
+                    "istio-ambient-nat",
+                    "postrouting",
+                ]],
+            ),
+            (
+                "the host table (and its probe sets) deleted",
+                vec![vec!["nft", "delete", "table", "inet", "istio-ambient-nat"]],
+            ),
+        ],
+    };
+    let within = PERIOD + PERIOD / 4 + SLACK;
+    for (i, (what, commands)) in breakages.iter().enumerate() {
+        for c in commands {
+            node.ns.exec(c[0], &c[1..]);
+        }
+        assert_ne!(host_rules(&node), expected, "{what}: nothing broken");
+        let started = Instant::now();
+        node.wait_until(within, &format!("{what}: healed and counted"), || {
+            host_rules(&node) == expected && repaired(&node, "host_rules") == i as u64 + 1
+        });
+        // A destroyed set comes back empty; the same pass's probe sync refills it.
+        node.wait_until(within, &format!("{what}: probe set refilled"), || {
+            pods.iter().all(|p| {
+                node.probe_members()
+                    .contains(&(p.ip.clone(), p.uid.clone()))
+            })
+        });
+        eprintln!("{backend:?}: {what} healed in {:?}", started.elapsed());
+        assert_in_mesh(&node, &pods);
+        let report = debug_pods(&node);
+        assert_eq!(report["host_rules"]["result"], "repaired", "{report}");
+    }
+    let log = node.agent.output();
+    assert!(
+        log.contains("host probe SNAT rules had drifted"),
+        "no warning naming the repair:\n{log}"
+    );
+    // Healed once each: later passes find everything in place.
+    node.wait_until(3 * within, "a pass finding the host rules in place", || {
+        debug_pods(&node)["host_rules"]["result"] == "in_place"
+    });
+    assert_eq!(repaired(&node, "host_rules"), breakages.len() as u64);
+    assert_eq!(node.peer.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn flushed_host_rules_and_a_destroyed_probe_set_are_healed_iptables() {
+    host_rules_are_healed(Backend::Iptables);
+}
+
+#[test]
+fn flushed_host_rules_and_a_destroyed_probe_set_are_healed_nftables() {
+    host_rules_are_healed(Backend::Nftables);
+}
+
+/// `/debug/pods` lists each enrolled pod with its netns (path and inode), IPs, the drift pass's
+/// last check and what ztunnel answered on which connection; other methods get 405.
+#[test]
+fn debug_pods_answers_per_pod_and_only_to_get() {
+    let node = Node::start_with(
+        Backend::Iptables,
+        &[
+            ("DRIFT_VERIFY_INTERVAL", "2s"),
+            ("HEALTH_PORT", HEALTH_PORT),
+        ],
+    );
+    let pods = enrol(&node, &["a"]);
+    let p = &pods[0];
+    node.wait_until(Duration::from_secs(10), "a verified pod", || {
+        debug_pods(&node)["pods"][0]["last_verified"]["result"] == "in_place"
+    });
+    let report = debug_pods(&node);
+    assert_eq!(report["version"], 1, "{report}");
+    let pod = &report["pods"][0];
+    assert_eq!(pod["uid"], p.uid.as_str());
+    assert_eq!(
+        (&pod["namespace"], &pod["name"]),
+        (&json!("amb"), &json!("a"))
+    );
+    assert_eq!(pod["ips"], json!([p.ip]));
+    let inode = node.peer.netns_of(&p.uid).expect("proxy").1;
+    assert_eq!(pod["netns"]["inode"], inode, "{report}");
+    assert!(pod["netns"]["path"].as_str().is_some_and(|s| !s.is_empty()));
+    assert_eq!(pod["zds"]["state"], "acked", "{report}");
+    assert_eq!(pod["zds"]["request"], "add");
+    assert!(pod["zds"]["connection"].as_u64().is_some());
+    assert!(pod["last_verified"]["at_unix_ms"].as_u64().is_some());
+    assert_eq!(report["host_rules"]["result"], "in_place");
+
+    // Read-only: anything but GET is refused.
+    let port: u16 = HEALTH_PORT.parse().expect("port");
+    let status = in_netns(Path::new(&node.ns.path()), move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        write!(
+            s,
+            "POST /debug/pods HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .expect("write");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    });
+    assert!(status.starts_with("HTTP/1.1 405"), "{status}");
+}
+
+/// The node's host holds the iptables host rules / the nft host table.
+fn host_has(node: &Node) -> (bool, bool) {
+    let ipt = String::from_utf8_lossy(&node.ns.exec("iptables-save", &["-t", "nat"]).stdout)
+        .contains(":ISTIO_POSTRT");
+    let nft = node
+        .ns
+        .try_exec("nft", &["list", "table", "inet", "istio-ambient-nat"])
+        .status
+        .success();
+    (ipt, nft)
+}
+
+/// The pod netns holds our iptables chains / our nft tables.
+fn pod_has(p: &Enrolled) -> (bool, bool) {
+    let ipt = p.ns.guard.iptables_save().contains("ISTIO_");
+    let nft = String::from_utf8_lossy(&p.ns.guard.exec("nft", &["list", "tables"]).stdout)
+        .contains("istio-ambient-");
+    (ipt, nft)
+}
+
+/// Scenario 6 (Istio's #61020): the backend chosen at first install is recorded in the run dir and
+/// reused by a restart although the detection inputs changed (an iptables probe ipset appeared on
+/// the host, which alone would put a fresh decision on iptables); a change of NATIVE_NFTABLES
+/// migrates: the old host and in-pod rules removed, the new applied, the pod re-verified and in the
+/// mesh, one rule set only; uninstall (SIGTERM) deletes the record.
+#[test]
+fn the_backend_is_decided_once_per_node_and_a_native_nftables_change_migrates() {
+    let mut node = Node::start_with(
+        Backend::Nftables,
+        &[
+            ("DRIFT_VERIFY_INTERVAL", "1s"),
+            ("HEALTH_PORT", HEALTH_PORT),
+        ],
+    );
+    let pods = enrol(&node, &["a"]);
+    let record = node.dirs.run.join("ambient-backend");
+    let text = std::fs::read_to_string(&record).expect("the backend record");
+    assert!(text.contains("backend=nftables"), "{text}");
+    assert_eq!(
+        (host_has(&node), pod_has(&pods[0])),
+        ((false, true), (false, true))
+    );
+
+    // The other backend's artifact appears; a restart keeps the recorded backend.
+    node.ns.exec(
+        "ipset",
+        &[
+            "create",
+            "istio-inpod-probes-v4",
+            "hash:ip",
+            "family",
+            "inet",
+            "comment",
+        ],
+    );
+    node.restart_agent_killed();
+    node.agent.wait_line(
+        "first install (recorded in the run dir)",
+        Duration::from_secs(10),
+    );
+    node.wait_until(Duration::from_secs(10), "re-verified", || {
+        debug_pods(&node)["pods"][0]["last_verified"]["result"] == "in_place"
+    });
+    assert_eq!(host_has(&node), (false, true), "a second host rule set");
+    assert_eq!(pod_has(&pods[0]), (false, true), "a second in-pod rule set");
+    node.ns.exec("ipset", &["destroy", "istio-inpod-probes-v4"]);
+    assert_in_mesh(&node, &pods);
+
+    // NATIVE_NFTABLES turned off: migrated to iptables, one rule set everywhere.
+    node.set_env("NATIVE_NFTABLES", None);
+    node.backend = Backend::Iptables;
+    node.restart_agent_killed();
+    node.wait_until(Duration::from_secs(15), "migrated to iptables", || {
+        host_has(&node) == (true, false) && pod_has(&pods[0]) == (true, false)
+    });
+    let text = std::fs::read_to_string(&record).expect("the backend record");
+    assert!(text.contains("backend=iptables"), "{text}");
+    node.wait_until(Duration::from_secs(10), "the probe set refilled", || {
+        node.probe_members()
+            .contains(&(pods[0].ip.clone(), pods[0].uid.clone()))
+    });
+    assert_in_mesh(&node, &pods);
+
+    // Uninstall: the record goes with it.
+    node.agent.terminate(Duration::from_secs(15));
+    assert!(!record.exists(), "the record outlived the uninstall");
+}
+
+/// A PATH directory with every tool of this machine's PATH except ip6tables (and its
+/// -save/-restore/-legacy/-nft variants): a node without IPv6 tooling.
+fn path_without_ip6tables() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    for d in path.split(':') {
+        let Ok(entries) = std::fs::read_dir(d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let link = dir.path().join(&name);
+            if name.to_string_lossy().starts_with("ip6tables") || link.exists() {
+                continue;
+            }
+            let _ = std::os::unix::fs::symlink(e.path(), &link);
+        }
+    }
+    assert!(dir.path().join("iptables").exists() && !dir.path().join("ip6tables").exists());
+    dir
+}
+
+/// Scenario 8 (Istio's #57869): with AMBIENT_IPV6=false (the default) the agent runs on a node
+/// without ip6tables: host rules, enrolment, the drift pass and a restart all work, the pod is in
+/// the mesh, and nothing in the log mentions ip6tables.
+#[test]
+fn ipv6_off_needs_no_ip6tables() {
+    let bin = path_without_ip6tables();
+    let mut node = Node::start_with(
+        Backend::Iptables,
+        &[
+            ("PATH", bin.path().to_str().expect("utf-8")),
+            ("AMBIENT_IPV6", "false"),
+            ("DRIFT_VERIFY_INTERVAL", "1s"),
+            ("HEALTH_PORT", HEALTH_PORT),
+        ],
+    );
+    let pods = enrol(&node, &["a"]);
+    let verified = |node: &Node| {
+        let report = debug_pods(node);
+        report["host_rules"]["result"] == "in_place"
+            && report["pods"][0]["last_verified"]["result"] == "in_place"
+    };
+    node.wait_until(Duration::from_secs(10), "a clean drift pass", || {
+        verified(&node)
+    });
+    assert_in_mesh(&node, &pods);
+    node.restart_agent_killed();
+    node.wait_until(
+        Duration::from_secs(10),
+        "a clean pass after the restart",
+        || verified(&node),
+    );
+    assert_in_mesh(&node, &pods);
+    let log = node.agent.output();
+    assert!(
+        !log.to_lowercase().contains("ip6tables"),
+        "the agent spoke of ip6tables:\n{log}"
+    );
+}
