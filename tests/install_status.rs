@@ -203,7 +203,7 @@ fn status_shows_each_pod_of_the_node_from_the_running_agent() {
         [
             "none",
             "no",
-            "not selected by AMBIENT_ENABLEMENT_SELECTOR (pod and namespace labels)",
+            "not selected by AMBIENT_ENABLEMENT_SELECTOR",
             "-",
             "10.244.9.3"
         ],

@@ -292,7 +292,7 @@ impl NotEnrolled {
                 "sidecar-injected (sidecar.istio.io/status; never ambient)"
             }
             NotEnrolled::Excluded(Exclusion::NotSelected(NotSelected::NoSelectorMatches)) => {
-                "not selected by AMBIENT_ENABLEMENT_SELECTOR (pod and namespace labels)"
+                "not selected by AMBIENT_ENABLEMENT_SELECTOR"
             }
             NotEnrolled::Excluded(Exclusion::ExcludedNamespace) => {
                 "namespace is in EXCLUDE_NAMESPACES"

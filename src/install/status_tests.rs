@@ -24,7 +24,7 @@ fn answer() -> DebugPods {
              "reason_code": "not_selected", "reason": "not selected",
              "sidecar": {"redirected": false, "skipped": "istio-proxy is not a sidecar (e.g. a gateway)"}},
             {"uid": "u5", "namespace": "web", "name": "plain", "mode": "none", "ips": ["10.244.1.9"],
-             "reason_code": "not_selected", "reason": "not selected by AMBIENT_ENABLEMENT_SELECTOR (pod and namespace labels)"}
+             "reason_code": "not_selected", "reason": "not selected by AMBIENT_ENABLEMENT_SELECTOR"}
         ]
     }))
     .unwrap()
@@ -95,11 +95,7 @@ fn every_pod_gets_a_row_with_its_columns() {
     );
     assert_eq!(
         row(&text, "web/plain")[1..4],
-        [
-            "none",
-            "no",
-            "not selected by AMBIENT_ENABLEMENT_SELECTOR (pod and namespace labels)"
-        ]
+        ["none", "no", "not selected by AMBIENT_ENABLEMENT_SELECTOR"]
     );
     // The texts that do not fit a cell come after the table.
     assert!(
