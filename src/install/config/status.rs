@@ -13,7 +13,7 @@ use super::values::{Raw, Resolver, invalid, port};
 /// install-cni status: asks the running node agent (GET /debug/pods on its health port) for this
 /// node's pods and prints one row each: mode, enrolled or not and why, netns, IPs, the drift
 /// pass's last verification, the last ZDS request and ztunnel's answer. Exits 1 when the agent
-/// is not running or not reachable, 2 on bad flags.
+/// is not running or not reachable or a flag's value is bad, 2 on an unknown flag.
 #[derive(FromArgs, Debug, Default)]
 pub struct StatusFlags {
     /// print the agent's /debug/pods answer as JSON (docs/troubleshooting.md) instead of a table
