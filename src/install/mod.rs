@@ -11,7 +11,8 @@
 //! `upgrade` (shutdown keep/clean decision; its API reads go through `kube`), `caps` (capability dropping),
 //! `node_store` (the ONE node-scoped pod store, made here and handed to the agent and the repair
 //! controller), `pod_facts` (the root-only socket answering the plugin's pod reads from that
-//! store), `ambient` (starting the node agent when `AMBIENT_ENABLED=true`); the repair
+//! store), `ambient` (starting the node agent when `AMBIENT_ENABLED=true`), `status` (the
+//! `install-cni status` command: the running agent's `/debug/pods` as a table); the repair
 //! controller (`crate::repair`) is started here when `REPAIR_ENABLED=true`.
 
 pub mod ambient;
@@ -24,6 +25,7 @@ pub mod installer;
 pub mod kubeconfig;
 pub mod node_store;
 pub mod pod_facts;
+pub mod status;
 pub mod upgrade;
 
 use std::collections::BTreeMap;
@@ -55,6 +57,7 @@ const REPAIR_SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 pub fn main(args: Vec<String>) -> i32 {
     let cfg = match config::parse(&args, &|k| std::env::var(k).ok()) {
         Ok(Parsed::Run(c)) => c,
+        Ok(Parsed::Status(req)) => return status::main(req),
         Ok(Parsed::Exit { text, code }) => {
             if code == 0 {
                 print!("{text}");

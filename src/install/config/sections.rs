@@ -34,7 +34,12 @@ pub enum ConfigError {
 #[derive(Debug)]
 pub enum Parsed {
     Run(Box<Config>),
-    Exit { text: String, code: i32 },
+    Exit {
+        text: String,
+        code: i32,
+    },
+    /// `install-cni status`: ask the running agent.
+    Status(super::status::StatusRequest),
 }
 
 /// A minimum log level of one scope.
