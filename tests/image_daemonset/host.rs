@@ -2,7 +2,7 @@
 //! the TLS test API server inside it, the chart's host paths as temp dirs, the service account
 //! mount, a fake /proc holding a kubelet, and the host side of the CNI chain (bridge + loopback +
 //! the plugin install-cni put on the host, run from the node netns in a mount namespace where the
-//! node's /var/run/istio-cni is this test's dir, as on a real node).
+//! node's /var/run/istio-cni is this test's dir, as on a real node; the machine's is not touched).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -209,13 +209,21 @@ impl Host {
         let wrap = self.dirs.tmp.path().join("host-view");
         std::fs::create_dir_all(&wrap).expect("mkdir");
         let script = wrap.join("istio-cni");
-        // The plugin's config names /var/run/istio-cni (the chart's host path); on this machine
-        // that is the test's dir, bound there in a mount namespace of the plugin's own.
+        // The plugin's config names /var/run/istio-cni (the chart's host path). The machine's is
+        // left alone: in a mount namespace of the plugin's own, /run is a fresh tmpfs holding the
+        // machine's netns dir (the pods' handles, moved over with their mounts) and this test's
+        // run dir as istio-cni.
+        let old_run = wrap.join("machine-run");
+        std::fs::create_dir_all(&old_run).expect("mkdir");
         std::fs::write(
             &script,
             format!(
-                "#!/bin/sh\nmkdir -p /var/run/istio-cni\nexec unshare --mount --propagation private \
-                 sh -c 'mount --bind \"$0\" /var/run/istio-cni && exec \"$@\"' {} {} \"$@\"\n",
+                "#!/bin/sh\nexec unshare --mount --propagation private sh -ec '\
+                 mount --rbind /run \"$0\" && mount -t tmpfs tmpfs /run && \
+                 mkdir /run/netns /run/istio-cni && mount --rbind \"$0/netns\" /run/netns && \
+                 mount --bind \"$1\" /run/istio-cni && shift && exec \"$@\"' \
+                 {} {} {} \"$@\"\n",
+                old_run.display(),
                 self.dirs.run.display(),
                 self.dirs.bin.join("istio-cni").display()
             ),
