@@ -1,6 +1,6 @@
 //! The "node" the image test's container runs on: a netns of its own (the pod's host network),
 //! the TLS test API server inside it, the chart's host paths as temp dirs, the service account
-//! mount, a fake /proc holding a kubelet, and the host side of the CNI chain (bridge + loopback +
+//! mount, a procfs of its own holding a kubelet, and the host side of the CNI chain (bridge + loopback +
 //! the plugin install-cni put on the host, run from the node netns in a mount namespace where the
 //! node's /var/run/istio-cni is this test's dir, as on a real node; the machine's is not touched).
 
@@ -27,7 +27,62 @@ pub struct Host {
     pub ns: Netns,
     pub dirs: Dirs,
     ztunnel: PathBuf,
+    node_proc: NodeProc,
     _ipam: tempfile::TempDir,
+}
+
+/// The node's /proc (the chart's `cni-host-procfs`; install-cni refuses anything but a procfs
+/// there): the procfs of a pid namespace of its own whose pid 1 is a process named `kubelet` in
+/// the node netns, so the agent finds a kubelet, no pods (a fresh node) and none of the
+/// machine's processes. The kubelet dies with the handle (`--kill-child`), the mount is detached.
+struct NodeProc {
+    dir: PathBuf,
+    child: std::process::Child,
+}
+
+impl NodeProc {
+    fn start(node_ns: &str, tmp: &Path) -> NodeProc {
+        let dir = tmp.join("host-proc");
+        std::fs::create_dir_all(&dir).expect("mkdir host-proc");
+        let kubelet = tmp.join("kubelet");
+        std::fs::copy("/bin/sleep", &kubelet).expect("copy sleep");
+        let child = std::process::Command::new("nsenter")
+            .arg(format!("--net={node_ns}"))
+            .args(["unshare", "--pid", "--fork", "--kill-child", "sh", "-ec"])
+            .arg("mount -t proc proc \"$0\" && exec \"$1\" 600")
+            .arg(&dir)
+            .arg(&kubelet)
+            .spawn()
+            .expect("start the node's kubelet (nsenter, unshare)");
+        let mut node = NodeProc { dir, child };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let fs = nix::sys::statfs::statfs(&node.dir).map(|s| s.filesystem_type());
+            if fs.is_ok_and(|t| t == nix::sys::statfs::PROC_SUPER_MAGIC) {
+                return node;
+            }
+            if let Ok(Some(status)) = node.child.try_wait() {
+                panic!("the node's kubelet exited ({status}) before its procfs was mounted");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no procfs at {} within 10 s",
+                node.dir.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .status();
+    }
 }
 
 impl Host {
@@ -60,30 +115,15 @@ impl Host {
         dirs.put(PRIMARY, conflist.to_string().as_bytes());
         let ztunnel = dirs.tmp.path().join("ztunnel");
         std::fs::create_dir_all(&ztunnel).expect("mkdir");
+        let node_proc = NodeProc::start(&ns.path(), dirs.tmp.path());
         Host {
             api,
             ns,
             dirs,
             ztunnel,
+            node_proc,
             _ipam: ipam,
         }
-    }
-
-    /// A stand-in for the node's /proc (the chart's `cni-host-procfs`): a kubelet process, and
-    /// no pods (a fresh node). pid 1's netns is not needed: on the host network the agent's own
-    /// netns is the node's.
-    fn fake_proc(&self) -> PathBuf {
-        let root = self.dirs.tmp.path().join("host-proc");
-        let kubelet = root.join("2");
-        std::fs::create_dir_all(&kubelet).expect("mkdir");
-        for (file, text) in [
-            ("comm", "kubelet\n"),
-            ("cmdline", "/usr/bin/kubelet\0"),
-            ("status", "Name:\tkubelet\nUid:\t0\t0\t0\t0\n"),
-        ] {
-            std::fs::write(kubelet.join(file), text).expect("fake kubelet");
-        }
-        root
     }
 
     /// The host path for each of the chart's hostPath volumes (every one must be known here).
@@ -95,7 +135,7 @@ impl Host {
             "cni-net-dir" => p(&d.net),
             "cni-socket-dir" => p(&d.run),
             "cni-ztunnel-sock-dir" => p(&self.ztunnel),
-            "cni-host-procfs" => p(&self.fake_proc()),
+            "cni-host-procfs" => p(&self.node_proc.dir),
             // The machine's own: `ip netns add` puts the test's pods there.
             "cni-netns-dir" => {
                 assert_eq!(chart_path, "/var/run/netns");
