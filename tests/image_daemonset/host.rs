@@ -15,6 +15,7 @@ use crate::install_support::{Dirs, http_get};
 use crate::podman::{Container, Mount, Spec};
 use crate::support::Netns;
 use crate::support::cni_driver::{Attachment, Chain};
+use crate::support::node_proc::NodeProc;
 use crate::support::zds_peer::ZdsPeer;
 
 /// The primary CNI config the node starts with (install-cni merges its entry into it).
@@ -25,64 +26,11 @@ const SA_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 pub struct Host {
     pub api: NodeApi,
     pub ns: Netns,
+    /// Before `dirs`: its mount is under their temp dir and is detached first.
+    node_proc: NodeProc,
     pub dirs: Dirs,
     ztunnel: PathBuf,
-    node_proc: NodeProc,
     _ipam: tempfile::TempDir,
-}
-
-/// The node's /proc (the chart's `cni-host-procfs`; install-cni refuses anything but a procfs
-/// there): the procfs of a pid namespace of its own whose pid 1 is a process named `kubelet` in
-/// the node netns, so the agent finds a kubelet, no pods (a fresh node) and none of the
-/// machine's processes. The kubelet dies with the handle (`--kill-child`), the mount is detached.
-struct NodeProc {
-    dir: PathBuf,
-    child: std::process::Child,
-}
-
-impl NodeProc {
-    fn start(node_ns: &str, tmp: &Path) -> NodeProc {
-        let dir = tmp.join("host-proc");
-        std::fs::create_dir_all(&dir).expect("mkdir host-proc");
-        let kubelet = tmp.join("kubelet");
-        std::fs::copy("/bin/sleep", &kubelet).expect("copy sleep");
-        let child = std::process::Command::new("nsenter")
-            .arg(format!("--net={node_ns}"))
-            .args(["unshare", "--pid", "--fork", "--kill-child", "sh", "-ec"])
-            .arg("mount -t proc proc \"$0\" && exec \"$1\" 600")
-            .arg(&dir)
-            .arg(&kubelet)
-            .spawn()
-            .expect("start the node's kubelet (nsenter, unshare)");
-        let mut node = NodeProc { dir, child };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let fs = nix::sys::statfs::statfs(&node.dir).map(|s| s.filesystem_type());
-            if fs.is_ok_and(|t| t == nix::sys::statfs::PROC_SUPER_MAGIC) {
-                return node;
-            }
-            if let Ok(Some(status)) = node.child.try_wait() {
-                panic!("the node's kubelet exited ({status}) before its procfs was mounted");
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no procfs at {} within 10 s",
-                node.dir.display()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for NodeProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.dir)
-            .status();
-    }
 }
 
 impl Host {
