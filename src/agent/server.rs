@@ -31,7 +31,7 @@ use crate::kube::plugin_event::PluginAddEvent;
 use crate::kube::stores::{self, pod_key};
 use crate::telemetry::metrics::ResponseCodeLabel;
 use crate::telemetry::serve::{self, ConnInfo, Limits, Serving, UnixServer};
-use crate::telemetry::socket::{Peer, SocketError};
+use crate::telemetry::socket::{self, Peer, SocketError};
 
 /// Largest body accepted (an event is a few hundred bytes).
 const MAX_BODY: usize = 64 * 1024;
@@ -71,13 +71,12 @@ async fn cmd_add(
 ) -> (StatusCode, String) {
     // The listener already refused non-root peers; this is the second layer (and the caller's
     // identity for the log lines).
-    let (status, text) = match conn.peer.filter(|p| p.uid == 0) {
-        Some(caller) => handle(core.clone(), caller, body).await,
-        None => {
-            let message = match conn.peer {
-                Some(p) => format!("refused: peer uid {} (pid {}) is not root", p.uid, p.pid),
-                None => "refused: cannot read peer credentials".to_string(),
-            };
+    let peer = conn
+        .peer
+        .ok_or_else(|| std::io::Error::other("not a Unix socket connection"));
+    let (status, text) = match socket::root_only(peer) {
+        Ok(caller) => handle(core.clone(), caller, body).await,
+        Err(message) => {
             warn!("/cmdadd {message}");
             (StatusCode::FORBIDDEN, message)
         }
