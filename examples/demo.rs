@@ -254,7 +254,9 @@ fn main() -> Result<(), String> {
         ("KUBERNETES_SERVICE_HOST", "127.0.0.1".to_string()),
         ("KUBERNETES_SERVICE_PORT", port),
         ("KUBERNETES_SERVICE_PROTOCOL", "https".to_string()),
-        ("HEALTH_PORT", "0".to_string()),
+        // The node netns is the demo's own, so the default port is free there (`install-cni status`
+        // reads it).
+        ("HEALTH_PORT", ambient::HEALTH_PORT.to_string()),
         ("MONITORING_PORT", "0".to_string()),
         ("REPAIR_ENABLED", "false".to_string()),
         ("POD_NAMESPACE", "istio-system".to_string()),
@@ -390,7 +392,7 @@ fn main() -> Result<(), String> {
         || peer.snapshots() >= 1,
     )
     .map_err(show_log)?;
-    ambient::run(&node, &merged, &bin, &peer, &kubeconfig).map_err(show_log)?;
+    ambient::run(&node, &merged, &bin, &binary, &peer, &kubeconfig).map_err(show_log)?;
 
     // 5. Shutdown: the entry and the binary go away again.
     installer.terminate();

@@ -19,8 +19,8 @@
 //! | [`plugin`] | the `istio-cni` CNI plugin role | `cli`, `rules`, `sidecar`, `apply`, `netns`, `kube`, `telemetry` |
 //! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup; the one node pod store and the pod-facts socket; starts the ambient agent and the repair controller | `cli`, `kube`, `retry`, `telemetry`, `agent`, `repair` |
 //! | [`repair`] | the repair controller: is a sidecar pod broken (pure), the reconcile loop over the node pod store (once per UID, jittered backoff), repair/delete/label; the sidecar drift pass (verify, heal in place, or hand to the controller's policy) | `cli`, `kube`, `retry`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry` |
-//! | [`agent`] | the ambient node agent: settings, the pure enrolment state machine, pod cache, add/remove steps, keyed work queue over the kube stores, plugin-event server, startup and shutdown, the periodic drift pass (verify and heal enrolled pods' rules and the probe set); its data plane (`dataplane`: in-pod and host rules, probe sets); ZDS through `zds` | `cli`, `kube`, `retry`, `rules`, `apply`, `netns`, `netlink`, `telemetry`, `zds` |
-//! | [`telemetry`] | logging setup, plugin log sink, health/readiness and metrics servers | — |
+//! | [`agent`] | the ambient node agent: settings, the pure enrolment state machine, pod cache, add/remove steps, keyed work queue over the kube stores, plugin-event server, startup and shutdown, the periodic drift pass (verify and heal enrolled pods' rules and the probe set); its data plane (`dataplane`: in-pod and host rules, probe sets); ZDS through `zds` | `cli`, `kube`, `retry`, `rules`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`, `zds` |
+//! | [`telemetry`] | logging setup, plugin log sink, health/readiness and metrics servers; the one binder (`socket`) and server (`serve`) of every local socket and port | — |
 //! | [`zds`] | the ZDS server handing enrolled pods' netns fds to ztunnel: protocol messages, the SOCK_SEQPACKET socket, per-connection snapshot and lock-step updates, NACK backoff | `netns`, `retry`, `telemetry` |
 
 pub mod agent;

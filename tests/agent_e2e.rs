@@ -150,6 +150,46 @@ fn ambient_pod_end_to_end_nftables() {
 /// the lookups before it and process start: the ADD must have failed by then.
 const ADD_FAILS_WITHIN: Duration = Duration::from_secs(8);
 
+/// Issue 20 class 7: only a stale socket or a dangling symlink at `ZTUNNEL_UDS_ADDRESS` is
+/// replaced; a regular file there stops startup naming the path, and is left as it was.
+#[test]
+fn only_a_stale_ztunnel_socket_is_replaced_and_a_regular_file_stops_startup_untouched() {
+    let mut node = Node::start(Backend::Iptables);
+    // Killed: its socket file stays behind, stale.
+    let snapshots = node.peer.snapshots();
+    node.relaunch_agent_killed();
+    node.peer
+        .wait_snapshots(snapshots + 1, Duration::from_secs(30));
+    let _ = node.agent.child.kill();
+    let _ = node.agent.child.wait();
+    std::fs::remove_file(&node.zds_socket).expect("rm");
+    std::os::unix::fs::symlink(node.dirs.tmp.path().join("nowhere"), &node.zds_socket)
+        .expect("dangling symlink");
+    let snapshots = node.peer.snapshots();
+    node.relaunch_agent_killed();
+    node.peer
+        .wait_snapshots(snapshots + 1, Duration::from_secs(30));
+
+    let _ = node.agent.child.kill();
+    let _ = node.agent.child.wait();
+    std::fs::remove_file(&node.zds_socket).expect("rm");
+    std::fs::write(&node.zds_socket, b"not a socket").expect("regular file");
+    node.relaunch_agent_killed();
+    let status = node.agent.wait(Duration::from_secs(30));
+    assert!(!status.success(), "started with a file at the ZDS path");
+    let out = node.agent.output();
+    let path = node.zds_socket.display().to_string();
+    assert!(
+        out.lines()
+            .any(|l| l.contains(&path) && l.contains("a regular file")),
+        "no error naming {path}:\n{out}"
+    );
+    assert_eq!(
+        std::fs::read(&node.zds_socket).expect("file kept"),
+        b"not a socket"
+    );
+}
+
 #[test]
 fn add_fails_fast_and_clean_when_the_agent_is_down() {
     let mut node = Node::start(Backend::Iptables);

@@ -111,6 +111,7 @@ async fn rig_with(setup: impl FnOnce(&TestApiServer), reconcile: bool) -> Rig {
             timeout: Duration::from_secs(5),
         }),
         metrics: Default::default(),
+        serving: Default::default(),
     };
     let stop = CancellationToken::new();
     let pods = istio_cni::kube::stores::spawn_pod_store(

@@ -60,7 +60,15 @@ impl Node {
             let namespaces = spawn_namespace_store(&client, backoff, stop.clone());
             namespaces.wait_synced(PATIENCE).await.expect("synced");
             let path = istio_cni::kube::pod_facts::socket_path(dir.path());
-            pod_facts::start(&path, pods.clone(), Some(namespaces), stop.clone()).expect("socket");
+            let serving = istio_cni::telemetry::serve::Serving::default();
+            pod_facts::start(
+                &path,
+                pods.clone(),
+                Some(namespaces),
+                &serving,
+                stop.clone(),
+            )
+            .expect("socket");
             (server, client, pods)
         });
         Node {

@@ -508,16 +508,17 @@ async fn tcp_from_another_netns_reaches_the_peer_listener_inside_the_pod() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_socket_replaces_a_stale_file_and_goes_away_at_shutdown() {
+async fn the_socket_replaces_a_stale_socket_and_goes_away_at_shutdown() {
     support::require_root();
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(&dir);
     std::fs::create_dir_all(cfg.socket.parent().unwrap()).unwrap();
-    std::fs::write(&cfg.socket, "stale").unwrap();
+    // A socket a previous run left (a regular file is refused: see agent_e2e).
+    drop(std::os::unix::net::UnixListener::bind(&cfg.socket).unwrap());
     let shutdown = CancellationToken::new();
     let handle = zds::serve(cfg.clone(), Arc::new(Pods::default()), shutdown.clone())
         .await
-        .expect("serve over a stale file");
+        .expect("serve over a stale socket");
     let peer = ZdsPeer::start(&cfg.socket);
     peer.wait_snapshots(1, WAIT);
     until("registered", || handle.connections() == 1).await;

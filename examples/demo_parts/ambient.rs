@@ -16,6 +16,8 @@ use crate::{GATEWAY, Netns, wait_until};
 pub const NAMESPACE: &str = "reviews-ns";
 pub const POD: &str = "reviews";
 pub const UID: &str = "5c1f1c9e-0d3e-4a6b-9c1f-00000000d003";
+/// install-cni's health port in the demo's node netns (where `install-cni status` asks).
+pub const HEALTH_PORT: u16 = 8000;
 
 /// The fixtures the ambient part adds: its namespace (ambient) and pod (no sidecar).
 pub fn fixtures() -> [Value; 2] {
@@ -67,6 +69,32 @@ pub fn post_objects(kubeconfig: &Path, objects: &Value) -> Result<(), String> {
     })
 }
 
+/// Runs `install-cni status` in the node netns, as an operator would in the DaemonSet pod.
+fn show_status(node: &Netns, binary: &str) -> Result<(), String> {
+    let out = node
+        .spawn(
+            binary,
+            &["install-cni", "status"],
+            &[("HEALTH_PORT", HEALTH_PORT.to_string())],
+            std::process::Stdio::piped(),
+            std::process::Stdio::piped(),
+        )?
+        .wait_with_output()
+        .map_err(|e| format!("install-cni status: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !text.contains(POD) {
+        return Err(format!(
+            "install-cni status did not list {NAMESPACE}/{POD}: {}{text}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    println!("   `install-cni status` on the node:");
+    for line in text.lines() {
+        println!("     {line}");
+    }
+    Ok(())
+}
+
 fn connect(pod: &Netns, to: SocketAddr) -> Result<bool, String> {
     pod.run(move || TcpStream::connect_timeout(&to, Duration::from_secs(1)).is_ok())
 }
@@ -76,6 +104,7 @@ pub fn run(
     node: &Netns,
     merged: &Value,
     bin: &Path,
+    binary: &str,
     peer: &ZdsPeer,
     kubeconfig: &Path,
 ) -> Result<(), String> {
@@ -121,7 +150,7 @@ pub fn run(
     let result = add.join().map_err(|_| "ADD thread panicked")??;
     let ip = result["ips"][0]["address"].as_str().unwrap_or("?");
     println!("   the peer acked: ADD returned, pod IP {ip}");
-    // status: `install-cni status` will show the pod enrolled here.
+    show_status(node, binary)?;
     let target: SocketAddr = format!("{GATEWAY}:9080")
         .parse()
         .map_err(|e| format!("{e}"))?;

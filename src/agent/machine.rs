@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::pod::{self, Redirection};
 use crate::kube::selector::SelectorError;
-use crate::kube::selector::enablement::{Enablement, EnablementSelector, PodFacts};
+use crate::kube::selector::enablement::{Enablement, EnablementSelector, NotSelected, PodFacts};
 
 /// Who is enrolled: the enablement selectors, excluded namespaces, and which pods are ztunnel.
 #[derive(Debug, Clone)]
@@ -34,8 +34,16 @@ impl Policy {
 
     /// The selectors (with the hostNetwork and sidecar exclusions); ztunnel pods never match.
     pub fn matches(&self, pod: &Pod, namespace_labels: &BTreeMap<String, String>) -> bool {
+        self.selection(pod, namespace_labels).is_ok()
+    }
+
+    fn selection(
+        &self,
+        pod: &Pod,
+        namespace_labels: &BTreeMap<String, String>,
+    ) -> Result<(), Exclusion> {
         if pod::is_ztunnel(pod, &self.system_namespace) {
-            return false;
+            return Err(Exclusion::Ztunnel);
         }
         let empty = BTreeMap::new();
         let facts = PodFacts {
@@ -43,17 +51,41 @@ impl Policy {
             annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
             host_network: pod::is_host_network(pod),
         };
-        self.enablement.pod_matches(facts, namespace_labels)
+        self.enablement
+            .pod_verdict(facts, namespace_labels)
+            .map_err(Exclusion::NotSelected)
     }
 
     pub fn is_excluded(&self, namespace: &str) -> bool {
         self.exclude_namespaces.contains(namespace)
     }
 
+    /// Why the policy leaves the pod out (`None`: it is to be enrolled).
+    pub fn exclusion(
+        &self,
+        pod: &Pod,
+        namespace_labels: &BTreeMap<String, String>,
+    ) -> Option<Exclusion> {
+        match self.selection(pod, namespace_labels) {
+            Err(e) => Some(e),
+            Ok(()) if self.is_excluded(pod::namespace(pod)) => Some(Exclusion::ExcludedNamespace),
+            Ok(()) => None,
+        }
+    }
+
     /// Matches and not in an excluded namespace.
     pub fn should_enrol(&self, pod: &Pod, namespace_labels: &BTreeMap<String, String>) -> bool {
-        self.matches(pod, namespace_labels) && !self.is_excluded(pod::namespace(pod))
+        self.exclusion(pod, namespace_labels).is_none()
     }
+}
+
+/// Why the policy leaves a pod out of ambient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exclusion {
+    Ztunnel,
+    NotSelected(NotSelected),
+    /// The namespace is in `EXCLUDE_NAMESPACES`.
+    ExcludedNamespace,
 }
 
 /// A pod event as the worker queues it.
@@ -149,9 +181,16 @@ pub fn decide(
                     ips,
                 };
             }
+            if terminal {
+                return Action::Skip(SKIP_TERMINAL);
+            }
             let change = (enrolled != should) || partial;
-            if !change || terminal {
-                return Action::Skip("no change");
+            if !change {
+                return Action::Skip(if should {
+                    "no change"
+                } else {
+                    SKIP_NOT_SELECTED
+                });
             }
             if !should {
                 return Action::Remove {
@@ -160,12 +199,112 @@ pub fn decide(
                 };
             }
             if ips.is_empty() {
-                return Action::Skip("pod has no IP yet");
+                return Action::Skip(SKIP_NO_IP);
             }
             Action::Add {
                 pod: current.clone(),
                 ips,
             }
+        }
+    }
+}
+
+const SKIP_TERMINAL: &str = "pod has terminated";
+const SKIP_NOT_SELECTED: &str = "not selected";
+const SKIP_NO_IP: &str = "pod has no IP yet";
+
+/// Why a pod of the node's store is not in the agent's cache, from the decision a re-evaluation
+/// of the pod as stored makes now (the worker's [`decide`], and the policy's reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotEnrolled {
+    Excluded(Exclusion),
+    /// Selected, but the pod's namespace is not in the store yet (the worker retries).
+    NamespaceMissing,
+    Terminated,
+    NoIp,
+    /// Selected with an IP: enrolled by the plugin's ADD, or the worker's event in progress or
+    /// retrying after a failure (the agent's log names it).
+    Pending,
+    /// Annotated as enrolled but no longer selected: the worker is removing it.
+    Leaving,
+    /// Annotated enabled and selected, yet not in the cache (restored at the next restart).
+    NotCached,
+}
+
+pub fn not_enrolled(
+    stored: &Arc<Pod>,
+    namespace_labels: Option<&BTreeMap<String, String>>,
+    policy: &Policy,
+) -> NotEnrolled {
+    let event = PodEvent::Update {
+        old: stored.clone(),
+        new: stored.clone(),
+    };
+    let exclusion = || {
+        let empty = BTreeMap::new();
+        policy.exclusion(stored, namespace_labels.unwrap_or(&empty))
+    };
+    match decide(&event, Some(stored), namespace_labels, policy) {
+        Action::RequeueNamespaceMissing => NotEnrolled::NamespaceMissing,
+        Action::Skip(SKIP_TERMINAL) => NotEnrolled::Terminated,
+        Action::Skip(SKIP_NO_IP) => NotEnrolled::NoIp,
+        Action::Add { .. } => NotEnrolled::Pending,
+        Action::Remove { .. } => NotEnrolled::Leaving,
+        Action::Skip(_) | Action::ReassertProbes { .. } => match exclusion() {
+            Some(e) => NotEnrolled::Excluded(e),
+            None => NotEnrolled::NotCached,
+        },
+    }
+}
+
+impl NotEnrolled {
+    /// A stable name for scripts.
+    pub fn code(self) -> &'static str {
+        match self {
+            NotEnrolled::Excluded(Exclusion::Ztunnel) => "ztunnel",
+            NotEnrolled::Excluded(Exclusion::NotSelected(NotSelected::HostNetwork)) => {
+                "host_network"
+            }
+            NotEnrolled::Excluded(Exclusion::NotSelected(NotSelected::SidecarInjected)) => {
+                "sidecar"
+            }
+            NotEnrolled::Excluded(Exclusion::NotSelected(NotSelected::NoSelectorMatches)) => {
+                "not_selected"
+            }
+            NotEnrolled::Excluded(Exclusion::ExcludedNamespace) => "excluded_namespace",
+            NotEnrolled::NamespaceMissing => "namespace_missing",
+            NotEnrolled::Terminated => "terminated",
+            NotEnrolled::NoIp => "no_ip",
+            NotEnrolled::Pending => "pending",
+            NotEnrolled::Leaving => "leaving",
+            NotEnrolled::NotCached => "not_cached",
+        }
+    }
+
+    /// For operators.
+    pub fn text(self) -> &'static str {
+        match self {
+            NotEnrolled::Excluded(Exclusion::Ztunnel) => "a ztunnel pod (never enrolled)",
+            NotEnrolled::Excluded(Exclusion::NotSelected(NotSelected::HostNetwork)) => {
+                "hostNetwork pod (never ambient)"
+            }
+            NotEnrolled::Excluded(Exclusion::NotSelected(NotSelected::SidecarInjected)) => {
+                "sidecar-injected (sidecar.istio.io/status; never ambient)"
+            }
+            NotEnrolled::Excluded(Exclusion::NotSelected(NotSelected::NoSelectorMatches)) => {
+                "not selected by AMBIENT_ENABLEMENT_SELECTOR"
+            }
+            NotEnrolled::Excluded(Exclusion::ExcludedNamespace) => {
+                "namespace is in EXCLUDE_NAMESPACES"
+            }
+            NotEnrolled::NamespaceMissing => "selected, but its namespace is not in the store yet",
+            NotEnrolled::Terminated => "pod has terminated",
+            NotEnrolled::NoIp => "selected, but the pod has no IP yet",
+            NotEnrolled::Pending => {
+                "selected, not enrolled yet (plugin ADD or agent retry pending; see the agent log)"
+            }
+            NotEnrolled::Leaving => "no longer selected; being removed",
+            NotEnrolled::NotCached => "annotated enrolled but not in the agent's cache",
         }
     }
 }

@@ -7,11 +7,12 @@
 //! stores (`worker`), the plugin-event server (`server`), the startup sequence and ordered
 //! shutdown (here), and the drift pass that verifies enrolled pods' rules and the probe set
 //! periodically and heals them (`drift`), and what that pass last found per pod and for the host
-//! rules, served as `/debug/pods` (`status`). The in-pod rules, host probe set, netns finder and backend decision are the
+//! rules, served as `/debug/pods` (`status`) with the node's other pods and why each is not
+//! enrolled (`node_pods`). The in-pod rules, host probe set, netns finder and backend decision are the
 //! data plane's (`dataplane`), ZDS is the `zds` room's; the agent reaches both and the API server's annotation
 //! patch through the traits in `ports` (fakes in `testing`, test-only).
 //!
-//! May call: `cli`, `kube`, `retry`, `rules`, `apply`, `netns`, `netlink`, `telemetry`, `zds`.
+//! May call: `cli`, `kube`, `retry`, `rules`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`, `zds`.
 
 pub mod cache;
 pub mod dataplane;
@@ -20,6 +21,7 @@ pub mod join;
 pub mod locks;
 pub mod machine;
 pub mod mesh;
+pub mod node_pods;
 pub mod pod;
 pub mod ports;
 pub mod progress;
@@ -71,6 +73,8 @@ pub struct Deps {
     pub annotator: Arc<dyn Annotator>,
     /// Where the agent's counters go (install-cni's registry).
     pub metrics: crate::telemetry::metrics::Metrics,
+    /// The readiness `pluginevent.sock` reports to and the listeners' idle timeout.
+    pub serving: crate::telemetry::serve::Serving,
 }
 
 /// A running agent.
@@ -124,9 +128,12 @@ impl Agent {
             status: Default::default(),
         });
         let path = settings.plugin_event_socket();
-        let server = server::serve(path.clone(), core.clone(), shutdown.clone())
+        let server = server::serve(path.clone(), core.clone(), deps.serving, shutdown.clone())
             .await
-            .map_err(|source| AgentError::Socket { path, source })?;
+            .map_err(|e| AgentError::Socket {
+                path,
+                source: e.source,
+            })?;
         let synced = async {
             let deadline = settings.timing.sync_timeout;
             core.pods.wait_synced(deadline).await?;

@@ -1,6 +1,6 @@
 //! The plugin-event server (§3.3): HTTP over `<run_dir>/pluginevent.sock`, `/cmdadd` (any
-//! method). Only a root peer (SO_PEERCRED uid 0, judged per connection) is heard; anyone else
-//! gets 403 and a log line. The body is not believed: the netns and IPs it names are checked
+//! method). Only a root peer (SO_PEERCRED uid 0, judged per connection by the listener,
+//! `telemetry::serve`, and again here) is heard; anyone else gets 403 and a log line. The body is not believed: the netns and IPs it names are checked
 //! (`trust`, through `mesh`) before anything is written, and every request is logged with the
 //! caller's pid and uid, the netns path and its inode. 200 only once the pod is fully enrolled (rules in, ztunnel acked, annotation
 //! written); a body that does not decode gets 400 naming the field and changes nothing; a pod
@@ -9,14 +9,13 @@
 //! the plugin's own timeout) is answered 504 naming the step it is in (`progress`); the handler runs to completion
 //! regardless, so a pod is never left half-enrolled by a dropped request.
 
-use std::io;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, State};
+use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::routing::any;
 use k8s_openapi::api::core::v1::Pod;
@@ -26,45 +25,56 @@ use tracing::{info, warn};
 use super::mesh::{PluginAdd, Via};
 use super::pod;
 use super::progress::{AddStep, Progress};
+use super::settings::PLUGIN_EVENT_SOCKET;
 use super::worker::Core;
 use crate::kube::plugin_event::PluginAddEvent;
 use crate::kube::stores::{self, pod_key};
 use crate::telemetry::metrics::ResponseCodeLabel;
-use crate::telemetry::peer::{Peer, PeerCred};
+use crate::telemetry::serve::{self, ConnInfo, Limits, Serving, UnixServer};
+use crate::telemetry::socket::{self, Peer, SocketError};
 
 /// Largest body accepted (an event is a few hundred bytes).
 const MAX_BODY: usize = 64 * 1024;
 
-/// Binds the socket (stale file replaced, parent created 0750, socket 0666) and serves until
-/// `shutdown`; the socket file is removed when it stops. Returns the serving task.
+/// Binds the socket with the one binder (root only, 0600, only a stale socket replaced) and
+/// serves it until `shutdown` with the listeners' bounds, supervised (`telemetry::serve`); the
+/// socket file is removed when it stops, if it is still ours. Returns the serving task.
 pub async fn serve(
     path: PathBuf,
     core: Arc<Core>,
+    serving: Serving,
     shutdown: CancellationToken,
-) -> io::Result<tokio::task::JoinHandle<()>> {
-    let listener = crate::telemetry::logsink::bind_plugin_socket(&path)?;
+) -> Result<tokio::task::JoinHandle<()>, SocketError> {
+    let bound = serve::bind_unix(&path)?;
     let app = Router::new()
         .route("/cmdadd", any(cmd_add))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(core);
     info!(path = %path.display(), "plugin-event server listening");
-    Ok(tokio::spawn(async move {
-        let served = axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-        if let Err(e) = served {
-            warn!("plugin-event server failed: {e}");
-        }
-        let _ = std::fs::remove_file(&path);
-    }))
+    let limits = Limits::new(serve::MAX_PLUGIN_EVENT_CONNECTIONS, serving.idle_timeout);
+    let server = UnixServer {
+        name: PLUGIN_EVENT_SOCKET.to_string(),
+        limits,
+        readiness: Some(serving.readiness),
+    };
+    Ok(tokio::spawn(server.run(
+        bound,
+        serve::http(app, limits),
+        shutdown,
+    )))
 }
 
 async fn cmd_add(
     State(core): State<Arc<Core>>,
-    ConnectInfo(peer): ConnectInfo<Peer>,
+    Extension(conn): Extension<ConnInfo>,
     body: Bytes,
 ) -> (StatusCode, String) {
-    let (status, text) = match peer.require_root() {
+    // The listener already refused non-root peers; this is the second layer (and the caller's
+    // identity for the log lines).
+    let peer = conn
+        .peer
+        .ok_or_else(|| std::io::Error::other("not a Unix socket connection"));
+    let (status, text) = match socket::root_only(peer) {
         Ok(caller) => handle(core.clone(), caller, body).await,
         Err(message) => {
             warn!("/cmdadd {message}");
@@ -80,7 +90,7 @@ async fn cmd_add(
     (status, text)
 }
 
-async fn handle(core: Arc<Core>, caller: PeerCred, body: Bytes) -> (StatusCode, String) {
+async fn handle(core: Arc<Core>, caller: Peer, body: Bytes) -> (StatusCode, String) {
     let event = match PluginAddEvent::decode(&body) {
         Ok(ev) => ev,
         Err(e) => {

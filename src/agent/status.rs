@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::pod;
 use super::ports::WorkloadState;
@@ -19,7 +19,7 @@ use crate::kube::stores::pod_key;
 pub const DEBUG_PODS_VERSION: u32 = 1;
 
 /// One check's result.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum CheckResult {
     /// Read and found as planned; nothing written.
@@ -31,7 +31,7 @@ pub enum CheckResult {
 }
 
 /// A check and when it finished.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Check {
     pub at_unix_ms: u64,
     #[serde(flatten)]
@@ -83,17 +83,20 @@ impl Status {
 }
 
 /// The `/debug/pods` answer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DebugPods {
     pub version: u32,
     /// The host probe SNAT rules and probe sets at the last drift pass (null before the first).
     pub host_rules: Option<Check>,
     /// Every pod in the agent's cache (ztunnel's state of the world), by namespace and name.
     pub pods: Vec<PodStatus>,
+    /// The node store's other pods: mode and why not enrolled (`agent::node_pods`).
+    #[serde(default)]
+    pub not_enrolled: Vec<super::node_pods::NodePod>,
 }
 
 /// One enrolled pod.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PodStatus {
     pub uid: String,
     pub namespace: String,
@@ -108,7 +111,7 @@ pub struct PodStatus {
     pub zds: Option<WorkloadState>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NetnsStatus {
     pub path: String,
     pub inode: u64,
@@ -144,9 +147,11 @@ pub fn debug_pods(core: &Core) -> DebugPods {
         })
         .collect();
     pods.sort_by(|a, b| (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid)));
+    let cached: HashSet<String> = pods.iter().map(|p| p.uid.clone()).collect();
     DebugPods {
         version: DEBUG_PODS_VERSION,
         host_rules: core.status.host(),
+        not_enrolled: super::node_pods::not_enrolled(core, &cached),
         pods,
     }
 }

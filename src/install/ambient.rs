@@ -19,6 +19,7 @@ use crate::agent::{Agent, AgentError, Deps};
 use crate::kube::KubeClient;
 use crate::retry::periodic::{Kick, Periodic};
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::serve::Serving;
 
 /// Env var (test-hooks builds only) that selects the fake data plane and ztunnel.
 pub const FAKE_DATAPLANE_ENV: &str = "ISTIO_CNI_RS_TEST_FAKE_DATAPLANE";
@@ -101,6 +102,7 @@ async fn deps(
     settings: &Settings,
     metrics: &Metrics,
     record: &std::path::Path,
+    serving: &Serving,
 ) -> Result<(Deps, Arc<LateZtunnel>, bool), StartError> {
     let annotator = Arc::new(KubeAnnotator {
         client: client.clone(),
@@ -117,6 +119,7 @@ async fn deps(
             ztunnel: ztunnel.clone(),
             annotator,
             metrics: metrics.clone(),
+            serving: serving.clone(),
         };
         return Ok((deps, ztunnel, false));
     }
@@ -129,6 +132,7 @@ async fn deps(
         ztunnel: ztunnel.clone(),
         annotator,
         metrics: metrics.clone(),
+        serving: serving.clone(),
     };
     Ok((deps, ztunnel, true))
 }
@@ -140,6 +144,7 @@ pub async fn start(
     cfg: &Config,
     node: &NodePods,
     metrics: &Metrics,
+    serving: &Serving,
     drift_kick: &Kick,
     stop: &tokio_util::sync::CancellationToken,
 ) -> Result<Agent, StartError> {
@@ -149,7 +154,8 @@ pub async fn start(
     }
     let client = &node.client;
     info!(node = %settings.config.node_name, "starting the ambient node agent");
-    let (deps, ztunnel, serve_zds) = deps(client, &settings, metrics, &record_path(cfg)).await?;
+    let (deps, ztunnel, serve_zds) =
+        deps(client, &settings, metrics, &record_path(cfg), serving).await?;
     let agent = Agent::start(&settings, client, node.pods.clone(), deps, stop).await?;
     if serve_zds {
         join::serve_ztunnel(

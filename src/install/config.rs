@@ -15,6 +15,7 @@ mod checks_tests;
 mod flags;
 mod resolve;
 mod sections;
+mod status;
 #[cfg(test)]
 mod tests;
 mod values;
@@ -24,10 +25,15 @@ use flags::BOOL_FLAGS;
 pub use flags::Flags;
 pub use resolve::from_flags;
 pub use sections::*;
+pub use status::StatusRequest;
 pub use values::{SelectorsError, parse_log_levels, parse_selectors};
 
 /// Parses `args` (the full argv, program name first) with `env` as the environment.
 pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Parsed, ConfigError> {
+    // `status` is a command of its own, with its own flags and help.
+    if args.get(1).is_some_and(|a| a == "status") {
+        return status::parse_status(args.get(2..).unwrap_or(&[]), env);
+    }
     let shapes = crate::cli::FlagShapes {
         switches: &["version"],
         shorts: &[],
@@ -57,9 +63,12 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Pa
         });
     }
     if let Some(cmd) = flags.command.first() {
-        return Err(ConfigError::Args(format!(
-            "unknown command {cmd:?} (only `version`)"
-        )));
+        return Err(ConfigError::Args(match cmd.as_str() {
+            "status" => "`status` must be the first argument: install-cni status [--json] \
+                         [--health-port N] (see install-cni status --help)"
+                .to_string(),
+            _ => format!("unknown command {cmd:?} (`version`, or `status` first)"),
+        }));
     }
     from_flags(&flags, env).map(|c| Parsed::Run(Box::new(c)))
 }

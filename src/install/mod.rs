@@ -11,7 +11,8 @@
 //! `upgrade` (shutdown keep/clean decision; its API reads go through `kube`), `caps` (capability dropping),
 //! `node_store` (the ONE node-scoped pod store, made here and handed to the agent and the repair
 //! controller), `pod_facts` (the root-only socket answering the plugin's pod reads from that
-//! store), `ambient` (starting the node agent when `AMBIENT_ENABLED=true`); the repair
+//! store), `ambient` (starting the node agent when `AMBIENT_ENABLED=true`), `status` (the
+//! `install-cni status` command: the running agent's `/debug/pods` as a table); the repair
 //! controller (`crate::repair`) is started here when `REPAIR_ENABLED=true`.
 
 pub mod ambient;
@@ -24,6 +25,7 @@ pub mod installer;
 pub mod kubeconfig;
 pub mod node_store;
 pub mod pod_facts;
+pub mod status;
 pub mod upgrade;
 
 use std::collections::BTreeMap;
@@ -38,6 +40,7 @@ use crate::telemetry::health::{self, Readiness};
 use crate::telemetry::logging::{self, LogSettings, ScopeLevels};
 use crate::telemetry::logsink;
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::serve::Serving;
 use config::{Config, LogLevel, LogTarget, Parsed};
 use node_store::NodePods;
 
@@ -54,6 +57,7 @@ const REPAIR_SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 pub fn main(args: Vec<String>) -> i32 {
     let cfg = match config::parse(&args, &|k| std::env::var(k).ok()) {
         Ok(Parsed::Run(c)) => c,
+        Ok(Parsed::Status(req)) => return status::main(req),
         Ok(Parsed::Exit { text, code }) => {
             if code == 0 {
                 print!("{text}");
@@ -81,6 +85,17 @@ pub fn main(args: Vec<String>) -> i32 {
     }
     for w in &cfg.warnings {
         warn!("{w}");
+    }
+    // Every listener at its connection bound must still leave the agent fds for its own work.
+    match crate::telemetry::socket::raise_fd_limit(crate::telemetry::serve::fds_needed()) {
+        Ok(l) if l.enough => info!(before = l.before, now = l.now, "open-file limit"),
+        Ok(l) => warn!(
+            limit = l.now,
+            needed = crate::telemetry::serve::fds_needed(),
+            "the open-file limit (RLIMIT_NOFILE hard limit) is below every listener's connection \
+             bound plus the agent's reserve; under a connection flood the agent may run out of fds"
+        ),
+        Err(e) => warn!("{e}"),
     }
     // Before any thread exists: capabilities are per thread and inherited.
     let ports = [cfg.health_port, cfg.monitoring_port.unwrap_or(0)];
@@ -239,24 +254,39 @@ async fn run(cfg: Config) -> i32 {
     // Kicked when the guard (re)installs; the drift verifiers then run a pass at once.
     let drift_kick = Kick::new();
 
+    let serving = Serving {
+        readiness: readiness.clone(),
+        idle_timeout: cfg.listener_idle_timeout,
+    };
     if let Some(port) = cfg.monitoring_port {
-        match health::serve_metrics(port, metrics.clone(), stop.clone()).await {
+        match health::serve_metrics(port, metrics.clone(), serving.idle_timeout, stop.clone()).await
+        {
             Ok(addr) => info!(addr = %addr, "metrics server listening"),
             // As Istio: metrics are not worth failing the node agent for.
             Err(e) => error!("metrics server on port {port} failed to start: {e}"),
         }
     }
     let sock = logsink::socket_path(&ic.run_dir);
-    if let Err(e) = logsink::serve(sock.clone(), stop.clone()).await {
-        error!("plugin log sink on {} failed to start: {e}", sock.display());
-        return 1;
-    }
+    let sink = match logsink::bind(&sock) {
+        Ok(bound) => bound,
+        Err(e) => {
+            error!("plugin log sink failed to start: {e}");
+            return 1;
+        }
+    };
+    let mut servers = vec![tokio::spawn(logsink::serve(
+        sink,
+        readiness.clone(),
+        serving.idle_timeout,
+        stop.clone(),
+    ))];
     info!(path = %sock.display(), "plugin log sink listening");
     let debug_pods = health::DebugPods::default();
     match health::serve_health(
         cfg.health_port,
         readiness.clone(),
         debug_pods.clone(),
+        serving.idle_timeout,
         stop.clone(),
     )
     .await
@@ -334,7 +364,7 @@ async fn run(cfg: Config) -> i32 {
     // node's CNI config only appears once ambient pods can be served.
     let agent = if let (true, Some(node)) = (ic.ambient_enabled, &node) {
         readiness.register(AGENT);
-        match ambient::start(&cfg, node, &metrics, &drift_kick, &stop).await {
+        match ambient::start(&cfg, node, &metrics, &serving, &drift_kick, &stop).await {
             Ok(agent) => {
                 let core = agent.core().clone();
                 debug_pods.bind(std::sync::Arc::new(move || {
@@ -372,9 +402,10 @@ async fn run(cfg: Config) -> i32 {
     if let Some(node) = &node {
         let namespaces = agent.as_ref().map(|a| a.core().namespaces.clone());
         let path = crate::kube::pod_facts::socket_path(&ic.run_dir);
-        if let Err(e) = pod_facts::start(&path, node.pods.clone(), namespaces, stop.clone()) {
+        match pod_facts::start(&path, node.pods.clone(), namespaces, &serving, stop.clone()) {
+            Ok(task) => servers.push(task),
             // Not fatal: every plugin ADD then asks the API server, as without a store.
-            warn!("{e}; the plugin will GET pods from the API server");
+            Err(e) => warn!("{e}; the plugin will GET pods from the API server"),
         }
     }
 
@@ -449,8 +480,8 @@ async fn run(cfg: Config) -> i32 {
         }
     };
     stop.cancel();
-    // Let the servers see the cancellation and remove the socket.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The servers remove their sockets (only those still ours) on the way out.
+    let _ = tokio::time::timeout(Duration::from_secs(2), futures::future::join_all(servers)).await;
     info!("install-cni stopped");
     code
 }

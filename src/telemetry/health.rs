@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -14,25 +15,32 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::{self, Metrics};
+use super::serve::{self, Limits};
 
 /// Readiness of every enabled component; ready = at least one registered and all ready.
 #[derive(Clone, Default)]
 pub struct Readiness {
-    inner: Arc<Mutex<BTreeMap<String, bool>>>,
+    /// Component -> `Ok` (ready) or why not (empty: no reason given).
+    inner: Arc<Mutex<BTreeMap<String, Result<(), String>>>>,
 }
 
 impl Readiness {
     /// Adds a component (not ready yet).
     pub fn register(&self, name: &str) {
         if let Ok(mut m) = self.inner.lock() {
-            m.entry(name.to_string()).or_insert(false);
+            m.entry(name.to_string()).or_insert(Err(String::new()));
         }
     }
 
     /// Sets a component's readiness.
     pub fn set(&self, name: &str, ready: bool) {
+        self.set_state(name, if ready { Ok(()) } else { Err(String::new()) });
+    }
+
+    /// Sets a component's readiness with the reason it is not ready (shown by `/readyz`).
+    pub fn set_state(&self, name: &str, state: Result<(), String>) {
         if let Ok(mut m) = self.inner.lock() {
-            m.insert(name.to_string(), ready);
+            m.insert(name.to_string(), state);
         }
     }
 
@@ -40,18 +48,21 @@ impl Readiness {
     pub fn is_ready(&self) -> bool {
         self.inner
             .lock()
-            .map(|m| !m.is_empty() && m.values().all(|r| *r))
+            .map(|m| !m.is_empty() && m.values().all(Result::is_ok))
             .unwrap_or(false)
     }
 
-    /// Components not ready, for the 503 body.
+    /// Components not ready (with their reasons), for the 503 body.
     pub fn not_ready(&self) -> Vec<String> {
         self.inner
             .lock()
             .map(|m| {
                 m.iter()
-                    .filter(|(_, r)| !**r)
-                    .map(|(k, _)| k.clone())
+                    .filter_map(|(k, r)| match r {
+                        Ok(()) => None,
+                        Err(why) if why.is_empty() => Some(k.clone()),
+                        Err(why) => Some(format!("{k} ({why})")),
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -115,10 +126,12 @@ async fn metrics_handler(State(m): State<Metrics>, headers: HeaderMap) -> impl I
 }
 
 /// Binds the health server; returns the bound address. Errors are returned, not ignored (L18).
+/// Every pod can reach the port: connections are bounded and time out (`serve`).
 pub async fn serve_health(
     port: u16,
     readiness: Readiness,
     debug: DebugPods,
+    idle_timeout: Duration,
     stop: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
     let debug: Router<()> = Router::new()
@@ -129,32 +142,35 @@ pub async fn serve_health(
         .route("/readyz", get(readyz))
         .with_state(readiness)
         .merge(debug);
-    serve(port, app, stop).await
+    let limits = Limits::new(serve::MAX_HEALTH_CONNECTIONS, idle_timeout);
+    bind_and_serve(port, "health", app, limits, stop).await
 }
 
 /// Binds the metrics server; returns the bound address.
 pub async fn serve_metrics(
     port: u16,
     m: Metrics,
+    idle_timeout: Duration,
     stop: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
     let app: Router<()> = Router::new()
         .route("/metrics", get(metrics_handler))
         .with_state(m);
-    serve(port, app, stop).await
+    let limits = Limits::new(serve::MAX_METRICS_CONNECTIONS, idle_timeout);
+    bind_and_serve(port, "metrics", app, limits, stop).await
 }
 
-async fn serve(port: u16, app: Router<()>, stop: CancellationToken) -> std::io::Result<SocketAddr> {
+async fn bind_and_serve(
+    port: u16,
+    what: &str,
+    app: Router<()>,
+    limits: Limits,
+    stop: CancellationToken,
+) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(("0.0.0.0", port)).await?;
     let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        let res = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(e) = res {
-            tracing::error!("HTTP server on {addr} failed: {e}");
-        }
-    });
+    let name = format!("{what} port {addr}");
+    tokio::spawn(serve::serve_tcp(listener, name, app, limits, stop));
     Ok(addr)
 }
 
@@ -173,5 +189,9 @@ mod tests {
         r.register("agent");
         assert!(!r.is_ready());
         assert_eq!(r.not_ready(), vec!["agent".to_string()]);
+        r.set("agent", true);
+        r.set_state("log.sock", Err("/run/log.sock: removed".into()));
+        assert!(!r.is_ready());
+        assert_eq!(r.not_ready(), vec!["log.sock (/run/log.sock: removed)"]);
     }
 }

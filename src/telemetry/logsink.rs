@@ -6,73 +6,80 @@
 //! escaped by the log formatter, so a record cannot forge lines or send terminal escapes. A body
 //! over [`MAX_BATCH_BYTES`] is refused with 413 and a warning naming its size; every other body,
 //! valid or not, gets 200 (a plugin must never fail over logging).
+//!
+//! Root only (the one binder and server: `telemetry::socket`, `telemetry::serve`), so no local
+//! user can forge `cni-plugin` records; each connection may have at most
+//! [`RECORD_BYTES_PER_SEC`] of records re-emitted (after a [`RECORD_BURST_BYTES`] burst), the
+//! rest are dropped with one warning per connection naming the peer's pid and uid.
 
-use std::io;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::routing::any;
+use axum::{Extension, Router};
 use serde_json::{Map, Value};
+use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Level;
 
+use super::health::Readiness;
 use super::logging::PLUGIN_TARGET;
+use super::serve::{self, ConnInfo, Limits, UnixServer};
+use super::socket::{SocketError, SocketFile};
 
 /// Largest `/log` body accepted (the plugin splits its batches below this).
 pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
 
 static EMIT: Mutex<()> = Mutex::new(());
 
-/// Binds a socket the plugin calls in the agent's run dir (`log.sock`, `pluginevent.sock`):
-/// parent created 0750 when missing, a stale socket from a previous run replaced, the socket
-/// 0666 because plugins run as the kubelet's user.
-pub fn bind_plugin_socket(path: &std::path::Path) -> io::Result<tokio::net::UnixListener> {
-    if let Some(parent) = path.parent()
-        && !parent.exists()
-    {
-        std::fs::create_dir_all(parent)?;
-        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o750))?;
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = tokio::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
-    Ok(listener)
+/// Sustained bytes of records per second one connection may have re-emitted ...
+pub const RECORD_BYTES_PER_SEC: u64 = 64 * 1024;
+/// ... and what it may send at once beyond that (a plugin run logs a few KiB).
+pub const RECORD_BURST_BYTES: u64 = 256 * 1024;
+
+/// Binds `<run_dir>/log.sock` with the one binder (root only, 0600; see `telemetry::socket`).
+/// An error names the path; nothing that is not a stale socket is removed.
+pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), SocketError> {
+    serve::bind_unix(path)
 }
 
-/// Starts the sink; a stale socket (from a previous run) is replaced.
-pub async fn serve(path: PathBuf, stop: CancellationToken) -> io::Result<()> {
-    let listener = bind_plugin_socket(&path)?;
+/// Serves the sink on a bound socket until `stop` (supervised: see `telemetry::serve`); the
+/// socket file is removed on the way out if it is still ours.
+pub async fn serve(
+    bound: (UnixListener, SocketFile),
+    readiness: Readiness,
+    idle_timeout: Duration,
+    stop: CancellationToken,
+) {
+    let mut limits = Limits::new(serve::MAX_LOG_SINK_CONNECTIONS, idle_timeout);
+    limits.bytes_per_sec = Some((RECORD_BYTES_PER_SEC, RECORD_BURST_BYTES));
     let app: Router<()> = Router::new()
         .route("/log", any(handle))
         .layer(DefaultBodyLimit::max(MAX_BATCH_BYTES));
-    tokio::spawn(async move {
-        let res = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(e) = res {
-            tracing::error!("plugin log sink failed: {e}");
-        }
-        let _ = std::fs::remove_file(&path);
-    });
-    Ok(())
+    let server = UnixServer {
+        name: SOCKET_NAME.to_string(),
+        limits,
+        readiness: Some(readiness),
+    };
+    server.run(bound, serve::http(app, limits), stop).await;
 }
 
-async fn handle(headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> (StatusCode, String) {
+async fn handle(
+    conn: Option<Extension<ConnInfo>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> (StatusCode, String) {
     match body {
         Ok(body) => {
             // 200 for anything readable, as Istio: unparsable batches are dropped.
             if let Ok(lines) = serde_json::from_slice::<Vec<String>>(&body) {
-                emit_batch(&lines);
+                let kept = within_budget(conn.as_ref().map(|c| &c.0), lines);
+                emit_batch(&kept);
             }
             (StatusCode::OK, String::new())
         }
@@ -93,6 +100,35 @@ async fn handle(headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> (Sta
         }
         Err(rejection) => (rejection.status(), rejection.body_text()),
     }
+}
+
+/// The records of a batch the connection's byte budget allows; the rest are dropped, with one
+/// warning per connection naming the peer.
+fn within_budget(conn: Option<&ConnInfo>, lines: Vec<String>) -> Vec<String> {
+    let Some((info, budget)) = conn.and_then(|c| Some((c, c.budget.as_ref()?))) else {
+        return lines;
+    };
+    let mut budget = budget.lock().unwrap_or_else(|p| p.into_inner());
+    let now = Instant::now();
+    let total = lines.len();
+    let kept: Vec<String> = lines
+        .into_iter()
+        .filter(|l| budget.take(l.len(), now))
+        .collect();
+    if kept.len() < total && !budget.warned {
+        budget.warned = true;
+        let peer = info
+            .peer
+            .map_or_else(|| "unknown peer".to_string(), |p| p.to_string());
+        tracing::warn!(
+            peer = %peer,
+            limit_bytes_per_sec = RECORD_BYTES_PER_SEC,
+            burst_bytes = RECORD_BURST_BYTES,
+            "plugin log records dropped: this connection sends more than the log sink re-emits; \
+             further drops on it are not reported"
+        );
+    }
+    kept
 }
 
 /// Re-emits one batch of plugin records.
@@ -139,7 +175,10 @@ fn emit(line: &str) {
     }
 }
 
+/// File name of the sink socket (also its readiness component).
+pub const SOCKET_NAME: &str = "log.sock";
+
 /// Path of the sink socket in a run dir.
 pub fn socket_path(run_dir: &Path) -> PathBuf {
-    run_dir.join("log.sock")
+    run_dir.join(SOCKET_NAME)
 }

@@ -1,9 +1,10 @@
-//! Logging setup, the plugin log sink, the health/readiness/metrics servers, and the peer
-//! credentials of local socket connections (`peer`).
+//! Logging setup, the plugin log sink, the health/readiness/metrics servers, and the one binder
+//! (`socket`) and server (`serve`) of every local socket and port of the agent.
 //! May call: nothing else in this crate.
 
 pub mod health;
 pub mod logging;
 pub mod logsink;
 pub mod metrics;
-pub mod peer;
+pub mod serve;
+pub mod socket;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Where one request about a pod stands.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum Delivery {
     /// Sent, no answer yet.
@@ -20,12 +20,12 @@ pub enum Delivery {
 }
 
 /// The last request about one pod.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WorkloadState {
     /// The connection's id (the `conn` field of the agent's ZDS log lines).
     pub connection: u64,
     /// `add` (with the pod's netns) or `keep` (a snapshot entry without one).
-    pub request: &'static str,
+    pub request: std::borrow::Cow<'static, str>,
     #[serde(flatten)]
     pub delivery: Delivery,
     /// When it was sent or answered, milliseconds since the Unix epoch.
@@ -51,7 +51,7 @@ impl Ledger {
             uid.to_string(),
             WorkloadState {
                 connection,
-                request,
+                request: request.into(),
                 delivery: Delivery::Sent,
                 at_unix_ms: now_ms(),
             },

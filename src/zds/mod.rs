@@ -55,11 +55,6 @@ pub trait SnapshotSource: Send + Sync + 'static {
 pub struct ZdsConfig {
     /// `ZTUNNEL_UDS_ADDRESS`.
     pub socket: PathBuf,
-    /// Mode of the socket file (connecting needs write permission on it).
-    pub socket_mode: u32,
-    /// Mode of the socket's directory when the server creates it (an existing one is left as is:
-    /// ztunnel may have created it first).
-    pub dir_mode: u32,
     /// How long ztunnel has to send its hello after the accept.
     pub hello_timeout: Duration,
     /// Deadline for each send and for the ack that answers it; past it the connection is closed.
@@ -85,8 +80,6 @@ impl Default for ZdsConfig {
     fn default() -> Self {
         ZdsConfig {
             socket: PathBuf::from("/var/run/ztunnel/ztunnel.sock"),
-            socket_mode: 0o600,
-            dir_mode: 0o700,
             hello_timeout: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(5),
             update_timeout: Duration::from_secs(30),

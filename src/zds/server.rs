@@ -99,7 +99,7 @@ pub async fn serve(
     let listener = Listener::bind(&cfg)?;
     info!(
         path = %cfg.socket.display(),
-        mode = format!("{:o}", cfg.socket_mode),
+        mode = format!("{:o}", crate::telemetry::socket::SOCKET_MODE),
         "ZDS server listening for ztunnel"
     );
     cfg.metrics.ztunnel_connected.set(0);

@@ -4,14 +4,13 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
 
 use nix::sys::socket::{
-    self, AddressFamily, Backlog, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag,
-    SockType, UnixAddr, UnixCredentials, sockopt,
+    self, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, UnixCredentials, sockopt,
 };
 use tokio::io::unix::AsyncFd;
+
+use crate::telemetry::socket::{self as binder, Kind, SocketFile};
 
 use super::{ZdsConfig, ZdsError};
 
@@ -19,8 +18,7 @@ use super::{ZdsConfig, ZdsError};
 /// replaced it (an upgraded agent binding the same path).
 pub(crate) struct Listener {
     fd: AsyncFd<OwnedFd>,
-    path: PathBuf,
-    inode: (u64, u64),
+    file: SocketFile,
 }
 
 /// One accepted connection.
@@ -47,46 +45,21 @@ pub(crate) enum Idle {
 }
 
 impl Listener {
-    /// Creates the directory if missing (with `dir_mode`), removes a stale socket file, binds,
-    /// restricts the file to `socket_mode` before listening (so nobody can connect through a
-    /// wider mode), then listens.
+    /// Binds with the one binder (`telemetry::socket`): directory 0700 (or tightened), only a
+    /// stale socket or a dangling symlink replaced (a regular file at `ZTUNNEL_UDS_ADDRESS` is an
+    /// error naming it, and stays), the socket 0600 before it listens.
     pub(crate) fn bind(cfg: &ZdsConfig) -> Result<Listener, ZdsError> {
-        let path = cfg.socket.clone();
-        let fail = |source: io::Error| ZdsError::Bind {
-            path: path.clone(),
+        let bound = binder::bind(&cfg.socket, Kind::SeqPacket).map_err(|e| ZdsError::Bind {
+            path: e.path,
+            source: e.source,
+        })?;
+        let fd = register(bound.fd).map_err(|source| ZdsError::Bind {
+            path: cfg.socket.clone(),
             source,
-        };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
-            && !dir.exists()
-        {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(cfg.dir_mode)
-                .create(dir)
-                .map_err(fail)?;
-            // The umask may have narrowed or widened nothing we want; state the mode.
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(cfg.dir_mode))
-                .map_err(fail)?;
-        }
-        remove_stale(&path).map_err(fail)?;
-        let fd = socket::socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map_err(|e| fail(e.into()))?;
-        let addr = UnixAddr::new(&path).map_err(|e| fail(e.into()))?;
-        socket::bind(fd.as_raw_fd(), &addr).map_err(|e| fail(e.into()))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(cfg.socket_mode))
-            .map_err(fail)?;
-        let meta = std::fs::symlink_metadata(&path).map_err(fail)?;
-        socket::listen(&fd, Backlog::new(128).unwrap_or(Backlog::MAXCONN))
-            .map_err(|e| fail(e.into()))?;
+        })?;
         Ok(Listener {
-            fd: register(fd).map_err(fail)?,
-            path,
-            inode: (meta.dev(), meta.ino()),
+            fd,
+            file: bound.file,
         })
     }
 
@@ -113,29 +86,7 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        let ours = std::fs::symlink_metadata(&self.path)
-            .map(|m| (m.dev(), m.ino()) == self.inode)
-            .unwrap_or(false);
-        if ours {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
-
-/// Removes whatever non-directory is at `path` (a socket left by a previous run); "not found" is
-/// fine.
-fn remove_stale(path: &Path) -> io::Result<()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.is_dir() => Err(io::Error::new(
-            io::ErrorKind::IsADirectory,
-            "a directory is in the way of the socket",
-        )),
-        Ok(_) => match std::fs::remove_file(path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        },
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
+        self.file.remove_if_ours();
     }
 }
 
@@ -272,6 +223,7 @@ pub(crate) fn check_netns(fd: BorrowedFd<'_>) -> Result<(), String> {
 mod tests {
     use super::*;
     use std::fs::File;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn only_network_namespaces_pass_the_check() {
@@ -285,7 +237,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stale_file_is_replaced_and_a_directory_is_an_error() {
+    fn a_stale_socket_is_replaced_and_anything_else_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/ztunnel.sock");
         let cfg = ZdsConfig {
@@ -311,6 +263,15 @@ mod tests {
             std::fs::create_dir(&path).unwrap();
             let err = Listener::bind(&cfg).err().unwrap();
             assert!(err.to_string().contains("ztunnel.sock"), "{err}");
+            // A regular file is not a stale socket: refused, and left as it is.
+            std::fs::remove_dir(&path).unwrap();
+            std::fs::write(&path, b"keep me").unwrap();
+            let err = Listener::bind(&cfg).err().unwrap().to_string();
+            assert!(
+                err.contains("ztunnel.sock") && err.contains("a regular file"),
+                "{err}"
+            );
+            assert_eq!(std::fs::read(&path).unwrap(), b"keep me");
         });
     }
 }

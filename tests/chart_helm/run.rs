@@ -15,6 +15,7 @@ use istio_cni::kube::testserver::TestApiServer;
 use crate::chart::{ApiCall, NAMESPACE, NODE, Rendered};
 use crate::install::{Agent, Dirs, bin, has_istio_entry, http_get, start_via, testdata};
 use crate::support::Netns;
+use crate::support::node_proc::NodeProc;
 
 const T: Duration = Duration::from_secs(30);
 /// Runs at once: the machine is small and shared.
@@ -110,6 +111,8 @@ impl Api {
 struct Node {
     ns: Netns,
     api: Api,
+    /// Before `dirs`: its mount is under their temp dir and is detached first.
+    node_proc: NodeProc,
     dirs: Dirs,
     /// The primary CNI config the test put down, if the case chains.
     primary: Option<String>,
@@ -119,10 +122,13 @@ impl Node {
     fn new() -> Node {
         let ns = Netns::new("chart");
         let api = Api::start_in(&ns);
+        let dirs = Dirs::new();
+        let node_proc = NodeProc::start(&ns.path(), dirs.tmp.path());
         Node {
             ns,
             api,
-            dirs: Dirs::new(),
+            node_proc,
+            dirs,
             primary: None,
         }
     }
@@ -140,7 +146,7 @@ impl Node {
         for dir in [&netns_dir, &zds_dir] {
             std::fs::create_dir_all(dir).expect("mkdir");
         }
-        let host_proc = self.fake_host_proc();
+        let host_proc = self.node_proc.dir.clone();
         let path = |p: &std::path::Path| p.display().to_string();
         let provided = [
             // Set by the kubelet for every pod.
@@ -154,7 +160,7 @@ impl Node {
             ("MOUNTED_CNI_NET_DIR", path(&d.net)),
             ("CNI_BIN_DIRS", path(&d.bin)),
             ("CNI_AGENT_RUN_DIR", path(&d.run)),
-            // The host's /proc as the ambient agent uses it, redirected: see `fake_host_proc`.
+            // The host's /proc as the ambient agent uses it, redirected: see `NodeProc`.
             ("HOST_PROC_DIR", path(&host_proc)),
             ("HOST_NETNS_DIR", path(&netns_dir)),
             ("ZTUNNEL_UDS_ADDRESS", path(&zds_dir.join("ztunnel.sock"))),
@@ -169,33 +175,6 @@ impl Node {
             env.insert(k.to_string(), v);
         }
         env
-    }
-
-    /// A stand-in for the chart's /host/proc mount holding what the ambient agent reads there:
-    /// pid 1's netns (entered for host-side rules with ALLOW_SWITCH_TO_HOST_NS) is this run's
-    /// netns, so nothing lands in the machine's own; and a kubelet (its UID goes into the
-    /// nftables probe rule). The /proc scan for pods finds nothing here, as on a fresh node.
-    fn fake_host_proc(&self) -> std::path::PathBuf {
-        let root = self.dirs.tmp.path().join("host/proc");
-        let init = root.join("1/ns");
-        std::fs::create_dir_all(&init).expect("mkdir");
-        let net = init.join("net");
-        if !net.exists() {
-            std::os::unix::fs::symlink(self.ns.path(), &net).expect("symlink pid 1 netns");
-        }
-        let kubelet = root.join("2");
-        std::fs::create_dir_all(&kubelet).expect("mkdir");
-        for (file, text) in [
-            ("comm", "kubelet\n"),
-            (
-                "cmdline",
-                "/usr/bin/kubelet\0--config=/var/lib/kubelet/config.yaml\0",
-            ),
-            ("status", "Name:\tkubelet\nUid:\t0\t0\t0\t0\n"),
-        ] {
-            std::fs::write(kubelet.join(file), text).expect("fake kubelet");
-        }
-        root
     }
 
     /// Starts install-cni inside the netns as the container would: its command is the role.

@@ -1,8 +1,8 @@
 //! The "node" the image test's container runs on: a netns of its own (the pod's host network),
 //! the TLS test API server inside it, the chart's host paths as temp dirs, the service account
-//! mount, a fake /proc holding a kubelet, and the host side of the CNI chain (bridge + loopback +
+//! mount, a procfs of its own holding a kubelet, and the host side of the CNI chain (bridge + loopback +
 //! the plugin install-cni put on the host, run from the node netns in a mount namespace where the
-//! node's /var/run/istio-cni is this test's dir, as on a real node).
+//! node's /var/run/istio-cni is this test's dir, as on a real node; the machine's is not touched).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -15,6 +15,7 @@ use crate::install_support::{Dirs, http_get};
 use crate::podman::{Container, Mount, Spec};
 use crate::support::Netns;
 use crate::support::cni_driver::{Attachment, Chain};
+use crate::support::node_proc::NodeProc;
 use crate::support::zds_peer::ZdsPeer;
 
 /// The primary CNI config the node starts with (install-cni merges its entry into it).
@@ -25,6 +26,8 @@ const SA_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 pub struct Host {
     pub api: NodeApi,
     pub ns: Netns,
+    /// Before `dirs`: its mount is under their temp dir and is detached first.
+    node_proc: NodeProc,
     pub dirs: Dirs,
     ztunnel: PathBuf,
     _ipam: tempfile::TempDir,
@@ -60,30 +63,15 @@ impl Host {
         dirs.put(PRIMARY, conflist.to_string().as_bytes());
         let ztunnel = dirs.tmp.path().join("ztunnel");
         std::fs::create_dir_all(&ztunnel).expect("mkdir");
+        let node_proc = NodeProc::start(&ns.path(), dirs.tmp.path());
         Host {
             api,
             ns,
             dirs,
             ztunnel,
+            node_proc,
             _ipam: ipam,
         }
-    }
-
-    /// A stand-in for the node's /proc (the chart's `cni-host-procfs`): a kubelet process, and
-    /// no pods (a fresh node). pid 1's netns is not needed: on the host network the agent's own
-    /// netns is the node's.
-    fn fake_proc(&self) -> PathBuf {
-        let root = self.dirs.tmp.path().join("host-proc");
-        let kubelet = root.join("2");
-        std::fs::create_dir_all(&kubelet).expect("mkdir");
-        for (file, text) in [
-            ("comm", "kubelet\n"),
-            ("cmdline", "/usr/bin/kubelet\0"),
-            ("status", "Name:\tkubelet\nUid:\t0\t0\t0\t0\n"),
-        ] {
-            std::fs::write(kubelet.join(file), text).expect("fake kubelet");
-        }
-        root
     }
 
     /// The host path for each of the chart's hostPath volumes (every one must be known here).
@@ -95,7 +83,7 @@ impl Host {
             "cni-net-dir" => p(&d.net),
             "cni-socket-dir" => p(&d.run),
             "cni-ztunnel-sock-dir" => p(&self.ztunnel),
-            "cni-host-procfs" => p(&self.fake_proc()),
+            "cni-host-procfs" => p(&self.node_proc.dir),
             // The machine's own: `ip netns add` puts the test's pods there.
             "cni-netns-dir" => {
                 assert_eq!(chart_path, "/var/run/netns");
@@ -209,13 +197,21 @@ impl Host {
         let wrap = self.dirs.tmp.path().join("host-view");
         std::fs::create_dir_all(&wrap).expect("mkdir");
         let script = wrap.join("istio-cni");
-        // The plugin's config names /var/run/istio-cni (the chart's host path); on this machine
-        // that is the test's dir, bound there in a mount namespace of the plugin's own.
+        // The plugin's config names /var/run/istio-cni (the chart's host path). The machine's is
+        // left alone: in a mount namespace of the plugin's own, /run is a fresh tmpfs holding the
+        // machine's netns dir (the pods' handles, moved over with their mounts) and this test's
+        // run dir as istio-cni.
+        let old_run = wrap.join("machine-run");
+        std::fs::create_dir_all(&old_run).expect("mkdir");
         std::fs::write(
             &script,
             format!(
-                "#!/bin/sh\nmkdir -p /var/run/istio-cni\nexec unshare --mount --propagation private \
-                 sh -c 'mount --bind \"$0\" /var/run/istio-cni && exec \"$@\"' {} {} \"$@\"\n",
+                "#!/bin/sh\nexec unshare --mount --propagation private sh -ec '\
+                 mount --rbind /run \"$0\" && mount -t tmpfs tmpfs /run && \
+                 mkdir /run/netns /run/istio-cni && mount --rbind \"$0/netns\" /run/netns && \
+                 mount --bind \"$1\" /run/istio-cni && shift && exec \"$@\"' \
+                 {} {} {} \"$@\"\n",
+                old_run.display(),
                 self.dirs.run.display(),
                 self.dirs.bin.join("istio-cni").display()
             ),

@@ -282,6 +282,15 @@ impl Node {
         }
     }
 
+    /// Kills install-cni and starts it again with the same settings, without waiting for
+    /// anything (the caller decides what the new one must do).
+    pub fn relaunch_agent_killed(&mut self) {
+        let _ = self.agent.child.kill();
+        let _ = self.agent.child.wait();
+        let nsenter = format!("--net={}", self.ns.path());
+        self.agent = install_support::start_via(&["nsenter", &nsenter], &self.env, &[]);
+    }
+
     /// Adds a namespace with `labels`.
     pub fn namespace(&self, name: &str, labels: Value) {
         let ns = serde_json::from_value(json!({

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use nix::sched::{CloneFlags, setns};
 
+pub mod node_proc;
 pub mod user_state;
 pub mod zds_peer;
 pub mod zds_raw;

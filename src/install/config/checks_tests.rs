@@ -14,6 +14,7 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> Result<Config, ConfigError> {
     match parse(&argv, &|k| map.get(k).cloned())? {
         Parsed::Run(c) => Ok(*c),
         Parsed::Exit { text, .. } => Err(ConfigError::Args(text)),
+        Parsed::Status(r) => Err(ConfigError::Args(format!("{r:?}"))),
     }
 }
 

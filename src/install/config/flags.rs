@@ -148,7 +148,7 @@ pub struct Flags {
     /// print the version and exit
     #[argh(switch)]
     pub version: bool,
-    /// optional subcommand: `version`
+    /// optional subcommand: `version`, or `status` (as the first argument; `install-cni status --help`) to print this node's pods as the running agent sees them
     #[argh(positional)]
     pub command: Vec<String>,
 }

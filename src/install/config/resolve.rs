@@ -374,6 +374,16 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
     let host_proc_setting = r
         .raw(&f.host_proc_dir, "HOST_PROC_DIR")
         .map_or_else(|| "--host-proc-dir".to_string(), |raw| raw.name);
+    // Ours: slow request headers and idle keep-alives on every listener are closed after it.
+    let listener_idle_timeout = match r.env_raw("LISTENER_IDLE_TIMEOUT") {
+        None => DEFAULT_LISTENER_IDLE_TIMEOUT,
+        Some(raw) => match crate::cli::parse_go_duration(raw.value.trim()) {
+            Some(d) if d >= std::time::Duration::from_millis(100) => d,
+            Some(_) => return Err(invalid(&raw, "expected at least 100ms")),
+            None => return Err(invalid(&raw, "expected a Go duration such as 10s")),
+        },
+    };
+
     Ok(Config {
         install,
         repair,
@@ -385,6 +395,7 @@ pub fn from_flags(f: &Flags, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         host_proc_setting,
         host_netns_dir: path(&f.host_netns_dir, "HOST_NETNS_DIR", "/host/var/run/netns")?,
         drift_verify_interval,
+        listener_idle_timeout,
         warnings,
     })
 }

@@ -11,6 +11,9 @@ pub const DEFAULT_STANDALONE_FILENAME: &str = "YYY-istio-cni.conf";
 pub const KUBECONFIG_FILENAME: &str = "istio-cni-kubeconfig";
 /// Default `DRIFT_VERIFY_INTERVAL`.
 pub const DEFAULT_DRIFT_VERIFY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+/// Default `LISTENER_IDLE_TIMEOUT`.
+pub const DEFAULT_LISTENER_IDLE_TIMEOUT: std::time::Duration =
+    crate::telemetry::serve::DEFAULT_IDLE_TIMEOUT;
 /// Name the plugin binary is installed under.
 pub const PLUGIN_BINARY: &str = "istio-cni";
 
@@ -31,7 +34,12 @@ pub enum ConfigError {
 #[derive(Debug)]
 pub enum Parsed {
     Run(Box<Config>),
-    Exit { text: String, code: i32 },
+    Exit {
+        text: String,
+        code: i32,
+    },
+    /// `install-cni status`: ask the running agent.
+    Status(super::status::StatusRequest),
 }
 
 /// A minimum log level of one scope.
@@ -199,6 +207,9 @@ pub struct Config {
     pub host_netns_dir: PathBuf,
     /// `DRIFT_VERIFY_INTERVAL`: the drift verification period (`None` = off). Ours, not Istio's.
     pub drift_verify_interval: Option<std::time::Duration>,
+    /// `LISTENER_IDLE_TIMEOUT`: how long any listener waits for a request's headers (after the
+    /// connection opened or the previous answer). Ours.
+    pub listener_idle_timeout: std::time::Duration,
     /// Warnings found while parsing, logged once logging is up.
     pub warnings: Vec<String>,
 }

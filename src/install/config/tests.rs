@@ -13,6 +13,7 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> Result<Config, ConfigError> {
     match parse(&argv, &|k| map.get(k).cloned())? {
         Parsed::Run(c) => Ok(*c),
         Parsed::Exit { text, .. } => Err(ConfigError::Args(text)),
+        Parsed::Status(r) => Err(ConfigError::Args(format!("{r:?}"))),
     }
 }
 
@@ -364,4 +365,22 @@ fn ambient_without_an_enablement_selector_warns_that_nothing_is_enrolled() {
     // Sidecar mode never reads it.
     let c = run(&[], &[]).expect("parses");
     assert!(!warned(&c), "{:?}", c.warnings);
+}
+
+#[test]
+fn listener_idle_timeout_defaults_to_10s_and_bad_values_name_the_variable() {
+    use std::time::Duration;
+    let timeout = |env: &[(&str, &str)]| run(&[], env).map(|c| c.listener_idle_timeout);
+    assert_eq!(timeout(&[]).unwrap(), Duration::from_secs(10));
+    assert_eq!(
+        timeout(&[("LISTENER_IDLE_TIMEOUT", "1s")]).unwrap(),
+        Duration::from_secs(1)
+    );
+    for bad in ["50ms", "0", "soon"] {
+        let e = err_text(timeout(&[("LISTENER_IDLE_TIMEOUT", bad)]));
+        assert!(
+            e.contains("LISTENER_IDLE_TIMEOUT") && e.contains(bad),
+            "{bad}: {e}"
+        );
+    }
 }

@@ -2,7 +2,7 @@ use super::*;
 use crate::kube::pod_facts::PodFactsRequest;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 fn store() -> PodStore {
     let pod: Pod = serde_json::from_value(serde_json::json!({
@@ -48,7 +48,7 @@ fn root_only_socket_answers_and_malformed_requests_change_nothing() {
     let stop = CancellationToken::new();
     let task = {
         let _entered = rt.enter();
-        start(&path, pods.clone(), None, stop.clone()).unwrap()
+        start(&path, pods.clone(), None, &Serving::default(), stop.clone()).unwrap()
     };
     let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
     assert_eq!(mode(&path), 0o600);

@@ -36,6 +36,15 @@ pub struct PodFacts<'a> {
     pub host_network: bool,
 }
 
+/// Why a pod is not ambient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotSelected {
+    HostNetwork,
+    SidecarInjected,
+    /// No selector pair matches the pod's and its namespace's labels.
+    NoSelectorMatches,
+}
+
 /// Selector pairs compiled once (operators and keys checked).
 #[derive(Debug, Clone, Default)]
 pub struct Enablement {
@@ -59,13 +68,31 @@ impl Enablement {
         pod: PodFacts<'_>,
         namespace_labels: &BTreeMap<String, String>,
     ) -> bool {
-        if pod.host_network || pod.annotations.contains_key(SIDECAR_STATUS_ANNOTATION) {
-            return false;
+        self.pod_verdict(pod, namespace_labels).is_ok()
+    }
+
+    /// [`Self::pod_matches`] with the reason a pod is not ambient.
+    pub fn pod_verdict(
+        &self,
+        pod: PodFacts<'_>,
+        namespace_labels: &BTreeMap<String, String>,
+    ) -> Result<(), NotSelected> {
+        if pod.host_network {
+            return Err(NotSelected::HostNetwork);
+        }
+        if pod.annotations.contains_key(SIDECAR_STATUS_ANNOTATION) {
+            return Err(NotSelected::SidecarInjected);
         }
         let holds = |s: &Option<Selector>, labels| s.as_ref().is_none_or(|s| s.matches(labels));
-        self.pairs
+        if self
+            .pairs
             .iter()
             .any(|(p, n)| holds(p, pod.labels) && holds(n, namespace_labels))
+        {
+            Ok(())
+        } else {
+            Err(NotSelected::NoSelectorMatches)
+        }
     }
 
     /// Whether the namespace itself is selected: any pair with a namespace selector that has at

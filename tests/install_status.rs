@@ -1,0 +1,274 @@
+//! `install-cni status` against the real agent (issue 23, "what an operator sees"): install-cni
+//! with ambient on in a node netns of its own (tests/support/ambient_node.rs), the test API server
+//! and the test ZDS peer as ztunnel; one ambient pod enrolled through the real CNI chain, a
+//! sidecar pod and a plain pod in the store. `install-cni status` (the table) and `--json` (the
+//! `/debug/pods` answer) show each pod's mode, enrolment and reason, netns inode, IPs and ZDS
+//! state; with no agent, status exits 1 saying the agent is not running at the address it tried.
+
+#[path = "support/ambient_node.rs"]
+mod ambient_node;
+mod install_support;
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use ambient_node::{Backend, NODE, Node, PodNs, PodProcess, in_netns, result_ip};
+use install_support::{bin, free_port};
+use serde_json::{Value, json};
+
+const HEALTH_PORT: &str = "15021";
+
+/// `install-cni status ARGS` with `env`, run inside `netns` (None: this test's netns).
+fn status(netns: Option<&Path>, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut cmd = Command::new(bin());
+    cmd.arg("install-cni")
+        .arg("status")
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    match netns {
+        Some(ns) => in_netns(ns, move || cmd.output().expect("run install-cni status")),
+        None => cmd.output().expect("run install-cni status"),
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A pod of this node from its JSON (metadata, spec), Running with `ip`.
+fn add_pod(node: &Node, namespace: &str, name: &str, ip: &str, meta: Value, spec: Value) {
+    let mut metadata = json!({"name": name, "namespace": namespace});
+    metadata
+        .as_object_mut()
+        .expect("object")
+        .extend(meta.as_object().cloned().unwrap_or_default());
+    let mut full_spec = json!({"nodeName": NODE});
+    full_spec
+        .as_object_mut()
+        .expect("object")
+        .extend(spec.as_object().cloned().unwrap_or_default());
+    let pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": full_spec,
+        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}
+    }))
+    .expect("Pod");
+    node.api.server.add_pod(pod).expect("add pod");
+}
+
+/// The table's row of `id` (`namespace/name`), split into its cells.
+fn row(table: &str, id: &str) -> Vec<String> {
+    let line = table
+        .lines()
+        .find(|l| l.starts_with(&format!("{id} ")))
+        .unwrap_or_else(|| panic!("no row {id}:\n{table}"));
+    line.split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn status_shows_each_pod_of_the_node_from_the_running_agent() {
+    let node = Node::start_with(
+        Backend::Iptables,
+        &[
+            ("DRIFT_VERIFY_INTERVAL", "2s"),
+            ("HEALTH_PORT", HEALTH_PORT),
+        ],
+    );
+    let node_ns = node.ns.path();
+    let node_ns = Path::new(&node_ns);
+    // What the DaemonSet's container has: install-cni's own env names the port.
+    let env = [("HEALTH_PORT", HEALTH_PORT)];
+
+    node.namespace("amb", json!({"istio.io/dataplane-mode": "ambient"}));
+    node.namespace("web", json!({}));
+    let uid = node.unique_pod("amb", "a");
+    let pod_ns = PodNs::new("status");
+    let ip = result_ip(
+        &node
+            .add(&pod_ns, "amb", "a")
+            .unwrap_or_else(|e| panic!("ADD: {e}\n{}", node.agent.output())),
+    );
+    node.set_running("amb", "a", &ip);
+    let _process = PodProcess::start(&pod_ns, &uid);
+    add_pod(
+        &node,
+        "web",
+        "side",
+        "10.244.9.2",
+        json!({"annotations": {"sidecar.istio.io/status": "{}"}}),
+        json!({"containers": [{"name": "app"},
+            {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]}),
+    );
+    add_pod(
+        &node,
+        "web",
+        "plain",
+        "10.244.9.3",
+        json!({}),
+        json!({"containers": [{"name": "app"}]}),
+    );
+
+    // Once the agent has verified the pod and sees the other two.
+    let json_report = || {
+        let out = status(Some(node_ns), &env, &["--json"]);
+        assert!(out.status.success(), "{}", text(&out));
+        serde_json::from_slice::<Value>(&out.stdout).expect("status --json is JSON")
+    };
+    node.wait_until(
+        Duration::from_secs(15),
+        "a verified pod and the others listed",
+        || {
+            let r = json_report();
+            r["pods"][0]["last_verified"]["result"] == "in_place"
+                && r["not_enrolled"].as_array().is_some_and(|a| a.len() == 2)
+        },
+    );
+    let report = json_report();
+    let inode = node.peer.netns_of(&uid).expect("the peer's proxy").1;
+
+    // --json: the agent's /debug/pods answer.
+    assert_eq!(report["version"], 1, "{report}");
+    let a = &report["pods"][0];
+    assert_eq!(
+        (&a["namespace"], &a["name"], &a["uid"]),
+        (&json!("amb"), &json!("a"), &json!(uid))
+    );
+    assert_eq!(a["netns"]["inode"], inode, "{report}");
+    assert_eq!(a["ips"], json!([ip]));
+    assert_eq!(
+        (&a["zds"]["state"], &a["zds"]["request"]),
+        (&json!("acked"), &json!("add"))
+    );
+    let others = report["not_enrolled"].as_array().expect("not_enrolled");
+    let by_name = |n: &str| {
+        others
+            .iter()
+            .find(|p| p["name"] == n)
+            .unwrap_or_else(|| panic!("{n} not listed: {report}"))
+    };
+    let side = by_name("side");
+    assert_eq!(
+        (&side["mode"], &side["reason_code"]),
+        (&json!("sidecar"), &json!("sidecar"))
+    );
+    assert_eq!(side["sidecar"]["redirected"], true);
+    assert_eq!(side["ips"], json!(["10.244.9.2"]));
+    let plain = by_name("plain");
+    assert_eq!(
+        (&plain["mode"], &plain["reason_code"]),
+        (&json!("none"), &json!("not_selected"))
+    );
+    assert_eq!(plain["ips"], json!(["10.244.9.3"]));
+    assert!(plain.get("sidecar").is_none(), "{plain}");
+
+    // The table.
+    let out = status(Some(node_ns), &env, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let a = row(&table, "amb/a");
+    assert_eq!(
+        a[1..6],
+        ["ambient", "yes", "-", &inode.to_string(), &ip],
+        "{table}"
+    );
+    assert!(a[6].starts_with("in_place "), "{table}");
+    assert!(a[7].starts_with("add acked (conn "), "{table}");
+    assert_eq!(
+        row(&table, "web/side")[1..6],
+        [
+            "sidecar",
+            "no",
+            "sidecar: redirected by the plugin at ADD",
+            "-",
+            "10.244.9.2"
+        ],
+        "{table}"
+    );
+    assert_eq!(
+        row(&table, "web/plain")[1..6],
+        [
+            "none",
+            "no",
+            "not selected by AMBIENT_ENABLEMENT_SELECTOR",
+            "-",
+            "10.244.9.3"
+        ],
+        "{table}"
+    );
+    assert!(table.starts_with("host probe rules: "), "{table}");
+
+    // The wrong port (the flag wins over the env): refused, named.
+    let out = status(Some(node_ns), &env, &["--health-port", "1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not running at 127.0.0.1:1"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn without_an_agent_status_says_it_is_not_running_where_it_looked() {
+    let port = free_port().to_string();
+    let out = status(None, &[("HEALTH_PORT", &port)], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(out.stdout.is_empty(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "the install-cni agent is not running at 127.0.0.1:{port}"
+        )),
+        "{}",
+        text(&out)
+    );
+    let out = status(
+        None,
+        &[],
+        &["--json", "--address", "127.0.0.1", "--health-port", &port],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+}
+
+#[test]
+fn status_help_describes_the_command() {
+    let out = status(None, &[], &["--help"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "install-cni status",
+        "/debug/pods",
+        "--json",
+        "--health-port",
+        "HEALTH_PORT",
+        "--address",
+        "--timeout",
+    ] {
+        assert!(help.contains(needle), "{needle} missing:\n{help}");
+    }
+    // Misplaced: install-cni's flags come before it.
+    let out = Command::new(bin())
+        .args(["install-cni", "--health-port", "8000", "status"])
+        .env_clear()
+        .output()
+        .expect("run");
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("`status` must be the first argument"),
+        "{}",
+        text(&out)
+    );
+}
