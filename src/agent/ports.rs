@@ -173,7 +173,7 @@ impl LateZtunnel {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("no ztunnel connection (the ZDS server is not running yet)")]
+#[error("ztunnel is not connected (no ztunnel connection: the ZDS server is not running yet)")]
 struct NotBound;
 
 impl Ztunnel for LateZtunnel {

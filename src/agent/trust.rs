@@ -137,6 +137,12 @@ pub fn verify(o: &Offered) -> Result<Vec<IpAddr>, Refusal> {
         if let Some(why) = not_pod_address(ip) {
             return Err(Refusal::NotPodAddress { ip, why });
         }
+        // With the event naming this sandbox's IPs, a status IP the netns lacks is the previous
+        // sandbox's (the kubelet keeps it in the status until the new one is ready: a node
+        // rebooted without drain); only when the status is the sole evidence must it hold.
+        if source_ == "the pod's status" && !o.event_ips.is_empty() && !contains(&o.held, ip) {
+            continue;
+        }
         if !contains(&o.held, ip) {
             let held: Vec<String> = o.held.iter().map(ToString::to_string).collect();
             return Err(Refusal::NotHeld {
@@ -246,8 +252,9 @@ mod tests {
             err.contains("does not hold 10.0.0.6 (named by the event)") && err.contains("10.0.0.5"),
             "{err}"
         );
-        // The status lists an IP the netns does not hold.
+        // The status, the only evidence, lists an IP the netns does not hold.
         let o = Offered {
+            event_ips: vec![],
             status_ips: vec![ip("10.0.0.7")],
             ..good()
         };
@@ -256,6 +263,16 @@ mod tests {
             err.contains("10.0.0.7 (named by the pod's status)"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_stale_status_ip_is_ignored_when_the_event_names_this_sandbox_s() {
+        // A new sandbox after a reboot: the status still names the old sandbox's IP.
+        let o = Offered {
+            status_ips: vec![ip("10.0.0.2")],
+            ..good()
+        };
+        assert_eq!(verify(&o).expect("verified"), vec![ip("10.0.0.5")]);
     }
 
     #[test]

@@ -96,7 +96,9 @@ impl Default for ZdsConfig {
 /// Why a ZDS operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ZdsError {
-    #[error("no ztunnel connection")]
+    #[error(
+        "ztunnel is not connected (no ztunnel connection on the ZDS socket; retry once it is up)"
+    )]
     NoConnection,
     #[error("ztunnel rejected pod {uid}: {message}")]
     Nack { uid: String, message: String },

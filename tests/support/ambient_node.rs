@@ -122,6 +122,16 @@ impl Node {
     }
 
     pub fn start_with(backend: Backend, extra_env: &[(&str, &str)]) -> Node {
+        Self::start_full(backend, extra_env, true)
+    }
+
+    /// Like [`start_with`](Self::start_with) with ztunnel not running (a new node): the peer
+    /// connects after `node.peer.start_again()`.
+    pub fn start_without_peer(backend: Backend, extra_env: &[(&str, &str)]) -> Node {
+        Self::start_full(backend, extra_env, false)
+    }
+
+    fn start_full(backend: Backend, extra_env: &[(&str, &str)], peer_up: bool) -> Node {
         require_tools();
         let ns = Netns::new("node");
         let node_path = PathBuf::from(ns.path());
@@ -186,7 +196,11 @@ impl Node {
         }
         let nsenter = format!("--net={}", ns.path());
         let agent = install_support::start_via(&["nsenter", &nsenter], &env, &[]);
-        let peer = ZdsPeer::start(&zds_socket);
+        let peer = if peer_up {
+            ZdsPeer::start(&zds_socket)
+        } else {
+            ZdsPeer::start_down(&zds_socket)
+        };
         let node = Node {
             agent,
             peer,
@@ -204,10 +218,10 @@ impl Node {
             _ipam: ipam,
             _kube: kube,
         };
-        node.wait_installed(Duration::from_secs(30))
+        node.wait_installed(Duration::from_secs(30), peer_up)
     }
 
-    fn wait_installed(mut self, timeout: Duration) -> Node {
+    fn wait_installed(mut self, timeout: Duration, peer_up: bool) -> Node {
         let deadline = Instant::now() + timeout;
         let conf = loop {
             if let Some(c) = self
@@ -231,7 +245,9 @@ impl Node {
             conflist: serde_json::from_str(&conf).expect("conflist JSON"),
             cni_path: vec![self.dirs.bin.clone(), PathBuf::from("/usr/lib/cni")],
         };
-        self.peer.wait_snapshots(1, Duration::from_secs(10));
+        if peer_up {
+            self.peer.wait_snapshots(1, Duration::from_secs(10));
+        }
         self
     }
 
@@ -240,12 +256,22 @@ impl Node {
     /// snapshot (the peer reconnects by itself).
     pub fn restart_agent_killed(&mut self) -> Vec<crate::support::zds_peer::Seen> {
         let snapshots = self.peer.snapshots();
-        let _ = self.agent.child.kill();
-        let _ = self.agent.child.wait();
-        let nsenter = format!("--net={}", self.ns.path());
-        self.agent = install_support::start_via(&["nsenter", &nsenter], &self.env, &[]);
+        self.kill_agent();
+        self.start_agent();
         self.peer
             .wait_snapshots(snapshots + 1, Duration::from_secs(30))
+    }
+
+    /// SIGKILLs install-cni and reaps it.
+    pub fn kill_agent(&mut self) {
+        let _ = self.agent.child.kill();
+        let _ = self.agent.child.wait();
+    }
+
+    /// Starts install-cni again with the same settings; does not wait for anything.
+    pub fn start_agent(&mut self) {
+        let nsenter = format!("--net={}", self.ns.path());
+        self.agent = install_support::start_via(&["nsenter", &nsenter], &self.env, &[]);
     }
 
     /// Sets (or unsets, `None`) one of install-cni's env vars for the next restart.

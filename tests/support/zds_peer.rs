@@ -97,6 +97,8 @@ struct Inner {
     stop: bool,
     violations: Vec<String>,
     exited: bool,
+    /// "Not running": no connection is made (a node whose ztunnel has not started or died).
+    down: bool,
 }
 
 pub struct ZdsPeer {
@@ -113,7 +115,19 @@ const STEP: Duration = Duration::from_millis(10);
 impl ZdsPeer {
     /// Starts connecting to `path` (retrying while nothing listens there).
     pub fn start(path: &Path) -> ZdsPeer {
-        let inner = Arc::new(Mutex::new(Inner::default()));
+        Self::start_as(path, false)
+    }
+
+    /// A peer that is not running yet (ztunnel late on a new node): [`start_again`] starts it.
+    pub fn start_down(path: &Path) -> ZdsPeer {
+        Self::start_as(path, true)
+    }
+
+    fn start_as(path: &Path, down: bool) -> ZdsPeer {
+        let inner = Arc::new(Mutex::new(Inner {
+            down,
+            ..Inner::default()
+        }));
         let shared = inner.clone();
         let path = path.to_path_buf();
         let thread = std::thread::spawn(move || run(&path, &shared));
@@ -220,6 +234,29 @@ impl ZdsPeer {
         lock(&self.inner).disconnect = true;
     }
 
+    /// ztunnel killed: the connection dropped, every proxy gone with the process, no reconnect
+    /// until [`start_again`]. Waits until the connection is closed.
+    pub fn kill(&self) {
+        {
+            let mut g = lock(&self.inner);
+            g.down = true;
+            g.disconnect = true;
+            g.proxies.clear();
+        }
+        self.wait(
+            Duration::from_secs(5),
+            "the killed peer disconnected",
+            |p| !p.connected(),
+        );
+    }
+
+    /// A new ztunnel process: connects again (a fresh connection, no proxies yet).
+    pub fn start_again(&self) {
+        let mut g = lock(&self.inner);
+        g.proxies.clear();
+        g.down = false;
+    }
+
     /// Anything the agent sent that the real ztunnel would reject or die of.
     pub fn violations(&self) -> Vec<String> {
         lock(&self.inner).violations.clone()
@@ -245,8 +282,16 @@ impl Drop for ZdsPeer {
 fn run(path: &Path, inner: &Arc<Mutex<Inner>>) {
     let mut backoff = Duration::from_millis(10);
     loop {
-        if lock(inner).stop {
-            return;
+        {
+            let g = lock(inner);
+            if g.stop {
+                return;
+            }
+            if g.down {
+                drop(g);
+                std::thread::sleep(STEP);
+                continue;
+            }
         }
         let Ok(fd) = connect(path) else {
             std::thread::sleep(backoff);
@@ -350,6 +395,10 @@ fn peer_gone(fd: &OwnedFd) -> bool {
 fn handle(bytes: &[u8], fds: Vec<OwnedFd>, inner: &Arc<Mutex<Inner>>) -> Next {
     let mut g = lock(inner);
     let conn = g.conn;
+    if g.down {
+        // Killed between the read and the answer: a dead process answers nothing.
+        return Next::Close;
+    }
     if bytes.is_empty() {
         g.log.push((conn, Seen::Empty));
         g.violations

@@ -1,0 +1,131 @@
+//! Shared by the node lifecycle tests (issue 21): the agent's endpoints read from inside the node
+//! netns, pods enrolled through the real CNI chain, and the "in the mesh" check every scenario ends
+//! with. Included with `#[path]` after `ambient_node` (and `mod support;`, `mod install_support;`).
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::ambient_node::{Node, PodNs, PodProcess, in_netns, result_ip};
+use crate::install_support::http_get;
+
+pub const AMBIENT: &str = "istio.io/dataplane-mode";
+pub const PERIOD: Duration = Duration::from_secs(2);
+/// Ports of the node netns (private to each test's node).
+pub const METRICS_PORT: &str = "15014";
+pub const HEALTH_PORT: &str = "15021";
+/// Slack on top of one jittered period: the machine runs other tests.
+pub const SLACK: Duration = Duration::from_secs(6);
+
+/// GET on the agent's port `port` (inside the node netns).
+pub fn get(node: &Node, port: &str, path: &'static str) -> (u16, String) {
+    let port: u16 = port.parse().expect("port");
+    in_netns(Path::new(&node.ns.path()), move || http_get(port, path)).expect("GET")
+}
+
+/// `istio_cni_drift_repaired_total{kind}`.
+pub fn repaired(node: &Node, kind: &str) -> u64 {
+    let (_, body) = get(node, METRICS_PORT, "/metrics");
+    let prefix = format!("istio_cni_drift_repaired_total{{kind=\"{kind}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().parse().expect("a count"))
+        .unwrap_or(0)
+}
+
+/// `/debug/pods` as JSON.
+pub fn debug_pods(node: &Node) -> Value {
+    let (status, body) = get(node, HEALTH_PORT, "/debug/pods");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/debug/pods JSON: {e}: {body}"))
+}
+
+/// An enrolled pod: name, UID, IP, sandbox.
+pub struct Enrolled {
+    pub name: String,
+    pub uid: String,
+    pub ip: String,
+    pub ns: PodNs,
+    /// A process of the pod (its cgroup names the UID): how a restarted agent finds the netns.
+    pub _process: PodProcess,
+}
+
+/// Creates and ADDs `names` through the real CNI chain; waits until each is annotated and in the
+/// probe set.
+pub fn enrol(node: &Node, names: &[&str]) -> Vec<Enrolled> {
+    node.namespace("amb", json!({AMBIENT: "ambient"}));
+    let pods: Vec<Enrolled> = names
+        .iter()
+        .map(|name| {
+            let uid = node.unique_pod("amb", name);
+            let ns = PodNs::new("life");
+            let ip = result_ip(
+                &node
+                    .add(&ns, "amb", name)
+                    .unwrap_or_else(|e| panic!("ADD {name}: {e}\n{}", node.agent.output())),
+            );
+            node.set_running("amb", name, &ip);
+            let _process = PodProcess::start(&ns, &uid);
+            Enrolled {
+                name: name.to_string(),
+                uid,
+                ip,
+                ns,
+                _process,
+            }
+        })
+        .collect();
+    for p in &pods {
+        node.wait_until(Duration::from_secs(10), "enrolled", || {
+            node.redirection("amb", &p.name).as_deref() == Some("enabled")
+                && node
+                    .probe_members()
+                    .contains(&(p.ip.clone(), p.uid.clone()))
+        });
+    }
+    pods
+}
+
+/// Every pod's outbound TCP lands on the peer's listener inside its current netns (the count
+/// goes up), and the probe set holds exactly the enrolled pods.
+pub fn assert_in_mesh(node: &Node, pods: &[Enrolled]) {
+    for p in pods {
+        let before = node.peer.accepted(&p.uid).unwrap_or_else(|| {
+            panic!("{}: the peer runs no proxy for it", p.name);
+        });
+        // Any address will do: the pod's rules send it to 15001 in the pod netns.
+        let to: SocketAddr = "10.244.0.250:8080".parse().expect("addr");
+        istio_cni::netns::Netns::open(&p.ns.guard.path())
+            .and_then(|ns| {
+                ns.run(move || {
+                    let _ = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2));
+                })
+            })
+            .expect("enter the pod netns");
+        node.wait_until(
+            Duration::from_secs(5),
+            &format!("{}: outbound on the peer", p.name),
+            || node.peer.accepted(&p.uid).is_some_and(|n| n > before),
+        );
+        let path = p.ns.guard.path();
+        let inode = std::fs::metadata(&path).map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.ino()
+        });
+        assert_eq!(
+            node.peer.netns_of(&p.uid).map(|(_, ino)| ino),
+            inode.ok(),
+            "{}: the peer's proxy is not in the pod's current netns",
+            p.name
+        );
+    }
+    let mut members = node.probe_members();
+    members.sort();
+    let mut want: Vec<(String, String)> =
+        pods.iter().map(|p| (p.ip.clone(), p.uid.clone())).collect();
+    want.sort();
+    assert_eq!(members, want, "probe set");
+}
