@@ -242,7 +242,7 @@ fn ready(port: u16) -> bool {
 #[test]
 fn an_idle_connection_flood_leaves_every_listener_serving_and_gives_back_fds_and_memory() {
     let api = ApiServer::start();
-    add_pod(&api, "p1", "uid-1");
+    add_pod(&api, "p1", "7d3f2c1a-5b4e-4c6d-8e9f-0a1b2c3d4e51");
     let d = Dirs::new();
     d.put("10-list.conflist", &testdata("list.conflist"));
     let (agent, health, metrics) = ambient_agent(&api, &d, &[]);
@@ -258,7 +258,7 @@ fn an_idle_connection_flood_leaves_every_listener_serving_and_gives_back_fds_and
     );
     let pid = agent.child.id();
     // Warm up every path once, so the baseline holds what a served request allocates.
-    assert!(pod_facts(&facts, "p1", "uid-1").is_some());
+    assert!(pod_facts(&facts, "p1", "7d3f2c1a-5b4e-4c6d-8e9f-0a1b2c3d4e51").is_some());
     assert_eq!(uds_post(&event, "/cmdadd", "{").map(|r| r.0), Some(400));
     assert_eq!(uds_post(&log, "/log", "[]").map(|r| r.0), Some(200));
     std::thread::sleep(Duration::from_millis(200));
@@ -279,7 +279,7 @@ fn an_idle_connection_flood_leaves_every_listener_serving_and_gives_back_fds_and
     assert_eq!(http_get(metrics, "/metrics").map(|r| r.0), Some(200));
     assert_eq!(uds_post(&event, "/cmdadd", "{").map(|r| r.0), Some(400));
     assert!(matches!(
-        pod_facts(&facts, "p1", "uid-1"),
+        pod_facts(&facts, "p1", "7d3f2c1a-5b4e-4c6d-8e9f-0a1b2c3d4e51"),
         Some(PodFactsAnswer::Pod { .. })
     ));
     assert_eq!(uds_post(&log, "/log", "[]").map(|r| r.0), Some(200));
@@ -352,7 +352,7 @@ fn sockets(run: &Path) -> [PathBuf; 3] {
 #[test]
 fn two_agents_on_one_run_dir_keep_each_others_sockets_and_a_removed_socket_comes_back() {
     let api = ApiServer::start();
-    add_pod(&api, "p1", "uid-1");
+    add_pod(&api, "p1", "7d3f2c1a-5b4e-4c6d-8e9f-0a1b2c3d4e51");
     let (da, db) = (Dirs::new(), Dirs::new());
     da.put("10-list.conflist", &testdata("list.conflist"));
     db.put("10-list.conflist", &testdata("list.conflist"));
@@ -407,7 +407,11 @@ fn two_agents_on_one_run_dir_keep_each_others_sockets_and_a_removed_socket_comes
     }
     assert_eq!(uds_post(&log, "/log", "[]").map(|r| r.0), Some(200));
     assert!(matches!(
-        pod_facts(&da.run.join("podfacts/pod.sock"), "p1", "uid-1"),
+        pod_facts(
+            &da.run.join("podfacts/pod.sock"),
+            "p1",
+            "7d3f2c1a-5b4e-4c6d-8e9f-0a1b2c3d4e51"
+        ),
         Some(PodFactsAnswer::Pod { .. })
     ));
     assert_eq!(

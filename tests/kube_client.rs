@@ -648,9 +648,12 @@ async fn server_follows_api_server_semantics() {
     let replaced = server.add_pod(pod("ns1", "a", "n1")).expect("replace");
     assert_eq!(replaced.metadata.uid, stored.metadata.uid);
     let mut recreated = pod("ns1", "a", "n1");
-    recreated.metadata.uid = Some("new-uid".into());
+    recreated.metadata.uid = Some("0f9e8d7c-6b5a-4c3d-9e2f-1a0b9c8d7e6f".into());
     let recreated = server.add_pod(recreated).expect("recreate");
-    assert_eq!(recreated.metadata.uid.as_deref(), Some("new-uid"));
+    assert_eq!(
+        recreated.metadata.uid.as_deref(),
+        Some("0f9e8d7c-6b5a-4c3d-9e2f-1a0b9c8d7e6f")
+    );
 
     let status_code = |err: kube::Error| match err {
         kube::Error::Api(status) => (status.code, status.reason.clone()),
