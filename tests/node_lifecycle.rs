@@ -427,9 +427,6 @@ fn a_secondary_address_survives_an_agent_restart() {
 /// its in-pod rules not duplicated, the probe set exactly the enrolled IPs, ztunnel's current
 /// connection given one Add per pod, and each pod in the mesh.
 #[test]
-#[ignore = "open (issue 21, scenario 4): after the merge of issue 20's netns checks the restarted \
-            agent's /proc scan finds none of the burst pods' netns (ztunnel gets Keeps only); \
-            docs/reliability.md 'Node lifecycle'"]
 fn an_agent_killed_mid_burst_enrols_every_pod_exactly_once() {
     const N: usize = 10;
     let mut node = Node::start(Backend::Iptables);
@@ -438,6 +435,12 @@ fn an_agent_killed_mid_burst_enrols_every_pod_exactly_once() {
     let sandboxes: Vec<(String, PodNs)> = names
         .iter()
         .map(|n| (node.unique_pod("amb", n), PodNs::new("burst")))
+        .collect();
+    // A real sandbox has its process from the start: the restarted agent's /proc scan finds the
+    // netns of a pod whose ADD finished before the kill through it.
+    let mut processes: Vec<Option<PodProcess>> = sandboxes
+        .iter()
+        .map(|(uid, ns)| Some(PodProcess::start(ns, uid)))
         .collect();
     let results: Vec<Result<Value, String>> = std::thread::scope(|s| {
         let adds: Vec<_> = names
@@ -453,9 +456,17 @@ fn an_agent_killed_mid_burst_enrols_every_pod_exactly_once() {
     });
     let failed = results.iter().filter(|r| r.is_err()).count();
     eprintln!("{failed} of {N} ADDs failed with the agent killed");
+    // The kubelet reports the IP of a sandbox whose ADD succeeded.
+    for (name, first) in names.iter().zip(&results) {
+        if let Ok(r) = first {
+            node.set_running("amb", name, &result_ip(r));
+        }
+    }
     node.restart_agent_killed();
     let mut pods = Vec::new();
-    for ((name, (uid, ns)), first) in names.iter().zip(sandboxes).zip(results) {
+    for (((name, (uid, ns)), first), process) in
+        names.iter().zip(sandboxes).zip(results).zip(&mut processes)
+    {
         let result = match first {
             Ok(r) => r,
             // The kubelet retries a failed ADD (after a DEL of the half-made sandbox).
@@ -467,7 +478,7 @@ fn an_agent_killed_mid_burst_enrols_every_pod_exactly_once() {
         };
         let ip = result_ip(&result);
         node.set_running("amb", name, &ip);
-        let _process = PodProcess::start(&ns, &uid);
+        let _process = process.take().expect("one process per sandbox");
         pods.push(Enrolled {
             name: name.clone(),
             uid,
