@@ -18,7 +18,6 @@ mod install_support;
 mod lifecycle;
 mod support;
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -406,20 +405,7 @@ fn a_secondary_address_survives_an_agent_restart() {
         members,
         vec![(first, uid.clone()), (second.to_string(), uid.clone())]
     );
-    for p in &pods {
-        let before = node.peer.accepted(&p.uid).expect("proxy");
-        let to: SocketAddr = "10.244.0.250:8080".parse().expect("addr");
-        istio_cni::netns::Netns::open(&p.ns.guard.path())
-            .and_then(|ns| {
-                ns.run(move || {
-                    let _ = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2));
-                })
-            })
-            .expect("enter the pod netns");
-        node.wait_until(Duration::from_secs(5), "outbound on the peer", || {
-            node.peer.accepted(&p.uid).is_some_and(|n| n > before)
-        });
-    }
+    assert_outbound_lands(&node, &pods);
 }
 
 /// Scenario 4: the agent killed (-9) in the middle of 10 concurrent ADDs, started again; the
@@ -509,17 +495,7 @@ fn an_agent_killed_mid_burst_enrols_every_pod_exactly_once() {
             p.name
         );
     }
-    node.wait_until(
-        Duration::from_secs(10),
-        "the probe set exactly the pods",
-        || {
-            let mut members = node.probe_members();
-            members.sort();
-            let mut want: Vec<_> = pods.iter().map(|p| (p.ip.clone(), p.uid.clone())).collect();
-            want.sort();
-            members == want
-        },
-    );
+    wait_probe_set_exactly(&node, &pods, "the probe set exactly the pods");
     // Counted on the connection whose snapshot is complete: the peer may have reconnected (an
     // agent killed under it ends its connection) and a snapshot in progress lists fewer Adds.
     node.peer.wait(

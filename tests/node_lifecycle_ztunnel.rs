@@ -168,17 +168,7 @@ fn reboot_without_drain(agent_first: bool) {
         pods.push(running(&node, name, uid, ns, &result_ip(&result)));
     }
     wait_enrolled(&node, &pods);
-    node.wait_until(
-        Duration::from_secs(10),
-        "the probe set exactly the live pods",
-        || {
-            let mut members = node.probe_members();
-            members.sort();
-            let mut want: Vec<_> = pods.iter().map(|p| (p.ip.clone(), p.uid.clone())).collect();
-            want.sort();
-            members == want
-        },
-    );
+    wait_probe_set_exactly(&node, &pods, "the probe set exactly the live pods");
     assert_in_mesh(&node, &pods);
     // ztunnel holds exactly the live pods, each in its new netns, never an old one.
     let live: Vec<String> = pods.iter().map(|p| p.uid.clone()).collect();

@@ -407,6 +407,13 @@ impl Node {
     }
 
     /// Members of the node's `istio-inpod-probes-v4` set as (ip, comment) pairs.
+    /// [`probe_members`](Self::probe_members), sorted.
+    pub fn probe_members_sorted(&self) -> Vec<(String, String)> {
+        let mut members = self.probe_members();
+        members.sort();
+        members
+    }
+
     pub fn probe_members(&self) -> Vec<(String, String)> {
         match self.backend {
             Backend::Iptables => {

@@ -92,6 +92,32 @@ pub fn enrol(node: &Node, names: &[&str]) -> Vec<Enrolled> {
 /// Every pod's outbound TCP lands on the peer's listener inside its current netns (the count
 /// goes up), and the probe set holds exactly the enrolled pods.
 pub fn assert_in_mesh(node: &Node, pods: &[Enrolled]) {
+    assert_outbound_lands(node, pods);
+    assert_eq!(
+        node.probe_members_sorted(),
+        expected_members(pods),
+        "probe set"
+    );
+}
+
+/// The probe set's entries the pods should have: (IP, UID), sorted.
+pub fn expected_members(pods: &[Enrolled]) -> Vec<(String, String)> {
+    let mut want: Vec<(String, String)> =
+        pods.iter().map(|p| (p.ip.clone(), p.uid.clone())).collect();
+    want.sort();
+    want
+}
+
+/// Waits until the probe set holds exactly the pods' entries.
+pub fn wait_probe_set_exactly(node: &Node, pods: &[Enrolled], what: &str) {
+    node.wait_until(Duration::from_secs(10), what, || {
+        node.probe_members_sorted() == expected_members(pods)
+    });
+}
+
+/// Every pod's outbound TCP lands on the peer's listener inside its current netns (the count
+/// goes up).
+pub fn assert_outbound_lands(node: &Node, pods: &[Enrolled]) {
     for p in pods {
         let before = node.peer.accepted(&p.uid).unwrap_or_else(|| {
             panic!("{}: the peer runs no proxy for it", p.name);
@@ -122,10 +148,4 @@ pub fn assert_in_mesh(node: &Node, pods: &[Enrolled]) {
             p.name
         );
     }
-    let mut members = node.probe_members();
-    members.sort();
-    let mut want: Vec<(String, String)> =
-        pods.iter().map(|p| (p.ip.clone(), p.uid.clone())).collect();
-    want.sort();
-    assert_eq!(members, want, "probe set");
 }
