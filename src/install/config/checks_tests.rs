@@ -1,22 +1,8 @@
 //! Settings that parse but can never work are refused naming the setting and the value (issue 20
 //! §9); the values Istio's chart and defaults use still pass.
 
+use super::tests::run;
 use super::*;
-use std::collections::HashMap;
-
-fn run(args: &[&str], env: &[(&str, &str)]) -> Result<Config, ConfigError> {
-    let map: HashMap<String, String> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let mut argv = vec!["install-cni".to_string()];
-    argv.extend(args.iter().map(|s| s.to_string()));
-    match parse(&argv, &|k| map.get(k).cloned())? {
-        Parsed::Run(c) => Ok(*c),
-        Parsed::Exit { text, .. } => Err(ConfigError::Args(text)),
-        Parsed::Status(r) => Err(ConfigError::Args(format!("{r:?}"))),
-    }
-}
 
 /// Asserts `env` (or `args`) is refused with an error naming `name` and `value`.
 fn refused(args: &[&str], env: &[(&str, &str)], name: &str, value: &str, why: &str) {

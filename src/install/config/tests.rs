@@ -3,7 +3,8 @@ use super::*;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-fn run(args: &[&str], env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+/// install-cni's argv and env parsed as `main` does (shared with `checks_tests`).
+pub(super) fn run(args: &[&str], env: &[(&str, &str)]) -> Result<Config, ConfigError> {
     let map: HashMap<String, String> = env
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
