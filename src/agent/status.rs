@@ -103,7 +103,7 @@ pub struct PodStatus {
     pub name: String,
     /// The netns handle the agent holds (null: not found; ztunnel then gets a Keep).
     pub netns: Option<NetnsStatus>,
-    /// The pod's IPs (the store's pod, else what the agent put in the probe set).
+    /// The pod's IPs (the store's pod, else — when the store lists none yet — what the agent verified and put in the probe set).
     pub ips: Vec<String>,
     /// The drift pass's last check of the pod's in-pod rules (null before the first).
     pub last_verified: Option<Check>,
@@ -128,9 +128,11 @@ pub fn debug_pods(core: &Core) -> DebugPods {
         .map(|(uid, entry)| {
             let key = pod_key(&entry.info.namespace, &entry.info.name);
             let stored = core.pods.get(&key).filter(|p| pod::uid(p) == uid);
-            let ips = match &stored {
-                Some(p) => pod::ips(p),
-                None => entry.probe_ips.clone().unwrap_or_default(),
+            // The store's pod may not list its IPs yet (the kubelet reports them after ADD);
+            // then the IPs the agent verified and put in the probe set.
+            let ips = match stored.as_ref().map(|p| pod::ips(p)) {
+                Some(ips) if !ips.is_empty() => ips,
+                _ => entry.probe_ips.clone().unwrap_or_default(),
             };
             PodStatus {
                 netns: entry.netns.as_ref().map(|ns| NetnsStatus {
