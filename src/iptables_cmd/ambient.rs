@@ -379,11 +379,12 @@ pub fn main(args: &[String], env: &dyn Env) -> i32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn parse(args: &[&str], env: &[(&str, &str)]) -> Result<AmbientCommand, String> {
+    /// `istio-iptables ambient` argv and env as `main` parses them (shared with `flags_tests`).
+    pub(crate) fn parse(args: &[&str], env: &[(&str, &str)]) -> Result<AmbientCommand, String> {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let n = normalise_args(&args, &SHAPES).map_err(|e| e.to_string())?;
         let refs: Vec<&str> = n.args.iter().map(String::as_str).collect();

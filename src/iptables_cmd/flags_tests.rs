@@ -310,21 +310,9 @@ fn unreadable_booleans_fail_closed() {
 /// `istio-iptables ambient` (issue 20 §10): what the usage shows is what is accepted, and nothing
 /// given is silently ignored.
 mod ambient_flags {
-    use crate::iptables_cmd::ambient::{AmbientCommand, AmbientFlags, KubeletUid, SHAPES, resolve};
+    use crate::iptables_cmd::ambient::tests::parse;
+    use crate::iptables_cmd::ambient::{AmbientFlags, KubeletUid};
     use argh::FromArgs;
-    use std::collections::HashMap;
-
-    fn parse(args: &[&str], env: &[(&str, &str)]) -> Result<AmbientCommand, String> {
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        let n = crate::cli::normalise_args(&args, &SHAPES).map_err(|e| e.to_string())?;
-        let refs: Vec<&str> = n.args.iter().map(String::as_str).collect();
-        let flags = AmbientFlags::from_args(&["ambient"], &refs).map_err(|e| e.output)?;
-        let env: HashMap<String, String> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        resolve(&flags, &env, &n.explicit_false)
-    }
 
     #[test]
     fn booleans_are_switches_as_the_usage_shows_and_the_space_form_is_refused_naming_the_flag() {
