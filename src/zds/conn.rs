@@ -162,7 +162,8 @@ impl Session {
                 netns = None;
             }
             let request = if netns.is_some() { "add" } else { "keep" };
-            lock(&self.shared.ledger).sent(uid, self.id, request);
+            let id = netns.as_ref().map(|n| n.id());
+            lock(&self.shared.ledger).sent(uid, self.id, request, id);
             let reply = match netns {
                 Some(ns) => {
                     adds += 1;
@@ -212,7 +213,14 @@ impl Session {
         let started = Instant::now();
         let (result, uid) = match &update.op {
             Op::Add { uid, info, netns } => {
-                lock(&self.shared.ledger).sent(uid, self.id, "add");
+                // Already in ztunnel on this connection (its snapshot, or an earlier attempt the
+                // caller gave up on): acked again, not sent twice.
+                if lock(&self.shared.ledger).acked_add(uid, self.id, netns.id()) {
+                    debug!(conn = self.id, uid, "already acked on this connection");
+                    let _ = update.reply.send(Ok(()));
+                    return Ok(());
+                }
+                lock(&self.shared.ledger).sent(uid, self.id, "add", Some(netns.id()));
                 let request = Request::Add { uid, info };
                 let result = self.exchange(&request, Some(netns.as_fd())).await;
                 if let Ok(reply) = &result {

@@ -30,6 +30,9 @@ pub struct WorkloadState {
     pub delivery: Delivery,
     /// When it was sent or answered, milliseconds since the Unix epoch.
     pub at_unix_ms: u64,
+    /// The netns an `add` handed over (`/debug/pods` shows the pod's own).
+    #[serde(skip)]
+    pub netns: Option<crate::netns::NetnsId>,
 }
 
 /// Pod UID -> its last request.
@@ -46,7 +49,13 @@ fn now_ms() -> u64 {
 }
 
 impl Ledger {
-    pub fn sent(&mut self, uid: &str, connection: u64, request: &'static str) {
+    pub fn sent(
+        &mut self,
+        uid: &str,
+        connection: u64,
+        request: &'static str,
+        netns: Option<crate::netns::NetnsId>,
+    ) {
         self.pods.insert(
             uid.to_string(),
             WorkloadState {
@@ -54,8 +63,20 @@ impl Ledger {
                 request: request.into(),
                 delivery: Delivery::Sent,
                 at_unix_ms: now_ms(),
+                netns,
             },
         );
+    }
+
+    /// Whether ztunnel on `connection` already acked an add of `uid` with this netns: sending it
+    /// again would be a second Add of one uid on one connection.
+    pub fn acked_add(&self, uid: &str, connection: u64, netns: crate::netns::NetnsId) -> bool {
+        self.pods.get(uid).is_some_and(|s| {
+            s.connection == connection
+                && s.request == "add"
+                && s.delivery == Delivery::Acked
+                && s.netns == Some(netns)
+        })
     }
 
     /// The answer to the pod's request on `connection` (ignored when a newer request about it
@@ -94,10 +115,15 @@ mod tests {
     #[test]
     fn answers_land_on_the_request_of_their_connection() {
         let mut l = Ledger::default();
-        l.sent("u", 1, "add");
+        let ns = crate::netns::NetnsId { dev: 1, inode: 7 };
+        l.sent("u", 1, "add", Some(ns));
+        assert!(!l.acked_add("u", 1, ns), "not acked yet");
         l.answered("u", 1, Delivery::Acked);
         assert_eq!(l.snapshot()["u"].delivery, Delivery::Acked);
-        l.sent("u", 2, "add");
+        assert!(l.acked_add("u", 1, ns));
+        assert!(!l.acked_add("u", 2, ns), "another connection");
+        assert!(!l.acked_add("u", 1, crate::netns::NetnsId { dev: 1, inode: 8 }));
+        l.sent("u", 2, "add", Some(ns));
         l.answered("u", 1, Delivery::Lost);
         assert_eq!(l.snapshot()["u"].delivery, Delivery::Sent, "a stale answer");
         l.closed(2);
