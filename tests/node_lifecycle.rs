@@ -322,11 +322,12 @@ fn path_without_ip6tables() -> tempfile::TempDir {
 
 /// Scenario 8 (Istio's #57869): with AMBIENT_IPV6=false (the default) the agent runs on a node
 /// without ip6tables: host rules, enrolment, the drift pass and a restart all work, the pod is in
-/// the mesh, and nothing in the log mentions ip6tables.
+/// the mesh, and nothing in the log mentions ip6tables. The pod network is dual-stack, so the pod
+/// also has an IPv6 address (in its status too): it is left out of the probe sets, not an error.
 #[test]
 fn ipv6_off_needs_no_ip6tables() {
     let bin = path_without_ip6tables();
-    let mut node = Node::start_with(
+    let mut node = Node::start_dual_stack(
         Backend::Iptables,
         &[
             ("PATH", bin.path().to_str().expect("utf-8")),
@@ -336,6 +337,16 @@ fn ipv6_off_needs_no_ip6tables() {
         ],
     );
     let pods = enrol(&node, &["a"]);
+    let v6 = global_ipv6(&pods[0].ns);
+    let mut pod = node.api.server.pod("amb", "a").expect("pod");
+    pod.status = Some(
+        serde_json::from_value(json!({
+            "phase": "Running", "podIP": pods[0].ip,
+            "podIPs": [{"ip": pods[0].ip}, {"ip": v6}]
+        }))
+        .expect("PodStatus"),
+    );
+    node.api.server.update_pod(pod).expect("update pod");
     let verified = |node: &Node| {
         let report = debug_pods(node);
         report["host_rules"]["result"] == "in_place"
@@ -352,6 +363,13 @@ fn ipv6_off_needs_no_ip6tables() {
         || verified(&node),
     );
     assert_in_mesh(&node, &pods);
+    let sets = node.ns.try_exec("ipset", &["list", "-n"]).stdout;
+    assert!(
+        !String::from_utf8_lossy(&sets)
+            .lines()
+            .any(|l| l == "istio-inpod-probes-v6"),
+        "an IPv6 probe set with IPv6 off"
+    );
     let log = node.agent.output();
     assert!(
         !log.to_lowercase().contains("ip6tables"),
@@ -406,6 +424,86 @@ fn a_secondary_address_survives_an_agent_restart() {
         vec![(first, uid.clone()), (second.to_string(), uid.clone())]
     );
     assert_outbound_lands(&node, &pods);
+    // Both addresses take inbound traffic into the mesh (#61027: the secondary was blackholed).
+    let from = client(&node);
+    assert_inbound_lands_at(&node, &from, &pods[0], &pods[0].ip);
+    assert_inbound_lands_at(&node, &from, &pods[0], second);
+}
+
+/// Scenario 7, dual-stack: a pod with an IPv4 and an IPv6 address (the chain gives both and the
+/// kubelet reports both) keeps each in its probe set across a killed-and-restarted agent, and both
+/// families' outbound and inbound TCP land on ztunnel inside the pod.
+#[test]
+fn a_dual_stack_pod_keeps_both_families_across_an_agent_restart_iptables() {
+    dual_stack_across_a_restart(Backend::Iptables);
+}
+
+#[test]
+fn a_dual_stack_pod_keeps_both_families_across_an_agent_restart_nftables() {
+    dual_stack_across_a_restart(Backend::Nftables);
+}
+
+fn dual_stack_across_a_restart(backend: Backend) {
+    const V6_SET: &str = "istio-inpod-probes-v6";
+    let mut node = Node::start_dual_stack(
+        backend,
+        &[("HEALTH_PORT", HEALTH_PORT), ("AMBIENT_IPV6", "true")],
+    );
+    let pods = enrol(&node, &["ds"]);
+    let pod = &pods[0];
+    let v6 = global_ipv6(&pod.ns);
+    let mut status = node.api.server.pod("amb", "ds").expect("pod");
+    status.status = Some(
+        serde_json::from_value(json!({
+            "phase": "Running", "podIP": pod.ip,
+            "podIPs": [{"ip": pod.ip}, {"ip": v6}]
+        }))
+        .expect("PodStatus"),
+    );
+    node.api.server.update_pod(status).expect("update pod");
+    let v6_member = vec![(v6.clone(), pod.uid.clone())];
+    node.wait_until(Duration::from_secs(10), "the IPv6 probe entry", || {
+        node.probe_set_members(V6_SET) == v6_member
+    });
+    node.restart_agent_killed();
+    node.wait_until(
+        Duration::from_secs(10),
+        "both families in the probe sets after the restart",
+        || {
+            node.probe_set_members(V6_SET) == v6_member
+                && node.probe_members() == expected_members(&pods)
+        },
+    );
+    let report = debug_pods(&node);
+    assert_eq!(report["pods"][0]["ips"], json!([pod.ip, v6]), "{report}");
+    assert_in_mesh(&node, &pods);
+    assert_outbound_lands_to(&node, pod, "[fd00:10:244::250]:8080".parse().expect("addr"));
+    let from = client(&node);
+    assert_inbound_lands_at(&node, &from, pod, &v6);
+}
+
+/// The pod's global IPv6 address on eth0 (waits out duplicate address detection).
+fn global_ipv6(pod: &PodNs) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = pod.guard.exec(
+            "ip",
+            &["-6", "-o", "addr", "show", "dev", "eth0", "scope", "global"],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let ready = text.lines().find(|l| !l.contains("tentative"));
+        if let Some(addr) = ready
+            .and_then(|l| l.split_whitespace().skip_while(|w| *w != "inet6").nth(1))
+            .and_then(|a| a.split('/').next())
+        {
+            return addr.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no usable IPv6 address on eth0: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Scenario 4: the agent killed (-9) in the middle of 10 concurrent ADDs, started again; the
@@ -413,9 +511,18 @@ fn a_secondary_address_survives_an_agent_restart() {
 /// its in-pod rules not duplicated, the probe set exactly the enrolled IPs, ztunnel's current
 /// connection given one Add per pod, and each pod in the mesh.
 #[test]
-fn an_agent_killed_mid_burst_enrols_every_pod_exactly_once() {
+fn an_agent_killed_mid_burst_enrols_every_pod_exactly_once_iptables() {
+    agent_killed_mid_burst(Backend::Iptables);
+}
+
+#[test]
+fn an_agent_killed_mid_burst_enrols_every_pod_exactly_once_nftables() {
+    agent_killed_mid_burst(Backend::Nftables);
+}
+
+fn agent_killed_mid_burst(backend: Backend) {
     const N: usize = 10;
-    let mut node = Node::start(Backend::Iptables);
+    let mut node = Node::start(backend);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     let names: Vec<String> = (0..N).map(|i| format!("burst-{i}")).collect();
     let sandboxes: Vec<(String, PodNs)> = names
@@ -478,15 +585,8 @@ fn an_agent_killed_mid_burst_enrols_every_pod_exactly_once() {
             node.redirection("amb", &p.name).as_deref() == Some("enabled")
         });
         // Each rule of ours once per table.
-        let mut table = String::new();
-        let mut ours: Vec<String> = Vec::new();
-        for l in p.ns.guard.iptables_save().lines() {
-            if let Some(t) = l.strip_prefix('*') {
-                table = t.to_string();
-            } else if l.starts_with("-A") && l.contains("ISTIO") {
-                ours.push(format!("{table}: {l}"));
-            }
-        }
+        let ours = node.owned_rules(&p.ns);
+        assert!(!ours.is_empty(), "{}: no in-pod rules", p.name);
         let unique: std::collections::BTreeSet<&String> = ours.iter().collect();
         assert_eq!(
             unique.len(),

@@ -25,8 +25,17 @@ const FAILS_FAST: Duration = Duration::from_secs(3);
 /// un-captured); once ztunnel connects, the waiting pods are in its first snapshot and the
 /// kubelet's retried ADDs succeed at once; after ztunnel restarts the agent still enrols.
 #[test]
-fn ztunnel_late_adds_fail_fast_then_succeed_once_it_connects() {
-    let node = Node::start_without_peer(Backend::Iptables, &[("HEALTH_PORT", HEALTH_PORT)]);
+fn ztunnel_late_adds_fail_fast_then_succeed_once_it_connects_iptables() {
+    ztunnel_late(Backend::Iptables);
+}
+
+#[test]
+fn ztunnel_late_adds_fail_fast_then_succeed_once_it_connects_nftables() {
+    ztunnel_late(Backend::Nftables);
+}
+
+fn ztunnel_late(backend: Backend) {
+    let node = Node::start_without_peer(backend, &[("HEALTH_PORT", HEALTH_PORT)]);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     let names = ["late-a", "late-b"];
     let sandboxes: Vec<(String, PodNs)> = names
@@ -121,8 +130,8 @@ fn wait_enrolled(node: &Node, pods: &[Enrolled]) {
 /// UIDs, new netns and container IDs); agent and ztunnel started (in the order given), and the
 /// kubelet's ADDs arrive as it retries them. The new netns are enrolled, ztunnel is never handed a
 /// netns that no longer exists, and the probe set and ztunnel hold exactly the live pods.
-fn reboot_without_drain(agent_first: bool) {
-    let mut node = Node::start_with(Backend::Iptables, &[("HEALTH_PORT", HEALTH_PORT)]);
+fn reboot_without_drain(backend: Backend, agent_first: bool) {
+    let mut node = Node::start_with(backend, &[("HEALTH_PORT", HEALTH_PORT)]);
     let names = ["boot-a", "boot-b", "boot-c"];
     let before = enrol(&node, &names);
     assert_in_mesh(&node, &before);
@@ -177,11 +186,15 @@ fn reboot_without_drain(agent_first: bool) {
         l.sort();
         l
     });
+    // An inode names one live netns, but the kernel reuses the numbers of deleted ones: a new
+    // sandbox may carry an old inode, so "not an old inode" is no test. The proxy's netns being
+    // the pod's current (live) one is.
     for p in &pods {
         let ino = node.peer.netns_of(&p.uid).expect("proxy").1;
-        assert!(
-            !old_inodes.contains(&ino),
-            "{}: ztunnel was handed the deleted netns",
+        assert_eq!(
+            ino,
+            inode(&p.ns),
+            "{}: ztunnel holds a netns other than the pod's current one (old ones: {old_inodes:?})",
             p.name
         );
     }
@@ -194,13 +207,23 @@ fn inode(ns: &PodNs) -> u64 {
 }
 
 #[test]
-fn a_reboot_without_drain_enrols_the_new_netns_agent_first() {
-    reboot_without_drain(true);
+fn a_reboot_without_drain_enrols_the_new_netns_agent_first_iptables() {
+    reboot_without_drain(Backend::Iptables, true);
 }
 
 #[test]
-fn a_reboot_without_drain_enrols_the_new_netns_ztunnel_first() {
-    reboot_without_drain(false);
+fn a_reboot_without_drain_enrols_the_new_netns_ztunnel_first_iptables() {
+    reboot_without_drain(Backend::Iptables, false);
+}
+
+#[test]
+fn a_reboot_without_drain_enrols_the_new_netns_agent_first_nftables() {
+    reboot_without_drain(Backend::Nftables, true);
+}
+
+#[test]
+fn a_reboot_without_drain_enrols_the_new_netns_ztunnel_first_nftables() {
+    reboot_without_drain(Backend::Nftables, false);
 }
 
 /// The agent's open fds.
@@ -214,9 +237,18 @@ fn fds(node: &Node) -> usize {
 /// ADDs are retried as the kubelet does. Every pod ends enrolled and in ztunnel, no connection
 /// got two Adds of one uid, and the agent's fds and memory come back near where they were.
 #[test]
-fn ztunnel_restarting_during_a_burst_loses_no_pod() {
+fn ztunnel_restarting_during_a_burst_loses_no_pod_iptables() {
+    ztunnel_restarting_during_a_burst(Backend::Iptables);
+}
+
+#[test]
+fn ztunnel_restarting_during_a_burst_loses_no_pod_nftables() {
+    ztunnel_restarting_during_a_burst(Backend::Nftables);
+}
+
+fn ztunnel_restarting_during_a_burst(backend: Backend) {
     const N: usize = 20;
-    let node = Node::start_with(Backend::Iptables, &[("HEALTH_PORT", HEALTH_PORT)]);
+    let node = Node::start_with(backend, &[("HEALTH_PORT", HEALTH_PORT)]);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     let (fds_before, rss_before) = (fds(&node), ambient_node::rss_mb(&node));
     let names: Vec<String> = (0..N).map(|i| format!("storm-{i}")).collect();

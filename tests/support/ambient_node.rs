@@ -122,16 +122,27 @@ impl Node {
     }
 
     pub fn start_with(backend: Backend, extra_env: &[(&str, &str)]) -> Node {
-        Self::start_full(backend, extra_env, true)
+        Self::start_full(backend, extra_env, true, false)
+    }
+
+    /// Like [`start_with`](Self::start_with) on a dual-stack pod network: the chain gives every
+    /// sandbox an IPv4 and an IPv6 address (`fd00:10:244::/64`).
+    pub fn start_dual_stack(backend: Backend, extra_env: &[(&str, &str)]) -> Node {
+        Self::start_full(backend, extra_env, true, true)
     }
 
     /// Like [`start_with`](Self::start_with) with ztunnel not running (a new node): the peer
     /// connects after `node.peer.start_again()`.
     pub fn start_without_peer(backend: Backend, extra_env: &[(&str, &str)]) -> Node {
-        Self::start_full(backend, extra_env, false)
+        Self::start_full(backend, extra_env, false, false)
     }
 
-    fn start_full(backend: Backend, extra_env: &[(&str, &str)], peer_up: bool) -> Node {
+    fn start_full(
+        backend: Backend,
+        extra_env: &[(&str, &str)],
+        peer_up: bool,
+        dual_stack: bool,
+    ) -> Node {
         require_tools();
         let ns = Netns::new("node");
         let node_path = PathBuf::from(ns.path());
@@ -158,13 +169,17 @@ impl Node {
         };
 
         let ipam = tempfile::tempdir().expect("tempdir");
+        let mut ranges = vec![json!([{"subnet": "10.244.0.0/24"}])];
+        if dual_stack {
+            ranges.push(json!([{"subnet": "fd00:10:244::/64"}]));
+        }
         let conflist = json!({
             "cniVersion": "1.0.0",
             "name": "e2e-net",
             "plugins": [
                 {
                     "type": "bridge", "bridge": "cni0", "isGateway": false, "ipMasq": false,
-                    "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]],
+                    "ipam": {"type": "host-local", "ranges": ranges,
                              "dataDir": ipam.path().display().to_string()}
                 },
                 {"type": "loopback"}
@@ -415,11 +430,14 @@ impl Node {
     }
 
     pub fn probe_members(&self) -> Vec<(String, String)> {
+        self.probe_set_members("istio-inpod-probes-v4")
+    }
+
+    /// Members of the node's probe set `set` (`istio-inpod-probes-v4` or `-v6`) as (ip, comment).
+    pub fn probe_set_members(&self, set: &str) -> Vec<(String, String)> {
         match self.backend {
             Backend::Iptables => {
-                let out = self
-                    .ns
-                    .try_exec("ipset", &["list", "istio-inpod-probes-v4"]);
+                let out = self.ns.try_exec("ipset", &["list", set]);
                 let text = String::from_utf8_lossy(&out.stdout).into_owned();
                 text.lines()
                     .skip_while(|l| !l.starts_with("Members:"))
@@ -436,11 +454,10 @@ impl Node {
                 let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
                 let mut members = Vec::new();
                 for item in v["nftables"].as_array().into_iter().flatten() {
-                    let set = &item["set"];
-                    if set["name"] != "istio-inpod-probes-v4" {
+                    if item["set"]["name"] != set {
                         continue;
                     }
-                    for e in set["elem"].as_array().into_iter().flatten() {
+                    for e in item["set"]["elem"].as_array().into_iter().flatten() {
                         let ip = e["elem"]["val"].as_str().unwrap_or_default();
                         let comment = e["elem"]["comment"].as_str().unwrap_or_default();
                         members.push((ip.to_string(), comment.to_string()));
@@ -449,6 +466,51 @@ impl Node {
                 members
             }
         }
+    }
+
+    /// The agent's in-pod rules in `pod` for this backend, one line per rule prefixed with its
+    /// table and chain (counters left out), in kernel order: a rule twice is there twice.
+    pub fn owned_rules(&self, pod: &PodNs) -> Vec<String> {
+        let mut rules = Vec::new();
+        match self.backend {
+            Backend::Iptables => {
+                let mut table = String::new();
+                for l in pod.guard.iptables_save().lines() {
+                    if let Some(t) = l.strip_prefix('*') {
+                        table = t.to_string();
+                    } else if l.starts_with("-A") && l.contains("ISTIO") {
+                        rules.push(format!("{table}: {l}"));
+                    }
+                }
+            }
+            Backend::Nftables => {
+                let out = pod.guard.exec("nft", &["list", "ruleset"]);
+                let (mut table, mut chain) = (String::new(), String::new());
+                for l in String::from_utf8_lossy(&out.stdout).lines().map(str::trim) {
+                    if let Some(t) = l.strip_prefix("table ") {
+                        table = t.trim_end_matches(" {").to_string();
+                    } else if let Some(c) = l.strip_prefix("chain ") {
+                        chain = c.trim_end_matches(" {").to_string();
+                    } else if l == "}" || l.is_empty() || l.starts_with("type ") {
+                        continue;
+                    } else if table.contains("istio") {
+                        let words: Vec<&str> = l.split_whitespace().collect();
+                        let mut kept = Vec::new();
+                        let mut i = 0;
+                        while i < words.len() {
+                            if matches!(words[i], "packets" | "bytes") {
+                                i += 2;
+                                continue;
+                            }
+                            kept.push(words[i]);
+                            i += 1;
+                        }
+                        rules.push(format!("{table} {chain}: {}", kept.join(" ")));
+                    }
+                }
+            }
+        }
+        rules
     }
 
     /// Whether the pod netns holds the agent's in-pod rules for this backend.
@@ -607,7 +669,16 @@ impl PodNs {
     }
 }
 
-/// The first IPv4 address of a CNI result.
+/// The first address of a CNI result of `family` (4 or 6).
+pub fn result_ip_of(result: &Value, family: u8) -> Option<String> {
+    result["ips"].as_array()?.iter().find_map(|ip| {
+        let addr = ip["address"].as_str()?.split('/').next()?;
+        let parsed: std::net::IpAddr = addr.parse().ok()?;
+        (parsed.is_ipv6() == (family == 6)).then(|| addr.to_string())
+    })
+}
+
+/// The first address of a CNI result (IPv4 comes first on the test networks).
 pub fn result_ip(result: &Value) -> String {
     let addr = result["ips"][0]["address"].as_str().expect("an IP");
     addr.split('/').next().expect("addr").to_string()

@@ -89,10 +89,11 @@ pub fn enrol(node: &Node, names: &[&str]) -> Vec<Enrolled> {
     pods
 }
 
-/// Every pod's outbound TCP lands on the peer's listener inside its current netns (the count
-/// goes up), and the probe set holds exactly the enrolled pods.
+/// Every pod's outbound and inbound TCP lands on the peer's listeners inside its current netns
+/// (the counts go up), and the probe set holds exactly the enrolled pods.
 pub fn assert_in_mesh(node: &Node, pods: &[Enrolled]) {
     assert_outbound_lands(node, pods);
+    assert_inbound_lands(node, pods);
     assert_eq!(
         node.probe_members_sorted(),
         expected_members(pods),
@@ -119,33 +120,85 @@ pub fn wait_probe_set_exactly(node: &Node, pods: &[Enrolled], what: &str) {
 /// goes up).
 pub fn assert_outbound_lands(node: &Node, pods: &[Enrolled]) {
     for p in pods {
-        let before = node.peer.accepted(&p.uid).unwrap_or_else(|| {
-            panic!("{}: the peer runs no proxy for it", p.name);
-        });
         // Any address will do: the pod's rules send it to 15001 in the pod netns.
-        let to: SocketAddr = "10.244.0.250:8080".parse().expect("addr");
-        istio_cni::netns::Netns::open(&p.ns.guard.path())
-            .and_then(|ns| {
-                ns.run(move || {
-                    let _ = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2));
-                })
-            })
-            .expect("enter the pod netns");
-        node.wait_until(
-            Duration::from_secs(5),
-            &format!("{}: outbound on the peer", p.name),
-            || node.peer.accepted(&p.uid).is_some_and(|n| n > before),
-        );
-        let path = p.ns.guard.path();
-        let inode = std::fs::metadata(&path).map(|m| {
-            use std::os::unix::fs::MetadataExt;
-            m.ino()
-        });
-        assert_eq!(
-            node.peer.netns_of(&p.uid).map(|(_, ino)| ino),
-            inode.ok(),
-            "{}: the peer's proxy is not in the pod's current netns",
-            p.name
-        );
+        assert_outbound_lands_to(node, p, "10.244.0.250:8080".parse().expect("addr"));
     }
+}
+
+/// A connection from inside `pod` to `to` lands on the peer's outbound listener in the pod's
+/// current netns (the proxy's netns inode checked against the pod's).
+pub fn assert_outbound_lands_to(node: &Node, p: &Enrolled, to: SocketAddr) {
+    let before = node.peer.accepted(&p.uid).unwrap_or_else(|| {
+        panic!("{}: the peer runs no proxy for it", p.name);
+    });
+    istio_cni::netns::Netns::open(&p.ns.guard.path())
+        .and_then(|ns| {
+            ns.run(move || {
+                let _ = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2));
+            })
+        })
+        .expect("enter the pod netns");
+    node.wait_until(
+        Duration::from_secs(5),
+        &format!("{}: outbound to {to} on the peer", p.name),
+        || node.peer.accepted(&p.uid).is_some_and(|n| n > before),
+    );
+    let path = p.ns.guard.path();
+    let inode = std::fs::metadata(&path).map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.ino()
+    });
+    assert_eq!(
+        node.peer.netns_of(&p.uid).map(|(_, ino)| ino),
+        inode.ok(),
+        "{}: the peer's proxy is not in the pod's current netns",
+        p.name
+    );
+}
+
+/// A sandbox outside the mesh on the node's pod network (a pod of a namespace without the
+/// ambient label, ADDed through the same chain): where inbound traffic comes from.
+pub fn client(node: &Node) -> PodNs {
+    node.namespace("plain", json!({}));
+    let uid = crate::ambient_node::unique_uid();
+    let name = format!("client-{}", &uid[uid.len() - 12..]);
+    node.unique_pod("plain", &name);
+    let ns = PodNs::new("client");
+    node.add(&ns, "plain", &name)
+        .unwrap_or_else(|e| panic!("ADD of the client {name}: {e}\n{}", node.agent.output()));
+    ns
+}
+
+/// Every pod's inbound TCP (from a sandbox outside the mesh, to the pod's IP) lands on the peer's
+/// inbound listener inside the pod's current netns.
+pub fn assert_inbound_lands(node: &Node, pods: &[Enrolled]) {
+    let from = client(node);
+    for p in pods {
+        assert_inbound_lands_at(node, &from, p, &p.ip);
+    }
+}
+
+/// A connection from `from` to `ip:8080` lands on `pod`'s inbound listener (15006): the pod's
+/// rules redirected it there, whatever the port.
+pub fn assert_inbound_lands_at(node: &Node, from: &PodNs, pod: &Enrolled, ip: &str) {
+    let before = node.peer.accepted_inbound(&pod.uid).unwrap_or_else(|| {
+        panic!("{}: the peer runs no proxy for it", pod.name);
+    });
+    let to = SocketAddr::new(ip.parse().expect("pod IP"), 8080);
+    istio_cni::netns::Netns::open(&from.guard.path())
+        .and_then(|ns| {
+            ns.run(move || {
+                let _ = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2));
+            })
+        })
+        .expect("enter the client netns");
+    node.wait_until(
+        Duration::from_secs(5),
+        &format!("{}: inbound to {to} on the peer", pod.name),
+        || {
+            node.peer
+                .accepted_inbound(&pod.uid)
+                .is_some_and(|n| n > before)
+        },
+    );
 }

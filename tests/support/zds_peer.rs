@@ -2,15 +2,16 @@
 //! reconnects forever), sends the hello, answers every request in lock-step, NACKs what ztunnel
 //! NACKs (an Add without an fd or with two, undecodable bytes: then it reconnects at once; an Add
 //! without workload_info, a Keep after SnapshotSent, a second SnapshotSent: then it "exits"),
-//! treats an empty datagram as EOF, reconciles at SnapshotSent, and for every Add opens a TCP
-//! listener on 15001 inside the received netns through the fd (setns on a dedicated thread, with
-//! SO_REUSEPORT like ztunnel). Knobs: NACK the next Add, hold acks, drop the connection.
+//! treats an empty datagram as EOF, reconciles at SnapshotSent, and for every Add opens TCP
+//! listeners on 15001 (outbound) and 15006 (inbound plaintext) inside the received netns through
+//! the fd (setns on a dedicated thread, with SO_REUSEPORT like ztunnel; dual-stack where the netns
+//! has IPv6). Knobs: NACK the next Add, hold acks, drop the connection.
 //! Blocking threads, so it is independent of the test's runtime.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
+use std::net::TcpListener;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -56,12 +57,17 @@ impl Seen {
     }
 }
 
-/// A running in-pod proxy: the netns fd it keeps and its listener on 15001.
+/// ztunnel's in-pod ports: where the pod's rules send outbound and inbound plaintext TCP.
+pub const OUTBOUND_PORT: u16 = 15001;
+pub const INBOUND_PORT: u16 = 15006;
+
+/// A running in-pod proxy: the netns fd it keeps and its listeners.
 struct Proxy {
     info: (String, String, String),
     netns: (u64, u64),
     _fd: OwnedFd,
-    listener: ProxyListener,
+    outbound: ProxyListener,
+    inbound: ProxyListener,
 }
 
 struct ProxyListener {
@@ -201,12 +207,20 @@ impl ZdsPeer {
         lock(&self.inner).proxies.get(uid).map(|p| p.netns)
     }
 
-    /// Connections accepted by `uid`'s listener on 15001 so far (None: no proxy).
+    /// Connections accepted by `uid`'s outbound listener (15001) so far (None: no proxy).
     pub fn accepted(&self, uid: &str) -> Option<usize> {
         lock(&self.inner)
             .proxies
             .get(uid)
-            .map(|p| p.listener.accepted.load(Ordering::SeqCst))
+            .map(|p| p.outbound.accepted.load(Ordering::SeqCst))
+    }
+
+    /// Connections accepted by `uid`'s inbound listener (15006) so far (None: no proxy).
+    pub fn accepted_inbound(&self, uid: &str) -> Option<usize> {
+        lock(&self.inner)
+            .proxies
+            .get(uid)
+            .map(|p| p.inbound.accepted.load(Ordering::SeqCst))
     }
 
     /// NACKs the next Add with `text`; `close` = then drop the connection, as ztunnel does after
@@ -467,8 +481,10 @@ fn handle(bytes: &[u8], fds: Vec<OwnedFd>, inner: &Arc<Mutex<Inner>>) -> Next {
                 return Next::Reply(String::new());
             }
             g.proxies.remove(&add.uid);
-            match start_listener(&fd, &add.uid) {
-                Ok(listener) => {
+            let listeners = start_listener(&fd, &add.uid, OUTBOUND_PORT)
+                .and_then(|out| Ok((out, start_listener(&fd, &add.uid, INBOUND_PORT)?)));
+            match listeners {
+                Ok((outbound, inbound)) => {
                     let info = (info.name, info.namespace, info.service_account);
                     g.proxies.insert(
                         add.uid,
@@ -476,7 +492,8 @@ fn handle(bytes: &[u8], fds: Vec<OwnedFd>, inner: &Arc<Mutex<Inner>>) -> Next {
                             info,
                             netns: id,
                             _fd: fd,
-                            listener,
+                            outbound,
+                            inbound,
                         },
                     );
                     Next::Reply(String::new())
@@ -547,30 +564,15 @@ fn handle(bytes: &[u8], fds: Vec<OwnedFd>, inner: &Arc<Mutex<Inner>>) -> Next {
     }
 }
 
-/// Binds 0.0.0.0:15001 inside the netns `fd` names (on a thread that enters it; the socket stays
-/// there) and serves it: each connection gets one line naming the uid.
-fn start_listener(fd: &OwnedFd, uid: &str) -> Result<ProxyListener, String> {
+/// Binds `port` on every address inside the netns `fd` names (on a thread that enters it; the
+/// socket stays there) and serves it: each connection gets one line naming the uid. The socket is
+/// dual-stack (`[::]`, V6ONLY off) so IPv6 traffic lands too; IPv4 only where the netns has no IPv6.
+fn start_listener(fd: &OwnedFd, uid: &str, port: u16) -> Result<ProxyListener, String> {
     let netns = fd.try_clone().map_err(|e| e.to_string())?;
     let listener = std::thread::spawn(move || -> Result<TcpListener, String> {
         nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
             .map_err(|e| format!("failed to set netns: {e}"))?;
-        let sock = socket::socket(
-            AddressFamily::Inet,
-            SockType::Stream,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map_err(|e| e.to_string())?;
-        socket::setsockopt(&sock, socket::sockopt::ReusePort, &true).map_err(|e| e.to_string())?;
-        let addr: SocketAddr = "0.0.0.0:15001".parse().expect("address");
-        socket::bind(
-            sock.as_raw_fd(),
-            &socket::SockaddrIn::from(match addr {
-                SocketAddr::V4(a) => a,
-                SocketAddr::V6(_) => unreachable!(),
-            }),
-        )
-        .map_err(|e| format!("Bind({addr}, {e})"))?;
+        let sock = bind_any(port)?;
         socket::listen(&sock, socket::Backlog::new(16).expect("backlog"))
             .map_err(|e| e.to_string())?;
         Ok(TcpListener::from(sock))
@@ -605,4 +607,30 @@ fn start_listener(fd: &OwnedFd, uid: &str) -> Result<ProxyListener, String> {
         socket,
         thread: Some(thread),
     })
+}
+
+/// A TCP socket bound to `[::]:port` (dual-stack), or `0.0.0.0:port` where IPv6 is off.
+fn bind_any(port: u16) -> Result<OwnedFd, String> {
+    let stream = |family| {
+        socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)
+            .map_err(|e| e.to_string())
+    };
+    let reuse = |sock: &OwnedFd| {
+        socket::setsockopt(sock, socket::sockopt::ReusePort, &true).map_err(|e| e.to_string())
+    };
+    if let Ok(sock) = stream(AddressFamily::Inet6) {
+        reuse(&sock)?;
+        socket::setsockopt(&sock, socket::sockopt::Ipv6V6Only, &false)
+            .map_err(|e| e.to_string())?;
+        let any = std::net::SocketAddrV6::new(std::net::Ipv6Addr::UNSPECIFIED, port, 0, 0);
+        if socket::bind(sock.as_raw_fd(), &socket::SockaddrIn6::from(any)).is_ok() {
+            return Ok(sock);
+        }
+    }
+    let sock = stream(AddressFamily::Inet)?;
+    reuse(&sock)?;
+    let any = std::net::SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, port);
+    socket::bind(sock.as_raw_fd(), &socket::SockaddrIn::from(any))
+        .map_err(|e| format!("Bind(0.0.0.0:{port}, {e})"))?;
+    Ok(sock)
 }

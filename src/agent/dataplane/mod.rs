@@ -445,9 +445,19 @@ impl Dataplane {
         in_pod(netns, pod, move || remove_inpod_here(&opts))
     }
 
+    /// The addresses of `ips` the node has a probe set for: with `AMBIENT_IPV6=false` there is no
+    /// IPv6 set (nor IPv6 tooling), so a dual-stack pod's IPv6 address is left out, not an error.
+    fn probed(&self, ips: &[IpAddr]) -> Vec<IpAddr> {
+        let ipv6 = self.settings.ambient.enable_ipv6;
+        ips.iter()
+            .copied()
+            .filter(|ip| ipv6 || ip.is_ipv4())
+            .collect()
+    }
+
     /// Puts the pod's IPs into the probe sets under its UID (a reused IP moves to this UID).
     pub fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), DataplaneError> {
-        let (owner, wanted) = (uid.to_string(), ips.to_vec());
+        let (owner, wanted) = (uid.to_string(), self.probed(ips));
         self.probe_batch(format!("add pod {uid}"), false, move |current| {
             (probe_set::plan_upsert(current, &owner, &wanted), vec![])
         })?;
@@ -497,7 +507,10 @@ impl Dataplane {
         members: &[(String, Vec<IpAddr>)],
         prune: bool,
     ) -> Result<ProbeSynced, DataplaneError> {
-        let wanted = members.to_vec();
+        let wanted: Vec<(String, Vec<IpAddr>)> = members
+            .iter()
+            .map(|(uid, ips)| (uid.clone(), self.probed(ips)))
+            .collect();
         let report = Arc::new(Mutex::new(ProbeSynced::default()));
         let planned = report.clone();
         self.probe_batch("sync".to_string(), true, move |current| {
