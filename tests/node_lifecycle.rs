@@ -325,10 +325,19 @@ fn path_without_ip6tables() -> tempfile::TempDir {
 /// the mesh, and nothing in the log mentions ip6tables. The pod network is dual-stack, so the pod
 /// also has an IPv6 address (in its status too): it is left out of the probe sets, not an error.
 #[test]
-fn ipv6_off_needs_no_ip6tables() {
+fn ipv6_off_needs_no_ip6tables_iptables() {
+    ipv6_off(Backend::Iptables);
+}
+
+#[test]
+fn ipv6_off_needs_no_ip6tables_nftables() {
+    ipv6_off(Backend::Nftables);
+}
+
+fn ipv6_off(backend: Backend) {
     let bin = path_without_ip6tables();
     let mut node = Node::start_dual_stack(
-        Backend::Iptables,
+        backend,
         &[
             ("PATH", bin.path().to_str().expect("utf-8")),
             ("AMBIENT_IPV6", "false"),
@@ -363,11 +372,12 @@ fn ipv6_off_needs_no_ip6tables() {
         || verified(&node),
     );
     assert_in_mesh(&node, &pods);
-    let sets = node.ns.try_exec("ipset", &["list", "-n"]).stdout;
+    let sets = match backend {
+        Backend::Iptables => node.ns.try_exec("ipset", &["list", "-n"]).stdout,
+        Backend::Nftables => node.ns.try_exec("nft", &["list", "sets"]).stdout,
+    };
     assert!(
-        !String::from_utf8_lossy(&sets)
-            .lines()
-            .any(|l| l == "istio-inpod-probes-v6"),
+        !String::from_utf8_lossy(&sets).contains("istio-inpod-probes-v6"),
         "an IPv6 probe set with IPv6 off"
     );
     let log = node.agent.output();
