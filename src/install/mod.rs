@@ -128,8 +128,10 @@ fn check_host_proc(cfg: &Config) -> Result<(), config::ConfigError> {
     if !(cfg.install.ambient_enabled || (cfg.repair.enabled && cfg.repair.repair_pods)) {
         return Ok(());
     }
+    // `f_type` is signed on glibc and unsigned on musl (the shipped build); magic numbers are
+    // small and positive, so one unsigned type serves both.
     let f_type = nix::sys::statfs::statfs(&cfg.host_proc_dir)
-        .map(|s| s.filesystem_type().0)
+        .map(|s| s.filesystem_type().0 as u64)
         .map_err(|e| e.to_string());
     config::procfs(
         &cfg.host_proc_setting,

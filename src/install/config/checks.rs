@@ -17,7 +17,7 @@ pub(super) const SOCKET_PATH_MAX: usize = 107;
 /// `log.sock`): the run dir must leave room for it.
 pub(super) const LONGEST_RUN_DIR_SOCKET: &str = "/podfacts/pod.sock";
 /// `PROC_SUPER_MAGIC` (linux/magic.h), the `f_type` statfs reports for a procfs.
-pub const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+pub const PROC_SUPER_MAGIC: u64 = 0x9fa0;
 /// File name endings the CNI library loads from the conf dir (libcni `ConfFiles`).
 const CNI_CONF_EXTENSIONS: &[&str] = &[".conf", ".conflist", ".json"];
 
@@ -148,7 +148,7 @@ pub(super) fn namespace_list(raw: &Raw) -> Result<Vec<String>, ConfigError> {
 }
 
 /// `HOST_PROC_DIR`: `f_type` is what statfs reported for it, or why it could not be read.
-pub fn procfs(raw_name: &str, path: &str, f_type: Result<i64, String>) -> Result<(), ConfigError> {
+pub fn procfs(raw_name: &str, path: &str, f_type: Result<u64, String>) -> Result<(), ConfigError> {
     let reason = match f_type {
         Ok(PROC_SUPER_MAGIC) => return Ok(()),
         Ok(t) => format!(
