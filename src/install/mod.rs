@@ -79,10 +79,14 @@ pub fn main(args: Vec<String>) -> i32 {
         eprintln!("install-cni: {e}");
         return 1;
     }
-    if let Err(e) = logging::init(log_settings(&cfg)) {
-        eprintln!("install-cni: {e}");
-        return 1;
-    }
+    // Held to the end of this function: records still queued are written before the exit.
+    let _log = match logging::init(log_settings(&cfg)) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("install-cni: {e}");
+            return 1;
+        }
+    };
     for w in &cfg.warnings {
         warn!("{w}");
     }

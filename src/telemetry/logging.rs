@@ -67,14 +67,22 @@ pub fn scope_of(target: &str) -> &'static str {
     }
 }
 
-/// Installs the global subscriber.
-pub fn init(settings: LogSettings) -> Result<(), String> {
+/// Flushes the log when dropped: hold it until the process is about to exit (records still
+/// queued are written then, not lost).
+#[must_use = "dropping the guard stops the log writer"]
+pub struct LogGuard(#[allow(dead_code)] tracing_appender::non_blocking::WorkerGuard);
+
+/// Installs the global subscriber for the long-running agent. Records are formatted on the
+/// logging thread and written by a writer thread of their own (tracing-appender): a slow stderr
+/// or log file never blocks the async runtime's workers. The queue is bounded (128k records);
+/// when it is full the logging thread waits rather than dropping a record.
+pub fn init(settings: LogSettings) -> Result<LogGuard, String> {
     let target = match &settings.file {
         Some(path) => path.to_string_lossy().into_owned(),
         None if settings.stdout => "stdout".to_string(),
         None => "stderr".to_string(),
     };
-    let writer = targets_writer(&[target])?;
+    let (writer, guard) = non_blocking(open_targets(&[target])?);
     let levels = settings.levels.clone();
     let filter = tracing_subscriber::filter::filter_fn(move |meta| {
         levels.allows(scope_of(meta.target()), meta.level())
@@ -88,7 +96,21 @@ pub fn init(settings: LogSettings) -> Result<(), String> {
     tracing_subscriber::registry()
         .with(tracing_subscriber::Layer::with_filter(layer, filter))
         .try_init()
-        .map_err(|e| format!("setting up logging: {e}"))
+        .map_err(|e| format!("setting up logging: {e}"))?;
+    Ok(LogGuard(guard))
+}
+
+/// `sink` behind a queue and a writer thread of its own, losing nothing (see [`init`]).
+fn non_blocking<W: io::Write + Send + 'static>(
+    sink: W,
+) -> (
+    tracing_appender::non_blocking::NonBlocking,
+    tracing_appender::non_blocking::WorkerGuard,
+) {
+    tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("log-writer")
+        .finish(sink)
 }
 
 /// One log destination, as pilot-agent's `--log_target` names it.
@@ -122,8 +144,15 @@ impl io::Write for Tee {
 }
 
 /// A writer for `--log_target` values: `stdout`, `stderr` or a file path (opened for append);
-/// several targets each get every record; none means stderr.
+/// several targets each get every record; none means stderr. Blocking: for the short-lived
+/// `istio-iptables` (the agent uses [`init`]'s non-blocking writer over the same targets).
 pub fn targets_writer(targets: &[String]) -> Result<BoxMakeWriter, String> {
+    let tee = open_targets(targets)?;
+    Ok(BoxMakeWriter::new(move || Tee(tee.0.clone())))
+}
+
+/// The targets opened, as one writer.
+fn open_targets(targets: &[String]) -> Result<Tee, String> {
     let mut opened = Vec::new();
     for target in targets {
         opened.push(match target.as_str() {
@@ -142,8 +171,7 @@ pub fn targets_writer(targets: &[String]) -> Result<BoxMakeWriter, String> {
     if opened.is_empty() {
         opened.push(Target::Stderr);
     }
-    let targets = std::sync::Arc::new(opened);
-    Ok(BoxMakeWriter::new(move || Tee(targets.clone())))
+    Ok(Tee(std::sync::Arc::new(opened)))
 }
 
 /// The formatter.
@@ -323,6 +351,56 @@ mod tests {
         assert_eq!(back["k\\u{7f}"][0], "a\\u{9b}2J");
         assert_eq!(back["k\\u{7f}"][1]["n"], "\\u{85}");
         assert_eq!(back["n"], 1);
+    }
+
+    /// A sink that blocks until the test lets it go, keeping what it was given.
+    struct Stuck {
+        release: std::sync::mpsc::Receiver<()>,
+        got: std::sync::Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl io::Write for Stuck {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let _ = self.release.recv();
+            self.got.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stuck_log_destination_blocks_no_caller_and_loses_no_record() {
+        use io::Write;
+        use tracing_subscriber::fmt::MakeWriter;
+        let (release, rx) = std::sync::mpsc::channel();
+        let got = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let (writer, guard) = non_blocking(Stuck {
+            release: rx,
+            got: got.clone(),
+        });
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for i in 0..3 {
+                // One write per record, as the fmt layer makes it (it formats the line first).
+                let line = format!("record {i}\n");
+                writer.make_writer().write_all(line.as_bytes()).unwrap();
+            }
+            done.send(()).unwrap();
+        });
+        // The destination has not taken one byte yet, and the callers are already through.
+        finished
+            .recv_timeout(Duration::from_secs(5))
+            .expect("a caller waited for the stuck destination");
+        for _ in 0..3 {
+            release.send(()).unwrap();
+        }
+        drop(guard);
+        assert_eq!(
+            String::from_utf8(got.lock().unwrap().clone()).unwrap(),
+            "record 0\nrecord 1\nrecord 2\n"
+        );
     }
 
     #[test]
