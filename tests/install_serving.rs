@@ -309,10 +309,11 @@ fn read_only_bin_dir_fails_the_pass_with_the_platform_hint_and_keeps_retrying() 
     let d = Dirs::new();
     d.put("10-list.conflist", &testdata("list.conflist"));
     let probe = Command::new("unshare").args(["-m", "true"]).status();
-    if !probe.is_ok_and(|s| s.success()) {
-        eprintln!("skipped: needs root and unshare(1) for a private read-only bind mount");
-        return;
-    }
+    assert!(
+        probe.is_ok_and(|s| s.success()),
+        "this test needs root and unshare(1) for a private read-only bind mount: run it as root \
+         with util-linux installed (apt-get install util-linux; scripts/deps does)"
+    );
     let mut env = d.base_env();
     env.push(("MONITORING_PORT".into(), free_port().to_string()));
     let bin_dir = d.bin.display().to_string();

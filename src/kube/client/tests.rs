@@ -78,9 +78,11 @@ async fn kubeconfig_env_is_used_when_no_path_is_given() {
 async fn without_path_or_env_it_is_in_cluster() {
     // Outside a pod the in-cluster attempt must fail with the in-cluster error, never
     // silently fall back to ~/.kube/config.
-    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
-        return;
-    }
+    assert!(
+        std::env::var_os("KUBERNETES_SERVICE_HOST").is_none(),
+        "run the tests outside a pod (KUBERNETES_SERVICE_HOST is set): this one checks that the \
+         in-cluster attempt fails there"
+    );
     let err = load_config_with(None, Some(OsStr::new("")))
         .await
         .expect_err("not in a pod");
