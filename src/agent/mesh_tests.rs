@@ -2,20 +2,25 @@
 //! changes nothing; a netns the checks refuse is never programmed.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use super::*;
 use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel};
 
-/// The fake data plane, slow to program and counting programs in flight per pod.
+/// The fake data plane, slow to program and counting programs in flight, per pod and in all.
 #[derive(Default)]
 struct Slow {
     inner: FakeDataplane,
     in_flight: HashMap<String, AtomicU32>,
     most: AtomicU32,
+    overall: AtomicU32,
+    most_overall: AtomicU32,
+    /// A program alone in flight waits (up to a second) for a second one: two programs that can
+    /// run side by side then surely overlap, however the runtime schedules them.
+    rendezvous: AtomicBool,
 }
 
 impl Dataplane for Slow {
@@ -45,7 +50,17 @@ impl Dataplane for Slow {
     ) -> Result<crate::agent::ports::Outcome, PortError> {
         let now = self.in_flight[&pod.uid].fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);
+        let all = self.overall.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_overall.fetch_max(all, Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(30));
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while self.rendezvous.load(Ordering::SeqCst)
+            && self.most_overall.load(Ordering::SeqCst) < 2
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.overall.fetch_sub(1, Ordering::SeqCst);
         self.in_flight[&pod.uid].fetch_sub(1, Ordering::SeqCst);
         self.inner.program_pod(netns, pod)
     }
@@ -120,11 +135,18 @@ async fn a_plugin_add_and_a_watch_add_of_one_pod_never_interleave() {
     watch.await.unwrap().unwrap();
     assert_eq!(slow.most.load(Ordering::SeqCst), 1);
     assert!(mesh.locks.is_empty());
+    assert_eq!(slow.most_overall.load(Ordering::SeqCst), 1);
     // Different pods are programmed side by side.
+    slow.rendezvous.store(true, Ordering::SeqCst);
     let (a, b) = (add("a", None), add("b", Some("/proc/self/ns/net")));
     a.await.unwrap().unwrap();
     b.await.unwrap().unwrap();
     assert_eq!(slow.inner.count("program"), 4);
+    assert_eq!(
+        slow.most_overall.load(Ordering::SeqCst),
+        2,
+        "two pods' programs never overlapped"
+    );
 }
 
 fn mesh_with(dp: Arc<FakeDataplane>, zt: Arc<FakeZtunnel>) -> Mesh {
