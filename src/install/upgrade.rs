@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use crate::kube::retry::{RetryPolicy, retry_transient};
 use crate::kube::selector::{map_selector_matches, node_selector_matches};
 use crate::kube::{KubeClient, KubeError};
+use crate::retry::{RetryPolicy, retry_transient};
 
 /// A boxed future (the trait must stay object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -15,7 +15,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use super::config::{ConfigSource, config_from_kubeconfig_file, load_config};
 use super::error::{Call, KubeError};
 use super::names;
-use super::retry::RetryPolicy;
+use crate::retry::RetryPolicy;
 
 /// Label and field selectors for list/watch calls. Empty means "everything".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

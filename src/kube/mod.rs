@@ -21,7 +21,6 @@ mod error;
 pub mod names;
 pub mod plugin_event;
 pub mod pod_facts;
-pub mod retry;
 pub mod selector;
 pub mod stores;
 #[cfg(feature = "testserver")]
@@ -34,7 +33,7 @@ pub use client::{
 pub use config::{ConfigSource, config_from_kubeconfig_file, load_config, load_config_with};
 pub use error::{Call, KubeError, Refusal, TlsDetail};
 pub use names::InvalidName;
-pub use retry::RetryPolicy;
+pub use crate::retry::RetryPolicy;
 
 /// Watch events and errors, re-exported so callers need no direct kube-runtime import.
 pub use kube::runtime::watcher::{Error as WatchError, Event as WatchEvent};

@@ -13,7 +13,7 @@ use super::cni::{CniEnv, CniError, code};
 use super::config::NetConf;
 use super::k8s::{KubeCallError, KubeReads};
 use super::result::CniResult;
-use crate::kube::retry::{RetryPolicy, retry_transient};
+use crate::retry::{RetryPolicy, retry_transient};
 use crate::sidecar::PodInfo;
 use crate::sidecar::redirect::{self as sidecar, EngineEnv, Redirect};
 

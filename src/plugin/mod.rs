@@ -1,5 +1,5 @@
 //! The `istio-cni` CNI plugin role (ADD/DEL/CHECK/VERSION/STATUS/GC).
-//! May call: `cli`, `rules`, `sidecar`, `apply`, `netns`, `kube`, `telemetry`.
+//! May call: `cli`, `rules`, `sidecar`, `apply`, `netns`, `kube`, `retry`, `telemetry`.
 //!
 //! Layout: pure parts — [`cni`] (env, versions, errors), [`config`] (stdin JSON), [`args`]
 //! (`CNI_ARGS`), [`result`] (prevResult conversion), [`ambient`] (selectors, event); the pod facts,
@@ -246,98 +246,4 @@ fn cmd_add(
     // The runtime is never dropped, so stray blocking work (a hung iptables) is not waited for.
     outcome?;
     Ok(Some(pretty(&reply)))
-}
-
-#[cfg(test)]
-mod robustness {
-    //! Mutated inputs never panic the parsers (a panic would still become a CNI error, but
-    //! parsers should answer with a typed error).
-
-    /// A small deterministic generator (no extra crate needed).
-    struct Lcg(u64);
-
-    impl Lcg {
-        fn next(&mut self) -> u64 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            self.0 >> 33
-        }
-    }
-
-    fn mutate(seed: &[u8], rng: &mut Lcg) -> Vec<u8> {
-        let mut out = seed.to_vec();
-        const PIECES: &[&[u8]] = &[
-            b"{", b"}", b"[", b"]", b"\"", b",", b":", b"null", b"1e999", b"-", b"\\u0000", b"true",
-        ];
-        for _ in 0..(1 + rng.next() % 4) {
-            let pos = (rng.next() as usize) % (out.len() + 1);
-            match rng.next() % 3 {
-                0 if pos < out.len() => {
-                    out.remove(pos);
-                }
-                1 => {
-                    let piece = PIECES[(rng.next() as usize) % PIECES.len()];
-                    out.splice(pos..pos, piece.iter().copied());
-                }
-                _ if pos < out.len() => out[pos] = (rng.next() % 256) as u8,
-                _ => {}
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn parsers_survive_mutated_input() {
-        let conf = br#"{"cniVersion":"0.4.0","name":"n","type":"istio-cni","exclude_namespaces":["a"],"enablement_selectors":[{"podSelector":{"matchLabels":{"a":"b"}}}],"prevResult":{"cniVersion":"0.4.0","ips":[{"version":"4","address":"10.0.0.2/24"}],"routes":[{"dst":"0.0.0.0/0"}],"dns":{}}}"#;
-        let args = b"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p";
-        let mut rng = Lcg(42);
-        for _ in 0..5000 {
-            let input = mutate(conf, &mut rng);
-            if let Ok(c) = super::config::NetConf::parse(&input) {
-                let _ = super::result::pass_through(c.prev_result.as_ref(), &c.cni_version);
-            }
-            let a = mutate(args, &mut rng);
-            let _ = super::args::CniArgs::parse(&String::from_utf8_lossy(&a));
-        }
-    }
-
-    #[test]
-    fn redirect_survives_arbitrary_annotation_values() {
-        use crate::sidecar::PodInfo;
-        use crate::sidecar::redirect::*;
-        let keys = [
-            ANN_INTERCEPTION_MODE,
-            ANN_INCLUDE_OUTBOUND_IP_RANGES,
-            ANN_EXCLUDE_OUTBOUND_IP_RANGES,
-            ANN_INCLUDE_INBOUND_PORTS,
-            ANN_EXCLUDE_INBOUND_PORTS,
-            ANN_INCLUDE_OUTBOUND_PORTS,
-            ANN_EXCLUDE_OUTBOUND_PORTS,
-            ANN_EXCLUDE_INTERFACES,
-            ANN_REROUTE_VIRTUAL_INTERFACES,
-        ];
-        let seeds: &[&[u8]] = &[
-            b"10.0.0.0/8,fd00::/8",
-            b"80,443",
-            b"*",
-            b"eth0,eth1",
-            b"TPROXY",
-        ];
-        let env = EngineEnv::default();
-        let mut rng = Lcg(7);
-        for i in 0..5000 {
-            let mut pod = PodInfo::default();
-            let key = keys[i % keys.len()];
-            let value = mutate(seeds[(rng.next() as usize) % seeds.len()], &mut rng);
-            pod.annotations.insert(
-                key.to_string(),
-                String::from_utf8_lossy(&value).into_owned(),
-            );
-            if let Ok(Redirect::Capture(c)) = redirect(&pod, &env) {
-                let _ = super::program::dry_run_text(&c.config, super::program::Backend::Iptables);
-            }
-        }
-    }
 }

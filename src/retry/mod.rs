@@ -1,7 +1,7 @@
 //! Retry spacing and the retry loop, one model for every room that waits before trying again:
 //! doubling delays with equal jitter (so peers that failed together do not retry in step), and a
 //! loop that retries only what the caller calls transient, never past a deadline. The Kubernetes
-//! calls use it through `kube::retry` (transient = refused, reset, timeouts, 429, 5xx; a bad
+//! calls use it with `KubeError::is_transient` (transient = refused, reset, timeouts, 429, 5xx; a bad
 //! name, 400, 401, 403, 404, 409 or 422 is returned at once: waiting does not fix RBAC), the ZDS
 //! server for holding back pods ztunnel NACKed.
 //!
