@@ -1,5 +1,6 @@
 //! Unit tests of [`super`]: flag/env resolution and value checks.
 use super::*;
+use crate::rules::capture::{InboundPorts, OwnerGroups};
 use std::collections::HashMap;
 
 fn resolve(args: &[&str], env: &[(&str, &str)]) -> Result<Settings, SettingError> {

@@ -7,6 +7,7 @@
 pub mod ambient;
 pub mod flags;
 pub mod host;
+pub mod resolve;
 pub mod validation;
 
 use std::collections::HashSet;
@@ -110,7 +111,7 @@ fn run(flags: &Flags, env: &dyn Env, explicit_false: &HashSet<String>) -> i32 {
         }
     };
     let host_ip = match host::fill_host_facts(&mut settings).and_then(|ip| {
-        flags::check_capture(flags, env, &settings.capture)
+        resolve::check_capture(flags, env, &settings.capture)
             .map(|_| ip)
             .map_err(|e| e.to_string())
     }) {

@@ -26,6 +26,7 @@ pub mod stores;
 #[cfg(feature = "testserver")]
 pub mod testserver;
 
+pub use crate::retry::RetryPolicy;
 pub use client::{
     EventType, KubeClient, MetadataPatch, PodEvent, PodPatchVia, PodPreconditions, Selectors,
     WatchBackoff, WatchStream, pod_preconditions,
@@ -33,7 +34,6 @@ pub use client::{
 pub use config::{ConfigSource, config_from_kubeconfig_file, load_config, load_config_with};
 pub use error::{Call, KubeError, Refusal, TlsDetail};
 pub use names::InvalidName;
-pub use crate::retry::RetryPolicy;
 
 /// Watch events and errors, re-exported so callers need no direct kube-runtime import.
 pub use kube::runtime::watcher::{Error as WatchError, Event as WatchEvent};

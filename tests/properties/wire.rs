@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime};
 use argh::FromArgs;
 use istio_cni::apply::state::parse_save;
 use istio_cni::cli::normalise_args;
-use istio_cni::iptables_cmd::flags::{self, Flags, SHAPES};
+use istio_cni::iptables_cmd::flags::{Flags, SHAPES};
+use istio_cni::iptables_cmd::resolve;
 use istio_cni::kube::config_from_kubeconfig_file;
 use istio_cni::plugin::log::format_record;
 use istio_cni::rules::capture_values as values;
@@ -123,7 +124,7 @@ fn iptables_pipeline(argv: &[String], env: &HashMap<String, String>) -> Result<(
     let settings = parsed
         .resolve(env, &normalised.explicit_false)
         .map_err(|e| e.to_string())?;
-    flags::check_capture(&parsed, env, &settings.capture).map_err(|e| e.to_string())
+    resolve::check_capture(&parsed, env, &settings.capture).map_err(|e| e.to_string())
 }
 
 /// Rules with the shapes the rule model renders, tokens without spaces.
