@@ -63,16 +63,33 @@ fn pod_ip(i: usize) -> String {
     format!("10.200.{}.{}", i / 250, i % 250 + 2)
 }
 
+/// A pod of the node: its name, its UID in the test API server, its netns.
+struct BenchPod {
+    name: String,
+    uid: String,
+    ns: PodNs,
+}
+
+/// What a phase of ADDs showed.
+struct Adds {
+    /// Each ADD's wall time, sorted.
+    took: Vec<Duration>,
+    failures: Vec<String>,
+    /// Each successful ADD's wall time with the plugin's stderr (its JSON log records).
+    runs: Vec<(Duration, String)>,
+}
+
 /// Runs ADDs of our plugin alone (the chain's istio-cni entry, with a prevResult naming the pod
 /// IP as the bridge/host-local plugins would) for `pods`, `concurrency` at a time, every call
-/// from inside the node netns. Returns each ADD's wall time and the failures.
+/// from inside the node netns, with CNI_ARGS as containerd and CRI-O send them (the pod's UID
+/// included).
 fn run_adds(
     node: &Node,
     k8s_ns: &str,
-    pods: &[(String, PodNs)],
+    pods: &[BenchPod],
     ip_base: usize,
     concurrency: usize,
-) -> (Vec<Duration>, Vec<String>) {
+) -> Adds {
     let plugin = node.chain.conflist["plugins"]
         .as_array()
         .and_then(|p| p.iter().find(|p| p["type"] == "istio-cni"))
@@ -83,6 +100,7 @@ fn run_adds(
     let next = AtomicUsize::new(0);
     let took = Mutex::new(Vec::with_capacity(pods.len()));
     let failures = Mutex::new(Vec::new());
+    let runs = Mutex::new(Vec::new());
     let node_ns = PathBuf::from(node.ns.path());
     std::thread::scope(|s| {
         for _ in 0..concurrency.max(1) {
@@ -91,7 +109,7 @@ fn run_adds(
                 setns(&file, CloneFlags::CLONE_NEWNET).expect("enter node netns");
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((name, pod)) = pods.get(i) else {
+                    let Some(BenchPod { name, uid, ns: pod }) = pods.get(i) else {
                         break;
                     };
                     let mut conf = plugin.clone();
@@ -110,7 +128,7 @@ fn run_adds(
                         ("CNI_IFNAME", "eth0".to_string()),
                         (
                             "CNI_ARGS",
-                            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={k8s_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={}", pod.guard.name),
+                            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={k8s_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={uid}", pod.guard.name),
                         ),
                         ("CNI_PATH", cni_path.to_string_lossy().into_owned()),
                     ];
@@ -123,6 +141,8 @@ fn run_adds(
                             "{name}: exit {} after {elapsed:?}: {}{}",
                             run.code, run.stdout, run.stderr
                         ));
+                    } else {
+                        runs.lock().expect("runs").push((elapsed, run.stderr));
                     }
                 }
             });
@@ -130,18 +150,149 @@ fn run_adds(
     });
     let mut took = took.into_inner().expect("took");
     took.sort();
-    (took, failures.into_inner().expect("failures"))
+    Adds {
+        took,
+        failures: failures.into_inner().expect("failures"),
+        runs: runs.into_inner().expect("runs"),
+    }
 }
 
 /// `n` pods in `k8s_ns` on this node, each with a fresh netns (created before any timing).
-fn node_pods(node: &Node, k8s_ns: &str, prefix: &str, n: usize) -> Vec<(String, PodNs)> {
+fn node_pods(node: &Node, k8s_ns: &str, prefix: &str, n: usize) -> Vec<BenchPod> {
     (0..n)
         .map(|i| {
             let name = format!("{prefix}{i}");
-            node.pod(k8s_ns, &name, json!({}));
-            (name, PodNs::new("ab"))
+            let uid = node.pod(k8s_ns, &name, json!({}));
+            BenchPod {
+                name,
+                uid,
+                ns: PodNs::new("ab"),
+            }
         })
         .collect()
+}
+
+/// The pods of `k8s_ns` GET by name from the API server so far (not lists or watches): each
+/// is an ADD that fell back to the API server (the agent reads its pods from its watch).
+fn pods_got(node: &Node, k8s_ns: &str) -> std::collections::HashSet<String> {
+    let prefix = format!("/api/v1/namespaces/{k8s_ns}/pods/");
+    node.api
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && !r.is_watch())
+        .filter_map(|r| r.path.strip_prefix(&prefix).map(str::to_string))
+        .filter(|name| !name.contains('/'))
+        .collect()
+}
+
+/// The ADDs of `pods` that fell back to the API server.
+fn fallbacks(node: &Node, k8s_ns: &str, pods: &[BenchPod]) -> usize {
+    let got = pods_got(node, k8s_ns);
+    pods.iter().filter(|p| got.contains(&p.name)).count()
+}
+
+/// The median of `v` (unsorted), zero when empty.
+fn median(mut v: Vec<Duration>) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v.sort();
+    quantile(&v, 0.5)
+}
+
+/// A plugin run's `took_us` / `agent_us` (the ADD flow, the agent round trip in it) from its
+/// "enrolled by the node agent" record; None on any other path.
+fn plugin_timings(stderr: &str) -> Option<(Duration, Duration)> {
+    stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|r| r["msg"] == "pod is ambient; enrolled by the node agent")
+        .and_then(|r| {
+            let us = |k: &str| r[k].as_u64().map(Duration::from_micros);
+            Some((us("took_us")?, us("agent_us")?))
+        })
+}
+
+/// The agent's `/podadd done` lines' fields (key=value, as `pass_lines` reads them).
+fn podadd_lines(node: &Node) -> Vec<std::collections::HashMap<String, String>> {
+    let lines = node.agent.lines.lock().expect("lines").clone();
+    lines
+        .iter()
+        .filter(|l| l.contains("/podadd done"))
+        .map(|l| {
+            l.split(['\t', ' '])
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// The latency breakdown of one ambient ADD, medians over the one-at-a-time ADDs: the plugin's
+/// own records split its wall time, the agent's per-step timings (`progress`) its part.
+fn breakdown_rows(node: &Node, serial: &Adds, agent_lines_before: usize) {
+    let plugin: Vec<(Duration, Duration, Duration)> = serial
+        .runs
+        .iter()
+        .filter_map(|(wall, stderr)| plugin_timings(stderr).map(|(f, a)| (*wall, f, a)))
+        .collect();
+    let mut agent = podadd_lines(node);
+    let agent = agent.split_off(agent_lines_before.min(agent.len()));
+    let agent_took = |l: &std::collections::HashMap<String, String>| {
+        l.get("took_us")?.parse().ok().map(Duration::from_micros)
+    };
+    let step = |name: &str| {
+        median(
+            agent
+                .iter()
+                .filter_map(|l| {
+                    l.get("steps_us")?
+                        .split(',')
+                        .filter_map(|kv| kv.split_once(':'))
+                        .find(|(k, _)| *k == name)
+                        .and_then(|(_, v)| v.parse().ok())
+                        .map(Duration::from_micros)
+                })
+                .collect(),
+        )
+    };
+    let handled = median(agent.iter().filter_map(agent_took).collect());
+    let wall = median(plugin.iter().map(|p| p.0).collect());
+    let flow = median(plugin.iter().map(|p| p.1).collect());
+    let trip = median(plugin.iter().map(|p| p.2).collect());
+    println!(
+        "| one ambient ADD, medians of {} plugin runs / {} agent records: wall (exec to exit) | {} | |",
+        plugin.len(),
+        agent.len(),
+        ms(wall)
+    );
+    println!(
+        "| - exec, process start and exit, config and args (wall - ADD flow) | {} | |",
+        ms(wall.saturating_sub(flow))
+    );
+    println!(
+        "| - plugin work in the ADD flow outside the agent request | {} | |",
+        ms(flow.saturating_sub(trip))
+    );
+    println!(
+        "| - socket and HTTP (agent round trip - agent handling) | {} | |",
+        ms(trip.saturating_sub(handled))
+    );
+    for (code, what) in [
+        ("store", "agent: pod and namespace from its stores"),
+        ("lock", "agent: the pod's lock"),
+        ("netns_open", "agent: opening the netns"),
+        (
+            "netns_check",
+            "agent: netns checks (identity, addresses, trust)",
+        ),
+        ("program", "agent: in-pod rules and routes"),
+        ("zds", "agent: ZDS add and ztunnel's ack"),
+        ("probe_set", "agent: host probe set"),
+    ] {
+        println!("| - {what} | {} | |", ms(step(code)));
+    }
 }
 
 /// The IPv4 restore text of `istio-iptables ambient --dry-run` (what the agent programs in a pod).
@@ -186,18 +337,25 @@ fn ambient_add_latency() {
     let node = Node::start(Backend::Iptables);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     let serial_n = env_usize("BENCH_AMBIENT_SERIAL_ADDS", 50);
+    let burst_n = env_usize("BENCH_AMBIENT_FALLBACK_ADDS", 200);
+    let burst_c = env_usize("BENCH_AMBIENT_FALLBACK_CONCURRENCY", 50);
     let serial_pods = node_pods(&node, "amb", "s", serial_n);
     let pods = node_pods(&node, "amb", "p", n);
+    let burst_pods = node_pods(&node, "amb", "b", burst_n);
 
     // One at a time first: the latency of an ADD on an otherwise idle agent.
-    let (serial, serial_failures) = run_adds(&node, "amb", &serial_pods, n, 1);
+    let agent_lines_before = podadd_lines(&node).len();
+    let serial = run_adds(&node, "amb", &serial_pods, n, 1);
+    let serial_failures = serial.failures.clone();
     let cpu_before = cpu_split(&node);
     let wall = Instant::now();
-    let (took, failures) = run_adds(&node, "amb", &pods, 0, c);
+    let Adds { took, failures, .. } = run_adds(&node, "amb", &pods, 0, c);
     let wall = wall.elapsed();
     let cpu_after = cpu_split(&node);
     let per_add = |i: usize| (cpu_after[i] - cpu_before[i]) * 1000.0 / n as f64;
-    for f in failures.iter().take(5) {
+    // The node-start burst: would the agent, busy, send plugins to the API server?
+    let burst = run_adds(&node, "amb", &burst_pods, n + serial_n, burst_c);
+    for f in failures.iter().chain(&burst.failures).take(5) {
         eprintln!("failed ADD: {f}");
     }
     let enrolled = node.peer.workloads().len();
@@ -213,11 +371,11 @@ fn ambient_add_latency() {
     let (mut ours, mut bare) = (Vec::new(), Vec::new());
     for i in 0..ROUNDS {
         if i % 2 == 0 {
-            ours.push(program_once(&dp, n + serial_n + i));
+            ours.push(program_once(&dp, n + serial_n + burst_n + i));
             bare.push(bare_restore(&text));
         } else {
             bare.push(bare_restore(&text));
-            ours.push(program_once(&dp, n + serial_n + i));
+            ours.push(program_once(&dp, n + serial_n + burst_n + i));
         }
     }
     ours.sort();
@@ -228,9 +386,10 @@ fn ambient_add_latency() {
     println!("| --- | --- | --- |");
     println!(
         "| ambient ADD one at a time ({serial_n} pods): p50 / p99 | {} / {} | |",
-        ms(quantile(&serial, 0.5)),
-        ms(quantile(&serial, 0.99))
+        ms(quantile(&serial.took, 0.5)),
+        ms(quantile(&serial.took, 0.99))
     );
+    breakdown_rows(&node, &serial, agent_lines_before);
     println!(
         "| ambient ADDs through the plugin binary ({n}, {c} concurrent, own netns each, ZDS peer acking) | {:.1} s wall, {:.0} ADD/s | |",
         wall.as_secs_f64(),
@@ -238,7 +397,7 @@ fn ambient_add_latency() {
     );
     println!("| ADD latency p50 | {} | |", ms(quantile(&took, 0.5)));
     println!(
-        "| ADD latency p99 | {} | <= 50 ms |",
+        "| ADD latency p99 | {} | <= 0.5 s |",
         ms(quantile(&took, 0.99))
     );
     println!("| ADD latency max | {} | |", ms(quantile(&took, 1.0)));
@@ -250,13 +409,20 @@ fn ambient_add_latency() {
         per_add(0)
     );
     println!(
-        "| failed ADDs | {} of {n} (+ {} of {serial_n} one at a time) | 0 |",
+        "| ADDs that fell back to the API server (GET pod): one at a time / {n} at {c} / {burst_n} at {burst_c} | {} / {} / {} | 0 |",
+        fallbacks(&node, "amb", &serial_pods),
+        fallbacks(&node, "amb", &pods),
+        fallbacks(&node, "amb", &burst_pods)
+    );
+    println!(
+        "| failed ADDs | {} of {n} (+ {} of {serial_n} one at a time, {} of {burst_n} in the burst) | 0 |",
         failures.len(),
-        serial_failures.len()
+        serial_failures.len(),
+        burst.failures.len()
     );
     println!(
         "| pods the ZDS peer holds afterwards | {enrolled} | {} |",
-        n + serial_n
+        n + serial_n + burst_n
     );
     println!(
         "| in-pod programming by the agent's data plane (`program_pod`, {:?}), median of {ROUNDS}, fresh netns each | {} | |",
@@ -271,14 +437,18 @@ fn ambient_add_latency() {
         "| ratio programming / bare restore | {:.2} | |",
         m_ours.as_secs_f64() / m_bare.as_secs_f64()
     );
-    let failures = [serial_failures, failures].concat();
+    let failures = [serial_failures, failures, burst.failures].concat();
     assert!(
         failures.is_empty(),
         "{} ADDs failed; first: {:?}",
         failures.len(),
         failures.first()
     );
-    assert_eq!(enrolled, n + serial_n, "pods acked by the ZDS peer");
+    assert_eq!(
+        enrolled,
+        n + serial_n + burst_n,
+        "pods acked by the ZDS peer"
+    );
 }
 
 /// CPU time of a process from /proc/<pid>/stat, in seconds: (its own, its reaped children's).
@@ -324,7 +494,7 @@ fn agent_rss_flat_under_churn() {
     let pods = node_pods(&node, "amb", "p", enrolled);
     // An ADD that missed its 4.5 s budget on a busy machine still gets enrolled by the agent
     // (ztunnel acks late); what is measured here is memory once all are in.
-    let (_, failures) = run_adds(&node, "amb", &pods, 0, 10);
+    let failures = run_adds(&node, "amb", &pods, 0, 10).failures;
     node.wait_until(
         Duration::from_secs(60),
         "all pods held by the ZDS peer",
