@@ -58,7 +58,7 @@ fn quantile(v: &[Duration], q: f64) -> Duration {
     v[rank.clamp(1, v.len()) - 1]
 }
 
-/// A unique pod address for pod `i` (the plugin hands it to the agent as the pod IP).
+/// A unique pod address for pod `i` (in its netns; the plugin hands it to the agent).
 fn pod_ip(i: usize) -> String {
     format!("10.200.{}.{}", i / 250, i % 250 + 2)
 }
@@ -68,6 +68,8 @@ struct BenchPod {
     name: String,
     uid: String,
     ns: PodNs,
+    /// Its address (in its netns, and in the prevResult the plugin gets).
+    ip: String,
 }
 
 /// What a phase of ADDs showed.
@@ -83,13 +85,7 @@ struct Adds {
 /// IP as the bridge/host-local plugins would) for `pods`, `concurrency` at a time, every call
 /// from inside the node netns, with CNI_ARGS as containerd and CRI-O send them (the pod's UID
 /// included).
-fn run_adds(
-    node: &Node,
-    k8s_ns: &str,
-    pods: &[BenchPod],
-    ip_base: usize,
-    concurrency: usize,
-) -> Adds {
+fn run_adds(node: &Node, k8s_ns: &str, pods: &[BenchPod], concurrency: usize) -> Adds {
     let plugin = node.chain.conflist["plugins"]
         .as_array()
         .and_then(|p| p.iter().find(|p| p["type"] == "istio-cni"))
@@ -109,7 +105,7 @@ fn run_adds(
                 setns(&file, CloneFlags::CLONE_NEWNET).expect("enter node netns");
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(BenchPod { name, uid, ns: pod }) = pods.get(i) else {
+                    let Some(BenchPod { name, uid, ns: pod, ip }) = pods.get(i) else {
                         break;
                     };
                     let mut conf = plugin.clone();
@@ -118,7 +114,7 @@ fn run_adds(
                     conf["prevResult"] = json!({
                         "cniVersion": "1.0.0",
                         "interfaces": [{"name": "eth0", "sandbox": pod.path_string()}],
-                        "ips": [{"address": format!("{}/16", pod_ip(ip_base + i)), "interface": 0}],
+                        "ips": [{"address": format!("{ip}/16"), "interface": 0}],
                         "dns": {}
                     });
                     let env = vec![
@@ -157,19 +153,47 @@ fn run_adds(
     }
 }
 
-/// `n` pods in `k8s_ns` on this node, each with a fresh netns (created before any timing).
-fn node_pods(node: &Node, k8s_ns: &str, prefix: &str, n: usize) -> Vec<BenchPod> {
+/// `n` pods in `k8s_ns` on this node, each with a fresh netns holding its address
+/// ([`pod_ip`] from `ip_base`) on an `eth0`, as the CNI chain's bridge plugin would leave it (the
+/// agent refuses a netns that does not hold the IPs the plugin names); all before any timing.
+fn node_pods(node: &Node, k8s_ns: &str, prefix: &str, n: usize, ip_base: usize) -> Vec<BenchPod> {
     (0..n)
         .map(|i| {
             let name = format!("{prefix}{i}");
             let uid = node.pod(k8s_ns, &name, json!({}));
-            BenchPod {
-                name,
-                uid,
-                ns: PodNs::new("ab"),
-            }
+            let ns = PodNs::new("ab");
+            let ip = pod_ip(ip_base + i);
+            give_address(&ns, &ip);
+            BenchPod { name, uid, ns, ip }
         })
         .collect()
+}
+
+/// `eth0` (one end of a veth pair inside the netns: no dummy module everywhere) with `ip`/16,
+/// up, in the pod's netns: one `ip` process.
+fn give_address(pod: &PodNs, ip: &str) {
+    use std::io::Write;
+    let mut child = Command::new("ip")
+        .args(["-n", &pod.guard.name, "-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ip");
+    let script = format!(
+        "link add eth0 type veth peer name eth0p\naddr add {ip}/16 dev eth0\n\
+         link set eth0p up\nlink set eth0 up\n"
+    );
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(script.as_bytes())
+        .expect("write ip batch");
+    let status = child.wait().expect("wait for ip");
+    assert!(
+        status.success(),
+        "ip -batch in {}: {status}",
+        pod.guard.name
+    );
 }
 
 /// The pods of `k8s_ns` GET by name from the API server so far (not lists or watches): each
@@ -231,14 +255,12 @@ fn podadd_lines(node: &Node) -> Vec<std::collections::HashMap<String, String>> {
 
 /// The latency breakdown of one ambient ADD, medians over the one-at-a-time ADDs: the plugin's
 /// own records split its wall time, the agent's per-step timings (`progress`) its part.
-fn breakdown_rows(node: &Node, serial: &Adds, agent_lines_before: usize) {
+fn breakdown_rows(serial: &Adds, agent: &[std::collections::HashMap<String, String>]) {
     let plugin: Vec<(Duration, Duration, Duration)> = serial
         .runs
         .iter()
         .filter_map(|(wall, stderr)| plugin_timings(stderr).map(|(f, a)| (*wall, f, a)))
         .collect();
-    let mut agent = podadd_lines(node);
-    let agent = agent.split_off(agent_lines_before.min(agent.len()));
     let agent_took = |l: &std::collections::HashMap<String, String>| {
         l.get("took_us")?.parse().ok().map(Duration::from_micros)
     };
@@ -257,6 +279,12 @@ fn breakdown_rows(node: &Node, serial: &Adds, agent_lines_before: usize) {
                 .collect(),
         )
     };
+    if plugin.is_empty() || agent.is_empty() {
+        println!(
+            "| one ambient ADD: latency breakdown | n/a (no `/podadd` timing records: a build without them) | |"
+        );
+        return;
+    }
     let handled = median(agent.iter().filter_map(agent_took).collect());
     let wall = median(plugin.iter().map(|p| p.0).collect());
     let flow = median(plugin.iter().map(|p| p.1).collect());
@@ -278,6 +306,10 @@ fn breakdown_rows(node: &Node, serial: &Adds, agent_lines_before: usize) {
     println!(
         "| - socket and HTTP (agent round trip - agent handling) | {} | |",
         ms(trip.saturating_sub(handled))
+    );
+    println!(
+        "| - agent handling in all (request read to enrolled; parts below) | {} | |",
+        ms(handled)
     );
     for (code, what) in [
         ("store", "agent: pod and namespace from its stores"),
@@ -339,22 +371,25 @@ fn ambient_add_latency() {
     let serial_n = env_usize("BENCH_AMBIENT_SERIAL_ADDS", 50);
     let burst_n = env_usize("BENCH_AMBIENT_FALLBACK_ADDS", 200);
     let burst_c = env_usize("BENCH_AMBIENT_FALLBACK_CONCURRENCY", 50);
-    let serial_pods = node_pods(&node, "amb", "s", serial_n);
-    let pods = node_pods(&node, "amb", "p", n);
-    let burst_pods = node_pods(&node, "amb", "b", burst_n);
+    let serial_pods = node_pods(&node, "amb", "s", serial_n, n);
+    let pods = node_pods(&node, "amb", "p", n, 0);
+    let burst_pods = node_pods(&node, "amb", "b", burst_n, n + serial_n);
 
     // One at a time first: the latency of an ADD on an otherwise idle agent.
     let agent_lines_before = podadd_lines(&node).len();
-    let serial = run_adds(&node, "amb", &serial_pods, n, 1);
+    let serial = run_adds(&node, "amb", &serial_pods, 1);
+    // The agent's records of exactly these ADDs (the later phases add theirs).
+    let mut serial_agent = podadd_lines(&node);
+    let serial_agent = serial_agent.split_off(agent_lines_before.min(serial_agent.len()));
     let serial_failures = serial.failures.clone();
     let cpu_before = cpu_split(&node);
     let wall = Instant::now();
-    let Adds { took, failures, .. } = run_adds(&node, "amb", &pods, 0, c);
+    let Adds { took, failures, .. } = run_adds(&node, "amb", &pods, c);
     let wall = wall.elapsed();
     let cpu_after = cpu_split(&node);
     let per_add = |i: usize| (cpu_after[i] - cpu_before[i]) * 1000.0 / n as f64;
     // The node-start burst: would the agent, busy, send plugins to the API server?
-    let burst = run_adds(&node, "amb", &burst_pods, n + serial_n, burst_c);
+    let burst = run_adds(&node, "amb", &burst_pods, burst_c);
     for f in failures.iter().chain(&burst.failures).take(5) {
         eprintln!("failed ADD: {f}");
     }
@@ -389,7 +424,7 @@ fn ambient_add_latency() {
         ms(quantile(&serial.took, 0.5)),
         ms(quantile(&serial.took, 0.99))
     );
-    breakdown_rows(&node, &serial, agent_lines_before);
+    breakdown_rows(&serial, &serial_agent);
     println!(
         "| ambient ADDs through the plugin binary ({n}, {c} concurrent, own netns each, ZDS peer acking) | {:.1} s wall, {:.0} ADD/s | |",
         wall.as_secs_f64(),
@@ -491,10 +526,10 @@ fn agent_rss_flat_under_churn() {
     node.namespace("elsewhere", json!({AMBIENT: "ambient"}));
     let before = rss_mb(&node);
     node.add_other_node_pods(others);
-    let pods = node_pods(&node, "amb", "p", enrolled);
+    let pods = node_pods(&node, "amb", "p", enrolled, 0);
     // An ADD that missed its 4.5 s budget on a busy machine still gets enrolled by the agent
     // (ztunnel acks late); what is measured here is memory once all are in.
-    let failures = run_adds(&node, "amb", &pods, 0, 10).failures;
+    let failures = run_adds(&node, "amb", &pods, 10).failures;
     node.wait_until(
         Duration::from_secs(60),
         "all pods held by the ZDS peer",
