@@ -118,3 +118,32 @@ fn the_annotation_is_written_after_the_answer_and_retried_when_its_patch_fails()
         "3 failed patches and the one that worked: {patches}"
     );
 }
+
+#[test]
+fn no_add_of_a_burst_falls_back_to_the_api_server() {
+    const PODS: usize = 40;
+    let node = Node::start(Backend::Iptables);
+    node.namespace("amb", json!({AMBIENT: "ambient"}));
+    let pods: Vec<(String, String, PodNs)> = (0..PODS)
+        .map(|i| {
+            let name = format!("b{i}");
+            let uid = node.pod("amb", &name, json!({}));
+            (name, uid, PodNs::new("oneb"))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let from = node.api.server.requests().len();
+    // All at once: the agent is as busy as it gets here.
+    let failed: Vec<String> = std::thread::scope(|s| {
+        let adds: Vec<_> = pods
+            .iter()
+            .map(|(name, uid, ns)| s.spawn(|| node.add_with_uid(ns, "amb", name, uid).err()))
+            .collect();
+        adds.into_iter()
+            .filter_map(|a| a.join().expect("ADD thread"))
+            .collect()
+    });
+    assert_eq!(failed, Vec::<String>::new(), "failed ADDs");
+    assert_eq!(reads_since(&node, from), Vec::<String>::new(), "API reads");
+    assert_eq!(node.peer.workloads().len(), PODS);
+}

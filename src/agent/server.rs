@@ -1,5 +1,6 @@
 //! The plugin-event server (§3.3): HTTP over `<run_dir>/pluginevent.sock`, `/cmdadd` (any
-//! method). Only a root peer (SO_PEERCRED uid 0, judged per connection by the listener,
+//! method, Istio's) and `/podadd` (ours, issue 22: the plugin's one request, answered from the
+//! stores with enrolled / not ambient with the pod / unknown; see [`handle_pod_add`]). Only a root peer (SO_PEERCRED uid 0, judged per connection by the listener,
 //! `telemetry::serve`, and again here) is heard; anyone else gets 403 and a log line. The body is not believed: the netns and IPs it names are checked
 //! (`trust`, through `mesh`) before anything is written, and every request is logged with the
 //! caller's pid and uid, the netns path and its inode. 200 only once the pod is fully enrolled (rules in, ztunnel acked, annotation
