@@ -442,4 +442,33 @@ mod tests {
         );
         assert_eq!(EventIpNet::from_cidr("bogus"), None);
     }
+
+    #[test]
+    fn a_podadd_body_is_the_event_with_the_uid_and_needs_it() {
+        let event = PluginAddEvent {
+            netns: "/var/run/netns/x".into(),
+            pod_name: "p".into(),
+            pod_namespace: "ns".into(),
+            ips: vec![],
+        };
+        let request = PodAddRequest {
+            event: event.clone(),
+            uid: "u-1".into(),
+        };
+        let body = request.to_json();
+        assert_eq!(PodAddRequest::decode(&body), Ok(request));
+        // Istio's decoder (and ours for /cmdadd) ignores the extra key.
+        assert_eq!(PluginAddEvent::decode(&body), Ok(event.clone()));
+        let err = PodAddRequest::decode(&event.to_json()).unwrap_err();
+        assert_eq!(err.field, "PodUID", "{err}");
+        let answer = PodAddAnswer::Unknown {
+            reason: "not yet".into(),
+        };
+        assert_eq!(
+            answer.to_json(),
+            r#"{"answer":"unknown","reason":"not yet"}"#
+        );
+        assert_eq!(PodAddAnswer::decode(&answer.to_json()).unwrap(), answer);
+        assert_eq!(PodAddAnswer::Enrolled.to_json(), r#"{"answer":"enrolled"}"#);
+    }
 }
