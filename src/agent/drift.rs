@@ -187,6 +187,9 @@ pub async fn pass(core: &Core, reported: &mut Reported, stop: &CancellationToken
             continue;
         }
         let key = pod_key(&entry.info.namespace, &entry.info.name);
+        if entry.annotation_owed {
+            reassert_annotation(core, &uid, &key).await;
+        }
         match verify_pod(core, &uid, &key).await {
             None => summary.skipped += 1,
             Some((p, verdict)) => {
@@ -203,6 +206,19 @@ pub async fn pass(core: &Core, reported: &mut Reported, stop: &CancellationToken
     verify_probe_set(core, reported, &mut summary).await;
     summary.took = started.elapsed();
     summary
+}
+
+/// Writes the `enabled` annotation a `/podadd` enrolment still owes (its background retries
+/// gave up or have not succeeded yet): an enrolment's annotation is never lost.
+async fn reassert_annotation(core: &Core, uid: &str, key: &str) {
+    let Some(p) = core.pods.get(key).filter(|p| pod::uid(p) == uid) else {
+        return;
+    };
+    match core.mesh.annotate_owed(&p).await {
+        Ok(true) => info!(pod = %key, uid, "owed redirection annotation written by the drift pass"),
+        Ok(false) => {}
+        Err(e) => warn!(pod = %key, uid, "{e} (tried again next pass)"),
+    }
 }
 
 /// Programs one pod under its lock; None when it is no longer there to verify.

@@ -403,3 +403,28 @@ async fn a_failing_host_check_is_reported_once_and_each_pods_check_is_recorded()
     assert!(pods[0]["netns"]["inode"].as_u64().unwrap() > 0);
     assert!(pods[0]["zds"].is_null());
 }
+
+#[tokio::test]
+async fn an_owed_annotation_is_written_by_the_pass_and_only_once() {
+    let r = rig();
+    r.core.mesh.cache.set_annotation_owed("uid-a", true);
+    // Its background retries failed for good: the pass writes it.
+    let mut reported = Reported::default();
+    r.pass(&mut reported).await;
+    assert_eq!(
+        r.ann.patches(),
+        vec![("ns/a".to_string(), Some("enabled".to_string()))]
+    );
+    assert!(!r.core.mesh.cache.annotation_owed("uid-a"));
+    r.pass(&mut reported).await;
+    assert_eq!(r.ann.patches().len(), 1, "nothing owed any more");
+
+    // A patch that fails stays owed for the next pass.
+    r.core.mesh.cache.set_annotation_owed("uid-b", true);
+    r.ann.failures.store(1, Ordering::SeqCst);
+    r.pass(&mut reported).await;
+    assert!(r.core.mesh.cache.annotation_owed("uid-b"));
+    r.pass(&mut reported).await;
+    assert!(!r.core.mesh.cache.annotation_owed("uid-b"));
+    assert_eq!(r.ann.value("ns/b").as_deref(), Some("enabled"));
+}

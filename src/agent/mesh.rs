@@ -5,6 +5,7 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, info, warn};
@@ -17,6 +18,7 @@ use super::progress::{self, AddStep, Progress};
 use super::trust;
 use crate::kube::KubeError;
 use crate::netns::Netns;
+use crate::retry::RetryPolicy;
 
 /// Which step of an add or remove failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +97,9 @@ pub struct PluginAdd {
     /// Other known pods of the node (pod store): (`namespace/name`, IP).
     pub others: Vec<(String, IpAddr)>,
     pub progress: Arc<Progress>,
+    /// `/podadd`: the `enabled` annotation is not written before the answer but owed (see
+    /// [`Mesh::annotate_owed`]); Istio's `/cmdadd` writes it first.
+    pub annotate_after_answer: bool,
 }
 
 /// The add/remove steps over the seams.
@@ -138,6 +143,7 @@ impl Mesh {
         }
     }
 
+    /// Writes the annotation; any value written settles an owed `enabled` one.
     async fn annotate(&self, p: &Pod, value: Redirection) -> Result<(), MeshError> {
         self.annotator
             .set_redirection(p, value.as_str())
@@ -145,7 +151,9 @@ impl Mesh {
             .map_err(|source| MeshError::Annotate {
                 pod: describe(p),
                 source,
-            })
+            })?;
+        self.cache.set_annotation_owed(pod::uid(p), false);
+        Ok(())
     }
 
     /// §3.6 AddPodToMesh. `ips`: the pod's status IPs. A failed add of a pod already in the
@@ -187,6 +195,14 @@ impl Mesh {
         // After ztunnel's ack, as in Istio: a pending pod has no probe-set entry.
         progress::enter(progress, AddStep::UpdatingProbeSet);
         self.probe_add(p, &uid, &ips).await?;
+        if matches!(via, Via::Plugin(add) if add.annotate_after_answer) {
+            // Off the ADD's critical path: the caller writes it after answering (annotate_owed),
+            // and the drift pass re-asserts whatever is still owed.
+            self.cache.set_annotation_owed(&uid, true);
+            progress::enter(progress, AddStep::Done);
+            info!(pod = %describe(p), uid, "pod enrolled in ambient (annotation follows)");
+            return Ok(());
+        }
         progress::enter(progress, AddStep::WritingAnnotation);
         self.annotate(p, Redirection::Enabled).await?;
         progress::enter(progress, AddStep::Done);
@@ -353,6 +369,36 @@ impl Mesh {
         }
         info!(pod = %describe(p), uid, deleted, "pod removed from ambient");
         Ok(())
+    }
+
+    /// Writes the `enabled` annotation a `/podadd` enrolment owes, under the pod's lock and only
+    /// while it is still owed (a remove, a pending mark or a later add settles it meanwhile).
+    /// `Ok(true)`: written now; `Ok(false)`: nothing owed.
+    pub async fn annotate_owed(&self, p: &Pod) -> Result<bool, MeshError> {
+        let _one_at_a_time = self.locks.lock(&describe(p)).await;
+        if !self.cache.annotation_owed(pod::uid(p)) {
+            return Ok(false);
+        }
+        self.annotate(p, Redirection::Enabled).await.map(|()| true)
+    }
+
+    /// [`Mesh::annotate_owed`] retried with jittered backoff until written, no longer owed,
+    /// the pod gone (404), or `until`; what is still owed then the drift pass writes.
+    pub async fn annotate_owed_with_retries(&self, p: &Pod, policy: RetryPolicy, until: Instant) {
+        let gone = |e: &MeshError| matches!(e, MeshError::Annotate { source, .. } if source.is_not_found());
+        let result = crate::retry::retry_transient(
+            policy,
+            until,
+            |e| !gone(e),
+            |e, delay| warn!(retry_in_ms = delay.as_millis() as u64, "{e}; retrying"),
+            || self.annotate_owed(p),
+        )
+        .await;
+        match result {
+            Ok(_) => {}
+            Err(e) if gone(&e) => debug!("{e}: the pod is gone"),
+            Err(e) => warn!("{e}; left to the drift pass"),
+        }
     }
 
     /// Puts an enrolled pod's (new) IPs in the probe set again.

@@ -296,3 +296,85 @@ async fn a_cached_netns_that_is_gone_is_found_again_by_the_watch() {
     mesh.add_pod(&pod("a"), &[ip], Via::Watch).await.unwrap();
     assert_eq!(dp.count("find"), 2);
 }
+
+/// A mesh whose annotator is `annotator`, over the fake data plane and ztunnel.
+fn mesh_annotated_by(annotator: Arc<FakeAnnotator>) -> Mesh {
+    Mesh {
+        annotator,
+        ..mesh_with(
+            Arc::new(FakeDataplane::default()),
+            Arc::new(FakeZtunnel::default()),
+        )
+    }
+}
+
+const FAST_RETRY: RetryPolicy = RetryPolicy {
+    first: Duration::from_millis(5),
+    max: Duration::from_millis(20),
+    max_attempts: None,
+};
+
+#[tokio::test]
+async fn a_podadd_enrolment_answers_before_its_annotation_which_is_retried_until_written() {
+    let annotator = Arc::new(FakeAnnotator::default());
+    let mesh = mesh_annotated_by(annotator.clone());
+    let p = pod("a");
+    let ip: IpAddr = "10.0.0.9".parse().unwrap();
+    let add = PluginAdd {
+        annotate_after_answer: true,
+        ..plugin("/proc/self/ns/net", &["10.0.0.9"])
+    };
+    mesh.add_pod(&p, &[ip], Via::Plugin(&add)).await.unwrap();
+    // Enrolled (probe set included), but nothing written to the API server yet.
+    assert_eq!(
+        mesh.cache.probe_members().0,
+        vec![("uid-a".into(), vec![ip])]
+    );
+    assert_eq!(annotator.patches(), vec![]);
+    assert_eq!(add.progress.step(), AddStep::Done);
+    assert!(mesh.cache.annotation_owed("uid-a"));
+
+    // The first two patches fail: retried until written.
+    annotator.failures.store(2, Ordering::SeqCst);
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    mesh.annotate_owed_with_retries(&p, FAST_RETRY, until).await;
+    assert_eq!(annotator.failures.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        annotator.patches(),
+        vec![("ns/a".to_string(), Some("enabled".to_string()))]
+    );
+    assert!(!mesh.cache.annotation_owed("uid-a"));
+    // Paid: nothing more to write.
+    assert!(!mesh.annotate_owed(&p).await.unwrap());
+    assert_eq!(annotator.patches().len(), 1);
+}
+
+#[tokio::test]
+async fn istio_s_cmdadd_still_writes_the_annotation_before_answering() {
+    let annotator = Arc::new(FakeAnnotator::default());
+    let mesh = mesh_annotated_by(annotator.clone());
+    let p = pod("a");
+    let ip: IpAddr = "10.0.0.9".parse().unwrap();
+    let add = plugin("/proc/self/ns/net", &["10.0.0.9"]);
+    mesh.add_pod(&p, &[ip], Via::Plugin(&add)).await.unwrap();
+    assert_eq!(annotator.value("ns/a").as_deref(), Some("enabled"));
+    assert!(!mesh.cache.annotation_owed("uid-a"));
+}
+
+#[tokio::test]
+async fn a_pod_removed_before_its_owed_annotation_is_written_never_gets_it() {
+    let annotator = Arc::new(FakeAnnotator::default());
+    let mesh = mesh_annotated_by(annotator.clone());
+    let p = pod("a");
+    let ip: IpAddr = "10.0.0.9".parse().unwrap();
+    let add = PluginAdd {
+        annotate_after_answer: true,
+        ..plugin("/proc/self/ns/net", &["10.0.0.9"])
+    };
+    mesh.add_pod(&p, &[ip], Via::Plugin(&add)).await.unwrap();
+    mesh.remove_pod(&p, false, false).await.unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(1);
+    mesh.annotate_owed_with_retries(&p, FAST_RETRY, until).await;
+    // Only the remove's clearing patch: a late `enabled` would mark a removed pod enrolled.
+    assert_eq!(annotator.patches(), vec![("ns/a".to_string(), None)]);
+}

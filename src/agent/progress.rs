@@ -1,9 +1,11 @@
 //! Where a plugin's ADD is (issue 20 §8): the enrolment records each step as it enters it, so a
 //! `/cmdadd` answered 504 can say what it was waiting for (the pod's lock, the pod store, the
 //! netns, the rules, ztunnel's ack, ...) instead of blaming ztunnel for every delay. Also keeps
-//! the identity of the netns the ADD opened, for the `/cmdadd` log line.
+//! the identity of the netns the ADD opened, for the `/cmdadd` log line, and when each step was
+//! entered: the log line's per-step timings (the latency breakdown of an ADD, issue 22).
 
 use std::sync::Mutex;
+use std::time::Instant;
 
 use crate::netns::NetnsId;
 
@@ -44,10 +46,30 @@ impl std::fmt::Display for AddStep {
     }
 }
 
+impl AddStep {
+    /// A short name for the per-step timings of the log line.
+    pub fn code(self) -> &'static str {
+        match self {
+            AddStep::Received => "received",
+            AddStep::WaitingForPodInStore => "store",
+            AddStep::WaitingForPodLock => "lock",
+            AddStep::OpeningNetns => "netns_open",
+            AddStep::CheckingNetns => "netns_check",
+            AddStep::ProgrammingRules => "program",
+            AddStep::WaitingForZtunnelAck => "zds",
+            AddStep::UpdatingProbeSet => "probe_set",
+            AddStep::WritingAnnotation => "annotate",
+            AddStep::Done => "done",
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     step: AddStep,
     netns: Option<NetnsId>,
+    /// Each step as entered, with when (a few entries per ADD).
+    entered: Vec<(AddStep, Instant)>,
 }
 
 /// Shared between the enrolment (which writes) and the `/cmdadd` answer (which reads).
@@ -60,7 +82,27 @@ impl Progress {
     }
 
     pub fn enter(&self, step: AddStep) {
-        self.state().step = step;
+        let mut state = self.state();
+        state.step = step;
+        state.entered.push((step, Instant::now()));
+    }
+
+    /// Microseconds spent in each step entered so far, in order (`store:40,lock:2,...`; the
+    /// last one up to now unless it is `Done`): what the log line reports per ADD.
+    pub fn timings(&self) -> String {
+        let state = self.state();
+        let now = Instant::now();
+        let ends = state.entered.iter().skip(1).map(|(_, at)| *at).chain([now]);
+        state
+            .entered
+            .iter()
+            .zip(ends)
+            .filter(|((step, _), _)| *step != AddStep::Done)
+            .map(|((step, from), to)| {
+                format!("{}:{}", step.code(), to.duration_since(*from).as_micros())
+            })
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     pub fn step(&self) -> AddStep {
@@ -81,5 +123,31 @@ impl Progress {
 pub fn enter(progress: Option<&Progress>, step: AddStep) {
     if let Some(p) = progress {
         p.enter(step);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timings_name_each_step_entered_in_order() {
+        let p = Progress::default();
+        assert_eq!(p.timings(), "");
+        p.enter(AddStep::WaitingForPodInStore);
+        p.enter(AddStep::ProgrammingRules);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        p.enter(AddStep::Done);
+        let t = p.timings();
+        let parts: Vec<(&str, u128)> = t
+            .split(',')
+            .map(|kv| {
+                let (k, v) = kv.split_once(':').expect("step:us");
+                (k, v.parse().expect("micros"))
+            })
+            .collect();
+        assert_eq!(parts.len(), 2, "{t}");
+        assert_eq!((parts[0].0, parts[1].0), ("store", "program"), "{t}");
+        assert!(parts[1].1 >= 2000, "{t}");
     }
 }

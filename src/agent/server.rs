@@ -1,5 +1,6 @@
 //! The plugin-event server (§3.3): HTTP over `<run_dir>/pluginevent.sock`, `/cmdadd` (any
-//! method). Only a root peer (SO_PEERCRED uid 0, judged per connection by the listener,
+//! method, Istio's) and `/podadd` (ours, issue 22: the plugin's one request, answered from the
+//! stores with enrolled / not ambient with the pod / unknown; see [`handle_pod_add`]). Only a root peer (SO_PEERCRED uid 0, judged per connection by the listener,
 //! `telemetry::serve`, and again here) is heard; anyone else gets 403 and a log line. The body is not believed: the netns and IPs it names are checked
 //! (`trust`, through `mesh`) before anything is written, and every request is logged with the
 //! caller's pid and uid, the netns path and its inode. 200 only once the pod is fully enrolled (rules in, ztunnel acked, annotation
@@ -27,8 +28,10 @@ use super::pod;
 use super::progress::{AddStep, Progress};
 use super::settings::PLUGIN_EVENT_SOCKET;
 use super::worker::Core;
-use crate::kube::plugin_event::PluginAddEvent;
+use crate::kube::plugin_event::{POD_ADD_PATH, PluginAddEvent, PodAddAnswer, PodAddRequest};
+use crate::kube::pod_facts::{self, PodFactsRequest};
 use crate::kube::stores::{self, pod_key};
+use crate::retry::RetryPolicy;
 use crate::telemetry::metrics::ResponseCodeLabel;
 use crate::telemetry::serve::{self, ConnInfo, Limits, Serving, UnixServer};
 use crate::telemetry::socket::{self, Peer, SocketError};
@@ -48,6 +51,7 @@ pub async fn serve(
     let bound = serve::bind_unix(&path)?;
     let app = Router::new()
         .route("/cmdadd", any(cmd_add))
+        .route(POD_ADD_PATH, any(pod_add))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(core);
     info!(path = %path.display(), "plugin-event server listening");
@@ -69,15 +73,43 @@ async fn cmd_add(
     Extension(conn): Extension<ConnInfo>,
     body: Bytes,
 ) -> (StatusCode, String) {
+    root_only(core, conn, "/cmdadd", |core, caller| {
+        handle(core, caller, body)
+    })
+    .await
+}
+
+async fn pod_add(
+    State(core): State<Arc<Core>>,
+    Extension(conn): Extension<ConnInfo>,
+    body: Bytes,
+) -> (StatusCode, String) {
+    root_only(core, conn, POD_ADD_PATH, |core, caller| {
+        handle_pod_add(core, caller, body)
+    })
+    .await
+}
+
+/// Runs `answer` for a root peer only, and counts the answer's status.
+async fn root_only<F, Fut>(
+    core: Arc<Core>,
+    conn: ConnInfo,
+    route: &str,
+    answer: F,
+) -> (StatusCode, String)
+where
+    F: FnOnce(Arc<Core>, Peer) -> Fut,
+    Fut: std::future::Future<Output = (StatusCode, String)>,
+{
     // The listener already refused non-root peers; this is the second layer (and the caller's
     // identity for the log lines).
     let peer = conn
         .peer
         .ok_or_else(|| std::io::Error::other("not a Unix socket connection"));
     let (status, text) = match socket::root_only(peer) {
-        Ok(caller) => handle(core.clone(), caller, body).await,
+        Ok(caller) => answer(core.clone(), caller).await,
         Err(message) => {
-            warn!("/cmdadd {message}");
+            warn!("{route} {message}");
             (StatusCode::FORBIDDEN, message)
         }
     };
@@ -136,15 +168,28 @@ async fn answer_within(
     budget: std::time::Duration,
     pod: &str,
     progress: &Progress,
-    mut task: tokio::task::JoinHandle<Result<(), String>>,
+    task: tokio::task::JoinHandle<Result<(), String>>,
 ) -> (StatusCode, String) {
+    match outcome_within(budget, pod, progress, task).await {
+        Ok(()) => (StatusCode::OK, String::new()),
+        Err(answer) => answer,
+    }
+}
+
+/// [`answer_within`] for any outcome: `Ok` is the task's value, `Err` the error answer.
+async fn outcome_within<T>(
+    budget: std::time::Duration,
+    pod: &str,
+    progress: &Progress,
+    mut task: tokio::task::JoinHandle<Result<T, String>>,
+) -> Result<T, (StatusCode, String)> {
     match tokio::time::timeout(budget, &mut task).await {
-        Ok(Ok(Ok(()))) => (StatusCode::OK, String::new()),
-        Ok(Ok(Err(message))) => (StatusCode::INTERNAL_SERVER_ERROR, message),
-        Ok(Err(e)) => (
+        Ok(Ok(Ok(value))) => Ok(value),
+        Ok(Ok(Err(message))) => Err((StatusCode::INTERNAL_SERVER_ERROR, message)),
+        Ok(Err(e)) => Err((
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("the add task failed: {e}"),
-        ),
+        )),
         Err(_) => {
             let message = format!(
                 "pod {pod} not enrolled within {budget:?} (still {}); the agent finishes the \
@@ -152,7 +197,7 @@ async fn answer_within(
                 progress.step()
             );
             warn!("/cmdadd: {message}");
-            (StatusCode::GATEWAY_TIMEOUT, message)
+            Err((StatusCode::GATEWAY_TIMEOUT, message))
         }
     }
 }
@@ -185,16 +230,138 @@ async fn enrol(core: &Core, event: &PluginAddEvent, progress: Arc<Progress>) -> 
             "pod {key} unexpectedly not eligible for ambient enrollment"
         ));
     }
+    add_to_mesh(core, event, &p, progress, false).await
+}
+
+/// The mesh add of a pod the plugin announced (its netns and IPs still to be verified).
+async fn add_to_mesh(
+    core: &Core,
+    event: &PluginAddEvent,
+    p: &Pod,
+    progress: Arc<Progress>,
+    annotate_after_answer: bool,
+) -> Result<(), String> {
     let add = PluginAdd {
         netns: event.netns.clone(),
         event_ips: event.pod_ips(),
-        others: other_pod_ips(&core.pods.list(), pod::uid(&p)),
+        others: other_pod_ips(&core.pods.list(), pod::uid(p)),
         progress,
+        annotate_after_answer,
     };
     core.mesh
-        .add_pod(&p, &pod::ips(&p), Via::Plugin(&add))
+        .add_pod(p, &pod::ips(p), Via::Plugin(&add))
         .await
         .map_err(|e| e.to_string())
+}
+
+/// Spacing of the owed annotation's retries, and how long they go on before the drift pass is
+/// left to write it.
+const ANNOTATION_RETRY: RetryPolicy = RetryPolicy {
+    first: std::time::Duration::from_millis(100),
+    max: std::time::Duration::from_secs(5),
+    max_attempts: None,
+};
+const ANNOTATION_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// `/podadd`: the one request of an ambient ADD (issue 22), answered from the agent's stores:
+/// enrolled (200 `enrolled`), not ambient (200 with the pod for the sidecar path), not known to
+/// the stores (200 `unknown`: the plugin asks the API server), or the enrolment's failure (500,
+/// or 504 naming the step within the budget). The `enabled` annotation is written after the
+/// answer, retried, and re-asserted by the drift pass while owed.
+async fn handle_pod_add(core: Arc<Core>, caller: Peer, body: Bytes) -> (StatusCode, String) {
+    let request = match PodAddRequest::decode(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            warn!("{e}");
+            return (StatusCode::BAD_REQUEST, e.to_string());
+        }
+    };
+    let pod = pod_key(&request.event.pod_namespace, &request.event.pod_name);
+    info!(
+        caller_pid = caller.pid,
+        caller_uid = caller.uid,
+        pod,
+        netns = request.event.netns,
+        "{POD_ADD_PATH} received"
+    );
+    let budget = core.timing.plugin_answer_budget;
+    let progress = Arc::new(Progress::default());
+    let watched = progress.clone();
+    let received = std::time::Instant::now();
+    // Run to the end even if the plugin hangs up: a half-done add would otherwise be left.
+    let task = tokio::spawn(async move {
+        progress.enter(AddStep::WaitingForPodInStore);
+        let (p, ns_labels) = match stored_pod(&core, &request).await {
+            Ok(found) => found,
+            Err(reason) => {
+                info!(pod = %pod_key(&request.event.pod_namespace, &request.event.pod_name), %reason, "{POD_ADD_PATH}: not answered from the stores");
+                return Ok(PodAddAnswer::Unknown { reason });
+            }
+        };
+        if !core.policy.matches(&p, &ns_labels) {
+            return Ok(PodAddAnswer::NotAmbient {
+                pod: Box::new(pod_facts::trim_for_plugin(&p)),
+            });
+        }
+        let event = &request.event;
+        let result = add_to_mesh(&core, event, &p, progress.clone(), true).await;
+        let inode = progress.netns().map(|id| id.inode);
+        let name = pod_key(&event.pod_namespace, &event.pod_name);
+        match &result {
+            Ok(()) => {
+                let (took_us, steps_us) =
+                    (received.elapsed().as_micros() as u64, progress.timings());
+                info!(caller_pid = caller.pid, caller_uid = caller.uid, pod = %name, netns = event.netns, inode, took_us, steps_us, "{POD_ADD_PATH} done: pod enrolled");
+                let core = core.clone();
+                tokio::spawn(async move {
+                    let until = std::time::Instant::now() + ANNOTATION_RETRY_FOR;
+                    core.mesh
+                        .annotate_owed_with_retries(&p, ANNOTATION_RETRY, until)
+                        .await;
+                });
+            }
+            Err(e) => {
+                warn!(caller_pid = caller.pid, caller_uid = caller.uid, pod = %name, netns = event.netns, inode, "{POD_ADD_PATH} failed: {e}")
+            }
+        }
+        result.map(|()| PodAddAnswer::Enrolled)
+    });
+    match outcome_within(budget, &pod, &watched, task).await {
+        Ok(answer) => (StatusCode::OK, answer.to_json()),
+        Err(answer) => answer,
+    }
+}
+
+/// The pod as the stores hold it, by the pod-facts rule (live store, same uid), with its
+/// namespace's labels; waited for as long as `/cmdadd`'s stale-cache retries (the plugin may be
+/// faster than the watch), polled often: the wait is on the ADD's path.
+async fn stored_pod(
+    core: &Core,
+    request: &PodAddRequest,
+) -> Result<(Arc<Pod>, std::collections::BTreeMap<String, String>), String> {
+    const POLL: std::time::Duration = std::time::Duration::from_millis(2);
+    let facts = PodFactsRequest {
+        namespace: request.event.pod_namespace.clone(),
+        name: request.event.pod_name.clone(),
+        uid: request.uid.clone(),
+        namespace_labels: true,
+    };
+    let wait = core.timing.stale_cache_interval * core.timing.stale_cache_attempts;
+    let until = tokio::time::Instant::now() + wait;
+    loop {
+        let reason = match pod_facts::lookup(&facts, &core.pods, Some(&core.namespaces)) {
+            Ok((p, Some(labels))) => return Ok((p, labels)),
+            Ok((_, None)) => format!(
+                "namespace {} is not in the agent's namespace store (or its watch failed)",
+                facts.namespace
+            ),
+            Err(reason) => reason,
+        };
+        if tokio::time::Instant::now() + POLL > until {
+            return Err(reason);
+        }
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 /// The IPs of the node's other live pods with a netns of their own (host-network pods share the

@@ -262,6 +262,8 @@ impl Ztunnel for FakeZtunnel {
 /// (`namespace/name`, event).
 #[derive(Default)]
 pub struct FakeAnnotator {
+    /// This many annotation patches fail (503) before they succeed again.
+    pub failures: AtomicU32,
     pub values: Mutex<BTreeMap<String, String>>,
     pub patches: Mutex<Vec<(String, Option<String>)>>,
     pub events: Mutex<Vec<(String, PodEvent)>>,
@@ -285,6 +287,17 @@ impl Annotator for FakeAnnotator {
     fn set_redirection<'a>(&'a self, pod: &'a Pod, value: Option<&'a str>) -> KubeFuture<'a> {
         Box::pin(async move {
             let key = format!("{}/{}", super::pod::namespace(pod), super::pod::name(pod));
+            let left = self.failures.load(Ordering::SeqCst);
+            if left > 0 {
+                self.failures.store(left - 1, Ordering::SeqCst);
+                return Err(crate::kube::KubeError::Api {
+                    call: crate::kube::Call::PatchPodStatus,
+                    object: key,
+                    code: 503,
+                    reason: "ServiceUnavailable".into(),
+                    message: "injected annotation failure".into(),
+                });
+            }
             lock(&self.patches).push((key.clone(), value.map(str::to_string)));
             let mut values = lock(&self.values);
             match value {

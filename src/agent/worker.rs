@@ -192,6 +192,12 @@ impl Worker {
             Action::RequeueNamespaceMissing => {
                 return Outcome::Retry(format!("namespace {namespace} not in the store yet"));
             }
+            // Enrolled by a `/podadd` whose annotation is not written yet (so the store says
+            // "not enrolled"): the annotation is all that is missing; a second add would send
+            // ztunnel the pod again.
+            Action::Add { pod, .. } if core.mesh.cache.annotation_owed(pod::uid(&pod)) => {
+                core.mesh.annotate_owed(&pod).await.map(|_| ())
+            }
             Action::Add { pod, ips } => {
                 core.mesh.add_pod(&pod, &ips, super::mesh::Via::Watch).await
             }

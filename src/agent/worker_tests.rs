@@ -312,3 +312,29 @@ async fn pump_enrols_existing_pods_when_their_namespace_appears_or_is_labelled()
     assert_eq!(r.dp.count("unprogram"), 0);
     assert_eq!(r.ann.patches().len(), 1, "only the enabled patch");
 }
+
+#[tokio::test]
+async fn a_watch_add_of_a_pod_enrolled_by_podadd_only_writes_its_owed_annotation() {
+    let r = rig();
+    r.put_ns(namespace("shop", true));
+    let p = r.put_pod(pod("shop", "a"));
+    let core = r.worker.core();
+    // What a `/podadd` leaves: enrolled (cached, netns, ztunnel has it), annotation owed.
+    core.mesh.cache.upsert(
+        "uid-a",
+        pod::workload_info(&p),
+        crate::netns::Netns::current().unwrap(),
+    );
+    core.mesh.cache.set_annotation_owed("uid-a", true);
+    // The kubelet's status update arrives before the annotation: the store says not enrolled.
+    r.reevaluate("shop", "a");
+    r.until_annotation("shop/a", Some("enabled")).await;
+    r.until("idle", || r.worker.pending() == 0).await;
+    assert_eq!(
+        r.zt.adds.load(Ordering::SeqCst),
+        0,
+        "ztunnel got the pod again"
+    );
+    assert_eq!(r.dp.count("program"), 0);
+    assert!(!core.mesh.cache.annotation_owed("uid-a"));
+}

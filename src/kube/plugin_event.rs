@@ -131,6 +131,74 @@ impl PluginAddEvent {
     }
 }
 
+/// The agent's path for the one-round-trip ambient ADD (ours, not Istio's: an agent without it
+/// answers 404 and the plugin takes Istio's way, pod lookup then `/cmdadd`).
+pub const POD_ADD_PATH: &str = "/podadd";
+
+/// The `/podadd` body: the `/cmdadd` event and the pod's uid from CNI_ARGS (`K8S_POD_UID`), so
+/// the agent answers from its pod store only for the very pod the runtime is setting up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodAddRequest {
+    pub event: PluginAddEvent,
+    pub uid: String,
+}
+
+impl PodAddRequest {
+    /// The event's JSON object with a `PodUID` key added.
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut value = serde_json::to_value(&self.event).unwrap_or_default();
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert("PodUID".into(), Value::String(self.uid.clone()));
+        }
+        serde_json::to_vec(&value).unwrap_or_default()
+    }
+
+    /// Decodes as [`PluginAddEvent::decode`] does, and requires a non-empty `PodUID`.
+    pub fn decode(body: &[u8]) -> Result<Self, EventDecodeError> {
+        let event = PluginAddEvent::decode(body)?;
+        // The event decoded, so the body is a JSON object.
+        let value: Value = serde_json::from_slice(body).unwrap_or_default();
+        let obj = value.as_object().cloned().unwrap_or_default();
+        let uid = required(string_field(&obj, "PodUID", "PodUID")?, "PodUID")?;
+        if uid.is_empty() {
+            return Err(EventDecodeError {
+                field: "PodUID".into(),
+                reason: "empty".into(),
+            });
+        }
+        Ok(PodAddRequest { event, uid })
+    }
+}
+
+/// The agent's answer to `/podadd` when it could decide (HTTP 200); a failed or late enrolment
+/// is a 500 or 504 with the reason as text, as for `/cmdadd`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "answer", rename_all = "camelCase")]
+pub enum PodAddAnswer {
+    /// In-pod rules in, ztunnel acked, probe set updated (the annotation follows).
+    Enrolled,
+    /// Not selected for ambient: the pod (trimmed as `kube::pod_facts` trims it) for the
+    /// plugin's sidecar path.
+    #[serde(rename_all = "camelCase")]
+    NotAmbient {
+        pod: Box<k8s_openapi::api::core::v1::Pod>,
+    },
+    /// The agent's stores cannot answer for this pod (not synced, not there yet, another uid):
+    /// the plugin asks the API server, as without an agent.
+    #[serde(rename_all = "camelCase")]
+    Unknown { reason: String },
+}
+
+impl PodAddAnswer {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    pub fn decode(body: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(body)
+    }
+}
+
 fn decode_ip(item: &Value, path: &str) -> Result<EventIp, EventDecodeError> {
     let bad = |field: String, reason: String| EventDecodeError { field, reason };
     let obj = item.as_object().ok_or_else(|| {
@@ -373,5 +441,34 @@ mod tests {
             [vec![255u8; 8], vec![0u8; 8]].concat()
         );
         assert_eq!(EventIpNet::from_cidr("bogus"), None);
+    }
+
+    #[test]
+    fn a_podadd_body_is_the_event_with_the_uid_and_needs_it() {
+        let event = PluginAddEvent {
+            netns: "/var/run/netns/x".into(),
+            pod_name: "p".into(),
+            pod_namespace: "ns".into(),
+            ips: vec![],
+        };
+        let request = PodAddRequest {
+            event: event.clone(),
+            uid: "u-1".into(),
+        };
+        let body = request.to_json();
+        assert_eq!(PodAddRequest::decode(&body), Ok(request));
+        // Istio's decoder (and ours for /cmdadd) ignores the extra key.
+        assert_eq!(PluginAddEvent::decode(&body), Ok(event.clone()));
+        let err = PodAddRequest::decode(&event.to_json()).unwrap_err();
+        assert_eq!(err.field, "PodUID", "{err}");
+        let answer = PodAddAnswer::Unknown {
+            reason: "not yet".into(),
+        };
+        assert_eq!(
+            answer.to_json(),
+            r#"{"answer":"unknown","reason":"not yet"}"#
+        );
+        assert_eq!(PodAddAnswer::decode(&answer.to_json()).unwrap(), answer);
+        assert_eq!(PodAddAnswer::Enrolled.to_json(), r#"{"answer":"enrolled"}"#);
     }
 }

@@ -134,19 +134,39 @@ pub fn answer(
     pods: &PodStore,
     namespaces: Option<&NamespaceStore>,
 ) -> PodFactsAnswer {
+    match lookup(request, pods, namespaces) {
+        Ok((pod, namespace_labels)) => PodFactsAnswer::Pod {
+            pod: Box::new(trim_for_plugin(&pod)),
+            namespace_labels,
+        },
+        Err(reason) => PodFactsAnswer::not_yet(reason),
+    }
+}
+
+/// A stored pod a request may be answered with, and its namespace's labels (see [`lookup`]).
+pub type Found = (std::sync::Arc<Pod>, Option<BTreeMap<String, String>>);
+
+/// The stored pod a request may be answered with, and its namespace's labels when asked for
+/// and the namespace store is live and has them; else why not yet. The one rule of the module
+/// doc, shared by this socket's answer and the agent's `/podadd`.
+pub fn lookup(
+    request: &PodFactsRequest,
+    pods: &PodStore,
+    namespaces: Option<&NamespaceStore>,
+) -> Result<Found, String> {
     if !pods.is_synced() {
-        return PodFactsAnswer::not_yet("the pod store has not synced");
+        return Err("the pod store has not synced".into());
     }
     if !pods.is_live() {
-        return PodFactsAnswer::not_yet("the pod watch failed; the store may be missing changes");
+        return Err("the pod watch failed; the store may be missing changes".into());
     }
     let key = pod_key(&request.namespace, &request.name);
     let Some(pod) = pods.get(&key) else {
-        return PodFactsAnswer::not_yet(format!("pod {key} is not in the store yet"));
+        return Err(format!("pod {key} is not in the store yet"));
     };
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     if uid != request.uid {
-        return PodFactsAnswer::not_yet(format!(
+        return Err(format!(
             "the store holds pod {key} with uid {uid:?}, not {:?}",
             request.uid
         ));
@@ -158,10 +178,7 @@ pub fn answer(
     } else {
         None
     };
-    PodFactsAnswer::Pod {
-        pod: Box::new(trim_for_plugin(&pod)),
-        namespace_labels,
-    }
+    Ok((pod, namespace_labels))
 }
 
 /// The pod with only what the plugin reads (`sidecar::PodInfo`): identity, labels,

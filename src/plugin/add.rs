@@ -181,29 +181,86 @@ async fn ambient_check<K: KubeReads>(
 }
 
 async fn send_ambient_event(conf: &NetConf, env: &CniEnv, args: &CniArgs) -> Result<(), CniError> {
+    let body = event_for(conf, env, args)?.to_json();
+    let sock = conf.event_socket_path();
+    match super::uds::post_once(&sock, "/cmdadd", body, AMBIENT_EVENT_TIMEOUT).await {
+        Ok((200, _)) => Ok(()),
+        Ok((status, body)) => Err(agent_failed(format!("status {status}: {body}"))),
+        Err(e) => Err(agent_failed(e.to_string())),
+    }
+}
+
+/// What the node agent said to `/podadd`.
+enum AgentAnswer {
+    Enrolled,
+    NotAmbient(Box<k8s_openapi::api::core::v1::Pod>),
+    /// No agent, an agent without `/podadd` (Istio's), or stores that cannot answer for this pod
+    /// (`stores_asked`): the ADD goes on as without it (pod facts, then the API server).
+    Unavailable {
+        stores_asked: bool,
+    },
+}
+
+/// The one request of an ambient ADD: the `/cmdadd` event with the pod's uid to `/podadd`. The
+/// agent decides with its own selectors and stores (the ones it enrols with), so an answer is
+/// final: enrolled, or not ambient with the pod for the sidecar path. A failed enrolment fails
+/// the ADD as `/cmdadd`'s would.
+async fn ask_agent(
+    conf: &NetConf,
+    env: &CniEnv,
+    args: &CniArgs,
+    deadline: Instant,
+) -> Result<AgentAnswer, CniError> {
+    use crate::kube::plugin_event::{POD_ADD_PATH, PodAddAnswer, PodAddRequest};
+    let request = PodAddRequest {
+        event: event_for(conf, env, args)?,
+        uid: args.pod_uid.clone(),
+    };
+    let sock = conf.event_socket_path();
+    let timeout = AMBIENT_EVENT_TIMEOUT.min(left(deadline));
+    let unavailable = |stores_asked, reason: &dyn std::fmt::Display| {
+        debug!(%reason, "{POD_ADD_PATH} not answered; the ADD goes on without it");
+        Ok(AgentAnswer::Unavailable { stores_asked })
+    };
+    match super::uds::post_once(&sock, POD_ADD_PATH, request.to_json(), timeout).await {
+        Ok((200, body)) => match PodAddAnswer::decode(&body) {
+            Ok(PodAddAnswer::Enrolled) => Ok(AgentAnswer::Enrolled),
+            Ok(PodAddAnswer::NotAmbient { pod }) => Ok(AgentAnswer::NotAmbient(pod)),
+            Ok(PodAddAnswer::Unknown { reason }) => unavailable(true, &reason),
+            Err(e) => Err(agent_failed(format!(
+                "unreadable {POD_ADD_PATH} answer: {e}"
+            ))),
+        },
+        Ok((404, _)) => unavailable(false, &"the agent has no such path"),
+        Ok((status, body)) => Err(agent_failed(format!("status {status}: {body}"))),
+        Err(e @ super::uds::UdsError::Connect { .. }) => unavailable(false, &e),
+        Err(e) => Err(agent_failed(e.to_string())),
+    }
+}
+
+fn agent_failed(detail: String) -> CniError {
+    CniError::internal(format!(
+        "istio-cni cmdAdd failed to contact node Istio CNI agent: {detail}"
+    ))
+}
+
+/// The `/cmdadd` event: the netns and the addresses of the previous plugin's result.
+fn event_for(
+    conf: &NetConf,
+    env: &CniEnv,
+    args: &CniArgs,
+) -> Result<crate::kube::plugin_event::PluginAddEvent, CniError> {
     let prev = conf
         .prev_result
         .as_ref()
         .map(|v| CniResult::parse(v, super::result::source_version(v, &conf.cni_version)))
         .transpose()?;
-    let event = ambient::add_event(
+    Ok(ambient::add_event(
         &env.netns,
         &args.pod_name,
         &args.pod_namespace,
         prev.as_ref(),
-    );
-    let body = event.to_json();
-    let sock = conf.event_socket_path();
-    let fail = |detail: String| {
-        CniError::internal(format!(
-            "istio-cni cmdAdd failed to contact node Istio CNI agent: {detail}"
-        ))
-    };
-    match super::uds::post_once(&sock, "/cmdadd", body, AMBIENT_EVENT_TIMEOUT).await {
-        Ok((200, _)) => Ok(()),
-        Ok((status, body)) => Err(fail(format!("status {status}: {body}"))),
-        Err(e) => Err(fail(e.to_string())),
-    }
+    ))
 }
 
 /// Runs ADD after the config, args and logging are set up. `engine_env` is what the plugin's
@@ -228,17 +285,51 @@ where
         info!(pod = %pod_ref, outcome = %done, "nothing to do for this pod");
         return Ok(done);
     }
+    // Ambient: one request to the node agent, answered from its stores (issue 22).
+    let mut stores_asked = false;
+    if conf.ambient_enabled && !args.pod_uid.is_empty() {
+        let asked = Instant::now();
+        match ask_agent(conf, env, args, deadline).await? {
+            AgentAnswer::Enrolled => {
+                let (took_us, agent_us) = (
+                    started.elapsed().as_micros() as u64,
+                    asked.elapsed().as_micros() as u64,
+                );
+                info!(pod = %pod_ref, took_us, agent_us, "pod is ambient; enrolled by the node agent");
+                return Ok(AddOutcome::Ambient);
+            }
+            AgentAnswer::NotAmbient(pod) => {
+                debug!(
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "pod not ambient (node agent); taking the sidecar path"
+                );
+                let pod = PodInfo::from_pod(&pod);
+                return redirect_pod::<K>(
+                    env, conf, engine_env, args, pod, None, started, deadline,
+                )
+                .await;
+            }
+            AgentAnswer::Unavailable {
+                stores_asked: asked,
+            } => stores_asked = asked,
+        }
+    }
     // The node pod store first (no client, no TLS handshake, no API request); see k8s::cached_pod.
-    if let Some(cached) = super::k8s::cached_pod(
-        &conf.cni_agent_run_dir,
-        &args.pod_namespace,
-        &args.pod_name,
-        &args.pod_uid,
-        conf.ambient_enabled,
-        conf.pod_facts_timeout,
-    )
-    .await
-    {
+    // Not when the agent just said its stores cannot answer: the pod-facts socket reads the same.
+    let cached = if stores_asked {
+        None
+    } else {
+        super::k8s::cached_pod(
+            &conf.cni_agent_run_dir,
+            &args.pod_namespace,
+            &args.pod_name,
+            &args.pod_uid,
+            conf.ambient_enabled,
+            conf.pod_facts_timeout,
+        )
+        .await
+    };
+    if let Some(cached) = cached {
         debug!(
             took_ms = started.elapsed().as_millis() as u64,
             "pod read from the node pod store"

@@ -1,5 +1,5 @@
-//! HTTP/1.1 over a Unix socket: the plugin's two calls to the node agent (`log.sock` for log
-//! records, `pluginevent.sock` for ambient pod events).
+//! HTTP/1.1 over a Unix socket: the plugin's calls to the node agent (`log.sock` for log
+//! records, `pluginevent.sock` for ambient pod events: `/podadd`, or Istio's `/cmdadd`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -382,12 +382,24 @@ impl Node {
 
     /// Runs the chain's ADD from inside the node netns; returns the result or the failure.
     pub fn add(&self, pod: &PodNs, k8s_ns: &str, name: &str) -> Result<Value, String> {
-        self.run_chain(pod, k8s_ns, name, true)
+        self.run_chain(pod, k8s_ns, name, None, true)
+            .map(|v| v.expect("result"))
+    }
+
+    /// [`add`](Self::add) with CNI_ARGS as containerd and CRI-O send them: the pod's UID too.
+    pub fn add_with_uid(
+        &self,
+        pod: &PodNs,
+        k8s_ns: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Value, String> {
+        self.run_chain(pod, k8s_ns, name, Some(uid), true)
             .map(|v| v.expect("result"))
     }
 
     pub fn del(&self, pod: &PodNs, k8s_ns: &str, name: &str) -> Result<(), String> {
-        self.run_chain(pod, k8s_ns, name, false).map(|_| ())
+        self.run_chain(pod, k8s_ns, name, None, false).map(|_| ())
     }
 
     fn run_chain(
@@ -395,6 +407,7 @@ impl Node {
         pod: &PodNs,
         k8s_ns: &str,
         name: &str,
+        uid: Option<&str>,
         add: bool,
     ) -> Result<Option<Value>, String> {
         let chain = Chain {
@@ -403,9 +416,12 @@ impl Node {
         };
         let netns = pod.guard.path();
         let id = pod.guard.name.clone();
-        let args = format!(
+        let mut args = format!(
             "IgnoreUnknown=1;K8S_POD_NAMESPACE={k8s_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={id}"
         );
+        if let Some(uid) = uid {
+            args.push_str(&format!(";K8S_POD_UID={uid}"));
+        }
         in_netns(Path::new(&self.ns.path()), move || {
             let a = Attachment {
                 container_id: &id,
