@@ -279,7 +279,7 @@ mod tests {
             [
                 5, 0, 1, 0, 7, 0, 0, 0, // protocol 7
                 6, 0, 2, 0, b's', 0, 0, 0, // set name
-                28, 0, 7, 0x80, // data (nested)
+                24, 0, 7, 0x80, // data (nested)
                 12, 0, 1, 0x80, 8, 0, 1, 0x40, 10, 0, 0, 1, // ip { ipv4, net byte order }
                 6, 0, 26, 0, b'u', 0, 0, 0, // comment
             ]
