@@ -60,9 +60,22 @@ fn tools() {
     require_tool("ipset", "ipset");
 }
 
-/// Times `n` adds then `n` removes of one pod each through the data plane (printed for the
-/// report; `strace -f -c` on this test counts the processes).
-fn measure(nft: bool) -> (f64, f64) {
+/// CPU time (user + system) of this process and its reaped children, in ms.
+fn cpu_ms() -> f64 {
+    let used = |who| {
+        // SAFETY: getrusage fills the struct it is given.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(who, &mut u) };
+        let ms = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
+        ms(u.ru_utime) + ms(u.ru_stime)
+    };
+    used(libc::RUSAGE_SELF) + used(libc::RUSAGE_CHILDREN)
+}
+
+/// Times `n` adds then `n` removes of one pod each through the data plane, wall and CPU per
+/// change (printed for the report; `strace -f -e trace=execve` on this test counts the
+/// processes). Each change must spawn nothing.
+fn measure(nft: bool) {
     tools();
     let host = Host::new(if nft { "pmn" } else { "pmi" });
     let dp = Dataplane::new(&host.settings(nft, false)).expect("data plane");
@@ -77,21 +90,27 @@ fn measure(nft: bool) -> (f64, f64) {
             )
         })
         .collect();
-    let started = Instant::now();
+    let per = |started: Instant, cpu: f64| {
+        (
+            started.elapsed().as_secs_f64() * 1000.0 / f64::from(n),
+            (cpu_ms() - cpu) / f64::from(n),
+        )
+    };
+    let (started, cpu) = (Instant::now(), cpu_ms());
     for (uid, ip) in &pods {
         dp.probe_add(uid, &[*ip]).unwrap();
     }
-    let add = started.elapsed().as_secs_f64() * 1000.0 / f64::from(n);
-    let started = Instant::now();
+    let (add, add_cpu) = per(started, cpu);
+    let (started, cpu) = (Instant::now(), cpu_ms());
     for (uid, ip) in &pods {
         dp.probe_remove(uid, &[*ip]).unwrap();
     }
-    let remove = started.elapsed().as_secs_f64() * 1000.0 / f64::from(n);
+    let (remove, remove_cpu) = per(started, cpu);
     println!(
-        "probe set ({}): {add:.3} ms per add, {remove:.3} ms per remove ({n} pods, one at a time)",
+        "probe set ({}): add {add:.3} ms ({add_cpu:.3} ms CPU), remove {remove:.3} ms \
+         ({remove_cpu:.3} ms CPU) per change ({n} pods, one at a time, set of up to {n})",
         if nft { "nft" } else { "ipset" }
     );
-    (add, remove)
 }
 
 #[test]
