@@ -18,7 +18,7 @@ use support::{Netns, require_tool};
 /// A fake host: a netns entered through a fixture /proc (`1/ns/net`), with a kubelet (UID 4242)
 /// for the nftables rule.
 struct Host {
-    _netns: Netns,
+    netns: Netns,
     proc: tempfile::TempDir,
 }
 
@@ -33,10 +33,7 @@ impl Host {
         std::fs::write(kubelet.join("comm"), "kubelet\n").unwrap();
         std::fs::write(kubelet.join("cmdline"), "/usr/bin/kubelet\0--v=2\0").unwrap();
         std::fs::write(kubelet.join("status"), "Uid:\t4242\t4242\t4242\t4242\n").unwrap();
-        Host {
-            _netns: netns,
-            proc,
-        }
+        Host { netns, proc }
     }
 
     fn settings(&self, nft: bool, ipv6: bool) -> DataplaneSettings {
@@ -290,4 +287,62 @@ fn ipset_members_changed_over_netlink_match_ipset_and_back() {
 #[test]
 fn nft_set_elements_changed_over_netlink_match_nft_and_back() {
     conformance(true);
+}
+
+/// Concurrent changes through the data plane (no batcher any more): every add of distinct pods
+/// lands, and a reused IP's new owner survives the old owner's removal racing with it.
+fn concurrent(nft: bool) {
+    tools();
+    let host = Host::new(if nft { "pcn" } else { "pci" });
+    let dp = std::sync::Arc::new(Dataplane::new(&host.settings(nft, true)).expect("data plane"));
+    let workers: Vec<_> = (0..8u32)
+        .map(|w| {
+            let dp = dp.clone();
+            std::thread::spawn(move || {
+                for i in 0..25u32 {
+                    let uid = format!("uid-{w}-{i}");
+                    dp.probe_add(&uid, &[ip(&format!("10.79.{w}.{}", i + 1))])
+                        .unwrap();
+                }
+                // The old owner of a shared IP goes while the new one takes it.
+                let shared = ip(&format!("10.80.0.{}", w + 1));
+                dp.probe_add(&format!("old-{w}"), &[shared]).unwrap();
+                let (a, b) = (dp.clone(), dp.clone());
+                let new = std::thread::spawn(move || a.probe_add(&format!("new-{w}"), &[shared]));
+                b.probe_remove(&format!("old-{w}"), &[shared]).unwrap();
+                new.join().unwrap().unwrap();
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let now = listed(&host.netns, nft);
+    for w in 0..8u32 {
+        for i in 0..25u32 {
+            assert_eq!(
+                now.get(&ip(&format!("10.79.{w}.{}", i + 1))),
+                Some(&format!("uid-{w}-{i}")),
+                "{now:?}"
+            );
+        }
+        // Either order leaves the new owner or (removal after the takeover found it foreign)
+        // the new owner too: never the old one, never nothing.
+        assert_eq!(
+            now.get(&ip(&format!("10.80.0.{}", w + 1))),
+            Some(&format!("new-{w}")),
+            "{now:?}"
+        );
+    }
+    assert_eq!(now.len(), 8 * 25 + 8);
+}
+
+#[test]
+fn concurrent_ipset_changes_all_land_and_a_reused_ip_keeps_its_new_owner() {
+    concurrent(false);
+}
+
+#[test]
+fn concurrent_nft_changes_all_land_and_a_reused_ip_keeps_its_new_owner() {
+    concurrent(true);
 }
