@@ -281,16 +281,17 @@ fn check_result(verdict: &Verdict) -> CheckResult {
 }
 
 /// The host rules first (the SNAT rule names the sets, so a recreated set is filled by the sync
-/// right after), then the probe set reconciled with the cache's recorded entries; both under the
-/// probe gate, so no add or remove is half done.
+/// right after), then the probe set reconciled with the cache's recorded entries under the probe
+/// gate, so no add or remove is half done. The gate covers only the sync (netlink reads and
+/// writes, no process); the host check runs its tools outside it.
 async fn verify_probe_set(core: &Core, reported: &mut Reported, summary: &mut PassSummary) {
+    let dp = core.mesh.dataplane.clone();
+    let host = tokio::task::spawn_blocking(move || dp.verify_host())
+        .await
+        .unwrap_or_else(|e| Err(PortError::retryable(format!("data-plane task failed: {e}"))));
+    report_host(core, reported, summary, host);
     let result = {
         let _exclusive = core.mesh.probe_gate.write().await;
-        let dp = core.mesh.dataplane.clone();
-        let host = tokio::task::spawn_blocking(move || dp.verify_host())
-            .await
-            .unwrap_or_else(|e| Err(PortError::retryable(format!("data-plane task failed: {e}"))));
-        report_host(core, reported, summary, host);
         let (members, prune) = core.mesh.cache.probe_members();
         let dp = core.mesh.dataplane.clone();
         tokio::task::spawn_blocking(move || dp.probe_sync(&members, prune))

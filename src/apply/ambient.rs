@@ -440,7 +440,7 @@ pub fn program_host_here(
         return Ok(difference);
     }
     // The SNAT rule names the sets, so they exist first.
-    let missing = Ipsets.missing(&mut exec, cfg.enable_ipv6)?;
+    let missing = Ipsets.missing(cfg.enable_ipv6)?;
     if !missing.is_empty() {
         Ipsets.ensure(&mut exec, cfg.enable_ipv6)?;
     }
@@ -473,7 +473,7 @@ pub fn remove_host_here(opts: &AmbientApply, ipv6: bool) -> Result<(), AmbientEr
     } else {
         &[PROBE_SET_V4]
     };
-    let missing = Ipsets.missing(&mut exec, ipv6)?;
+    let missing = Ipsets.missing(ipv6)?;
     for set in sets.iter().filter(|s| !missing.contains(s)) {
         run_checked(&mut exec, &super::exec::Cmd::new("ipset", ["destroy", set]))?;
     }
@@ -493,6 +493,8 @@ pub enum AmbientError {
     Apply(#[from] ApplyError),
     #[error("policy routing: {0}")]
     Routes(#[from] super::routes::RoutesError),
+    #[error("host probe set: {0}")]
+    ProbeSet(#[from] super::probe_set::ProbeSetError),
 }
 
 #[cfg(test)]

@@ -2,17 +2,27 @@
 //! commented with the pod UID, matched by the probe SNAT rule. An ipset (`hash:ip`, comments) with
 //! the iptables backend; an nft set in `inet istio-ambient-nat` with nftables.
 //!
-//! Never flushed: every change is planned against the current entries ([`plan_upsert`],
-//! [`plan_remove`], [`plan_sync`], pure) and sent as one batch (`ipset -exist restore`, or one
-//! `nft -f -` transaction, which is atomic). A reused IP moves to the new UID by delete-then-add in
-//! that batch; a removal only touches entries carrying the UID asking for it.
+//! Never flushed: every change is planned against the entries the kernel holds ([`plan_upsert`],
+//! [`plan_remove`], [`plan_sync`], pure), read and written over netlink ([`change`]): ipset
+//! requests over nfnetlink, one per entry (an add replaces the comment, so a reused IP moves to
+//! the new UID in one message), or one nf_tables transaction of set elements (atomic; an owner
+//! change is delete-then-add in it). A removal only touches entries carrying the UID asking for
+//! it. No process on that path; only creating missing sets runs `ipset`/`nft` (rare). The
+//! messages are described in `rules::probe_set_msgs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::sync::Mutex;
 
-use super::exec::{Cmd, Executor};
+use netlink_packet_core::NLM_F_CREATE;
+
+use super::exec::{Cmd, Executor, ProcessExecutor};
 use super::iptables::{ApplyError, run_checked};
+use crate::netlink::nfnl::{self, NFNL_SUBSYS_IPSET, NFNL_SUBSYS_NFTABLES};
+use crate::netlink::nft_batch::{BatchError, Transaction};
 use crate::rules::ambient::{PROBE_SET_V4, PROBE_SET_V6};
+use crate::rules::nla::AttrTooLong;
+use crate::rules::probe_set_msgs::{self as msgs, DecodeMemberError};
 
 /// The nft table holding the sets on the host (the host rules' table).
 pub const NFT_TABLE: &str = "istio-ambient-nat";
@@ -134,43 +144,126 @@ fn set_name(ip: &IpAddr) -> &'static str {
     }
 }
 
-/// A probe set backend (in the calling thread's netns).
-pub trait ProbeSets {
-    /// Creates the sets (v6 too when `ipv6`) if missing; never flushes.
-    fn ensure(&self, exec: &mut dyn Executor, ipv6: bool) -> Result<(), ApplyError>;
-    /// Entries of both sets (a missing set has none).
-    fn entries(&self, exec: &mut dyn Executor) -> Result<Entries, ApplyError>;
-    /// Applies the changes in one batch.
-    fn apply(&self, exec: &mut dyn Executor, ops: &[SetOp]) -> Result<(), ApplyError>;
+/// Why the probe sets could not be read, changed or created. Every variant names the set or
+/// the change.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeSetError {
+    /// Creating the sets (the rare path, still through `ipset`/`nft`).
+    #[error(transparent)]
+    Create(#[from] ApplyError),
+    #[error("{0}")]
+    Netlink(#[from] BatchError),
+    #[error("cannot encode the request to {what}: {source}")]
+    Encode {
+        what: String,
+        #[source]
+        source: AttrTooLong,
+    },
+    #[error("cannot read the members of {set}: {source}")]
+    Decode {
+        set: String,
+        #[source]
+        source: DecodeMemberError,
+    },
 }
 
-/// ipsets (iptables backend).
+impl ProbeSetError {
+    /// The set (or the nft table holding it) does not exist: creating it may help.
+    pub fn set_missing(&self) -> bool {
+        matches!(self, ProbeSetError::Netlink(e) if e.refused_with() == Some(libc::ENOENT))
+    }
+}
+
+/// A probe set backend (in the calling thread's netns). Reading and changing members is netlink
+/// only; creating the sets (rare: at startup, or after someone destroyed them) runs the tool.
+pub trait ProbeSets {
+    /// Creates the sets (v6 too when `ipv6`) if missing; never flushes.
+    fn ensure(&self, exec: &mut dyn Executor, ipv6: bool) -> Result<(), ProbeSetError>;
+    /// Entries of both sets, one dump each (a missing set has none).
+    fn entries(&self) -> Result<Entries, ProbeSetError>;
+    /// Applies the changes, in order.
+    fn apply(&self, ops: &[SetOp]) -> Result<(), ProbeSetError>;
+}
+
+/// Reads the sets, plans one change against what they hold and applies it. `serial` is held
+/// from the read to the last message (netlink only, no process): two changes planned against
+/// the same read could otherwise undo each other (a removal deleting an IP another pod has
+/// just taken). A missing set is created (the tool) and the change planned again.
+pub fn change(
+    sets: &dyn ProbeSets,
+    serial: &Mutex<()>,
+    ipv6: bool,
+    plan: &dyn Fn(&Entries) -> Vec<SetOp>,
+) -> Result<Vec<SetOp>, ProbeSetError> {
+    let attempt = || {
+        let _one_change = serial.lock().unwrap_or_else(|p| p.into_inner());
+        let ops = plan(&sets.entries()?);
+        sets.apply(&ops).map(|()| ops)
+    };
+    match attempt() {
+        Err(e) if e.set_missing() => {
+            sets.ensure(&mut ProcessExecutor::default(), ipv6)?;
+            attempt()
+        }
+        done => done,
+    }
+}
+
+/// An owner change is planned as a delete, then an add of the same IP: for the backends whose add
+/// replaces the comment the delete is left out (the entry never goes missing).
+fn without_replaced_deletes(ops: &[SetOp]) -> impl Iterator<Item = &SetOp> {
+    ops.iter()
+        .enumerate()
+        .filter_map(move |(i, op)| match (op, ops.get(i + 1)) {
+            (SetOp::Del { ip }, Some(SetOp::Add { ip: next, .. })) if ip == next => None,
+            _ => Some(op),
+        })
+}
+
+/// ipsets (iptables backend), over the ipset nfnetlink subsystem.
 pub struct Ipsets;
 
+const AF_INET: u8 = libc::AF_INET as u8;
+
 impl Ipsets {
-    /// The probe sets (v6 too when `ipv6`) the calling thread's netns lacks (`ipset list -n`).
-    pub fn missing(
-        &self,
-        exec: &mut dyn Executor,
-        ipv6: bool,
-    ) -> Result<Vec<&'static str>, ApplyError> {
-        let out = run_checked(exec, &Cmd::new("ipset", ["list", "-n"]))?;
-        let present: Vec<&str> = out.stdout.lines().map(str::trim).collect();
+    /// The probe sets (v6 too when `ipv6`) the calling thread's netns lacks (`IPSET_CMD_HEADER`
+    /// each).
+    pub fn missing(&self, ipv6: bool) -> Result<Vec<&'static str>, ProbeSetError> {
         let wanted: &[&'static str] = if ipv6 {
             &[PROBE_SET_V4, PROBE_SET_V6]
         } else {
             &[PROBE_SET_V4]
         };
-        Ok(wanted
-            .iter()
-            .copied()
-            .filter(|s| !present.contains(s))
-            .collect())
+        let mut missing = Vec::new();
+        for set in wanted {
+            let what = format!("read the header of ipset {set}");
+            let attrs = msgs::ipset_named(set).map_err(|source| encode(&what, source))?;
+            match nfnl::request(
+                NFNL_SUBSYS_IPSET,
+                msgs::IPSET_CMD_HEADER,
+                0,
+                AF_INET,
+                &attrs,
+                &what,
+            ) {
+                Ok(()) => {}
+                Err(e) if e.refused_with() == Some(libc::ENOENT) => missing.push(*set),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(missing)
+    }
+}
+
+fn encode(what: &str, source: AttrTooLong) -> ProbeSetError {
+    ProbeSetError::Encode {
+        what: what.to_string(),
+        source,
     }
 }
 
 impl ProbeSets for Ipsets {
-    fn ensure(&self, exec: &mut dyn Executor, ipv6: bool) -> Result<(), ApplyError> {
+    fn ensure(&self, exec: &mut dyn Executor, ipv6: bool) -> Result<(), ProbeSetError> {
         let mut text = format!("create {PROBE_SET_V4} hash:ip family inet comment\n");
         if ipv6 {
             text.push_str(&format!(
@@ -184,46 +277,64 @@ impl ProbeSets for Ipsets {
         Ok(())
     }
 
-    fn entries(&self, exec: &mut dyn Executor) -> Result<Entries, ApplyError> {
+    fn entries(&self) -> Result<Entries, ProbeSetError> {
         let mut entries = Entries::new();
         for set in [PROBE_SET_V4, PROBE_SET_V6] {
-            let out = exec.run(&Cmd::new("ipset", ["save", set]))?;
-            if out.success {
-                entries.extend(parse_ipset_save(&out.stdout));
-            } else if !out.stderr.contains("does not exist") {
-                return Err(ApplyError::Failed {
-                    command: format!("ipset save {set}"),
-                    code: out.code,
-                    stderr: out.stderr.trim().to_string(),
-                });
+            let what = format!("list ipset {set}");
+            let attrs = msgs::ipset_named(set).map_err(|source| encode(&what, source))?;
+            let records = match nfnl::dump(
+                NFNL_SUBSYS_IPSET,
+                msgs::IPSET_CMD_LIST,
+                AF_INET,
+                &attrs,
+                &what,
+            ) {
+                Ok(records) => records,
+                Err(e) if e.refused_with() == Some(libc::ENOENT) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            for record in &records {
+                let members =
+                    msgs::ipset_members(record).map_err(|source| ProbeSetError::Decode {
+                        set: format!("ipset {set}"),
+                        source,
+                    })?;
+                entries.extend(members);
             }
         }
         Ok(entries)
     }
 
-    fn apply(&self, exec: &mut dyn Executor, ops: &[SetOp]) -> Result<(), ApplyError> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        let text: String = ops
-            .iter()
-            .map(|op| match op {
+    fn apply(&self, ops: &[SetOp]) -> Result<(), ProbeSetError> {
+        // One message each, without NLM_F_EXCL: an add replaces the comment of an entry already
+        // there, a delete of an absent entry is no error (ipset's `-exist`).
+        for op in without_replaced_deletes(ops) {
+            let (kind, what, attrs) = match op {
                 SetOp::Add { ip, uid } => {
-                    format!("add {} {ip} comment \"{}\"\n", set_name(ip), quote(uid))
+                    let what = format!("add {ip} (pod {uid}) to ipset {}", set_name(ip));
+                    let attrs = msgs::ipset_add(set_name(ip), *ip, uid);
+                    (msgs::IPSET_CMD_ADD, what, attrs)
                 }
-                SetOp::Del { ip } => format!("del {} {ip}\n", set_name(ip)),
-            })
-            .collect();
-        run_checked(
-            exec,
-            &Cmd::new("ipset", ["-exist", "restore"]).with_stdin(text),
-        )?;
+                SetOp::Del { ip } => {
+                    let what = format!("delete {ip} from ipset {}", set_name(ip));
+                    (
+                        msgs::IPSET_CMD_DEL,
+                        what,
+                        msgs::ipset_del(set_name(ip), *ip),
+                    )
+                }
+            };
+            let attrs = attrs.map_err(|source| encode(&what, source))?;
+            nfnl::request(NFNL_SUBSYS_IPSET, kind, 0, AF_INET, &attrs, &what)?;
+        }
         Ok(())
     }
 }
 
-/// nft sets in `inet istio-ambient-nat` (nftables backend).
+/// nft sets in `inet istio-ambient-nat` (nftables backend), as nf_tables set elements.
 pub struct NftSets;
+
+const NFPROTO_INET: u8 = 1;
 
 /// The nft statements creating the sets (idempotent; existing elements are kept).
 pub fn nft_set_declarations(ipv6: bool) -> String {
@@ -239,52 +350,72 @@ pub fn nft_set_declarations(ipv6: bool) -> String {
 }
 
 impl ProbeSets for NftSets {
-    fn ensure(&self, exec: &mut dyn Executor, ipv6: bool) -> Result<(), ApplyError> {
+    fn ensure(&self, exec: &mut dyn Executor, ipv6: bool) -> Result<(), ProbeSetError> {
         let text = format!("add table inet {NFT_TABLE}\n{}", nft_set_declarations(ipv6));
-        super::nft::apply_transaction(exec, &text)
+        super::nft::apply_transaction(exec, &text)?;
+        Ok(())
     }
 
-    fn entries(&self, exec: &mut dyn Executor) -> Result<Entries, ApplyError> {
+    fn entries(&self) -> Result<Entries, ProbeSetError> {
         let mut entries = Entries::new();
         for set in [PROBE_SET_V4, PROBE_SET_V6] {
-            let out = exec.run(&Cmd::new("nft", ["list", "set", "inet", NFT_TABLE, set]))?;
-            if out.success {
-                entries.extend(parse_nft_set(&out.stdout));
-            } else if !out.stderr.contains("No such file or directory") {
-                return Err(ApplyError::Failed {
-                    command: format!("nft list set inet {NFT_TABLE} {set}"),
-                    code: out.code,
-                    stderr: out.stderr.trim().to_string(),
-                });
+            let what = format!("list set inet {NFT_TABLE} {set}");
+            let attrs =
+                msgs::nft_elements_of(NFT_TABLE, set).map_err(|source| encode(&what, source))?;
+            let records = match nfnl::dump(
+                NFNL_SUBSYS_NFTABLES,
+                msgs::NFT_MSG_GETSETELEM,
+                NFPROTO_INET,
+                &attrs,
+                &what,
+            ) {
+                Ok(records) => records,
+                Err(e) if e.refused_with() == Some(libc::ENOENT) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            for record in &records {
+                let members =
+                    msgs::nft_members(record).map_err(|source| ProbeSetError::Decode {
+                        set: format!("set inet {NFT_TABLE} {set}"),
+                        source,
+                    })?;
+                entries.extend(members);
             }
         }
         Ok(entries)
     }
 
-    fn apply(&self, exec: &mut dyn Executor, ops: &[SetOp]) -> Result<(), ApplyError> {
-        let text: String = ops
-            .iter()
-            .map(|op| match op {
-                SetOp::Add { ip, uid } => format!(
-                    "add element inet {NFT_TABLE} {} {{ {ip} comment \"{}\" }}\n",
-                    set_name(ip),
-                    quote(uid)
-                ),
-                SetOp::Del { ip } => {
-                    format!(
-                        "delete element inet {NFT_TABLE} {} {{ {ip} }}\n",
-                        set_name(ip)
-                    )
-                }
-            })
-            .collect();
-        super::nft::apply_transaction(exec, &text)
+    fn apply(&self, ops: &[SetOp]) -> Result<(), ProbeSetError> {
+        // One transaction (all or nothing). An add keeps an element already there as it is, so
+        // an owner change stays delete-then-add; a delete is preceded by an add of the bare
+        // element, so an element someone else removed meanwhile fails nothing.
+        let mut tx = Transaction::new();
+        for op in ops {
+            let (ip, comment) = match op {
+                SetOp::Add { ip, uid } => (ip, Some(uid.as_str())),
+                SetOp::Del { ip } => (ip, None),
+            };
+            let set = set_name(ip);
+            let what = match comment {
+                Some(uid) => format!("add {ip} (pod {uid}) to set inet {NFT_TABLE} {set}"),
+                None => format!("delete {ip} from set inet {NFT_TABLE} {set}"),
+            };
+            let messages = match comment {
+                Some(_) => vec![(msgs::NFT_MSG_NEWSETELEM, NLM_F_CREATE, comment)],
+                None => vec![
+                    (msgs::NFT_MSG_NEWSETELEM, NLM_F_CREATE, None),
+                    (msgs::NFT_MSG_DELSETELEM, 0, None),
+                ],
+            };
+            for (kind, flags, comment) in messages {
+                let attrs = msgs::nft_element(NFT_TABLE, set, *ip, comment)
+                    .map_err(|source| encode(&what, source))?;
+                tx.push(kind, flags, NFPROTO_INET, &attrs, what.clone())?;
+            }
+        }
+        tx.send()?;
+        Ok(())
     }
-}
-
-/// A UID goes into a double-quoted comment: quotes and backslashes are dropped (pod UIDs have none).
-fn quote(uid: &str) -> String {
-    uid.chars().filter(|c| *c != '"' && *c != '\\').collect()
 }
 
 /// `ipset save` lines `add SET IP comment "UID"`.

@@ -156,5 +156,6 @@ mod tests {
     }
 }
 
+pub mod nfnl;
 pub mod nft_batch;
 pub mod routes;

@@ -10,23 +10,22 @@
 use std::time::Duration;
 
 use netlink_packet_core::{
-    DecodeError, DefaultNla, Emitable, ErrorBuffer, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
-    NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer, NetlinkHeader, Nla, NlaBuffer, NlasIterator,
+    DecodeError, DefaultNla, Emitable, ErrorBuffer, NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR,
+    NetlinkBuffer, NetlinkHeader, Nla, NlaBuffer, NlasIterator,
 };
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
 const NFNL_MSG_BATCH_BEGIN: u16 = 16;
 const NFNL_MSG_BATCH_END: u16 = 17;
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
+pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFNETLINK_V0: u8 = 0;
 /// `struct nlmsghdr`.
-const HEADER_LEN: usize = 16;
+pub(super) const HEADER_LEN: usize = 16;
 /// `struct nfgenmsg`.
-const NFGENMSG_LEN: usize = 4;
+pub(super) const NFGENMSG_LEN: usize = 4;
 /// The kernel answers while it handles the send; this only bounds a kernel that never does.
-const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 const FIRST_SEQ: u32 = 1;
-const REPLY_BUFFER: usize = 65536;
+pub(super) const REPLY_BUFFER: usize = 65536;
 
 /// The nf_tables requests this module makes itself (`enum nf_tables_msg_types`); the rest come
 /// from the caller.
@@ -48,7 +47,7 @@ const NFTA_CHAIN_NAME: u16 = 3;
 pub enum BatchError {
     #[error("nfnetlink socket: {0}")]
     Io(#[from] std::io::Error),
-    #[error("nf_tables refused to {what}: {source}")]
+    #[error("netfilter refused to {what}: {source}")]
     Rejected {
         what: String,
         source: std::io::Error,
@@ -64,6 +63,16 @@ pub enum BatchError {
     AttrTooLong { what: String, kind: u16, len: usize },
     #[error(transparent)]
     Entry(#[from] crate::netns::NetnsError),
+}
+
+impl BatchError {
+    /// The errno the kernel refused a message with (ENOENT: no such table, set or element).
+    pub fn refused_with(&self) -> Option<i32> {
+        match self {
+            BatchError::Rejected { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
 }
 
 /// One nf_tables transaction being framed: BATCH_BEGIN, then each message with its netlink and
@@ -205,7 +214,7 @@ impl Transaction {
 }
 
 /// Appends a netlink header (its length covering `payload_len` more bytes) and an `nfgenmsg`.
-fn push_header(
+pub(super) fn push_header(
     buf: &mut Vec<u8>,
     kind: u16,
     flags: u16,
@@ -436,60 +445,18 @@ fn name_attr(kind: u16, name: &str) -> DefaultNla {
 /// calling thread's network namespace: one netlink dump, no process. This is how an apply learns
 /// cheaply whether iptables-nft already holds chains of ours.
 pub fn list_chains(family: u8) -> Result<Vec<(String, String)>, BatchError> {
-    const DUMP_SEQ: u32 = 1;
-    let mut socket = Socket::new(NETLINK_NETFILTER)?;
-    socket.bind_auto()?;
-    socket.connect(&SocketAddr::new(0, 0))?;
-    nix::sys::socket::setsockopt(
-        &socket,
-        nix::sys::socket::sockopt::ReceiveTimeout,
-        &nix::sys::time::TimeVal::new(REPLY_TIMEOUT.as_secs() as i64, 0),
-    )
-    .map_err(std::io::Error::from)?;
-    let mut request = Vec::with_capacity(HEADER_LEN + NFGENMSG_LEN);
-    push_header(
-        &mut request,
-        (NFNL_SUBSYS_NFTABLES << 8) | OwnMsg::GetChain as u16,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        DUMP_SEQ,
+    let records = super::nfnl::dump::<DefaultNla>(
+        NFNL_SUBSYS_NFTABLES,
+        OwnMsg::GetChain as u16,
         family,
-        0,
-        0,
-    );
-    socket.send(&request, 0)?;
+        &[],
+        "list chains",
+    )?;
     let mut chains = Vec::new();
-    let mut buf = vec![0u8; REPLY_BUFFER];
-    loop {
-        let n = socket.recv(&mut &mut buf[..], 0)?;
-        if n == 0 {
-            return Err(BatchError::Unanswered);
-        }
-        let mut offset = 0;
-        while offset < n {
-            let reply = NetlinkBuffer::new_checked(&buf[offset..n])
-                .map_err(|e| BatchError::Malformed(Some(e)))?;
-            if reply.sequence_number() != DUMP_SEQ {
-                return Err(BatchError::Malformed(None));
-            }
-            let body = reply.payload();
-            match reply.message_type() {
-                NLMSG_DONE => return Ok(chains),
-                NLMSG_ERROR if body.len() >= 4 => {
-                    if let Some(code) = ErrorBuffer::new(body).code() {
-                        return Err(BatchError::Rejected {
-                            what: "list chains".into(),
-                            source: std::io::Error::from_raw_os_error(-code.get()),
-                        });
-                    }
-                }
-                _ if body.len() >= NFGENMSG_LEN => {
-                    chains.extend(chain_names(&body[NFGENMSG_LEN..])?);
-                }
-                _ => {}
-            }
-            offset += (reply.length() as usize).next_multiple_of(4);
-        }
+    for record in &records {
+        chains.extend(chain_names(record)?);
     }
+    Ok(chains)
 }
 
 /// Table and chain name from the attributes of one `NFT_MSG_NEWCHAIN` dump record.

@@ -3,7 +3,8 @@
 //! ([`capture`]: the sidecar config, whose values [`capture_values`] checks, and the iptables
 //! renderer of the plan; [`nft_capture`], the nftables one; [`ambient`] and [`ambient_nft`]); and the renderers ([`iptables`] restore text, [`nftables`] text, and
 //! [`iptables_nft`]: the nf_tables messages iptables-nft would send, described neutrally with a
-//! [`nla`] attribute tree and the [`xtables`] structs, for the netlink transport to frame).
+//! [`nla`] attribute tree and the [`xtables`] structs, for the netlink transport to frame; the
+//! probe sets' ipset and nft set-element messages and their decoding, [`probe_set_msgs`]).
 //! Pure: no processes, files, sockets or namespaces are touched here.
 //! May call: nothing else in this crate.
 
@@ -19,6 +20,7 @@ pub mod nft_capture;
 pub mod nft_model;
 pub mod nftables;
 pub mod nla;
+pub mod probe_set_msgs;
 pub mod xtables;
 
 pub use model::{Family, Match, Position, Proto, Rule, RuleSet, Table, Target};

@@ -7,7 +7,6 @@
 //! Owns nothing of Kubernetes or ZDS; it is given plain pod facts ([`PodNet`]).
 
 pub mod branch_eni;
-mod probe;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -21,11 +20,10 @@ use crate::apply::ambient::{
     remove_inpod_here,
 };
 use crate::apply::backend::{BackendRequest, Decision, ProcessHost, Recorded, decide_recorded};
-use crate::apply::exec::ProcessExecutor;
 use crate::apply::hostproc::{KubeletUidError, kubelet_uid};
-use crate::apply::iptables::{ApplyError, ForceBinary};
+use crate::apply::iptables::ForceBinary;
 use crate::apply::pod::Backend;
-use crate::apply::probe_set::{self, Ipsets, NftSets, ProbeSets, SetOp};
+use crate::apply::probe_set::{self, Entries, Ipsets, NftSets, ProbeSetError, ProbeSets, SetOp};
 use crate::apply::sidecar::Outcome;
 use std::os::unix::fs::MetadataExt;
 
@@ -163,13 +161,7 @@ pub enum DataplaneError {
     ProbeSet {
         what: String,
         #[source]
-        source: ApplyError,
-    },
-    #[error("host probe set ({what}): {source}")]
-    ProbeBatch {
-        what: String,
-        #[source]
-        source: probe::BatchNotRun,
+        source: ProbeSetError,
     },
     #[error("kubelet UID for the nftables probe rule: {0}")]
     KubeletUid(#[source] KubeletUidError),
@@ -186,8 +178,9 @@ pub struct Dataplane {
     settings: DataplaneSettings,
     decision: Decision,
     host_netns: Option<Netns>,
-    /// Probe-set changes, applied in batches.
-    probes: probe::Batcher,
+    /// Held by one probe-set change from its read to its last netlink message (never across a
+    /// process): see [`probe_set::change`].
+    probe_serial: Arc<Mutex<()>>,
     /// nftables: in-pod transaction -> how it lists once applied (learnt once each).
     nft_listings: crate::apply::nft::Listings,
     /// nftables: the host table's transaction -> how it lists (the host rules' drift check).
@@ -261,7 +254,7 @@ impl Dataplane {
             settings: settings.clone(),
             decision,
             host_netns,
-            probes: probe::Batcher::default(),
+            probe_serial: Arc::default(),
             nft_listings: crate::apply::nft::Listings::new(crate::apply::ambient::OUR_NFT_TABLES),
             host_listing: crate::apply::nft::Listings::new(probe_set::NFT_TABLE),
             branch_eni: Arc::new(branch_eni),
@@ -337,12 +330,7 @@ impl Dataplane {
         if self.settings.skip_host_rules {
             return Ok(None);
         }
-        let repaired = self.program_host(true)?;
-        if repaired.is_some() {
-            // The sets may have been recreated empty: the next batch must read them.
-            self.probes.forget();
-        }
-        Ok(repaired)
+        self.program_host(true)
     }
 
     /// The old backend's host rules and probe sets removed (a `NATIVE_NFTABLES` migration): the
@@ -458,8 +446,8 @@ impl Dataplane {
     /// Puts the pod's IPs into the probe sets under its UID (a reused IP moves to this UID).
     pub fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), DataplaneError> {
         let (owner, wanted) = (uid.to_string(), self.probed(ips));
-        self.probe_batch(format!("add pod {uid}"), false, move |current| {
-            (probe_set::plan_upsert(current, &owner, &wanted), vec![])
+        self.probe_change(format!("add pod {uid}"), move |current| {
+            probe_set::plan_upsert(current, &owner, &wanted)
         })?;
         self.branch_eni_step(format!("add pod {uid}"), ips, true)
     }
@@ -488,13 +476,12 @@ impl Dataplane {
     /// Removes the pod's IPs from the probe sets, only where the entry carries its UID.
     pub fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), DataplaneError> {
         let (owner, gone) = (uid.to_string(), ips.to_vec());
-        self.probe_batch(format!("remove pod {uid}"), false, move |current| {
+        self.probe_change(format!("remove pod {uid}"), move |current| {
             let (ops, foreign) = probe_set::plan_remove(current, &owner, &gone);
-            let warnings = foreign
-                .into_iter()
-                .map(|ip| format!("probe set entry {ip} belongs to another pod; left in place"))
-                .collect();
-            (ops, warnings)
+            for ip in foreign {
+                warn!(pod = %owner, %ip, "probe set entry belongs to another pod; left in place");
+            }
+            ops
         })?;
         self.branch_eni_step(format!("remove pod {uid}"), ips, false)
     }
@@ -511,12 +498,8 @@ impl Dataplane {
             .iter()
             .map(|(uid, ips)| (uid.clone(), self.probed(ips)))
             .collect();
-        let report = Arc::new(Mutex::new(ProbeSynced::default()));
-        let planned = report.clone();
-        self.probe_batch("sync".to_string(), true, move |current| {
-            let ops = probe_set::plan_sync(current, &wanted, prune);
-            *planned.lock().unwrap_or_else(|p| p.into_inner()) = ProbeSynced::of(&ops);
-            (ops, vec![])
+        let ops = self.probe_change("sync".to_string(), move |current| {
+            probe_set::plan_sync(current, &wanted, prune)
         })?;
         // Re-learns (and re-adds where missing) every member's branch-ENI rules, so a restarted
         // agent can still remove them.
@@ -525,38 +508,23 @@ impl Dataplane {
             .flat_map(|(_, ips)| ips.iter().copied())
             .collect();
         self.branch_eni_step("sync".to_string(), &ips, true)?;
-        let report = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        Ok(report)
+        Ok(ProbeSynced::of(&ops))
     }
 
-    /// Queues a probe-set change (batched with concurrent ones, see [`probe`]); returns once it
-    /// was applied.
-    fn probe_batch(
+    /// Plans one probe-set change against the sets as the kernel holds them and applies it
+    /// over netlink, in the host netns ([`probe_set::change`]); returns the operations applied.
+    fn probe_change(
         &self,
         what: String,
-        fresh: bool,
-        plan: impl FnOnce(&probe_set::Entries) -> (Vec<SetOp>, Vec<String>) + Send + 'static,
-    ) -> Result<(), DataplaneError> {
-        let nft = self.nftables();
-        let request = probe::Request {
-            label: what.clone(),
-            fresh,
-            plan: Box::new(plan),
-        };
-        let run = |job: probe::Job| {
-            in_host(&self.host_netns, move || {
-                let sets: &dyn ProbeSets = if nft { &NftSets } else { &Ipsets };
-                job.execute(sets, &mut ProcessExecutor::default())
-            })
-            .map_err(|e| e.to_string())
-        };
-        match self
-            .probes
-            .submit(request, self.settings.ambient.enable_ipv6, run)
-        {
-            Ok(result) => result.map_err(|source| DataplaneError::ProbeSet { what, source }),
-            Err(source) => Err(DataplaneError::ProbeBatch { what, source }),
-        }
+        plan: impl Fn(&Entries) -> Vec<SetOp> + Send + 'static,
+    ) -> Result<Vec<SetOp>, DataplaneError> {
+        let (nft, ipv6) = (self.nftables(), self.settings.ambient.enable_ipv6);
+        let serial = self.probe_serial.clone();
+        in_host(&self.host_netns, move || {
+            let sets: &dyn ProbeSets = if nft { &NftSets } else { &Ipsets };
+            probe_set::change(sets, &serial, ipv6, &plan)
+        })?
+        .map_err(|source| DataplaneError::ProbeSet { what, source })
     }
 }
 
