@@ -333,7 +333,7 @@ fn nft_already_holds(exec: &mut dyn Executor, expected: Option<&str>) -> Result<
     let Some(expected) = expected else {
         return Ok(false);
     };
-    let ours_exist = crate::netlink::nft_batch::list_chains(0)
+    let ours_exist = crate::netlink::nft_dump::list_chains(0)
         .map(|chains| chains.iter().any(|(t, _)| t.starts_with(OUR_NFT_TABLES)))
         .unwrap_or(true);
     Ok(ours_exist && our_nft_listing(exec)? == expected)

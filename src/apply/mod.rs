@@ -13,6 +13,7 @@ pub mod exec;
 pub mod hostproc;
 pub mod iptables;
 pub mod nft;
+pub mod nft_read;
 pub mod pod;
 pub mod probe_set;
 pub mod routes;

@@ -10,30 +10,28 @@
 use std::time::Duration;
 
 use netlink_packet_core::{
-    DecodeError, DefaultNla, Emitable, ErrorBuffer, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
-    NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer, NetlinkHeader, Nla, NlaBuffer, NlasIterator,
+    DecodeError, DefaultNla, Emitable, ErrorBuffer, NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR,
+    NetlinkBuffer, NetlinkHeader, Nla,
 };
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
 const NFNL_MSG_BATCH_BEGIN: u16 = 16;
 const NFNL_MSG_BATCH_END: u16 = 17;
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
+pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFNETLINK_V0: u8 = 0;
 /// `struct nlmsghdr`.
-const HEADER_LEN: usize = 16;
+pub(super) const HEADER_LEN: usize = 16;
 /// `struct nfgenmsg`.
-const NFGENMSG_LEN: usize = 4;
+pub(super) const NFGENMSG_LEN: usize = 4;
 /// The kernel answers while it handles the send; this only bounds a kernel that never does.
-const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 const FIRST_SEQ: u32 = 1;
-const REPLY_BUFFER: usize = 65536;
+pub(super) const REPLY_BUFFER: usize = 65536;
 
 /// The nf_tables requests this module makes itself (`enum nf_tables_msg_types`); the rest come
 /// from the caller.
 #[derive(Debug, Clone, Copy)]
 enum OwnMsg {
     DelTable = 2,
-    GetChain = 4,
     DelChain = 5,
 }
 
@@ -205,7 +203,7 @@ impl Transaction {
 }
 
 /// Appends a netlink header (its length covering `payload_len` more bytes) and an `nfgenmsg`.
-fn push_header(
+pub(super) fn push_header(
     buf: &mut Vec<u8>,
     kind: u16,
     flags: u16,
@@ -425,90 +423,11 @@ pub fn delete_table(family: u8, name: &str) -> Result<(), BatchError> {
 }
 
 /// A NUL-terminated name attribute.
-fn name_attr(kind: u16, name: &str) -> DefaultNla {
+pub(super) fn name_attr(kind: u16, name: &str) -> DefaultNla {
     let mut value = Vec::with_capacity(name.len() + 1);
     value.extend_from_slice(name.as_bytes());
     value.push(0);
     DefaultNla::new(kind, value)
-}
-
-/// The `(table, chain)` names of every nf_tables chain of one family (`AF_INET`/`AF_INET6`) in the
-/// calling thread's network namespace: one netlink dump, no process. This is how an apply learns
-/// cheaply whether iptables-nft already holds chains of ours.
-pub fn list_chains(family: u8) -> Result<Vec<(String, String)>, BatchError> {
-    const DUMP_SEQ: u32 = 1;
-    let mut socket = Socket::new(NETLINK_NETFILTER)?;
-    socket.bind_auto()?;
-    socket.connect(&SocketAddr::new(0, 0))?;
-    nix::sys::socket::setsockopt(
-        &socket,
-        nix::sys::socket::sockopt::ReceiveTimeout,
-        &nix::sys::time::TimeVal::new(REPLY_TIMEOUT.as_secs() as i64, 0),
-    )
-    .map_err(std::io::Error::from)?;
-    let mut request = Vec::with_capacity(HEADER_LEN + NFGENMSG_LEN);
-    push_header(
-        &mut request,
-        (NFNL_SUBSYS_NFTABLES << 8) | OwnMsg::GetChain as u16,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        DUMP_SEQ,
-        family,
-        0,
-        0,
-    );
-    socket.send(&request, 0)?;
-    let mut chains = Vec::new();
-    let mut buf = vec![0u8; REPLY_BUFFER];
-    loop {
-        let n = socket.recv(&mut &mut buf[..], 0)?;
-        if n == 0 {
-            return Err(BatchError::Unanswered);
-        }
-        let mut offset = 0;
-        while offset < n {
-            let reply = NetlinkBuffer::new_checked(&buf[offset..n])
-                .map_err(|e| BatchError::Malformed(Some(e)))?;
-            if reply.sequence_number() != DUMP_SEQ {
-                return Err(BatchError::Malformed(None));
-            }
-            let body = reply.payload();
-            match reply.message_type() {
-                NLMSG_DONE => return Ok(chains),
-                NLMSG_ERROR if body.len() >= 4 => {
-                    if let Some(code) = ErrorBuffer::new(body).code() {
-                        return Err(BatchError::Rejected {
-                            what: "list chains".into(),
-                            source: std::io::Error::from_raw_os_error(-code.get()),
-                        });
-                    }
-                }
-                _ if body.len() >= NFGENMSG_LEN => {
-                    chains.extend(chain_names(&body[NFGENMSG_LEN..])?);
-                }
-                _ => {}
-            }
-            offset += (reply.length() as usize).next_multiple_of(4);
-        }
-    }
-}
-
-/// Table and chain name from the attributes of one `NFT_MSG_NEWCHAIN` dump record.
-fn chain_names(attrs: &[u8]) -> Result<Option<(String, String)>, BatchError> {
-    let (mut table, mut name) = (None, None);
-    for attr in NlasIterator::new(attrs) {
-        let attr: NlaBuffer<&[u8]> = attr.map_err(|e| BatchError::Malformed(Some(e)))?;
-        let text = || {
-            String::from_utf8_lossy(attr.value())
-                .trim_end_matches('\0')
-                .to_string()
-        };
-        match attr.kind() {
-            NFTA_CHAIN_TABLE => table = Some(text()),
-            NFTA_CHAIN_NAME => name = Some(text()),
-            _ => {}
-        }
-    }
-    Ok(table.zip(name))
 }
 
 #[cfg(test)]

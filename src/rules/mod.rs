@@ -14,6 +14,7 @@ pub mod capture_plan;
 pub mod capture_values;
 pub mod iptables;
 pub mod iptables_nft;
+pub mod iptables_nft_decode;
 pub mod model;
 pub mod nft_capture;
 pub mod nft_model;
