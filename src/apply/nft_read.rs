@@ -36,6 +36,15 @@ impl OwnedState {
     }
 }
 
+/// The set names of the calling thread's netns, looked up over netlink as a rule names one.
+pub struct KernelSets;
+
+impl SetNames for KernelSets {
+    fn name_of(&self, index: u16) -> Option<String> {
+        crate::netlink::ipset::set_name(index).ok().flatten()
+    }
+}
+
 /// Reads `tables` of `family` in the calling thread's netns: one chain dump, then one rule dump
 /// per table that exists.
 pub fn read_owned(

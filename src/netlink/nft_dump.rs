@@ -55,9 +55,21 @@ pub fn dump_rules(family: u8, table: &str) -> Result<Vec<Vec<u8>>, BatchError> {
     }
 }
 
-/// One dump conversation on a fresh socket: the request, then every record until `NLMSG_DONE`.
 fn dump(
     msg: DumpMsg,
+    family: u8,
+    attrs: &[DefaultNla],
+    what: &str,
+) -> Result<Vec<Vec<u8>>, BatchError> {
+    let kind = (NFNL_SUBSYS_NFTABLES << 8) | msg as u16;
+    converse(kind, NLM_F_DUMP, family, attrs, what)
+}
+
+/// One nfnetlink request on a fresh socket and every record it is answered with, until
+/// `NLMSG_DONE` (a dump) or the acknowledgement (`NLM_F_ACK` in `flags`).
+pub(super) fn converse(
+    kind: u16,
+    flags: u16,
     family: u8,
     attrs: &[DefaultNla],
     what: &str,
@@ -76,8 +88,8 @@ fn dump(
     let mut request = Vec::with_capacity(HEADER_LEN + NFGENMSG_LEN + attrs_len);
     push_header(
         &mut request,
-        (NFNL_SUBSYS_NFTABLES << 8) | msg as u16,
-        NLM_F_REQUEST | NLM_F_DUMP,
+        kind,
+        NLM_F_REQUEST | flags,
         DUMP_SEQ,
         family,
         0,
@@ -105,12 +117,13 @@ fn dump(
             match reply.message_type() {
                 NLMSG_DONE => return Ok(records),
                 NLMSG_ERROR if body.len() >= 4 => {
-                    if let Some(code) = ErrorBuffer::new(body).code() {
-                        return Err(BatchError::Rejected {
+                    return match ErrorBuffer::new(body).code() {
+                        Some(code) => Err(BatchError::Rejected {
                             what: what.to_string(),
                             source: std::io::Error::from_raw_os_error(-code.get()),
-                        });
-                    }
+                        }),
+                        None => Ok(records),
+                    };
                 }
                 _ if body.len() >= NFGENMSG_LEN => records.push(body[NFGENMSG_LEN..].to_vec()),
                 _ => {}

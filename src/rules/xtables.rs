@@ -293,11 +293,11 @@ pub mod read {
     }
 
     /// `TPROXY` (revision 1): `struct xt_tproxy_target_info_v1` with no local address — mark
-    /// value, mark mask and the port.
+    /// value, mark mask and the port (26 bytes, padded to the xtables alignment).
     pub fn tproxy(info: &[u8]) -> Option<(u32, u32, u16)> {
         let (mask, value) = (u32_at(info, 0)?, u32_at(info, 4)?);
         let port = be16_at(info, 24)?;
-        let plain = (26..=28).contains(&info.len()) && zero(&info[..24], 8) && zero(info, 26);
+        let plain = (26..=32).contains(&info.len()) && zero(&info[..24], 8) && zero(info, 26);
         plain.then_some((value, mask, port))
     }
 
