@@ -235,6 +235,9 @@ pub fn decode_rule(family: Family, record: &[u8], sets: &dyn SetNames) -> Decode
     }
 }
 
+/// A load's compare: the mask applied first (if any), negated, the value.
+type Compare<'a> = (Option<&'a [u8]>, bool, &'a [u8]);
+
 fn decode_exprs(
     family: Family,
     table: &str,
@@ -255,7 +258,7 @@ fn decode_exprs(
     let mut target = None;
     let mut i = 0;
     // The compare (after an optional mask) that completes a load.
-    let compare = |i: &mut usize| -> Result<(Option<&[u8]>, bool, &[u8]), Foreign> {
+    let compare = |i: &mut usize| -> Result<Compare, Foreign> {
         let mask = match exprs.get(*i + 1) {
             Some(Expr::Mask { mask }) => {
                 *i += 1;
