@@ -3,7 +3,8 @@
 //! ([`capture`]: the sidecar config, whose values [`capture_values`] checks, and the iptables
 //! renderer of the plan; [`nft_capture`], the nftables one; [`ambient`] and [`ambient_nft`]); and the renderers ([`iptables`] restore text, [`nftables`] text, and
 //! [`iptables_nft`]: the nf_tables messages iptables-nft would send, described neutrally with a
-//! [`nla`] attribute tree and the [`xtables`] structs, for the netlink transport to frame).
+//! [`nla`] attribute tree and the [`xtables`] structs, for the netlink transport to frame); and
+//! the inverse, [`iptables_nft_decode`]: a dumped nf_tables rule read back into the model.
 //! Pure: no processes, files, sockets or namespaces are touched here.
 //! May call: nothing else in this crate.
 
