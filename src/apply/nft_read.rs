@@ -8,8 +8,10 @@ use std::collections::BTreeSet;
 
 use super::ambient::Owned;
 use super::iptables::nf_family;
+use super::state::Difference;
 use crate::netlink::nft_batch::BatchError;
 use crate::netlink::nft_dump;
+use crate::rules::capture::{is_owned_chain, owned_chains};
 use crate::rules::iptables_nft_decode::{DecodedRule, SetNames, as_listed, decode_rule};
 use crate::rules::model::is_builtin_chain;
 use crate::rules::{Family, Rule};
@@ -144,6 +146,74 @@ pub fn ambient_difference(state: &OwnedState, rules: &[Rule], owned: Owned) -> O
         }
     }
     None
+}
+
+/// How `state` differs from the sidecar plan `rules` — the question
+/// [`super::state::compare_with_plan`] answers from `*-save` text, asked of typed rules (so
+/// never "unsure"): every planned chain there; our chains hold as many rules as planned; no
+/// planned rule more often than planned; every planned rule there (order not compared, as in
+/// Istio); no chain of ours the plan does not create. A foreign rule equals no planned one.
+pub fn sidecar_difference(state: &OwnedState, rules: &[Rule]) -> Option<Difference> {
+    let owned = owned_chains();
+    let listed = as_listed(rules);
+    for ((table, chain), planned) in &listed {
+        let (table, chain) = (table.name(), chain.as_str());
+        let names = || (table.to_string(), chain.to_string());
+        if !state.chains.contains(&names()) {
+            let (table, chain) = names();
+            return Some(Difference::MissingChain { table, chain });
+        }
+        let have: Vec<&DecodedRule> = state.chain(table, chain).collect();
+        if is_owned_chain(&owned, table, chain) && have.len() != planned.len() {
+            let (table, chain) = names();
+            return Some(Difference::RuleCount {
+                table,
+                chain,
+                found: have.len(),
+                planned: planned.len(),
+            });
+        }
+        let count_have = |r: &Rule| have.iter().filter(|h| h.rule.as_ref() == Ok(r)).count();
+        let count_planned = |r: &Rule| planned.iter().filter(|p| *p == r).count();
+        if planned.iter().any(|r| count_have(r) > count_planned(r)) {
+            let (table, chain) = names();
+            return Some(Difference::Stacked { table, chain });
+        }
+        if let Some(missing) = planned.iter().find(|r| count_have(r) == 0) {
+            let (table, chain) = names();
+            let rule = crate::rules::iptables::rule_args(missing).join(" ");
+            return Some(Difference::MissingRule { table, chain, rule });
+        }
+    }
+    state
+        .chains
+        .iter()
+        .find(|(t, c)| {
+            is_owned_chain(&owned, t, c) && !listed.keys().any(|(pt, pc)| pt.name() == t && pc == c)
+        })
+        .map(|(table, chain)| Difference::ExtraChain {
+            table: table.clone(),
+            chain: chain.clone(),
+        })
+}
+
+/// Whether `state` holds anything of the sidecar plan: a chain of ours, or a planned built-in
+/// chain rule (the typed [`super::state::holds_any_of`]).
+pub fn holds_any_sidecar(state: &OwnedState, rules: &[Rule]) -> bool {
+    let owned = owned_chains();
+    let listed = as_listed(rules);
+    state
+        .chains
+        .iter()
+        .any(|(t, c)| is_owned_chain(&owned, t, c))
+        || listed
+            .iter()
+            .filter(|((_, c), _)| is_builtin_chain(c))
+            .any(|((t, c), planned)| {
+                state
+                    .chain(t.name(), c)
+                    .any(|h| h.rule.as_ref().is_ok_and(|r| planned.contains(r)))
+            })
 }
 
 #[cfg(test)]

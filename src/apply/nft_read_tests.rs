@@ -1,5 +1,6 @@
 use super::*;
 use crate::apply::ambient::INPOD_CHAINS;
+use crate::apply::state::Difference;
 use crate::rules::ambient::{AmbientConfig, PodOverrides, inpod_rules};
 use crate::rules::iptables_nft::{NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, encode};
 use crate::rules::iptables_nft_decode::{Foreign, NoSets};
@@ -92,4 +93,52 @@ fn a_missing_changed_or_foreign_rule_is_a_difference() {
         rule: Err(Foreign("limit expression".into())),
     });
     assert_eq!(ambient_difference(&other, &rules, INPOD_CHAINS), None);
+}
+
+#[test]
+fn the_sidecar_plan_read_back_is_no_difference_and_each_change_is_named() {
+    let rules = crate::rules::capture::build(&Default::default()).v4;
+    let good = applied(&rules);
+    assert_eq!(sidecar_difference(&good, &rules), None);
+    assert!(holds_any_sidecar(&good, &rules));
+    assert!(!holds_any_sidecar(&OwnedState::default(), &rules));
+    assert!(matches!(
+        sidecar_difference(&OwnedState::default(), &rules),
+        Some(Difference::MissingChain { .. })
+    ));
+
+    // A rule of ours read as foreign: the chain still holds as many rules, one planned is gone.
+    let mut foreign = good.clone();
+    let at = foreign
+        .rules
+        .iter()
+        .position(|r| r.chain == "ISTIO_OUTPUT")
+        .unwrap();
+    foreign.rules[at].rule = Err(Foreign("limit expression".into()));
+    assert!(matches!(
+        sidecar_difference(&foreign, &rules),
+        Some(Difference::MissingRule { .. })
+    ));
+
+    // A built-in chain's jump applied twice.
+    let mut stacked = good.clone();
+    let jump = stacked
+        .rules
+        .iter()
+        .find(|r| is_builtin_chain(&r.chain))
+        .unwrap()
+        .clone();
+    stacked.rules.push(jump);
+    assert!(matches!(
+        sidecar_difference(&stacked, &rules),
+        Some(Difference::Stacked { .. })
+    ));
+
+    // A chain of ours this plan does not create.
+    let mut extra = good.clone();
+    extra.chains.insert(("mangle".into(), "ISTIO_DIVERT".into()));
+    assert!(matches!(
+        sidecar_difference(&extra, &rules),
+        Some(Difference::ExtraChain { .. })
+    ));
 }
