@@ -226,3 +226,39 @@ fn a_changed_rule_reads_back_as_a_difference() {
     let d = diff(&ns).expect("a foreign rule in our chain");
     assert!(d.contains("foreign"), "{d}");
 }
+
+/// ipset names over netlink, as the reader and the host check use them: by kernel index (what a
+/// `-m set` match keeps) and by name.
+#[test]
+fn ipsets_are_found_over_netlink() {
+    require_tool("ipset", "ipset");
+    use istio_cni::netlink::ipset::{exists, set_name};
+    let ns = Netns::new("nlipset");
+    ns.exec("ipset", &["create", "istio-test-a", "hash:ip"]);
+    ns.exec(
+        "ipset",
+        &["create", "istio-test-b", "hash:ip", "family", "inet6"],
+    );
+    let found = ns
+        .spawn(|| {
+            (
+                exists("istio-test-b").unwrap(),
+                exists("istio-test-none").unwrap(),
+                set_name(0).unwrap(),
+                set_name(1).unwrap(),
+                set_name(7).unwrap(),
+            )
+        })
+        .join()
+        .unwrap();
+    assert_eq!(
+        found,
+        (
+            true,
+            false,
+            Some("istio-test-a".to_string()),
+            Some("istio-test-b".to_string()),
+            None
+        )
+    );
+}

@@ -489,7 +489,7 @@ pub fn program_host_here(
         return Ok(difference);
     }
     // The SNAT rule names the sets, so they exist first.
-    let missing = Ipsets.missing(&mut exec, cfg.enable_ipv6)?;
+    let missing = Ipsets.missing(cfg.enable_ipv6)?;
     if !missing.is_empty() {
         Ipsets.ensure(&mut exec, cfg.enable_ipv6)?;
     }
@@ -528,7 +528,7 @@ pub fn remove_host_here(opts: &AmbientApply, ipv6: bool) -> Result<(), AmbientEr
     } else {
         &[PROBE_SET_V4]
     };
-    let missing = Ipsets.missing(&mut exec, ipv6)?;
+    let missing = Ipsets.missing(ipv6)?;
     for set in sets.iter().filter(|s| !missing.contains(s)) {
         run_checked(&mut exec, &super::exec::Cmd::new("ipset", ["destroy", set]))?;
     }

@@ -136,7 +136,9 @@ fn the_sidecar_plan_read_back_is_no_difference_and_each_change_is_named() {
 
     // A chain of ours this plan does not create.
     let mut extra = good.clone();
-    extra.chains.insert(("mangle".into(), "ISTIO_DIVERT".into()));
+    extra
+        .chains
+        .insert(("mangle".into(), "ISTIO_DIVERT".into()));
     assert!(matches!(
         sidecar_difference(&extra, &rules),
         Some(Difference::ExtraChain { .. })

@@ -148,24 +148,26 @@ pub trait ProbeSets {
 pub struct Ipsets;
 
 impl Ipsets {
-    /// The probe sets (v6 too when `ipv6`) the calling thread's netns lacks (`ipset list -n`).
-    pub fn missing(
-        &self,
-        exec: &mut dyn Executor,
-        ipv6: bool,
-    ) -> Result<Vec<&'static str>, ApplyError> {
-        let out = run_checked(exec, &Cmd::new("ipset", ["list", "-n"]))?;
-        let present: Vec<&str> = out.stdout.lines().map(str::trim).collect();
+    /// The probe sets (v6 too when `ipv6`) the calling thread's netns lacks, asked over
+    /// netlink (no `ipset` process).
+    pub fn missing(&self, ipv6: bool) -> Result<Vec<&'static str>, ApplyError> {
         let wanted: &[&'static str] = if ipv6 {
             &[PROBE_SET_V4, PROBE_SET_V6]
         } else {
             &[PROBE_SET_V4]
         };
-        Ok(wanted
-            .iter()
-            .copied()
-            .filter(|s| !present.contains(s))
-            .collect())
+        let mut missing = Vec::new();
+        for set in wanted {
+            let present =
+                crate::netlink::ipset::exists(set).map_err(|source| ApplyError::Netlink {
+                    what: format!("look up ipset {set}"),
+                    source,
+                })?;
+            if !present {
+                missing.push(*set);
+            }
+        }
+        Ok(missing)
     }
 }
 

@@ -1,5 +1,6 @@
 //! ipset over nfnetlink: the name of a set from the index the kernel keeps in `-m set` matches
-//! (`IPSET_CMD_GET_BYINDEX`), so reading a rule back needs no `ipset` process.
+//! (`IPSET_CMD_GET_BYINDEX`), so reading a rule back needs no `ipset` process, and whether a set
+//! exists (`IPSET_CMD_GET_BYNAME`).
 
 use netlink_packet_core::{DefaultNla, NLM_F_ACK, NlaBuffer, NlasIterator};
 
@@ -7,6 +8,7 @@ use super::nft_batch::BatchError;
 use super::nft_dump::converse;
 
 const NFNL_SUBSYS_IPSET: u16 = 6;
+const IPSET_CMD_GET_BYNAME: u16 = 14;
 const IPSET_CMD_GET_BYINDEX: u16 = 15;
 /// The protocol version the kernel's ipset speaks (`IPSET_PROTOCOL`).
 const IPSET_PROTOCOL: u8 = 7;
@@ -39,4 +41,23 @@ pub fn set_name(index: u16) -> Result<Option<String>, BatchError> {
         }
     }
     Ok(None)
+}
+
+/// Whether the calling thread's netns has an ipset named `name`.
+pub fn exists(name: &str) -> Result<bool, BatchError> {
+    let mut set_name = name.as_bytes().to_vec();
+    set_name.push(0);
+    let attrs = [
+        DefaultNla::new(IPSET_ATTR_PROTOCOL, vec![IPSET_PROTOCOL]),
+        DefaultNla::new(IPSET_ATTR_SETNAME, set_name),
+    ];
+    let kind = (NFNL_SUBSYS_IPSET << 8) | IPSET_CMD_GET_BYNAME;
+    let what = format!("look up ipset {name}");
+    match converse(kind, NLM_F_ACK, libc::AF_INET as u8, &attrs, &what) {
+        Ok(_) => Ok(true),
+        Err(BatchError::Rejected { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
 }
