@@ -5,39 +5,16 @@
 use std::path::{Path, PathBuf};
 
 use istio_cni::apply::transcript;
-use istio_cni::rules::ambient::{self, AmbientConfig, PodDns, PodOverrides};
+use istio_cni::rules::ambient::{self, PodDns};
 use istio_cni::rules::nftables::{NftTable, render_transaction};
 use serde_json::Value;
 
+#[path = "support/cases.rs"]
+mod cases;
+use cases::{ambient_config, overrides};
+
 fn testdata() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/istio")
-}
-
-fn ambient_config(v: &Value) -> AmbientConfig {
-    let s = |key: &str, default: &str| v[key].as_str().unwrap_or(default).to_string();
-    AmbientConfig {
-        probe_snat_v4: s("HostProbeSNATAddress", ambient::DEFAULT_PROBE_SNAT_V4),
-        probe_snat_v6: s("HostProbeV6SNATAddress", ambient::DEFAULT_PROBE_SNAT_V6),
-        enable_ipv6: v["EnableIPv6"].as_bool().unwrap_or(false),
-        redirect_dns: v["RedirectDNS"].as_bool().unwrap_or(false),
-    }
-}
-
-fn overrides(v: &Value) -> PodOverrides {
-    PodOverrides {
-        ingress: v["IngressMode"].as_bool().unwrap_or(false),
-        virtual_interfaces: v["VirtualInterfaces"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|i| i.as_str().map(String::from))
-            .collect(),
-        dns: match v["DNSProxy"].as_str() {
-            Some("PodDNSEnabled") => PodDns::Enabled,
-            Some("PodDNSDisabled") => PodDns::Disabled,
-            _ => PodDns::Unset,
-        },
-    }
 }
 
 fn render(golden: &str, case: &Value) -> String {

@@ -68,6 +68,12 @@ pub struct AmbientApply {
 /// the `--noflush` restore input that makes them the same (only our chains and the jumps into
 /// them change). Pure.
 pub fn plan_family(state: &State, rules: &[Rule], owned: Owned) -> Option<String> {
+    plan_family_with(state, rules, owned, false)
+}
+
+/// [`plan_family`]; `force`: the restore input even when the text compares equal (the typed read
+/// found a difference the text does not show, e.g. a rule the decoder calls foreign).
+fn plan_family_with(state: &State, rules: &[Rule], owned: Owned, force: bool) -> Option<String> {
     let mut text = String::new();
     let mut same = true;
     // Tables we plan rules in, or that hold a chain of ours or a jump into one.
@@ -156,7 +162,7 @@ pub fn plan_family(state: &State, rules: &[Rule], owned: Owned) -> Option<String
         }
         text.push_str("COMMIT\n");
     }
-    (!same).then_some(text)
+    (!same || force).then_some(text)
 }
 
 fn table_is_same(
@@ -204,7 +210,42 @@ pub fn apply_iptables_here(
     opts: &AmbientApply,
 ) -> Result<Outcome, ApplyError> {
     let mut exec = ProcessExecutor::entering(opts.userns.clone());
-    apply_iptables_with(&mut exec, rules, owned, opts, &holds_no_tables)
+    apply_iptables_with(&mut exec, rules, owned, opts, &read_kernel)
+}
+
+/// What a family holds, learnt from the kernel without a process where it can be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Known {
+    /// No table at all (a new pod's netns): `*-save` would print nothing.
+    Empty,
+    /// iptables-nft, read over netlink as typed rules: exactly the plan.
+    Same,
+    /// iptables-nft, read over netlink: differs (how, for the log).
+    Differs(String),
+    /// Only `*-save` can tell (legacy, or the read failed).
+    Unknown,
+}
+
+/// The real [`Known`] of the calling thread's netns: an nf_tables dump decoded to the rule model
+/// and compared with the plan ([`super::nft_read`]) for the nft flavour.
+fn read_kernel(bins: &Binaries, rules: &[Rule], owned: Owned) -> Known {
+    if holds_no_tables(bins) {
+        return Known::Empty;
+    }
+    if !bins.is_nft_flavour() {
+        return Known::Unknown;
+    }
+    let sets = super::nft_read::KernelSets;
+    match super::nft_read::read_owned(bins.family, owned.tables, &sets) {
+        Ok(state) => match super::nft_read::ambient_difference(&state, rules, owned) {
+            None => Known::Same,
+            Some(how) => Known::Differs(how),
+        },
+        Err(e) => {
+            tracing::debug!(error = %e, "reading the rules over netlink failed; reading *-save");
+            Known::Unknown
+        }
+    }
 }
 
 /// [`apply_iptables_here`] with any executor (tests script it).
@@ -214,17 +255,18 @@ pub fn apply_iptables(
     owned: Owned,
     opts: &AmbientApply,
 ) -> Result<Outcome, ApplyError> {
-    apply_iptables_with(exec, rules, owned, opts, &|_| false)
+    apply_iptables_with(exec, rules, owned, opts, &|_, _, _| Known::Unknown)
 }
 
-/// `empty`: whether a family holds no table at all (a new pod's netns); its state is then known
-/// without running `*-save` — a process per family saved on every enrolment.
+/// `known`: what the kernel says of a family before any `*-save` ([`read_kernel`]): an empty
+/// netns or an iptables-nft one holding exactly the plan needs no process at all (a drift
+/// check's common case); one that differs is healed from `*-save` as before.
 fn apply_iptables_with(
     exec: &mut dyn Executor,
     rules: &RuleSet,
     owned: Owned,
     opts: &AmbientApply,
-    empty: &dyn Fn(&Binaries) -> bool,
+    known: &dyn Fn(&Binaries, &[Rule], Owned) -> Known,
 ) -> Result<Outcome, ApplyError> {
     let mut work: Vec<(Binaries, String, State, String)> = Vec::new();
     for family in Family::ALL {
@@ -235,13 +277,20 @@ fn apply_iptables_with(
             Err(_) if family == Family::V6 && family_rules.is_empty() => continue,
             Err(e) => return Err(e),
         };
-        let text = if empty(&bins) {
-            String::new()
-        } else {
-            run_checked(exec, &save_cmd(&bins, &opts.env))?.stdout
+        let (text, force) = match known(&bins, family_rules, owned) {
+            Known::Same => continue,
+            Known::Empty => (String::new(), false),
+            Known::Differs(how) => {
+                tracing::debug!(family = ?family, %how, "rules differ from the plan");
+                (run_checked(exec, &save_cmd(&bins, &opts.env))?.stdout, true)
+            }
+            Known::Unknown => (
+                run_checked(exec, &save_cmd(&bins, &opts.env))?.stdout,
+                false,
+            ),
         };
         let state = parse_save(&text);
-        if let Some(restore) = plan_family(&state, family_rules, owned) {
+        if let Some(restore) = plan_family_with(&state, family_rules, owned, force) {
             work.push((bins, text, state, restore));
         }
     }
@@ -333,7 +382,7 @@ fn nft_already_holds(exec: &mut dyn Executor, expected: Option<&str>) -> Result<
     let Some(expected) = expected else {
         return Ok(false);
     };
-    let ours_exist = crate::netlink::nft_batch::list_chains(0)
+    let ours_exist = crate::netlink::nft_dump::list_chains(0)
         .map(|chains| chains.iter().any(|(t, _)| t.starts_with(OUR_NFT_TABLES)))
         .unwrap_or(true);
     Ok(ours_exist && our_nft_listing(exec)? == expected)
@@ -444,7 +493,13 @@ pub fn program_host_here(
     if !missing.is_empty() {
         Ipsets.ensure(&mut exec, cfg.enable_ipv6)?;
     }
-    let rules = apply_iptables(&mut exec, &ambient::host_rules(cfg), HOST_CHAINS, opts)?;
+    let rules = apply_iptables_with(
+        &mut exec,
+        &ambient::host_rules(cfg),
+        HOST_CHAINS,
+        opts,
+        &read_kernel,
+    )?;
     let mut what: Vec<String> = missing
         .iter()
         .map(|s| format!("ipset {s} missing"))

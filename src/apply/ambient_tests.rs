@@ -208,7 +208,10 @@ fn a_netns_without_tables_is_programmed_without_reading_it_first() {
     let rules = inpod_rules(&cfg(false), &PodOverrides::default());
     let opts = AmbientApply::default();
     let mut known_empty = Recorder::default();
-    apply_iptables_with(&mut known_empty, &rules, INPOD_CHAINS, &opts, &|_| true).unwrap();
+    apply_iptables_with(&mut known_empty, &rules, INPOD_CHAINS, &opts, &|_, _, _| {
+        Known::Empty
+    })
+    .unwrap();
     assert!(
         !known_empty.0.is_empty() && known_empty.0.iter().all(|p| p.contains("restore")),
         "{:?}",
@@ -220,6 +223,29 @@ fn a_netns_without_tables_is_programmed_without_reading_it_first() {
         unknown.0.iter().partition(|p| p.contains("save"));
     assert!(!saves.is_empty(), "a save per family otherwise: {saves:?}");
     assert_eq!(restores, known_empty.0.iter().collect::<Vec<_>>());
+}
+
+#[test]
+fn rules_read_back_as_the_plan_start_no_process_and_a_typed_difference_is_healed() {
+    let rules = inpod_rules(&cfg(false), &PodOverrides::default());
+    let opts = AmbientApply::default();
+    let mut same = Recorder::default();
+    let outcome = apply_iptables_with(&mut same, &rules, INPOD_CHAINS, &opts, &|_, _, _| {
+        Known::Same
+    })
+    .unwrap();
+    assert_eq!(outcome, Outcome::AlreadyApplied);
+    assert!(same.0.is_empty(), "{:?}", same.0);
+    // The typed read saw a difference the saved text would hide: read, then restored anyway.
+    let differs = |_: &Binaries, _: &[Rule], _: Owned| Known::Differs("foreign rule".into());
+    let mut healed = Recorder::default();
+    let outcome = apply_iptables_with(&mut healed, &rules, INPOD_CHAINS, &opts, &differs).unwrap();
+    assert_eq!(outcome, Outcome::Applied);
+    assert!(
+        healed.0.iter().any(|p| p.contains("restore")),
+        "{:?}",
+        healed.0
+    );
 }
 
 #[test]

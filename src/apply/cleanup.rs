@@ -333,7 +333,7 @@ pub(super) fn drop_emptied_tables(bins: &Binaries, save: &str, touched: &BTreeSe
     if !bins.is_nft_flavour() {
         return;
     }
-    let Ok(chains) = crate::netlink::nft_batch::list_chains(nf_family(bins.family)) else {
+    let Ok(chains) = crate::netlink::nft_dump::list_chains(nf_family(bins.family)) else {
         return;
     };
     let mut empty_tables = Vec::new();

@@ -86,6 +86,12 @@ pub enum ApplyError {
          ISTIO_IPTABLES_LOG=debug)"
     )]
     CleanupIncomplete { family: String },
+    #[error("cannot {what} over netlink: {source}")]
+    Netlink {
+        what: String,
+        #[source]
+        source: crate::netlink::nft_batch::BatchError,
+    },
     #[error("{cause}; undoing the partial apply also failed: {rollback}")]
     RollbackFailed {
         cause: Box<ApplyError>,

@@ -2,7 +2,8 @@
 //! verification, reconcile/cleanup, and the dry-run transcript in Istio's format. [`pod`] is the
 //! one entry that programs (or cleans, or verifies without writing: `verify`) a netns, for
 //! `istio-iptables`, the plugin and the repair room's drift pass alike. The
-//! routes a sidecar capture needs besides its rules are decided here too ([`routes`]).
+//! routes a sidecar capture needs besides its rules are decided here too ([`routes`]). The
+//! iptables-nft flavour's owned tables are read over netlink as typed rules ([`nft_read`]).
 //! May call: `rules`, `netlink` (nf_tables transactions, rtnetlink routes), `netns` (entering a
 //! pod's user namespace).
 
@@ -13,6 +14,7 @@ pub mod exec;
 pub mod hostproc;
 pub mod iptables;
 pub mod nft;
+pub mod nft_read;
 pub mod pod;
 pub mod probe_set;
 pub mod routes;

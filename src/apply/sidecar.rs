@@ -121,7 +121,7 @@ pub fn apply_sidecar(
         }
         let chains = b
             .is_nft_flavour()
-            .then(|| crate::netlink::nft_batch::list_chains(nf_family(b.family)).ok())
+            .then(|| crate::netlink::nft_dump::list_chains(nf_family(b.family)).ok())
             .flatten();
         snapshots.push(Snapshot {
             bins: b,
@@ -324,7 +324,7 @@ pub(super) fn restore_snapshots(
 /// replaced table declares); best effort: a chain that holds rules stays.
 fn drop_created_builtin_chains(bins: &Binaries, before: &[(String, String)]) {
     let family = nf_family(bins.family);
-    let Ok(now) = crate::netlink::nft_batch::list_chains(family) else {
+    let Ok(now) = crate::netlink::nft_dump::list_chains(family) else {
         return;
     };
     for (table, chain) in now {
@@ -425,7 +425,7 @@ fn probe_fresh(bins: &Binaries) -> Option<BTreeSet<String>> {
     if !bins.is_nft_flavour() {
         return None;
     }
-    let chains = crate::netlink::nft_batch::list_chains(nf_family(bins.family)).ok()?;
+    let chains = crate::netlink::nft_dump::list_chains(nf_family(bins.family)).ok()?;
     let owned = owned_chains();
     if chains.iter().any(|(t, c)| is_owned_chain(&owned, t, c)) {
         return None;

@@ -148,6 +148,21 @@ pub fn request<A: Nla>(
     read_replies(&socket, what, |_| {})
 }
 
+/// Like [`request`], keeping the records answered before the ACK (a `GET_BYINDEX`'s).
+pub fn query<A: Nla>(
+    subsys: u16,
+    kind: u16,
+    family: u8,
+    attrs: &[A],
+    what: &str,
+) -> Result<Vec<Vec<u8>>, BatchError> {
+    let socket = open()?;
+    send(&socket, subsys, kind, NLM_F_ACK, family, attrs, what)?;
+    let mut records = Vec::new();
+    read_replies(&socket, what, |record| records.push(record.to_vec()))?;
+    Ok(records)
+}
+
 /// One dump request; every record's attribute bytes, in the kernel's order.
 pub fn dump<A: Nla>(
     subsys: u16,

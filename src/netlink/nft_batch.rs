@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use netlink_packet_core::{
     DecodeError, DefaultNla, Emitable, ErrorBuffer, NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR,
-    NetlinkBuffer, NetlinkHeader, Nla, NlaBuffer, NlasIterator,
+    NetlinkBuffer, NetlinkHeader, Nla,
 };
 
 const NFNL_MSG_BATCH_BEGIN: u16 = 16;
@@ -32,7 +32,6 @@ pub(super) const REPLY_BUFFER: usize = 65536;
 #[derive(Debug, Clone, Copy)]
 enum OwnMsg {
     DelTable = 2,
-    GetChain = 4,
     DelChain = 5,
 }
 
@@ -434,48 +433,11 @@ pub fn delete_table(family: u8, name: &str) -> Result<(), BatchError> {
 }
 
 /// A NUL-terminated name attribute.
-fn name_attr(kind: u16, name: &str) -> DefaultNla {
+pub(super) fn name_attr(kind: u16, name: &str) -> DefaultNla {
     let mut value = Vec::with_capacity(name.len() + 1);
     value.extend_from_slice(name.as_bytes());
     value.push(0);
     DefaultNla::new(kind, value)
-}
-
-/// The `(table, chain)` names of every nf_tables chain of one family (`AF_INET`/`AF_INET6`) in the
-/// calling thread's network namespace: one netlink dump, no process. This is how an apply learns
-/// cheaply whether iptables-nft already holds chains of ours.
-pub fn list_chains(family: u8) -> Result<Vec<(String, String)>, BatchError> {
-    let records = super::nfnl::dump::<DefaultNla>(
-        NFNL_SUBSYS_NFTABLES,
-        OwnMsg::GetChain as u16,
-        family,
-        &[],
-        "list chains",
-    )?;
-    let mut chains = Vec::new();
-    for record in &records {
-        chains.extend(chain_names(record)?);
-    }
-    Ok(chains)
-}
-
-/// Table and chain name from the attributes of one `NFT_MSG_NEWCHAIN` dump record.
-fn chain_names(attrs: &[u8]) -> Result<Option<(String, String)>, BatchError> {
-    let (mut table, mut name) = (None, None);
-    for attr in NlasIterator::new(attrs) {
-        let attr: NlaBuffer<&[u8]> = attr.map_err(|e| BatchError::Malformed(Some(e)))?;
-        let text = || {
-            String::from_utf8_lossy(attr.value())
-                .trim_end_matches('\0')
-                .to_string()
-        };
-        match attr.kind() {
-            NFTA_CHAIN_TABLE => table = Some(text()),
-            NFTA_CHAIN_NAME => name = Some(text()),
-            _ => {}
-        }
-    }
-    Ok(table.zip(name))
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! renderer of the plan; [`nft_capture`], the nftables one; [`ambient`] and [`ambient_nft`]); and the renderers ([`iptables`] restore text, [`nftables`] text, and
 //! [`iptables_nft`]: the nf_tables messages iptables-nft would send, described neutrally with a
 //! [`nla`] attribute tree and the [`xtables`] structs, for the netlink transport to frame; the
-//! probe sets' ipset and nft set-element messages and their decoding, [`probe_set_msgs`]).
+//! probe sets' ipset and nft set-element messages and their decoding, [`probe_set_msgs`]); and
+//! the inverse, [`iptables_nft_decode`]: a dumped nf_tables rule read back into the model.
 //! Pure: no processes, files, sockets or namespaces are touched here.
 //! May call: nothing else in this crate.
 
@@ -15,6 +16,7 @@ pub mod capture_plan;
 pub mod capture_values;
 pub mod iptables;
 pub mod iptables_nft;
+pub mod iptables_nft_decode;
 pub mod model;
 pub mod nft_capture;
 pub mod nft_model;

@@ -3,6 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+use istio_cni::rules::ambient::{
+    AmbientConfig, DEFAULT_PROBE_SNAT_V4, DEFAULT_PROBE_SNAT_V6, PodDns, PodOverrides,
+};
 use serde_json::Value;
 
 pub fn testdata() -> PathBuf {
@@ -24,6 +27,31 @@ pub fn cases_under(prefix: &str) -> Vec<Value> {
         })
         .cloned()
         .collect()
+}
+
+/// The ambient iptables cases (in-pod and host), whose goldens are under `cni/pkg/iptables/`.
+pub fn ambient_iptables_cases() -> Vec<Value> {
+    let cases: Value = serde_json::from_str(
+        &std::fs::read_to_string(testdata().join("cases.json")).expect("cases.json"),
+    )
+    .expect("cases.json is JSON");
+    let ambient: Vec<Value> = cases
+        .as_array()
+        .expect("cases.json is a list")
+        .iter()
+        .filter(|c| {
+            c["golden"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("cni/pkg/iptables/")
+        })
+        .cloned()
+        .collect();
+    assert!(
+        ambient.len() >= 6,
+        "expected Istio's ambient iptables cases"
+    );
+    ambient
 }
 
 /// argv for a case: its own args plus `--ipv6` and `--dns-servers` from `host_inputs`.
@@ -52,4 +80,33 @@ pub fn case_env(case: &Value) -> Vec<(String, String)> {
         .flatten()
         .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
         .collect()
+}
+
+/// A case's `AmbientConfig` as our typed ambient config.
+pub fn ambient_config(v: &Value) -> AmbientConfig {
+    let s = |key: &str, default: &str| v[key].as_str().unwrap_or(default).to_string();
+    AmbientConfig {
+        probe_snat_v4: s("HostProbeSNATAddress", DEFAULT_PROBE_SNAT_V4),
+        probe_snat_v6: s("HostProbeV6SNATAddress", DEFAULT_PROBE_SNAT_V6),
+        enable_ipv6: v["EnableIPv6"].as_bool().unwrap_or(false),
+        redirect_dns: v["RedirectDNS"].as_bool().unwrap_or(false),
+    }
+}
+
+/// A case's `PodLevelOverrides`.
+pub fn overrides(v: &Value) -> PodOverrides {
+    PodOverrides {
+        ingress: v["IngressMode"].as_bool().unwrap_or(false),
+        virtual_interfaces: v["VirtualInterfaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i.as_str().map(String::from))
+            .collect(),
+        dns: match v["DNSProxy"].as_str() {
+            Some("PodDNSEnabled") => PodDns::Enabled,
+            Some("PodDNSDisabled") => PodDns::Disabled,
+            _ => PodDns::Unset,
+        },
+    }
 }

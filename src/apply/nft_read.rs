@@ -1,0 +1,221 @@
+//! The iptables-nft state of the calling thread's netns read as typed rules: the chains and rules
+//! of the tables we own, dumped over nfnetlink (no `*-save` process) and decoded by
+//! [`crate::rules::iptables_nft_decode`], the inverse of the encoder. Comparing that with a plan
+//! ([`ambient_difference`]) is pure; a rule the decoder cannot read is foreign and counts as a
+//! difference, never as equal. iptables-legacy keeps the `*-save` text path ([`super::state`]).
+
+use std::collections::BTreeSet;
+
+use super::ambient::Owned;
+use super::iptables::nf_family;
+use super::state::Difference;
+use crate::netlink::nft_batch::BatchError;
+use crate::netlink::nft_dump;
+use crate::rules::capture::{is_owned_chain, owned_chains};
+use crate::rules::iptables_nft_decode::{DecodedRule, SetNames, as_listed, decode_rule};
+use crate::rules::model::is_builtin_chain;
+use crate::rules::{Family, Rule};
+
+/// What one family's owned tables hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwnedState {
+    /// `(table, chain)` of every chain in those tables (empty ones too).
+    pub chains: BTreeSet<(String, String)>,
+    /// Their rules, chain by chain in the kernel's order.
+    pub rules: Vec<DecodedRule>,
+}
+
+impl OwnedState {
+    /// The rules of one chain, in order.
+    pub fn chain<'a>(
+        &'a self,
+        table: &'a str,
+        chain: &'a str,
+    ) -> impl Iterator<Item = &'a DecodedRule> {
+        self.rules
+            .iter()
+            .filter(move |r| r.table == table && r.chain == chain)
+    }
+}
+
+/// The set names of the calling thread's netns, looked up over netlink as a rule names one.
+pub struct KernelSets;
+
+impl SetNames for KernelSets {
+    fn name_of(&self, index: u16) -> Option<String> {
+        crate::netlink::ipset::set_name(index).ok().flatten()
+    }
+}
+
+/// Reads `tables` of `family` in the calling thread's netns: one chain dump, then one rule dump
+/// per table that exists.
+pub fn read_owned(
+    family: Family,
+    tables: &[&str],
+    sets: &dyn SetNames,
+) -> Result<OwnedState, BatchError> {
+    let nf = nf_family(family);
+    let chains: BTreeSet<(String, String)> = nft_dump::list_chains(nf)?
+        .into_iter()
+        .filter(|(t, _)| tables.contains(&t.as_str()))
+        .collect();
+    let present: BTreeSet<&str> = chains.iter().map(|(t, _)| t.as_str()).collect();
+    let mut rules = Vec::new();
+    for table in present {
+        for record in nft_dump::dump_rules(nf, table)? {
+            rules.push(decode_rule(family, &record, sets));
+        }
+    }
+    Ok(OwnedState { chains, rules })
+}
+
+/// How `state` differs from holding exactly `rules` in `owned`'s chains — the same question the
+/// `*-save` comparison ([`super::ambient::plan_family`]) answers: our chains exist exactly when
+/// planned, hold exactly the planned rules in order, and the built-in chains hold each planned
+/// rule and no other rule jumping into ours. None when nothing differs. Pure.
+pub fn ambient_difference(state: &OwnedState, rules: &[Rule], owned: Owned) -> Option<String> {
+    let listed = as_listed(rules);
+    for &table in owned.tables {
+        let planned: Vec<&Rule> = rules.iter().filter(|r| r.table.name() == table).collect();
+        let planned_chains: Vec<&str> = owned
+            .chains
+            .iter()
+            .copied()
+            .filter(|c| {
+                planned
+                    .iter()
+                    .any(|r| r.chain == *c || r.target.jump_chain() == Some(*c))
+            })
+            .collect();
+        let existing_chains: Vec<&str> = owned
+            .chains
+            .iter()
+            .copied()
+            .filter(|c| state.chains.contains(&(table.to_string(), c.to_string())))
+            .collect();
+        if planned_chains != existing_chains {
+            return Some(format!(
+                "{table}: chains {existing_chains:?} where {planned_chains:?} are planned"
+            ));
+        }
+        for &chain in &planned_chains {
+            let want = listed
+                .iter()
+                .find(|((t, c), _)| t.name() == table && c == chain)
+                .map(|(_, r)| r.as_slice())
+                .unwrap_or_default();
+            let have: Vec<&DecodedRule> = state.chain(table, chain).collect();
+            if let Some(foreign) = have.iter().find_map(|r| r.rule.as_ref().err()) {
+                return Some(format!("{table} chain {chain}: {foreign}"));
+            }
+            let same = have.len() == want.len()
+                && have.iter().zip(want).all(|(h, w)| h.rule.as_ref() == Ok(w));
+            if !same {
+                return Some(format!(
+                    "{table} chain {chain} holds {} rules that differ from the {} planned",
+                    have.len(),
+                    want.len()
+                ));
+            }
+        }
+        // Built-in chains: every rule jumping into ours, against the planned built-in rules.
+        let mut want: Vec<String> = listed
+            .iter()
+            .filter(|((t, c), _)| t.name() == table && is_builtin_chain(c))
+            .flat_map(|(_, rules)| rules.iter().map(|r| format!("{r:?}")))
+            .collect();
+        let mut have = Vec::new();
+        for r in state.rules.iter().filter(|r| {
+            r.table == table
+                && is_builtin_chain(&r.chain)
+                && r.jumps_to
+                    .as_deref()
+                    .is_some_and(|t| owned.chains.contains(&t))
+        }) {
+            match &r.rule {
+                Ok(rule) => have.push(format!("{rule:?}")),
+                Err(foreign) => return Some(format!("{table} chain {}: {foreign}", r.chain)),
+            }
+        }
+        want.sort();
+        have.sort();
+        if want != have {
+            return Some(format!(
+                "{table}: the built-in chains' jumps into our chains differ from the plan"
+            ));
+        }
+    }
+    None
+}
+
+/// How `state` differs from the sidecar plan `rules` — the question
+/// [`super::state::compare_with_plan`] answers from `*-save` text, asked of typed rules (so
+/// never "unsure"): every planned chain there; our chains hold as many rules as planned; no
+/// planned rule more often than planned; every planned rule there (order not compared, as in
+/// Istio); no chain of ours the plan does not create. A foreign rule equals no planned one.
+pub fn sidecar_difference(state: &OwnedState, rules: &[Rule]) -> Option<Difference> {
+    let owned = owned_chains();
+    let listed = as_listed(rules);
+    for ((table, chain), planned) in &listed {
+        let (table, chain) = (table.name(), chain.as_str());
+        let names = || (table.to_string(), chain.to_string());
+        if !state.chains.contains(&names()) {
+            let (table, chain) = names();
+            return Some(Difference::MissingChain { table, chain });
+        }
+        let have: Vec<&DecodedRule> = state.chain(table, chain).collect();
+        if is_owned_chain(&owned, table, chain) && have.len() != planned.len() {
+            let (table, chain) = names();
+            return Some(Difference::RuleCount {
+                table,
+                chain,
+                found: have.len(),
+                planned: planned.len(),
+            });
+        }
+        let count_have = |r: &Rule| have.iter().filter(|h| h.rule.as_ref() == Ok(r)).count();
+        let count_planned = |r: &Rule| planned.iter().filter(|p| *p == r).count();
+        if planned.iter().any(|r| count_have(r) > count_planned(r)) {
+            let (table, chain) = names();
+            return Some(Difference::Stacked { table, chain });
+        }
+        if let Some(missing) = planned.iter().find(|r| count_have(r) == 0) {
+            let (table, chain) = names();
+            let rule = crate::rules::iptables::rule_args(missing).join(" ");
+            return Some(Difference::MissingRule { table, chain, rule });
+        }
+    }
+    state
+        .chains
+        .iter()
+        .find(|(t, c)| {
+            is_owned_chain(&owned, t, c) && !listed.keys().any(|(pt, pc)| pt.name() == t && pc == c)
+        })
+        .map(|(table, chain)| Difference::ExtraChain {
+            table: table.clone(),
+            chain: chain.clone(),
+        })
+}
+
+/// Whether `state` holds anything of the sidecar plan: a chain of ours, or a planned built-in
+/// chain rule (the typed [`super::state::holds_any_of`]).
+pub fn holds_any_sidecar(state: &OwnedState, rules: &[Rule]) -> bool {
+    let owned = owned_chains();
+    let listed = as_listed(rules);
+    state
+        .chains
+        .iter()
+        .any(|(t, c)| is_owned_chain(&owned, t, c))
+        || listed
+            .iter()
+            .filter(|((_, c), _)| is_builtin_chain(c))
+            .any(|((t, c), planned)| {
+                state
+                    .chain(t.name(), c)
+                    .any(|h| h.rule.as_ref().is_ok_and(|r| planned.contains(r)))
+            })
+}
+
+#[cfg(test)]
+#[path = "nft_read_tests.rs"]
+mod tests;

@@ -1,0 +1,146 @@
+use super::*;
+use crate::apply::ambient::INPOD_CHAINS;
+use crate::apply::state::Difference;
+use crate::rules::ambient::{AmbientConfig, PodOverrides, inpod_rules};
+use crate::rules::iptables_nft::{NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, encode};
+use crate::rules::iptables_nft_decode::{Foreign, NoSets};
+use crate::rules::nla::to_bytes;
+
+/// The state a fresh netns holds once `rules` are applied: what the encoder sends, decoded.
+fn applied(rules: &[Rule]) -> OwnedState {
+    let mut state = OwnedState::default();
+    for m in encode(Family::V4, rules).unwrap() {
+        match m.kind {
+            NFT_MSG_NEWCHAIN => {
+                let (table, chain) = m.what.rsplit_once(' ').unwrap().1.split_once('/').unwrap();
+                state.chains.insert((table.into(), chain.into()));
+            }
+            NFT_MSG_NEWRULE => {
+                state
+                    .rules
+                    .push(decode_rule(Family::V4, &to_bytes(&m.attrs), &NoSets))
+            }
+            _ => {}
+        }
+    }
+    // The kernel dumps chain by chain; within a chain the encoder's order is the kernel's.
+    state
+        .rules
+        .sort_by(|a, b| (&a.table, &a.chain).cmp(&(&b.table, &b.chain)));
+    state
+}
+
+fn plan() -> Vec<Rule> {
+    inpod_rules(&AmbientConfig::default(), &PodOverrides::default()).v4
+}
+
+#[test]
+fn the_planned_rules_read_back_are_no_difference() {
+    let rules = plan();
+    assert_eq!(
+        ambient_difference(&applied(&rules), &rules, INPOD_CHAINS),
+        None
+    );
+    // Nothing planned and nothing there.
+    assert_eq!(
+        ambient_difference(&OwnedState::default(), &[], INPOD_CHAINS),
+        None
+    );
+}
+
+#[test]
+fn a_missing_changed_or_foreign_rule_is_a_difference() {
+    let rules = plan();
+    let good = applied(&rules);
+
+    let mut missing = good.clone();
+    let at = missing
+        .rules
+        .iter()
+        .position(|r| r.chain == "ISTIO_OUTPUT")
+        .unwrap();
+    missing.rules.remove(at);
+    assert!(ambient_difference(&missing, &rules, INPOD_CHAINS).is_some());
+
+    let mut foreign = good.clone();
+    foreign.rules[at].rule = Err(Foreign("limit expression".into()));
+    let diff = ambient_difference(&foreign, &rules, INPOD_CHAINS).unwrap();
+    assert!(diff.contains("limit"), "{diff}");
+
+    // A second jump into our chain from a built-in chain (stacked), even one we cannot read.
+    let mut stacked = good.clone();
+    let jump = stacked
+        .rules
+        .iter()
+        .find(|r| is_builtin_chain(&r.chain) && r.jumps_to.is_some())
+        .unwrap()
+        .clone();
+    stacked.rules.push(DecodedRule {
+        rule: Err(Foreign("xt match foo rev 0".into())),
+        ..jump
+    });
+    assert!(ambient_difference(&stacked, &rules, INPOD_CHAINS).is_some());
+
+    // Our chain left behind when nothing is planned.
+    assert!(ambient_difference(&good, &[], INPOD_CHAINS).is_some());
+    // A rule in someone else's chain is not ours to judge.
+    let mut other = good.clone();
+    other.rules.push(DecodedRule {
+        table: "nat".into(),
+        chain: "KUBE_X".into(),
+        handle: 99,
+        jumps_to: None,
+        rule: Err(Foreign("limit expression".into())),
+    });
+    assert_eq!(ambient_difference(&other, &rules, INPOD_CHAINS), None);
+}
+
+#[test]
+fn the_sidecar_plan_read_back_is_no_difference_and_each_change_is_named() {
+    let rules = crate::rules::capture::build(&Default::default()).v4;
+    let good = applied(&rules);
+    assert_eq!(sidecar_difference(&good, &rules), None);
+    assert!(holds_any_sidecar(&good, &rules));
+    assert!(!holds_any_sidecar(&OwnedState::default(), &rules));
+    assert!(matches!(
+        sidecar_difference(&OwnedState::default(), &rules),
+        Some(Difference::MissingChain { .. })
+    ));
+
+    // A rule of ours read as foreign: the chain still holds as many rules, one planned is gone.
+    let mut foreign = good.clone();
+    let at = foreign
+        .rules
+        .iter()
+        .position(|r| r.chain == "ISTIO_OUTPUT")
+        .unwrap();
+    foreign.rules[at].rule = Err(Foreign("limit expression".into()));
+    assert!(matches!(
+        sidecar_difference(&foreign, &rules),
+        Some(Difference::MissingRule { .. })
+    ));
+
+    // A built-in chain's jump applied twice.
+    let mut stacked = good.clone();
+    let jump = stacked
+        .rules
+        .iter()
+        .find(|r| is_builtin_chain(&r.chain))
+        .unwrap()
+        .clone();
+    stacked.rules.push(jump);
+    assert!(matches!(
+        sidecar_difference(&stacked, &rules),
+        Some(Difference::Stacked { .. })
+    ));
+
+    // A chain of ours this plan does not create.
+    let mut extra = good.clone();
+    extra
+        .chains
+        .insert(("mangle".into(), "ISTIO_DIVERT".into()));
+    assert!(matches!(
+        sidecar_difference(&extra, &rules),
+        Some(Difference::ExtraChain { .. })
+    ));
+}

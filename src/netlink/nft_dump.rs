@@ -1,0 +1,77 @@
+//! Reading nf_tables state over nfnetlink in the calling thread's network namespace: one dump
+//! request (`NFT_MSG_GETCHAIN`, `NFT_MSG_GETRULE`) and its records, no process. What a record
+//! means is not decided here: each comes back as its attribute bytes, for the rule engine's
+//! decoder (`rules::iptables_nft_decode`) to read.
+
+use netlink_packet_core::{DefaultNla, NlaBuffer, NlasIterator};
+
+use super::nft_batch::{BatchError, NFNL_SUBSYS_NFTABLES, name_attr};
+
+/// The dump requests made here (`enum nf_tables_msg_types`).
+#[derive(Debug, Clone, Copy)]
+enum DumpMsg {
+    GetChain = 4,
+    GetRule = 7,
+}
+
+/// `NFTA_CHAIN_TABLE`, `NFTA_CHAIN_NAME`; `NFTA_RULE_TABLE`.
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_RULE_TABLE: u16 = 1;
+
+/// The `(table, chain)` names of every nf_tables chain of one family (`AF_INET`/`AF_INET6`, 0 for
+/// all) in the calling thread's network namespace. This is how an apply learns cheaply whether
+/// iptables-nft already holds chains of ours.
+pub fn list_chains(family: u8) -> Result<Vec<(String, String)>, BatchError> {
+    let mut chains = Vec::new();
+    for record in dump(DumpMsg::GetChain, family, &[], "list chains")? {
+        chains.extend(chain_names(&record)?);
+    }
+    Ok(chains)
+}
+
+/// The rules of one table of one family, in each chain's order (the kernel dumps chain by chain,
+/// rules in their order): each record's attributes (`NFTA_RULE_*`) as bytes. A missing table is
+/// no rules.
+pub fn dump_rules(family: u8, table: &str) -> Result<Vec<Vec<u8>>, BatchError> {
+    let filter = [name_attr(NFTA_RULE_TABLE, table)];
+    match dump(
+        DumpMsg::GetRule,
+        family,
+        &filter,
+        &format!("list rules of table {table}"),
+    ) {
+        Err(BatchError::Rejected { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
+            Ok(Vec::new())
+        }
+        other => other,
+    }
+}
+
+fn dump(
+    msg: DumpMsg,
+    family: u8,
+    attrs: &[DefaultNla],
+    what: &str,
+) -> Result<Vec<Vec<u8>>, BatchError> {
+    super::nfnl::dump(NFNL_SUBSYS_NFTABLES, msg as u16, family, attrs, what)
+}
+
+/// Table and chain name from the attributes of one `NFT_MSG_NEWCHAIN` dump record.
+fn chain_names(attrs: &[u8]) -> Result<Option<(String, String)>, BatchError> {
+    let (mut table, mut name) = (None, None);
+    for attr in NlasIterator::new(attrs) {
+        let attr: NlaBuffer<&[u8]> = attr.map_err(|e| BatchError::Malformed(Some(e)))?;
+        let text = || {
+            String::from_utf8_lossy(attr.value())
+                .trim_end_matches('\0')
+                .to_string()
+        };
+        match attr.kind() {
+            NFTA_CHAIN_TABLE => table = Some(text()),
+            NFTA_CHAIN_NAME => name = Some(text()),
+            _ => {}
+        }
+    }
+    Ok(table.zip(name))
+}

@@ -1,0 +1,576 @@
+//! The inverse of [`super::iptables_nft`]: an nf_tables rule as the kernel dumps it
+//! (`NFT_MSG_NEWRULE` attributes) read back into the typed rule model, for the rules
+//! iptables-nft writes — what our encoder sends and what iptables-nft-restore sends for the rules
+//! the encoder leaves to it. A rule that holds anything the model cannot say exactly (another
+//! expression, register, operator, range, flag, user data) is [`Foreign`], never a near match:
+//! drift checks count it as a difference.
+//!
+//! The model keeps values as the operator wrote them (`1337` or `0x539`, `10.0.0.1` or
+//! `10.0.0.1/32`); the kernel keeps one meaning. [`canonical`] spells a planned rule the way the
+//! decoder reads it back, so "the kernel holds our rules" is `decode(kernel) == canonical(plan)`.
+//! Pure: bytes in, rules out.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use netlink_packet_core::{NlaBuffer, NlasIterator};
+
+use super::model::{CtState, Family, Match, Position, Proto, Rule, SetDir, Table, Target};
+use super::xtables::OwnerKind;
+use super::xtables::read::{self, Connmark, Owner};
+
+/// A rule the model cannot say; names the first part that did not decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("foreign rule: {0}")]
+pub struct Foreign(pub String);
+
+/// One rule as dumped: where it is, and what it says when the model can say it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedRule {
+    pub table: String,
+    pub chain: String,
+    pub handle: u64,
+    /// The chain its verdict jumps or goes to, read even when the rest is foreign (a foreign
+    /// rule jumping into a chain of ours is ours to replace).
+    pub jumps_to: Option<String>,
+    /// Appended, matches in the kernel's order.
+    pub rule: Result<Rule, Foreign>,
+}
+
+/// The set names behind `-m set` matches: the kernel keeps the set's index, not its name.
+pub trait SetNames {
+    fn name_of(&self, index: u16) -> Option<String>;
+}
+
+/// No sets known: every set match is foreign.
+pub struct NoSets;
+
+impl SetNames for NoSets {
+    fn name_of(&self, _: u16) -> Option<String> {
+        None
+    }
+}
+
+/// Attribute numbers of the dumped rule (`NFTA_RULE_*`) and of one expression.
+const RULE_TABLE: u16 = 1;
+const RULE_CHAIN: u16 = 2;
+const RULE_HANDLE: u16 = 3;
+const RULE_EXPRESSIONS: u16 = 4;
+const RULE_USERDATA: u16 = 7;
+const LIST_ELEM: u16 = 1;
+const EXPR_NAME: u16 = 1;
+const EXPR_DATA: u16 = 2;
+/// Flags above the attribute number (`NLA_F_NESTED`, `NLA_F_NET_BYTEORDER`).
+const NLA_TYPE_MASK: u16 = 0x3fff;
+const REG_1: u32 = 1;
+
+/// An attribute list as `(number, value)` pairs; None when the bytes are not one.
+fn attrs(bytes: &[u8]) -> Option<Vec<(u16, &[u8])>> {
+    NlasIterator::new(bytes)
+        .map(|a| {
+            let a: NlaBuffer<&[u8]> = a.ok()?;
+            let (kind, len) = (a.kind() & NLA_TYPE_MASK, a.value_length());
+            Some((kind, a.into_inner().get(4..4 + len)?))
+        })
+        .collect()
+}
+
+fn get<'a>(list: &[(u16, &'a [u8])], kind: u16) -> Option<&'a [u8]> {
+    list.iter().find(|(k, _)| *k == kind).map(|(_, v)| *v)
+}
+
+fn be32(v: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(v.try_into().ok()?))
+}
+
+fn text(v: &[u8]) -> String {
+    String::from_utf8_lossy(v)
+        .trim_end_matches('\0')
+        .to_string()
+}
+
+/// One expression of a rule, as far as iptables-nft uses them.
+#[derive(Debug)]
+enum Expr<'a> {
+    Meta {
+        key: u32,
+    },
+    Payload {
+        base: u32,
+        offset: u32,
+        len: u32,
+    },
+    Cmp {
+        negate: bool,
+        value: &'a [u8],
+    },
+    /// `reg = (reg & mask) ^ 0`.
+    Mask {
+        mask: &'a [u8],
+    },
+    Counter,
+    Verdict {
+        code: i32,
+        chain: Option<String>,
+    },
+    Xt {
+        target: bool,
+        name: String,
+        rev: u32,
+        info: &'a [u8],
+    },
+}
+
+/// One `NFTA_LIST_ELEM`; Err names what is not an iptables-nft expression on register 1.
+fn expr(elem: &[u8]) -> Result<Expr<'_>, Foreign> {
+    let bad = |what: &str| Foreign(what.to_string());
+    let list = attrs(elem).ok_or_else(|| bad("malformed expression"))?;
+    let name = get(&list, EXPR_NAME).map(text).unwrap_or_default();
+    let data = attrs(get(&list, EXPR_DATA).unwrap_or_default())
+        .ok_or_else(|| bad("malformed expression data"))?;
+    let u = |k: u16| get(&data, k).and_then(be32);
+    let nested_value = |k: u16| {
+        get(&data, k)
+            .and_then(attrs)
+            .and_then(|inner| get(&inner, 1))
+    };
+    let only = |keys: &[u16]| data.iter().all(|(k, _)| keys.contains(k));
+    let parsed = match name.as_str() {
+        "meta" if u(1) == Some(REG_1) && only(&[1, 2]) => u(2).map(|key| Expr::Meta { key }),
+        "payload" if u(1) == Some(REG_1) && only(&[1, 2, 3, 4]) => match (u(2), u(3), u(4)) {
+            (Some(base), Some(offset), Some(len)) => Some(Expr::Payload { base, offset, len }),
+            _ => None,
+        },
+        "cmp" if u(1) == Some(REG_1) && only(&[1, 2, 3]) => match (u(2), nested_value(3)) {
+            (Some(op @ (0 | 1)), Some(value)) => Some(Expr::Cmp {
+                negate: op == 1,
+                value,
+            }),
+            _ => None,
+        },
+        "bitwise" if u(1) == Some(REG_1) && u(2) == Some(REG_1) && only(&[1, 2, 3, 4, 5, 6]) => {
+            let boolean = u(6).unwrap_or(0) == 0;
+            match (nested_value(4), nested_value(5)) {
+                (Some(mask), Some(xor)) if boolean && xor.iter().all(|b| *b == 0) => {
+                    (u(3) == Some(mask.len() as u32)).then_some(Expr::Mask { mask })
+                }
+                _ => None,
+            }
+        }
+        "counter" => Some(Expr::Counter),
+        "immediate" if u(1) == Some(0) => {
+            let verdict = get(&data, 2)
+                .and_then(attrs)
+                .and_then(|d| get(&d, 2).and_then(attrs));
+            verdict.and_then(|v| {
+                Some(Expr::Verdict {
+                    code: be32(get(&v, 1)?)? as i32,
+                    chain: get(&v, 2).map(text),
+                })
+            })
+        }
+        "match" | "target" if only(&[1, 2, 3]) => match (get(&data, 1), u(2), get(&data, 3)) {
+            (Some(xt), Some(rev), Some(info)) => Some(Expr::Xt {
+                target: name == "target",
+                name: text(xt),
+                rev,
+                info,
+            }),
+            _ => None,
+        },
+        _ => None,
+    };
+    parsed.ok_or_else(|| Foreign(format!("{name} expression")))
+}
+
+/// `meta` keys and `payload` bases iptables-nft loads.
+const META_MARK: u32 = 3;
+const META_IIFNAME: u32 = 6;
+const META_OIFNAME: u32 = 7;
+const META_L4PROTO: u32 = 16;
+const BASE_NETWORK: u32 = 1;
+const BASE_TRANSPORT: u32 = 2;
+/// Verdict codes.
+const NF_DROP: i32 = 0;
+const NF_ACCEPT: i32 = 1;
+const NFT_JUMP: i32 = -3;
+const NFT_GOTO: i32 = -4;
+const NFT_RETURN: i32 = -5;
+
+/// Reads one dumped rule of `family` (its attributes after the nfgenmsg header).
+pub fn decode_rule(family: Family, record: &[u8], sets: &dyn SetNames) -> DecodedRule {
+    let list = attrs(record).unwrap_or_default();
+    let table = get(&list, RULE_TABLE).map(text).unwrap_or_default();
+    let chain = get(&list, RULE_CHAIN).map(text).unwrap_or_default();
+    let handle = get(&list, RULE_HANDLE)
+        .and_then(|v| Some(u64::from_be_bytes(v.try_into().ok()?)))
+        .unwrap_or(0);
+    let exprs: Vec<Result<Expr, Foreign>> = get(&list, RULE_EXPRESSIONS)
+        .and_then(attrs)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(kind, elem)| match kind {
+            LIST_ELEM => expr(elem),
+            _ => Err(Foreign("expression list".into())),
+        })
+        .collect();
+    let jumps_to = exprs.iter().rev().find_map(|e| match e {
+        Ok(Expr::Verdict {
+            code: NFT_JUMP | NFT_GOTO,
+            chain,
+        }) => chain.clone(),
+        _ => None,
+    });
+    let rule = if get(&list, RULE_USERDATA).is_some() {
+        Err(Foreign("user data (a comment?)".into()))
+    } else {
+        decode_exprs(family, &table, &chain, exprs, sets)
+    };
+    DecodedRule {
+        table,
+        chain,
+        handle,
+        jumps_to,
+        rule,
+    }
+}
+
+/// A load's compare: the mask applied first (if any), negated, the value.
+type Compare<'a> = (Option<&'a [u8]>, bool, &'a [u8]);
+
+fn decode_exprs(
+    family: Family,
+    table: &str,
+    chain: &str,
+    exprs: Vec<Result<Expr, Foreign>>,
+    sets: &dyn SetNames,
+) -> Result<Rule, Foreign> {
+    let table = match table {
+        "filter" => Table::Filter,
+        "mangle" => Table::Mangle,
+        "nat" => Table::Nat,
+        "raw" => Table::Raw,
+        other => return Err(Foreign(format!("table {other}"))),
+    };
+    let exprs = exprs.into_iter().collect::<Result<Vec<Expr>, Foreign>>()?;
+    let mut matches = Vec::new();
+    let mut proto = None;
+    let mut target = None;
+    let mut i = 0;
+    // The compare (after an optional mask) that completes a load.
+    let compare = |i: &mut usize| -> Result<Compare, Foreign> {
+        let mask = match exprs.get(*i + 1) {
+            Some(Expr::Mask { mask }) => {
+                *i += 1;
+                Some(*mask)
+            }
+            _ => None,
+        };
+        *i += 1;
+        match exprs.get(*i) {
+            Some(Expr::Cmp { negate, value }) => Ok((mask, *negate, *value)),
+            _ => Err(Foreign("a load without its compare".into())),
+        }
+    };
+    while i < exprs.len() {
+        if target.is_some() {
+            return Err(Foreign("expressions after the verdict".into()));
+        }
+        match &exprs[i] {
+            Expr::Meta { key } => {
+                let key = *key;
+                let (mask, negate, value) = compare(&mut i)?;
+                let unmasked = |m: Match| mask.is_none().then_some(m);
+                let decoded = match key {
+                    META_IIFNAME => {
+                        iface_name(value).and_then(|name| unmasked(Match::InIface { name, negate }))
+                    }
+                    META_OIFNAME => iface_name(value)
+                        .and_then(|name| unmasked(Match::OutIface { name, negate })),
+                    META_L4PROTO if !negate && mask.is_none() && proto.is_none() => {
+                        let p = match value {
+                            [6] => Some(Proto::Tcp),
+                            [17] => Some(Proto::Udp),
+                            _ => None,
+                        };
+                        proto = p;
+                        p.map(Match::Proto)
+                    }
+                    META_MARK => {
+                        let ne = |b: &[u8]| Some(u32::from_ne_bytes(b.try_into().ok()?));
+                        let mask = match mask {
+                            Some(m) => ne(m),
+                            None => Some(u32::MAX),
+                        };
+                        ne(value).zip(mask).map(|(v, m)| Match::Mark {
+                            value: mark_text(v, m),
+                            negate,
+                        })
+                    }
+                    _ => None,
+                };
+                matches.push(decoded.ok_or_else(|| Foreign(format!("meta key {key} match")))?);
+            }
+            Expr::Payload { base, offset, len } => {
+                let (base, offset, len) = (*base, *offset, *len);
+                let (mask, negate, value) = compare(&mut i)?;
+                let decoded = match base {
+                    BASE_NETWORK => address(family, offset, len, mask, value).map(|(src, addr)| {
+                        if src {
+                            Match::Src { addr, negate }
+                        } else {
+                            Match::Dst { addr, negate }
+                        }
+                    }),
+                    BASE_TRANSPORT if proto.is_some() && len == 2 && mask.is_none() => {
+                        let port = u16::from_be_bytes(value.try_into().unwrap_or([0, 0]));
+                        let port = (value.len() == 2).then(|| port.to_string());
+                        match offset {
+                            0 => port.map(|port| Match::SrcPort {
+                                port,
+                                negate,
+                                module: None,
+                            }),
+                            2 => port.map(|port| Match::DstPort {
+                                port,
+                                negate,
+                                module: None,
+                            }),
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                matches.push(decoded.ok_or_else(|| Foreign(format!("payload @{base}+{offset}")))?);
+            }
+            Expr::Counter => {}
+            Expr::Verdict { code, chain } => {
+                target = Some(match (code, chain) {
+                    (&NFT_RETURN, None) => Target::Return,
+                    (&NF_ACCEPT, None) => Target::Accept,
+                    (&NF_DROP, None) => Target::Drop,
+                    (&NFT_JUMP, Some(chain)) => Target::Jump(chain.clone()),
+                    _ => return Err(Foreign(format!("verdict {code}"))),
+                });
+            }
+            Expr::Xt {
+                target: false,
+                name,
+                rev,
+                info,
+            } => matches.push(
+                xt_match(name, *rev, info, proto, sets)
+                    .ok_or_else(|| Foreign(format!("xt match {name} rev {rev}")))?,
+            ),
+            Expr::Xt {
+                target: true,
+                name,
+                rev,
+                info,
+            } => {
+                target = Some(
+                    xt_target(family, name, *rev, info)
+                        .ok_or_else(|| Foreign(format!("xt target {name} rev {rev}")))?,
+                )
+            }
+            Expr::Cmp { .. } | Expr::Mask { .. } => {
+                return Err(Foreign("a compare without its load".into()));
+            }
+        }
+        i += 1;
+    }
+    Ok(Rule {
+        table,
+        chain: chain.to_string(),
+        position: Position::Append,
+        matches,
+        target: target.ok_or_else(|| Foreign("no verdict".into()))?,
+    })
+}
+
+/// An interface compare: the name with its NUL (exact), or a prefix (`name+`).
+fn iface_name(value: &[u8]) -> Option<String> {
+    match value.split_last() {
+        Some((0, name)) if !name.contains(&0) => Some(String::from_utf8(name.to_vec()).ok()?),
+        _ if !value.contains(&0) && !value.is_empty() => {
+            Some(format!("{}+", String::from_utf8(value.to_vec()).ok()?))
+        }
+        _ => None,
+    }
+}
+
+/// A network-header compare of `family`: (is source, `addr/prefix`).
+fn address(
+    family: Family,
+    offset: u32,
+    len: u32,
+    mask: Option<&[u8]>,
+    value: &[u8],
+) -> Option<(bool, String)> {
+    let (src, dst, full) = match family {
+        Family::V4 => (12, 16, 4usize),
+        Family::V6 => (8, 24, 16usize),
+    };
+    let source = match offset {
+        o if o == src => true,
+        o if o == dst => false,
+        _ => return None,
+    };
+    let len = len as usize;
+    if value.len() != len || len == 0 || len > full {
+        return None;
+    }
+    let prefix = match mask {
+        None => len * 8,
+        Some(mask) if len == full && mask.len() == full => {
+            let ones: u32 = mask.iter().map(|b| b.count_ones()).sum();
+            let contiguous = mask
+                .iter()
+                .enumerate()
+                .all(|(i, b)| *b == prefix_byte(ones as usize, i));
+            let masked = value.iter().zip(mask).all(|(v, m)| v & !m == 0);
+            if !contiguous || !masked {
+                return None;
+            }
+            ones as usize
+        }
+        Some(_) => return None,
+    };
+    let mut octets = value.to_vec();
+    octets.resize(full, 0);
+    Some((source, format!("{}/{prefix}", ip_of(&octets)?)))
+}
+
+/// Byte `i` of a `prefix`-bit mask.
+fn prefix_byte(prefix: usize, i: usize) -> u8 {
+    let bits = prefix.saturating_sub(i * 8).min(8);
+    (0xffu16 << (8 - bits)) as u8
+}
+
+fn ip_of(octets: &[u8]) -> Option<IpAddr> {
+    match octets.len() {
+        4 => Some(IpAddr::V4(Ipv4Addr::from(
+            <[u8; 4]>::try_from(octets).ok()?,
+        ))),
+        16 => Some(IpAddr::V6(Ipv6Addr::from(
+            <[u8; 16]>::try_from(octets).ok()?,
+        ))),
+        _ => None,
+    }
+}
+
+/// A mark as the decoder spells it: `0xVALUE`, with `/0xMASK` unless the mask is all ones.
+fn mark_text(value: u32, mask: u32) -> String {
+    if mask == u32::MAX {
+        format!("{value:#x}")
+    } else {
+        format!("{value:#x}/{mask:#x}")
+    }
+}
+
+/// The conntrack states in the model's order, from the kernel's bit mask.
+const STATES: [(CtState, u16); 3] = [
+    (CtState::Invalid, 1),
+    (CtState::Related, 1 << 2),
+    (CtState::Established, 1 << 1),
+];
+
+fn xt_match(
+    name: &str,
+    rev: u32,
+    info: &[u8],
+    proto: Option<Proto>,
+    sets: &dyn SetNames,
+) -> Option<Match> {
+    Some(match (name, rev) {
+        ("owner", 1) => match read::owner(info)? {
+            Owner::SocketExists => Match::SocketExists,
+            Owner::Id { kind, id, negate } => {
+                let id = id.to_string();
+                match kind {
+                    OwnerKind::Uid => Match::UidOwner { id, negate },
+                    OwnerKind::Gid => Match::GidOwner { id, negate },
+                }
+            }
+        },
+        ("multiport", 1) if proto.is_some() => {
+            let (ports, negate) = read::multiport_dst(info)?;
+            Match::DstPorts {
+                ports: ports.iter().map(u16::to_string).collect(),
+                negate,
+            }
+        }
+        ("connmark", 1) => {
+            let (mark, mask) = read::connmark_match(info)?;
+            Match::ConnMark {
+                value: mark_text(mark, mask),
+            }
+        }
+        ("tcp", 0) if proto == Some(Proto::Tcp) && read::tcp_any_port(info) => {
+            Match::ProtoModule(Proto::Tcp)
+        }
+        ("conntrack", 3) => {
+            let bits = read::conntrack_states(info)?;
+            let states: Vec<CtState> = STATES
+                .iter()
+                .filter(|(_, bit)| bits & bit != 0)
+                .map(|(s, _)| *s)
+                .collect();
+            let known: u16 = STATES.iter().map(|(_, b)| b).sum();
+            if states.is_empty() || bits & !known != 0 {
+                return None;
+            }
+            Match::CtState(states)
+        }
+        ("set", 4) => {
+            let (index, source) = read::set_match(info)?;
+            Match::InSet {
+                name: sets.name_of(index)?,
+                dir: if source { SetDir::Src } else { SetDir::Dst },
+            }
+        }
+        _ => return None,
+    })
+}
+
+fn xt_target(family: Family, name: &str, rev: u32, info: &[u8]) -> Option<Target> {
+    Some(match (name, rev) {
+        ("REDIRECT", 0) => Target::Redirect {
+            port: read::redirect(family, info)?.to_string(),
+            plural: true,
+        },
+        ("CT", 2) => Target::CtZone(read::ct_zone(info)?),
+        ("CONNMARK", 2) => match read::connmark_target(info)? {
+            Connmark::SetXmark { ctmark, ctmask } => {
+                Target::ConnmarkSetXmark(format!("{ctmark:#x}/{ctmask:#x}"))
+            }
+            Connmark::Save => Target::ConnmarkSave,
+            Connmark::Restore => Target::ConnmarkRestore { masks: false },
+        },
+        ("MARK", 2) => {
+            let (mark, mask) = read::mark_target(info)?;
+            Target::SetMark(mark_text(mark, mask))
+        }
+        ("TPROXY", 1) => {
+            let (value, mask, port) = read::tproxy(info)?;
+            Target::Tproxy {
+                mark: format!("{value:#x}/{mask:#x}"),
+                port: port.to_string(),
+            }
+        }
+        ("SNAT", 0) if family == Family::V4 => Target::Snat(read::snat(family, info)?.to_string()),
+        ("SNAT", 1) if family == Family::V6 => Target::Snat(read::snat(family, info)?.to_string()),
+        _ => return None,
+    })
+}
+
+#[path = "iptables_nft_canon.rs"]
+mod canon;
+pub use canon::{as_listed, canonical};
+
+/// Rules by `(table, chain)`, in each chain's order.
+pub type Listed = BTreeMap<(Table, String), Vec<Rule>>;
+
+#[cfg(test)]
+#[path = "iptables_nft_decode_tests.rs"]
+mod tests;
