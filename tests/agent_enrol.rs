@@ -211,10 +211,7 @@ async fn cmdadd_enrols_a_pod_of_an_ambient_namespace_and_answers_after_the_annot
     );
     assert_eq!(r.dp.count(&format!("program {uid}")), 1);
     assert_eq!(
-        r.dp.probes
-            .lock()
-            .unwrap()
-            .get(&"10.1.0.5".parse().unwrap()),
+        r.dp.probes.lock().get(&"10.1.0.5".parse().unwrap()),
         Some(&uid)
     );
     let patch = r
@@ -256,7 +253,7 @@ async fn labelling_a_namespace_enrols_its_running_pod_and_unlabelling_removes_it
     .await;
     assert!(!r.zt.has(&uid));
     assert_eq!(r.dp.count(&format!("unprogram {uid}")), 1);
-    assert!(r.dp.probes.lock().unwrap().is_empty());
+    assert!(r.dp.probes.lock().is_empty());
     r.shutdown().await;
 }
 
@@ -429,7 +426,7 @@ async fn a_restart_restores_enrolled_pods_without_flushing() {
             if reconcile { 20 } else { 0 },
             "reconcile={reconcile}: {calls:?}"
         );
-        let probes = r.dp.probes.lock().unwrap().clone();
+        let probes = r.dp.probes.lock().clone();
         assert!(
             web.iter()
                 .all(|(uid, _)| probes.values().any(|owner| owner == uid))

@@ -3,9 +3,10 @@
 //! `Arc` goes (no explicit close). Each entry also keeps the IPs the agent put in the host probe
 //! set for the pod: the expected state the drift pass reconciles the set with.
 
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
 
 use super::ports::WorkloadInfo;
 use crate::netns::Netns;
@@ -30,11 +31,11 @@ pub struct PodCache {
 
 impl PodCache {
     fn read(&self) -> RwLockReadGuard<'_, HashMap<String, CachedPod>> {
-        self.pods.read().unwrap_or_else(|p| p.into_inner())
+        self.pods.read()
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, HashMap<String, CachedPod>> {
-        self.pods.write().unwrap_or_else(|p| p.into_inner())
+        self.pods.write()
     }
 
     /// A placeholder without a netns, unless the pod is already there.

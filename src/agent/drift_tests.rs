@@ -70,8 +70,8 @@ fn rig() -> Rig {
             .cache
             .upsert(&uid, pod::workload_info(&p), Netns::current().unwrap());
         core.mesh.cache.set_probe_ips(&uid, Some(vec![ip(addr)]));
-        dp.programmed.lock().unwrap().insert(uid.clone());
-        dp.probes.lock().unwrap().insert(ip(addr), uid);
+        dp.programmed.lock().insert(uid.clone());
+        dp.probes.lock().insert(ip(addr), uid);
         core.pods.apply(Event::Apply(p));
     }
     Rig { core, dp, ann }
@@ -142,7 +142,7 @@ async fn untouched_pods_are_verified_and_a_drifted_one_is_healed_with_an_event_a
     assert_eq!(r.counted(true, KIND_RULES), 0);
     assert_eq!(r.dp.count("probe_sync 2 prune=true"), 1);
 
-    r.dp.drifted.lock().unwrap().insert("uid-a".into());
+    r.dp.drifted.lock().insert("uid-a".into());
     let s = r.pass(&mut reported).await;
     assert_eq!((s.verified, s.healed), (2, 1));
     assert_eq!(r.counted(true, KIND_RULES), 1);
@@ -227,7 +227,7 @@ async fn a_pass_waits_for_the_pods_lock_and_skips_a_pod_removed_meanwhile() {
 async fn a_missing_probe_entry_is_put_back_and_a_stranger_pruned() {
     let r = rig();
     {
-        let mut probes = r.dp.probes.lock().unwrap();
+        let mut probes = r.dp.probes.lock();
         probes.remove(&ip("10.0.0.1"));
         probes.insert(ip("10.0.0.99"), "uid-gone".into());
     }
@@ -242,7 +242,7 @@ async fn a_missing_probe_entry_is_put_back_and_a_stranger_pruned() {
             REASON_PROBE_REPAIRED.to_string()
         )]
     );
-    let probes = r.dp.probes.lock().unwrap().clone();
+    let probes = r.dp.probes.lock().clone();
     assert_eq!(
         probes.get(&ip("10.0.0.1")).map(String::as_str),
         Some("uid-a")
@@ -255,14 +255,11 @@ async fn no_pruning_while_a_pods_entries_are_unknown() {
     let r = rig();
     r.core.mesh.cache.ensure("uid-c", Default::default());
     r.core.mesh.cache.set_probe_ips("uid-c", None);
-    r.dp.probes
-        .lock()
-        .unwrap()
-        .insert(ip("10.0.0.3"), "uid-c".into());
+    r.dp.probes.lock().insert(ip("10.0.0.3"), "uid-c".into());
     let s = r.pass(&mut Reported::default()).await;
     assert_eq!(s.probe_removed, 0);
     assert_eq!(r.dp.count("probe_sync 2 prune=false"), 1);
-    assert!(r.dp.probes.lock().unwrap().contains_key(&ip("10.0.0.3")));
+    assert!(r.dp.probes.lock().contains_key(&ip("10.0.0.3")));
 }
 
 #[tokio::test]
@@ -310,10 +307,7 @@ async fn the_probe_reconcile_waits_for_an_add_half_done_and_keeps_its_entry() {
     // An add between its probe-set write and its record in the cache (holding the gate).
     let gate = r.core.mesh.probe_gate.read().await;
     r.core.mesh.cache.ensure("uid-c", Default::default());
-    r.dp.probes
-        .lock()
-        .unwrap()
-        .insert(ip("10.0.0.3"), "uid-c".into());
+    r.dp.probes.lock().insert(ip("10.0.0.3"), "uid-c".into());
     let core = r.core.clone();
     let running = tokio::spawn(async move {
         pass(&core, &mut Reported::default(), &CancellationToken::new()).await
@@ -331,7 +325,7 @@ async fn the_probe_reconcile_waits_for_an_add_half_done_and_keeps_its_entry() {
     drop(gate);
     let s = running.await.unwrap();
     assert_eq!((s.probe_added, s.probe_removed), (0, 0));
-    assert!(r.dp.probes.lock().unwrap().contains_key(&ip("10.0.0.3")));
+    assert!(r.dp.probes.lock().contains_key(&ip("10.0.0.3")));
 }
 
 #[tokio::test]
@@ -345,7 +339,7 @@ async fn drifted_host_rules_are_repaired_counted_and_shown_before_the_probe_sync
         r.core.status.host().map(|c| c.result),
         Some(CheckResult::InPlace)
     );
-    *r.dp.host_drift.lock().unwrap() = Some("ipset istio-inpod-probes-v4 missing".into());
+    *r.dp.host_drift.lock() = Some("ipset istio-inpod-probes-v4 missing".into());
     let s = r.pass(&mut reported).await;
     assert!(s.host_repaired);
     assert_eq!(r.counted(true, KIND_HOST_RULES), 1);
@@ -379,7 +373,7 @@ async fn a_failing_host_check_is_reported_once_and_each_pods_check_is_recorded()
         r.core.status.host().map(|c| c.result),
         Some(CheckResult::Failed { .. })
     ));
-    r.dp.drifted.lock().unwrap().insert("uid-a".into());
+    r.dp.drifted.lock().insert("uid-a".into());
     assert!(!r.pass(&mut reported).await.host_failed);
     assert!(matches!(
         r.core.status.pod("uid-a").map(|c| c.result),

@@ -3,8 +3,9 @@
 //! probe re-assertion of a pod holds that pod's lock, so their steps never interleave; different
 //! pods never wait for each other. Locks exist only while someone holds or waits for them.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
@@ -18,7 +19,7 @@ impl PodLocks {
     /// Waits for the pod's lock; it is released when the guard drops.
     pub async fn lock(&self, pod: &str) -> OwnedMutexGuard<()> {
         let lock = {
-            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            let mut locks = self.locks.lock();
             // Forget locks nobody holds any more (bounded by the pods in flight).
             locks.retain(|_, l| l.strong_count() > 0);
             match locks.get(pod).and_then(Weak::upgrade) {
@@ -35,7 +36,7 @@ impl PodLocks {
 
     /// Pods with a lock held or awaited.
     pub fn len(&self) -> usize {
-        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        let locks = self.locks.lock();
         locks.values().filter(|l| l.strong_count() > 0).count()
     }
 

@@ -208,7 +208,7 @@ async fn a_failed_re_add_of_an_enrolled_pod_changes_nothing() {
     assert!(err.to_string().contains("not a network namespace"), "{err}");
     assert_eq!(enrolled_state(&mesh, &zt, "uid-a"), before);
 
-    *dp.reserved.lock().unwrap() = vec![(
+    *dp.reserved.lock() = vec![(
         "the agent's own netns".into(),
         Netns::current().unwrap().id(),
     )];
@@ -219,16 +219,16 @@ async fn a_failed_re_add_of_an_enrolled_pod_changes_nothing() {
     assert!(matches!(err, MeshError::Refused { .. }), "{err}");
     assert!(!err.is_retryable());
     assert_eq!(enrolled_state(&mesh, &zt, "uid-a"), before);
-    dp.reserved.lock().unwrap().clear();
+    dp.reserved.lock().clear();
 
-    *dp.addresses.lock().unwrap() = Some(vec!["10.0.0.77".parse().unwrap()]);
+    *dp.addresses.lock() = Some(vec!["10.0.0.77".parse().unwrap()]);
     let err = mesh
         .add_pod(&p, &[ip], Via::Plugin(&good))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("does not hold 10.0.0.9"), "{err}");
     assert_eq!(enrolled_state(&mesh, &zt, "uid-a"), before);
-    *dp.addresses.lock().unwrap() = None;
+    *dp.addresses.lock() = None;
 
     dp.fail_program.store(true, Ordering::SeqCst);
     mesh.add_pod(&p, &[ip], Via::Plugin(&good))
@@ -241,10 +241,7 @@ async fn a_failed_re_add_of_an_enrolled_pod_changes_nothing() {
         adds,
         "ztunnel was told nothing"
     );
-    assert_eq!(
-        dp.probes.lock().unwrap().get(&ip).map(String::as_str),
-        Some("uid-a")
-    );
+    assert_eq!(dp.probes.lock().get(&ip).map(String::as_str), Some("uid-a"));
 }
 
 #[tokio::test]
@@ -273,7 +270,7 @@ async fn a_failed_add_of_a_new_pod_leaves_nothing_behind() {
             .contains("127.0.0.1 is not a pod address (loopback)"),
         "{err}"
     );
-    assert!(mesh.cache.is_empty() && dp.probes.lock().unwrap().is_empty());
+    assert!(mesh.cache.is_empty() && dp.probes.lock().is_empty());
     assert_eq!(dp.count("program"), 1);
     assert_eq!(zt.adds.load(Ordering::SeqCst), 0);
 }

@@ -4,7 +4,7 @@
 //! the identity of the netns the ADD opened, for the `/cmdadd` log line, and when each step was
 //! entered: the log line's per-step timings (the latency breakdown of an ADD, issue 22).
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::Instant;
 
 use crate::netns::NetnsId;
@@ -77,8 +77,8 @@ struct State {
 pub struct Progress(Mutex<State>);
 
 impl Progress {
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    fn state(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.0.lock()
     }
 
     pub fn enter(&self, step: AddStep) {

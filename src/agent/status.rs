@@ -4,8 +4,8 @@
 //! which connection, and the answer). The JSON shape is versioned and documented in
 //! docs/troubleshooting.md; fields are only ever added.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -55,30 +55,26 @@ pub struct Status {
     host: Mutex<Option<Check>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Status {
     pub fn pod_checked(&self, uid: &str, result: CheckResult) {
-        lock(&self.pods).insert(uid.to_string(), Check::now(result));
+        self.pods.lock().insert(uid.to_string(), Check::now(result));
     }
 
     pub fn host_checked(&self, result: CheckResult) {
-        *lock(&self.host) = Some(Check::now(result));
+        *self.host.lock() = Some(Check::now(result));
     }
 
     /// Forgets pods no longer cached.
     pub fn retain(&self, cached: &HashSet<String>) {
-        lock(&self.pods).retain(|uid, _| cached.contains(uid));
+        self.pods.lock().retain(|uid, _| cached.contains(uid));
     }
 
     pub fn pod(&self, uid: &str) -> Option<Check> {
-        lock(&self.pods).get(uid).cloned()
+        self.pods.lock().get(uid).cloned()
     }
 
     pub fn host(&self) -> Option<Check> {
-        lock(&self.host).clone()
+        self.host.lock().clone()
     }
 }
 

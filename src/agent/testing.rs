@@ -2,10 +2,11 @@
 //! (test-only: compiled with `cfg(test)` or the `test-hooks` feature). They record every call and
 //! fail on request; netns handles are the test process's own namespace (nothing is programmed).
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::Notify;
@@ -16,10 +17,6 @@ use super::ports::{
 };
 use crate::kube::PodEvent;
 use crate::netns::{Netns, NetnsId};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A data plane that only records. `open_netns` opens the path when it exists (else hands out the
 /// test's own netns); `reserved` is what it calls the agent's and the node's netns (none unless
@@ -51,18 +48,19 @@ pub struct FakeDataplane {
 
 impl FakeDataplane {
     pub fn calls(&self) -> Vec<String> {
-        lock(&self.calls).clone()
+        self.calls.lock().clone()
     }
 
     pub fn count(&self, prefix: &str) -> usize {
-        lock(&self.calls)
+        self.calls
+            .lock()
             .iter()
             .filter(|c| c.starts_with(prefix))
             .count()
     }
 
     fn record(&self, call: String) {
-        lock(&self.calls).push(call);
+        self.calls.lock().push(call);
     }
 
     /// Records a probe-set call; fails it while `probe_failures` lasts, else hands out the set.
@@ -76,7 +74,7 @@ impl FakeDataplane {
             self.probe_failures.store(left - 1, Ordering::SeqCst);
             return Err(PortError::retryable("injected probe-set failure"));
         }
-        Ok(lock(&self.probes))
+        Ok(self.probes.lock())
     }
 }
 
@@ -90,14 +88,15 @@ impl Dataplane for FakeDataplane {
     }
 
     fn reserved_netns(&self) -> Vec<(String, NetnsId)> {
-        lock(&self.reserved).clone()
+        self.reserved.lock().clone()
     }
 
     fn netns_addresses(&self, _netns: &Netns, pod: &PodNet) -> Result<Vec<IpAddr>, PortError> {
         self.record(format!("addresses {}", pod.uid));
         let mut held = vec!["127.0.0.1".parse().expect("loopback")];
         held.extend(
-            lock(&self.addresses)
+            self.addresses
+                .lock()
                 .clone()
                 .unwrap_or_else(|| pod.ips.clone()),
         );
@@ -126,8 +125,8 @@ impl Dataplane for FakeDataplane {
         if self.fail_program.load(Ordering::SeqCst) {
             return Err(PortError::permanent("injected in-pod programming failure"));
         }
-        let first = lock(&self.programmed).insert(pod.uid.clone());
-        let drifted = lock(&self.drifted).remove(&pod.uid);
+        let first = self.programmed.lock().insert(pod.uid.clone());
+        let drifted = self.drifted.lock().remove(&pod.uid);
         Ok(if first || drifted {
             Outcome::Applied
         } else {
@@ -194,7 +193,7 @@ impl Dataplane for FakeDataplane {
             self.host_failures.store(left - 1, Ordering::SeqCst);
             return Err(PortError::retryable("injected host-rules failure"));
         }
-        Ok(lock(&self.host_drift).take())
+        Ok(self.host_drift.lock().take())
     }
 }
 
@@ -222,13 +221,13 @@ impl Default for FakeZtunnel {
 
 impl FakeZtunnel {
     pub fn has(&self, uid: &str) -> bool {
-        lock(&self.workloads).contains_key(uid)
+        self.workloads.lock().contains_key(uid)
     }
 
     /// Holds adds of the pod named `name` until the returned gate is notified.
     pub fn gate(&self, name: &str) -> Arc<Notify> {
         let gate = Arc::new(Notify::new());
-        lock(&self.gates).insert(name.to_string(), gate.clone());
+        self.gates.lock().insert(name.to_string(), gate.clone());
         gate
     }
 }
@@ -236,7 +235,7 @@ impl FakeZtunnel {
 impl Ztunnel for FakeZtunnel {
     fn add_workload(&self, uid: String, info: WorkloadInfo, _netns: Arc<Netns>) -> PortFuture<'_> {
         Box::pin(async move {
-            let gate = lock(&self.gates).get(&info.name).cloned();
+            let gate = self.gates.lock().get(&info.name).cloned();
             if let Some(gate) = gate {
                 gate.notified().await;
             }
@@ -244,7 +243,7 @@ impl Ztunnel for FakeZtunnel {
             if !self.connected.load(Ordering::SeqCst) {
                 return Err(PortError::retryable("no ztunnel connection"));
             }
-            lock(&self.workloads).insert(uid, info);
+            self.workloads.lock().insert(uid, info);
             Ok(())
         })
     }
@@ -252,7 +251,7 @@ impl Ztunnel for FakeZtunnel {
     fn del_workload<'a>(&'a self, uid: &'a str) -> PortFuture<'a> {
         Box::pin(async move {
             self.dels.fetch_add(1, Ordering::SeqCst);
-            lock(&self.workloads).remove(uid);
+            self.workloads.lock().remove(uid);
             Ok(())
         })
     }
@@ -271,15 +270,15 @@ pub struct FakeAnnotator {
 
 impl FakeAnnotator {
     pub fn value(&self, key: &str) -> Option<String> {
-        lock(&self.values).get(key).cloned()
+        self.values.lock().get(key).cloned()
     }
 
     pub fn patches(&self) -> Vec<(String, Option<String>)> {
-        lock(&self.patches).clone()
+        self.patches.lock().clone()
     }
 
     pub fn events(&self) -> Vec<(String, PodEvent)> {
-        lock(&self.events).clone()
+        self.events.lock().clone()
     }
 }
 
@@ -298,8 +297,10 @@ impl Annotator for FakeAnnotator {
                     message: "injected annotation failure".into(),
                 });
             }
-            lock(&self.patches).push((key.clone(), value.map(str::to_string)));
-            let mut values = lock(&self.values);
+            self.patches
+                .lock()
+                .push((key.clone(), value.map(str::to_string)));
+            let mut values = self.values.lock();
             match value {
                 Some(v) => values.insert(key, v.to_string()),
                 None => values.remove(&key),
@@ -311,7 +312,7 @@ impl Annotator for FakeAnnotator {
     fn event<'a>(&'a self, pod: &'a Pod, event: PodEvent) -> KubeFuture<'a> {
         Box::pin(async move {
             let key = format!("{}/{}", super::pod::namespace(pod), super::pod::name(pod));
-            lock(&self.events).push((key, event));
+            self.events.lock().push((key, event));
             Ok(())
         })
     }

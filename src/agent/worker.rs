@@ -5,9 +5,10 @@
 //! deletes are retried until they succeed. Events whose namespace is not in the store yet are
 //! retried too (Istio dropped them, B9).
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -86,7 +87,7 @@ impl Worker {
     }
 
     fn keys(&self) -> MutexGuard<'_, HashMap<String, VecDeque<PodEvent>>> {
-        self.shared.keys.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.keys.lock()
     }
 
     pub fn core(&self) -> &Arc<Core> {

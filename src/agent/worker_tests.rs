@@ -265,7 +265,7 @@ async fn removal_is_retried_and_clears_the_annotation() {
     );
     assert_eq!(r.dp.count("unprogram uid-a"), 1);
     assert!(!r.zt.has("uid-a"));
-    assert!(r.dp.probes.lock().unwrap().is_empty());
+    assert!(r.dp.probes.lock().is_empty());
     assert_eq!(
         cache.probe_members(),
         (vec![], true),

@@ -3,8 +3,8 @@
 //! in a scratch netns, cached per transaction in [`Listings`]) and where two listings differ. The
 //! ambient in-pod rules and the sidecar verify both compare this way.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use super::exec::{Cmd, Executor};
 use super::iptables::{ApplyError, find_on_path, run_checked};
@@ -113,8 +113,8 @@ impl Listings {
         Ok(listing)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<String, String>> {
+        self.known.lock()
     }
 }
 

@@ -10,9 +10,9 @@
 //! it. No process on that path; only creating missing sets runs `ipset`/`nft` (rare). The
 //! messages are described in `rules::probe_set_msgs`.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::Mutex;
 
 use netlink_packet_core::NLM_F_CREATE;
 
@@ -196,7 +196,7 @@ pub fn change(
     plan: &dyn Fn(&Entries) -> Vec<SetOp>,
 ) -> Result<Vec<SetOp>, ProbeSetError> {
     let attempt = || {
-        let _one_change = serial.lock().unwrap_or_else(|p| p.into_inner());
+        let _one_change = serial.lock();
         let ops = plan(&sets.entries()?);
         sets.apply(&ops).map(|()| ops)
     };

@@ -21,8 +21,9 @@
 //! the next event of the resumed watch (which replays from the last resourceVersion) or of a
 //! re-list. Readers that must not act on a stale object (the pod-facts answers) check it.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -228,10 +229,7 @@ impl<K: Stored> Store<K> {
 
     fn state(&self) -> MutexGuard<'_, State<K>> {
         // Plain data; a panicked holder cannot leave it half-updated in a way readers mind.
-        self.inner
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.state.lock()
     }
 
     pub fn get(&self, key: &str) -> Option<Arc<K>> {

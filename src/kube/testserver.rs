@@ -19,10 +19,11 @@ mod uid;
 
 pub use role::main;
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
@@ -309,13 +310,6 @@ struct Shared {
     running: tokio::sync::Mutex<Option<Running>>,
 }
 
-/// Locks a std mutex; a panicked holder leaves plain data behind, still fine to use in a test.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// Handle to a running test API server. Dropping it stops the server.
 pub struct TestApiServer {
     shared: Arc<Shared>,
@@ -401,7 +395,7 @@ impl TestApiServer {
     /// How many single-pod GETs (`/api/v1/namespaces/{ns}/pods/{name}`, any subresource) asked
     /// for pods scheduled on `node`.
     pub fn pod_gets_on_node(&self, node: &str) -> u64 {
-        lock(&self.shared.pod_gets).get(node).copied().unwrap_or(0)
+        self.shared.pod_gets.lock().get(node).copied().unwrap_or(0)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -410,12 +404,12 @@ impl TestApiServer {
 
     /// The token clients must send (`None`: anonymous is accepted).
     pub fn token(&self) -> Option<String> {
-        lock(&self.shared.token).clone()
+        self.shared.token.lock().clone()
     }
 
     /// Changes the accepted token, e.g. to test a rotated service-account token.
     pub fn set_token(&self, token: Option<&str>) {
-        *lock(&self.shared.token) = token.map(str::to_string);
+        *self.shared.token.lock() = token.map(str::to_string);
     }
 
     /// Creates or replaces a pod (ADDED or MODIFIED for watchers); returns it as stored.
@@ -459,19 +453,19 @@ impl TestApiServer {
 
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Pod> {
         let key = (Kind::Pod, namespace.to_string(), name.to_string());
-        let object = lock(&self.shared.store).objects.get(&key).cloned()?;
+        let object = self.shared.store.lock().objects.get(&key).cloned()?;
         serde_json::from_value(object).ok()
     }
 
     pub fn namespace(&self, name: &str) -> Option<Namespace> {
         let key = (Kind::Namespace, String::new(), name.to_string());
-        let object = lock(&self.shared.store).objects.get(&key).cloned()?;
+        let object = self.shared.store.lock().objects.get(&key).cloned()?;
         serde_json::from_value(object).ok()
     }
 
     /// The current global resourceVersion.
     pub fn resource_version(&self) -> u64 {
-        lock(&self.shared.store).resource_version
+        self.shared.store.lock().resource_version
     }
 
     /// Forgets the change history: watches from any earlier resourceVersion get `410 Expired`
@@ -483,7 +477,7 @@ impl TestApiServer {
 
     /// Replaces all faults with this one (`Down` stops the listener).
     pub async fn set_fault(&self, fault: Fault) {
-        lock(&self.shared.faults).clear();
+        self.shared.faults.lock().clear();
         self.add_fault(fault).await;
     }
 
@@ -492,13 +486,13 @@ impl TestApiServer {
         if fault.kind == FaultKind::Down {
             self.stop().await;
         } else {
-            lock(&self.shared.faults).push(fault);
+            self.shared.faults.lock().push(fault);
         }
     }
 
     /// Removes every fault and listens again if the server was down.
     pub async fn clear_faults(&self) {
-        lock(&self.shared.faults).clear();
+        self.shared.faults.lock().clear();
         // A failed re-bind leaves it down; the next request then shows connection refused.
         let _ = self.restart().await;
     }
@@ -515,12 +509,14 @@ impl TestApiServer {
 
     /// Every API request so far (control endpoints excluded), oldest first.
     pub fn requests(&self) -> Vec<RequestRecord> {
-        lock(&self.shared.requests).clone()
+        self.shared.requests.lock().clone()
     }
 
     /// Events clients created (`POST /api/v1/namespaces/{ns}/events`), oldest first.
     pub fn events(&self) -> Vec<Event> {
-        lock(&self.shared.events)
+        self.shared
+            .events
+            .lock()
             .iter()
             .filter_map(|e| serde_json::from_value(e.clone()).ok())
             .collect()
@@ -551,7 +547,9 @@ impl TestApiServer {
         matches: impl Fn(&RequestRecord) -> bool,
     ) -> Option<RequestRecord> {
         let found = || {
-            lock(&self.shared.requests)
+            self.shared
+                .requests
+                .lock()
                 .iter()
                 .find(|r| matches(r))
                 .cloned()
@@ -564,7 +562,7 @@ impl TestApiServer {
     }
 
     pub fn clear_requests(&self) {
-        lock(&self.shared.requests).clear();
+        self.shared.requests.lock().clear();
     }
 
     /// Writes a kubeconfig pointing here, in the layout install-cni writes (cluster `local`,
@@ -599,7 +597,7 @@ impl TestApiServer {
 
 impl Drop for TestApiServer {
     fn drop(&mut self) {
-        lock(&self.shared.generation).cancel();
+        self.shared.generation.lock().cancel();
     }
 }
 
@@ -620,7 +618,7 @@ impl Shared {
     /// Starts serving one generation; the caller stores the result in `running`.
     fn serve(self: &Arc<Self>, listener: tokio::net::TcpListener) -> Running {
         let cancel = CancellationToken::new();
-        *lock(&self.generation) = cancel.clone();
+        *self.generation.lock() = cancel.clone();
         let app = router(self.clone());
         let shutdown = cancel.clone();
         let listener = match &self.tls {
@@ -671,7 +669,7 @@ impl Shared {
     }
 
     fn compact(&self) {
-        let mut store = lock(&self.store);
+        let mut store = self.store.lock();
         store.history.clear();
         store.compacted_through = store.resource_version;
     }
@@ -681,7 +679,7 @@ impl Shared {
         kind: Kind,
         object: Value,
     ) -> Result<T, TestServerError> {
-        let mut store = lock(&self.store);
+        let mut store = self.store.lock();
         let given = |field: &str| object.pointer(&format!("/metadata/{field}")).is_some();
         let unset: Vec<&str> = ["uid", "creationTimestamp"]
             .into_iter()
@@ -708,7 +706,7 @@ impl Shared {
     }
 
     fn delete(&self, key: ObjectKey) -> Option<Value> {
-        let mut store = lock(&self.store);
+        let mut store = self.store.lock();
         if !store.objects.contains_key(&key) {
             return None;
         }
@@ -760,7 +758,7 @@ impl Shared {
 
     /// Takes the first fault matching this path, counting down limited ones.
     fn matching_fault(&self, path: &str) -> Option<FaultKind> {
-        let mut faults = lock(&self.faults);
+        let mut faults = self.faults.lock();
         let index = faults
             .iter()
             .position(|f| f.path_prefix.as_deref().is_none_or(|p| path.starts_with(p)))?;

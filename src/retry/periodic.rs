@@ -5,7 +5,8 @@
 //! missed. One kick reaches every schedule made with it (the ambient and the sidecar verifiers
 //! share install-cni's).
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -24,7 +25,7 @@ impl Kick {
 
     /// Asks for a pass now (or right after the running one).
     pub fn kick(&self) {
-        for schedule in self.0.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for schedule in self.0.lock().iter() {
             schedule.notify_one();
         }
     }
@@ -32,10 +33,7 @@ impl Kick {
     /// A new schedule's own wake-up.
     fn register(&self) -> Arc<Notify> {
         let notify = Arc::new(Notify::new());
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(notify.clone());
+        self.0.lock().push(notify.clone());
         notify
     }
 }

@@ -12,8 +12,8 @@
 //! [`RECORD_BYTES_PER_SEC`] of records re-emitted (after a [`RECORD_BURST_BYTES`] burst), the
 //! rest are dropped with one warning per connection naming the peer's pid and uid.
 
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -108,7 +108,7 @@ fn within_budget(conn: Option<&ConnInfo>, lines: Vec<String>) -> Vec<String> {
     let Some((info, budget)) = conn.and_then(|c| Some((c, c.budget.as_ref()?))) else {
         return lines;
     };
-    let mut budget = budget.lock().unwrap_or_else(|p| p.into_inner());
+    let mut budget = budget.lock();
     let now = Instant::now();
     let total = lines.len();
     let kept: Vec<String> = lines
@@ -133,7 +133,7 @@ fn within_budget(conn: Option<&ConnInfo>, lines: Vec<String>) -> Vec<String> {
 
 /// Re-emits one batch of plugin records.
 pub fn emit_batch(lines: &[String]) {
-    let _guard = EMIT.lock().unwrap_or_else(|p| p.into_inner());
+    let _guard = EMIT.lock();
     for line in lines {
         emit(line);
     }

@@ -16,12 +16,13 @@
 //!   leaves it alone. Meanwhile readiness fails naming the socket. On shutdown the file is
 //!   removed only if it is still ours.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -137,7 +138,7 @@ impl Slots {
     /// Admits a connection, closing the oldest idle one at the bound; `None` when every slot is
     /// inside a request.
     pub fn admit(self: &Arc<Self>) -> Option<Slot> {
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = self.open.lock();
         if open.1.len() >= self.max {
             let idle = open
                 .1
@@ -169,7 +170,7 @@ impl Slots {
 
     /// Connections open now.
     pub fn open(&self) -> usize {
-        self.open.lock().map(|o| o.1.len()).unwrap_or(0)
+        self.open.lock().1.len()
     }
 }
 
@@ -191,12 +192,10 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let idle = match self.slots.open.lock() {
-            Ok(mut open) => {
-                open.1.remove(&self.id);
-                open.1.is_empty()
-            }
-            Err(_) => false,
+        let idle = {
+            let mut open = self.slots.open.lock();
+            open.1.remove(&self.id);
+            open.1.is_empty()
         };
         if idle && self.slots.peak.swap(0, Ordering::SeqCst) >= TRIM_AFTER_PEAK {
             release_memory();
@@ -275,7 +274,7 @@ impl Throttled {
 
     /// `Some(held back since the last one)` when a warning may go out now.
     fn allow(&self) -> Option<u64> {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = self.last.lock();
         let now = Instant::now();
         if last.0.is_some_and(|t| now.duration_since(t) < WARN_EVERY) {
             last.1 += 1;

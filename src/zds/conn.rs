@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 
 use super::ZdsError;
 use super::proto::{self, Reply, Request};
-use super::server::{Op, Shared, Update, lock};
+use super::server::{Op, Shared, Update};
 use super::socket::{Idle, Packet, check_netns};
 
 struct Session {
@@ -145,7 +145,7 @@ impl Session {
             let uid = entry.uid.as_str();
             let mut netns = entry.netns.as_deref();
             if netns.is_some()
-                && let Some((left, message)) = lock(&self.shared.nacks).held(uid, Instant::now())
+                && let Some((left, message)) = self.shared.nacks.lock().held(uid, Instant::now())
             {
                 debug!(conn = self.id, uid, retry_in = ?left, last_nack = message,
                     "pod held back after a NACK: sending Keep instead of Add");
@@ -163,7 +163,7 @@ impl Session {
             }
             let request = if netns.is_some() { "add" } else { "keep" };
             let id = netns.as_ref().map(|n| n.id());
-            lock(&self.shared.ledger).sent(uid, self.id, request, id);
+            self.shared.ledger.lock().sent(uid, self.id, request, id);
             let reply = match netns {
                 Some(ns) => {
                     adds += 1;
@@ -180,7 +180,7 @@ impl Session {
             };
             self.answered(uid, &reply);
             match reply {
-                Reply::Ack if netns.is_some() => lock(&self.shared.nacks).clear(uid),
+                Reply::Ack if netns.is_some() => self.shared.nacks.lock().clear(uid),
                 Reply::Ack => {}
                 Reply::Nack { message, truncated } => {
                     nacked += 1;
@@ -215,12 +215,20 @@ impl Session {
             Op::Add { uid, info, netns } => {
                 // Already in ztunnel on this connection (its snapshot, or an earlier attempt the
                 // caller gave up on): acked again, not sent twice.
-                if lock(&self.shared.ledger).acked_add(uid, self.id, netns.id()) {
+                if self
+                    .shared
+                    .ledger
+                    .lock()
+                    .acked_add(uid, self.id, netns.id())
+                {
                     debug!(conn = self.id, uid, "already acked on this connection");
                     let _ = update.reply.send(Ok(()));
                     return Ok(());
                 }
-                lock(&self.shared.ledger).sent(uid, self.id, "add", Some(netns.id()));
+                self.shared
+                    .ledger
+                    .lock()
+                    .sent(uid, self.id, "add", Some(netns.id()));
                 let request = Request::Add { uid, info };
                 let result = self.exchange(&request, Some(netns.as_fd())).await;
                 if let Ok(reply) = &result {
@@ -231,7 +239,7 @@ impl Session {
             Op::Del { uid } => {
                 let result = self.exchange(&Request::Del { uid }, None).await;
                 if matches!(result, Ok(Reply::Ack)) {
-                    lock(&self.shared.ledger).forget(uid);
+                    self.shared.ledger.lock().forget(uid);
                 }
                 (result, uid)
             }
@@ -242,7 +250,7 @@ impl Session {
         let answer = match result {
             Ok(Reply::Ack) => {
                 info!(conn = self.id, uid, elapsed_ms, "ztunnel acked {kind}");
-                lock(&self.shared.nacks).clear(uid);
+                self.shared.nacks.lock().clear(uid);
                 Ok(())
             }
             Ok(Reply::Nack { message, truncated }) => {
@@ -274,13 +282,17 @@ impl Session {
                 message: message.clone(),
             },
         };
-        lock(&self.shared.ledger).answered(uid, self.id, delivery);
+        self.shared.ledger.lock().answered(uid, self.id, delivery);
     }
 
     /// Logs a NACK; a NACKed Add holds the pod back.
     fn nacked(&self, uid: &str, add: bool, message: &str, truncated: bool) {
         if add {
-            let retry_in = lock(&self.shared.nacks).record(uid, message, Instant::now());
+            let retry_in = self
+                .shared
+                .nacks
+                .lock()
+                .record(uid, message, Instant::now());
             warn!(conn = self.id, uid, truncated, retry_in = ?retry_in,
                 "ztunnel NACKed add: {message}");
         } else {

@@ -1,9 +1,10 @@
 //! The accept loop (rate limited), the set of live connections in connect order, and the handle
 //! the agent drives: adds go to the newest connection, deletes to all of them.
 
+use parking_lot::Mutex;
 use std::os::fd::AsFd;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
@@ -52,35 +53,30 @@ impl Shared {
     /// Adds a connection that said hello; it becomes the newest. Returns its update queue.
     pub(crate) fn register(&self, id: u64) -> mpsc::Receiver<Update> {
         let (tx, rx) = mpsc::channel(self.cfg.queue_depth.max(1));
-        let mut conns = lock(&self.conns);
+        let mut conns = self.conns.lock();
         conns.push(ConnEntry { id, tx });
         self.cfg.metrics.ztunnel_connected.set(conns.len() as i64);
         rx
     }
 
     pub(crate) fn unregister(&self, id: u64) {
-        let mut conns = lock(&self.conns);
+        let mut conns = self.conns.lock();
         conns.retain(|c| c.id != id);
         self.cfg.metrics.ztunnel_connected.set(conns.len() as i64);
-        lock(&self.ledger).closed(id);
+        self.ledger.lock().closed(id);
     }
 
     fn newest(&self) -> Option<(u64, mpsc::Sender<Update>)> {
-        lock(&self.conns).last().map(|c| (c.id, c.tx.clone()))
+        self.conns.lock().last().map(|c| (c.id, c.tx.clone()))
     }
 
     fn all(&self) -> Vec<(u64, mpsc::Sender<Update>)> {
-        lock(&self.conns)
+        self.conns
+            .lock()
             .iter()
             .map(|c| (c.id, c.tx.clone()))
             .collect()
     }
-}
-
-/// A poisoned lock only means another task panicked while holding it; the data (a list, a table)
-/// is still consistent, so go on with it.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The agent's side of the server. Clone-cheap.
@@ -168,7 +164,7 @@ impl ZdsHandle {
                 reason,
             });
         }
-        if let Some((retry_in, message)) = lock(&self.shared.nacks).held(uid, Instant::now()) {
+        if let Some((retry_in, message)) = self.shared.nacks.lock().held(uid, Instant::now()) {
             return Err(ZdsError::Backoff {
                 uid: uid.to_string(),
                 retry_in,
@@ -204,8 +200,8 @@ impl ZdsHandle {
     /// first counts as done: ztunnel reconnects and gets a snapshot, which must no longer list
     /// the pod (remove it from the [`SnapshotSource`] before calling this). No connection = done.
     pub async fn del_workload(&self, uid: &str) -> Result<(), ZdsError> {
-        lock(&self.shared.nacks).clear(uid);
-        lock(&self.shared.ledger).forget(uid);
+        self.shared.nacks.lock().clear(uid);
+        self.shared.ledger.lock().forget(uid);
         let timeout = self.shared.cfg.update_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
         let sends = self.shared.all().into_iter().map(|(conn, tx)| async move {
@@ -241,12 +237,12 @@ impl ZdsHandle {
     pub fn workload_states(
         &self,
     ) -> std::collections::HashMap<String, super::ledger::WorkloadState> {
-        lock(&self.shared.ledger).snapshot()
+        self.shared.ledger.lock().snapshot()
     }
 
     /// Live connections (past their hello).
     pub fn connections(&self) -> usize {
-        lock(&self.shared.conns).len()
+        self.shared.conns.lock().len()
     }
 }
 

@@ -14,10 +14,10 @@
 //! that. Rebuilt from the kernel on the startup/drift probe-set sync (adding an existing rule is a
 //! no-op), so an agent restart forgets nothing it still needs.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::Mutex;
 
 use crate::netlink::routes::{
     NetlinkError, PolicyRule, RouteSession, TABLE_LOCAL, TABLE_MAIN, interface_name,
@@ -154,10 +154,7 @@ impl BranchEniProbe {
                 return Err(e);
             }
             tracing::info!(ip = %ip, veth = %eni.veth, table = eni.table, "branch ENI pod: probe routing rules added");
-            self.added
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(*ip, eni);
+            self.added.lock().insert(*ip, eni);
             routed.push(*ip);
         }
         Ok(routed)
@@ -167,7 +164,7 @@ impl BranchEniProbe {
     /// rule another remembered IP still needs (same interface and family) stays.
     pub fn remove(&self, ips: &[IpAddr]) -> Result<(), NetlinkError> {
         let (gone, still_needed): (Vec<(IpAddr, BranchEni)>, Vec<PolicyRule>) = {
-            let mut added = self.added.lock().unwrap_or_else(|p| p.into_inner());
+            let mut added = self.added.lock();
             let gone = ips
                 .iter()
                 .filter_map(|ip| added.remove(ip).map(|eni| (*ip, eni)))

@@ -8,10 +8,11 @@
 
 pub mod branch_eni;
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tracing::{info, warn};
 
@@ -386,13 +387,9 @@ impl Dataplane {
         if self.nftables() {
             opts.nft_expected = self.nft_listing(&inpod_nft_transaction(&cfg, &overrides));
         }
-        let old = self.migrate_from.filter(|_| {
-            !self
-                .migrated
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(&netns.id())
-        });
+        let old = self
+            .migrate_from
+            .filter(|_| !self.migrated.lock().contains(&netns.id()));
         let old_opts = old.map(|old| AmbientApply {
             nftables: old.backend == Backend::Nftables,
             force_binary: old.force_binary,
@@ -406,10 +403,7 @@ impl Dataplane {
         })?;
         if old.is_some() {
             info!(pod = %pod_ref(pod), "the old backend's in-pod rules removed (NATIVE_NFTABLES changed)");
-            self.migrated
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(netns.id());
+            self.migrated.lock().insert(netns.id());
         }
         tracing::debug!(pod = %pod_ref(pod), %outcome, "in-pod rules");
         Ok(outcome)

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::selector::{FieldSelector, Kind, LabelSelector};
-use super::{Change, Fault, FaultKind, REQUEST_LOG_LIMIT, RequestRecord, Shared, lock, validate};
+use super::{Change, Fault, FaultKind, REQUEST_LOG_LIMIT, RequestRecord, Shared, validate};
 
 pub(super) fn router(shared: Arc<Shared>) -> Router {
     Router::new()
@@ -71,7 +71,7 @@ async fn front_door(State(shared): AppState, request: Request, next: Next) -> Re
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::to_string);
     {
-        let mut requests = lock(&shared.requests);
+        let mut requests = shared.requests.lock();
         // Bounded so a long-running demo server does not grow without end.
         if requests.len() >= REQUEST_LOG_LIMIT {
             requests.remove(0);
@@ -84,7 +84,7 @@ async fn front_door(State(shared): AppState, request: Request, next: Next) -> Re
         });
     }
     shared.activity.send_modify(|count| *count += 1);
-    let expected = lock(&shared.token).clone();
+    let expected = shared.token.lock().clone();
     if let Some(expected) = expected
         && sent_token.as_deref() != Some(expected.as_str())
     {
@@ -92,7 +92,7 @@ async fn front_door(State(shared): AppState, request: Request, next: Next) -> Re
     }
     match shared.matching_fault(&path) {
         Some(FaultKind::Delay(delay)) => {
-            let cancel = lock(&shared.generation).clone();
+            let cancel = shared.generation.lock().clone();
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = cancel.cancelled() => return status_response(503, "server is shutting down", None),
@@ -349,7 +349,7 @@ fn list_or_watch(
     if query.watch {
         return watch(shared, query);
     }
-    let store = lock(&shared.store);
+    let store = shared.store.lock();
     let items: Vec<&Value> = store
         .objects
         .iter()
@@ -374,13 +374,13 @@ fn watch_line(event_type: &str, object: &Value) -> Bytes {
 
 fn watch(shared: Arc<Shared>, query: Query) -> Response {
     let (kind_name, _) = kind_names(query.filter.kind);
-    let cancel = lock(&shared.generation).clone();
+    let cancel = shared.generation.lock().clone();
     let mut initial = Vec::new();
     let mut expired = false;
     // Subscribing and reading the history under the store lock means no change is missed or
     // sent twice.
     let (mut changes, mut last_seen) = {
-        let store = lock(&shared.store);
+        let store = shared.store.lock();
         match query.resource_version {
             // No or "0" resourceVersion: the current state as ADDED, then changes.
             None | Some(0) => {
@@ -478,14 +478,14 @@ type PodPath = axum::extract::Path<(String, String)>;
 
 async fn get_pod(State(shared): AppState, axum::extract::Path((ns, name)): PodPath) -> Response {
     let key = (Kind::Pod, ns, name);
-    let store = lock(&shared.store);
+    let store = shared.store.lock();
     let node = store
         .objects
         .get(&key)
         .and_then(|pod| pod.pointer("/spec/nodeName"))
         .and_then(Value::as_str)
         .unwrap_or_default();
-    *lock(&shared.pod_gets).entry(node.to_string()).or_default() += 1;
+    *shared.pod_gets.lock().entry(node.to_string()).or_default() += 1;
     match store.objects.get(&key) {
         Some(object) => json_response(StatusCode::OK, object),
         None => not_found("pods", &key.2),
@@ -497,7 +497,7 @@ async fn get_namespace(
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> Response {
     let key = (Kind::Namespace, String::new(), name);
-    match lock(&shared.store).objects.get(&key) {
+    match shared.store.lock().objects.get(&key) {
         Some(object) => json_response(StatusCode::OK, object),
         None => not_found("namespaces", &key.2),
     }
@@ -575,7 +575,7 @@ fn patch(
         Err(e) => return status_response(400, &format!("invalid patch JSON: {e}"), None),
     };
     let key = (Kind::Pod, ns, name);
-    let mut store = lock(&shared.store);
+    let mut store = shared.store.lock();
     let Some(current) = store.objects.get(&key).cloned() else {
         return not_found("pods", &key.2);
     };
@@ -644,7 +644,7 @@ async fn delete_pod(State(shared): AppState, path: PodPath, body: Bytes) -> Resp
         }
     };
     let key = (Kind::Pod, ns, name);
-    let mut store = lock(&shared.store);
+    let mut store = shared.store.lock();
     let Some(current) = store.objects.get(&key) else {
         return not_found("pods", &key.2);
     };
@@ -702,7 +702,7 @@ async fn create_event(
             Some(("events", &name)),
         );
     }
-    let mut store = lock(&shared.store);
+    let mut store = shared.store.lock();
     store.resource_version += 1;
     let uid = match super::uid::new_v4() {
         Ok(uid) => uid,
@@ -715,7 +715,7 @@ async fn create_event(
         meta.insert("uid".into(), Value::String(uid));
         meta.insert("resourceVersion".into(), Value::String(rv));
     }
-    lock(&shared.events).push(event.clone());
+    shared.events.lock().push(event.clone());
     shared.activity.send_modify(|count| *count += 1);
     json_response(StatusCode::CREATED, &event)
 }
@@ -724,12 +724,14 @@ async fn list_events(
     State(shared): AppState,
     axum::extract::Path(ns): axum::extract::Path<String>,
 ) -> Response {
-    let items: Vec<Value> = lock(&shared.events)
+    let items: Vec<Value> = shared
+        .events
+        .lock()
         .iter()
         .filter(|e| e.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns.as_str()))
         .cloned()
         .collect();
-    let rv = lock(&shared.store).resource_version.to_string();
+    let rv = shared.store.lock().resource_version.to_string();
     let list = json!({
         "kind": "EventList",
         "apiVersion": "v1",
@@ -791,23 +793,23 @@ async fn control_set_fault(State(shared): AppState, body: Bytes) -> Response {
             .map(str::to_string),
         times: number("times").and_then(|t| u32::try_from(t).ok()),
     };
-    lock(&shared.faults).push(fault);
+    shared.faults.lock().push(fault);
     json_response(StatusCode::OK, &json!({}))
 }
 
 async fn control_clear_faults(State(shared): AppState) -> Response {
-    lock(&shared.faults).clear();
+    shared.faults.lock().clear();
     json_response(StatusCode::OK, &json!({}))
 }
 
 async fn control_requests(State(shared): AppState) -> Response {
-    let requests = lock(&shared.requests).clone();
+    let requests = shared.requests.lock().clone();
     json_response(StatusCode::OK, &json!(requests))
 }
 
 /// `{"<node>": <GETs of single pods on that node>}` ("" = unscheduled or unknown pods).
 async fn control_pod_gets(State(shared): AppState) -> Response {
-    let counts = lock(&shared.pod_gets).clone();
+    let counts = shared.pod_gets.lock().clone();
     json_response(StatusCode::OK, &json!(counts))
 }
 
