@@ -74,7 +74,7 @@ pub struct LogGuard(#[allow(dead_code)] tracing_appender::non_blocking::WorkerGu
 
 /// Installs the global subscriber for the long-running agent. Records are formatted on the
 /// logging thread and written by a writer thread of their own (tracing-appender): a slow stderr
-/// or log file never blocks the async runtime's workers. The queue is bounded (128k records);
+/// or log file never blocks the async runtime's workers. The queue is bounded (4096 records);
 /// when it is full the logging thread waits rather than dropping a record.
 pub fn init(settings: LogSettings) -> Result<LogGuard, String> {
     let target = match &settings.file {
@@ -100,6 +100,9 @@ pub fn init(settings: LogSettings) -> Result<LogGuard, String> {
     Ok(LogGuard(guard))
 }
 
+/// Records the log writer may hold before a logging thread waits for it.
+const LOG_QUEUE_LINES: usize = 4096;
+
 /// `sink` behind a queue and a writer thread of its own, losing nothing (see [`init`]).
 fn non_blocking<W: io::Write + Send + 'static>(
     sink: W,
@@ -108,6 +111,8 @@ fn non_blocking<W: io::Write + Send + 'static>(
     tracing_appender::non_blocking::WorkerGuard,
 ) {
     tracing_appender::non_blocking::NonBlockingBuilder::default()
+        // The queue's slots are allocated up front: the default 128k lines cost ~4 MB of RSS.
+        .buffered_lines_limit(LOG_QUEUE_LINES)
         .lossy(false)
         .thread_name("log-writer")
         .finish(sink)
