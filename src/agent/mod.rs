@@ -14,10 +14,10 @@
 //!
 //! May call: `cli`, `kube`, `retry`, `rules`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`, `zds`.
 
+pub mod adapters;
 pub mod cache;
 pub mod dataplane;
 pub mod drift;
-pub mod join;
 pub mod locks;
 pub mod machine;
 pub mod mesh;

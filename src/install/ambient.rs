@@ -11,8 +11,8 @@ use tracing::info;
 
 use super::config::Config;
 use super::node_store::NodePods;
-use crate::agent::join;
-use crate::agent::join::{RECORD_FILE, Recorded};
+use crate::agent::adapters;
+use crate::agent::adapters::{RECORD_FILE, Recorded};
 use crate::agent::ports::{KubeAnnotator, LateZtunnel};
 use crate::agent::settings::{Settings, Timing};
 use crate::agent::{Agent, AgentError, Deps};
@@ -30,7 +30,7 @@ pub enum StartError {
     #[error("ambient node agent: {0}")]
     Agent(#[from] AgentError),
     #[error("ambient node agent: {0}")]
-    Join(#[from] join::JoinError),
+    Adapters(#[from] adapters::AdapterError),
     #[error(
         "ambient node agent: the backend record {path} is unreadable ({cause}); delete it to let the agent detect the backend again"
     )]
@@ -124,7 +124,7 @@ async fn deps(
         return Ok((deps, ztunnel, false));
     }
     let recorded = read_record(record)?;
-    let (dataplane, decision) = join::real_dataplane(settings, recorded).await?;
+    let (dataplane, decision) = adapters::real_dataplane(settings, recorded).await?;
     let now = Recorded::of(&decision, settings.native_nftables);
     write_record(record, recorded.as_ref(), &now)?;
     let deps = Deps {
@@ -158,7 +158,7 @@ pub async fn start(
         deps(client, &settings, metrics, &record_path(cfg), serving).await?;
     let agent = Agent::start(&settings, client, node.pods.clone(), deps, stop).await?;
     if serve_zds {
-        join::serve_ztunnel(
+        adapters::serve_ztunnel(
             &agent,
             &ztunnel,
             settings.config.ztunnel_uds_address.clone(),

@@ -153,7 +153,7 @@ pub fn dataplane_settings(
 
 /// Why the real seams could not be set up.
 #[derive(Debug, thiserror::Error)]
-pub enum JoinError {
+pub enum AdapterError {
     #[error("ambient data plane: {0}")]
     Dataplane(#[from] DataplaneError),
     #[error("ambient data plane set-up task failed: {0}")]
@@ -172,12 +172,12 @@ pub use crate::apply::backend::{RECORD_FILE, Recorded};
 pub async fn real_dataplane(
     settings: &super::settings::Settings,
     recorded: Option<crate::apply::backend::Recorded>,
-) -> Result<(Arc<dyn ports::Dataplane>, crate::apply::backend::Decision), JoinError> {
+) -> Result<(Arc<dyn ports::Dataplane>, crate::apply::backend::Decision), AdapterError> {
     let mut dp_settings = dataplane_settings(settings);
     dp_settings.recorded = recorded;
     let built = tokio::task::spawn_blocking(move || Dataplane::new(&dp_settings))
         .await
-        .map_err(JoinError::Task)??;
+        .map_err(AdapterError::Task)??;
     let decision = built.decision().clone();
     Ok((Arc::new(built), decision))
 }
@@ -191,7 +191,7 @@ pub async fn serve_ztunnel(
     socket: std::path::PathBuf,
     metrics: crate::telemetry::metrics::Metrics,
     stop: tokio_util::sync::CancellationToken,
-) -> Result<(), JoinError> {
+) -> Result<(), AdapterError> {
     let cfg = crate::zds::ZdsConfig {
         socket,
         metrics,
