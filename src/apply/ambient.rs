@@ -46,6 +46,19 @@ pub struct Owned {
 }
 
 impl Owned {
+    /// The owned chains the `planned` rules use (hold rules, or are jumped to).
+    pub(super) fn planned_chains(&self, planned: &[&Rule]) -> Vec<&'static str> {
+        self.chains
+            .iter()
+            .copied()
+            .filter(|c| {
+                planned
+                    .iter()
+                    .any(|r| r.chain == *c || r.target.jump_chain() == Some(*c))
+            })
+            .collect()
+    }
+
     fn owns(&self, table: &str, chain: &str) -> bool {
         self.tables.contains(&table) && self.chains.contains(&chain)
     }
@@ -96,16 +109,7 @@ fn plan_family_with(state: &State, rules: &[Rule], owned: Owned, force: bool) ->
     for table in tables {
         let planned: Vec<&Rule> = rules.iter().filter(|r| r.table.name() == table).collect();
         let current = state.get(table);
-        let planned_chains: Vec<&str> = owned
-            .chains
-            .iter()
-            .copied()
-            .filter(|c| {
-                planned
-                    .iter()
-                    .any(|r| r.chain == *c || r.target.jump_chain() == Some(*c))
-            })
-            .collect();
+        let planned_chains = owned.planned_chains(&planned);
         let existing_chains: Vec<&str> = owned
             .chains
             .iter()

@@ -77,16 +77,7 @@ pub fn ambient_difference(state: &OwnedState, rules: &[Rule], owned: Owned) -> O
     let listed = as_listed(rules);
     for &table in owned.tables {
         let planned: Vec<&Rule> = rules.iter().filter(|r| r.table.name() == table).collect();
-        let planned_chains: Vec<&str> = owned
-            .chains
-            .iter()
-            .copied()
-            .filter(|c| {
-                planned
-                    .iter()
-                    .any(|r| r.chain == *c || r.target.jump_chain() == Some(*c))
-            })
-            .collect();
+        let planned_chains = owned.planned_chains(&planned);
         let existing_chains: Vec<&str> = owned
             .chains
             .iter()

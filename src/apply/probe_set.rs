@@ -21,8 +21,8 @@ use super::iptables::{ApplyError, run_checked};
 use crate::netlink::nfnl::{self, NFNL_SUBSYS_IPSET, NFNL_SUBSYS_NFTABLES};
 use crate::netlink::nft_batch::{BatchError, Transaction};
 use crate::rules::ambient::{PROBE_SET_V4, PROBE_SET_V6};
-use crate::rules::nla::AttrTooLong;
-use crate::rules::probe_set_msgs::{self as msgs, DecodeMemberError};
+use crate::rules::nla::{Attr, AttrTooLong};
+use crate::rules::probe_set_msgs::{self as msgs, DecodeMemberError, Member};
 
 /// The nft table holding the sets on the host (the host rules' table).
 pub const NFT_TABLE: &str = "istio-ambient-nat";
@@ -255,6 +255,32 @@ impl Ipsets {
     }
 }
 
+/// One set's members (`set` names it in errors), dumped with `(subsystem, message, family)` and
+/// decoded record by record into `entries`; a missing set has none.
+fn dump_members(
+    set: &str,
+    attrs: Result<Vec<Attr>, AttrTooLong>,
+    (subsys, kind, family): (u16, u16, u8),
+    decode: fn(&[u8]) -> Result<Vec<Member>, DecodeMemberError>,
+    entries: &mut Entries,
+) -> Result<(), ProbeSetError> {
+    let what = format!("list {set}");
+    let attrs = attrs.map_err(|source| encode(&what, source))?;
+    let records = match nfnl::dump(subsys, kind, family, &attrs, &what) {
+        Ok(records) => records,
+        Err(e) if e.refused_with() == Some(libc::ENOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    for record in &records {
+        let members = decode(record).map_err(|source| ProbeSetError::Decode {
+            set: set.to_string(),
+            source,
+        })?;
+        entries.extend(members);
+    }
+    Ok(())
+}
+
 fn encode(what: &str, source: AttrTooLong) -> ProbeSetError {
     ProbeSetError::Encode {
         what: what.to_string(),
@@ -280,27 +306,15 @@ impl ProbeSets for Ipsets {
     fn entries(&self) -> Result<Entries, ProbeSetError> {
         let mut entries = Entries::new();
         for set in [PROBE_SET_V4, PROBE_SET_V6] {
-            let what = format!("list ipset {set}");
-            let attrs = msgs::ipset_named(set).map_err(|source| encode(&what, source))?;
-            let records = match nfnl::dump(
-                NFNL_SUBSYS_IPSET,
-                msgs::IPSET_CMD_LIST,
-                AF_INET,
-                &attrs,
-                &what,
-            ) {
-                Ok(records) => records,
-                Err(e) if e.refused_with() == Some(libc::ENOENT) => continue,
-                Err(e) => return Err(e.into()),
-            };
-            for record in &records {
-                let members =
-                    msgs::ipset_members(record).map_err(|source| ProbeSetError::Decode {
-                        set: format!("ipset {set}"),
-                        source,
-                    })?;
-                entries.extend(members);
-            }
+            let attrs = msgs::ipset_named(set);
+            let dump = (NFNL_SUBSYS_IPSET, msgs::IPSET_CMD_LIST, AF_INET);
+            dump_members(
+                &format!("ipset {set}"),
+                attrs,
+                dump,
+                msgs::ipset_members,
+                &mut entries,
+            )?;
         }
         Ok(entries)
     }
@@ -359,28 +373,10 @@ impl ProbeSets for NftSets {
     fn entries(&self) -> Result<Entries, ProbeSetError> {
         let mut entries = Entries::new();
         for set in [PROBE_SET_V4, PROBE_SET_V6] {
-            let what = format!("list set inet {NFT_TABLE} {set}");
-            let attrs =
-                msgs::nft_elements_of(NFT_TABLE, set).map_err(|source| encode(&what, source))?;
-            let records = match nfnl::dump(
-                NFNL_SUBSYS_NFTABLES,
-                msgs::NFT_MSG_GETSETELEM,
-                NFPROTO_INET,
-                &attrs,
-                &what,
-            ) {
-                Ok(records) => records,
-                Err(e) if e.refused_with() == Some(libc::ENOENT) => continue,
-                Err(e) => return Err(e.into()),
-            };
-            for record in &records {
-                let members =
-                    msgs::nft_members(record).map_err(|source| ProbeSetError::Decode {
-                        set: format!("set inet {NFT_TABLE} {set}"),
-                        source,
-                    })?;
-                entries.extend(members);
-            }
+            let attrs = msgs::nft_elements_of(NFT_TABLE, set);
+            let dump = (NFNL_SUBSYS_NFTABLES, msgs::NFT_MSG_GETSETELEM, NFPROTO_INET);
+            let name = format!("set inet {NFT_TABLE} {set}");
+            dump_members(&name, attrs, dump, msgs::nft_members, &mut entries)?;
         }
         Ok(entries)
     }

@@ -156,11 +156,7 @@ pub fn query<A: Nla>(
     attrs: &[A],
     what: &str,
 ) -> Result<Vec<Vec<u8>>, BatchError> {
-    let socket = open()?;
-    send(&socket, subsys, kind, NLM_F_ACK, family, attrs, what)?;
-    let mut records = Vec::new();
-    read_replies(&socket, what, |record| records.push(record.to_vec()))?;
-    Ok(records)
+    records(subsys, kind, NLM_F_ACK, family, attrs, what)
 }
 
 /// One dump request; every record's attribute bytes, in the kernel's order.
@@ -171,8 +167,20 @@ pub fn dump<A: Nla>(
     attrs: &[A],
     what: &str,
 ) -> Result<Vec<Vec<u8>>, BatchError> {
+    records(subsys, kind, NLM_F_DUMP, family, attrs, what)
+}
+
+/// Sends one message with `flags` and collects every record answered until its end.
+fn records<A: Nla>(
+    subsys: u16,
+    kind: u16,
+    flags: u16,
+    family: u8,
+    attrs: &[A],
+    what: &str,
+) -> Result<Vec<Vec<u8>>, BatchError> {
     let socket = open()?;
-    send(&socket, subsys, kind, NLM_F_DUMP, family, attrs, what)?;
+    send(&socket, subsys, kind, flags, family, attrs, what)?;
     let mut records = Vec::new();
     read_replies(&socket, what, |record| records.push(record.to_vec()))?;
     Ok(records)
