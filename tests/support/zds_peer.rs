@@ -24,7 +24,7 @@ use istio_cni::zds::proto::pb::{self, workload_request::Payload};
 use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType};
 use prost::Message;
 
-use super::zds_raw::{ack, connect, recv, send};
+use super::zds_raw::{ack, connect, recv, send, wait_readable};
 
 /// One request as the peer saw it, per connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -353,7 +353,7 @@ fn serve(fd: &OwnedFd, inner: &Arc<Mutex<Inner>>) {
         let (bytes, fds) = match recv(fd, 1024) {
             Ok(got) => got,
             Err(nix::errno::Errno::EAGAIN) => {
-                std::thread::sleep(STEP);
+                wait_readable(fd, STEP);
                 continue;
             }
             Err(_) => return,
