@@ -24,7 +24,7 @@ fmt:
     cargo fmt
 
 lint:
-    cargo clippy --all-targets -- -D warnings
+    cargo clippy --workspace --all-targets -- -D warnings
 
 # the container image from the Containerfile with podman (root; local bases: see docs/deploy.md)
 image:

@@ -36,10 +36,7 @@ mod support;
 
 #[path = "demo_parts/ambient.rs"]
 mod ambient;
-#[path = "../tests/support/zds_peer.rs"]
-mod zds_peer;
-#[path = "../tests/support/zds_raw.rs"]
-mod zds_raw;
+use istio_cni_testing::zds_peer;
 use support::run;
 
 const SUBNET: &str = "10.254.88.0/24";

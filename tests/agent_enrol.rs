@@ -15,7 +15,7 @@ use istio_cni::agent::testing::{FakeDataplane, FakeZtunnel};
 use istio_cni::agent::{Agent, Deps};
 use istio_cni::kube::KubeClient;
 use istio_cni::kube::plugin_event::{EventIp, EventIpNet, PluginAddEvent};
-use istio_cni::kube::testserver::TestApiServer;
+use istio_cni_testing::apiserver::TestApiServer;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;

@@ -12,7 +12,7 @@ mod support;
 use std::time::Duration;
 
 use ambient_node::{Backend, Node, PodNs};
-use istio_cni::kube::testserver::Fault;
+use istio_cni_testing::apiserver::Fault;
 use serde_json::json;
 
 const AMBIENT: &str = "istio.io/dataplane-mode";

@@ -8,7 +8,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use istio_cni::kube::testserver::Fault;
+use istio_cni_testing::apiserver::Fault;
 use support::*;
 
 const T: Duration = Duration::from_secs(30);

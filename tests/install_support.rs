@@ -336,14 +336,14 @@ fn harness_parses_http_status() {
 /// with the ambient agent (which watches pods and namespaces before anything is installed).
 pub struct ApiServer {
     pub rt: tokio::runtime::Runtime,
-    pub server: istio_cni::kube::testserver::TestApiServer,
+    pub server: istio_cni_testing::apiserver::TestApiServer,
     pub kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl ApiServer {
     pub fn start() -> ApiServer {
-        let (server, rt) = istio_cni::kube::testserver::TestApiServer::start_blocking();
+        let (server, rt) = istio_cni_testing::apiserver::TestApiServer::start_blocking();
         let dir = tempfile::tempdir().expect("tempdir");
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).expect("kubeconfig");

@@ -1,21 +1,15 @@
 //! The kube client module against the test API server: a real kube client (from the kubeconfig the
 //! server writes) doing gets, lists, patches, deletes and watches, with faults injected.
 
-#[cfg(not(feature = "testserver"))]
-compile_error!(
-    "tests/kube_client.rs needs the test API server: build with `--features testserver` \
-     (scripts/test does; the crate's dev-dependency on itself normally turns it on)"
-);
-
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use istio_cni::kube::testserver::{Fault, TestApiServer};
 use istio_cni::kube::{
     EventType, KubeClient, KubeError, MetadataPatch, PodEvent, PodPatchVia, PodPreconditions,
     Selectors, WatchBackoff, WatchError, WatchEvent, WatchStream, pod_preconditions,
 };
+use istio_cni_testing::apiserver::{Fault, TestApiServer};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use serde_json::json;
 
@@ -508,119 +502,8 @@ fn the_product_binary_has_no_test_apiserver_role() {
 }
 
 #[tokio::test]
-async fn test_apiserver_binary_serves_fixtures_until_sigterm() {
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-
-    let dir = tempfile::tempdir().expect("tempdir");
-    let fixtures = dir.path().join("fixtures.json");
-    let kubeconfig = dir.path().join("kubeconfig");
-    let list = json!({"apiVersion": "v1", "kind": "PodList", "items": [
-        {"metadata": {"name": "fx", "namespace": "ns1"}, "spec": {"nodeName": "n1", "containers": []}}
-    ]});
-    std::fs::write(&fixtures, list.to_string()).expect("fixtures");
-    // Plain HTTP (the option; TLS is the default) so the control calls below can be raw HTTP.
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_test-apiserver"))
-        .arg("--plain-http")
-        .arg("--port")
-        .arg("0")
-        .arg("--fixtures")
-        .arg(&fixtures)
-        .arg("--kubeconfig-out")
-        .arg(&kubeconfig)
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut first_line = String::new();
-    tokio::time::timeout(PATIENCE, BufReader::new(stdout).read_line(&mut first_line))
-        .await
-        .expect("URL printed in time")
-        .expect("read");
-    let url = first_line.trim().to_string();
-    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
-
-    let client = KubeClient::from_kubeconfig_file(&kubeconfig)
-        .await
-        .expect("client");
-    client
-        .get_pod("ns1", "fx", CALL)
-        .await
-        .expect("fixture served");
-
-    // Run-time fault control over HTTP: one 403, then normal again; then down for a moment.
-    let addr = url.trim_start_matches("http://").to_string();
-    // One plain HTTP/1.1 exchange with a control endpoint; returns the response body.
-    let control = |method: &'static str, path: &'static str, body: &'static str| {
-        let addr = addr.clone();
-        async move {
-            let mut conn = tokio::net::TcpStream::connect(&addr)
-                .await
-                .expect("connect");
-            let request = format!(
-                "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            conn.write_all(request.as_bytes()).await.expect("send");
-            let mut answer = String::new();
-            conn.read_to_string(&mut answer).await.expect("answer");
-            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-            answer
-                .split_once("\r\n\r\n")
-                .map(|(_, body)| body.to_string())
-                .unwrap_or_default()
-        }
-    };
-    let log: serde_json::Value =
-        serde_json::from_str(&control("GET", "/testserver/requests", "").await).expect("JSON log");
-    assert_eq!(
-        log[0],
-        json!({"method": "GET", "path": "/api/v1/namespaces/ns1/pods/fx", "query": "",
-               "token": "istio-cni-test-token"})
-    );
-    control(
-        "POST",
-        "/testserver/fault",
-        r#"{"kind":"fail","code":403,"times":1}"#,
-    )
-    .await;
-    let err = client.get_pod("ns1", "fx", CALL).await.expect_err("403");
-    assert!(matches!(err, KubeError::Forbidden { .. }), "{err:?}");
-    client
-        .get_pod("ns1", "fx", CALL)
-        .await
-        .expect("fault used up");
-
-    control("POST", "/testserver/fault", r#"{"kind":"down","ms":300}"#).await;
-    let deadline = Instant::now() + PATIENCE;
-    let mut went_down = false;
-    loop {
-        assert!(
-            Instant::now() < deadline,
-            "server did not go down and come back"
-        );
-        match client.get_pod("ns1", "fx", CALL).await {
-            // Refused, or a pooled connection cut mid-request by the shutdown.
-            Err(KubeError::ConnectRefused { .. } | KubeError::Transport { .. }) => went_down = true,
-            Ok(_) if went_down => break,
-            Ok(_) => {}
-            Err(other) => panic!("unexpected error: {other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-
-    let pid = nix::unistd::Pid::from_raw(child.id().expect("pid") as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signal");
-    let status = tokio::time::timeout(PATIENCE, child.wait())
-        .await
-        .expect("exits on SIGTERM")
-        .expect("wait");
-    assert!(status.success(), "{status:?}");
-}
-
-#[tokio::test]
 async fn server_follows_api_server_semantics() {
-    use istio_cni::kube::testserver::TestServerOptions;
+    use istio_cni_testing::apiserver::TestServerOptions;
     use kube::api::{Api, Patch, PatchParams, WatchParams};
     use kube::core::WatchEvent as RawEvent;
 
@@ -1019,7 +902,7 @@ async fn test_server_serves_tls_by_default_and_counts_pod_gets_per_node() {
         .expect_err("unknown issuer");
     assert!(format!("{err:?}").contains("UnknownIssuer"), "{err:?}");
 
-    let plain = TestApiServer::start_with(istio_cni::kube::testserver::TestServerOptions {
+    let plain = TestApiServer::start_with(istio_cni_testing::apiserver::TestServerOptions {
         tls: false,
         ..Default::default()
     })
@@ -1032,7 +915,7 @@ async fn test_server_serves_tls_by_default_and_counts_pod_gets_per_node() {
 #[tokio::test]
 async fn an_expired_server_certificate_is_a_permanent_tls_error_naming_the_server() {
     use istio_cni::kube::stores::{SyncError, spawn_pod_store};
-    let server = TestApiServer::start_with(istio_cni::kube::testserver::TestServerOptions {
+    let server = TestApiServer::start_with(istio_cni_testing::apiserver::TestServerOptions {
         expired_certificate: true,
         ..Default::default()
     })

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cni_driver::*;
-use istio_cni::kube::testserver::Fault;
+use istio_cni_testing::apiserver::Fault;
 use serde_json::{Value, json};
 
 fn conf(run_dir: &Path) -> Value {

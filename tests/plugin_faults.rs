@@ -195,7 +195,7 @@ fn native_nftables_programs_nft_tables() {
 
 #[test]
 fn transient_api_errors_are_retried() {
-    use istio_cni::kube::testserver::Fault;
+    use istio_cni_testing::apiserver::Fault;
     let (api, dir) = api_with_sidecar_pod("ns1", "flaky");
     // The first two pod reads fail with 500; the third works.
     api.fault(Fault::fail(500).times(2));
@@ -294,7 +294,7 @@ fn a_netns_removed_before_add_fails_naming_it_and_del_still_succeeds() {
 
 #[test]
 fn a_netns_removed_while_add_reads_the_pod_fails_naming_it_and_del_still_succeeds() {
-    use istio_cni::kube::testserver::Fault;
+    use istio_cni_testing::apiserver::Fault;
     let (api, dir) = api_with_sidecar_pod("ns1", "gone");
     // The pod read takes a while: the netns is removed in the middle of the ADD.
     api.fault(Fault::slow(Duration::from_millis(1500)).on_path("/api/v1/namespaces/ns1/pods"));

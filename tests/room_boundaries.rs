@@ -208,3 +208,46 @@ fn the_checker_sees_a_forbidden_call() {
         .collect();
     assert_eq!(named, vec!["apply"]);
 }
+
+/// Issue 24: the test API server and the ZDS test peer live in the test-only `testing/` crate.
+/// The product's src/ must not grow them back, nor its manifest a feature or dependency for them
+/// (the test-hooks feature stays: its triggers are inside the roles by nature).
+#[test]
+fn the_product_crate_holds_no_test_server() {
+    let manifest = read("Cargo.toml");
+    let (normal, dev) = manifest
+        .split_once("[dev-dependencies]")
+        .expect("Cargo.toml has [dev-dependencies]");
+    for test_only in ["rcgen", "istio-cni-testing", "testserver"] {
+        assert!(
+            !normal.contains(test_only),
+            "Cargo.toml names {test_only} outside [dev-dependencies]: test-only code belongs in testing/"
+        );
+    }
+    assert!(
+        dev.contains("istio-cni-testing"),
+        "no dev-dependency on testing/"
+    );
+    let mut dirs = vec![Path::new(ROOT).join("src")];
+    let mut found = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("read_dir entry").path();
+            let text = path.to_string_lossy().to_string();
+            if text.contains("testserver")
+                || text.contains("test_apiserver")
+                || text.contains("zds_peer")
+            {
+                found.push(text.clone());
+            }
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs")
+                && std::fs::read_to_string(&path).is_ok_and(|s| s.contains("istio_cni_testing"))
+            {
+                found.push(format!("{text} uses istio_cni_testing"));
+            }
+        }
+    }
+    assert!(found.is_empty(), "test-only code under src/: {found:?}");
+}

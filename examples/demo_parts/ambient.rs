@@ -1,6 +1,6 @@
 //! The demo's ambient part: a pod in a namespace labelled `istio.io/dataplane-mode=ambient` ADDed
-//! through the real chain, held until the ztunnel-like ZDS peer (tests/support/zds_peer.rs, also
-//! runnable on its own: `cargo run --example zds_peer`) acked; its outbound connection lands on
+//! through the real chain, held until the ztunnel-like ZDS peer (`istio_cni_testing::zds_peer`, also
+//! runnable on its own: `cargo run -p istio-cni-testing --bin zds-peer`) acked; its outbound connection lands on
 //! the peer's listener inside the pod netns; relabelling the namespace `none` removes it.
 
 use std::net::{SocketAddr, TcpStream};
@@ -10,8 +10,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::cni_driver::{Attachment, Chain};
-use crate::zds_peer::{Seen, ZdsPeer};
 use crate::{GATEWAY, Netns, wait_until};
+use istio_cni_testing::zds_peer::{Seen, ZdsPeer};
 
 pub const NAMESPACE: &str = "reviews-ns";
 pub const POD: &str = "reviews";

@@ -1,4 +1,4 @@
-//! The one Kubernetes client module shared by every role, and the test API server.
+//! The one Kubernetes client module shared by every role.
 //!
 //! Owns: building a `kube::Client` (kubeconfig file, $KUBECONFIG, in-cluster; rustls with ring
 //! only), the typed calls the roles make (get/list/watch pods and namespaces, metadata patches on
@@ -8,9 +8,8 @@
 //! failures are worth retrying, and how ([`retry`]); ambient enablement selectors
 //! ([`selector::enablement`]); the plugin's `/cmdadd` body ([`plugin_event`]); the pod-facts
 //! request and answer between the plugin and install-cni's pod store ([`pod_facts`]); the node agent's
-//! node-scoped pod store and namespace store with change subscriptions ([`stores`]); and `testserver`, a small in-process
-//! Kubernetes API server for tests and the demo (also the `test-apiserver` binary); test-only,
-//! compiled in only with the `testserver` feature.
+//! node-scoped pod store and namespace store with change subscriptions ([`stores`]). The test API
+//! server is not here: it is test-only and lives in the `istio-cni-testing` crate (`testing/`).
 //!
 //! May call: `retry` (the one retry policy and loop, re-exported as [`retry`]).
 
@@ -23,8 +22,6 @@ pub mod plugin_event;
 pub mod pod_facts;
 pub mod selector;
 pub mod stores;
-#[cfg(feature = "testserver")]
-pub mod testserver;
 
 pub use crate::retry::RetryPolicy;
 pub use client::{

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use istio_cni::kube::testserver::TestApiServer;
+use istio_cni_testing::apiserver::TestApiServer;
 
 use crate::chart::{ApiCall, NAMESPACE, NODE, Rendered};
 use crate::install::{Agent, Dirs, bin, has_istio_entry, http_get, start_via, testdata};

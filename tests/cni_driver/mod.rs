@@ -22,20 +22,22 @@ pub fn binary() -> PathBuf {
         .expect("set ISTIO_CNI_RS_BIN to the istio-cni-rs binary")
 }
 
-// Never skip: without the test API server these tests cannot run at all.
-#[cfg(not(feature = "testserver"))]
-compile_error!(
-    "the plugin tests need the test API server: build them with `--features testserver` \
-     (scripts/test does; the crate's dev-dependency on itself normally turns it on)"
-);
-
-/// The test-only API server binary: `$ISTIO_CNI_RS_TEST_APISERVER` (the benchmarks point it at a
-/// release build), else the one cargo built for the tests.
+/// The test-only API server binary (the `istio-cni-testing` crate's): `$ISTIO_CNI_RS_TEST_APISERVER`
+/// (the benchmarks point it at a release build), else the one built next to the binary under test
+/// in its directory. Cargo names only this package's binaries to its tests, so it must be
+/// built first; a missing one fails naming the command.
 pub fn test_apiserver_binary() -> PathBuf {
-    std::env::var_os("ISTIO_CNI_RS_TEST_APISERVER")
-        .map(PathBuf::from)
-        .or_else(|| option_env!("CARGO_BIN_EXE_test-apiserver").map(PathBuf::from))
-        .expect("set ISTIO_CNI_RS_TEST_APISERVER to the test-apiserver binary")
+    if let Some(path) = std::env::var_os("ISTIO_CNI_RS_TEST_APISERVER") {
+        return PathBuf::from(path);
+    }
+    let beside = binary().with_file_name("test-apiserver");
+    assert!(
+        beside.is_file(),
+        "{} is missing: run `cargo build -p istio-cni-testing --bin test-apiserver` or set \
+         ISTIO_CNI_RS_TEST_APISERVER to a test-apiserver binary",
+        beside.display()
+    );
+    beside
 }
 
 /// Fails (never skips) when a tool is missing, naming the package to install.
@@ -291,16 +293,16 @@ pub fn cni_env(command: &str, netns: &str, pod_ns: &str, pod: &str) -> Vec<(&'st
 // ---------------------------------------------------------------------------------------------
 // Test API server
 
-/// The crate's test API server ([`istio_cni::kube::testserver::TestApiServer`]) on its own
+/// The crate's test API server ([`istio_cni_testing::apiserver::TestApiServer`]) on its own
 /// runtime, with the helpers the plugin tests need. Stops with the value.
 pub struct FakeApiServer {
-    pub server: istio_cni::kube::testserver::TestApiServer,
+    pub server: istio_cni_testing::apiserver::TestApiServer,
     rt: tokio::runtime::Runtime,
 }
 
 impl FakeApiServer {
     pub fn start() -> FakeApiServer {
-        let (server, rt) = istio_cni::kube::testserver::TestApiServer::start_blocking();
+        let (server, rt) = istio_cni_testing::apiserver::TestApiServer::start_blocking();
         FakeApiServer { server, rt }
     }
 
@@ -334,7 +336,7 @@ impl FakeApiServer {
     }
 
     /// Injects a fault.
-    pub fn fault(&self, fault: istio_cni::kube::testserver::Fault) {
+    pub fn fault(&self, fault: istio_cni_testing::apiserver::Fault) {
         self.rt.block_on(self.server.set_fault(fault));
     }
 }

@@ -37,7 +37,7 @@ impl Host {
     pub fn new() -> Host {
         let ns = Netns::new("imgnode");
         let api = in_netns(&PathBuf::from(ns.path()), || {
-            let (server, rt) = istio_cni::kube::testserver::TestApiServer::start_blocking();
+            let (server, rt) = istio_cni_testing::apiserver::TestApiServer::start_blocking();
             NodeApi::new(server, rt)
         });
         let dirs = Dirs::new();

@@ -34,13 +34,13 @@ pub const CHART_SELECTORS: &str = r#"[{"podSelector":{"matchLabels":{"istio.io/d
 
 /// The test API server on a runtime whose threads live in the node netns (so the listener does).
 pub struct NodeApi {
-    pub server: istio_cni::kube::testserver::TestApiServer,
+    pub server: istio_cni_testing::apiserver::TestApiServer,
     rt: tokio::runtime::Runtime,
 }
 
 impl NodeApi {
     pub fn new(
-        server: istio_cni::kube::testserver::TestApiServer,
+        server: istio_cni_testing::apiserver::TestApiServer,
         rt: tokio::runtime::Runtime,
     ) -> NodeApi {
         NodeApi { server, rt }
@@ -147,7 +147,7 @@ impl Node {
         let ns = Netns::new("node");
         let node_path = PathBuf::from(ns.path());
         let api = in_netns(&node_path, || {
-            let (server, rt) = istio_cni::kube::testserver::TestApiServer::start_blocking();
+            let (server, rt) = istio_cni_testing::apiserver::TestApiServer::start_blocking();
             NodeApi { server, rt }
         });
         let kube = tempfile::tempdir().expect("tempdir");

@@ -13,8 +13,9 @@ use nix::sched::{CloneFlags, setns};
 
 pub mod node_proc;
 pub mod user_state;
-pub mod zds_peer;
-pub mod zds_raw;
+// The ZDS test peer lives in the test-only crate (testing/); re-exported under the old paths.
+#[allow(unused_imports)] // each test binary uses a different part of support
+pub use istio_cni_testing::{zds_peer, zds_raw};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 

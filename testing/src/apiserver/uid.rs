@@ -81,7 +81,7 @@ mod tests {
 
 #[cfg(test)]
 mod server_tests {
-    use crate::kube::testserver::{TestApiServer, TestServerError};
+    use crate::apiserver::{TestApiServer, TestServerError};
 
     fn pod(uid: Option<&str>) -> k8s_openapi::api::core::v1::Pod {
         let mut meta = serde_json::json!({"name": "p", "namespace": "n"});

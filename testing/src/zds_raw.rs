@@ -1,6 +1,5 @@
 //! Bare SOCK_SEQPACKET plumbing for the ZDS tests: a raw client for feeding the server malformed
 //! frames, and the connect / send-with-fds / receive-with-fds helpers the test peer is built on.
-#![allow(dead_code)]
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};

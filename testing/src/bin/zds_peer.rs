@@ -1,19 +1,16 @@
-//! A ztunnel-like ZDS peer you can run next to install-cni in ambient mode (test-only code: an
-//! example, never part of the shipped binary; the same peer the tests use,
-//! tests/support/zds_peer.rs). It connects to the agent's ZDS socket (and reconnects), acks every
+//! A ztunnel-like ZDS peer you can run next to install-cni in ambient mode (test-only code in the
+//! `istio-cni-testing` crate, never part of the shipped binary; the same peer the tests use,
+//! `istio_cni_testing::zds_peer`). It connects to the agent's ZDS socket (and reconnects), acks every
 //! request, opens a TCP listener on 15001 inside each pod netns it is handed (each connection gets
 //! one line `zds-peer <uid>`), and logs what it got until SIGINT/SIGTERM.
 //!
-//!     cargo run --example zds_peer -- /var/run/ztunnel/ztunnel.sock
+//!     cargo run -p istio-cni-testing --bin zds-peer -- /var/run/ztunnel/ztunnel.sock
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-#[path = "../tests/support/zds_peer.rs"]
-mod zds_peer;
-#[path = "../tests/support/zds_raw.rs"]
-mod zds_raw;
+use istio_cni_testing::zds_peer;
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -23,7 +20,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 
 fn main() {
     let Some(path) = std::env::args().nth(1).map(PathBuf::from) else {
-        eprintln!("usage: zds_peer <ztunnel socket, e.g. /var/run/ztunnel/ztunnel.sock>");
+        eprintln!("usage: zds-peer <ztunnel socket, e.g. /var/run/ztunnel/ztunnel.sock>");
         std::process::exit(2);
     };
     use nix::sys::signal::{SigHandler, Signal, signal};

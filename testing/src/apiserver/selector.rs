@@ -90,15 +90,16 @@ fn field_value(object: &Value, path: &str) -> String {
     }
 }
 
-/// A `labelSelector` query parameter, in the one selector model (`kube::selector`).
+/// A `labelSelector` query parameter, in the one selector model (`istio_cni::kube::selector`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LabelSelector {
-    selector: crate::kube::selector::Selector,
+    selector: istio_cni::kube::selector::Selector,
 }
 
 impl LabelSelector {
     pub fn parse(text: &str) -> Result<Self, String> {
-        let selector = crate::kube::selector::Selector::parse(text).map_err(|e| e.to_string())?;
+        let selector =
+            istio_cni::kube::selector::Selector::parse(text).map_err(|e| e.to_string())?;
         Ok(LabelSelector { selector })
     }
 
@@ -142,7 +143,7 @@ mod tests {
         assert!(FieldSelector::parse(Kind::Pod, "novalue").is_err());
     }
 
-    /// The operators are `kube::selector`'s (tested there); this checks that the labels are read
+    /// The operators are `istio_cni::kube::selector`'s (tested there); this checks that the labels are read
     /// from the JSON object, and that a missing `labels` map means no labels.
     #[test]
     fn label_selector_reads_the_objects_labels() {

@@ -7,7 +7,6 @@
 //! the fd (setns on a dedicated thread, with SO_REUSEPORT like ztunnel; dual-stack where the netns
 //! has IPv6). Knobs: NACK the next Add, hold acks, drop the connection.
 //! Blocking threads, so it is independent of the test's runtime.
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
@@ -24,7 +23,7 @@ use istio_cni::zds::proto::pb::{self, workload_request::Payload};
 use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType};
 use prost::Message;
 
-use super::zds_raw::{ack, connect, recv, send, wait_readable};
+use crate::zds_raw::{ack, connect, recv, send, wait_readable};
 
 /// One request as the peer saw it, per connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
