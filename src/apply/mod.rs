@@ -18,6 +18,7 @@ pub mod nft_read;
 pub mod pod;
 pub mod probe_set;
 pub mod routes;
+pub mod rule_backend;
 pub mod sidecar;
 pub mod state;
 pub mod transcript;

@@ -25,7 +25,8 @@ use super::iptables::{
     family_prefix, legacy_has_tables, nf_family, replace_tables_cmd, restore_cmd, run_checked,
     save_cmd, with_env,
 };
-use super::state::{Comparison, State, compare_with_plan, holds_any_of, parse_save, table_section};
+use super::rule_backend::{Diff, Owned, TypedRead, for_family, kernel_read, no_typed_read};
+use super::state::{State, parse_save, table_section};
 use crate::apply::exec::Cmd;
 use crate::netns::UsernsEntry;
 use crate::rules::capture::{is_owned_chain, owned_chains};
@@ -87,13 +88,28 @@ pub(super) struct Snapshot<'a> {
     pub(super) chains: Option<Vec<(String, String)>>,
 }
 
-/// Applies the sidecar rules for every family that has rules (`bins` lists the families in use).
+/// Applies the sidecar rules for every family that has rules (`bins` lists the families in use),
+/// reading every family through `exec`'s `*-save` (tests script it).
 pub fn apply_sidecar(
     exec: &mut dyn Executor,
     bins: &[Binaries],
     rules: &RuleSet,
     opts: &SidecarOptions,
     fresh: &Fresh,
+) -> Result<Outcome, ApplyError> {
+    apply_sidecar_with(exec, bins, rules, opts, fresh, &no_typed_read)
+}
+
+/// [`apply_sidecar`]; `read`: an iptables-nft family as typed rules ([`kernel_read`]), so a
+/// netns already holding the plan is checked with no process, and `*-save` runs only as the
+/// snapshot of a family about to be written.
+fn apply_sidecar_with(
+    exec: &mut dyn Executor,
+    bins: &[Binaries],
+    rules: &RuleSet,
+    opts: &SidecarOptions,
+    fresh: &Fresh,
+    read: TypedRead<'_>,
 ) -> Result<Outcome, ApplyError> {
     let planned: Vec<(&Binaries, &[Rule])> = bins
         .iter()
@@ -108,17 +124,27 @@ pub fn apply_sidecar(
     let mut snapshots = Vec::new();
     let mut drifted = Vec::new();
     for (b, family_rules) in &planned {
-        let text = run_checked(exec, &save_cmd(b, &opts.env))?.stdout;
-        let state = parse_save(&text);
-        let in_place = match compare_with_plan(&state, family_rules) {
-            Comparison::Same => true,
-            Comparison::Different(_) => false,
-            // The kernel re-spells some rules (marks in hex...): ask iptables itself.
-            Comparison::Unsure(rules) => rules_present(exec, b, &rules, &opts.env)?,
+        let backend = for_family(b, read);
+        let owned = backend.read_owned(exec, &opts.env)?;
+        let in_place = match backend.diff(family_rules, &owned) {
+            Diff::Same => true,
+            Diff::Differs(_) => false,
+            // The kernel re-spelt some rules beyond the text comparison: ask iptables itself.
+            Diff::Unsure(rules) => rules_present(exec, b, &rules, &opts.env)?,
         };
-        if !in_place {
-            drifted.push((*b, *family_rules, holds_any_of(&state, family_rules)));
+        if in_place {
+            continue;
         }
+        drifted.push((*b, *family_rules, owned.holds_any(family_rules)));
+        // What is about to be written is snapshotted as text: the rollback restores it.
+        let (text, state) = match owned {
+            Owned::Saved { text, state } => (text, state),
+            Owned::Typed(_) => {
+                let text = run_checked(exec, &save_cmd(b, &opts.env))?.stdout;
+                let state = parse_save(&text);
+                (text, state)
+            }
+        };
         let chains = b
             .is_nft_flavour()
             .then(|| crate::netlink::nft_dump::list_chains(nf_family(b.family)).ok())
@@ -160,10 +186,7 @@ pub fn apply_sidecar(
                 drop_emptied_tables(b, &text, &steps_tables(&steps));
                 cleaned.push(*b);
             }
-            run_checked(
-                exec,
-                &restore_cmd(b, render_restore(family_rules), &opts.env),
-            )?;
+            for_family(b, read).apply_atomic(exec, render_restore(family_rules), &opts.env)?;
         }
         Ok(())
     };
@@ -477,12 +500,13 @@ pub fn apply_sidecar_here(
             .filter_map(|b| probe_fresh(b).map(|tables| (b.family, tables)))
             .collect()
     };
-    apply_sidecar(
+    apply_sidecar_with(
         &mut super::exec::ProcessExecutor::entering(opts.userns.clone()),
         &bins,
         rules,
         opts,
         &fresh,
+        &kernel_read,
     )
 }
 

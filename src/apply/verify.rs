@@ -1,16 +1,14 @@
-//! Checking a netns's sidecar rules without writing: with iptables-nft the owned tables read over
-//! netlink as typed rules (`nft_read::sidecar_difference`, no process); else one `*-save` per
-//! family in use, compared with the plan by the same comparison the apply uses
-//! (`state::compare_with_plan`); either way naming the first difference. The drift verification calls it through [`super::pod::verify`].
+//! Checking a netns's sidecar rules without writing, through the same
+//! [`super::rule_backend::RuleBackend`] read and diff the apply uses: with iptables-nft the owned
+//! tables read over netlink as typed rules (no process); with legacy one `*-save` per family in
+//! use; either way naming the first difference. The drift verification calls it through [`super::pod::verify`].
 
 use super::exec::Executor;
-use super::iptables::{
-    ApplyError, Binaries, ForceBinary, detect, family_prefix, run_checked, save_cmd,
-};
-use super::nft_read::{KernelSets, OwnedState, holds_any_sidecar, read_owned, sidecar_difference};
+use super::iptables::{ApplyError, Binaries, ForceBinary, detect, family_prefix};
 use super::pod::Verdict;
+use super::rule_backend::{Diff, TypedRead, for_family, kernel_read, no_typed_read};
 use super::sidecar::first_missing;
-use super::state::{Comparison, Difference, compare_with_plan, holds_any_of, parse_save};
+use super::state::Difference;
 use crate::netns::UsernsEntry;
 use crate::rules::iptables::rule_args;
 use crate::rules::{Family, RuleSet};
@@ -24,17 +22,18 @@ pub fn verify_sidecar(
     rules: &RuleSet,
     env: &[(String, String)],
 ) -> Result<Verdict, ApplyError> {
-    verify_sidecar_with(exec, bins, rules, env, &|_| None)
+    verify_sidecar_with(exec, bins, rules, env, &no_typed_read)
 }
 
 /// `read`: the family's owned tables as typed rules when the kernel can say so without a
-/// process (iptables-nft over netlink, [`read_typed`]); else `*-save` as before.
+/// process (iptables-nft over netlink, [`kernel_read`]); else `*-save` as before. Read and
+/// compared through the one [`super::rule_backend::RuleBackend`], as the apply does.
 fn verify_sidecar_with(
     exec: &mut dyn Executor,
     bins: &[Binaries],
     rules: &RuleSet,
     env: &[(String, String)],
-    read: &dyn Fn(&Binaries) -> Option<OwnedState>,
+    read: TypedRead<'_>,
 ) -> Result<Verdict, ApplyError> {
     let mut absent = true;
     let mut drift = None;
@@ -44,22 +43,16 @@ fn verify_sidecar_with(
             continue;
         }
         let prefix = family_prefix(b.family);
-        if let Some(state) = read(b) {
-            absent &= !holds_any_sidecar(&state, planned);
-            if drift.is_none() {
-                drift = sidecar_difference(&state, planned).map(|d| format!("{prefix}: {d}"));
-            }
-            continue;
-        }
-        let state = parse_save(&run_checked(exec, &save_cmd(b, env))?.stdout);
-        absent &= !holds_any_of(&state, planned);
+        let backend = for_family(b, read);
+        let owned = backend.read_owned(exec, env)?;
+        absent &= !owned.holds_any(planned);
         if drift.is_some() {
             continue;
         }
-        drift = match compare_with_plan(&state, planned) {
-            Comparison::Same => None,
-            Comparison::Different(d) => Some(format!("{prefix}: {d}")),
-            Comparison::Unsure(unsure) => first_missing(exec, b, &unsure, env)?.map(|r| {
+        drift = match backend.diff(planned, &owned) {
+            Diff::Same => None,
+            Diff::Differs(d) => Some(format!("{prefix}: {d}")),
+            Diff::Unsure(unsure) => first_missing(exec, b, &unsure, env)?.map(|r| {
                 let d = Difference::MissingRule {
                     table: r.table.name().to_string(),
                     chain: r.chain.clone(),
@@ -90,17 +83,5 @@ pub fn verify_sidecar_here(
         }
     }
     let mut exec = super::exec::ProcessExecutor::entering(userns.cloned());
-    verify_sidecar_with(&mut exec, &bins, rules, env, &read_typed)
-}
-
-/// The nft flavour's tables as typed rules, read over netlink; None (read `*-save`) for legacy or
-/// when the read fails.
-fn read_typed(bins: &Binaries) -> Option<OwnedState> {
-    const TABLES: &[&str] = &["filter", "mangle", "nat", "raw"];
-    if !bins.is_nft_flavour() {
-        return None;
-    }
-    read_owned(bins.family, TABLES, &KernelSets)
-        .inspect_err(|e| tracing::debug!(error = %e, "reading the rules over netlink failed"))
-        .ok()
+    verify_sidecar_with(&mut exec, &bins, rules, env, &kernel_read)
 }
