@@ -82,15 +82,24 @@ pub trait RuleBackend {
     }
 }
 
-/// Reads a family's `*-save` text.
+/// Reads a family's `*-save` text and its parse (the legacy read, and the sidecar apply's
+/// snapshot of a family it is about to write).
 pub fn read_saved(
     exec: &mut dyn Executor,
     bins: &Binaries,
     env: &[(String, String)],
-) -> Result<Owned, ApplyError> {
+) -> Result<(String, State), ApplyError> {
     let text = run_checked(exec, &save_cmd(bins, env))?.stdout;
     let state = parse_save(&text);
-    Ok(Owned::Saved { text, state })
+    Ok((text, state))
+}
+
+fn saved(
+    exec: &mut dyn Executor,
+    bins: &Binaries,
+    env: &[(String, String)],
+) -> Result<Owned, ApplyError> {
+    read_saved(exec, bins, env).map(|(text, state)| Owned::Saved { text, state })
 }
 
 /// iptables-legacy: `*-save` / `*-restore` text.
@@ -106,7 +115,7 @@ impl RuleBackend for IptablesLegacy<'_> {
         exec: &mut dyn Executor,
         env: &[(String, String)],
     ) -> Result<Owned, ApplyError> {
-        read_saved(exec, self.0, env)
+        saved(exec, self.0, env)
     }
 }
 
@@ -132,7 +141,7 @@ impl RuleBackend for IptablesNft<'_, '_> {
     ) -> Result<Owned, ApplyError> {
         match (self.read)(self.bins) {
             Some(state) => Ok(Owned::Typed(state)),
-            None => read_saved(exec, self.bins, env),
+            None => saved(exec, self.bins, env),
         }
     }
 }

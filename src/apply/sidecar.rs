@@ -25,8 +25,10 @@ use super::iptables::{
     family_prefix, legacy_has_tables, nf_family, replace_tables_cmd, restore_cmd, run_checked,
     save_cmd, with_env,
 };
-use super::rule_backend::{Diff, Owned, TypedRead, for_family, kernel_read, no_typed_read};
-use super::state::{State, parse_save, table_section};
+use super::rule_backend::{
+    Diff, Owned, TypedRead, for_family, kernel_read, no_typed_read, read_saved,
+};
+use super::state::{State, table_section};
 use crate::apply::exec::Cmd;
 use crate::netns::UsernsEntry;
 use crate::rules::capture::{is_owned_chain, owned_chains};
@@ -139,11 +141,7 @@ fn apply_sidecar_with(
         // What is about to be written is snapshotted as text: the rollback restores it.
         let (text, state) = match owned {
             Owned::Saved { text, state } => (text, state),
-            Owned::Typed(_) => {
-                let text = run_checked(exec, &save_cmd(b, &opts.env))?.stdout;
-                let state = parse_save(&text);
-                (text, state)
-            }
+            Owned::Typed(_) => read_saved(exec, b, &opts.env)?,
         };
         let chains = b
             .is_nft_flavour()
@@ -316,7 +314,7 @@ pub(super) fn restore_snapshots(
     env: &[(String, String)],
 ) -> Result<(), ApplyError> {
     for snap in snapshots {
-        let now = parse_save(&run_checked(exec, &save_cmd(snap.bins, env))?.stdout);
+        let (_, now) = read_saved(exec, snap.bins, env)?;
         let mut text = String::new();
         let mut created = Vec::new();
         let tables: BTreeSet<&String> = now.keys().chain(snap.state.keys()).collect();
