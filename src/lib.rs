@@ -13,6 +13,7 @@
 //! | [`apply`] | applying rule sets all or nothing: one nf_tables transaction, or iptables/ip6tables(-save/-restore) and nft: binary detection, locking, verify/reconcile/rollback, the cleanup plan, dry-run recording; which routes a sidecar capture needs; the one entry programming (or verifying) a netns for both roles (`pod`) | `rules`, `netlink`, `netns` |
 //! | [`netns`] | the netns handle (with the user namespace owning it), entered on a dedicated thread or by a child process; finding a pod's netns in the host /proc by the pod UID in the cgroup path (`procfs`) | — |
 //! | [`netlink`] | the netlink transport: wire format (headers, batch framing, sequence numbers, replies), addresses (and the /proc scan's address probe), ip rules and routes via rtnetlink with plain parameters, nf_tables transactions via nfnetlink, single nfnetlink requests and dumps (ipset, nf_tables reads) | `netns` |
+//! | [`reconcile`] | the one keyed reconcile engine for pod work: a key never worked twice at once, triggers coalesced, bounded concurrency, the error's class deciding retry (jittered backoff) / give up / wait, a caller awaiting the run after its trigger | `retry` |
 //! | [`retry`] | retry spacing (doubling, equal jitter, through backon) and the loop retrying only transient failures under a deadline; the periodic pass schedule (jittered period, early kick) of the drift verifiers | — |
 //! | [`kube`] | the one Kubernetes client module (kubeconfig/in-cluster, typed helpers), the node stores, the pod-facts request/answer, and the test API server | `retry` |
 //! | [`sidecar`] | the sidecar redirect derivation, pure: pod facts from the API object, Istio's selection checks, annotations -> capture config; shared by the plugin and the repair controller | `cli`, `rules` |
@@ -32,6 +33,7 @@ pub mod kube;
 pub mod netlink;
 pub mod netns;
 pub mod plugin;
+pub mod reconcile;
 pub mod repair;
 pub mod retry;
 pub mod rules;
