@@ -20,8 +20,10 @@ pub struct CachedPod {
     /// an IP) — a probe-set reconcile then must not prune.
     pub probe_ips: Option<Vec<IpAddr>>,
     /// Enrolled by a plugin's `/podadd`, whose `enabled` annotation is written after the answer
-    /// and not yet confirmed (retried in the background, re-asserted by the drift pass).
+    /// and not yet confirmed (the pod's key retries it; the drift pass looks again).
     pub annotation_owed: bool,
+    /// Programmed, but ztunnel has not taken it yet (the add is to be tried again).
+    pub awaiting_ztunnel: bool,
 }
 
 #[derive(Debug, Default)]
@@ -45,6 +47,7 @@ impl PodCache {
             netns: None,
             probe_ips: Some(vec![]),
             annotation_owed: false,
+            awaiting_ztunnel: false,
         });
     }
 
@@ -63,6 +66,7 @@ impl PodCache {
             netns: None,
             probe_ips: Some(vec![]),
             annotation_owed: false,
+            awaiting_ztunnel: false,
         });
         entry.info = info;
         match &entry.netns {
@@ -109,6 +113,13 @@ impl PodCache {
         }
     }
 
+    /// Marks (or clears) the pod as programmed but not taken by ztunnel yet.
+    pub fn set_awaiting_ztunnel(&self, uid: &str, awaiting: bool) {
+        if let Some(pod) = self.write().get_mut(uid) {
+            pod.awaiting_ztunnel = awaiting;
+        }
+    }
+
     /// Whether the pod is cached with its `enabled` annotation still owed.
     pub fn annotation_owed(&self, uid: &str) -> bool {
         self.read().get(uid).is_some_and(|p| p.annotation_owed)
@@ -126,6 +137,16 @@ impl PodCache {
     /// Puts a taken entry back (a failed removal will be retried).
     pub fn restore(&self, uid: &str, pod: CachedPod) {
         self.write().insert(uid.to_string(), pod);
+    }
+
+    /// The entries of pods named `namespace/name` (UID, entry): more than one only while a
+    /// deleted pod's successor of the same name is there too.
+    pub fn named(&self, namespace: &str, name: &str) -> Vec<(String, CachedPod)> {
+        self.read()
+            .iter()
+            .filter(|(_, p)| p.info.namespace == namespace && p.info.name == name)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     /// A copy for sending (UID, entry).

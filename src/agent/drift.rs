@@ -4,8 +4,8 @@
 //! `DRIFT_VERIFY_INTERVAL` (jittered, `retry::periodic`) and when install-cni's guard (re)installed
 //! our CNI entry, the pass:
 //!
-//! - programs every cached pod with a netns again, under that pod's lock (never between an add
-//!   and a remove of it). Programming reads the netns once (`*-save`, or `nft list`) and writes
+//! - programs every cached pod with a netns again, as a run of the pod's key on the agent's
+//!   engine (never beside an add or a remove of it). Programming reads the netns once (`*-save`, or `nft list`) and writes
 //!   only when it differs from the plan, atomically; so an untouched pod costs one read and keeps
 //!   its rule counters. A write is a heal: a warning log, a Normal event on the pod and
 //!   `istio_cni_drift_repaired_total{kind="ambient_rules"}`. A pod that cannot be programmed is
@@ -25,7 +25,6 @@
 //! [`Reported`] (pure); the effects go through the agent's ports.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -34,8 +33,8 @@ use tracing::{debug, info, warn};
 
 use super::pod;
 use super::ports::{Outcome, PortError, ProbeSynced};
+use super::reconciler::{Core, PodEngine, Reconciled};
 use super::status::CheckResult;
-use super::worker::Core;
 use crate::kube::stores::pod_key;
 use crate::kube::{EventType, PodEvent};
 use crate::retry::periodic::Periodic;
@@ -139,14 +138,14 @@ pub struct PassSummary {
 }
 
 /// Runs a pass now, then one per `schedule` wait, until `stop`.
-pub async fn run(core: Arc<Core>, schedule: Periodic, stop: CancellationToken) {
+pub async fn run(engine: PodEngine, schedule: Periodic, stop: CancellationToken) {
     info!(
         period_s = schedule.period().as_secs(),
         "drift verification on"
     );
     let mut reported = Reported::default();
     loop {
-        let s = pass(&core, &mut reported, &stop).await;
+        let s = pass(&engine, &mut reported, &stop).await;
         if stop.is_cancelled() {
             break;
         }
@@ -170,29 +169,37 @@ pub async fn run(core: Arc<Core>, schedule: Periodic, stop: CancellationToken) {
     }
 }
 
-/// One pass over the cached pods, then the probe set.
-pub async fn pass(core: &Core, reported: &mut Reported, stop: &CancellationToken) -> PassSummary {
+/// One pass over the cached pods, then the probe set. Each pod is verified as a run of its key
+/// on the agent's engine: never beside other work on the same pod, with the engine's bound on
+/// pods at once; the run also writes an annotation a `/podadd` still owes.
+pub async fn pass(
+    engine: &PodEngine,
+    reported: &mut Reported,
+    stop: &CancellationToken,
+) -> PassSummary {
+    let core = engine.reconciler();
     let started = Instant::now();
     let mut summary = PassSummary::default();
     let cached = core.mesh.cache.snapshot();
     let uids: HashSet<String> = cached.iter().map(|(uid, _)| uid.clone()).collect();
     reported.retain(&uids);
     core.status.retain(&uids);
+    let mut checks = Vec::new();
     for (uid, entry) in cached {
-        if stop.is_cancelled() {
-            return summary;
-        }
         if entry.netns.is_none() {
             summary.skipped += 1;
             continue;
         }
         let key = pod_key(&entry.info.namespace, &entry.info.name);
-        if entry.annotation_owed {
-            reassert_annotation(core, &uid, &key).await;
+        core.requests.verify(&key);
+        checks.push(async move { (uid, key.clone(), engine.trigger_and_wait(key).await) });
+    }
+    for (uid, key, answer) in futures::future::join_all(checks).await {
+        if stop.is_cancelled() {
+            return summary;
         }
-        match verify_pod(core, &uid, &key).await {
-            None => summary.skipped += 1,
-            Some((p, verdict)) => {
+        match answer {
+            Ok(Ok(Reconciled::Verified { pod: p, verdict })) if pod::uid(&p) == uid => {
                 summary.verified += 1;
                 match &verdict {
                     Verdict::InPlace => {}
@@ -201,41 +208,17 @@ pub async fn pass(core: &Core, reported: &mut Reported, stop: &CancellationToken
                 }
                 report_pod(core, reported, &p, &uid, verdict).await;
             }
+            Ok(Err(e)) => {
+                warn!(pod = %key, uid, "{e} (tried again next pass)");
+                summary.skipped += 1;
+            }
+            // Gone, removed meanwhile, or another pod of the name now.
+            _ => summary.skipped += 1,
         }
     }
     verify_probe_set(core, reported, &mut summary).await;
     summary.took = started.elapsed();
     summary
-}
-
-/// Writes the `enabled` annotation a `/podadd` enrolment still owes (its background retries
-/// gave up or have not succeeded yet): an enrolment's annotation is never lost.
-async fn reassert_annotation(core: &Core, uid: &str, key: &str) {
-    let Some(p) = core.pods.get(key).filter(|p| pod::uid(p) == uid) else {
-        return;
-    };
-    match core.mesh.annotate_owed(&p).await {
-        Ok(true) => info!(pod = %key, uid, "owed redirection annotation written by the drift pass"),
-        Ok(false) => {}
-        Err(e) => warn!(pod = %key, uid, "{e} (tried again next pass)"),
-    }
-}
-
-/// Programs one pod under its lock; None when it is no longer there to verify.
-async fn verify_pod(core: &Core, uid: &str, key: &str) -> Option<(Arc<Pod>, Verdict)> {
-    let current = || core.pods.get(key).filter(|p| pod::uid(p) == uid);
-    current()?;
-    let _one_at_a_time = core.mesh.locks.lock(key).await;
-    // Looked up again under the lock: a remove may have run meanwhile (it takes the pod out of
-    // the cache before touching its rules), and the pod's annotations may have changed.
-    let netns = core.mesh.cache.netns(uid)?;
-    let p = current()?;
-    let pod_net = pod::pod_net(&p, &pod::ips(&p));
-    let dp = core.mesh.dataplane.clone();
-    let result = tokio::task::spawn_blocking(move || dp.program_pod(&netns, &pod_net))
-        .await
-        .unwrap_or_else(|e| Err(PortError::retryable(format!("data-plane task failed: {e}"))));
-    Some((p, judge(&result)))
 }
 
 async fn report_pod(core: &Core, reported: &mut Reported, p: &Pod, uid: &str, verdict: Verdict) {

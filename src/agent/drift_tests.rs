@@ -1,7 +1,9 @@
-//! The drift pass with fake seams: what counts as a heal, report-once failures, the per-pod lock,
+//! The drift pass with fake seams: what counts as a heal, report-once failures, a pod removed
+//! before its check,
 //! the probe-set reconcile and its prune rule, the schedule.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -12,6 +14,7 @@ use super::*;
 use crate::agent::cache::PodCache;
 use crate::agent::machine::Policy;
 use crate::agent::mesh::Mesh;
+use crate::agent::reconciler::{self, Core};
 use crate::agent::settings::Timing;
 use crate::agent::status::CheckResult;
 use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel};
@@ -21,6 +24,7 @@ use crate::retry::periodic::Kick;
 use crate::telemetry::metrics::DriftLabel;
 
 struct Rig {
+    engine: PodEngine,
     core: Arc<Core>,
     dp: Arc<FakeDataplane>,
     ann: Arc<FakeAnnotator>,
@@ -48,21 +52,33 @@ fn rig() -> Rig {
     let core = Arc::new(Core {
         pods: PodStore::new(),
         namespaces: NamespaceStore::new(),
-        policy: Policy::new(&[], &[], "istio-system").unwrap(),
+        policy: Policy::new(
+            &crate::kube::selector::testing::chart_default(),
+            &[],
+            "istio-system",
+        )
+        .unwrap(),
         mesh: Mesh {
             dataplane: dp.clone(),
             ztunnel: Arc::new(FakeZtunnel::default()),
             annotator: ann.clone(),
             cache: Arc::new(PodCache::default()),
-            locks: Default::default(),
             probe_gate: Default::default(),
         },
         timing: Timing::default(),
         metrics: Default::default(),
         status: Default::default(),
+        requests: Default::default(),
     });
     core.pods.apply(Event::Init);
     core.pods.apply(Event::InitDone);
+    core.namespaces.apply(Event::Init);
+    core.namespaces.apply(Event::InitApply(
+        serde_json::from_value(json!({"metadata": {"name": "ns",
+            "labels": {"istio.io/dataplane-mode": "ambient"}}}))
+        .unwrap(),
+    ));
+    core.namespaces.apply(Event::InitDone);
     for (name, addr) in [("a", "10.0.0.1"), ("b", "10.0.0.2")] {
         let p = pod(name, addr);
         let uid = pod::uid(&p).to_string();
@@ -74,12 +90,18 @@ fn rig() -> Rig {
         dp.probes.lock().insert(ip(addr), uid);
         core.pods.apply(Event::Apply(p));
     }
-    Rig { core, dp, ann }
+    let engine = reconciler::engine(core.clone(), CancellationToken::new());
+    Rig {
+        engine,
+        core,
+        dp,
+        ann,
+    }
 }
 
 impl Rig {
     async fn pass(&self, reported: &mut Reported) -> PassSummary {
-        pass(&self.core, reported, &CancellationToken::new()).await
+        pass(&self.engine, reported, &CancellationToken::new()).await
     }
 
     fn counted(&self, healed: bool, kind: &str) -> u64 {
@@ -200,26 +222,20 @@ async fn pods_without_a_netns_or_gone_from_the_store_are_skipped() {
     assert_eq!(r.dp.count("program"), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pass_waits_for_the_pods_lock_and_skips_a_pod_removed_meanwhile() {
+#[tokio::test]
+async fn a_pod_deleted_before_its_check_is_removed_not_programmed() {
     let r = rig();
-    let held = r.core.mesh.locks.lock("ns/a").await;
-    let core = r.core.clone();
-    let running = tokio::spawn(async move {
-        pass(&core, &mut Reported::default(), &CancellationToken::new()).await
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!running.is_finished(), "the pass did not wait for a's lock");
-    assert_eq!(r.dp.count("program uid-a"), 0);
-    // The holder was a remove: a leaves the cache before the lock is released.
-    r.core.mesh.cache.take("uid-a");
-    drop(held);
-    let s = running.await.unwrap();
+    // The store's delete of a, not yet looked at: the pass's run of a's key sees it gone.
+    let gone = r.core.pods.get("ns/a").unwrap();
+    r.core.pods.apply(Event::Delete((*gone).clone()));
+    r.core.requests.gone("ns/a", gone);
+    let s = r.pass(&mut Reported::default()).await;
     assert_eq!(
         r.dp.count("program uid-a"),
         0,
         "a removed pod was programmed"
     );
+    assert!(!r.core.mesh.cache.contains("uid-a"));
     assert_eq!((s.verified, s.skipped), (1, 1));
 }
 
@@ -279,7 +295,7 @@ async fn the_first_pass_runs_at_once_then_on_a_kick_until_stopped() {
     let kick = Kick::new();
     let stop = CancellationToken::new();
     let schedule = Periodic::new(Duration::from_secs(3600), kick.clone());
-    let task = tokio::spawn(run(r.core.clone(), schedule, stop.clone()));
+    let task = tokio::spawn(run(r.engine.clone(), schedule, stop.clone()));
     let passes = || r.dp.count("probe_sync");
     let wait_for = |n: usize| async move {
         for _ in 0..200 {
@@ -308,9 +324,9 @@ async fn the_probe_reconcile_waits_for_an_add_half_done_and_keeps_its_entry() {
     let gate = r.core.mesh.probe_gate.read().await;
     r.core.mesh.cache.ensure("uid-c", Default::default());
     r.dp.probes.lock().insert(ip("10.0.0.3"), "uid-c".into());
-    let core = r.core.clone();
+    let engine = r.engine.clone();
     let running = tokio::spawn(async move {
-        pass(&core, &mut Reported::default(), &CancellationToken::new()).await
+        pass(&engine, &mut Reported::default(), &CancellationToken::new()).await
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(

@@ -1,5 +1,7 @@
-//! The enrolment state machine (§3.5), pure: an event, the pod as the store has it now, its
-//! namespace's labels and the policy in; one action out. No effects, no clock.
+//! The enrolment state machine (§3.5), pure and level-based: a key's world as it is now (the pod
+//! the store has, the pods of the name the agent holds, the last deleted one, the namespace's
+//! labels) and the policy in; the actions that bring it where it should be out. No events (the
+//! reconcile engine coalesces triggers, so nothing may depend on one), no effects, no clock.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
@@ -88,124 +90,180 @@ pub enum Exclusion {
     ExcludedNamespace,
 }
 
-/// A pod event as the worker queues it.
+/// What the agent holds of a pod (its pod-cache entry): the pod (the last object seen, or one
+/// rebuilt from the cache's identity), the probe-set IPs recorded for it, and whether its
+/// `enabled` annotation is still owed (a `/podadd` enrolment answers before writing it).
 #[derive(Debug, Clone)]
-pub enum PodEvent {
-    /// A change (or a re-evaluation, old = new, when the namespace changed).
-    Update {
-        old: Arc<Pod>,
-        new: Arc<Pod>,
-    },
-    Delete(Arc<Pod>),
+pub struct Held {
+    pub pod: Arc<Pod>,
+    pub probe_ips: Option<Vec<IpAddr>>,
+    pub annotation_owed: bool,
+    /// Programmed, but not taken by ztunnel yet (to be added again, as a `pending` pod).
+    pub awaiting_ztunnel: bool,
 }
 
-impl PodEvent {
-    /// The queue key: `namespace/name`.
-    pub fn key(&self) -> String {
-        let p = match self {
-            PodEvent::Update { new, .. } => new,
-            PodEvent::Delete(p) => p,
-        };
-        crate::kube::stores::pod_key(pod::namespace(p), pod::name(p))
-    }
+/// One key's world now, as the reconcile reads it: the pod the store has under the name, the
+/// pods of that name the agent holds, the pod the store last reported deleted under it, and the
+/// namespace's labels (`None`: the namespace is not in the store).
+#[derive(Debug, Clone, Copy)]
+pub struct Now<'a> {
+    pub current: Option<&'a Arc<Pod>>,
+    pub held: &'a [Held],
+    pub gone: Option<&'a Arc<Pod>>,
+    pub namespace_labels: Option<&'a BTreeMap<String, String>>,
 }
 
-/// What to do about an event.
+/// What to do about a key.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// Nothing to do (why, for the debug log).
     Skip(&'static str),
-    /// The namespace is not in the store yet: try again later (Istio dropped these, B9).
+    /// The namespace is not in the store yet: wait for it (Istio dropped these, B9).
     RequeueNamespaceMissing,
     Add {
         pod: Arc<Pod>,
         ips: Vec<IpAddr>,
     },
-    /// `deleted`: the pod is gone or terminal (no in-pod cleanup, the netns goes with it).
+    /// `deleted`: the pod is gone or terminal (no in-pod cleanup, the netns goes with it);
+    /// `terminal`: still in the store, finished (its annotation is cleared). `ips`: the IPs its
+    /// probe-set entries were recorded with (a terminal pod's object has none left, k8s issue
+    /// 125370).
     Remove {
         pod: Arc<Pod>,
+        ips: Vec<IpAddr>,
         deleted: bool,
+        terminal: bool,
     },
     /// Enrolled pod whose IPs changed: put them in the probe set again.
     ReassertProbes {
         pod: Arc<Pod>,
         ips: Vec<IpAddr>,
     },
+    /// Enrolled by a `/podadd` whose `enabled` annotation is not written yet: write it (a second
+    /// add would send ztunnel the pod again).
+    WriteOwedAnnotation {
+        pod: Arc<Pod>,
+    },
 }
 
-/// The §3.5 table. `current` is the pod as the store has it now (`None`: gone from the store);
-/// `namespace_labels` is `None` when the namespace is not in the store.
-pub fn decide(
-    event: &PodEvent,
-    current: Option<&Arc<Pod>>,
+/// The §3.5 table, level-based: first every pod of the name that is not the current one is
+/// removed (held by the agent, or reported deleted and enrolled or selected), then one action for
+/// the current pod.
+pub fn decide(now: &Now<'_>, policy: &Policy) -> Vec<Action> {
+    let current_uid = now.current.map(|p| pod::uid(p));
+    let mut actions: Vec<Action> = now
+        .held
+        .iter()
+        .filter(|h| Some(pod::uid(&h.pod)) != current_uid)
+        .map(|h| Action::Remove {
+            pod: h.pod.clone(),
+            ips: held_ips(h),
+            deleted: true,
+            terminal: false,
+        })
+        .collect();
+    if let Some(gone) = now.gone {
+        let uid = pod::uid(gone);
+        let held = now.held.iter().any(|h| pod::uid(&h.pod) == uid);
+        if Some(uid) != current_uid && !held && was_enrolled(gone, now.namespace_labels, policy) {
+            actions.push(Action::Remove {
+                pod: gone.clone(),
+                ips: pod::ips(gone),
+                deleted: true,
+                terminal: false,
+            });
+        }
+    }
+    let current = match now.current {
+        Some(current) => current,
+        None if actions.is_empty() => return vec![Action::Skip("pod not in the store")],
+        None => return actions,
+    };
+    let mine = now
+        .held
+        .iter()
+        .find(|h| Some(pod::uid(&h.pod)) == current_uid);
+    actions.push(decide_current(current, mine, now.namespace_labels, policy));
+    actions
+}
+
+/// A deleted pod is removed when it was annotated (enrolled or pending) or is selected.
+fn was_enrolled(
+    gone: &Pod,
+    namespace_labels: Option<&BTreeMap<String, String>>,
+    policy: &Policy,
+) -> bool {
+    let empty = BTreeMap::new();
+    pod::redirection(gone) != Redirection::None
+        || policy.matches(gone, namespace_labels.unwrap_or(&empty))
+}
+
+fn held_ips(h: &Held) -> Vec<IpAddr> {
+    h.probe_ips.clone().unwrap_or_else(|| pod::ips(&h.pod))
+}
+
+fn decide_current(
+    current: &Arc<Pod>,
+    mine: Option<&Held>,
     namespace_labels: Option<&BTreeMap<String, String>>,
     policy: &Policy,
 ) -> Action {
-    match event {
-        PodEvent::Delete(gone) => {
-            let state = pod::redirection(gone);
-            let empty = BTreeMap::new();
-            let matches = policy.matches(gone, namespace_labels.unwrap_or(&empty));
-            if state != Redirection::None || matches {
-                Action::Remove {
-                    pod: gone.clone(),
-                    deleted: true,
-                }
-            } else {
-                Action::Skip("deleted pod was never enrolled")
-            }
-        }
-        PodEvent::Update { old, .. } => {
-            let Some(ns_labels) = namespace_labels else {
-                return Action::RequeueNamespaceMissing;
-            };
-            let Some(current) = current else {
-                return Action::Skip("pod no longer in the store");
-            };
-            let state = pod::redirection(current);
-            let enrolled = state == Redirection::Enabled;
-            let partial = state == Redirection::Pending;
-            let should = policy.should_enrol(current, ns_labels);
-            let terminal = pod::is_terminal(current);
-            if (enrolled || partial) && terminal {
-                // The old object: Kubernetes blanks a terminal pod's IPs (k8s issue 125370).
-                return Action::Remove {
-                    pod: old.clone(),
-                    deleted: true,
-                };
-            }
-            let ips = pod::ips(current);
-            if enrolled && should && !terminal && !ips.is_empty() && ips != pod::ips(old) {
-                return Action::ReassertProbes {
-                    pod: current.clone(),
-                    ips,
-                };
-            }
-            if terminal {
-                return Action::Skip(SKIP_TERMINAL);
-            }
-            let change = (enrolled != should) || partial;
-            if !change {
-                return Action::Skip(if should {
-                    "no change"
-                } else {
-                    SKIP_NOT_SELECTED
-                });
-            }
-            if !should {
-                return Action::Remove {
-                    pod: current.clone(),
-                    deleted: false,
-                };
-            }
-            if ips.is_empty() {
-                return Action::Skip(SKIP_NO_IP);
-            }
-            Action::Add {
+    let Some(ns_labels) = namespace_labels else {
+        return Action::RequeueNamespaceMissing;
+    };
+    let state = pod::redirection(current);
+    let partial = state == Redirection::Pending || mine.is_some_and(|h| h.awaiting_ztunnel);
+    let in_mesh = state == Redirection::Enabled || mine.is_some();
+    let should = policy.should_enrol(current, ns_labels);
+    let terminal = pod::is_terminal(current);
+    if terminal {
+        if in_mesh || partial {
+            let ips = mine.map(held_ips).unwrap_or_else(|| pod::ips(current));
+            return Action::Remove {
                 pod: current.clone(),
                 ips,
-            }
+                deleted: true,
+                terminal: true,
+            };
         }
+        return Action::Skip(SKIP_TERMINAL);
+    }
+    if should && !partial && mine.is_some_and(|h| h.annotation_owed) {
+        return Action::WriteOwedAnnotation {
+            pod: current.clone(),
+        };
+    }
+    let ips = pod::ips(current);
+    let moved = mine.is_some_and(|h| h.probe_ips.as_deref() != Some(ips.as_slice()));
+    if in_mesh && should && !partial && !ips.is_empty() && moved {
+        return Action::ReassertProbes {
+            pod: current.clone(),
+            ips,
+        };
+    }
+    let change = (in_mesh != should) || partial;
+    if !change {
+        return Action::Skip(if should {
+            "no change"
+        } else {
+            SKIP_NOT_SELECTED
+        });
+    }
+    if !should {
+        let ips = mine.map(held_ips).unwrap_or_else(|| ips.clone());
+        return Action::Remove {
+            pod: current.clone(),
+            ips,
+            deleted: false,
+            terminal: false,
+        };
+    }
+    if ips.is_empty() {
+        return Action::Skip(SKIP_NO_IP);
+    }
+    Action::Add {
+        pod: current.clone(),
+        ips,
     }
 }
 
@@ -236,24 +294,22 @@ pub fn not_enrolled(
     namespace_labels: Option<&BTreeMap<String, String>>,
     policy: &Policy,
 ) -> NotEnrolled {
-    let event = PodEvent::Update {
-        old: stored.clone(),
-        new: stored.clone(),
-    };
     let exclusion = || {
         let empty = BTreeMap::new();
         policy.exclusion(stored, namespace_labels.unwrap_or(&empty))
     };
-    match decide(&event, Some(stored), namespace_labels, policy) {
+    match decide_current(stored, None, namespace_labels, policy) {
         Action::RequeueNamespaceMissing => NotEnrolled::NamespaceMissing,
         Action::Skip(SKIP_TERMINAL) => NotEnrolled::Terminated,
         Action::Skip(SKIP_NO_IP) => NotEnrolled::NoIp,
         Action::Add { .. } => NotEnrolled::Pending,
         Action::Remove { .. } => NotEnrolled::Leaving,
-        Action::Skip(_) | Action::ReassertProbes { .. } => match exclusion() {
-            Some(e) => NotEnrolled::Excluded(e),
-            None => NotEnrolled::NotCached,
-        },
+        Action::Skip(_) | Action::ReassertProbes { .. } | Action::WriteOwedAnnotation { .. } => {
+            match exclusion() {
+                Some(e) => NotEnrolled::Excluded(e),
+                None => NotEnrolled::NotCached,
+            }
+        }
     }
 }
 
@@ -325,14 +381,11 @@ pub fn namespace_reevaluates(
     }
 }
 
-/// The events a namespace re-evaluation queues: an update (old = new) per pod, ztunnel excepted.
-pub fn reevaluation_events(pods: &[Arc<Pod>], policy: &Policy) -> Vec<PodEvent> {
+/// The pods a namespace re-evaluation looks at again (their keys), ztunnel excepted.
+pub fn reevaluated_keys(pods: &[Arc<Pod>], policy: &Policy) -> Vec<String> {
     pods.iter()
         .filter(|p| !pod::is_ztunnel(p, &policy.system_namespace))
-        .map(|p| PodEvent::Update {
-            old: p.clone(),
-            new: p.clone(),
-        })
+        .map(|p| crate::kube::stores::pod_key(pod::namespace(p), pod::name(p)))
         .collect()
 }
 

@@ -37,14 +37,17 @@ fn annotated(state: &str) -> Value {
     json!({"metadata": {"annotations": {"ambient.istio.io/redirection": state}}})
 }
 
-fn update(old: &Arc<Pod>, new: &Arc<Pod>) -> PodEvent {
-    PodEvent::Update {
-        old: old.clone(),
-        new: new.clone(),
-    }
+/// What an update from `old` to `new` used to carry, as the level-based world: `old` held by
+/// the agent when it was annotated (enrolled or pending), with its IPs as the probe entries.
+struct Update {
+    old: Arc<Pod>,
 }
 
-fn same(p: &Arc<Pod>) -> PodEvent {
+fn update(old: &Arc<Pod>, _new: &Arc<Pod>) -> Update {
+    Update { old: old.clone() }
+}
+
+fn same(p: &Arc<Pod>) -> Update {
     update(p, p)
 }
 
@@ -56,16 +59,47 @@ fn kind(a: &Action) -> &'static str {
         Action::Remove { deleted: true, .. } => "remove-deleted",
         Action::Remove { deleted: false, .. } => "remove",
         Action::ReassertProbes { .. } => "reassert",
+        Action::WriteOwedAnnotation { .. } => "annotate",
     }
 }
 
-fn run(ev: &PodEvent, current: Option<&Arc<Pod>>, ns: Option<&BTreeMap<String, String>>) -> Action {
-    decide(ev, current, ns, &policy())
+fn held(p: &Arc<Pod>) -> Vec<Held> {
+    if pod::redirection(p) == Redirection::None {
+        return vec![];
+    }
+    vec![Held {
+        pod: p.clone(),
+        probe_ips: Some(pod::ips(p)),
+        annotation_owed: false,
+        awaiting_ztunnel: false,
+    }]
+}
+
+/// The one action for the current pod (no other pod of the name involved).
+fn run(ev: &Update, current: Option<&Arc<Pod>>, ns: Option<&BTreeMap<String, String>>) -> Action {
+    let held = held(&ev.old);
+    let now = Now {
+        current,
+        held: if current.is_some() { &held } else { &[] },
+        gone: None,
+        namespace_labels: ns,
+    };
+    let mut actions = decide(&now, &policy());
+    assert_eq!(actions.len(), 1, "{actions:?}");
+    actions.remove(0)
 }
 
 /// What a delete of `p` (gone from the store) decides in a namespace with `ns` labels.
 fn on_delete(p: &Arc<Pod>, ns: Option<&BTreeMap<String, String>>) -> &'static str {
-    kind(&run(&PodEvent::Delete(p.clone()), None, ns))
+    let now = Now {
+        current: None,
+        held: &[],
+        gone: Some(p),
+        namespace_labels: ns,
+    };
+    let actions = decide(&now, &policy());
+    assert_eq!(actions.len(), 1, "{actions:?}");
+    kind(&actions[0])
 }
 
 #[test]
@@ -94,10 +128,15 @@ fn terminal_enrolled_or_pending_pod_is_removed_with_the_old_object() {
         );
         let new = pod("shop", done);
         match run(&update(&old, &new), Some(&new), Some(&ns)) {
-            Action::Remove { pod, deleted } => {
-                assert!(deleted);
-                // The old object still has the IPs the probe set must lose.
-                assert_eq!(pod::ips(&pod).len(), 1, "{state}");
+            Action::Remove {
+                ips,
+                deleted,
+                terminal,
+                ..
+            } => {
+                assert!(deleted && terminal);
+                // The IPs held for it, which the probe set must lose (the object has none).
+                assert_eq!(ips.len(), 1, "{state}");
             }
             other => panic!("{state}: {other:?}"),
         }
@@ -263,9 +302,7 @@ fn namespace_rows() {
         ),
         pod("istio-system", json!({"metadata": {"name": "other"}})),
     ];
-    let evs = reevaluation_events(&pods, &pol);
-    assert_eq!(evs.len(), 1);
-    assert_eq!(evs[0].key(), "istio-system/other");
+    assert_eq!(reevaluated_keys(&pods, &pol), ["istio-system/other"]);
 }
 
 #[test]

@@ -5,20 +5,18 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, info, warn};
 
 use super::cache::PodCache;
-use super::locks::PodLocks;
 use super::pod::{self, Redirection};
 use super::ports::{Annotator, Dataplane, PortError, Ztunnel};
 use super::progress::{self, AddStep, Progress};
 use super::trust;
 use crate::kube::KubeError;
 use crate::netns::Netns;
-use crate::retry::RetryPolicy;
+use crate::reconcile::{Class, Classify};
 
 /// Which step of an add or remove failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,18 +54,32 @@ pub enum MeshError {
         #[source]
         reason: trust::Refusal,
     },
+    #[error("pod {pod}: its namespace is not in the agent's namespace store yet")]
+    NamespaceMissing { pod: String },
+    #[error("pod {pod}: gone from the agent's pod store before its add ran")]
+    NotInStore { pod: String },
 }
 
-impl MeshError {
-    /// Whether the worker should try again later.
-    pub fn is_retryable(&self) -> bool {
+impl Classify for MeshError {
+    /// The one decision of what a failure means for the pod's key. Nothing was written when the
+    /// netns cannot be found, is refused or cannot be programmed: trying again changes nothing
+    /// (the next event or plugin ADD does). A missing namespace waits for the namespace's add,
+    /// which looks at its pods again. The rest is transient as the seam says; an annotation
+    /// patch is retried unless the pod is gone; a data-plane task that panicked is retried.
+    fn class(&self) -> Class {
         match self {
             MeshError::Port { step, source, .. } => match step {
-                Step::FindNetns | Step::ProgramPod => false,
-                _ => source.retryable,
+                Step::FindNetns | Step::ProgramPod => Class::GiveUp,
+                Step::Blocking => Class::Retry,
+                _ if source.retryable => Class::Retry,
+                _ => Class::GiveUp,
             },
-            MeshError::Annotate { .. } => true,
-            MeshError::NoNetns { .. } | MeshError::Refused { .. } => false,
+            MeshError::Annotate { source, .. } if source.is_not_found() => Class::GiveUp,
+            MeshError::Annotate { .. } => Class::Retry,
+            MeshError::NoNetns { .. }
+            | MeshError::Refused { .. }
+            | MeshError::NotInStore { .. } => Class::GiveUp,
+            MeshError::NamespaceMissing { .. } => Class::WaitFor,
         }
     }
 }
@@ -102,14 +114,13 @@ pub struct PluginAdd {
     pub annotate_after_answer: bool,
 }
 
-/// The add/remove steps over the seams.
+/// The add/remove steps over the seams. Callers run one pod's steps one at a time (the reconcile
+/// engine never works a key twice at once).
 pub struct Mesh {
     pub dataplane: Arc<dyn Dataplane>,
     pub ztunnel: Arc<dyn Ztunnel>,
     pub annotator: Arc<dyn Annotator>,
     pub cache: Arc<PodCache>,
-    /// Serialises the adds and removes of one pod (plugin requests and watch events).
-    pub locks: PodLocks,
     /// Held shared by one pod's probe-set change and its record in the cache, exclusively by
     /// the drift pass's reconcile of the whole set: the members it reads from the cache are then
     /// exactly what the set should hold (no add or remove half done).
@@ -161,8 +172,6 @@ impl Mesh {
     /// as they were); only a new pod's placeholder is undone.
     pub async fn add_pod(&self, p: &Pod, ips: &[IpAddr], via: Via<'_>) -> Result<(), MeshError> {
         let progress = via.progress();
-        progress::enter(progress, AddStep::WaitingForPodLock);
-        let _one_at_a_time = self.locks.lock(&describe(p)).await;
         let uid = pod::uid(p).to_string();
         let info = pod::workload_info(p);
         let was_cached = self.cache.contains(&uid);
@@ -183,6 +192,7 @@ impl Mesh {
         let netns = self.cache.upsert(&uid, info.clone(), netns);
         progress::enter(progress, AddStep::WaitingForZtunnelAck);
         if let Err(source) = self.ztunnel.add_workload(uid.clone(), info, netns).await {
+            self.cache.set_awaiting_ztunnel(&uid, true);
             warn!(pod = %describe(p), "ztunnel did not take the pod yet, marking it pending: {source}");
             progress::enter(progress, AddStep::WritingAnnotation);
             self.annotate(p, Redirection::Pending).await?;
@@ -192,6 +202,7 @@ impl Mesh {
                 source,
             });
         }
+        self.cache.set_awaiting_ztunnel(&uid, false);
         // After ztunnel's ack, as in Istio: a pending pod has no probe-set entry.
         progress::enter(progress, AddStep::UpdatingProbeSet);
         self.probe_add(p, &uid, &ips).await?;
@@ -312,15 +323,16 @@ impl Mesh {
     /// §3.6 RemovePodFromMesh. `deleted`: the pod is gone (or terminal) — its netns goes with
     /// it, so no in-pod cleanup; and a deleted pod's annotation is not patched (another pod
     /// may already carry the name).
+    /// `ips`: the IPs the pod's probe entries were recorded with.
     pub async fn remove_pod(
         &self,
         p: &Pod,
+        ips: &[IpAddr],
         deleted: bool,
         terminal: bool,
     ) -> Result<(), MeshError> {
-        let _one_at_a_time = self.locks.lock(&describe(p)).await;
         let uid = pod::uid(p).to_string();
-        let ips = pod::ips(p);
+        let ips = ips.to_vec();
         {
             let _gate = self.probe_gate.read().await;
             let (probe_uid, probe_ips) = (uid.clone(), ips.clone());
@@ -334,7 +346,7 @@ impl Mesh {
         if !deleted {
             match cached.as_ref().and_then(|c| c.netns.clone()) {
                 Some(ns) => {
-                    let pod_net = pod::pod_net(p, &ips);
+                    let pod_net = pod::pod_net(p, &pod::ips(p));
                     let result = self
                         .blocking(p, Step::UnprogramPod, move |dp| {
                             dp.unprogram_pod(&ns, &pod_net)
@@ -371,39 +383,18 @@ impl Mesh {
         Ok(())
     }
 
-    /// Writes the `enabled` annotation a `/podadd` enrolment owes, under the pod's lock and only
-    /// while it is still owed (a remove, a pending mark or a later add settles it meanwhile).
-    /// `Ok(true)`: written now; `Ok(false)`: nothing owed.
+    /// Writes the `enabled` annotation a `/podadd` enrolment owes, only while it is still owed
+    /// (a remove, a pending mark or a later add settles it meanwhile). `Ok(true)`: written now;
+    /// `Ok(false)`: nothing owed.
     pub async fn annotate_owed(&self, p: &Pod) -> Result<bool, MeshError> {
-        let _one_at_a_time = self.locks.lock(&describe(p)).await;
         if !self.cache.annotation_owed(pod::uid(p)) {
             return Ok(false);
         }
         self.annotate(p, Redirection::Enabled).await.map(|()| true)
     }
 
-    /// [`Mesh::annotate_owed`] retried with jittered backoff until written, no longer owed,
-    /// the pod gone (404), or `until`; what is still owed then the drift pass writes.
-    pub async fn annotate_owed_with_retries(&self, p: &Pod, policy: RetryPolicy, until: Instant) {
-        let gone = |e: &MeshError| matches!(e, MeshError::Annotate { source, .. } if source.is_not_found());
-        let result = crate::retry::retry_transient(
-            policy,
-            until,
-            |e| !gone(e),
-            |e, delay| warn!(retry_in_ms = delay.as_millis() as u64, "{e}; retrying"),
-            || self.annotate_owed(p),
-        )
-        .await;
-        match result {
-            Ok(_) => {}
-            Err(e) if gone(&e) => debug!("{e}: the pod is gone"),
-            Err(e) => warn!("{e}; left to the drift pass"),
-        }
-    }
-
     /// Puts an enrolled pod's (new) IPs in the probe set again.
     pub async fn reassert_probes(&self, p: &Pod, ips: &[IpAddr]) -> Result<(), MeshError> {
-        let _one_at_a_time = self.locks.lock(&describe(p)).await;
         self.probe_add(p, pod::uid(p), ips).await
     }
 

@@ -3,8 +3,9 @@
 //! Owns: the agent's settings (`settings`), what it reads from pods (`pod`), the pure enrolment
 //! state machine (`machine`), the pod cache that is ztunnel's state of the world (`cache`), the
 //! add/remove steps and their error classes (`mesh`), what it believes of a plugin's `/cmdadd`
-//! (`trust`, pure) and where an add is (`progress`, named in a 504), the keyed work queue fed by the kube
-//! stores (`worker`), the plugin-event server (`server`), the startup sequence and ordered
+//! (`trust`, pure) and where an add is (`progress`, named in a 504), the reconcile of one pod over the
+//! one engine (`crate::reconcile`), fed by the kube stores, the plugin and the drift pass
+//! (`reconciler`), the plugin-event server (`server`), the startup sequence and ordered
 //! shutdown (here), and the drift pass that verifies enrolled pods' rules and the probe set
 //! periodically and heals them (`drift`), and what that pass last found per pod and for the host
 //! rules, served as `/debug/pods` (`status`) with the node's other pods and why each is not
@@ -12,26 +13,25 @@
 //! data plane's (`dataplane`), ZDS is the `zds` room's; the agent reaches both and the API server's annotation
 //! patch through the traits in `ports` (fakes in `testing`, test-only).
 //!
-//! May call: `cli`, `kube`, `retry`, `rules`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`, `zds`.
+//! May call: `cli`, `kube`, `retry`, `reconcile`, `rules`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`, `zds`.
 
 pub mod adapters;
 pub mod cache;
 pub mod dataplane;
 pub mod drift;
-pub mod locks;
 pub mod machine;
 pub mod mesh;
 pub mod node_pods;
 pub mod pod;
 pub mod ports;
 pub mod progress;
+pub mod reconciler;
 pub mod server;
 pub mod settings;
 pub mod status;
 #[cfg(any(test, feature = "test-hooks"))]
 pub mod testing;
 pub mod trust;
-pub mod worker;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -46,8 +46,8 @@ use cache::PodCache;
 use machine::Policy;
 use mesh::Mesh;
 use ports::{Annotator, Dataplane, Ztunnel};
+use reconciler::{Core, PodEngine};
 use settings::Settings;
-use worker::{Core, Worker};
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -79,8 +79,7 @@ pub struct Deps {
 
 /// A running agent.
 pub struct Agent {
-    core: Arc<Core>,
-    worker: Worker,
+    engine: PodEngine,
     shutdown: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -120,15 +119,16 @@ impl Agent {
                 ztunnel: deps.ztunnel,
                 annotator: deps.annotator,
                 cache: Arc::new(PodCache::default()),
-                locks: Default::default(),
                 probe_gate: Default::default(),
             },
             timing: settings.timing,
             metrics: deps.metrics,
             status: Default::default(),
+            requests: Default::default(),
         });
+        let engine = reconciler::engine(core.clone(), shutdown.clone());
         let path = settings.plugin_event_socket();
-        let server = server::serve(path.clone(), core.clone(), deps.serving, shutdown.clone())
+        let server = server::serve(path.clone(), engine.clone(), deps.serving, shutdown.clone())
             .await
             .map_err(|e| AgentError::Socket {
                 path,
@@ -149,20 +149,18 @@ impl Agent {
             "pod and namespace stores synced"
         );
         restore_enrolled(&core, settings.config.reconcile_pod_rules_on_startup).await;
-        let worker = Worker::new(core.clone(), shutdown.clone());
-        let pump = tokio::spawn(worker.clone().pump());
+        let pump = tokio::spawn(reconciler::pump(engine.clone(), shutdown.clone()));
         let mut tasks = vec![server, pump];
         match settings.drift.clone() {
             Some(schedule) => tasks.push(tokio::spawn(drift::run(
-                core.clone(),
+                engine.clone(),
                 schedule,
                 shutdown.clone(),
             ))),
             None => info!("drift verification off (DRIFT_VERIFY_INTERVAL=0)"),
         }
         Ok(Agent {
-            core,
-            worker,
+            engine,
             shutdown,
             tasks,
         })
@@ -170,15 +168,16 @@ impl Agent {
 
     /// The pod cache, ztunnel's state of the world (the ZDS server's snapshot source).
     pub fn pod_cache(&self) -> Arc<PodCache> {
-        self.core.mesh.cache.clone()
+        self.core().mesh.cache.clone()
     }
 
     pub fn core(&self) -> &Arc<Core> {
-        &self.core
+        self.engine.reconciler()
     }
 
-    pub fn worker(&self) -> &Worker {
-        &self.worker
+    /// The engine running the agent's pod work.
+    pub fn engine(&self) -> &PodEngine {
+        &self.engine
     }
 
     /// Ordered shutdown: stop taking plugin events (the socket goes, so the plugin fails ADD

@@ -94,7 +94,7 @@ pub fn node_pod(
 }
 
 /// Every stored pod whose UID is not cached, sorted by namespace and name.
-pub fn not_enrolled(core: &super::worker::Core, cached: &HashSet<String>) -> Vec<NodePod> {
+pub fn not_enrolled(core: &super::reconciler::Core, cached: &HashSet<String>) -> Vec<NodePod> {
     let mut out: Vec<NodePod> = core
         .pods
         .list()

@@ -23,15 +23,14 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::mesh::{PluginAdd, Via};
+use super::mesh::PluginAdd;
 use super::pod;
 use super::progress::{AddStep, Progress};
+use super::reconciler::{Core, PodEngine, Reconciled};
 use super::settings::PLUGIN_EVENT_SOCKET;
-use super::worker::Core;
 use crate::kube::plugin_event::{POD_ADD_PATH, PluginAddEvent, PodAddAnswer, PodAddRequest};
 use crate::kube::pod_facts::{self, PodFactsRequest};
 use crate::kube::stores::{self, pod_key};
-use crate::retry::RetryPolicy;
 use crate::telemetry::metrics::ResponseCodeLabel;
 use crate::telemetry::serve::{self, ConnInfo, Limits, Serving, UnixServer};
 use crate::telemetry::socket::{self, Peer, SocketError};
@@ -44,7 +43,7 @@ const MAX_BODY: usize = 64 * 1024;
 /// socket file is removed when it stops, if it is still ours. Returns the serving task.
 pub async fn serve(
     path: PathBuf,
-    core: Arc<Core>,
+    engine: PodEngine,
     serving: Serving,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, SocketError> {
@@ -53,7 +52,7 @@ pub async fn serve(
         .route("/cmdadd", any(cmd_add))
         .route(POD_ADD_PATH, any(pod_add))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
-        .with_state(core);
+        .with_state(engine);
     info!(path = %path.display(), "plugin-event server listening");
     let limits = Limits::new(serve::MAX_PLUGIN_EVENT_CONNECTIONS, serving.idle_timeout);
     let server = UnixServer {
@@ -69,36 +68,36 @@ pub async fn serve(
 }
 
 async fn cmd_add(
-    State(core): State<Arc<Core>>,
+    State(engine): State<PodEngine>,
     Extension(conn): Extension<ConnInfo>,
     body: Bytes,
 ) -> (StatusCode, String) {
-    root_only(core, conn, "/cmdadd", |core, caller| {
-        handle(core, caller, body)
+    root_only(engine, conn, "/cmdadd", |engine, caller| {
+        handle(engine, caller, body)
     })
     .await
 }
 
 async fn pod_add(
-    State(core): State<Arc<Core>>,
+    State(engine): State<PodEngine>,
     Extension(conn): Extension<ConnInfo>,
     body: Bytes,
 ) -> (StatusCode, String) {
-    root_only(core, conn, POD_ADD_PATH, |core, caller| {
-        handle_pod_add(core, caller, body)
+    root_only(engine, conn, POD_ADD_PATH, |engine, caller| {
+        handle_pod_add(engine, caller, body)
     })
     .await
 }
 
 /// Runs `answer` for a root peer only, and counts the answer's status.
 async fn root_only<F, Fut>(
-    core: Arc<Core>,
+    engine: PodEngine,
     conn: ConnInfo,
     route: &str,
     answer: F,
 ) -> (StatusCode, String)
 where
-    F: FnOnce(Arc<Core>, Peer) -> Fut,
+    F: FnOnce(PodEngine, Peer) -> Fut,
     Fut: std::future::Future<Output = (StatusCode, String)>,
 {
     // The listener already refused non-root peers; this is the second layer (and the caller's
@@ -106,8 +105,9 @@ where
     let peer = conn
         .peer
         .ok_or_else(|| std::io::Error::other("not a Unix socket connection"));
+    let core = engine.reconciler().clone();
     let (status, text) = match socket::root_only(peer) {
-        Ok(caller) => answer(core.clone(), caller).await,
+        Ok(caller) => answer(engine, caller).await,
         Err(message) => {
             warn!("{route} {message}");
             (StatusCode::FORBIDDEN, message)
@@ -122,7 +122,8 @@ where
     (status, text)
 }
 
-async fn handle(core: Arc<Core>, caller: Peer, body: Bytes) -> (StatusCode, String) {
+async fn handle(engine: PodEngine, caller: Peer, body: Bytes) -> (StatusCode, String) {
+    let core = engine.reconciler().clone();
     let event = match PluginAddEvent::decode(&body) {
         Ok(ev) => ev,
         Err(e) => {
@@ -143,7 +144,7 @@ async fn handle(core: Arc<Core>, caller: Peer, body: Bytes) -> (StatusCode, Stri
     let progress = Arc::new(Progress::default());
     let watched = progress.clone();
     let task = tokio::spawn(async move {
-        let result = enrol(&core, &event, progress.clone()).await;
+        let result = enrol(&engine, &event, progress.clone()).await;
         // One line per /cmdadd with who asked and which netns it named (and what that was).
         let inode = progress.netns().map(|id| id.inode);
         match &result {
@@ -202,7 +203,12 @@ async fn outcome_within<T>(
     }
 }
 
-async fn enrol(core: &Core, event: &PluginAddEvent, progress: Arc<Progress>) -> Result<(), String> {
+async fn enrol(
+    engine: &PodEngine,
+    event: &PluginAddEvent,
+    progress: Arc<Progress>,
+) -> Result<(), String> {
+    let core = engine.reconciler();
     let key = pod_key(&event.pod_namespace, &event.pod_name);
     progress.enter(AddStep::WaitingForPodInStore);
     let mut found = core.pods.get(&key);
@@ -230,17 +236,27 @@ async fn enrol(core: &Core, event: &PluginAddEvent, progress: Arc<Progress>) -> 
             "pod {key} unexpectedly not eligible for ambient enrollment"
         ));
     }
-    add_to_mesh(core, event, &p, progress, false).await
+    match add_to_mesh(engine, event, &p, progress, false).await? {
+        Reconciled::Enrolled => Ok(()),
+        _ => Err(format!(
+            "pod {key} unexpectedly not eligible for ambient enrollment"
+        )),
+    }
 }
 
-/// The mesh add of a pod the plugin announced (its netns and IPs still to be verified).
+/// The mesh add of a pod the plugin announced (its netns and IPs still to be verified), as the
+/// next run of the pod's key: it waits for any work on the pod in flight, and its answer is that
+/// run's.
 async fn add_to_mesh(
-    core: &Core,
+    engine: &PodEngine,
     event: &PluginAddEvent,
     p: &Pod,
     progress: Arc<Progress>,
     annotate_after_answer: bool,
-) -> Result<(), String> {
+) -> Result<Reconciled, String> {
+    let core = engine.reconciler();
+    let key = pod_key(&event.pod_namespace, &event.pod_name);
+    progress.enter(AddStep::WaitingForPodLock);
     let add = PluginAdd {
         netns: event.netns.clone(),
         event_ips: event.pod_ips(),
@@ -248,27 +264,21 @@ async fn add_to_mesh(
         progress,
         annotate_after_answer,
     };
-    core.mesh
-        .add_pod(p, &pod::ips(p), Via::Plugin(&add))
-        .await
-        .map_err(|e| e.to_string())
+    core.requests.offer(&key, add);
+    match engine.trigger_and_wait(key.clone()).await {
+        Ok(Ok(done)) => Ok(done),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(stopped) => Err(format!("pod {key}: {stopped}")),
+    }
 }
-
-/// Spacing of the owed annotation's retries, and how long they go on before the drift pass is
-/// left to write it.
-const ANNOTATION_RETRY: RetryPolicy = RetryPolicy {
-    first: std::time::Duration::from_millis(100),
-    max: std::time::Duration::from_secs(5),
-    max_attempts: None,
-};
-const ANNOTATION_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// `/podadd`: the one request of an ambient ADD (issue 22), answered from the agent's stores:
 /// enrolled (200 `enrolled`), not ambient (200 with the pod for the sidecar path), not known to
 /// the stores (200 `unknown`: the plugin asks the API server), or the enrolment's failure (500,
 /// or 504 naming the step within the budget). The `enabled` annotation is written after the
 /// answer, retried, and re-asserted by the drift pass while owed.
-async fn handle_pod_add(core: Arc<Core>, caller: Peer, body: Bytes) -> (StatusCode, String) {
+async fn handle_pod_add(engine: PodEngine, caller: Peer, body: Bytes) -> (StatusCode, String) {
+    let core = engine.reconciler().clone();
     let request = match PodAddRequest::decode(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -304,27 +314,29 @@ async fn handle_pod_add(core: Arc<Core>, caller: Peer, body: Bytes) -> (StatusCo
             });
         }
         let event = &request.event;
-        let result = add_to_mesh(&core, event, &p, progress.clone(), true).await;
+        let result = add_to_mesh(&engine, event, &p, progress.clone(), true).await;
         let inode = progress.netns().map(|id| id.inode);
         let name = pod_key(&event.pod_namespace, &event.pod_name);
         match &result {
-            Ok(()) => {
+            Ok(Reconciled::Enrolled) => {
                 let (took_us, steps_us) =
                     (received.elapsed().as_micros() as u64, progress.timings());
                 info!(caller_pid = caller.pid, caller_uid = caller.uid, pod = %name, netns = event.netns, inode, took_us, steps_us, "{POD_ADD_PATH} done: pod enrolled");
-                let core = core.clone();
-                tokio::spawn(async move {
-                    let until = std::time::Instant::now() + ANNOTATION_RETRY_FOR;
-                    core.mesh
-                        .annotate_owed_with_retries(&p, ANNOTATION_RETRY, until)
-                        .await;
-                });
+                // The owed annotation, off the ADD's path: the pod's next run writes it (and
+                // its retries, until written or no longer owed; the drift pass looks again).
+                engine.trigger(name);
             }
+            Ok(_) => {}
             Err(e) => {
                 warn!(caller_pid = caller.pid, caller_uid = caller.uid, pod = %name, netns = event.netns, inode, "{POD_ADD_PATH} failed: {e}")
             }
         }
-        result.map(|()| PodAddAnswer::Enrolled)
+        result.map(|done| match done {
+            Reconciled::NotAmbient(p) => PodAddAnswer::NotAmbient {
+                pod: Box::new(pod_facts::trim_for_plugin(&p)),
+            },
+            _ => PodAddAnswer::Enrolled,
+        })
     });
     match outcome_within(budget, &pod, &watched, task).await {
         Ok(answer) => (StatusCode::OK, answer.to_json()),

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::pod;
 use super::ports::WorkloadState;
-use super::worker::Core;
+use super::reconciler::Core;
 use crate::kube::stores::pod_key;
 
 /// The shape's version (`version` in the answer): bumped only if a field changes meaning.
