@@ -37,7 +37,7 @@ use super::ports::{Outcome, PortError, ProbeSynced};
 use super::status::CheckResult;
 use super::worker::Core;
 use crate::kube::stores::pod_key;
-use crate::kube::{EventType, PodEvent};
+use crate::kube::{EventRecord, EventType};
 use crate::retry::periodic::Periodic;
 
 /// Event reason: a pod's in-pod rules had drifted and were re-applied.
@@ -383,7 +383,7 @@ fn by_pod(synced: &ProbeSynced) -> BTreeMap<String, Vec<String>> {
 
 /// Records an event on the pod; a failure is logged only (the log line and metric stand).
 async fn post(core: &Core, p: &Pod, event_type: EventType, reason: &str, message: String) {
-    let event = PodEvent {
+    let event = EventRecord {
         event_type,
         reason: reason.to_string(),
         message,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::kube::{KubeClient, KubeError, MetadataPatch, PodEvent, PodPatchVia};
+use crate::kube::{EventRecord, KubeClient, KubeError, MetadataPatch, PodPatchVia};
 use crate::netns::{Netns, NetnsId};
 
 /// A failure of a seam, and whether trying again later may help.
@@ -117,7 +117,7 @@ pub type KubeFuture<'a> = BoxFuture<'a, Result<(), KubeError>>;
 pub trait Annotator: Send + Sync + 'static {
     fn set_redirection<'a>(&'a self, pod: &'a Pod, value: Option<&'a str>) -> KubeFuture<'a>;
     /// Records an event about the pod (source component [`EVENT_COMPONENT`]).
-    fn event<'a>(&'a self, pod: &'a Pod, event: PodEvent) -> KubeFuture<'a>;
+    fn event<'a>(&'a self, pod: &'a Pod, event: EventRecord) -> KubeFuture<'a>;
 }
 
 /// The source component of the agent's events.
@@ -147,7 +147,7 @@ impl Annotator for KubeAnnotator {
         })
     }
 
-    fn event<'a>(&'a self, pod: &'a Pod, event: PodEvent) -> KubeFuture<'a> {
+    fn event<'a>(&'a self, pod: &'a Pod, event: EventRecord) -> KubeFuture<'a> {
         Box::pin(async move {
             self.client
                 .create_pod_event(pod, &event, self.timeout)

@@ -15,7 +15,7 @@ use super::ports::{
     Annotator, Dataplane, KubeFuture, Outcome, PodNet, PortError, PortFuture, ProbeSynced,
     WorkloadInfo, Ztunnel,
 };
-use crate::kube::PodEvent;
+use crate::kube::EventRecord;
 use crate::netns::{Netns, NetnsId};
 
 /// A data plane that only records. `open_netns` opens the path when it exists (else hands out the
@@ -265,7 +265,7 @@ pub struct FakeAnnotator {
     pub failures: AtomicU32,
     pub values: Mutex<BTreeMap<String, String>>,
     pub patches: Mutex<Vec<(String, Option<String>)>>,
-    pub events: Mutex<Vec<(String, PodEvent)>>,
+    pub events: Mutex<Vec<(String, EventRecord)>>,
 }
 
 impl FakeAnnotator {
@@ -277,7 +277,7 @@ impl FakeAnnotator {
         self.patches.lock().clone()
     }
 
-    pub fn events(&self) -> Vec<(String, PodEvent)> {
+    pub fn events(&self) -> Vec<(String, EventRecord)> {
         self.events.lock().clone()
     }
 }
@@ -309,7 +309,7 @@ impl Annotator for FakeAnnotator {
         })
     }
 
-    fn event<'a>(&'a self, pod: &'a Pod, event: PodEvent) -> KubeFuture<'a> {
+    fn event<'a>(&'a self, pod: &'a Pod, event: EventRecord) -> KubeFuture<'a> {
         Box::pin(async move {
             let key = format!("{}/{}", super::pod::namespace(pod), super::pod::name(pod));
             self.events.lock().push((key, event));

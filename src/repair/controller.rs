@@ -23,7 +23,7 @@ use super::effects::ActError;
 use super::{Mode, Timing};
 use crate::apply::pod::Verdict;
 use crate::kube::stores::{PodStore, StoreEvent, Stored};
-use crate::kube::{EventType, PodEvent};
+use crate::kube::{EventRecord, EventType};
 use crate::netns::Netns;
 use crate::sidecar::redirect::CaptureSettings;
 use crate::telemetry::metrics::{Metrics, RepairLabels};
@@ -46,7 +46,7 @@ pub trait Effects: Send + Sync + 'static {
         value: String,
     ) -> BoxFuture<'static, Result<(), ActError>>;
     /// Records an event on the pod.
-    fn event(&self, pod: Arc<Pod>, event: PodEvent) -> BoxFuture<'static, Result<(), ActError>>;
+    fn event(&self, pod: Arc<Pod>, event: EventRecord) -> BoxFuture<'static, Result<(), ActError>>;
     /// The drift pass's read: one /proc scan for every pod of `batch`, then each netns found
     /// verified against the pod's expected rules (nothing written).
     fn verify_pods(&self, batch: Vec<Expected>) -> BoxFuture<'static, Vec<Checked>>;
@@ -116,8 +116,8 @@ fn pod_ref(pod: &Pod) -> String {
 }
 
 /// An event about a pod from the repair room (the controller's and the drift pass's).
-pub(super) fn event(event_type: EventType, reason: &str, message: String) -> PodEvent {
-    PodEvent {
+pub(super) fn event(event_type: EventType, reason: &str, message: String) -> EventRecord {
+    EventRecord {
         event_type,
         reason: reason.to_string(),
         message,

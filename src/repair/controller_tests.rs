@@ -61,7 +61,11 @@ impl Effects for Fake {
         self.record(format!("label {} {key}={value}", pod.key()));
         futures::future::ready(Ok(())).boxed()
     }
-    fn event(&self, _pod: Arc<Pod>, event: PodEvent) -> BoxFuture<'static, Result<(), ActError>> {
+    fn event(
+        &self,
+        _pod: Arc<Pod>,
+        event: EventRecord,
+    ) -> BoxFuture<'static, Result<(), ActError>> {
         self.record(format!(
             "event {:?} {} {}",
             event.event_type, event.reason, event.message
