@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 use super::cache::PodCache;
 use super::locks::PodLocks;
 use super::pod::{self, Redirection};
-use super::ports::{Annotator, Dataplane, PortError, Ztunnel};
+use super::ports::{Annotator, DataplanePort, PortError, Ztunnel};
 use super::progress::{self, AddStep, Progress};
 use super::trust;
 use crate::kube::KubeError;
@@ -104,7 +104,7 @@ pub struct PluginAdd {
 
 /// The add/remove steps over the seams.
 pub struct Mesh {
-    pub dataplane: Arc<dyn Dataplane>,
+    pub dataplane: Arc<dyn DataplanePort>,
     pub ztunnel: Arc<dyn Ztunnel>,
     pub annotator: Arc<dyn Annotator>,
     pub cache: Arc<PodCache>,
@@ -126,7 +126,7 @@ impl Mesh {
         &self,
         p: &Pod,
         step: Step,
-        work: impl FnOnce(&dyn Dataplane) -> Result<T, PortError> + Send + 'static,
+        work: impl FnOnce(&dyn DataplanePort) -> Result<T, PortError> + Send + 'static,
     ) -> Result<T, MeshError> {
         let dp = self.dataplane.clone();
         let port = |step, source| MeshError::Port {

@@ -23,7 +23,7 @@ struct Slow {
     rendezvous: AtomicBool,
 }
 
-impl Dataplane for Slow {
+impl DataplanePort for Slow {
     fn open_netns(&self, path: &str) -> Result<Netns, PortError> {
         self.inner.open_netns(path)
     }

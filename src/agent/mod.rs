@@ -45,7 +45,7 @@ use crate::kube::{KubeClient, WatchBackoff};
 use cache::PodCache;
 use machine::Policy;
 use mesh::Mesh;
-use ports::{Annotator, Dataplane, Ztunnel};
+use ports::{Annotator, DataplanePort, Ztunnel};
 use settings::Settings;
 use worker::{Core, Worker};
 
@@ -68,7 +68,7 @@ pub enum AgentError {
 
 /// The agent's seams.
 pub struct Deps {
-    pub dataplane: Arc<dyn Dataplane>,
+    pub dataplane: Arc<dyn DataplanePort>,
     pub ztunnel: Arc<dyn Ztunnel>,
     pub annotator: Arc<dyn Annotator>,
     /// Where the agent's counters go (install-cni's registry).

@@ -49,7 +49,7 @@ pub use crate::apply::sidecar::Outcome;
 
 /// In-pod rules, the host probe set and netns lookup. Blocking calls: the agent runs them on
 /// the blocking pool.
-pub trait Dataplane: Send + Sync + 'static {
+pub trait DataplanePort: Send + Sync + 'static {
     /// Opens the netns the runtime named (`CNI_NETNS`), under the host prefix.
     fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, PortError>;
     /// The namespaces no pod may claim, each with a label for messages: the agent's own and the

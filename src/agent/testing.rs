@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::Notify;
 
 use super::ports::{
-    Annotator, Dataplane, KubeFuture, Outcome, PodNet, PortError, PortFuture, ProbeSynced,
+    Annotator, DataplanePort, KubeFuture, Outcome, PodNet, PortError, PortFuture, ProbeSynced,
     WorkloadInfo, Ztunnel,
 };
 use crate::kube::EventRecord;
@@ -78,7 +78,7 @@ impl FakeDataplane {
     }
 }
 
-impl Dataplane for FakeDataplane {
+impl DataplanePort for FakeDataplane {
     fn open_netns(&self, path: &str) -> Result<Netns, PortError> {
         self.record(format!("open {path}"));
         if std::path::Path::new(path).exists() {
