@@ -45,7 +45,7 @@ impl ports::DataplanePort for Dataplane {
         Dataplane::find_netns(self, wanted)
     }
 
-    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<ports::Outcome, PortError> {
+    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<ports::RuleChange, PortError> {
         Dataplane::program_pod(self, netns, pod).map_err(dataplane_error)
     }
 

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::pod;
-use super::ports::{Outcome, PortError, ProbeSynced};
+use super::ports::{PortError, ProbeSynced, RuleChange};
 use super::status::CheckResult;
 use super::worker::Core;
 use crate::kube::stores::pod_key;
@@ -58,16 +58,16 @@ pub enum Verdict {
     /// The netns held exactly the planned rules; nothing was written.
     InPlace,
     /// The rules differed and were written (how).
-    Healed(Outcome),
+    Healed(RuleChange),
     /// Programming failed (why).
     Failed(String),
 }
 
 /// Pure: any outcome but `AlreadyApplied` means the netns differed from the plan and was
 /// rewritten.
-pub fn judge(result: &Result<Outcome, PortError>) -> Verdict {
+pub fn judge(result: &Result<RuleChange, PortError>) -> Verdict {
     match result {
-        Ok(Outcome::AlreadyApplied) => Verdict::InPlace,
+        Ok(RuleChange::AlreadyApplied) => Verdict::InPlace,
         Ok(outcome) => Verdict::Healed(outcome.clone()),
         Err(e) => Verdict::Failed(e.to_string()),
     }

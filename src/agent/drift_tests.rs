@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::*;
 use crate::agent::cache::PodCache;
-use crate::agent::machine::Policy;
+use crate::agent::machine::EnrolmentPolicy;
 use crate::agent::mesh::Mesh;
 use crate::agent::settings::Timing;
 use crate::agent::status::CheckResult;
@@ -48,7 +48,7 @@ fn rig() -> Rig {
     let core = Arc::new(Core {
         pods: PodStore::new(),
         namespaces: NamespaceStore::new(),
-        policy: Policy::new(&[], &[], "istio-system").unwrap(),
+        policy: EnrolmentPolicy::new(&[], &[], "istio-system").unwrap(),
         mesh: Mesh {
             dataplane: dp.clone(),
             ztunnel: Arc::new(FakeZtunnel::default()),
@@ -104,7 +104,7 @@ impl Rig {
 
 #[test]
 fn only_a_write_is_a_heal() {
-    use Outcome::*;
+    use RuleChange::*;
     assert_eq!(judge(&Ok(AlreadyApplied)), Verdict::InPlace);
     for written in [Applied, AppliedOverNetlink, Reconciled] {
         assert_eq!(judge(&Ok(written.clone())), Verdict::Healed(written));

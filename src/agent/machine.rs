@@ -13,19 +13,19 @@ use crate::kube::selector::enablement::{Enablement, EnablementSelector, NotSelec
 
 /// Who is enrolled: the enablement selectors, excluded namespaces, and which pods are ztunnel.
 #[derive(Debug, Clone)]
-pub struct Policy {
+pub struct EnrolmentPolicy {
     pub enablement: Enablement,
     pub exclude_namespaces: HashSet<String>,
     pub system_namespace: String,
 }
 
-impl Policy {
+impl EnrolmentPolicy {
     pub fn new(
         selectors: &[EnablementSelector],
         exclude_namespaces: &[String],
         system_namespace: &str,
     ) -> Result<Self, SelectorError> {
-        Ok(Policy {
+        Ok(EnrolmentPolicy {
             enablement: Enablement::compile(selectors)?,
             exclude_namespaces: exclude_namespaces.iter().cloned().collect(),
             system_namespace: system_namespace.to_string(),
@@ -139,7 +139,7 @@ pub fn decide(
     event: &PodEvent,
     current: Option<&Arc<Pod>>,
     namespace_labels: Option<&BTreeMap<String, String>>,
-    policy: &Policy,
+    policy: &EnrolmentPolicy,
 ) -> Action {
     match event {
         PodEvent::Delete(gone) => {
@@ -234,7 +234,7 @@ pub enum NotEnrolled {
 pub fn not_enrolled(
     stored: &Arc<Pod>,
     namespace_labels: Option<&BTreeMap<String, String>>,
-    policy: &Policy,
+    policy: &EnrolmentPolicy,
 ) -> NotEnrolled {
     let event = PodEvent::Update {
         old: stored.clone(),
@@ -315,7 +315,7 @@ impl NotEnrolled {
 pub fn namespace_reevaluates(
     old: Option<&BTreeMap<String, String>>,
     new: &BTreeMap<String, String>,
-    policy: &Policy,
+    policy: &EnrolmentPolicy,
 ) -> bool {
     match old {
         None => true,
@@ -326,7 +326,7 @@ pub fn namespace_reevaluates(
 }
 
 /// The events a namespace re-evaluation queues: an update (old = new) per pod, ztunnel excepted.
-pub fn reevaluation_events(pods: &[Arc<Pod>], policy: &Policy) -> Vec<PodEvent> {
+pub fn reevaluation_events(pods: &[Arc<Pod>], policy: &EnrolmentPolicy) -> Vec<PodEvent> {
     pods.iter()
         .filter(|p| !pod::is_ztunnel(p, &policy.system_namespace))
         .map(|p| PodEvent::Update {
@@ -337,7 +337,7 @@ pub fn reevaluation_events(pods: &[Arc<Pod>], policy: &Policy) -> Vec<PodEvent> 
 }
 
 /// The startup snapshot (§3.2): fully enrolled pods, not ztunnel, not terminal.
-pub fn in_snapshot(pod: &Pod, policy: &Policy) -> bool {
+pub fn in_snapshot(pod: &Pod, policy: &EnrolmentPolicy) -> bool {
     pod::redirection(pod) == Redirection::Enabled
         && !pod::is_ztunnel(pod, &policy.system_namespace)
         && !pod::is_terminal(pod)

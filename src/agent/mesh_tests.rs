@@ -47,7 +47,7 @@ impl DataplanePort for Slow {
         &self,
         netns: &Netns,
         pod: &crate::agent::ports::PodNet,
-    ) -> Result<crate::agent::ports::Outcome, PortError> {
+    ) -> Result<crate::agent::ports::RuleChange, PortError> {
         let now = self.in_flight[&pod.uid].fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);
         let all = self.overall.fetch_add(1, Ordering::SeqCst) + 1;

@@ -43,7 +43,7 @@ use tracing::{info, warn};
 use crate::kube::stores::{self, PodStore, SyncError};
 use crate::kube::{KubeClient, WatchBackoff};
 use cache::PodCache;
-use machine::Policy;
+use machine::EnrolmentPolicy;
 use mesh::Mesh;
 use ports::{Annotator, DataplanePort, Ztunnel};
 use settings::Settings;
@@ -102,7 +102,7 @@ impl Agent {
         if settings.config.node_name.is_empty() {
             return Err(AgentError::NoNodeName);
         }
-        let policy = Policy::new(
+        let policy = EnrolmentPolicy::new(
             &settings.enablement_selectors,
             &settings.exclude_namespaces,
             &settings.config.system_namespace,

@@ -45,7 +45,7 @@ pub use super::dataplane::PodNet;
 pub use super::dataplane::ProbeSynced;
 /// What programming a pod did: `AlreadyApplied` when the netns held exactly the rules (nothing
 /// written), anything else when it had to write (the apply room's one outcome type).
-pub use crate::apply::sidecar::Outcome;
+pub use crate::apply::sidecar::RuleChange;
 
 /// In-pod rules, the host probe set and netns lookup. Blocking calls: the agent runs them on
 /// the blocking pool.
@@ -63,8 +63,8 @@ pub trait DataplanePort: Send + Sync + 'static {
     /// The /proc scan (§3.8): pod UID -> its netns, for the wanted pods (UID -> IPs).
     fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns>;
     /// In-pod rules and routes; idempotent and atomic. Reads the netns first: an unchanged pod
-    /// is not written (`Outcome::AlreadyApplied`).
-    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<Outcome, PortError>;
+    /// is not written (`RuleChange::AlreadyApplied`).
+    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<RuleChange, PortError>;
     fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError>;
     /// Adds (replacing other owners of the same IP) the pod's IPs to the probe set.
     fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError>;

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::Notify;
 
 use super::ports::{
-    Annotator, DataplanePort, KubeFuture, Outcome, PodNet, PortError, PortFuture, ProbeSynced,
+    Annotator, DataplanePort, KubeFuture, PodNet, PortError, PortFuture, ProbeSynced, RuleChange,
     WorkloadInfo, Ztunnel,
 };
 use crate::kube::EventRecord;
@@ -120,7 +120,7 @@ impl DataplanePort for FakeDataplane {
             .collect()
     }
 
-    fn program_pod(&self, _netns: &Netns, pod: &PodNet) -> Result<Outcome, PortError> {
+    fn program_pod(&self, _netns: &Netns, pod: &PodNet) -> Result<RuleChange, PortError> {
         self.record(format!("program {}", pod.uid));
         if self.fail_program.load(Ordering::SeqCst) {
             return Err(PortError::permanent("injected in-pod programming failure"));
@@ -128,9 +128,9 @@ impl DataplanePort for FakeDataplane {
         let first = self.programmed.lock().insert(pod.uid.clone());
         let drifted = self.drifted.lock().remove(&pod.uid);
         Ok(if first || drifted {
-            Outcome::Applied
+            RuleChange::Applied
         } else {
-            Outcome::AlreadyApplied
+            RuleChange::AlreadyApplied
         })
     }
 

@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
-use super::machine::{self, Action, PodEvent, Policy};
+use super::machine::{self, Action, EnrolmentPolicy, PodEvent};
 use super::mesh::Mesh;
 use super::pod;
 use super::settings::Timing;
@@ -25,7 +25,7 @@ use crate::telemetry::metrics::{EventTypeLabel, Metrics};
 pub struct Core {
     pub pods: PodStore,
     pub namespaces: NamespaceStore,
-    pub policy: Policy,
+    pub policy: EnrolmentPolicy,
     pub mesh: Mesh,
     pub timing: Timing,
     /// `istio_cni_plugin_requests_total`, `nodeagent_reconcile_events_total`.

@@ -48,7 +48,7 @@ fn rig() -> Rig {
     let core = Arc::new(Core {
         pods: PodStore::new(),
         namespaces: NamespaceStore::new(),
-        policy: Policy::new(&selectors(), &[], "istio-system").unwrap(),
+        policy: EnrolmentPolicy::new(&selectors(), &[], "istio-system").unwrap(),
         mesh: Mesh {
             dataplane: dp.clone(),
             ztunnel: zt.clone(),

@@ -332,12 +332,12 @@ fn modes_follow_istio_precedence_and_the_policy_gives_up_on_permanent_errors() {
     let t = fast();
     assert!(matches!(
         error_policy(&ActError::NoIp, 1, &t),
-        Policy::RetryAfter(d) if d <= Duration::from_millis(2)
+        AfterFailure::RetryAfter(d) if d <= Duration::from_millis(2)
     ));
-    assert_eq!(error_policy(&ActError::NoIp, 5, &t), Policy::GiveUp);
+    assert_eq!(error_policy(&ActError::NoIp, 5, &t), AfterFailure::GiveUp);
     assert_eq!(
         error_policy(&ActError::Task("x".into()), 1, &t),
-        Policy::GiveUp
+        AfterFailure::GiveUp
     );
 }
 
