@@ -54,7 +54,7 @@ pub const KIND_HOST_RULES: &str = "host_rules";
 
 /// What one pod's program call means for the pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum DriftFinding {
     /// The netns held exactly the planned rules; nothing was written.
     InPlace,
     /// The rules differed and were written (how).
@@ -65,11 +65,11 @@ pub enum Verdict {
 
 /// Pure: any outcome but `AlreadyApplied` means the netns differed from the plan and was
 /// rewritten.
-pub fn judge(result: &Result<RuleChange, PortError>) -> Verdict {
+pub fn judge(result: &Result<RuleChange, PortError>) -> DriftFinding {
     match result {
-        Ok(RuleChange::AlreadyApplied) => Verdict::InPlace,
-        Ok(outcome) => Verdict::Healed(outcome.clone()),
-        Err(e) => Verdict::Failed(e.to_string()),
+        Ok(RuleChange::AlreadyApplied) => DriftFinding::InPlace,
+        Ok(outcome) => DriftFinding::Healed(outcome.clone()),
+        Err(e) => DriftFinding::Failed(e.to_string()),
     }
 }
 
@@ -195,9 +195,9 @@ pub async fn pass(core: &Core, reported: &mut Reported, stop: &CancellationToken
             Some((p, verdict)) => {
                 summary.verified += 1;
                 match &verdict {
-                    Verdict::InPlace => {}
-                    Verdict::Healed(_) => summary.healed += 1,
-                    Verdict::Failed(_) => summary.failed += 1,
+                    DriftFinding::InPlace => {}
+                    DriftFinding::Healed(_) => summary.healed += 1,
+                    DriftFinding::Failed(_) => summary.failed += 1,
                 }
                 report_pod(core, reported, &p, &uid, verdict).await;
             }
@@ -222,7 +222,7 @@ async fn reassert_annotation(core: &Core, uid: &str, key: &str) {
 }
 
 /// Programs one pod under its lock; None when it is no longer there to verify.
-async fn verify_pod(core: &Core, uid: &str, key: &str) -> Option<(Arc<Pod>, Verdict)> {
+async fn verify_pod(core: &Core, uid: &str, key: &str) -> Option<(Arc<Pod>, DriftFinding)> {
     let current = || core.pods.get(key).filter(|p| pod::uid(p) == uid);
     current()?;
     let _one_at_a_time = core.mesh.locks.lock(key).await;
@@ -238,12 +238,18 @@ async fn verify_pod(core: &Core, uid: &str, key: &str) -> Option<(Arc<Pod>, Verd
     Some((p, judge(&result)))
 }
 
-async fn report_pod(core: &Core, reported: &mut Reported, p: &Pod, uid: &str, verdict: Verdict) {
+async fn report_pod(
+    core: &Core,
+    reported: &mut Reported,
+    p: &Pod,
+    uid: &str,
+    verdict: DriftFinding,
+) {
     let name = pod_key(pod::namespace(p), pod::name(p));
     core.status.pod_checked(uid, check_result(&verdict));
     match verdict {
-        Verdict::InPlace => reported.pod_ok(uid),
-        Verdict::Healed(outcome) => {
+        DriftFinding::InPlace => reported.pod_ok(uid),
+        DriftFinding::Healed(outcome) => {
             reported.pod_ok(uid);
             warn!(pod = %name, uid, %outcome, "in-pod redirection rules had drifted from the expected ones; re-applied");
             core.metrics.drift(KIND_RULES, true);
@@ -252,7 +258,7 @@ async fn report_pod(core: &Core, reported: &mut Reported, p: &Pod, uid: &str, ve
             );
             post(core, p, EventType::Normal, REASON_RULES_REPAIRED, message).await;
         }
-        Verdict::Failed(cause) => {
+        DriftFinding::Failed(cause) => {
             if !reported.pod_failed(uid) {
                 debug!(pod = %name, uid, "in-pod rules still cannot be verified: {cause}");
                 return;
@@ -268,13 +274,13 @@ async fn report_pod(core: &Core, reported: &mut Reported, p: &Pod, uid: &str, ve
 }
 
 /// What `/debug/pods` shows for a pod's verdict.
-fn check_result(verdict: &Verdict) -> CheckResult {
+fn check_result(verdict: &DriftFinding) -> CheckResult {
     match verdict {
-        Verdict::InPlace => CheckResult::InPlace,
-        Verdict::Healed(outcome) => CheckResult::Repaired {
+        DriftFinding::InPlace => CheckResult::InPlace,
+        DriftFinding::Healed(outcome) => CheckResult::Repaired {
             what: format!("in-pod rules re-applied ({outcome})"),
         },
-        Verdict::Failed(error) => CheckResult::Failed {
+        DriftFinding::Failed(error) => CheckResult::Failed {
             error: error.clone(),
         },
     }

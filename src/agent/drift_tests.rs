@@ -12,7 +12,7 @@ use super::*;
 use crate::agent::cache::PodCache;
 use crate::agent::machine::EnrolmentPolicy;
 use crate::agent::mesh::Mesh;
-use crate::agent::settings::Timing;
+use crate::agent::settings::AgentTiming;
 use crate::agent::status::CheckResult;
 use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel};
 use crate::kube::stores::{NamespaceStore, PodStore};
@@ -57,7 +57,7 @@ fn rig() -> Rig {
             locks: Default::default(),
             probe_gate: Default::default(),
         },
-        timing: Timing::default(),
+        timing: AgentTiming::default(),
         metrics: Default::default(),
         status: Default::default(),
     });
@@ -105,12 +105,15 @@ impl Rig {
 #[test]
 fn only_a_write_is_a_heal() {
     use RuleChange::*;
-    assert_eq!(judge(&Ok(AlreadyApplied)), Verdict::InPlace);
+    assert_eq!(judge(&Ok(AlreadyApplied)), DriftFinding::InPlace);
     for written in [Applied, AppliedOverNetlink, Reconciled] {
-        assert_eq!(judge(&Ok(written.clone())), Verdict::Healed(written));
+        assert_eq!(judge(&Ok(written.clone())), DriftFinding::Healed(written));
     }
     let failed = judge(&Err(PortError::permanent("iptables-restore: exit 2")));
-    assert_eq!(failed, Verdict::Failed("iptables-restore: exit 2".into()));
+    assert_eq!(
+        failed,
+        DriftFinding::Failed("iptables-restore: exit 2".into())
+    );
 }
 
 #[test]

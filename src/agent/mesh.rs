@@ -22,7 +22,7 @@ use crate::retry::RetryPolicy;
 
 /// Which step of an add or remove failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub enum MeshStep {
     FindNetns,
     ProgramPod,
     Ztunnel,
@@ -38,7 +38,7 @@ pub enum MeshError {
     #[error("pod {pod}: {step:?} failed: {source}")]
     Port {
         pod: String,
-        step: Step,
+        step: MeshStep,
         #[source]
         source: PortError,
     },
@@ -63,7 +63,7 @@ impl MeshError {
     pub fn is_retryable(&self) -> bool {
         match self {
             MeshError::Port { step, source, .. } => match step {
-                Step::FindNetns | Step::ProgramPod => false,
+                MeshStep::FindNetns | MeshStep::ProgramPod => false,
                 _ => source.retryable,
             },
             MeshError::Annotate { .. } => true,
@@ -125,7 +125,7 @@ impl Mesh {
     async fn blocking<T: Send + 'static>(
         &self,
         p: &Pod,
-        step: Step,
+        step: MeshStep,
         work: impl FnOnce(&dyn DataplanePort) -> Result<T, PortError> + Send + 'static,
     ) -> Result<T, MeshError> {
         let dp = self.dataplane.clone();
@@ -137,7 +137,7 @@ impl Mesh {
         match tokio::task::spawn_blocking(move || work(dp.as_ref())).await {
             Ok(result) => result.map_err(|e| port(step, e)),
             Err(join) => Err(port(
-                Step::Blocking,
+                MeshStep::Blocking,
                 PortError::retryable(format!("data-plane task failed: {join}")),
             )),
         }
@@ -177,9 +177,11 @@ impl Mesh {
         progress::enter(progress, AddStep::ProgrammingRules);
         let pod_net = pod::pod_net(p, &ips);
         let ns = netns.clone();
-        self.blocking(p, Step::ProgramPod, move |dp| dp.program_pod(&ns, &pod_net))
-            .await
-            .map_err(undo)?;
+        self.blocking(p, MeshStep::ProgramPod, move |dp| {
+            dp.program_pod(&ns, &pod_net)
+        })
+        .await
+        .map_err(undo)?;
         let netns = self.cache.upsert(&uid, info.clone(), netns);
         progress::enter(progress, AddStep::WaitingForZtunnelAck);
         if let Err(source) = self.ztunnel.add_workload(uid.clone(), info, netns).await {
@@ -188,7 +190,7 @@ impl Mesh {
             self.annotate(p, Redirection::Pending).await?;
             return Err(MeshError::Port {
                 pod: describe(p),
-                step: Step::Ztunnel,
+                step: MeshStep::Ztunnel,
                 source,
             });
         }
@@ -224,7 +226,7 @@ impl Mesh {
         let cached = self.cache.netns(&uid);
         let alive = match cached.clone() {
             Some(ns) => {
-                self.blocking(p, Step::FindNetns, move |dp| Ok(dp.netns_alive(&ns)))
+                self.blocking(p, MeshStep::FindNetns, move |dp| Ok(dp.netns_alive(&ns)))
                     .await?
             }
             None => false,
@@ -247,7 +249,7 @@ impl Mesh {
         } else {
             let path = add.netns.clone();
             let opened = self
-                .blocking(p, Step::FindNetns, move |dp| dp.open_netns(&path))
+                .blocking(p, MeshStep::FindNetns, move |dp| dp.open_netns(&path))
                 .await?;
             match &cached {
                 // The same namespace: the handle already held is kept.
@@ -260,7 +262,7 @@ impl Mesh {
         let claimed: Vec<IpAddr> = add.event_ips.iter().chain(ips).copied().collect();
         let (ns, pod_net) = (offered.clone(), pod::pod_net(p, &claimed));
         let (reserved, held) = self
-            .blocking(p, Step::FindNetns, move |dp| {
+            .blocking(p, MeshStep::FindNetns, move |dp| {
                 Ok((dp.reserved_netns(), dp.netns_addresses(&ns, &pod_net)?))
             })
             .await?;
@@ -301,7 +303,7 @@ impl Mesh {
         let uid = pod::uid(p).to_string();
         let wanted = std::collections::HashMap::from([(uid.clone(), ips.to_vec())]);
         let mut found = self
-            .blocking(p, Step::FindNetns, move |dp| Ok(dp.find_netns(&wanted)))
+            .blocking(p, MeshStep::FindNetns, move |dp| Ok(dp.find_netns(&wanted)))
             .await?;
         match found.remove(&uid) {
             Some(ns) => Ok(Arc::new(ns)),
@@ -324,7 +326,7 @@ impl Mesh {
         {
             let _gate = self.probe_gate.read().await;
             let (probe_uid, probe_ips) = (uid.clone(), ips.clone());
-            self.blocking(p, Step::ProbeSet, move |dp| {
+            self.blocking(p, MeshStep::ProbeSet, move |dp| {
                 dp.probe_remove(&probe_uid, &probe_ips)
             })
             .await?;
@@ -336,7 +338,7 @@ impl Mesh {
                 Some(ns) => {
                     let pod_net = pod::pod_net(p, &ips);
                     let result = self
-                        .blocking(p, Step::UnprogramPod, move |dp| {
+                        .blocking(p, MeshStep::UnprogramPod, move |dp| {
                             dp.unprogram_pod(&ns, &pod_net)
                         })
                         .await;
@@ -356,7 +358,7 @@ impl Mesh {
             .await
             .map_err(|source| MeshError::Port {
                 pod: describe(p),
-                step: Step::Ztunnel,
+                step: MeshStep::Ztunnel,
                 source,
             })?;
         if !deleted || terminal {
@@ -412,7 +414,7 @@ impl Mesh {
     async fn probe_add(&self, p: &Pod, uid: &str, ips: &[IpAddr]) -> Result<(), MeshError> {
         let _gate = self.probe_gate.read().await;
         let (probe_uid, probe_ips) = (uid.to_string(), ips.to_vec());
-        self.blocking(p, Step::ProbeSet, move |dp| {
+        self.blocking(p, MeshStep::ProbeSet, move |dp| {
             dp.probe_add(&probe_uid, &probe_ips)
         })
         .await?;

@@ -17,7 +17,7 @@ use tracing::{debug, error, warn};
 use super::machine::{self, Action, EnrolmentPolicy, PodEvent};
 use super::mesh::Mesh;
 use super::pod;
-use super::settings::Timing;
+use super::settings::AgentTiming;
 use crate::kube::stores::{self, NamespaceStore, PodStore, StoreEvent};
 use crate::telemetry::metrics::{EventTypeLabel, Metrics};
 
@@ -27,7 +27,7 @@ pub struct Core {
     pub namespaces: NamespaceStore,
     pub policy: EnrolmentPolicy,
     pub mesh: Mesh,
-    pub timing: Timing,
+    pub timing: AgentTiming,
     /// `istio_cni_plugin_requests_total`, `nodeagent_reconcile_events_total`.
     pub metrics: Metrics,
     /// The drift pass's last results (`/debug/pods`).

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::*;
 use crate::agent::cache::PodCache;
-use crate::agent::settings::Timing;
+use crate::agent::settings::AgentTiming;
 use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel};
 use crate::kube::RetryPolicy;
 use crate::kube::selector::enablement::EnablementSelector;
@@ -30,14 +30,14 @@ fn selectors() -> Vec<EnablementSelector> {
     .unwrap()
 }
 
-fn timing() -> Timing {
-    Timing {
+fn timing() -> AgentTiming {
+    AgentTiming {
         retry: RetryPolicy {
             first: Duration::from_millis(2),
             max: Duration::from_millis(20),
             max_attempts: None,
         },
-        ..Timing::default()
+        ..AgentTiming::default()
     }
 }
 

@@ -66,7 +66,7 @@ pub const SIDECAR_NFT_TABLES: &str = "istio-proxy-";
 
 /// What [`verify`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum NetnsCheck {
     /// Exactly the rules [`program`] would leave.
     InPlace,
     /// Rules of ours, but not those: `what` names the first difference.
@@ -147,7 +147,7 @@ pub fn verify(
     target: Target<'_>,
     cfg: &CaptureConfig,
     opts: &PodOptions,
-) -> Result<Verdict, PodError> {
+) -> Result<NetnsCheck, PodError> {
     cfg.validate()?;
     let mut cfg = cfg.clone();
     let opts = opts.clone();
@@ -172,9 +172,9 @@ pub fn verify(
                 let mut exec = ProcessExecutor::entering(userns);
                 let actual = nft::our_listing(&mut exec, SIDECAR_NFT_TABLES)?;
                 match nft::listing_difference(&expected, &actual) {
-                    None => Verdict::InPlace,
-                    Some(_) if actual.is_empty() => Verdict::Absent,
-                    Some(what) => Verdict::Drifted { what },
+                    None => NetnsCheck::InPlace,
+                    Some(_) if actual.is_empty() => NetnsCheck::Absent,
+                    Some(what) => NetnsCheck::Drifted { what },
                 }
             }
         };

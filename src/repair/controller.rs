@@ -20,8 +20,8 @@ use tracing::{debug, error, info, warn};
 
 use super::detect::Detection;
 use super::effects::ActError;
-use super::{Mode, Timing};
-use crate::apply::pod::Verdict;
+use super::{Mode, RepairTiming};
+use crate::apply::pod::NetnsCheck;
 use crate::kube::stores::{PodStore, StoreEvent, Stored};
 use crate::kube::{EventRecord, EventType};
 use crate::netns::Netns;
@@ -72,7 +72,7 @@ pub struct Checked {
     pub uid: String,
     /// The netns (kept for the heal) and the verdict; `ActError::NetnsNotFound` when the scan
     /// found no netns of the pod.
-    pub result: Result<(Arc<Netns>, Verdict), ActError>,
+    pub result: Result<(Arc<Netns>, NetnsCheck), ActError>,
 }
 
 /// A running pod the drift pass hands to the controller's policy: its redirect derivation changed
@@ -102,7 +102,7 @@ pub enum AfterFailure {
 
 /// The error policy: permanent errors and the last attempt give up; transient ones are retried
 /// with the jittered doubling delay of the `retry` room. `attempt` counts from 1.
-pub fn error_policy(err: &ActError, attempt: u32, timing: &Timing) -> AfterFailure {
+pub fn error_policy(err: &ActError, attempt: u32, timing: &RepairTiming) -> AfterFailure {
     let max = timing.retry.max_attempts.unwrap_or(u32::MAX);
     if err.is_permanent() || attempt >= max {
         AfterFailure::GiveUp
@@ -203,7 +203,7 @@ pub struct Controller<E: ?Sized> {
     pub mode: Mode,
     pub effects: Arc<E>,
     pub metrics: Metrics,
-    pub timing: Timing,
+    pub timing: RepairTiming,
 }
 
 /// The result of one attempt, sent back to the loop.

@@ -15,7 +15,7 @@ type RepairFn = dyn Fn(u32) -> Result<bool, ActError> + Send + Sync;
 pub(crate) struct Fake {
     calls: Mutex<Vec<String>>,
     repair: Box<RepairFn>,
-    pub(crate) verdicts: Mutex<std::collections::HashMap<String, Verdict>>,
+    pub(crate) verdicts: Mutex<std::collections::HashMap<String, NetnsCheck>>,
     pub(crate) heal_fails: Mutex<std::collections::HashSet<String>>,
 }
 
@@ -99,7 +99,7 @@ impl Effects for Fake {
             self.verdicts
                 .lock()
                 .unwrap()
-                .insert(e.uid.clone(), Verdict::InPlace);
+                .insert(e.uid.clone(), NetnsCheck::InPlace);
             Ok(())
         };
         futures::future::ready(result).boxed()
@@ -123,8 +123,8 @@ fn broken_pod(name: &str, uid: &str, rv: &str) -> Pod {
     .unwrap()
 }
 
-fn fast() -> Timing {
-    Timing {
+fn fast() -> RepairTiming {
+    RepairTiming {
         kube_call_timeout: Duration::from_secs(1),
         retry: RetryPolicy {
             first: Duration::from_millis(2),

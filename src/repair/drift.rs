@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::controller::{Effects, Expected, HandOff, event};
-use crate::apply::pod::Verdict;
+use crate::apply::pod::NetnsCheck;
 use crate::kube::stores::{PodStore, Stored, pod_ips};
 use crate::kube::{EventRecord, EventType};
 use crate::retry::periodic::{Kick, Periodic};
@@ -291,10 +291,10 @@ impl<E: Effects + ?Sized> DriftPass<E> {
                 continue;
             };
             let outcome = match checked.result {
-                Ok((_, Verdict::InPlace)) => PodOutcome::InPlace,
+                Ok((_, NetnsCheck::InPlace)) => PodOutcome::InPlace,
                 Ok((netns, verdict)) => {
                     let what = match verdict {
-                        Verdict::Drifted { what } => what,
+                        NetnsCheck::Drifted { what } => what,
                         _ => "no rules of ours at all".to_string(),
                     };
                     match self.effects.heal(netns, exp.clone()).await {
