@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use istio_cni::agent::ports::{ANN_REDIRECTION, KubeAnnotator};
-use istio_cni::agent::settings::{AgentConfig, Settings, Timing};
+use istio_cni::agent::settings::{AgentConfig, AgentTiming, Settings};
 use istio_cni::agent::testing::{FakeDataplane, FakeZtunnel};
 use istio_cni::agent::{Agent, Deps};
 use istio_cni::kube::KubeClient;
@@ -79,9 +79,9 @@ fn settings(run_dir: PathBuf) -> Settings {
         native_nftables: false,
         host_proc_dir: "/proc".into(),
         pod_namespace: "istio-system".into(),
-        timing: Timing {
+        timing: AgentTiming {
             sync_timeout: T,
-            ..Timing::default()
+            ..AgentTiming::default()
         },
         drift: None,
     }

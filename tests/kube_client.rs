@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use istio_cni::kube::{
-    EventType, KubeClient, KubeError, MetadataPatch, PodEvent, PodPatchVia, PodPreconditions,
+    EventRecord, EventType, KubeClient, KubeError, MetadataPatch, PodPatchVia, PodPreconditions,
     Selectors, WatchBackoff, WatchError, WatchEvent, WatchStream, pod_preconditions,
 };
 use istio_cni_testing::apiserver::{Fault, TestApiServer};
@@ -191,7 +191,7 @@ async fn get_list_patch_and_delete_through_the_written_kubeconfig() {
     assert!(f.server.pod("ns1", "a").is_none());
 
     // The repair controller's event about what it did.
-    let event = PodEvent {
+    let event = EventRecord {
         event_type: EventType::Warning,
         reason: "DeleteBrokenPod".into(),
         message: "pod detected as broken, deleted".into(),
@@ -770,7 +770,7 @@ async fn names_that_are_not_kubernetes_names_never_reach_the_server() {
          character '.' at offset 0 is not allowed (only ASCII letters, digits, '-' and, in pod names, '.')"
     );
     let bad_event_pod = pod("a/b", "p", "n1");
-    let event = PodEvent {
+    let event = EventRecord {
         event_type: EventType::Warning,
         reason: "R".into(),
         message: "m".into(),

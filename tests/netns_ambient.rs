@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use istio_cni::agent::dataplane::{Dataplane, DataplaneSettings, PodNet};
-use istio_cni::apply::sidecar::Outcome;
+use istio_cni::apply::sidecar::RuleChange;
 use istio_cni::rules::ambient::{AmbientConfig, PodOverrides};
 use support::{Netns as TestNetns, PodAndServer, accept_within, require_tool};
 
@@ -181,7 +181,7 @@ fn inpod_iptables_equals_the_golden_is_idempotent_redirects_and_is_removed() {
     let pod = pod(&env);
     // A new pod's netns with iptables-nft: one nf_tables transaction, no iptables process.
     let outcome = dp.program_pod(&netns, &pod).expect("program");
-    assert_eq!(outcome, Outcome::AppliedOverNetlink);
+    assert_eq!(outcome, RuleChange::AppliedOverNetlink);
     assert_eq!(iptables_rules(&env.pod), iptables_rules(&reference));
     assert_policy_routing(&env, true);
     assert_redirected(&env);
@@ -194,7 +194,7 @@ fn inpod_iptables_equals_the_golden_is_idempotent_redirects_and_is_removed() {
         "{counters}"
     );
     let outcome = dp.program_pod(&netns, &pod).expect("program again");
-    assert_eq!(outcome, Outcome::AlreadyApplied);
+    assert_eq!(outcome, RuleChange::AlreadyApplied);
     let again = text(env.pod.exec("iptables-save", &["-c"]));
     let strip = |s: &str| {
         s.lines()
@@ -291,7 +291,7 @@ fn inpod_nftables_equals_the_golden_is_stable_redirects_and_is_removed() {
     // Unchanged: nothing is written (rule handles and counters stay).
     let handles = text(env.pod.exec("nft", &["-a", "list", "ruleset"]));
     let outcome = dp.program_pod(&netns, &pod).expect("program again");
-    assert_eq!(outcome, Outcome::AlreadyApplied);
+    assert_eq!(outcome, RuleChange::AlreadyApplied);
     assert_eq!(
         text(env.pod.exec("nft", &["-a", "list", "ruleset"])),
         handles

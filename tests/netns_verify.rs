@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use istio_cni::apply::nft::Listings;
-use istio_cni::apply::pod::{self, Backend, PodOptions, SIDECAR_NFT_TABLES, Target, Verdict};
+use istio_cni::apply::pod::{self, Backend, NetnsCheck, PodOptions, SIDECAR_NFT_TABLES, Target};
 use istio_cni::netns::Netns as NetnsHandle;
 use istio_cni::rules::capture::CaptureConfig;
 use support::{Netns, require_tool};
@@ -28,7 +28,7 @@ fn opts(backend: Backend) -> PodOptions {
     }
 }
 
-fn verify(ns: &Netns, o: &PodOptions) -> Verdict {
+fn verify(ns: &Netns, o: &PodOptions) -> NetnsCheck {
     pod::verify(Target::Pod(&handle(ns)), &CaptureConfig::default(), o).expect("verify")
 }
 
@@ -46,10 +46,10 @@ fn iptables_in_place_drifted_absent_and_nothing_written() {
     let ns = Netns::new("vfy4");
     ns.exec("ip", &["addr", "add", "10.254.1.2/24", "dev", "lo"]);
     let o = opts(Backend::Iptables);
-    assert_eq!(verify(&ns, &o), Verdict::Absent);
+    assert_eq!(verify(&ns, &o), NetnsCheck::Absent);
     pod::program(Target::Pod(&handle(&ns)), &CaptureConfig::default(), &o).expect("program");
     let before = stdout(&ns, "iptables-save", &["-c"]);
-    assert_eq!(verify(&ns, &o), Verdict::InPlace);
+    assert_eq!(verify(&ns, &o), NetnsCheck::InPlace);
     assert_eq!(
         stdout(&ns, "iptables-save", &["-c"]),
         before,
@@ -60,7 +60,7 @@ fn iptables_in_place_drifted_absent_and_nothing_written() {
 
     ns.exec("iptables", &["-t", "nat", "-D", "ISTIO_OUTPUT", "1"]);
     match verify(&ns, &o) {
-        Verdict::Drifted { what } => {
+        NetnsCheck::Drifted { what } => {
             assert!(
                 what.starts_with("iptables: ") && what.contains("ISTIO_OUTPUT"),
                 "{what}"
@@ -83,7 +83,7 @@ fn iptables_in_place_drifted_absent_and_nothing_written() {
             "ISTIO_REDIRECT",
         ],
     );
-    assert!(matches!(verify(&ns, &o), Verdict::Drifted { .. }));
+    assert!(matches!(verify(&ns, &o), NetnsCheck::Drifted { .. }));
     pod::cleanup(
         Target::Pod(&handle(&ns)),
         &CaptureConfig::default(),
@@ -92,7 +92,7 @@ fn iptables_in_place_drifted_absent_and_nothing_written() {
     )
     .expect("cleanup");
     assert!(!stdout(&ns, "iptables-save", &[]).contains("ISTIO"));
-    assert_eq!(verify(&ns, &o), Verdict::Absent);
+    assert_eq!(verify(&ns, &o), NetnsCheck::Absent);
 }
 
 #[test]
@@ -107,10 +107,10 @@ fn ip6tables_is_read_when_the_pod_has_ipv6() {
     let o = opts(Backend::Iptables);
     pod::program(Target::Pod(&handle(&ns)), &CaptureConfig::default(), &o).expect("program");
     assert!(stdout(&ns, "ip6tables-save", &[]).contains("ISTIO_OUTPUT"));
-    assert_eq!(verify(&ns, &o), Verdict::InPlace);
+    assert_eq!(verify(&ns, &o), NetnsCheck::InPlace);
     ns.exec("ip6tables", &["-t", "nat", "-F", "ISTIO_REDIRECT"]);
     match verify(&ns, &o) {
-        Verdict::Drifted { what } => {
+        NetnsCheck::Drifted { what } => {
             assert!(
                 what.starts_with("ip6tables: ") && what.contains("ISTIO_REDIRECT"),
                 "{what}"
@@ -126,16 +126,16 @@ fn nftables_in_place_drifted_absent_and_handles_kept() {
     let ns = Netns::new("vfynft");
     ns.exec("ip", &["addr", "add", "10.254.3.2/24", "dev", "lo"]);
     let o = opts(Backend::Nftables);
-    assert_eq!(verify(&ns, &o), Verdict::Absent);
+    assert_eq!(verify(&ns, &o), NetnsCheck::Absent);
     pod::program(Target::Pod(&handle(&ns)), &CaptureConfig::default(), &o).expect("program");
     let before = stdout(&ns, "nft", &["-a", "list", "ruleset"]);
-    assert_eq!(verify(&ns, &o), Verdict::InPlace);
+    assert_eq!(verify(&ns, &o), NetnsCheck::InPlace);
     // Without the shared cache the expected listing is learnt on the spot: same answer.
     let uncached = PodOptions {
         nft_listings: None,
         ..o.clone()
     };
-    assert_eq!(verify(&ns, &uncached), Verdict::InPlace);
+    assert_eq!(verify(&ns, &uncached), NetnsCheck::InPlace);
     assert_eq!(
         stdout(&ns, "nft", &["-a", "list", "ruleset"]),
         before,
@@ -147,7 +147,7 @@ fn nftables_in_place_drifted_absent_and_handles_kept() {
         &["flush", "chain", "inet", "istio-proxy-nat", "istio-output"],
     );
     match verify(&ns, &o) {
-        Verdict::Drifted { what } => assert!(what.contains("istio-output"), "{what}"),
+        NetnsCheck::Drifted { what } => assert!(what.contains("istio-output"), "{what}"),
         other => panic!("{other:?}"),
     }
     pod::cleanup(
@@ -157,5 +157,5 @@ fn nftables_in_place_drifted_absent_and_handles_kept() {
         None,
     )
     .expect("cleanup");
-    assert_eq!(verify(&ns, &o), Verdict::Absent);
+    assert_eq!(verify(&ns, &o), NetnsCheck::Absent);
 }

@@ -24,7 +24,7 @@ fn dataplane_error(e: DataplaneError) -> PortError {
     }
 }
 
-impl ports::Dataplane for Dataplane {
+impl ports::DataplanePort for Dataplane {
     fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, PortError> {
         Dataplane::open_netns(self, cni_netns_path).map_err(dataplane_error)
     }
@@ -45,7 +45,7 @@ impl ports::Dataplane for Dataplane {
         Dataplane::find_netns(self, wanted)
     }
 
-    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<ports::Outcome, PortError> {
+    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<ports::RuleChange, PortError> {
         Dataplane::program_pod(self, netns, pod).map_err(dataplane_error)
     }
 
@@ -172,7 +172,13 @@ pub use crate::apply::backend::{RECORD_FILE, Recorded};
 pub async fn real_dataplane(
     settings: &super::settings::Settings,
     recorded: Option<crate::apply::backend::Recorded>,
-) -> Result<(Arc<dyn ports::Dataplane>, crate::apply::backend::Decision), AdapterError> {
+) -> Result<
+    (
+        Arc<dyn ports::DataplanePort>,
+        crate::apply::backend::Decision,
+    ),
+    AdapterError,
+> {
     let mut dp_settings = dataplane_settings(settings);
     dp_settings.recorded = recorded;
     let built = tokio::task::spawn_blocking(move || Dataplane::new(&dp_settings))

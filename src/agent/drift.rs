@@ -32,11 +32,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::pod;
-use super::ports::{Outcome, PortError, ProbeSynced};
+use super::ports::{PortError, ProbeSynced, RuleChange};
 use super::reconciler::{Core, PodEngine, Reconciled};
 use super::status::CheckResult;
 use crate::kube::stores::pod_key;
-use crate::kube::{EventType, PodEvent};
+use crate::kube::{EventRecord, EventType};
 use crate::retry::periodic::Periodic;
 
 /// Event reason: a pod's in-pod rules had drifted and were re-applied.
@@ -53,22 +53,22 @@ pub const KIND_HOST_RULES: &str = "host_rules";
 
 /// What one pod's program call means for the pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum DriftFinding {
     /// The netns held exactly the planned rules; nothing was written.
     InPlace,
     /// The rules differed and were written (how).
-    Healed(Outcome),
+    Healed(RuleChange),
     /// Programming failed (why).
     Failed(String),
 }
 
 /// Pure: any outcome but `AlreadyApplied` means the netns differed from the plan and was
 /// rewritten.
-pub fn judge(result: &Result<Outcome, PortError>) -> Verdict {
+pub fn judge(result: &Result<RuleChange, PortError>) -> DriftFinding {
     match result {
-        Ok(Outcome::AlreadyApplied) => Verdict::InPlace,
-        Ok(outcome) => Verdict::Healed(outcome.clone()),
-        Err(e) => Verdict::Failed(e.to_string()),
+        Ok(RuleChange::AlreadyApplied) => DriftFinding::InPlace,
+        Ok(outcome) => DriftFinding::Healed(outcome.clone()),
+        Err(e) => DriftFinding::Failed(e.to_string()),
     }
 }
 
@@ -202,9 +202,9 @@ pub async fn pass(
             Ok(Ok(Reconciled::Verified { pod: p, verdict })) if pod::uid(&p) == uid => {
                 summary.verified += 1;
                 match &verdict {
-                    Verdict::InPlace => {}
-                    Verdict::Healed(_) => summary.healed += 1,
-                    Verdict::Failed(_) => summary.failed += 1,
+                    DriftFinding::InPlace => {}
+                    DriftFinding::Healed(_) => summary.healed += 1,
+                    DriftFinding::Failed(_) => summary.failed += 1,
                 }
                 report_pod(core, reported, &p, &uid, verdict).await;
             }
@@ -221,12 +221,18 @@ pub async fn pass(
     summary
 }
 
-async fn report_pod(core: &Core, reported: &mut Reported, p: &Pod, uid: &str, verdict: Verdict) {
+async fn report_pod(
+    core: &Core,
+    reported: &mut Reported,
+    p: &Pod,
+    uid: &str,
+    verdict: DriftFinding,
+) {
     let name = pod_key(pod::namespace(p), pod::name(p));
     core.status.pod_checked(uid, check_result(&verdict));
     match verdict {
-        Verdict::InPlace => reported.pod_ok(uid),
-        Verdict::Healed(outcome) => {
+        DriftFinding::InPlace => reported.pod_ok(uid),
+        DriftFinding::Healed(outcome) => {
             reported.pod_ok(uid);
             warn!(pod = %name, uid, %outcome, "in-pod redirection rules had drifted from the expected ones; re-applied");
             core.metrics.drift(KIND_RULES, true);
@@ -235,7 +241,7 @@ async fn report_pod(core: &Core, reported: &mut Reported, p: &Pod, uid: &str, ve
             );
             post(core, p, EventType::Normal, REASON_RULES_REPAIRED, message).await;
         }
-        Verdict::Failed(cause) => {
+        DriftFinding::Failed(cause) => {
             if !reported.pod_failed(uid) {
                 debug!(pod = %name, uid, "in-pod rules still cannot be verified: {cause}");
                 return;
@@ -251,13 +257,13 @@ async fn report_pod(core: &Core, reported: &mut Reported, p: &Pod, uid: &str, ve
 }
 
 /// What `/debug/pods` shows for a pod's verdict.
-fn check_result(verdict: &Verdict) -> CheckResult {
+fn check_result(verdict: &DriftFinding) -> CheckResult {
     match verdict {
-        Verdict::InPlace => CheckResult::InPlace,
-        Verdict::Healed(outcome) => CheckResult::Repaired {
+        DriftFinding::InPlace => CheckResult::InPlace,
+        DriftFinding::Healed(outcome) => CheckResult::Repaired {
             what: format!("in-pod rules re-applied ({outcome})"),
         },
-        Verdict::Failed(error) => CheckResult::Failed {
+        DriftFinding::Failed(error) => CheckResult::Failed {
             error: error.clone(),
         },
     }
@@ -366,7 +372,7 @@ fn by_pod(synced: &ProbeSynced) -> BTreeMap<String, Vec<String>> {
 
 /// Records an event on the pod; a failure is logged only (the log line and metric stand).
 async fn post(core: &Core, p: &Pod, event_type: EventType, reason: &str, message: String) {
-    let event = PodEvent {
+    let event = EventRecord {
         event_type,
         reason: reason.to_string(),
         message,

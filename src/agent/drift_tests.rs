@@ -12,10 +12,10 @@ use serde_json::json;
 
 use super::*;
 use crate::agent::cache::PodCache;
-use crate::agent::machine::Policy;
+use crate::agent::machine::EnrolmentPolicy;
 use crate::agent::mesh::Mesh;
 use crate::agent::reconciler::{self, Core};
-use crate::agent::settings::Timing;
+use crate::agent::settings::AgentTiming;
 use crate::agent::status::CheckResult;
 use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel};
 use crate::kube::stores::{NamespaceStore, PodStore};
@@ -52,7 +52,7 @@ fn rig() -> Rig {
     let core = Arc::new(Core {
         pods: PodStore::new(),
         namespaces: NamespaceStore::new(),
-        policy: Policy::new(
+        policy: EnrolmentPolicy::new(
             &crate::kube::selector::testing::chart_default(),
             &[],
             "istio-system",
@@ -65,7 +65,7 @@ fn rig() -> Rig {
             cache: Arc::new(PodCache::default()),
             probe_gate: Default::default(),
         },
-        timing: Timing::default(),
+        timing: AgentTiming::default(),
         metrics: Default::default(),
         status: Default::default(),
         requests: Default::default(),
@@ -126,13 +126,16 @@ impl Rig {
 
 #[test]
 fn only_a_write_is_a_heal() {
-    use Outcome::*;
-    assert_eq!(judge(&Ok(AlreadyApplied)), Verdict::InPlace);
+    use RuleChange::*;
+    assert_eq!(judge(&Ok(AlreadyApplied)), DriftFinding::InPlace);
     for written in [Applied, AppliedOverNetlink, Reconciled] {
-        assert_eq!(judge(&Ok(written.clone())), Verdict::Healed(written));
+        assert_eq!(judge(&Ok(written.clone())), DriftFinding::Healed(written));
     }
     let failed = judge(&Err(PortError::permanent("iptables-restore: exit 2")));
-    assert_eq!(failed, Verdict::Failed("iptables-restore: exit 2".into()));
+    assert_eq!(
+        failed,
+        DriftFinding::Failed("iptables-restore: exit 2".into())
+    );
 }
 
 #[test]

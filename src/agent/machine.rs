@@ -15,19 +15,19 @@ use crate::kube::selector::enablement::{Enablement, EnablementSelector, NotSelec
 
 /// Who is enrolled: the enablement selectors, excluded namespaces, and which pods are ztunnel.
 #[derive(Debug, Clone)]
-pub struct Policy {
+pub struct EnrolmentPolicy {
     pub enablement: Enablement,
     pub exclude_namespaces: HashSet<String>,
     pub system_namespace: String,
 }
 
-impl Policy {
+impl EnrolmentPolicy {
     pub fn new(
         selectors: &[EnablementSelector],
         exclude_namespaces: &[String],
         system_namespace: &str,
     ) -> Result<Self, SelectorError> {
-        Ok(Policy {
+        Ok(EnrolmentPolicy {
             enablement: Enablement::compile(selectors)?,
             exclude_namespaces: exclude_namespaces.iter().cloned().collect(),
             system_namespace: system_namespace.to_string(),
@@ -149,7 +149,7 @@ pub enum Action {
 /// The §3.5 table, level-based: first every pod of the name that is not the current one is
 /// removed (held by the agent, or reported deleted and enrolled or selected), then one action for
 /// the current pod.
-pub fn decide(now: &Now<'_>, policy: &Policy) -> Vec<Action> {
+pub fn decide(now: &Now<'_>, policy: &EnrolmentPolicy) -> Vec<Action> {
     let current_uid = now.current.map(|p| pod::uid(p));
     let mut actions: Vec<Action> = now
         .held
@@ -191,7 +191,7 @@ pub fn decide(now: &Now<'_>, policy: &Policy) -> Vec<Action> {
 fn was_enrolled(
     gone: &Pod,
     namespace_labels: Option<&BTreeMap<String, String>>,
-    policy: &Policy,
+    policy: &EnrolmentPolicy,
 ) -> bool {
     let empty = BTreeMap::new();
     pod::redirection(gone) != Redirection::None
@@ -206,7 +206,7 @@ fn decide_current(
     current: &Arc<Pod>,
     mine: Option<&Held>,
     namespace_labels: Option<&BTreeMap<String, String>>,
-    policy: &Policy,
+    policy: &EnrolmentPolicy,
 ) -> Action {
     let Some(ns_labels) = namespace_labels else {
         return Action::RequeueNamespaceMissing;
@@ -292,7 +292,7 @@ pub enum NotEnrolled {
 pub fn not_enrolled(
     stored: &Arc<Pod>,
     namespace_labels: Option<&BTreeMap<String, String>>,
-    policy: &Policy,
+    policy: &EnrolmentPolicy,
 ) -> NotEnrolled {
     let exclusion = || {
         let empty = BTreeMap::new();
@@ -371,7 +371,7 @@ impl NotEnrolled {
 pub fn namespace_reevaluates(
     old: Option<&BTreeMap<String, String>>,
     new: &BTreeMap<String, String>,
-    policy: &Policy,
+    policy: &EnrolmentPolicy,
 ) -> bool {
     match old {
         None => true,
@@ -382,7 +382,7 @@ pub fn namespace_reevaluates(
 }
 
 /// The pods a namespace re-evaluation looks at again (their keys), ztunnel excepted.
-pub fn reevaluated_keys(pods: &[Arc<Pod>], policy: &Policy) -> Vec<String> {
+pub fn reevaluated_keys(pods: &[Arc<Pod>], policy: &EnrolmentPolicy) -> Vec<String> {
     pods.iter()
         .filter(|p| !pod::is_ztunnel(p, &policy.system_namespace))
         .map(|p| crate::kube::stores::pod_key(pod::namespace(p), pod::name(p)))
@@ -390,7 +390,7 @@ pub fn reevaluated_keys(pods: &[Arc<Pod>], policy: &Policy) -> Vec<String> {
 }
 
 /// The startup snapshot (§3.2): fully enrolled pods, not ztunnel, not terminal.
-pub fn in_snapshot(pod: &Pod, policy: &Policy) -> bool {
+pub fn in_snapshot(pod: &Pod, policy: &EnrolmentPolicy) -> bool {
     pod::redirection(pod) == Redirection::Enabled
         && !pod::is_ztunnel(pod, &policy.system_namespace)
         && !pod::is_terminal(pod)

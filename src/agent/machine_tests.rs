@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 const AMBIENT: (&str, &str) = ("istio.io/dataplane-mode", "ambient");
 
 /// The chart's default selectors; `kube-system` excluded.
-fn policy() -> Policy {
-    Policy::new(&chart_default(), &["kube-system".into()], "istio-system").unwrap()
+fn policy() -> EnrolmentPolicy {
+    EnrolmentPolicy::new(&chart_default(), &["kube-system".into()], "istio-system").unwrap()
 }
 
 /// A pod in `ns`, patched with `extra` (merged into the object).

@@ -11,7 +11,7 @@ use tracing::{debug, info, warn};
 
 use super::cache::PodCache;
 use super::pod::{self, Redirection};
-use super::ports::{Annotator, Dataplane, PortError, Ztunnel};
+use super::ports::{Annotator, DataplanePort, PortError, Ztunnel};
 use super::progress::{self, AddStep, Progress};
 use super::trust;
 use crate::kube::KubeError;
@@ -20,7 +20,7 @@ use crate::reconcile::{Class, Classify};
 
 /// Which step of an add or remove failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub enum MeshStep {
     FindNetns,
     ProgramPod,
     Ztunnel,
@@ -36,7 +36,7 @@ pub enum MeshError {
     #[error("pod {pod}: {step:?} failed: {source}")]
     Port {
         pod: String,
-        step: Step,
+        step: MeshStep,
         #[source]
         source: PortError,
     },
@@ -69,8 +69,8 @@ impl Classify for MeshError {
     fn class(&self) -> Class {
         match self {
             MeshError::Port { step, source, .. } => match step {
-                Step::FindNetns | Step::ProgramPod => Class::GiveUp,
-                Step::Blocking => Class::Retry,
+                MeshStep::FindNetns | MeshStep::ProgramPod => Class::GiveUp,
+                MeshStep::Blocking => Class::Retry,
                 _ if source.retryable => Class::Retry,
                 _ => Class::GiveUp,
             },
@@ -117,7 +117,7 @@ pub struct PluginAdd {
 /// The add/remove steps over the seams. Callers run one pod's steps one at a time (the reconcile
 /// engine never works a key twice at once).
 pub struct Mesh {
-    pub dataplane: Arc<dyn Dataplane>,
+    pub dataplane: Arc<dyn DataplanePort>,
     pub ztunnel: Arc<dyn Ztunnel>,
     pub annotator: Arc<dyn Annotator>,
     pub cache: Arc<PodCache>,
@@ -136,8 +136,8 @@ impl Mesh {
     async fn blocking<T: Send + 'static>(
         &self,
         p: &Pod,
-        step: Step,
-        work: impl FnOnce(&dyn Dataplane) -> Result<T, PortError> + Send + 'static,
+        step: MeshStep,
+        work: impl FnOnce(&dyn DataplanePort) -> Result<T, PortError> + Send + 'static,
     ) -> Result<T, MeshError> {
         let dp = self.dataplane.clone();
         let port = |step, source| MeshError::Port {
@@ -148,7 +148,7 @@ impl Mesh {
         match tokio::task::spawn_blocking(move || work(dp.as_ref())).await {
             Ok(result) => result.map_err(|e| port(step, e)),
             Err(join) => Err(port(
-                Step::Blocking,
+                MeshStep::Blocking,
                 PortError::retryable(format!("data-plane task failed: {join}")),
             )),
         }
@@ -186,9 +186,11 @@ impl Mesh {
         progress::enter(progress, AddStep::ProgrammingRules);
         let pod_net = pod::pod_net(p, &ips);
         let ns = netns.clone();
-        self.blocking(p, Step::ProgramPod, move |dp| dp.program_pod(&ns, &pod_net))
-            .await
-            .map_err(undo)?;
+        self.blocking(p, MeshStep::ProgramPod, move |dp| {
+            dp.program_pod(&ns, &pod_net)
+        })
+        .await
+        .map_err(undo)?;
         let netns = self.cache.upsert(&uid, info.clone(), netns);
         progress::enter(progress, AddStep::WaitingForZtunnelAck);
         if let Err(source) = self.ztunnel.add_workload(uid.clone(), info, netns).await {
@@ -198,7 +200,7 @@ impl Mesh {
             self.annotate(p, Redirection::Pending).await?;
             return Err(MeshError::Port {
                 pod: describe(p),
-                step: Step::Ztunnel,
+                step: MeshStep::Ztunnel,
                 source,
             });
         }
@@ -235,7 +237,7 @@ impl Mesh {
         let cached = self.cache.netns(&uid);
         let alive = match cached.clone() {
             Some(ns) => {
-                self.blocking(p, Step::FindNetns, move |dp| Ok(dp.netns_alive(&ns)))
+                self.blocking(p, MeshStep::FindNetns, move |dp| Ok(dp.netns_alive(&ns)))
                     .await?
             }
             None => false,
@@ -258,7 +260,7 @@ impl Mesh {
         } else {
             let path = add.netns.clone();
             let opened = self
-                .blocking(p, Step::FindNetns, move |dp| dp.open_netns(&path))
+                .blocking(p, MeshStep::FindNetns, move |dp| dp.open_netns(&path))
                 .await?;
             match &cached {
                 // The same namespace: the handle already held is kept.
@@ -271,7 +273,7 @@ impl Mesh {
         let claimed: Vec<IpAddr> = add.event_ips.iter().chain(ips).copied().collect();
         let (ns, pod_net) = (offered.clone(), pod::pod_net(p, &claimed));
         let (reserved, held) = self
-            .blocking(p, Step::FindNetns, move |dp| {
+            .blocking(p, MeshStep::FindNetns, move |dp| {
                 Ok((dp.reserved_netns(), dp.netns_addresses(&ns, &pod_net)?))
             })
             .await?;
@@ -312,7 +314,7 @@ impl Mesh {
         let uid = pod::uid(p).to_string();
         let wanted = std::collections::HashMap::from([(uid.clone(), ips.to_vec())]);
         let mut found = self
-            .blocking(p, Step::FindNetns, move |dp| Ok(dp.find_netns(&wanted)))
+            .blocking(p, MeshStep::FindNetns, move |dp| Ok(dp.find_netns(&wanted)))
             .await?;
         match found.remove(&uid) {
             Some(ns) => Ok(Arc::new(ns)),
@@ -336,7 +338,7 @@ impl Mesh {
         {
             let _gate = self.probe_gate.read().await;
             let (probe_uid, probe_ips) = (uid.clone(), ips.clone());
-            self.blocking(p, Step::ProbeSet, move |dp| {
+            self.blocking(p, MeshStep::ProbeSet, move |dp| {
                 dp.probe_remove(&probe_uid, &probe_ips)
             })
             .await?;
@@ -348,7 +350,7 @@ impl Mesh {
                 Some(ns) => {
                     let pod_net = pod::pod_net(p, &pod::ips(p));
                     let result = self
-                        .blocking(p, Step::UnprogramPod, move |dp| {
+                        .blocking(p, MeshStep::UnprogramPod, move |dp| {
                             dp.unprogram_pod(&ns, &pod_net)
                         })
                         .await;
@@ -368,7 +370,7 @@ impl Mesh {
             .await
             .map_err(|source| MeshError::Port {
                 pod: describe(p),
-                step: Step::Ztunnel,
+                step: MeshStep::Ztunnel,
                 source,
             })?;
         if !deleted || terminal {
@@ -403,7 +405,7 @@ impl Mesh {
     async fn probe_add(&self, p: &Pod, uid: &str, ips: &[IpAddr]) -> Result<(), MeshError> {
         let _gate = self.probe_gate.read().await;
         let (probe_uid, probe_ips) = (uid.to_string(), ips.to_vec());
-        self.blocking(p, Step::ProbeSet, move |dp| {
+        self.blocking(p, MeshStep::ProbeSet, move |dp| {
             dp.probe_add(&probe_uid, &probe_ips)
         })
         .await?;

@@ -43,9 +43,9 @@ use tracing::{info, warn};
 use crate::kube::stores::{self, PodStore, SyncError};
 use crate::kube::{KubeClient, WatchBackoff};
 use cache::PodCache;
-use machine::Policy;
+use machine::EnrolmentPolicy;
 use mesh::Mesh;
-use ports::{Annotator, Dataplane, Ztunnel};
+use ports::{Annotator, DataplanePort, Ztunnel};
 use reconciler::{Core, PodEngine};
 use settings::Settings;
 
@@ -68,7 +68,7 @@ pub enum AgentError {
 
 /// The agent's seams.
 pub struct Deps {
-    pub dataplane: Arc<dyn Dataplane>,
+    pub dataplane: Arc<dyn DataplanePort>,
     pub ztunnel: Arc<dyn Ztunnel>,
     pub annotator: Arc<dyn Annotator>,
     /// Where the agent's counters go (install-cni's registry).
@@ -101,7 +101,7 @@ impl Agent {
         if settings.config.node_name.is_empty() {
             return Err(AgentError::NoNodeName);
         }
-        let policy = Policy::new(
+        let policy = EnrolmentPolicy::new(
             &settings.enablement_selectors,
             &settings.exclude_namespaces,
             &settings.config.system_namespace,

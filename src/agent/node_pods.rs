@@ -9,7 +9,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
-use super::machine::{self, Exclusion, NotEnrolled, Policy};
+use super::machine::{self, EnrolmentPolicy, Exclusion, NotEnrolled};
 use super::pod;
 use crate::kube::selector::enablement::NotSelected;
 use crate::sidecar::{PodInfo, pod::ISTIO_PROXY, redirect::ANN_STATUS, skip_reason};
@@ -69,7 +69,7 @@ pub fn sidecar_state(p: &Pod) -> Option<SidecarState> {
 pub fn node_pod(
     p: &Arc<Pod>,
     namespace_labels: Option<&std::collections::BTreeMap<String, String>>,
-    policy: &Policy,
+    policy: &EnrolmentPolicy,
 ) -> NodePod {
     let why = machine::not_enrolled(p, namespace_labels, policy);
     let sidecar = sidecar_state(p);
@@ -115,13 +115,13 @@ mod tests {
     use serde_json::json;
     use std::collections::BTreeMap;
 
-    fn policy() -> Policy {
+    fn policy() -> EnrolmentPolicy {
         let sel: Vec<crate::kube::selector::enablement::EnablementSelector> =
             serde_json::from_value(json!([
                 {"namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}
             ]))
             .unwrap();
-        Policy::new(&sel, &["kube-system".to_string()], "istio-system").unwrap()
+        EnrolmentPolicy::new(&sel, &["kube-system".to_string()], "istio-system").unwrap()
     }
 
     fn pod(ns: &str, extra: serde_json::Value) -> Arc<Pod> {

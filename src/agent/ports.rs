@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::kube::{KubeClient, KubeError, MetadataPatch, PodEvent, PodPatchVia};
+use crate::kube::{EventRecord, KubeClient, KubeError, MetadataPatch, PodPatchVia};
 use crate::netns::{Netns, NetnsId};
 
 /// A failure of a seam, and whether trying again later may help.
@@ -45,11 +45,11 @@ pub use super::dataplane::PodNet;
 pub use super::dataplane::ProbeSynced;
 /// What programming a pod did: `AlreadyApplied` when the netns held exactly the rules (nothing
 /// written), anything else when it had to write (the apply room's one outcome type).
-pub use crate::apply::sidecar::Outcome;
+pub use crate::apply::sidecar::RuleChange;
 
 /// In-pod rules, the host probe set and netns lookup. Blocking calls: the agent runs them on
 /// the blocking pool.
-pub trait Dataplane: Send + Sync + 'static {
+pub trait DataplanePort: Send + Sync + 'static {
     /// Opens the netns the runtime named (`CNI_NETNS`), under the host prefix.
     fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, PortError>;
     /// The namespaces no pod may claim, each with a label for messages: the agent's own and the
@@ -63,8 +63,8 @@ pub trait Dataplane: Send + Sync + 'static {
     /// The /proc scan (§3.8): pod UID -> its netns, for the wanted pods (UID -> IPs).
     fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns>;
     /// In-pod rules and routes; idempotent and atomic. Reads the netns first: an unchanged pod
-    /// is not written (`Outcome::AlreadyApplied`).
-    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<Outcome, PortError>;
+    /// is not written (`RuleChange::AlreadyApplied`).
+    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<RuleChange, PortError>;
     fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError>;
     /// Adds (replacing other owners of the same IP) the pod's IPs to the probe set.
     fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError>;
@@ -117,7 +117,7 @@ pub type KubeFuture<'a> = BoxFuture<'a, Result<(), KubeError>>;
 pub trait Annotator: Send + Sync + 'static {
     fn set_redirection<'a>(&'a self, pod: &'a Pod, value: Option<&'a str>) -> KubeFuture<'a>;
     /// Records an event about the pod (source component [`EVENT_COMPONENT`]).
-    fn event<'a>(&'a self, pod: &'a Pod, event: PodEvent) -> KubeFuture<'a>;
+    fn event<'a>(&'a self, pod: &'a Pod, event: EventRecord) -> KubeFuture<'a>;
 }
 
 /// The source component of the agent's events.
@@ -147,7 +147,7 @@ impl Annotator for KubeAnnotator {
         })
     }
 
-    fn event<'a>(&'a self, pod: &'a Pod, event: PodEvent) -> KubeFuture<'a> {
+    fn event<'a>(&'a self, pod: &'a Pod, event: EventRecord) -> KubeFuture<'a> {
         Box::pin(async move {
             self.client
                 .create_pod_event(pod, &event, self.timeout)

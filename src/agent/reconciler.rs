@@ -19,12 +19,12 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::drift::{Verdict, judge};
-use super::machine::{self, Action, Held, Now, Policy};
+use super::drift::{DriftFinding, judge};
+use super::machine::{self, Action, EnrolmentPolicy, Held, Now};
 use super::mesh::{Mesh, MeshError, PluginAdd, Via};
 use super::pod;
 use super::ports::PortError;
-use super::settings::Timing;
+use super::settings::AgentTiming;
 use crate::kube::stores::{self, NamespaceStore, PodStore, StoreEvent, pod_key};
 use crate::reconcile::{Engine, EngineConfig, Reconcile};
 use crate::telemetry::metrics::{EventTypeLabel, Metrics};
@@ -36,9 +36,9 @@ pub type PodEngine = Engine<Core>;
 pub struct Core {
     pub pods: PodStore,
     pub namespaces: NamespaceStore,
-    pub policy: Policy,
+    pub policy: EnrolmentPolicy,
     pub mesh: Mesh,
-    pub timing: Timing,
+    pub timing: AgentTiming,
     /// `istio_cni_plugin_requests_total`, `nodeagent_reconcile_events_total`.
     pub metrics: Metrics,
     /// The drift pass's last results (`/debug/pods`).
@@ -93,7 +93,10 @@ pub enum Reconciled {
     /// A plugin's add found the pod not selected for ambient (the sidecar path is the plugin's).
     NotAmbient(Arc<Pod>),
     /// The drift pass's verification of an enrolled pod.
-    Verified { pod: Arc<Pod>, verdict: Verdict },
+    Verified {
+        pod: Arc<Pod>,
+        verdict: DriftFinding,
+    },
     /// Anything else (what, for logs and tests).
     Done(&'static str),
 }

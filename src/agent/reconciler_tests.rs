@@ -13,8 +13,8 @@ use serde_json::json;
 
 use super::*;
 use crate::agent::cache::PodCache;
-use crate::agent::ports::Dataplane;
-use crate::agent::settings::Timing;
+use crate::agent::ports::DataplanePort;
+use crate::agent::settings::AgentTiming;
 use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel};
 use crate::kube::RetryPolicy;
 use crate::kube::selector::enablement::EnablementSelector;
@@ -36,14 +36,14 @@ fn selectors() -> Vec<EnablementSelector> {
     .unwrap()
 }
 
-fn timing() -> Timing {
-    Timing {
+fn timing() -> AgentTiming {
+    AgentTiming {
         retry: RetryPolicy {
             first: Duration::from_millis(2),
             max: Duration::from_millis(20),
             max_attempts: None,
         },
-        ..Timing::default()
+        ..AgentTiming::default()
     }
 }
 
@@ -53,13 +53,13 @@ fn rig() -> Rig {
 }
 
 /// A rig programming through `dataplane` (`dp`: the fake it records into).
-fn rig_with(dataplane: Arc<dyn Dataplane>, dp: Arc<FakeDataplane>) -> Rig {
+fn rig_with(dataplane: Arc<dyn DataplanePort>, dp: Arc<FakeDataplane>) -> Rig {
     let zt = Arc::new(FakeZtunnel::default());
     let ann = Arc::new(FakeAnnotator::default());
     let core = Arc::new(Core {
         pods: PodStore::new(),
         namespaces: NamespaceStore::new(),
-        policy: Policy::new(&selectors(), &[], "istio-system").unwrap(),
+        policy: EnrolmentPolicy::new(&selectors(), &[], "istio-system").unwrap(),
         mesh: Mesh {
             dataplane,
             ztunnel: zt.clone(),
@@ -362,7 +362,7 @@ struct Slow {
     rendezvous: AtomicBool,
 }
 
-impl Dataplane for Slow {
+impl DataplanePort for Slow {
     fn open_netns(&self, path: &str) -> Result<Netns, PortError> {
         self.inner.open_netns(path)
     }
@@ -386,7 +386,7 @@ impl Dataplane for Slow {
         &self,
         netns: &Netns,
         pod: &crate::agent::ports::PodNet,
-    ) -> Result<crate::agent::ports::Outcome, PortError> {
+    ) -> Result<crate::agent::ports::RuleChange, PortError> {
         let now = self.in_flight[&pod.uid].fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);
         let all = self.overall.fetch_add(1, Ordering::SeqCst) + 1;

@@ -6,7 +6,7 @@
 //! caller's pid and uid, the netns path and its inode. 200 only once the pod is fully enrolled (rules in, ztunnel acked, annotation
 //! written); a body that does not decode gets 400 naming the field and changes nothing; a pod
 //! the store does not have (after the stale-cache retries) or that is not eligible gets 500, as
-//! does a failed enrolment. An enrolment not done within `Timing::plugin_answer_budget` (below
+//! does a failed enrolment. An enrolment not done within `AgentTiming::plugin_answer_budget` (below
 //! the plugin's own timeout) is answered 504 naming the step it is in (`progress`); the handler runs to completion
 //! regardless, so a pod is never left half-enrolled by a dropped request.
 

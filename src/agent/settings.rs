@@ -57,7 +57,7 @@ pub struct Settings {
     pub host_proc_dir: PathBuf,
     /// `POD_NAMESPACE`.
     pub pod_namespace: String,
-    pub timing: Timing,
+    pub timing: AgentTiming,
     /// `DRIFT_VERIFY_INTERVAL` and the kick of install-cni's guard: when the drift pass runs
     /// (`None`: never).
     pub drift: Option<Periodic>,
@@ -65,7 +65,7 @@ pub struct Settings {
 
 /// The agent's time budgets. Every wait has one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timing {
+pub struct AgentTiming {
     /// Initial sync of the pod and namespace stores (readiness).
     pub sync_timeout: Duration,
     /// Each Kubernetes call (annotation patches).
@@ -83,9 +83,9 @@ pub struct Timing {
     pub max_concurrent_pods: usize,
 }
 
-impl Default for Timing {
+impl Default for AgentTiming {
     fn default() -> Self {
-        Timing {
+        AgentTiming {
             sync_timeout: Duration::from_secs(60),
             kube_call_timeout: Duration::from_secs(5),
             retry: RetryPolicy {

@@ -12,10 +12,10 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::Notify;
 
 use super::ports::{
-    Annotator, Dataplane, KubeFuture, Outcome, PodNet, PortError, PortFuture, ProbeSynced,
+    Annotator, DataplanePort, KubeFuture, PodNet, PortError, PortFuture, ProbeSynced, RuleChange,
     WorkloadInfo, Ztunnel,
 };
-use crate::kube::PodEvent;
+use crate::kube::EventRecord;
 use crate::netns::{Netns, NetnsId};
 
 /// A data plane that only records. `open_netns` opens the path when it exists (else hands out the
@@ -78,7 +78,7 @@ impl FakeDataplane {
     }
 }
 
-impl Dataplane for FakeDataplane {
+impl DataplanePort for FakeDataplane {
     fn open_netns(&self, path: &str) -> Result<Netns, PortError> {
         self.record(format!("open {path}"));
         if std::path::Path::new(path).exists() {
@@ -120,7 +120,7 @@ impl Dataplane for FakeDataplane {
             .collect()
     }
 
-    fn program_pod(&self, _netns: &Netns, pod: &PodNet) -> Result<Outcome, PortError> {
+    fn program_pod(&self, _netns: &Netns, pod: &PodNet) -> Result<RuleChange, PortError> {
         self.record(format!("program {}", pod.uid));
         if self.fail_program.load(Ordering::SeqCst) {
             return Err(PortError::permanent("injected in-pod programming failure"));
@@ -128,9 +128,9 @@ impl Dataplane for FakeDataplane {
         let first = self.programmed.lock().insert(pod.uid.clone());
         let drifted = self.drifted.lock().remove(&pod.uid);
         Ok(if first || drifted {
-            Outcome::Applied
+            RuleChange::Applied
         } else {
-            Outcome::AlreadyApplied
+            RuleChange::AlreadyApplied
         })
     }
 
@@ -265,7 +265,7 @@ pub struct FakeAnnotator {
     pub failures: AtomicU32,
     pub values: Mutex<BTreeMap<String, String>>,
     pub patches: Mutex<Vec<(String, Option<String>)>>,
-    pub events: Mutex<Vec<(String, PodEvent)>>,
+    pub events: Mutex<Vec<(String, EventRecord)>>,
 }
 
 impl FakeAnnotator {
@@ -277,7 +277,7 @@ impl FakeAnnotator {
         self.patches.lock().clone()
     }
 
-    pub fn events(&self) -> Vec<(String, PodEvent)> {
+    pub fn events(&self) -> Vec<(String, EventRecord)> {
         self.events.lock().clone()
     }
 }
@@ -309,7 +309,7 @@ impl Annotator for FakeAnnotator {
         })
     }
 
-    fn event<'a>(&'a self, pod: &'a Pod, event: PodEvent) -> KubeFuture<'a> {
+    fn event<'a>(&'a self, pod: &'a Pod, event: EventRecord) -> KubeFuture<'a> {
         Box::pin(async move {
             let key = format!("{}/{}", super::pod::namespace(pod), super::pod::name(pod));
             self.events.lock().push((key, event));

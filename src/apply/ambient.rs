@@ -18,7 +18,7 @@ use super::iptables::{
     ApplyError, Binaries, ForceBinary, detect, restore_cmd, run_checked, save_cmd,
 };
 use super::nft::apply_transaction;
-use super::sidecar::{Outcome, Snapshot, holds_no_tables, restore_snapshots};
+use super::sidecar::{RuleChange, Snapshot, holds_no_tables, restore_snapshots};
 use super::state::{State, jump_target, normalise, parse_save};
 use crate::netns::UsernsEntry;
 use crate::rules::ambient::{AmbientConfig, PodOverrides};
@@ -212,7 +212,7 @@ pub fn apply_iptables_here(
     rules: &RuleSet,
     owned: Owned,
     opts: &AmbientApply,
-) -> Result<Outcome, ApplyError> {
+) -> Result<RuleChange, ApplyError> {
     let mut exec = ProcessExecutor::entering(opts.userns.clone());
     apply_iptables_with(&mut exec, rules, owned, opts, &read_kernel)
 }
@@ -258,7 +258,7 @@ pub fn apply_iptables(
     rules: &RuleSet,
     owned: Owned,
     opts: &AmbientApply,
-) -> Result<Outcome, ApplyError> {
+) -> Result<RuleChange, ApplyError> {
     apply_iptables_with(exec, rules, owned, opts, &|_, _, _| Known::Unknown)
 }
 
@@ -271,7 +271,7 @@ fn apply_iptables_with(
     owned: Owned,
     opts: &AmbientApply,
     known: &dyn Fn(&Binaries, &[Rule], Owned) -> Known,
-) -> Result<Outcome, ApplyError> {
+) -> Result<RuleChange, ApplyError> {
     let mut work: Vec<(Binaries, String, State, String)> = Vec::new();
     for family in Family::ALL {
         let family_rules = rules.family(family);
@@ -299,7 +299,7 @@ fn apply_iptables_with(
         }
     }
     if work.is_empty() {
-        return Ok(Outcome::AlreadyApplied);
+        return Ok(RuleChange::AlreadyApplied);
     }
     for (i, (bins, _, _, restore)) in work.iter().enumerate() {
         if let Err(cause) = run_checked(exec, &restore_cmd(bins, restore.clone(), &opts.env)) {
@@ -333,7 +333,7 @@ fn apply_iptables_with(
         let text = run_checked(exec, &save_cmd(bins, &opts.env))?.stdout;
         drop_emptied_tables(bins, &text, &touched);
     }
-    Ok(Outcome::Applied)
+    Ok(RuleChange::Applied)
 }
 
 /// The in-pod nftables transaction: our tables deleted (whatever they hold, a chain someone
@@ -352,7 +352,7 @@ pub fn program_inpod_here(
     cfg: &AmbientConfig,
     pod: &PodOverrides,
     opts: &AmbientApply,
-) -> Result<Outcome, AmbientError> {
+) -> Result<RuleChange, AmbientError> {
     // Only the virtual interfaces come from the pod unchecked (its annotation); refuse a bad
     // one before any rule is written.
     pod.validate()
@@ -360,15 +360,15 @@ pub fn program_inpod_here(
     let outcome = if opts.nftables {
         let mut exec = ProcessExecutor::entering(opts.userns.clone());
         if nft_already_holds(&mut exec, opts.nft_expected.as_deref())? {
-            Outcome::AlreadyApplied
+            RuleChange::AlreadyApplied
         } else {
             apply_transaction(&mut exec, &inpod_nft_transaction(cfg, pod))?;
-            Outcome::Applied
+            RuleChange::Applied
         }
     } else {
         let rules = ambient::inpod_rules(cfg, pod);
         if apply_new_netns_over_netlink(&rules, opts) {
-            Outcome::AppliedOverNetlink
+            RuleChange::AppliedOverNetlink
         } else {
             apply_iptables_here(&rules, INPOD_CHAINS, opts)?
         }
@@ -508,7 +508,7 @@ pub fn program_host_here(
         .iter()
         .map(|s| format!("ipset {s} missing"))
         .collect();
-    if rules != Outcome::AlreadyApplied {
+    if rules != RuleChange::AlreadyApplied {
         what.push("nat chain ISTIO_POSTRT or its POSTROUTING jump differed".to_string());
     }
     Ok((!what.is_empty()).then(|| what.join("; ")))

@@ -234,13 +234,13 @@ fn rules_read_back_as_the_plan_start_no_process_and_a_typed_difference_is_healed
         Known::Same
     })
     .unwrap();
-    assert_eq!(outcome, Outcome::AlreadyApplied);
+    assert_eq!(outcome, RuleChange::AlreadyApplied);
     assert!(same.0.is_empty(), "{:?}", same.0);
     // The typed read saw a difference the saved text would hide: read, then restored anyway.
     let differs = |_: &Binaries, _: &[Rule], _: Owned| Known::Differs("foreign rule".into());
     let mut healed = Recorder::default();
     let outcome = apply_iptables_with(&mut healed, &rules, INPOD_CHAINS, &opts, &differs).unwrap();
-    assert_eq!(outcome, Outcome::Applied);
+    assert_eq!(outcome, RuleChange::Applied);
     assert!(
         healed.0.iter().any(|p| p.contains("restore")),
         "{:?}",

@@ -33,7 +33,7 @@ use crate::rules::{Family, Rule, Table};
 
 /// One step of a cleanup plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
+pub enum CleanupStep {
     /// `<family>-save`: the state the plan is made from (first) or the final state (last).
     Save(Family),
     /// `<family> -t TABLE ARGS…`: one `-D`, `-F` or `-X`.
@@ -44,9 +44,9 @@ pub enum Step {
     },
 }
 
-impl Step {
-    fn command(family: Family, table: &str, args: Vec<String>) -> Step {
-        Step::Command {
+impl CleanupStep {
+    fn command(family: Family, table: &str, args: Vec<String>) -> CleanupStep {
+        CleanupStep::Command {
             family,
             table: table.to_string(),
             args,
@@ -56,8 +56,8 @@ impl Step {
     /// The step as Istio's dry-run transcript prints it.
     pub fn display(&self) -> String {
         match self {
-            Step::Save(family) => format!("{}-save", family_prefix(*family)),
-            Step::Command {
+            CleanupStep::Save(family) => format!("{}-save", family_prefix(*family)),
+            CleanupStep::Command {
                 family,
                 table,
                 args,
@@ -68,8 +68,8 @@ impl Step {
     /// The step as a process of the resolved binaries.
     fn to_cmd(&self, bins: &Binaries, env: &[(String, String)]) -> Cmd {
         match self {
-            Step::Save(_) => with_env(Cmd::new(&bins.save, Vec::<String>::new()), env),
-            Step::Command { table, args, .. } => {
+            CleanupStep::Save(_) => with_env(Cmd::new(&bins.save, Vec::<String>::new()), env),
+            CleanupStep::Command { table, args, .. } => {
                 let mut full = vec!["-t".to_string(), table.clone()];
                 full.extend(args.iter().cloned());
                 full.extend(bins.lock_args());
@@ -80,7 +80,7 @@ impl Step {
 
     fn family(&self) -> Family {
         match self {
-            Step::Save(family) | Step::Command { family, .. } => *family,
+            CleanupStep::Save(family) | CleanupStep::Command { family, .. } => *family,
         }
     }
 }
@@ -95,7 +95,7 @@ pub fn family_steps(
     planned: &[Rule],
     also: &[Rule],
     state: Option<&State>,
-) -> Vec<Step> {
+) -> Vec<CleanupStep> {
     let owned = owned_chains();
     let mut steps = Vec::new();
     // Normalised rules the plan already deletes, per (table, chain), so the state pass below does
@@ -117,7 +117,7 @@ pub fn family_steps(
             .push(normalise(&args.join(" ")));
         let mut cmd = vec!["-D".to_string(), rule.chain.clone()];
         cmd.extend(args);
-        steps.push(Step::command(family, rule.table.name(), cmd));
+        steps.push(CleanupStep::command(family, rule.table.name(), cmd));
     }
     // Planned rules of built-in chains, by their saved form: extra copies in the state (a rule
     // applied twice) go too.
@@ -157,19 +157,19 @@ pub fn family_steps(
                     }
                     let mut cmd = vec!["-D".to_string(), chain.clone()];
                     cmd.extend(rule_words(rule));
-                    steps.push(Step::command(family, table, cmd));
+                    steps.push(CleanupStep::command(family, table, cmd));
                 }
             }
         }
     }
     let mut seen: BTreeSet<(Table, &str)> = BTreeSet::new();
-    let flush_and_delete = |steps: &mut Vec<Step>, table: &str, chain: &str| {
-        steps.push(Step::command(
+    let flush_and_delete = |steps: &mut Vec<CleanupStep>, table: &str, chain: &str| {
+        steps.push(CleanupStep::command(
             family,
             table,
             vec!["-F".into(), chain.into()],
         ));
-        steps.push(Step::command(
+        steps.push(CleanupStep::command(
             family,
             table,
             vec!["-X".into(), chain.into()],
@@ -196,16 +196,16 @@ pub fn family_steps(
 /// A whole cleanup: the saves it was made from, each family's commands, the final saves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CleanupPlan {
-    pub steps: Vec<Step>,
+    pub steps: Vec<CleanupStep>,
 }
 
 /// The tables some command of `steps` works on.
-pub(super) fn steps_tables(steps: &[Step]) -> BTreeSet<String> {
+pub(super) fn steps_tables(steps: &[CleanupStep]) -> BTreeSet<String> {
     steps
         .iter()
         .filter_map(|s| match s {
-            Step::Command { table, .. } => Some(table.clone()),
-            Step::Save(_) => None,
+            CleanupStep::Command { table, .. } => Some(table.clone()),
+            CleanupStep::Save(_) => None,
         })
         .collect()
 }
@@ -213,7 +213,7 @@ pub(super) fn steps_tables(steps: &[Step]) -> BTreeSet<String> {
 impl CleanupPlan {
     /// The tables the plan has commands for in one family.
     fn tables_of(&self, family: Family) -> BTreeSet<String> {
-        let of_family: Vec<Step> = self
+        let of_family: Vec<CleanupStep> = self
             .steps
             .iter()
             .filter(|s| s.family() == family)
@@ -224,7 +224,7 @@ impl CleanupPlan {
 
     /// The plan as the dry run prints it (Istio's recording-stub format), one line per step.
     pub fn transcript(&self) -> Vec<String> {
-        self.steps.iter().map(Step::display).collect()
+        self.steps.iter().map(CleanupStep::display).collect()
     }
 }
 
@@ -250,8 +250,8 @@ pub fn make_plan(
 ) -> Result<CleanupPlan, ApplyError> {
     let mut states = Vec::new();
     for b in bins.iter().flatten() {
-        tracing::debug!(command = %Step::Save(b.family).display(), "cleanup");
-        let out = exec.run(&Step::Save(b.family).to_cmd(b, env))?;
+        tracing::debug!(command = %CleanupStep::Save(b.family).display(), "cleanup");
+        let out = exec.run(&CleanupStep::Save(b.family).to_cmd(b, env))?;
         states.push((b.family, out.success.then(|| parse_save(&out.stdout))));
     }
     Ok(plan_from_states(&states, input))
@@ -260,7 +260,7 @@ pub fn make_plan(
 /// The plan for the states read (None: unreadable, planned as empty). Pure. Without any state it
 /// is Istio's dry-run list: both saves, the IPv4 (and, when enabled, IPv6) commands, final saves.
 pub fn plan_from_states(states: &[(Family, Option<State>)], input: &CleanupInput) -> CleanupPlan {
-    let mut steps: Vec<Step> = states.iter().map(|(f, _)| Step::Save(*f)).collect();
+    let mut steps: Vec<CleanupStep> = states.iter().map(|(f, _)| CleanupStep::Save(*f)).collect();
     let mut families = Vec::new();
     for (family, state) in states {
         let wanted = match family {
@@ -278,7 +278,7 @@ pub fn plan_from_states(states: &[(Family, Option<State>)], input: &CleanupInput
             families.push(*family);
         }
     }
-    steps.extend(families.into_iter().map(Step::Save));
+    steps.extend(families.into_iter().map(CleanupStep::Save));
     CleanupPlan { steps }
 }
 
@@ -294,7 +294,7 @@ pub fn run_plan(
     let first_saves = plan
         .steps
         .iter()
-        .take_while(|s| matches!(s, Step::Save(_)))
+        .take_while(|s| matches!(s, CleanupStep::Save(_)))
         .count();
     let mut left = Vec::new();
     for step in &plan.steps[first_saves..] {
@@ -304,7 +304,7 @@ pub fn run_plan(
         let cmd = step.to_cmd(b, env);
         tracing::debug!(command = %step.display(), "cleanup");
         match step {
-            Step::Save(family) => {
+            CleanupStep::Save(family) => {
                 let text = run_checked(exec, &cmd)?.stdout;
                 let state = parse_save(&text);
                 if has_owned_chains(&state) {
@@ -312,7 +312,7 @@ pub fn run_plan(
                 }
                 drop_emptied_tables(b, &text, &plan.tables_of(*family));
             }
-            Step::Command { .. } => run_command(exec, &cmd)?,
+            CleanupStep::Command { .. } => run_command(exec, &cmd)?,
         }
     }
     match left.is_empty() {
@@ -392,10 +392,13 @@ pub(super) fn drop_emptied_tables(bins: &Binaries, save: &str, touched: &BTreeSe
 pub(super) fn run_commands(
     exec: &mut dyn Executor,
     bins: &Binaries,
-    steps: &[Step],
+    steps: &[CleanupStep],
     env: &[(String, String)],
 ) -> Result<(), ApplyError> {
-    for step in steps.iter().filter(|s| matches!(s, Step::Command { .. })) {
+    for step in steps
+        .iter()
+        .filter(|s| matches!(s, CleanupStep::Command { .. }))
+    {
         tracing::debug!(command = %step.display(), "cleanup");
         run_command(exec, &step.to_cmd(bins, env))?;
     }

@@ -24,7 +24,7 @@ fn without_state_the_plan_is_istios_list_and_keeps_builtin_rules_of_any_target()
     let rules = build(&tproxy_cfg());
     let lines: Vec<String> = family_steps(Family::V4, &rules.v4, &[], None)
         .iter()
-        .map(Step::display)
+        .map(CleanupStep::display)
         .collect();
     assert_has_all(
         &lines,
@@ -49,7 +49,7 @@ fn with_state_leftover_jumps_and_our_other_chains_go_but_user_chains_stay() {
     let rules = build(&CaptureConfig::default());
     let lines: Vec<String> = family_steps(Family::V4, &rules.v4, &[], Some(&state))
         .iter()
-        .map(Step::display)
+        .map(CleanupStep::display)
         .collect();
     assert_eq!(
         lines

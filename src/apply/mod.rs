@@ -28,6 +28,6 @@ pub use cleanup::{CleanupInput, CleanupPlan};
 pub use exec::{Cmd, CmdOutput, Executor, ProcessExecutor};
 pub use iptables::{ApplyError, Binaries, ForceBinary, NftNetlinkError, detect};
 pub use sidecar::{
-    Outcome, SidecarOptions, apply_sidecar, apply_sidecar_here, cleanup_plan_here,
+    RuleChange, SidecarOptions, apply_sidecar, apply_sidecar_here, cleanup_plan_here,
     cleanup_sidecar_here,
 };

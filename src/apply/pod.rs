@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::exec::ProcessExecutor;
 use super::iptables::{ApplyError, ForceBinary};
 use super::nft::Listings;
-use super::sidecar::{Outcome, SidecarOptions, apply_sidecar_here, cleanup_sidecar_here};
+use super::sidecar::{RuleChange, SidecarOptions, apply_sidecar_here, cleanup_sidecar_here};
 use super::{CleanupInput, nft};
 use crate::netns::{Netns, NetnsError, UsernsEntry};
 use crate::rules::capture::{self, CaptureConfig};
@@ -66,7 +66,7 @@ pub const SIDECAR_NFT_TABLES: &str = "istio-proxy-";
 
 /// What [`verify`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum NetnsCheck {
     /// Exactly the rules [`program`] would leave.
     InPlace,
     /// Rules of ours, but not those: `what` names the first difference.
@@ -78,7 +78,7 @@ pub enum Verdict {
 /// What [`program`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Programmed {
-    pub outcome: Outcome,
+    pub outcome: RuleChange,
     /// IPv6 rules were programmed.
     pub ipv6: bool,
     /// Things the operator should know that did not stop the apply.
@@ -123,13 +123,13 @@ pub fn program(
                     &mut ProcessExecutor::entering(userns),
                     &nft_transaction(&cfg),
                 )?;
-                Outcome::Applied
+                RuleChange::Applied
             }
         };
         // From this thread also for a user-namespaced pod: rtnetlink asks only for CAP_NET_ADMIN
         // over the netns's user namespace, which host root has. nftables replaces our tables on
         // every run, so the routes follow the settings of this run too.
-        let replaced = outcome == Outcome::Reconciled || opts.backend == Backend::Nftables;
+        let replaced = outcome == RuleChange::Reconciled || opts.backend == Backend::Nftables;
         routes(&cfg, RouteStep::Converge { replaced })?;
         Ok(Programmed {
             outcome,
@@ -147,7 +147,7 @@ pub fn verify(
     target: Target<'_>,
     cfg: &CaptureConfig,
     opts: &PodOptions,
-) -> Result<Verdict, PodError> {
+) -> Result<NetnsCheck, PodError> {
     cfg.validate()?;
     let mut cfg = cfg.clone();
     let opts = opts.clone();
@@ -172,9 +172,9 @@ pub fn verify(
                 let mut exec = ProcessExecutor::entering(userns);
                 let actual = nft::our_listing(&mut exec, SIDECAR_NFT_TABLES)?;
                 match nft::listing_difference(&expected, &actual) {
-                    None => Verdict::InPlace,
-                    Some(_) if actual.is_empty() => Verdict::Absent,
-                    Some(what) => Verdict::Drifted { what },
+                    None => NetnsCheck::InPlace,
+                    Some(_) if actual.is_empty() => NetnsCheck::Absent,
+                    Some(what) => NetnsCheck::Drifted { what },
                 }
             }
         };
@@ -188,7 +188,7 @@ fn apply_iptables(
     opts: &PodOptions,
     lock: Vec<(String, String)>,
     userns: Option<UsernsEntry>,
-) -> Result<Outcome, ApplyError> {
+) -> Result<RuleChange, ApplyError> {
     let rules = capture::build(cfg);
     let sidecar = SidecarOptions {
         reconcile: opts.reconcile,
@@ -224,7 +224,7 @@ pub fn cleanup(
     cfg: &CaptureConfig,
     backend: Backend,
     force_binary: Option<ForceBinary>,
-) -> Result<Outcome, PodError> {
+) -> Result<RuleChange, PodError> {
     cfg.validate()?;
     let cfg = cfg.clone();
     let lock = lock_env(target);
@@ -245,7 +245,7 @@ pub fn cleanup(
                     &mut ProcessExecutor::entering(userns),
                     &nft_cleanup_transaction(),
                 )?;
-                Outcome::CleanedUp
+                RuleChange::CleanedUp
             }
         };
         routes(&cfg, RouteStep::Remove)?;

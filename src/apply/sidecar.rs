@@ -56,7 +56,7 @@ pub struct SidecarOptions {
 
 /// What an apply did, for logs and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum RuleChange {
     Applied,
     /// Applied as one nf_tables transaction sent by us (no iptables process).
     AppliedOverNetlink,
@@ -66,14 +66,14 @@ pub enum Outcome {
 }
 
 /// Logs name outcomes in words (`applied`), not Rust syntax (`Some(Applied)`).
-impl std::fmt::Display for Outcome {
+impl std::fmt::Display for RuleChange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Outcome::Applied => "applied",
-            Outcome::AppliedOverNetlink => "applied over nfnetlink",
-            Outcome::AlreadyApplied => "already applied",
-            Outcome::Reconciled => "reconciled",
-            Outcome::CleanedUp => "cleaned up",
+            RuleChange::Applied => "applied",
+            RuleChange::AppliedOverNetlink => "applied over nfnetlink",
+            RuleChange::AlreadyApplied => "already applied",
+            RuleChange::Reconciled => "reconciled",
+            RuleChange::CleanedUp => "cleaned up",
         })
     }
 }
@@ -98,7 +98,7 @@ pub fn apply_sidecar(
     rules: &RuleSet,
     opts: &SidecarOptions,
     fresh: &Fresh,
-) -> Result<Outcome, ApplyError> {
+) -> Result<RuleChange, ApplyError> {
     apply_sidecar_with(exec, bins, rules, opts, fresh, &no_typed_read)
 }
 
@@ -112,7 +112,7 @@ fn apply_sidecar_with(
     opts: &SidecarOptions,
     fresh: &Fresh,
     read: TypedRead<'_>,
-) -> Result<Outcome, ApplyError> {
+) -> Result<RuleChange, ApplyError> {
     let planned: Vec<(&Binaries, &[Rule])> = bins
         .iter()
         .map(|b| (b, rules.family(b.family)))
@@ -120,7 +120,7 @@ fn apply_sidecar_with(
         .collect();
     if !opts.reconcile && planned.iter().all(|(b, _)| fresh.contains_key(&b.family)) {
         apply_fresh(exec, &planned, fresh, &opts.env)?;
-        return Ok(Outcome::Applied);
+        return Ok(RuleChange::Applied);
     }
 
     let mut snapshots = Vec::new();
@@ -155,7 +155,7 @@ fn apply_sidecar_with(
         });
     }
     if drifted.is_empty() {
-        return Ok(Outcome::AlreadyApplied);
+        return Ok(RuleChange::AlreadyApplied);
     }
     if let Some((b, _, _)) = drifted.iter().find(|(_, _, ours)| *ours)
         && !opts.reconcile
@@ -216,9 +216,9 @@ fn apply_sidecar_with(
         );
     }
     Ok(if residue {
-        Outcome::Reconciled
+        RuleChange::Reconciled
     } else {
-        Outcome::Applied
+        RuleChange::Applied
     })
 }
 
@@ -466,7 +466,7 @@ pub fn apply_sidecar_here(
     rules: &RuleSet,
     opts: &SidecarOptions,
     force: Option<ForceBinary>,
-) -> Result<Outcome, ApplyError> {
+) -> Result<RuleChange, ApplyError> {
     let mut bins = Vec::new();
     for family in Family::ALL {
         if !rules.family(family).is_empty() {
@@ -479,7 +479,7 @@ pub fn apply_sidecar_here(
         match apply_nft_netlink_entering(rules, opts.userns.as_ref()) {
             Ok(()) => {
                 tracing::debug!("applied over nfnetlink, encoded as iptables-nft does");
-                return Ok(Outcome::Applied);
+                return Ok(RuleChange::Applied);
             }
             // Outside the encoding is routine; a failed transaction is worth a look.
             Err(e) if e.is_not_encodable() => {
@@ -539,13 +539,13 @@ pub fn cleanup_sidecar_here(
     env: &[(String, String)],
     force: Option<ForceBinary>,
     userns: Option<&UsernsEntry>,
-) -> Result<Outcome, ApplyError> {
+) -> Result<RuleChange, ApplyError> {
     let bins = cleanup_bins(force)?;
     let by_family = [bins[0].as_ref(), bins[1].as_ref()];
     let mut exec = super::exec::ProcessExecutor::entering(userns.cloned());
     let plan = make_plan(&mut exec, by_family, input, env)?;
     run_plan(&mut exec, by_family, &plan, env)?;
-    Ok(Outcome::CleanedUp)
+    Ok(RuleChange::CleanedUp)
 }
 
 #[cfg(test)]

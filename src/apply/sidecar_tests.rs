@@ -80,7 +80,7 @@ fn a_fresh_namespace_costs_one_restore_per_family_and_nothing_else() {
         &fresh,
     )
     .unwrap();
-    assert_eq!(outcome, Outcome::Applied);
+    assert_eq!(outcome, RuleChange::Applied);
     let programs: Vec<&str> = script.ran.iter().map(|c| c.program.as_str()).collect();
     assert_eq!(programs, ["iptables-restore", "ip6tables-restore"]);
 }

@@ -5,7 +5,7 @@
 
 use super::exec::Executor;
 use super::iptables::{ApplyError, Binaries, ForceBinary, detect, family_prefix};
-use super::pod::Verdict;
+use super::pod::NetnsCheck;
 use super::rule_backend::{Diff, TypedRead, for_family, kernel_read, no_typed_read};
 use super::sidecar::first_missing;
 use super::state::Difference;
@@ -21,7 +21,7 @@ pub fn verify_sidecar(
     bins: &[Binaries],
     rules: &RuleSet,
     env: &[(String, String)],
-) -> Result<Verdict, ApplyError> {
+) -> Result<NetnsCheck, ApplyError> {
     verify_sidecar_with(exec, bins, rules, env, &no_typed_read)
 }
 
@@ -34,7 +34,7 @@ fn verify_sidecar_with(
     rules: &RuleSet,
     env: &[(String, String)],
     read: TypedRead<'_>,
-) -> Result<Verdict, ApplyError> {
+) -> Result<NetnsCheck, ApplyError> {
     let mut absent = true;
     let mut drift = None;
     for b in bins {
@@ -63,9 +63,9 @@ fn verify_sidecar_with(
         };
     }
     Ok(match drift {
-        None => Verdict::InPlace,
-        Some(_) if absent => Verdict::Absent,
-        Some(what) => Verdict::Drifted { what },
+        None => NetnsCheck::InPlace,
+        Some(_) if absent => NetnsCheck::Absent,
+        Some(what) => NetnsCheck::Drifted { what },
     })
 }
 
@@ -75,7 +75,7 @@ pub fn verify_sidecar_here(
     env: &[(String, String)],
     force: Option<ForceBinary>,
     userns: Option<&UsernsEntry>,
-) -> Result<Verdict, ApplyError> {
+) -> Result<NetnsCheck, ApplyError> {
     let mut bins = Vec::new();
     for family in Family::ALL {
         if !rules.family(family).is_empty() {

@@ -14,7 +14,7 @@ use super::node_store::NodePods;
 use crate::agent::adapters;
 use crate::agent::adapters::{RECORD_FILE, Recorded};
 use crate::agent::ports::{KubeAnnotator, LateZtunnel};
-use crate::agent::settings::{Settings, Timing};
+use crate::agent::settings::{AgentTiming, Settings};
 use crate::agent::{Agent, AgentError, Deps};
 use crate::kube::KubeClient;
 use crate::retry::periodic::{Kick, Periodic};
@@ -88,7 +88,7 @@ pub fn agent_settings(cfg: &Config, drift_kick: &Kick) -> Settings {
         native_nftables: cfg.install.native_nftables,
         host_proc_dir: cfg.host_proc_dir.clone(),
         pod_namespace: cfg.install.pod_namespace.clone(),
-        timing: Timing::default(),
+        timing: AgentTiming::default(),
         drift: cfg
             .drift_verify_interval
             .map(|period| Periodic::new(period, drift_kick.clone())),

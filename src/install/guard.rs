@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use notify::{EventKind, RecursiveMode, Watcher};
 use tracing::{debug, error, info, warn};
 
-use super::installer::{Fingerprint, InstallError, Installer, Outcome, WatchTarget};
+use super::installer::{Fingerprint, InstallError, InstallPass, Installer, WatchTarget};
 use crate::kube::RetryPolicy;
 
 /// What the guard reports to the outside (readiness, metrics).
@@ -315,11 +315,11 @@ fn run(installer: &mut Installer, obs: &dyn GuardObserver, tx: Sender<Msg>, rx: 
         }
         let seen = installer.inputs_fingerprint();
         match installer.install_all() {
-            Ok(Outcome::Installed) => {
+            Ok(InstallPass::Installed) => {
                 waiting_logged = None;
                 obs.installed();
             }
-            Ok(Outcome::WaitingForPrimary(what)) => {
+            Ok(InstallPass::WaitingForPrimary(what)) => {
                 if waiting_logged.as_deref() != Some(what.as_str()) {
                     info!("{what}");
                     waiting_logged = Some(what);

@@ -71,7 +71,7 @@ impl InstallError {
 
 /// Result of a successful pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum InstallPass {
     /// Everything is in place.
     Installed,
     /// Chained mode and no usable primary config exists yet: wait for one.
@@ -355,12 +355,12 @@ impl Installer {
     }
 
     /// One install pass (§2.3): binaries, kubeconfig, then the CNI config if it is not valid.
-    pub fn install_all(&mut self) -> Result<Outcome, InstallError> {
+    pub fn install_all(&mut self) -> Result<InstallPass, InstallError> {
         self.copy_binaries()?;
         self.write_kubeconfig()?;
         let cands = self.scan();
         match self.check_conf(&cands) {
-            Ok(()) => Ok(Outcome::Installed),
+            Ok(()) => Ok(InstallPass::Installed),
             Err(reason) => {
                 debug!("CNI config needs (re)writing: {reason}");
                 self.create_conf(&cands)

@@ -398,7 +398,7 @@ impl KubeClient {
     pub async fn create_pod_event(
         &self,
         pod: &Pod,
-        event: &PodEvent,
+        event: &EventRecord,
         timeout: Duration,
     ) -> Result<(), KubeError> {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
@@ -441,14 +441,14 @@ impl EventType {
 /// A core/v1 Event about a pod, as client-go's event recorder writes it (the repair controller's
 /// `DeleteBrokenPod` / `LabelBrokenPod` warnings, source component `cni-repair`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodEvent {
+pub struct EventRecord {
     pub event_type: EventType,
     pub reason: String,
     pub message: String,
     pub component: String,
 }
 
-impl PodEvent {
+impl EventRecord {
     fn to_event(&self, pod: &Pod, now: Time) -> Event {
         let pod_name = pod.metadata.name.clone().unwrap_or_default();
         let namespace = pod.metadata.namespace.clone();

@@ -25,7 +25,7 @@ pub mod stores;
 
 pub use crate::retry::RetryPolicy;
 pub use client::{
-    EventType, KubeClient, MetadataPatch, PodEvent, PodPatchVia, PodPreconditions, Selectors,
+    EventRecord, EventType, KubeClient, MetadataPatch, PodPatchVia, PodPreconditions, Selectors,
     WatchBackoff, WatchStream, pod_preconditions,
 };
 pub use config::{ConfigSource, config_from_kubeconfig_file, load_config, load_config_with};

@@ -51,27 +51,28 @@ pub trait KubeReads {
     ) -> impl Future<Output = Result<Namespace, KubeCallError>> + Send;
 }
 
-/// The shared client ([`crate::kube::KubeClient`]) built from the agent-written kubeconfig.
-pub struct KubeClient {
+/// The plugin's view of the API: the shared client ([`crate::kube::KubeClient`]) built from the
+/// agent-written kubeconfig, answering only the reads the ADD flow makes ([`KubeReads`]).
+pub struct PluginKube {
     client: crate::kube::KubeClient,
 }
 
-impl KubeClient {
+impl PluginKube {
     /// kube's own retry of 429/503/504 is turned off: the ADD flow retries transient errors itself
     /// (one policy, deadline-aware, logged), and a final error then says 503, not "no answer".
-    pub async fn from_kubeconfig(path: &Path) -> Result<KubeClient, KubeCallError> {
+    pub async fn from_kubeconfig(path: &Path) -> Result<PluginKube, KubeCallError> {
         let client_error = |source| KubeCallError::Client { source };
         let mut config = crate::kube::config_from_kubeconfig_file(path)
             .await
             .map_err(client_error)?;
         config.default_retry = false;
         crate::kube::KubeClient::from_config(config)
-            .map(|client| KubeClient { client })
+            .map(|client| PluginKube { client })
             .map_err(client_error)
     }
 }
 
-impl KubeReads for KubeClient {
+impl KubeReads for PluginKube {
     fn get_pod(
         &self,
         namespace: &str,

@@ -224,7 +224,7 @@ fn cmd_add(
         .map_err(|e| CniError::internal(format!("cannot start the async runtime: {e}")))?;
     let kubeconfig = conf.kubeconfig_path();
     let flow = add::cmd_add(env, conf, &engine, &args, deadline, || async move {
-        k8s::KubeClient::from_kubeconfig(&kubeconfig).await
+        k8s::PluginKube::from_kubeconfig(&kubeconfig).await
     });
     let outcome = runtime.block_on(async {
         // Lets the tests prove that a panic becomes a CNI error (`test-hooks` builds only).

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::apply::Outcome;
+use crate::apply::RuleChange;
 use crate::apply::pod::{self, PodError, PodOptions, Target};
 use crate::netns::Netns;
 use crate::rules::capture::{CaptureConfig, build};
@@ -40,7 +40,7 @@ pub enum ProgramError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Programmed {
     pub ipv6: bool,
-    pub outcome: Option<Outcome>,
+    pub outcome: Option<RuleChange>,
     pub warnings: Vec<String>,
 }
 

@@ -20,10 +20,10 @@ use tracing::{debug, error, info, warn};
 
 use super::detect::Detection;
 use super::effects::ActError;
-use super::{Mode, Timing};
-use crate::apply::pod::Verdict;
+use super::{Mode, RepairTiming};
+use crate::apply::pod::NetnsCheck;
 use crate::kube::stores::{PodStore, StoreEvent, Stored};
-use crate::kube::{EventType, PodEvent};
+use crate::kube::{EventRecord, EventType};
 use crate::netns::Netns;
 use crate::sidecar::redirect::CaptureSettings;
 use crate::telemetry::metrics::{Metrics, RepairLabels};
@@ -46,7 +46,7 @@ pub trait Effects: Send + Sync + 'static {
         value: String,
     ) -> BoxFuture<'static, Result<(), ActError>>;
     /// Records an event on the pod.
-    fn event(&self, pod: Arc<Pod>, event: PodEvent) -> BoxFuture<'static, Result<(), ActError>>;
+    fn event(&self, pod: Arc<Pod>, event: EventRecord) -> BoxFuture<'static, Result<(), ActError>>;
     /// The drift pass's read: one /proc scan for every pod of `batch`, then each netns found
     /// verified against the pod's expected rules (nothing written).
     fn verify_pods(&self, batch: Vec<Expected>) -> BoxFuture<'static, Vec<Checked>>;
@@ -72,7 +72,7 @@ pub struct Checked {
     pub uid: String,
     /// The netns (kept for the heal) and the verdict; `ActError::NetnsNotFound` when the scan
     /// found no netns of the pod.
-    pub result: Result<(Arc<Netns>, Verdict), ActError>,
+    pub result: Result<(Arc<Netns>, NetnsCheck), ActError>,
 }
 
 /// A running pod the drift pass hands to the controller's policy: its redirect derivation changed
@@ -87,7 +87,7 @@ pub struct HandOff {
 
 /// What became of a broken pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Handled {
     Done,
     /// Nothing to do (already labelled; no capture wanted; detect-only mode).
     Skipped(&'static str),
@@ -95,19 +95,19 @@ pub enum Outcome {
 
 /// What to do after a failed attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
+pub enum AfterFailure {
     RetryAfter(Duration),
     GiveUp,
 }
 
 /// The error policy: permanent errors and the last attempt give up; transient ones are retried
 /// with the jittered doubling delay of the `retry` room. `attempt` counts from 1.
-pub fn error_policy(err: &ActError, attempt: u32, timing: &Timing) -> Policy {
+pub fn error_policy(err: &ActError, attempt: u32, timing: &RepairTiming) -> AfterFailure {
     let max = timing.retry.max_attempts.unwrap_or(u32::MAX);
     if err.is_permanent() || attempt >= max {
-        Policy::GiveUp
+        AfterFailure::GiveUp
     } else {
-        Policy::RetryAfter(timing.retry.jittered_delay(attempt - 1))
+        AfterFailure::RetryAfter(timing.retry.jittered_delay(attempt - 1))
     }
 }
 
@@ -116,8 +116,8 @@ fn pod_ref(pod: &Pod) -> String {
 }
 
 /// An event about a pod from the repair room (the controller's and the drift pass's).
-pub(super) fn event(event_type: EventType, reason: &str, message: String) -> PodEvent {
-    PodEvent {
+pub(super) fn event(event_type: EventType, reason: &str, message: String) -> EventRecord {
+    EventRecord {
         event_type,
         reason: reason.to_string(),
         message,
@@ -141,17 +141,17 @@ pub async fn reconcile<E: Effects + ?Sized>(
     mode: &Mode,
     pod: Arc<Pod>,
     why: &str,
-) -> Result<Outcome, ActError> {
+) -> Result<Handled, ActError> {
     let (outcome, message) = match mode {
-        Mode::Detect => return Ok(Outcome::Skipped("no repair mode set")),
+        Mode::Detect => return Ok(Handled::Skipped("no repair mode set")),
         Mode::Repair => {
             if !effects.repair(pod.clone()).await? {
-                return Ok(Outcome::Skipped(
+                return Ok(Handled::Skipped(
                     "interceptionMode NONE: nothing to program",
                 ));
             }
             (
-                Outcome::Done,
+                Handled::Done,
                 format!(
                     "pod detected as broken ({why}), traffic redirection programmed in its network namespace"
                 ),
@@ -160,7 +160,7 @@ pub async fn reconcile<E: Effects + ?Sized>(
         Mode::Delete => {
             effects.delete(pod.clone()).await?;
             (
-                Outcome::Done,
+                Handled::Done,
                 format!("pod detected as broken ({why}), deleted"),
             )
         }
@@ -171,13 +171,13 @@ pub async fn reconcile<E: Effects + ?Sized>(
                 .as_ref()
                 .is_some_and(|l| l.contains_key(key));
             if labelled {
-                return Ok(Outcome::Skipped("already labelled"));
+                return Ok(Handled::Skipped("already labelled"));
             }
             effects
                 .label(pod.clone(), key.clone(), value.clone())
                 .await?;
             (
-                Outcome::Done,
+                Handled::Done,
                 format!("pod detected as broken ({why}), labelled {key}={value}"),
             )
         }
@@ -203,7 +203,7 @@ pub struct Controller<E: ?Sized> {
     pub mode: Mode,
     pub effects: Arc<E>,
     pub metrics: Metrics,
-    pub timing: Timing,
+    pub timing: RepairTiming,
 }
 
 /// The result of one attempt, sent back to the loop.
@@ -211,7 +211,7 @@ struct Attempt {
     key: String,
     uid: String,
     pod: Arc<Pod>,
-    result: Result<Outcome, ActError>,
+    result: Result<Handled, ActError>,
 }
 
 /// The loop's bookkeeping, per key.
@@ -375,13 +375,13 @@ impl<E: Effects + ?Sized> Controller<E> {
         } = attempt;
         let action = self.mode.as_str();
         let err = match result {
-            Ok(Outcome::Done) => {
+            Ok(Handled::Done) => {
                 info!(pod = %key, uid = %uid, action, "broken pod handled");
                 self.count("success");
                 self.remember(keys, key, uid);
                 return;
             }
-            Ok(Outcome::Skipped(why)) => {
+            Ok(Handled::Skipped(why)) => {
                 info!(pod = %key, uid = %uid, action, "broken pod skipped: {why}");
                 self.count("skip");
                 self.remember(keys, key, uid);
@@ -399,7 +399,7 @@ impl<E: Effects + ?Sized> Controller<E> {
         entry.1 += 1;
         let attempt = entry.1;
         match error_policy(&err, attempt, &self.timing) {
-            Policy::RetryAfter(delay) => {
+            AfterFailure::RetryAfter(delay) => {
                 warn!(pod = %key, action, attempt, "acting on broken pod failed, retrying in {delay:?}: {err}");
                 keys.waiting.insert(key.clone());
                 let tx = retry_tx.clone();
@@ -411,7 +411,7 @@ impl<E: Effects + ?Sized> Controller<E> {
                     }
                 });
             }
-            Policy::GiveUp => {
+            AfterFailure::GiveUp => {
                 error!(pod = %key, action, attempt, "acting on broken pod failed, giving up on this pod: {err}");
                 self.count("fail");
                 self.remember(keys, key.clone(), uid);

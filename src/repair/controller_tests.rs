@@ -15,7 +15,7 @@ type RepairFn = dyn Fn(u32) -> Result<bool, ActError> + Send + Sync;
 pub(crate) struct Fake {
     calls: Mutex<Vec<String>>,
     repair: Box<RepairFn>,
-    pub(crate) verdicts: Mutex<std::collections::HashMap<String, Verdict>>,
+    pub(crate) verdicts: Mutex<std::collections::HashMap<String, NetnsCheck>>,
     pub(crate) heal_fails: Mutex<std::collections::HashSet<String>>,
 }
 
@@ -61,7 +61,11 @@ impl Effects for Fake {
         self.record(format!("label {} {key}={value}", pod.key()));
         futures::future::ready(Ok(())).boxed()
     }
-    fn event(&self, _pod: Arc<Pod>, event: PodEvent) -> BoxFuture<'static, Result<(), ActError>> {
+    fn event(
+        &self,
+        _pod: Arc<Pod>,
+        event: EventRecord,
+    ) -> BoxFuture<'static, Result<(), ActError>> {
         self.record(format!(
             "event {:?} {} {}",
             event.event_type, event.reason, event.message
@@ -95,7 +99,7 @@ impl Effects for Fake {
             self.verdicts
                 .lock()
                 .unwrap()
-                .insert(e.uid.clone(), Verdict::InPlace);
+                .insert(e.uid.clone(), NetnsCheck::InPlace);
             Ok(())
         };
         futures::future::ready(result).boxed()
@@ -119,8 +123,8 @@ fn broken_pod(name: &str, uid: &str, rv: &str) -> Pod {
     .unwrap()
 }
 
-fn fast() -> Timing {
-    Timing {
+fn fast() -> RepairTiming {
+    RepairTiming {
         kube_call_timeout: Duration::from_secs(1),
         retry: RetryPolicy {
             first: Duration::from_millis(2),
@@ -328,12 +332,12 @@ fn modes_follow_istio_precedence_and_the_policy_gives_up_on_permanent_errors() {
     let t = fast();
     assert!(matches!(
         error_policy(&ActError::NoIp, 1, &t),
-        Policy::RetryAfter(d) if d <= Duration::from_millis(2)
+        AfterFailure::RetryAfter(d) if d <= Duration::from_millis(2)
     ));
-    assert_eq!(error_policy(&ActError::NoIp, 5, &t), Policy::GiveUp);
+    assert_eq!(error_policy(&ActError::NoIp, 5, &t), AfterFailure::GiveUp);
     assert_eq!(
         error_policy(&ActError::Task("x".into()), 1, &t),
-        Policy::GiveUp
+        AfterFailure::GiveUp
     );
 }
 

@@ -19,9 +19,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::controller::{Effects, Expected, HandOff, event};
-use crate::apply::pod::Verdict;
+use crate::apply::pod::NetnsCheck;
 use crate::kube::stores::{PodStore, Stored, pod_ips};
-use crate::kube::{EventType, PodEvent};
+use crate::kube::{EventRecord, EventType};
 use crate::retry::periodic::{Kick, Periodic};
 use crate::sidecar::PodInfo;
 use crate::sidecar::redirect::{ANN_STATUS, EngineEnv, Redirect, redirect, skip_reason};
@@ -291,10 +291,10 @@ impl<E: Effects + ?Sized> DriftPass<E> {
                 continue;
             };
             let outcome = match checked.result {
-                Ok((_, Verdict::InPlace)) => PodOutcome::InPlace,
+                Ok((_, NetnsCheck::InPlace)) => PodOutcome::InPlace,
                 Ok((netns, verdict)) => {
                     let what = match verdict {
-                        Verdict::Drifted { what } => what,
+                        NetnsCheck::Drifted { what } => what,
                         _ => "no rules of ours at all".to_string(),
                     };
                     match self.effects.heal(netns, exp.clone()).await {
@@ -351,7 +351,7 @@ impl<E: Effects + ?Sized> DriftPass<E> {
         }
     }
 
-    async fn post(&self, pod: Arc<Pod>, ev: PodEvent) {
+    async fn post(&self, pod: Arc<Pod>, ev: EventRecord) {
         let key = pod.key();
         if let Err(e) = self.effects.event(pod, ev).await {
             warn!(pod = %key, "recording the drift event failed: {e}");

@@ -161,7 +161,7 @@ impl Rig {
         Rig { pass, fake, handed }
     }
 
-    fn add(&self, p: Pod, verdict: Option<Verdict>) {
+    fn add(&self, p: Pod, verdict: Option<NetnsCheck>) {
         let uid = p.metadata.uid.clone().unwrap();
         if let Some(v) = verdict {
             self.fake.verdicts.lock().unwrap().insert(uid, v);
@@ -187,16 +187,16 @@ impl Rig {
 fn a_pass_heals_drift_reports_failures_once_and_leaves_pods_in_place_alone() {
     rt().block_on(async {
         let mut rig = Rig::new();
-        let drifted = Verdict::Drifted {
+        let drifted = NetnsCheck::Drifted {
             what: "iptables: nat chain ISTIO_OUTPUT holds 0 rules, 9 expected".into(),
         };
-        rig.add(pod("fine", "u-fine", json!({})), Some(Verdict::InPlace));
+        rig.add(pod("fine", "u-fine", json!({})), Some(NetnsCheck::InPlace));
         rig.add(
             pod("flushed", "u-flushed", json!({})),
             Some(drifted.clone()),
         );
         rig.add(pod("gone", "u-gone", json!({})), None);
-        rig.add(pod("stuck", "u-stuck", json!({})), Some(Verdict::Absent));
+        rig.add(pod("stuck", "u-stuck", json!({})), Some(NetnsCheck::Absent));
         rig.fake.heal_fails.lock().unwrap().insert("u-stuck".into());
 
         let stats = rig.pass.pass().await;
@@ -250,7 +250,7 @@ fn a_pass_heals_drift_reports_failures_once_and_leaves_pods_in_place_alone() {
 fn an_annotation_edited_on_a_running_pod_goes_to_the_policy_once_and_is_not_rewritten() {
     rt().block_on(async {
         let mut rig = Rig::new();
-        rig.add(pod("web", "u1", json!({})), Some(Verdict::InPlace));
+        rig.add(pod("web", "u1", json!({})), Some(NetnsCheck::InPlace));
         rig.pass.pass().await;
         rig.add(
             pod(
@@ -258,7 +258,7 @@ fn an_annotation_edited_on_a_running_pod_goes_to_the_policy_once_and_is_not_rewr
                 "u1",
                 json!({"traffic.sidecar.istio.io/includeInboundPorts": "8080"}),
             ),
-            Some(Verdict::Drifted { what: "x".into() }),
+            Some(NetnsCheck::Drifted { what: "x".into() }),
         );
         let seen = rig.fake.calls().len();
         let stats = rig.pass.pass().await;

@@ -19,7 +19,9 @@ use crate::apply::ForceBinary;
 use crate::apply::nft::Listings;
 use crate::apply::pod::{self, Backend, PodError, PodOptions, Target};
 use crate::kube::stores::pod_ips;
-use crate::kube::{KubeClient, KubeError, MetadataPatch, PodEvent, PodPatchVia, pod_preconditions};
+use crate::kube::{
+    EventRecord, KubeClient, KubeError, MetadataPatch, PodPatchVia, pod_preconditions,
+};
 use crate::netns::Netns;
 use crate::sidecar::redirect::{AnnotationError, EngineEnv, Redirect, RedirectError};
 use crate::sidecar::{PodInfo, redirect};
@@ -290,7 +292,7 @@ impl Effects for KubeEffects {
         .boxed()
     }
 
-    fn event(&self, pod: Arc<Pod>, event: PodEvent) -> BoxFuture<'static, Result<(), ActError>> {
+    fn event(&self, pod: Arc<Pod>, event: EventRecord) -> BoxFuture<'static, Result<(), ActError>> {
         let client = self.client.clone();
         let timeout = self.timeout;
         async move {

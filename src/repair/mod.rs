@@ -108,16 +108,16 @@ pub struct HostSettings {
 
 /// The controller's time budgets. Every wait has one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timing {
+pub struct RepairTiming {
     /// Each Kubernetes call.
     pub kube_call_timeout: Duration,
     /// Spacing of retries of one pod (jittered); `max_attempts` attempts in all (Istio: 5).
     pub retry: RetryPolicy,
 }
 
-impl Default for Timing {
+impl Default for RepairTiming {
     fn default() -> Self {
-        Timing {
+        RepairTiming {
             kube_call_timeout: Duration::from_secs(5),
             // client-go's per-item limiter starts at 5 ms; a broken pod's netns may appear a
             // little later than its status, so start at 100 ms and give it ~10 s in all.
@@ -167,7 +167,7 @@ pub fn start(
     });
     let detection = Detection::new(cfg)?;
     let mode = Mode::of(cfg);
-    let timing = Timing::default();
+    let timing = RepairTiming::default();
     let effects = KubeEffects::new(client, host, timing.kube_call_timeout)?;
     info!(
         mode = mode.as_str(),

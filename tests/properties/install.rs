@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use istio_cni::install::cniconf::{self, ISTIO_TYPE};
 use istio_cni::install::config::{InstallConfig, LogLevel};
-use istio_cni::install::installer::{Installer, Outcome};
+use istio_cni::install::installer::{InstallPass, Installer};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -140,7 +140,7 @@ proptest! {
         let outcome = installer.install_all();
         let after = snapshot(&net);
         match &outcome {
-            Ok(Outcome::Installed) => {
+            Ok(InstallPass::Installed) => {
                 // Exactly one file was written, with one istio-cni entry, last (other files keep
                 // whatever stale entries they had: they are not ours to rewrite) ...
                 let written: Vec<_> = after.iter()

@@ -25,7 +25,7 @@ use crate::apply::hostproc::{KubeletUidError, kubelet_uid};
 use crate::apply::iptables::ForceBinary;
 use crate::apply::pod::Backend;
 use crate::apply::probe_set::{self, Entries, Ipsets, NftSets, ProbeSetError, ProbeSets, SetOp};
-use crate::apply::sidecar::Outcome;
+use crate::apply::sidecar::RuleChange;
 use std::os::unix::fs::MetadataExt;
 
 use crate::netns::{Netns, NetnsError, NetnsId};
@@ -380,7 +380,7 @@ impl Dataplane {
 
     /// Programs the in-pod redirection and policy routing; idempotent (an unchanged pod is not
     /// touched) and all or nothing.
-    pub fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<Outcome, DataplaneError> {
+    pub fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<RuleChange, DataplaneError> {
         let cfg = self.settings.ambient.clone();
         let overrides = pod.overrides.clone();
         let mut opts = self.apply_opts(Some(netns));

@@ -4,7 +4,7 @@ use std::fs;
 
 use tracing::info;
 
-use super::{InstallError, Installer, Outcome, RestoreRecord};
+use super::{InstallError, InstallPass, Installer, RestoreRecord};
 use crate::install::cniconf::{self, Candidate, Kind};
 use crate::install::config::DEFAULT_STANDALONE_FILENAME;
 use crate::install::fsutil;
@@ -53,7 +53,7 @@ impl Installer {
         lookup(&swapped)
     }
 
-    pub(super) fn create_conf(&mut self, cands: &[Candidate]) -> Result<Outcome, InstallError> {
+    pub(super) fn create_conf(&mut self, cands: &[Candidate]) -> Result<InstallPass, InstallError> {
         if !self.cfg.chained {
             let name = self
                 .cfg
@@ -65,7 +65,7 @@ impl Installer {
                 .map_err(InstallError::WriteConfig)?;
             info!(path = %path.display(), "wrote the standalone istio-cni config");
             self.last_written = Some(name);
-            return Ok(Outcome::Installed);
+            return Ok(InstallPass::Installed);
         }
         let Some(primary) = self.find_primary(cands) else {
             let what = match &self.cfg.cni_conf_name {
@@ -78,7 +78,7 @@ impl Installer {
                     self.dir().display()
                 ),
             };
-            return Ok(Outcome::WaitingForPrimary(what));
+            return Ok(InstallPass::WaitingForPrimary(what));
         };
         let merged = cniconf::insert(&primary.name, &primary.value, &self.istio)
             .map_err(InstallError::MergeConfig)?;
@@ -141,6 +141,6 @@ impl Installer {
             self.touched.insert(target_name.clone());
         }
         self.last_written = Some(target_name);
-        Ok(Outcome::Installed)
+        Ok(InstallPass::Installed)
     }
 }

@@ -70,7 +70,7 @@ fn merges_into_the_first_list_and_installs_everything() {
     put(&e, "10-list.conflist", "list.conflist");
     put(&e, "20-bridge.conf", "bridge.conf");
     let mut i = installer(&e);
-    assert_eq!(i.install_all().expect("installs"), Outcome::Installed);
+    assert_eq!(i.install_all().expect("installs"), InstallPass::Installed);
     pretty_assertions::assert_eq!(read(&e, "10-list.conflist"), golden("list.conflist.golden"));
     assert!(fsutil::same_content(&e.exe, &e.bin.join("istio-cni")).expect("cmp"));
     let kc = fs::read_to_string(i.cfg.kubeconfig_path()).expect("kubeconfig");
@@ -231,7 +231,10 @@ fn standalone_default_and_named() {
 fn waits_without_a_primary_and_detects_preemption() {
     let e = env();
     let mut i = installer(&e);
-    assert!(matches!(i.install_all(), Ok(Outcome::WaitingForPrimary(_))));
+    assert!(matches!(
+        i.install_all(),
+        Ok(InstallPass::WaitingForPrimary(_))
+    ));
     put(&e, "10-list.conflist", "list.conflist");
     i.install_all().expect("installs");
     assert_eq!(i.validate(), Ok(()));
@@ -294,7 +297,7 @@ fn a_named_primary_that_appears_later_is_waited_for() {
     let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
     i.cfg.run_dir = e.net.parent().expect("root").join("run");
     assert!(
-        matches!(i.install_all(), Ok(Outcome::WaitingForPrimary(w)) if w.contains("10-list.conflist"))
+        matches!(i.install_all(), Ok(InstallPass::WaitingForPrimary(w)) if w.contains("10-list.conflist"))
     );
     put(&e, "10-list.conf", "list.conflist");
     // The .conf variant stands in for the named .conflist.
@@ -313,9 +316,15 @@ fn missing_or_empty_conf_dir_waits() {
     let e = env();
     let mut i = installer(&e);
     fs::remove_dir(&e.net).expect("rm dir");
-    assert!(matches!(i.install_all(), Ok(Outcome::WaitingForPrimary(_))));
+    assert!(matches!(
+        i.install_all(),
+        Ok(InstallPass::WaitingForPrimary(_))
+    ));
     fs::create_dir(&e.net).expect("mkdir");
-    assert!(matches!(i.install_all(), Ok(Outcome::WaitingForPrimary(_))));
+    assert!(matches!(
+        i.install_all(),
+        Ok(InstallPass::WaitingForPrimary(_))
+    ));
 }
 
 #[test]

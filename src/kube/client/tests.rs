@@ -123,7 +123,7 @@ fn pod_event_refers_to_the_pod() {
         "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7"}
     }))
     .expect("pod");
-    let event = PodEvent {
+    let event = EventRecord {
         event_type: EventType::Warning,
         reason: "DeleteBrokenPod".into(),
         message: "pod detected as broken, deleted".into(),
