@@ -1,14 +1,17 @@
-//! The reconcile loop, in the style of kube-runtime's `Controller`: the pod store's subscription
-//! feeds keys (`namespace/name`); [`reconcile`] acts on the pod as the store has it now; the
-//! error policy ([`error_policy`], pure) decides between a jittered retry and giving up. One pod's
-//! work never runs twice at once (a key in flight is marked dirty and looked at again after), a
-//! key waiting for its retry ignores events (the retry reads the newest state), and a pod UID is
-//! acted on once: success, a permanent failure or the last attempt records it, so a pod that stays
-//! broken (or whose annotations cannot be used) is never hot-looped. A deleted pod is forgotten.
-//! The sidecar drift pass (`drift`) hands over running pods whose redirect annotations changed
-//! since their rules were programmed ([`HandOff`]): they take the same path, once per UID.
+//! The repair controller's reconcile, on the one reconcile engine (`crate::reconcile`): the pod
+//! store's subscription and the drift pass's hand-offs trigger keys (`namespace/name`);
+//! [`reconcile`] acts on the pod as the store has it now; the error policy ([`error_policy`],
+//! pure) decides between a jittered retry and giving up, and the failure carries that decision as
+//! its class. One pod's work never runs twice at once and a second trigger while it runs looks
+//! again after (the engine's promise); a key waiting for its retry absorbs events (the retry reads
+//! the newest state); a pod UID is acted on once: success, a permanent failure or the last attempt
+//! records it, so a pod that stays broken (or whose annotations cannot be used) is never
+//! hot-looped. A deleted pod is forgotten. The sidecar drift pass (`drift`) hands over running
+//! pods whose redirect annotations changed since their rules were programmed ([`HandOff`]): they
+//! take the same path, once per UID.
 
-use std::collections::{HashMap, HashSet};
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +28,7 @@ use crate::apply::pod::NetnsCheck;
 use crate::kube::stores::{PodStore, StoreEvent, Stored};
 use crate::kube::{EventRecord, EventType};
 use crate::netns::Netns;
+use crate::reconcile::{Class, Classify, Engine, EngineConfig, Reconcile};
 use crate::sidecar::redirect::CaptureSettings;
 use crate::telemetry::metrics::{Metrics, RepairLabels};
 
@@ -206,26 +210,59 @@ pub struct Controller<E: ?Sized> {
     pub timing: RepairTiming,
 }
 
-/// The result of one attempt, sent back to the loop.
-struct Attempt {
-    key: String,
-    uid: String,
-    pod: Arc<Pod>,
-    result: Result<Handled, ActError>,
-}
-
-/// The loop's bookkeeping, per key.
+/// What the controller remembers per key (the engine keeps what is queued, running or waiting).
 #[derive(Default)]
 struct Keys {
     /// key -> the UID acted on (once per UID).
     done: HashMap<String, String>,
     /// key -> (UID, failed attempts so far).
     attempts: HashMap<String, (String, u32)>,
-    in_flight: HashSet<String>,
-    dirty: HashSet<String>,
-    waiting: HashSet<String>,
     /// key -> (UID, why): handed over by the drift pass, acted on whatever `detect` says.
     handed: HashMap<String, (String, String)>,
+}
+
+impl Keys {
+    /// A deleted pod is forgotten.
+    fn forget(&mut self, key: &str) {
+        self.done.remove(key);
+        self.attempts.remove(key);
+        self.handed.remove(key);
+    }
+}
+
+/// A failed attempt, and whether the policy says it was the last.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct Failed {
+    #[source]
+    pub error: ActError,
+    pub last: bool,
+}
+
+impl Classify for Failed {
+    fn class(&self) -> Class {
+        if self.last {
+            Class::GiveUp
+        } else {
+            Class::Retry
+        }
+    }
+}
+
+/// The controller's reconcile of one key over the engine.
+struct Repairer<E: ?Sized> {
+    controller: Controller<E>,
+    keys: Mutex<Keys>,
+}
+
+impl<E: Effects + ?Sized> Reconcile for Repairer<E> {
+    type Key = String;
+    type Done = ();
+    type Error = Failed;
+
+    fn reconcile(&self, key: String, _retry: u32) -> BoxFuture<'_, Result<(), Failed>> {
+        Box::pin(self.reconcile_key(key))
+    }
 }
 
 impl<E: Effects + ?Sized> Controller<E> {
@@ -240,121 +277,104 @@ impl<E: Effects + ?Sized> Controller<E> {
     }
 
     /// Runs until `shutdown` (or the store goes away); `handoffs` brings the drift pass's pods.
+    /// Every added or updated pod and every hand-off is a trigger of the pod's key on the one
+    /// reconcile engine; a key waiting for its retry absorbs triggers (the retry reads the
+    /// newest state, and events must not shorten its backoff).
     pub async fn run(
         self,
         shutdown: CancellationToken,
         mut handoffs: mpsc::UnboundedReceiver<HandOff>,
     ) {
         let mut events = self.pods.subscribe();
-        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Attempt>();
-        let (retry_tx, mut retry_rx) = mpsc::unbounded_channel::<String>();
-        let mut keys = Keys::default();
+        let config = EngineConfig {
+            concurrency: REPAIRS_AT_ONCE,
+            retry: self.timing.retry,
+            trigger_cuts_backoff: false,
+        };
+        let repairer = Arc::new(Repairer {
+            controller: self,
+            keys: Mutex::default(),
+        });
+        let engine = Engine::new(repairer.clone(), config, shutdown.clone());
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 ev = events.recv() => match ev {
                     None => break,
-                    Some(StoreEvent::Deleted(pod)) => {
-                        let key = pod.key();
-                        keys.done.remove(&key);
-                        keys.attempts.remove(&key);
-                        keys.dirty.remove(&key);
-                        keys.handed.remove(&key);
-                    }
+                    Some(StoreEvent::Deleted(pod)) => repairer.keys.lock().forget(&pod.key()),
                     Some(StoreEvent::Added(pod) | StoreEvent::Updated { new: pod, .. }) => {
-                        let key = pod.key();
-                        if !keys.waiting.contains(&key) {
-                            self.schedule(key, &mut keys, &done_tx);
-                        }
+                        engine.trigger(pod.key());
                     }
                 },
                 Some(h) = handoffs.recv() => {
-                    keys.handed.insert(h.key.clone(), (h.uid, h.why));
-                    if !keys.waiting.contains(&h.key) {
-                        self.schedule(h.key, &mut keys, &done_tx);
-                    }
-                }
-                Some(key) = retry_rx.recv() => {
-                    keys.waiting.remove(&key);
-                    self.schedule(key, &mut keys, &done_tx);
-                }
-                Some(attempt) = done_rx.recv() => {
-                    let key = attempt.key.clone();
-                    keys.in_flight.remove(&key);
-                    self.finish(attempt, &mut keys, &retry_tx, &shutdown);
-                    if keys.dirty.remove(&key) && !keys.waiting.contains(&key) {
-                        self.schedule(key, &mut keys, &done_tx);
-                    }
+                    repairer.keys.lock().handed.insert(h.key.clone(), (h.uid, h.why));
+                    engine.trigger(h.key);
                 }
             }
         }
         debug!("repair controller stopped");
     }
+}
 
-    /// Looks at the pod as the store has it now; starts an attempt if it is broken and its UID
-    /// was not acted on.
-    fn schedule(&self, key: String, keys: &mut Keys, done_tx: &mpsc::UnboundedSender<Attempt>) {
-        if keys.in_flight.contains(&key) {
-            keys.dirty.insert(key);
-            return;
-        }
-        let Some(pod) = self.pods.get(&key) else {
-            return;
+/// Broken pods acted on at once (each is a few API calls or one netns programming).
+const REPAIRS_AT_ONCE: usize = 8;
+
+impl<E: Effects + ?Sized> Repairer<E> {
+    /// Looks at the pod as the store has it now; acts if it is broken (or handed over) and its
+    /// UID was not acted on.
+    async fn reconcile_key(&self, key: String) -> Result<(), Failed> {
+        let c = &self.controller;
+        let Some(pod) = c.pods.get(&key) else {
+            return Ok(());
         };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let handed = keys.handed.get(&key).filter(|(u, _)| *u == uid);
-        if handed.is_some() && !self.detection.selected(&pod) {
-            // The operator's selectors bound every action of the controller, hand-offs too.
-            info!(pod = %key, "pod handed over by the sidecar drift check is outside REPAIR_LABEL_SELECTORS/REPAIR_FIELD_SELECTORS; not acted on");
-            keys.handed.remove(&key);
-            return;
-        }
-        let why = if let Some((_, why)) = handed {
-            info!(pod = %key, action = self.mode.as_str(), "pod handed over by the sidecar drift check: {why}");
-            why.clone()
-        } else {
-            if keys.done.get(&key) == Some(&uid) {
-                return;
+        let why = {
+            let mut keys = self.keys.lock();
+            let handed = keys.handed.get(&key).filter(|(u, _)| *u == uid).cloned();
+            if handed.is_some() && !c.detection.selected(&pod) {
+                // The operator's selectors bound every action of the controller, hand-offs too.
+                info!(pod = %key, "pod handed over by the sidecar drift check is outside REPAIR_LABEL_SELECTORS/REPAIR_FIELD_SELECTORS; not acted on");
+                keys.handed.remove(&key);
+                return Ok(());
             }
-            let Some(broken) = self.detection.broken(&pod) else {
-                return;
-            };
-            info!(
-                pod = %key,
-                container = %broken.container,
-                exit_code = broken.exit_code,
-                action = self.mode.as_str(),
-                "broken pod detected"
-            );
-            format!(
-                "init container {} last exited {}",
-                broken.container, broken.exit_code
-            )
+            if let Some((_, why)) = handed {
+                info!(pod = %key, action = c.mode.as_str(), "pod handed over by the sidecar drift check: {why}");
+                why
+            } else {
+                if keys.done.get(&key) == Some(&uid) {
+                    return Ok(());
+                }
+                let Some(broken) = c.detection.broken(&pod) else {
+                    return Ok(());
+                };
+                info!(
+                    pod = %key,
+                    container = %broken.container,
+                    exit_code = broken.exit_code,
+                    action = c.mode.as_str(),
+                    "broken pod detected"
+                );
+                format!(
+                    "init container {} last exited {}",
+                    broken.container, broken.exit_code
+                )
+            }
         };
-        keys.in_flight.insert(key.clone());
-        let effects = self.effects.clone();
-        let mode = self.mode.clone();
-        let tx = done_tx.clone();
-        tokio::spawn(async move {
-            let result = reconcile(&*effects, &mode, pod.clone(), &why).await;
-            let _ = tx.send(Attempt {
-                key,
-                uid,
-                pod,
-                result,
-            });
-        });
+        let result = reconcile(&*c.effects, &c.mode, pod.clone(), &why).await;
+        self.finish(key, uid, pod, result)
     }
 
     /// Records that `uid` was acted on, unless the pod went away meanwhile (its delete event
     /// already came, so nothing would ever forget the record).
-    fn remember(&self, keys: &mut Keys, key: String, uid: String) {
-        keys.attempts.remove(&key);
-        keys.handed.remove(&key);
+    fn remember(&self, key: String, uid: String) {
         let present = self
+            .controller
             .pods
             .get(&key)
             .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid.as_str()));
+        let mut keys = self.keys.lock();
+        keys.attempts.remove(&key);
+        keys.handed.remove(&key);
         if present {
             keys.done.insert(key, uid);
         }
@@ -362,67 +382,64 @@ impl<E: Effects + ?Sized> Controller<E> {
 
     fn finish(
         &self,
-        attempt: Attempt,
-        keys: &mut Keys,
-        retry_tx: &mpsc::UnboundedSender<String>,
-        shutdown: &CancellationToken,
-    ) {
-        let Attempt {
-            key,
-            uid,
-            pod,
-            result,
-        } = attempt;
-        let action = self.mode.as_str();
+        key: String,
+        uid: String,
+        pod: Arc<Pod>,
+        result: Result<Handled, ActError>,
+    ) -> Result<(), Failed> {
+        let c = &self.controller;
+        let action = c.mode.as_str();
         let err = match result {
             Ok(Handled::Done) => {
                 info!(pod = %key, uid = %uid, action, "broken pod handled");
-                self.count("success");
-                self.remember(keys, key, uid);
-                return;
+                c.count("success");
+                self.remember(key, uid);
+                return Ok(());
             }
             Ok(Handled::Skipped(why)) => {
                 info!(pod = %key, uid = %uid, action, "broken pod skipped: {why}");
-                self.count("skip");
-                self.remember(keys, key, uid);
-                return;
+                c.count("skip");
+                self.remember(key, uid);
+                return Ok(());
             }
             Err(e) => e,
         };
-        let entry = keys
-            .attempts
-            .entry(key.clone())
-            .or_insert_with(|| (uid.clone(), 0));
-        if entry.0 != uid {
-            *entry = (uid.clone(), 0);
-        }
-        entry.1 += 1;
-        let attempt = entry.1;
-        match error_policy(&err, attempt, &self.timing) {
-            AfterFailure::RetryAfter(delay) => {
-                warn!(pod = %key, action, attempt, "acting on broken pod failed, retrying in {delay:?}: {err}");
-                keys.waiting.insert(key.clone());
-                let tx = retry_tx.clone();
-                let stop = shutdown.clone();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        _ = stop.cancelled() => {}
-                        _ = tokio::time::sleep(delay) => { let _ = tx.send(key); }
-                    }
-                });
+        let attempt = {
+            let mut keys = self.keys.lock();
+            let entry = keys
+                .attempts
+                .entry(key.clone())
+                .or_insert_with(|| (uid.clone(), 0));
+            if entry.0 != uid {
+                *entry = (uid.clone(), 0);
+            }
+            entry.1 += 1;
+            entry.1
+        };
+        match error_policy(&err, attempt, &c.timing) {
+            AfterFailure::RetryAfter(_) => {
+                warn!(pod = %key, action, attempt, "acting on broken pod failed, retrying: {err}");
+                Err(Failed {
+                    error: err,
+                    last: false,
+                })
             }
             AfterFailure::GiveUp => {
                 error!(pod = %key, action, attempt, "acting on broken pod failed, giving up on this pod: {err}");
-                self.count("fail");
-                self.remember(keys, key.clone(), uid);
+                c.count("fail");
+                self.remember(key.clone(), uid);
                 let message = format!("pod detected as broken, but {action} failed: {err}");
-                let ev = event(EventType::Warning, reason(&self.mode), message);
-                let effects = self.effects.clone();
+                let ev = event(EventType::Warning, reason(&c.mode), message);
+                let effects = c.effects.clone();
                 tokio::spawn(async move {
                     if let Err(e) = effects.event(pod, ev).await {
                         warn!(pod = %key, "recording the repair event failed: {e}");
                     }
                 });
+                Err(Failed {
+                    error: err,
+                    last: true,
+                })
             }
         }
     }

@@ -5,8 +5,8 @@
 //! validation container succeeds on its next restart), deletes the pod (`REPAIR_DELETE_PODS`) or
 //! labels it (`REPAIR_LABEL_PODS`); the first true mode wins, as in Istio.
 //!
-//! Files: `detect` (pure: is this pod broken), `controller` (the reconcile loop over the store's
-//! subscription: per-pod keyed, once per UID, the error policy with jittered backoff), `effects`
+//! Files: `detect` (pure: is this pod broken), `controller` (the reconcile over the store's
+//! subscription on the one engine: per-pod keyed, once per UID, the error policy with jittered backoff), `effects`
 //! (what acting does: the API calls, and the netns programming through the SAME derivation
 //! (`sidecar`) and entry (`apply::pod`) as the plugin; the netns is found with `netns::procfs`),
 //! `drift` (issue 13: the sidecar drift pass — running sidecar pods verified on a jittered period
@@ -14,7 +14,7 @@
 //! their derivation is unchanged, else handed to the controller's policy; it runs only with the
 //! controller, i.e. with `REPAIR_ENABLED=true`).
 //!
-//! May call: `cli`, `kube`, `retry`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`.
+//! May call: `cli`, `kube`, `retry`, `reconcile`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`.
 
 pub mod controller;
 pub mod detect;
