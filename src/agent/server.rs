@@ -346,12 +346,12 @@ async fn handle_pod_add(engine: PodEngine, caller: Peer, body: Bytes) -> (Status
 
 /// The pod as the stores hold it, by the pod-facts rule (live store, same uid), with its
 /// namespace's labels; waited for as long as `/cmdadd`'s stale-cache retries (the plugin may be
-/// faster than the watch), polled often: the wait is on the ADD's path.
+/// faster than the watch), woken by each change of either store (no polling: the wait is on the
+/// ADD's path).
 async fn stored_pod(
     core: &Core,
     request: &PodAddRequest,
 ) -> Result<(Arc<Pod>, std::collections::BTreeMap<String, String>), String> {
-    const POLL: std::time::Duration = std::time::Duration::from_millis(2);
     let facts = PodFactsRequest {
         namespace: request.event.pod_namespace.clone(),
         name: request.event.pod_name.clone(),
@@ -360,7 +360,11 @@ async fn stored_pod(
     };
     let wait = core.timing.stale_cache_interval * core.timing.stale_cache_attempts;
     let until = tokio::time::Instant::now() + wait;
+    // Taken before the first look, so a change between the look and the wait is not missed.
+    let (mut pods, mut namespaces) = (core.pods.changes(), core.namespaces.changes());
     loop {
+        pods.mark_unchanged();
+        namespaces.mark_unchanged();
         let reason = match pod_facts::lookup(&facts, &core.pods, Some(&core.namespaces)) {
             Ok((p, Some(labels))) => return Ok((p, labels)),
             Ok((_, None)) => format!(
@@ -369,10 +373,17 @@ async fn stored_pod(
             ),
             Err(reason) => reason,
         };
-        if tokio::time::Instant::now() + POLL > until {
-            return Err(reason);
+        let changed = async {
+            tokio::select! {
+                r = pods.changed() => r.is_ok(),
+                r = namespaces.changed() => r.is_ok(),
+            }
+        };
+        match tokio::time::timeout_at(until, changed).await {
+            Ok(true) => {}
+            // The deadline, or a store that went away.
+            Ok(false) | Err(_) => return Err(reason),
         }
-        tokio::time::sleep(POLL).await;
     }
 }
 

@@ -183,6 +183,8 @@ struct State<K> {
 struct Inner<K> {
     state: Mutex<State<K>>,
     synced: tokio::sync::watch::Sender<SyncState>,
+    /// Bumped after every applied event: what a waiter for an object watches.
+    changes: tokio::sync::watch::Sender<u64>,
     /// False from a watch error until the next event.
     watch_ok: std::sync::atomic::AtomicBool,
 }
@@ -222,6 +224,7 @@ impl<K: Stored> Store<K> {
                     subscribers: Vec::new(),
                 }),
                 synced: tokio::sync::watch::Sender::new(SyncState::Pending),
+                changes: tokio::sync::watch::Sender::new(0),
                 watch_ok: std::sync::atomic::AtomicBool::new(true),
             }),
         }
@@ -246,6 +249,12 @@ impl<K: Stored> Store<K> {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Wakes on every change after it was taken (`changed().await`): a caller waiting for an
+    /// object takes it, looks, and waits for the next change, instead of polling.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.changes.subscribe()
     }
 
     /// A new subscriber: it first gets every object already stored as `Added` (as a client-go
@@ -375,6 +384,8 @@ impl<K: Stored> Store<K> {
         self.inner
             .watch_ok
             .store(live_after, std::sync::atomic::Ordering::SeqCst);
+        drop(state);
+        self.inner.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 
