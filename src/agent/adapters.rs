@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::cache::PodCache;
 use super::dataplane::{Dataplane, DataplaneError};
 use super::ports::{self, PodNet, PortError, PortFuture, WorkloadInfo};
 use crate::netns::{Netns, NetnsId};
@@ -101,10 +100,20 @@ impl ports::Ztunnel for ZdsHandle {
 }
 
 /// ztunnel's state of the world is the pod cache: every cached pod, with its netns when known
-/// (a Keep otherwise).
-impl SnapshotSource for PodCache {
+/// (a Keep otherwise). A snapshot is asked for when a ztunnel (re)connects: then every pod still
+/// awaiting ztunnel is triggered, so its add completes now instead of after its backoff.
+pub struct ZtunnelWorld {
+    pub engine: super::reconciler::PodEngine,
+}
+
+impl SnapshotSource for ZtunnelWorld {
     fn snapshot(&self) -> Vec<SnapshotEntry> {
-        PodCache::snapshot(self)
+        let cached = self.engine.reconciler().mesh.cache.snapshot();
+        for (_, pod) in cached.iter().filter(|(_, p)| p.awaiting_ztunnel) {
+            let key = crate::kube::stores::pod_key(&pod.info.namespace, &pod.info.name);
+            self.engine.trigger(key);
+        }
+        cached
             .into_iter()
             .map(|(uid, pod)| SnapshotEntry {
                 uid,
@@ -203,7 +212,10 @@ pub async fn serve_ztunnel(
         metrics,
         ..Default::default()
     };
-    let handle = crate::zds::serve(cfg, agent.pod_cache(), stop).await?;
+    let world = Arc::new(ZtunnelWorld {
+        engine: agent.engine().clone(),
+    });
+    let handle = crate::zds::serve(cfg, world, stop).await?;
     late.bind(Arc::new(handle));
     Ok(())
 }

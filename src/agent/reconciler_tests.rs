@@ -49,11 +49,11 @@ fn timing() -> AgentTiming {
 
 fn rig() -> Rig {
     let dp = Arc::new(FakeDataplane::default());
-    rig_with(dp.clone(), dp)
+    rig_with(dp.clone(), dp, timing())
 }
 
 /// A rig programming through `dataplane` (`dp`: the fake it records into).
-fn rig_with(dataplane: Arc<dyn DataplanePort>, dp: Arc<FakeDataplane>) -> Rig {
+fn rig_with(dataplane: Arc<dyn DataplanePort>, dp: Arc<FakeDataplane>, timing: AgentTiming) -> Rig {
     let zt = Arc::new(FakeZtunnel::default());
     let ann = Arc::new(FakeAnnotator::default());
     let core = Arc::new(Core {
@@ -67,7 +67,7 @@ fn rig_with(dataplane: Arc<dyn DataplanePort>, dp: Arc<FakeDataplane>) -> Rig {
             cache: Arc::new(PodCache::default()),
             probe_gate: Default::default(),
         },
-        timing: timing(),
+        timing,
         metrics: Default::default(),
         status: Default::default(),
         requests: Default::default(),
@@ -435,7 +435,7 @@ async fn one_pods_plugin_add_and_drift_check_never_interleave_and_different_pods
         ..Default::default()
     });
     let fake = Arc::new(FakeDataplane::default());
-    let r = rig_with(slow.clone(), fake);
+    let r = rig_with(slow.clone(), fake, timing());
     r.put_ns(namespace("shop", true));
     let mut b = pod("shop", "b");
     b.status.as_mut().unwrap().pod_ips = Some(vec![k8s_openapi::api::core::v1::PodIP {
@@ -555,4 +555,41 @@ async fn a_plugin_add_of_a_pod_no_longer_selected_says_not_ambient() {
         "{answer:?}"
     );
     assert_eq!(r.dp.count("program"), 0);
+}
+
+#[tokio::test]
+async fn a_ztunnel_connecting_completes_the_adds_that_waited_for_it() {
+    use crate::zds::SnapshotSource;
+    // Retries far apart: only the connection's trigger can finish the add in time.
+    let dp = Arc::new(FakeDataplane::default());
+    let slow_retries = AgentTiming {
+        retry: RetryPolicy {
+            first: Duration::from_secs(600),
+            max: Duration::from_secs(600),
+            max_attempts: None,
+        },
+        ..AgentTiming::default()
+    };
+    let r = rig_with(dp.clone(), dp, slow_retries);
+    r.zt.connected.store(false, Ordering::SeqCst);
+    r.enrol("shop", "a");
+    r.until_annotation("shop/a", Some("pending")).await;
+    r.until("resting before a retry", || {
+        r.engine.stats().retried.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    assert!(r.core().mesh.cache.snapshot()[0].1.awaiting_ztunnel);
+    r.zt.connected.store(true, Ordering::SeqCst);
+    let world = crate::agent::adapters::ZtunnelWorld {
+        engine: r.engine.clone(),
+    };
+    let snapshot = world.snapshot();
+    assert_eq!(
+        snapshot.len(),
+        1,
+        "the pending pod is in ztunnel's snapshot"
+    );
+    r.until_annotation("shop/a", Some("enabled")).await;
+    assert!(r.zt.has("uid-a"));
+    assert!(!r.core().mesh.cache.snapshot()[0].1.awaiting_ztunnel);
 }
