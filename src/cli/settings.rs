@@ -3,18 +3,26 @@
 //! `--help`), the typed values (flag > env > default, through the one env seam [`Env`]) and the
 //! Markdown settings table the docs embed ([`markdown`], [`sync_block`]).
 
+use std::collections::HashSet;
+
 use super::Env;
 
 /// One setting, as declared (the generated `decl` module holds one const per setting).
 #[derive(Debug, Clone, Copy)]
 pub struct Setting {
-    /// The field name; the flag is this with `-` for `_`, the env var this in upper case.
+    /// The field name; the flag is this with `-` for `_`.
     pub key: &'static str,
-    pub env: &'static str,
+    /// A single-letter form of the flag.
+    pub short: Option<char>,
+    pub env: Option<&'static str>,
+    /// More env vars read after `env`, the later winning (Istio's aliases of a switch).
+    pub also_env: &'static [&'static str],
     /// An older env name still read (after the flag and `env`), with a warning.
     pub legacy_env: Option<&'static str>,
     /// Env-only settings have no flag.
     pub has_flag: bool,
+    /// A switch (`--flag`, `--flag=false`) rather than an option taking a value.
+    pub switch: bool,
     /// The value used when nothing is given, parsed by the setting's own parser.
     pub default: Option<&'static str>,
     /// No default value: what happens when the setting is not given (docs only).
@@ -45,9 +53,10 @@ impl Setting {
 
     /// The name a default value goes by in errors: the flag, else the env var.
     fn default_name(&self) -> String {
-        match self.flag() {
-            Some(flag) => format!("--{flag}"),
-            None => format!("env {}", self.env),
+        match (self.flag(), self.env) {
+            (Some(flag), _) => format!("--{flag}"),
+            (None, Some(env)) => env.to_string(),
+            (None, None) => self.key.to_string(),
         }
     }
 }
@@ -72,18 +81,39 @@ pub enum EmptyEnv {
 pub struct Lookup<'a> {
     pub env: &'a dyn Env,
     pub empty_env: EmptyEnv,
+    /// What an env var's value is named in errors: `env NAME` (`"env "`) or `NAME` (`""`).
+    pub env_label: &'static str,
+    /// Switches the command line set to false explicitly (dash form), which beat the env.
+    pub switched_off: Option<&'a HashSet<String>>,
 }
 
 impl Lookup<'_> {
-    /// An env var's value, named `env NAME`.
+    /// An env var's value, named `env NAME` or `NAME` (`env_label`).
     pub fn env_raw(&self, name: &str) -> Option<Raw> {
         self.env
             .get(name)
             .filter(|v| self.empty_env == EmptyEnv::Empty || !v.is_empty())
             .map(|value| Raw {
-                name: format!("env {name}"),
+                name: format!("{}{name}", self.env_label),
                 value,
             })
+    }
+
+    /// The values of the env vars of `s` that are set, `env` first, then `also_env` in order.
+    pub fn env_raws(&self, s: &Setting) -> Vec<Raw> {
+        s.env
+            .iter()
+            .chain(s.also_env)
+            .filter_map(|name| self.env_raw(name))
+            .collect()
+    }
+
+    /// Whether the command line turned switch `s` off explicitly (`--flag=false`).
+    pub fn switched_off(&self, s: &Setting) -> bool {
+        match (self.switched_off, s.flag()) {
+            (Some(off), Some(flag)) => off.contains(&flag),
+            _ => false,
+        }
     }
 
     /// The value given for `s`: its flag (`flag` is what argh parsed), else its env var, else
@@ -95,7 +125,8 @@ impl Lookup<'_> {
                 value: v.clone(),
             });
         }
-        self.env_raw(s.env)
+        s.env
+            .and_then(|e| self.env_raw(e))
             .or_else(|| s.legacy_env.and_then(|l| self.env_raw(l)))
     }
 
@@ -108,7 +139,7 @@ impl Lookup<'_> {
     /// Why the legacy env var of `s` is being read, or ignored, if it is set.
     pub fn legacy_warning(&self, s: &Setting, flag: Option<&String>) -> Option<String> {
         let legacy = self.env_raw(s.legacy_env?)?;
-        let env = s.env;
+        let env = s.env?;
         let l = s.legacy_env?;
         let given = match (flag, s.flag()) {
             (Some(v), Some(name)) => Some(Raw {
@@ -148,8 +179,10 @@ pub fn bool_flags(settings: &[Setting]) -> Vec<String> {
         .collect()
 }
 
-/// The settings as Markdown: one `###` heading and table per section, in declaration order.
+/// The settings as Markdown: one `###` heading and table per section, in declaration order; a
+/// `short` column when any setting has a short flag.
 pub fn markdown(settings: &[Setting]) -> String {
+    let shorts = settings.iter().any(|s| s.short.is_some());
     let mut out = String::new();
     let mut section = None;
     for s in settings {
@@ -158,23 +191,45 @@ pub fn markdown(settings: &[Setting]) -> String {
             if !out.is_empty() {
                 out.push('\n');
             }
-            out.push_str(&format!(
-                "### {}\n\n| flag | env | default | meaning |\n| --- | --- | --- | --- |\n",
-                s.section
-            ));
+            let (head, rule) = match shorts {
+                true => (
+                    "| flag | short | env | default | meaning |",
+                    "| --- | --- | --- | --- | --- |",
+                ),
+                false => (
+                    "| flag | env | default | meaning |",
+                    "| --- | --- | --- | --- |",
+                ),
+            };
+            out.push_str(&format!("### {}\n\n{head}\n{rule}\n", s.section));
         }
-        let flag = s.flag().map_or("—".to_string(), |f| format!("`--{f}`"));
-        let mut env = format!("`{}`", s.env);
+        let mut row = vec![s.flag().map_or("—".to_string(), |f| format!("`--{f}`"))];
+        if shorts {
+            row.push(s.short.map_or(String::new(), |c| format!("`-{c}`")));
+        }
+        let envs: Vec<String> = s
+            .env
+            .iter()
+            .chain(s.also_env)
+            .map(|e| format!("`{e}`"))
+            .collect();
+        let mut env = if envs.is_empty() {
+            "—".to_string()
+        } else {
+            envs.join(", ")
+        };
         if let Some(l) = s.legacy_env {
             env.push_str(&format!(" (legacy `{l}`, with a warning)"));
         }
-        let default = match (s.default, s.unset) {
+        row.push(env);
+        row.push(match (s.default, s.unset) {
             (Some(""), _) => "empty".to_string(),
             (Some(d), _) => format!("`{d}`"),
             (None, Some(u)) => u.to_string(),
             (None, None) => "—".to_string(),
-        };
-        let row = [flag, env, default, s.doc.trim().to_string()].map(|c| c.replace('|', "\\|"));
+        });
+        row.push(s.doc.trim().to_string());
+        let row: Vec<String> = row.into_iter().map(|c| c.replace('|', "\\|")).collect();
         out.push_str(&format!("| {} |\n", row.join(" | ")));
     }
     out
@@ -196,14 +251,17 @@ pub fn sync_block(text: &str, name: &str, content: &str) -> Result<String, Strin
     Ok(format!("{}{content}{}", &text[..start], &text[stop..]))
 }
 
-/// Declares settings once and derives from the list: an argh `FromArgs` struct with one
-/// `Option<String>` option per flagged setting (its help line is the declared doc, the default
-/// and the env var), a typed values struct resolved flag > env > default, and a `decl` module of
-/// [`Setting`] consts (one per setting, and `ALL`).
+/// Declares settings once and derives from the list: an argh `FromArgs` struct with one field
+/// per flagged setting (`Option<String>` in a `section`, `bool` in a `switches` section, after
+/// them; the help line is the declared doc, the default and the env vars), a typed values struct
+/// resolved flag > env > default, and a `decl` module of [`Setting`] consts (one per setting, and
+/// `ALL`). argh must see `Option<String>` spelt out, so the two kinds are two kinds of section.
 ///
-/// Entry: `/// doc` then `key: Type { env: "KEY", [legacy: "OLD",] parse: f, [default: "v" |
-/// unset: "what then"], [marks: [Bool, WarnIfSet]] }`. `f` takes a [`Raw`]; with a default, `f`
-/// also parses the default and `Type` is its output, else `Type` is `Option<output>`.
+/// Entry: `/// doc` then `key: Type { parse: f, [short: 'x',] [env: "KEY",] [also: ["K2"],]
+/// [legacy: "OLD",] [default: "v" | unset: "what then",] [marks: [Bool, WarnIfSet]] }`. `f`
+/// takes a [`Raw`]; with a default, `f` also parses the default and `Type` is its output, else
+/// `Type` is `Option<output>`. A switch is on when given, off when given `=false`, else each set
+/// env var in turn (the later winning), else its default; its `Type` is `f`'s output.
 macro_rules! declare_settings {
     (
         $(#[$fattr:meta])*
@@ -216,12 +274,29 @@ macro_rules! declare_settings {
                 $(
                     $(#[doc = $doc:literal])*
                     $key:ident : $ty:ty {
-                        env: $env:literal
+                        parse: $parse:expr
+                        $(, short: $short:literal)?
+                        $(, env: $env:literal)?
+                        $(, also: [$($also:literal),*])?
                         $(, legacy: $legacy:literal)?
-                        , parse: $parse:expr
                         $(, default: $default:literal)?
                         $(, unset: $unset:literal)?
                         $(, marks: [$($mark:ident),*])?
+                        $(,)?
+                    }
+                )*
+            }
+        )*
+        $(
+            switches $ssection:literal {
+                $(
+                    $(#[doc = $sdoc:literal])*
+                    $skey:ident : $sty:ty {
+                        parse: $sparse:expr
+                        $(, short: $sshort:literal)?
+                        $(, env: $senv:literal)?
+                        $(, also: [$($salso:literal),*])?
+                        , default: $sdefault:literal
                         $(,)?
                     }
                 )*
@@ -231,8 +306,8 @@ macro_rules! declare_settings {
             $(
                 $(#[doc = $edoc:literal])*
                 $ekey:ident : $ety:ty {
-                    env: $eenv:literal
-                    , parse: $eparse:expr
+                    parse: $eparse:expr
+                    , env: $eenv:literal
                     $(, default: $edefault:literal)?
                     $(, unset: $eunset:literal)?
                     $(,)?
@@ -247,21 +322,31 @@ macro_rules! declare_settings {
                 $(#[doc = $doc])*
                 $(#[doc = "; default "] #[doc = $default])?
                 $(#[doc = "; default "] #[doc = $unset])?
-                #[doc = " (env "] #[doc = $env]
-                $(#[doc = ", legacy "] #[doc = $legacy])?
-                #[doc = ")"]
-                #[argh(option)]
+                $(#[doc = " (env "] #[doc = $env] #[doc = ")"])?
+                $($(#[doc = " (or env "] #[doc = $also] #[doc = ")"])*)?
+                $(#[doc = " (legacy env "] #[doc = $legacy] #[doc = ")"])?
+                #[argh(option $(, short = $short)?)]
                 pub $key: Option<String>,
+            )*)*
+            $($(
+                $(#[doc = $sdoc])*
+                $(#[doc = " (env "] #[doc = $senv] #[doc = ")"])?
+                $($(#[doc = " (or env "] #[doc = $salso] #[doc = ")"])*)?
+                #[argh(switch $(, short = $sshort)?)]
+                pub $skey: bool,
             )*)*
             $($extra)*
         }
 
         impl $Flags {
-            /// What argh parsed for the flag of setting `s` (`None` for env-only settings).
+            /// What argh parsed for the flag of option `s` (`None` for switches and env-only
+            /// settings).
             #[allow(dead_code)]
             pub fn given(&self, s: &$crate::cli::settings::Setting) -> Option<&String> {
                 match s.key {
-                    $($( stringify!($key) => self.$key.as_ref(), )*)*
+                    $($(
+                        stringify!($key) => self.$key.as_ref(),
+                    )*)*
                     _ => None,
                 }
             }
@@ -272,6 +357,7 @@ macro_rules! declare_settings {
         #[allow(dead_code)] // compatibility settings are parsed for their warning only
         pub struct $Values {
             $($( pub $key: $ty, )*)*
+            $($( pub $skey: $sty, )*)*
             $( pub $ekey: $ety, )*
         }
 
@@ -284,13 +370,19 @@ macro_rules! declare_settings {
                 Ok(Self {
                     $($(
                         $key: $crate::cli::settings::setting_value!(
-                            lookup, $decl::$key, flags.$key.as_ref(), $parse
+                            option, lookup, $decl::$key, flags.$key, $parse
                             $(, default $default)?
+                        ),
+                    )*)*
+                    $($(
+                        $skey: $crate::cli::settings::setting_value!(
+                            switch, lookup, $decl::$skey, flags.$skey, $sparse,
+                            default $sdefault
                         ),
                     )*)*
                     $(
                         $ekey: $crate::cli::settings::setting_value!(
-                            lookup, $decl::$ekey, None, $eparse $(, default $edefault)?
+                            env, lookup, $decl::$ekey, None, $eparse $(, default $edefault)?
                         ),
                     )*
                 })
@@ -300,13 +392,17 @@ macro_rules! declare_settings {
         /// One [`Setting`](crate::cli::settings::Setting) per declared setting.
         #[allow(non_upper_case_globals)]
         pub mod $decl {
+            #[allow(unused_imports)]
             use $crate::cli::settings::{Mark, Setting};
             $($(
                 pub const $key: Setting = Setting {
                     key: stringify!($key),
-                    env: $env,
+                    short: $crate::cli::settings::opt_literal!($($short)?),
+                    env: $crate::cli::settings::opt_literal!($($env)?),
+                    also_env: &[$($($also),*)?],
                     legacy_env: $crate::cli::settings::opt_literal!($($legacy)?),
                     has_flag: true,
+                    switch: false,
                     default: $crate::cli::settings::opt_literal!($($default)?),
                     unset: $crate::cli::settings::opt_literal!($($unset)?),
                     doc: concat!($($doc),*),
@@ -314,12 +410,31 @@ macro_rules! declare_settings {
                     marks: &[$($(Mark::$mark),*)?],
                 };
             )*)*
+            $($(
+                pub const $skey: Setting = Setting {
+                    key: stringify!($skey),
+                    short: $crate::cli::settings::opt_literal!($($sshort)?),
+                    env: $crate::cli::settings::opt_literal!($($senv)?),
+                    also_env: &[$($($salso),*)?],
+                    legacy_env: None,
+                    has_flag: true,
+                    switch: true,
+                    default: Some($sdefault),
+                    unset: None,
+                    doc: concat!($($sdoc),*),
+                    section: $ssection,
+                    marks: &[],
+                };
+            )*)*
             $(
                 pub const $ekey: Setting = Setting {
                     key: stringify!($ekey),
-                    env: $eenv,
+                    short: None,
+                    env: Some($eenv),
+                    also_env: &[],
                     legacy_env: None,
                     has_flag: false,
+                    switch: false,
                     default: $crate::cli::settings::opt_literal!($($edefault)?),
                     unset: $crate::cli::settings::opt_literal!($($eunset)?),
                     doc: concat!($($edoc),*),
@@ -328,22 +443,40 @@ macro_rules! declare_settings {
                 };
             )*
             /// Every setting, in declaration order.
-            pub const ALL: &[Setting] = &[$($($key,)*)* $($ekey,)*];
+            pub const ALL: &[Setting] = &[$($($key,)*)* $($($skey,)*)* $($ekey,)*];
         }
     };
 }
 pub(crate) use declare_settings;
 
 /// One setting's value inside [`declare_settings!`]: parsed from the given raw value, else from
-/// the declared default (or `None` when there is none).
+/// the declared default (or `None` when there is none); a switch as described there.
 macro_rules! setting_value {
-    ($lookup:expr, $s:expr, $flag:expr, $parse:expr, default $default:literal) => {
+    (option, $lookup:expr, $s:expr, $flag:expr, $parse:expr $(, default $default:literal)?) => {
+        $crate::cli::settings::setting_value!(
+            env, $lookup, $s, $flag.as_ref(), $parse $(, default $default)?
+        )
+    };
+    (switch, $lookup:expr, $s:expr, $flag:expr, $parse:expr, default $default:literal) => {
+        if $flag {
+            true
+        } else if $lookup.switched_off(&$s) {
+            false
+        } else {
+            let mut on = ($parse)(&$crate::cli::settings::default_raw(&$s, $default))?;
+            for raw in $lookup.env_raws(&$s) {
+                on = ($parse)(&raw)?;
+            }
+            on
+        }
+    };
+    (env, $lookup:expr, $s:expr, $flag:expr, $parse:expr, default $default:literal) => {
         match $lookup.raw(&$s, $flag) {
             Some(raw) => ($parse)(&raw)?,
             None => ($parse)(&$crate::cli::settings::default_raw(&$s, $default))?,
         }
     };
-    ($lookup:expr, $s:expr, $flag:expr, $parse:expr) => {
+    (env, $lookup:expr, $s:expr, $flag:expr, $parse:expr) => {
         match $lookup.raw(&$s, $flag) {
             Some(raw) => Some(($parse)(&raw)?),
             None => None,
@@ -377,9 +510,12 @@ mod tests {
 
     const OWNED: Setting = Setting {
         key: "owned_name",
-        env: "OWNED_NAME",
+        short: None,
+        env: Some("OWNED_NAME"),
+        also_env: &[],
         legacy_env: Some("OWNED_NAM"),
         has_flag: true,
+        switch: false,
         default: Some("a.conf"),
         unset: None,
         doc: " the name | of it",
@@ -393,6 +529,8 @@ mod tests {
         let l = Lookup {
             env: &e,
             empty_env: EmptyEnv::Unset,
+            env_label: "env ",
+            switched_off: None,
         };
         let flag = "flag".to_string();
         assert_eq!(l.raw(&OWNED, Some(&flag)).unwrap().name, "--owned-name");
@@ -403,6 +541,8 @@ mod tests {
         let l = Lookup {
             env: &e,
             empty_env: EmptyEnv::Unset,
+            env_label: "env ",
+            switched_off: None,
         };
         assert_eq!(l.raw(&OWNED, None).unwrap().value, "old");
         assert!(
@@ -413,6 +553,8 @@ mod tests {
         let l = Lookup {
             env: &e,
             empty_env: EmptyEnv::Empty,
+            env_label: "env ",
+            switched_off: None,
         };
         assert_eq!(
             l.raw(&OWNED, None).unwrap().value,

@@ -38,18 +38,23 @@ fn every_declaration_is_named_consistently_and_complete() {
     let mut envs = std::collections::HashSet::new();
     for s in decl::ALL {
         // viper binds each flag to the env var of the same name (`-`/`_`, case): so do we.
-        assert_eq!(s.env.to_ascii_lowercase(), s.key, "{}", s.env);
-        assert!(envs.insert(s.env), "{} declared twice", s.env);
-        assert!(!s.doc.trim().is_empty(), "{} has no doc line", s.env);
+        let env = s
+            .env
+            .unwrap_or_else(|| panic!("{}: every setting has an env var", s.key));
+        assert_eq!(env.to_ascii_lowercase(), s.key, "{env}");
+        assert!(envs.insert(env), "{env} declared twice");
+        assert!(!s.doc.trim().is_empty(), "{env} has no doc line");
+        assert!(
+            !s.switch && s.short.is_none() && s.also_env.is_empty(),
+            "{env}"
+        );
         assert!(
             s.default.is_none() || s.unset.is_none(),
-            "{}: a default and an unset text",
-            s.env
+            "{env}: a default and an unset text"
         );
         assert!(
             !s.is(Mark::WarnIfSet) || s.default.is_none(),
-            "{}: an ignored setting has no default",
-            s.env
+            "{env}: an ignored setting has no default"
         );
     }
 }
@@ -80,7 +85,10 @@ fn help_shows_each_flag_with_its_env_var_and_default() {
             .iter()
             .find(|b| b.starts_with(&flag))
             .unwrap_or_else(|| panic!("help lacks {flag}"));
-        assert!(block.contains(&format!("(env {}", s.env)), "{block}");
+        assert!(
+            block.contains(&format!("(env {})", s.env.expect("env"))),
+            "{block}"
+        );
         if let Some(d) = s.default.filter(|d| !d.is_empty()) {
             assert!(block.contains(&format!("; default {d} (env")), "{block}");
         }

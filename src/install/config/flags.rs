@@ -31,92 +31,92 @@ crate::cli::settings::declare_settings! {
     section "Installer" {
         /// primary CNI config file name (chained) or our file name (standalone)
         cni_conf_name: Option<String> {
-            env: "CNI_CONF_NAME", parse: file_name_only,
+            parse: file_name_only, env: "CNI_CONF_NAME",
             unset: "empty = auto-detect the highest-priority valid file",
         }
         /// chain istio-cni into the primary config (true) or write a standalone config (false)
         chained_cni_plugin: bool {
-            env: "CHAINED_CNI_PLUGIN", parse: parse_bool, default: "true", marks: [Bool],
+            parse: parse_bool, env: "CHAINED_CNI_PLUGIN", default: "true", marks: [Bool],
         }
         /// write a separate Istio-owned conflist (only effective with chained and ambient)
         istio_owned_cni_config: bool {
-            env: "ISTIO_OWNED_CNI_CONFIG", parse: parse_bool, default: "false", marks: [Bool],
+            parse: parse_bool, env: "ISTIO_OWNED_CNI_CONFIG", default: "false", marks: [Bool],
         }
         /// file name of the Istio-owned conflist (the chart writes the misspelt legacy name)
         istio_owned_cni_config_filename: String {
-            env: "ISTIO_OWNED_CNI_CONFIG_FILENAME", legacy: "ISTIO_OWNED_CNI_CONF_FILENAME",
-            parse: owned_file_name, default: "02-istio-cni.conflist",
+            parse: owned_file_name, env: "ISTIO_OWNED_CNI_CONFIG_FILENAME",
+            legacy: "ISTIO_OWNED_CNI_CONF_FILENAME", default: "02-istio-cni.conflist",
         }
         /// directory holding the node's CNI configs as seen here
         mounted_cni_net_dir: PathBuf {
-            env: "MOUNTED_CNI_NET_DIR", parse: absolute_path, default: "/host/etc/cni/net.d",
+            parse: absolute_path, env: "MOUNTED_CNI_NET_DIR", default: "/host/etc/cni/net.d",
         }
         /// comma-separated directories the plugin binary is installed into (missing ones are skipped)
         cni_bin_dirs: Vec<PathBuf> {
-            env: "CNI_BIN_DIRS", parse: path_list,
+            parse: path_list, env: "CNI_BIN_DIRS",
             default: "/host/opt/cni/bin,/host/secondary-bin-dir",
         }
         /// agent run directory (sockets, plugin kubeconfig, plugin log, restore record); same path on host and here
         cni_agent_run_dir: PathBuf {
-            env: "CNI_AGENT_RUN_DIR", parse: |raw| socket_path(raw, LONGEST_RUN_DIR_SOCKET),
+            parse: |raw| socket_path(raw, LONGEST_RUN_DIR_SOCKET), env: "CNI_AGENT_RUN_DIR",
             default: "/var/run/istio-cni",
         }
         /// file mode of the plugin kubeconfig (Go integer syntax: 0600 octal, 384 decimal, 0o600)
         kubeconfig_mode: u32 {
-            env: "KUBECONFIG_MODE", parse: kubeconfig_mode, default: "0600",
+            parse: kubeconfig_mode, env: "KUBECONFIG_MODE", default: "0600",
         }
         /// write CNI config files 0640 instead of 0600 when not keeping an existing mode
         cni_conf_group_read: bool {
-            env: "CNI_CONF_GROUP_READ", parse: parse_bool, default: "false", marks: [Bool],
+            parse: parse_bool, env: "CNI_CONF_GROUP_READ", default: "false", marks: [Bool],
         }
         /// CA file embedded in the plugin kubeconfig
         kube_ca_file: Option<PathBuf> {
-            env: "KUBE_CA_FILE", parse: absolute_path, unset: "`<service-account-dir>/ca.crt`",
+            parse: absolute_path, env: "KUBE_CA_FILE", unset: "`<service-account-dir>/ca.crt`",
         }
         /// write insecure-skip-tls-verify into the plugin kubeconfig instead of a CA
         skip_tls_verify: bool {
-            env: "SKIP_TLS_VERIFY", parse: parse_bool, default: "false", marks: [Bool],
+            parse: parse_bool, env: "SKIP_TLS_VERIFY", default: "false", marks: [Bool],
         }
         /// service-account directory holding token and ca.crt (watched for token rotation)
         service_account_dir: PathBuf {
-            env: "SERVICE_ACCOUNT_DIR", parse: absolute_path,
+            parse: absolute_path, env: "SERVICE_ACCOUNT_DIR",
             default: "/var/run/secrets/kubernetes.io/serviceaccount",
         }
         /// host procfs mount (for the node agent and repair)
         host_proc_dir: PathBuf {
-            env: "HOST_PROC_DIR", parse: absolute_path, default: "/host/proc",
+            parse: absolute_path, env: "HOST_PROC_DIR", default: "/host/proc",
         }
         /// host netns directory mount (for the node agent)
         host_netns_dir: PathBuf {
-            env: "HOST_NETNS_DIR", parse: absolute_path, default: "/host/var/run/netns",
+            parse: absolute_path, env: "HOST_NETNS_DIR", default: "/host/var/run/netns",
         }
         /// ours: how often every redirected pod's netns is checked against its expected rules and healed (a Go duration of at least 1s, jittered up to +25%; 0 disables)
         drift_verify_interval: Option<Duration> {
-            env: "DRIFT_VERIFY_INTERVAL", parse: drift_interval, default: "60s",
+            parse: drift_interval, env: "DRIFT_VERIFY_INTERVAL", default: "60s",
         }
         /// port of /healthz and /readyz (0 = any free port; the bound address is logged)
         health_port: u16 {
-            env: "HEALTH_PORT", parse: port, default: "8000",
+            parse: port, env: "HEALTH_PORT", default: "8000",
         }
         /// port of the Prometheus /metrics endpoint, <= 0 disables it
         monitoring_port: Option<u16> {
-            env: "MONITORING_PORT", parse: monitoring_port, default: "15014",
+            parse: monitoring_port, env: "MONITORING_PORT", default: "15014",
         }
     }
 
     section "Ambient and the plugin's config entry" {
         /// enable ambient mode (node agent, plugin ambient branch)
         ambient_enabled: bool {
-            env: "AMBIENT_ENABLED", parse: parse_bool, default: "false", marks: [Bool],
+            parse: parse_bool, env: "AMBIENT_ENABLED", default: "false", marks: [Bool],
         }
         /// plugin retries ambient pod detection and fails ADD on API errors
         enable_ambient_detection_retry: bool {
-            env: "ENABLE_AMBIENT_DETECTION_RETRY", parse: parse_bool, default: "false",
+            parse: parse_bool, env: "ENABLE_AMBIENT_DETECTION_RETRY", default: "false",
             marks: [Bool],
         }
         /// ZDS socket ztunnel connects to (docs/zds.md)
         ztunnel_uds_address: PathBuf {
-            env: "ZTUNNEL_UDS_ADDRESS", parse: |raw| socket_path(raw, ""),
+            parse: |raw| socket_path(raw, ""), env: "ZTUNNEL_UDS_ADDRESS",
             default: "/var/run/ztunnel/ztunnel.sock",
         }
     }
@@ -124,194 +124,194 @@ crate::cli::settings::declare_settings! {
     section "Repair controller" {
         /// run the repair controller
         repair_enabled: bool {
-            env: "REPAIR_ENABLED", parse: parse_bool, default: "true", marks: [Bool],
+            parse: parse_bool, env: "REPAIR_ENABLED", default: "true", marks: [Bool],
         }
         /// repair by deleting broken pods
         repair_delete_pods: bool {
-            env: "REPAIR_DELETE_PODS", parse: parse_bool, default: "false", marks: [Bool],
+            parse: parse_bool, env: "REPAIR_DELETE_PODS", default: "false", marks: [Bool],
         }
         /// repair by labelling broken pods
         repair_label_pods: bool {
-            env: "REPAIR_LABEL_PODS", parse: parse_bool, default: "false", marks: [Bool],
+            parse: parse_bool, env: "REPAIR_LABEL_PODS", default: "false", marks: [Bool],
         }
         /// label key put on broken pods
         repair_broken_pod_label_key: String {
-            env: "REPAIR_BROKEN_POD_LABEL_KEY", parse: |raw| kube_name(raw, NameRule::QualifiedName),
+            parse: |raw| kube_name(raw, NameRule::QualifiedName), env: "REPAIR_BROKEN_POD_LABEL_KEY",
             default: "cni.istio.io/uninitialized",
         }
         /// label value put on broken pods
         repair_broken_pod_label_value: String {
-            env: "REPAIR_BROKEN_POD_LABEL_VALUE", parse: |raw| empty_or_name(raw, NameRule::LabelValue),
+            parse: |raw| empty_or_name(raw, NameRule::LabelValue), env: "REPAIR_BROKEN_POD_LABEL_VALUE",
             default: "true",
         }
         /// node whose pods are repaired (required while repair is on)
         repair_node_name: String {
-            env: "REPAIR_NODE_NAME", parse: |raw| empty_or_name(raw, NameRule::StrictSubdomain),
+            parse: |raw| empty_or_name(raw, NameRule::StrictSubdomain), env: "REPAIR_NODE_NAME",
             default: "",
         }
         /// annotation marking injected pods (empty = no annotation check)
         repair_sidecar_annotation: String {
-            env: "REPAIR_SIDECAR_ANNOTATION", parse: |raw| empty_or_name(raw, NameRule::QualifiedName),
+            parse: |raw| empty_or_name(raw, NameRule::QualifiedName), env: "REPAIR_SIDECAR_ANNOTATION",
             default: "sidecar.istio.io/status",
         }
         /// validation init container name (empty = any)
         repair_init_container_name: String {
-            env: "REPAIR_INIT_CONTAINER_NAME", parse: |raw| empty_or_name(raw, NameRule::StrictLabel),
+            parse: |raw| empty_or_name(raw, NameRule::StrictLabel), env: "REPAIR_INIT_CONTAINER_NAME",
             default: "istio-validation",
         }
         /// termination message identifying broken pods (empty = any)
         repair_init_container_termination_message: String {
-            env: "REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE", parse: text, default: "",
+            parse: text, env: "REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE", default: "",
         }
         /// exit code identifying broken pods (0 = any)
         repair_init_container_exit_code: i32 {
-            env: "REPAIR_INIT_CONTAINER_EXIT_CODE", parse: exit_code, default: "126",
+            parse: exit_code, env: "REPAIR_INIT_CONTAINER_EXIT_CODE", default: "126",
         }
         /// extra label selectors for the repair informer
         repair_label_selectors: String {
-            env: "REPAIR_LABEL_SELECTORS", parse: text, default: "",
+            parse: text, env: "REPAIR_LABEL_SELECTORS", default: "",
         }
         /// extra field selectors for the repair informer
         repair_field_selectors: String {
-            env: "REPAIR_FIELD_SELECTORS", parse: text, default: "",
+            parse: text, env: "REPAIR_FIELD_SELECTORS", default: "",
         }
     }
 
     section "Logging" {
         /// per-scope log levels, `<level>` or `<scope>:<level>,...` (scopes: all, default, cni-agent, cni-plugin; levels: debug, info, warn, error, fatal, none); the cni-plugin scope is the plugin's own level
         log_output_level: (LogLevel, BTreeMap<String, LogLevel>) {
-            env: "LOG_OUTPUT_LEVEL", parse: log_levels, default: "info",
+            parse: log_levels, env: "LOG_OUTPUT_LEVEL", default: "info",
         }
         /// log as JSON lines instead of Istio's tab-separated text
         log_as_json: bool {
-            env: "LOG_AS_JSON", parse: parse_bool, default: "false", marks: [Bool],
+            parse: parse_bool, env: "LOG_AS_JSON", default: "false", marks: [Bool],
         }
         /// where logs go: stderr, stdout or a file path (appended)
         log_target: LogTarget {
-            env: "LOG_TARGET", parse: log_target, default: "stderr",
+            parse: log_target, env: "LOG_TARGET", default: "stderr",
         }
     }
 
     section "Accepted for compatibility" {
         /// accepted and ignored, as in Istio; use --log_output_level
-        log_level: Option<String> { env: "LOG_LEVEL", parse: text, marks: [WarnIfSet] }
+        log_level: Option<String> { parse: text, env: "LOG_LEVEL", marks: [WarnIfSet] }
         /// accepted and ignored (legacy template mechanism)
         cni_network_config: Option<String> {
-            env: "CNI_NETWORK_CONFIG", parse: text, marks: [WarnIfSet],
+            parse: text, env: "CNI_NETWORK_CONFIG", marks: [WarnIfSet],
         }
         /// accepted and ignored (legacy template mechanism)
         cni_network_config_file: Option<String> {
-            env: "CNI_NETWORK_CONFIG_FILE", parse: text, marks: [WarnIfSet],
+            parse: text, env: "CNI_NETWORK_CONFIG_FILE", marks: [WarnIfSet],
         }
         /// accepted for compatibility; stack traces are not emitted
-        log_stacktrace_level: Option<String> { env: "LOG_STACKTRACE_LEVEL", parse: text }
+        log_stacktrace_level: Option<String> { parse: text, env: "LOG_STACKTRACE_LEVEL" }
         /// accepted for compatibility; caller info is not emitted
-        log_caller: Option<String> { env: "LOG_CALLER", parse: text, marks: [Bool] }
+        log_caller: Option<String> { parse: text, env: "LOG_CALLER", marks: [Bool] }
         /// accepted for compatibility; no log rotation
-        log_rotate: Option<String> { env: "LOG_ROTATE", parse: text, marks: [WarnIfSet] }
+        log_rotate: Option<String> { parse: text, env: "LOG_ROTATE", marks: [WarnIfSet] }
         /// accepted for compatibility
-        log_rotate_max_age: Option<String> { env: "LOG_ROTATE_MAX_AGE", parse: text }
+        log_rotate_max_age: Option<String> { parse: text, env: "LOG_ROTATE_MAX_AGE" }
         /// accepted for compatibility
-        log_rotate_max_backups: Option<String> { env: "LOG_ROTATE_MAX_BACKUPS", parse: text }
+        log_rotate_max_backups: Option<String> { parse: text, env: "LOG_ROTATE_MAX_BACKUPS" }
         /// accepted for compatibility
-        log_rotate_max_size: Option<String> { env: "LOG_ROTATE_MAX_SIZE", parse: text }
+        log_rotate_max_size: Option<String> { parse: text, env: "LOG_ROTATE_MAX_SIZE" }
         /// accepted for compatibility; there is no ControlZ
-        ctrlz_port: Option<String> { env: "CTRLZ_PORT", parse: text, marks: [WarnIfSet] }
+        ctrlz_port: Option<String> { parse: text, env: "CTRLZ_PORT", marks: [WarnIfSet] }
         /// accepted for compatibility; there is no ControlZ
-        ctrlz_address: Option<String> { env: "CTRLZ_ADDRESS", parse: text }
+        ctrlz_address: Option<String> { parse: text, env: "CTRLZ_ADDRESS" }
     }
 
     env_only "Environment only" {
         /// kubeconfig server host, an IP or a host name (set by the kubelet; required)
         kubernetes_service_host: Option<String> {
-            env: "KUBERNETES_SERVICE_HOST", parse: service_host, unset: "set by the kubelet",
+            parse: service_host, env: "KUBERNETES_SERVICE_HOST", unset: "set by the kubelet",
         }
         /// kubeconfig server port, 1-65535 (set by the kubelet; required)
         kubernetes_service_port: Option<String> {
-            env: "KUBERNETES_SERVICE_PORT", parse: service_port, unset: "set by the kubelet",
+            parse: service_port, env: "KUBERNETES_SERVICE_PORT", unset: "set by the kubelet",
         }
         /// kubeconfig server scheme, `https` or `http`
         kubernetes_service_protocol: String {
-            env: "KUBERNETES_SERVICE_PROTOCOL", parse: service_protocol, default: "https",
+            parse: service_protocol, env: "KUBERNETES_SERVICE_PROTOCOL", default: "https",
         }
         /// always clean up on shutdown, never keep the config for an upgrade
         ambient_disable_safe_upgrade: bool {
-            env: "AMBIENT_DISABLE_SAFE_UPGRADE", parse: parse_bool, default: "false",
+            parse: parse_bool, env: "AMBIENT_DISABLE_SAFE_UPGRADE", default: "false",
         }
         /// plugin entry `exclude_namespaces`: comma-separated namespaces (`null` when empty)
         exclude_namespaces: Vec<String> {
-            env: "EXCLUDE_NAMESPACES", parse: namespace_list, default: "",
+            parse: namespace_list, env: "EXCLUDE_NAMESPACES", default: "",
         }
         /// plugin entry `pod_namespace`: this pod's namespace
         pod_namespace: Option<String> {
-            env: "POD_NAMESPACE", parse: |raw| kube_name(raw, NameRule::StrictLabel), unset: "empty",
+            parse: |raw| kube_name(raw, NameRule::StrictLabel), env: "POD_NAMESPACE", unset: "empty",
         }
         /// plugin entry `native_nftables`: program nftables instead of iptables
         native_nftables: bool {
-            env: "NATIVE_NFTABLES", parse: parse_bool, default: "false",
+            parse: parse_bool, env: "NATIVE_NFTABLES", default: "false",
         }
         /// plugin entry `enablement_selectors`: which pods are ambient (the chart's YAML, or JSON; operators In, NotIn, Exists, DoesNotExist are checked); with AMBIENT_ENABLED=true and none, install-cni warns that no pod will ever be enrolled
         ambient_enablement_selector: Vec<EnablementSelector> {
-            env: "AMBIENT_ENABLEMENT_SELECTOR", parse: selectors, default: "",
+            parse: selectors, env: "AMBIENT_ENABLEMENT_SELECTOR", default: "",
         }
         /// this node, for the agent's pod watch (required with ambient)
         node_name: Option<String> {
-            env: "NODE_NAME", parse: |raw| kube_name(raw, NameRule::StrictSubdomain), unset: "empty",
+            parse: |raw| kube_name(raw, NameRule::StrictSubdomain), env: "NODE_NAME", unset: "empty",
         }
         /// this pod's name (read, unused)
         pod_name: Option<String> {
-            env: "POD_NAME", parse: |raw| kube_name(raw, NameRule::StrictSubdomain), unset: "empty",
+            parse: |raw| kube_name(raw, NameRule::StrictSubdomain), env: "POD_NAME", unset: "empty",
         }
         /// Istio's namespace
         system_namespace: String {
-            env: "SYSTEM_NAMESPACE", parse: |raw| kube_name(raw, NameRule::StrictLabel),
+            parse: |raw| kube_name(raw, NameRule::StrictLabel), env: "SYSTEM_NAMESPACE",
             default: "istio-system",
         }
         /// repair by fixing broken pods' rules in place
         repair_repair_pods: bool {
-            env: "REPAIR_REPAIR_PODS", parse: parse_bool, default: "false",
+            parse: parse_bool, env: "REPAIR_REPAIR_PODS", default: "false",
         }
         /// ambient: capture pods' DNS to ztunnel
         ambient_dns_capture: bool {
-            env: "AMBIENT_DNS_CAPTURE", parse: parse_bool, default: "false",
+            parse: parse_bool, env: "AMBIENT_DNS_CAPTURE", default: "false",
         }
         /// ambient: IPv6 rules too
         ambient_ipv6: bool {
-            env: "AMBIENT_IPV6", parse: parse_bool, default: "false",
+            parse: parse_bool, env: "AMBIENT_IPV6", default: "false",
         }
         /// ambient: rewrite enrolled pods' rules at startup
         ambient_reconcile_pod_rules_on_startup: bool {
-            env: "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", parse: parse_bool, default: "false",
+            parse: parse_bool, env: "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", default: "false",
         }
         /// ambient: source address kubelet probes are SNATed to (a usable IPv4 source)
         host_probe_snat_ip: IpAddr {
-            env: "HOST_PROBE_SNAT_IP", parse: |raw| probe_snat_ip(raw, false),
+            parse: |raw| probe_snat_ip(raw, false), env: "HOST_PROBE_SNAT_IP",
             default: "169.254.7.127",
         }
         /// ambient: the IPv6 one (a usable IPv6 source)
         host_probe_snat_ipv6: IpAddr {
-            env: "HOST_PROBE_SNAT_IPV6", parse: |raw| probe_snat_ip(raw, true),
+            parse: |raw| probe_snat_ip(raw, true), env: "HOST_PROBE_SNAT_IPV6",
             default: "fd16:9254:7127:1337:ffff:ffff:ffff:ffff",
         }
         /// ambient: take the xtables lock per pod netns, not host-wide
         ambient_use_scoped_xtables_locking: bool {
-            env: "AMBIENT_USE_SCOPED_XTABLES_LOCKING", parse: parse_bool, default: "true",
+            parse: parse_bool, env: "AMBIENT_USE_SCOPED_XTABLES_LOCKING", default: "true",
         }
         /// ambient: route probes of pods with an AWS branch ENI (install-cni.md)
         ambient_enable_aws_branch_eni_probe: bool {
-            env: "AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE", parse: parse_bool, default: "true",
+            parse: parse_bool, env: "AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE", default: "true",
         }
         /// ambient: the iptables flavour, `legacy` or `nft`
         force_iptables_binary: Option<String> {
-            env: "FORCE_IPTABLES_BINARY", parse: iptables_flavour, unset: "detect",
+            parse: iptables_flavour, env: "FORCE_IPTABLES_BINARY", unset: "detect",
         }
         /// ambient: allow entering the host netns from the agent
         allow_switch_to_host_ns: bool {
-            env: "ALLOW_SWITCH_TO_HOST_NS", parse: parse_bool, default: "false",
+            parse: parse_bool, env: "ALLOW_SWITCH_TO_HOST_NS", default: "false",
         }
         /// ours: every listener closes a connection that sends no request headers within this long of opening or of its previous answer (a Go duration of at least 100ms)
         listener_idle_timeout: Duration {
-            env: "LISTENER_IDLE_TIMEOUT", parse: idle_timeout, default: "10s",
+            parse: idle_timeout, env: "LISTENER_IDLE_TIMEOUT", default: "10s",
         }
     }
 }

@@ -12,6 +12,8 @@ pub(super) fn lookup(env: &dyn Env) -> Lookup<'_> {
     Lookup {
         env,
         empty_env: EmptyEnv::Unset,
+        env_label: "env ",
+        switched_off: None,
     }
 }
 
@@ -120,7 +122,7 @@ pub fn from_flags(f: &Flags, env: &dyn Env) -> Result<Config, ConfigError> {
             crate::repair::detect::FilterError::Field { .. } => &decl::repair_field_selectors,
         };
         let raw = l.raw(s, f.given(s)).unwrap_or(Raw {
-            name: s.env.to_string(),
+            name: s.env.unwrap_or(s.key).to_string(),
             value: String::new(),
         });
         return Err(invalid(&raw, e.to_string()));
