@@ -315,12 +315,12 @@ macro_rules! declare_settings {
             )*
         }
     ) => {
-        $(#[$fattr])*
         #[derive(::argh::FromArgs, Debug, Default)]
+        $(#[$fattr])*
         pub struct $Flags {
             $($(
                 $(#[doc = $doc])*
-                $(#[doc = "; default "] #[doc = $default])?
+                $(#[doc = "; default \""] #[doc = $default] #[doc = "\""])?
                 $(#[doc = "; default "] #[doc = $unset])?
                 $(#[doc = " (env "] #[doc = $env] #[doc = ")"])?
                 $($(#[doc = " (or env "] #[doc = $also] #[doc = ")"])*)?

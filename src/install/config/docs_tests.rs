@@ -89,8 +89,11 @@ fn help_shows_each_flag_with_its_env_var_and_default() {
             block.contains(&format!("(env {})", s.env.expect("env"))),
             "{block}"
         );
-        if let Some(d) = s.default.filter(|d| !d.is_empty()) {
-            assert!(block.contains(&format!("; default {d} (env")), "{block}");
+        if let Some(d) = s.default {
+            assert!(
+                block.contains(&format!("; default \"{d}\" (env")),
+                "{block}"
+            );
         }
     }
 }
