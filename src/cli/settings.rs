@@ -345,4 +345,100 @@ mod tests {
         );
         assert!(sync_block("a\n", "t", "x").unwrap_err().contains("BEGIN"));
     }
+
+    mod declared {
+        use super::super::Raw;
+
+        #[derive(Debug, PartialEq)]
+        pub struct Bad(pub String);
+
+        fn number(raw: &Raw) -> Result<u32, Bad> {
+            raw.value.parse().map_err(|_| Bad(raw.name.clone()))
+        }
+
+        fn on(raw: &Raw) -> Result<bool, Bad> {
+            crate::cli::parse_go_bool(&raw.value).ok_or_else(|| Bad(raw.name.clone()))
+        }
+
+        crate::cli::settings::declare_settings! {
+            /// a test command
+            pub struct Flags {}
+            pub struct Values;
+            pub mod decl;
+            error Bad;
+
+            section "Options" {
+                /// a number
+                count: u32 { parse: number, short: 'c', env: "COUNT", default: "3" }
+                /// another, without a default
+                limit: Option<u32> { parse: number, env: "LIMIT", unset: "no limit" }
+            }
+            switches "Switches" {
+                /// a switch with an alias
+                loud: bool { parse: on, env: "LOUD", also: ["NOISY"], default: "false" }
+            }
+            env_only "Environment only" {
+                /// env only
+                depth: u32 { parse: number, env: "DEPTH", default: "7" }
+            }
+        }
+    }
+
+    #[test]
+    fn a_declaration_resolves_flag_over_env_over_default_and_switches_as_documented() {
+        use argh::FromArgs;
+        use declared::*;
+        let resolve = |args: &[&str], pairs: &[(&str, &str)], off: &[&str]| {
+            let flags = Flags::from_args(&["t"], args).expect("parses");
+            let e = env(pairs);
+            let off: HashSet<String> = off.iter().map(|s| s.to_string()).collect();
+            Values::resolve(
+                &flags,
+                &Lookup {
+                    env: &e,
+                    empty_env: EmptyEnv::Empty,
+                    env_label: "",
+                    switched_off: Some(&off),
+                },
+            )
+        };
+        let v = resolve(&[], &[], &[]).unwrap();
+        assert_eq!((v.count, v.limit, v.loud, v.depth), (3, None, false, 7));
+        let v = resolve(
+            &["-c", "5"],
+            &[("COUNT", "9"), ("LIMIT", "2"), ("DEPTH", "1")],
+            &[],
+        );
+        let v = v.unwrap();
+        assert_eq!((v.count, v.limit, v.depth), (5, Some(2), 1));
+        assert_eq!(
+            resolve(&[], &[("COUNT", "x")], &[]).unwrap_err(),
+            Bad("COUNT".into())
+        );
+        assert_eq!(
+            resolve(&["--count", "x"], &[], &[]).unwrap_err(),
+            Bad("--count".into())
+        );
+        assert!(
+            resolve(&[], &[("LOUD", "false"), ("NOISY", "true")], &[])
+                .unwrap()
+                .loud
+        );
+        assert!(!resolve(&[], &[("NOISY", "true")], &["loud"]).unwrap().loud);
+        assert!(resolve(&["--loud"], &[("LOUD", "bad")], &[]).unwrap().loud);
+        let help = Flags::from_args(&["t"], &["--help"]).unwrap_err().output;
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            help.contains("a number; default \"3\" (env COUNT)"),
+            "{help}"
+        );
+        assert!(help.contains("default no limit (env LIMIT)"), "{help}");
+        assert!(
+            help.contains("a switch with an alias (env LOUD) (or env NOISY)"),
+            "{help}"
+        );
+        let keys: Vec<&str> = decl::ALL.iter().map(|s| s.key).collect();
+        assert_eq!(keys, ["count", "limit", "loud", "depth"]);
+        assert_eq!(bool_flags(decl::ALL), Vec::<String>::new());
+    }
 }
