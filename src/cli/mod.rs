@@ -1,9 +1,12 @@
 //! Command-line plumbing shared by every role: pflag-style argv normalising for argh, env-var
-//! fallbacks, Go-compatible bool and duration parsing.
+//! fallbacks, Go-compatible bool and duration parsing; `settings`: settings declared once (flag,
+//! env, default, parser, doc) and the engine resolving them.
 //! May call: nothing else in this crate.
 
 use std::collections::HashSet;
 use std::time::Duration;
+
+pub mod settings;
 
 /// How the flags of one command are shaped, for [`normalise_args`].
 pub struct FlagShapes<'a> {

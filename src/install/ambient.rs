@@ -177,23 +177,21 @@ mod tests {
 
     #[test]
     fn settings_come_from_the_install_config() {
-        let env = |k: &str| {
-            [
-                ("AMBIENT_ENABLED", "true"),
-                ("NODE_NAME", "node-1"),
-                ("EXCLUDE_NAMESPACES", "kube-system,other"),
-                ("AMBIENT_DNS_CAPTURE", "true"),
-                ("HOST_PROBE_SNAT_IP", "169.254.9.9"),
-                ("CNI_AGENT_RUN_DIR", "/run/x"),
-                (
-                    "AMBIENT_ENABLEMENT_SELECTOR",
-                    r#"[{"podSelector":{"matchLabels":{"a":"b"}}}]"#,
-                ),
-            ]
-            .iter()
-            .find(|(n, _)| *n == k)
-            .map(|(_, v)| v.to_string())
-        };
+        let env: std::collections::HashMap<String, String> = [
+            ("AMBIENT_ENABLED", "true"),
+            ("NODE_NAME", "node-1"),
+            ("EXCLUDE_NAMESPACES", "kube-system,other"),
+            ("AMBIENT_DNS_CAPTURE", "true"),
+            ("HOST_PROBE_SNAT_IP", "169.254.9.9"),
+            ("CNI_AGENT_RUN_DIR", "/run/x"),
+            (
+                "AMBIENT_ENABLEMENT_SELECTOR",
+                r#"[{"podSelector":{"matchLabels":{"a":"b"}}}]"#,
+            ),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
         let Ok(Parsed::Run(cfg)) = parse(&["install-cni".to_string()], &env) else {
             panic!("parse")
         };

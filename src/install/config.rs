@@ -1,17 +1,20 @@
 //! Pure configuration parsing for `install-cni`: flags (argh, after the pflag normaliser) and env
-//! fallbacks, resolved as flag > env > default, exactly under Istio's names. The env lookup is a
-//! function argument so tests never touch the process environment.
-
+//! fallbacks, resolved as flag > env > default, exactly under Istio's names. The environment comes
+//! in through the `cli::Env` seam so tests never touch the process environment.
 //!
-//! Files: `flags` (the argh flag table), `sections` (the resolved config and its sections),
-//! `values` (one setting's raw value and how each kind of value is read), `resolve` (flag > env >
-//! default for every setting), `checks` (values that parse but can never work, refused).
+//! Files: `flags` (every setting declared once: flag, env, default, parser, doc; the argh flags
+//! and typed values come from it), `sections` (the resolved config and its sections), `values`
+//! (one setting's raw value and how each kind of value is read), `resolve` (the typed values into
+//! the sections, with cross-checks and warnings), `checks` (values that parse but can never work,
+//! refused), `docs_tests` (docs/configuration.md's generated table).
 
 use argh::FromArgs;
 
 mod checks;
 #[cfg(test)]
 mod checks_tests;
+#[cfg(test)]
+mod docs_tests;
 mod flags;
 mod resolve;
 mod sections;
@@ -21,25 +24,26 @@ mod tests;
 mod values;
 
 pub use checks::{PROC_SUPER_MAGIC, procfs};
-use flags::BOOL_FLAGS;
-pub use flags::Flags;
+pub use flags::{Flags, decl};
 pub use resolve::from_flags;
 pub use sections::*;
 pub use status::StatusRequest;
 pub use values::{SelectorsError, parse_log_levels, parse_selectors};
 
 /// Parses `args` (the full argv, program name first) with `env` as the environment.
-pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Parsed, ConfigError> {
+pub fn parse(args: &[String], env: &dyn crate::cli::Env) -> Result<Parsed, ConfigError> {
     // `status` is a command of its own, with its own flags and help.
     if args.get(1).is_some_and(|a| a == "status") {
         return status::parse_status(args.get(2..).unwrap_or(&[]), env);
     }
+    let bool_flags = crate::cli::settings::bool_flags(decl::ALL);
+    let bool_flags: Vec<&str> = bool_flags.iter().map(String::as_str).collect();
     let shapes = crate::cli::FlagShapes {
         switches: &["version"],
         shorts: &[],
         underscore_longs: &[],
         all_underscores: true,
-        bool_options: BOOL_FLAGS,
+        bool_options: &bool_flags,
         repeatable: &[],
         positionals: true,
     };

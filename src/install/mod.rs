@@ -55,7 +55,7 @@ const REPAIR_SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Entry point of the `install-cni` role.
 pub fn main(args: Vec<String>) -> i32 {
-    let cfg = match config::parse(&args, &|k| std::env::var(k).ok()) {
+    let cfg = match config::parse(&args, &crate::cli::ProcessEnv) {
         Ok(Parsed::Run(c)) => c,
         Ok(Parsed::Status(req)) => return status::main(req),
         Ok(Parsed::Exit { text, code }) => {

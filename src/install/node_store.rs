@@ -85,11 +85,10 @@ mod tests {
     use crate::install::config::{Parsed, parse};
 
     fn cfg(vars: &[(&str, &str)]) -> Config {
-        let env = |k: &str| {
-            vars.iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        };
+        let env: std::collections::HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         match parse(&["install-cni".to_string()], &env) {
             Ok(Parsed::Run(c)) => *c,
             other => panic!("parse: {other:?}"),

@@ -1,6 +1,7 @@
 //! Unit tests of [`super`]: flag/env resolution and value checks.
 use super::*;
 use crate::rules::capture::{InboundPorts, OwnerGroups};
+use argh::FromArgs;
 use std::collections::HashMap;
 
 fn resolve(args: &[&str], env: &[(&str, &str)]) -> Result<Settings, SettingError> {

@@ -1,169 +1,317 @@
-//! The flag table: every option under Istio's name, with the env var it falls back to.
+//! Every install-cni setting, declared once under Istio's names: flag, env var, default, parser and
+//! doc line. The argh flags (and `--help`), the typed [`Values`], the env fallback and the table
+//! in docs/configuration.md all come from this list (`cli::settings::declare_settings!`).
 
-use argh::FromArgs;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
-/// install-cni: installs the Istio CNI plugin on this node, guards its config, serves health/metrics.
-/// Every option can also be set through the env var named in its description (flag > env >
-/// default); `--flag=value`, bare boolean flags and underscore names are accepted.
-#[derive(FromArgs, Debug, Default)]
-pub struct Flags {
-    /// primary CNI config file name; empty = auto-detect the highest-priority file (env CNI_CONF_NAME)
-    #[argh(option)]
-    pub cni_conf_name: Option<String>,
-    /// chain istio-cni into the primary config (true) or write a standalone config (false); default true (env CHAINED_CNI_PLUGIN)
-    #[argh(option)]
-    pub chained_cni_plugin: Option<String>,
-    /// write a separate Istio-owned conflist (only with chained + ambient); default false (env ISTIO_OWNED_CNI_CONFIG)
-    #[argh(option)]
-    pub istio_owned_cni_config: Option<String>,
-    /// file name of the Istio-owned conflist; default 02-istio-cni.conflist (env ISTIO_OWNED_CNI_CONFIG_FILENAME, legacy ISTIO_OWNED_CNI_CONF_FILENAME)
-    #[argh(option)]
-    pub istio_owned_cni_config_filename: Option<String>,
-    /// directory holding the node's CNI configs as seen here; default /host/etc/cni/net.d (env MOUNTED_CNI_NET_DIR)
-    #[argh(option)]
-    pub mounted_cni_net_dir: Option<String>,
-    /// comma-separated directories the plugin binary is installed into; default /host/opt/cni/bin,/host/secondary-bin-dir (env CNI_BIN_DIRS)
-    #[argh(option)]
-    pub cni_bin_dirs: Option<String>,
-    /// agent run directory (sockets, plugin kubeconfig, plugin log); same path on host and here; default /var/run/istio-cni (env CNI_AGENT_RUN_DIR)
-    #[argh(option)]
-    pub cni_agent_run_dir: Option<String>,
-    /// file mode of the plugin kubeconfig (octal with a leading 0, or decimal); default 0600 (env KUBECONFIG_MODE)
-    #[argh(option)]
-    pub kubeconfig_mode: Option<String>,
-    /// write CNI config files 0640 instead of 0600 when not keeping an existing mode; default false (env CNI_CONF_GROUP_READ)
-    #[argh(option)]
-    pub cni_conf_group_read: Option<String>,
-    /// CA file embedded in the plugin kubeconfig; default <service-account-dir>/ca.crt (env KUBE_CA_FILE)
-    #[argh(option)]
-    pub kube_ca_file: Option<String>,
-    /// write insecure-skip-tls-verify into the plugin kubeconfig instead of a CA; default false (env SKIP_TLS_VERIFY)
-    #[argh(option)]
-    pub skip_tls_verify: Option<String>,
-    /// service-account directory holding token and ca.crt; default /var/run/secrets/kubernetes.io/serviceaccount (env SERVICE_ACCOUNT_DIR)
-    #[argh(option)]
-    pub service_account_dir: Option<String>,
-    /// host procfs mount; default /host/proc (env HOST_PROC_DIR)
-    #[argh(option)]
-    pub host_proc_dir: Option<String>,
-    /// host netns directory mount; default /host/var/run/netns (env HOST_NETNS_DIR)
-    #[argh(option)]
-    pub host_netns_dir: Option<String>,
-    /// how often every redirected pod's netns is checked against its expected rules and healed (a Go duration, jittered up to +25%; 0 disables); default 60s (env DRIFT_VERIFY_INTERVAL)
-    #[argh(option)]
-    pub drift_verify_interval: Option<String>,
-    /// port of /healthz and /readyz (0 = any free port); default 8000 (env HEALTH_PORT)
-    #[argh(option)]
-    pub health_port: Option<String>,
-    /// port of the Prometheus /metrics endpoint, <= 0 disables it; default 15014 (env MONITORING_PORT)
-    #[argh(option)]
-    pub monitoring_port: Option<String>,
-    /// ZDS socket ztunnel connects to; default /var/run/ztunnel/ztunnel.sock (env ZTUNNEL_UDS_ADDRESS)
-    #[argh(option)]
-    pub ztunnel_uds_address: Option<String>,
-    /// enable ambient mode (node agent, plugin ambient branch); default false (env AMBIENT_ENABLED)
-    #[argh(option)]
-    pub ambient_enabled: Option<String>,
-    /// plugin retries ambient pod detection and fails ADD on API errors; default false (env ENABLE_AMBIENT_DETECTION_RETRY)
-    #[argh(option)]
-    pub enable_ambient_detection_retry: Option<String>,
-    /// run the repair controller; default true (env REPAIR_ENABLED)
-    #[argh(option)]
-    pub repair_enabled: Option<String>,
-    /// repair by deleting broken pods; default false (env REPAIR_DELETE_PODS)
-    #[argh(option)]
-    pub repair_delete_pods: Option<String>,
-    /// repair by labelling broken pods; default false (env REPAIR_LABEL_PODS)
-    #[argh(option)]
-    pub repair_label_pods: Option<String>,
-    /// label key put on broken pods; default cni.istio.io/uninitialized (env REPAIR_BROKEN_POD_LABEL_KEY)
-    #[argh(option)]
-    pub repair_broken_pod_label_key: Option<String>,
-    /// label value put on broken pods; default true (env REPAIR_BROKEN_POD_LABEL_VALUE)
-    #[argh(option)]
-    pub repair_broken_pod_label_value: Option<String>,
-    /// node whose pods are repaired; default empty (env REPAIR_NODE_NAME)
-    #[argh(option)]
-    pub repair_node_name: Option<String>,
-    /// annotation marking injected pods; default sidecar.istio.io/status (env REPAIR_SIDECAR_ANNOTATION)
-    #[argh(option)]
-    pub repair_sidecar_annotation: Option<String>,
-    /// validation init container name; default istio-validation (env REPAIR_INIT_CONTAINER_NAME)
-    #[argh(option)]
-    pub repair_init_container_name: Option<String>,
-    /// termination message identifying broken pods; default empty = any (env REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE)
-    #[argh(option)]
-    pub repair_init_container_termination_message: Option<String>,
-    /// exit code identifying broken pods (0 = any); default 126 (env REPAIR_INIT_CONTAINER_EXIT_CODE)
-    #[argh(option)]
-    pub repair_init_container_exit_code: Option<String>,
-    /// extra label selectors for the repair informer; default empty (env REPAIR_LABEL_SELECTORS)
-    #[argh(option)]
-    pub repair_label_selectors: Option<String>,
-    /// extra field selectors for the repair informer; default empty (env REPAIR_FIELD_SELECTORS)
-    #[argh(option)]
-    pub repair_field_selectors: Option<String>,
-    /// accepted and ignored, as in Istio (env LOG_LEVEL); use --log_output_level
-    #[argh(option)]
-    pub log_level: Option<String>,
-    /// accepted and ignored (legacy template mechanism) (env CNI_NETWORK_CONFIG)
-    #[argh(option)]
-    pub cni_network_config: Option<String>,
-    /// accepted and ignored (legacy template mechanism) (env CNI_NETWORK_CONFIG_FILE)
-    #[argh(option)]
-    pub cni_network_config_file: Option<String>,
-    /// per-scope log levels, `<level>` or `<scope>:<level>,...` (scopes: all, default, cni-agent, cni-plugin; levels: debug, info, warn, error, fatal, none); default info (env LOG_OUTPUT_LEVEL)
-    #[argh(option)]
-    pub log_output_level: Option<String>,
-    /// log as JSON lines instead of Istio's tab-separated text; default false (env LOG_AS_JSON)
-    #[argh(option)]
-    pub log_as_json: Option<String>,
-    /// where logs go: stderr, stdout or a file path; default stderr (env LOG_TARGET)
-    #[argh(option)]
-    pub log_target: Option<String>,
-    /// accepted for compatibility; stack traces are not emitted (env LOG_STACKTRACE_LEVEL)
-    #[argh(option)]
-    pub log_stacktrace_level: Option<String>,
-    /// accepted for compatibility; caller info is not emitted (env LOG_CALLER)
-    #[argh(option)]
-    pub log_caller: Option<String>,
-    /// accepted for compatibility; no log rotation (env LOG_ROTATE)
-    #[argh(option)]
-    pub log_rotate: Option<String>,
-    /// accepted for compatibility (env LOG_ROTATE_MAX_AGE)
-    #[argh(option)]
-    pub log_rotate_max_age: Option<String>,
-    /// accepted for compatibility (env LOG_ROTATE_MAX_BACKUPS)
-    #[argh(option)]
-    pub log_rotate_max_backups: Option<String>,
-    /// accepted for compatibility (env LOG_ROTATE_MAX_SIZE)
-    #[argh(option)]
-    pub log_rotate_max_size: Option<String>,
-    /// accepted for compatibility; there is no ControlZ (env CTRLZ_PORT)
-    #[argh(option)]
-    pub ctrlz_port: Option<String>,
-    /// accepted for compatibility; there is no ControlZ (env CTRLZ_ADDRESS)
-    #[argh(option)]
-    pub ctrlz_address: Option<String>,
-    /// print the version and exit
-    #[argh(switch)]
-    pub version: bool,
-    /// optional subcommand: `version`, or `status` (as the first argument; `install-cni status --help`) to print this node's pods as the running agent sees them
-    #[argh(positional)]
-    pub command: Vec<String>,
+use super::checks::*;
+use super::sections::*;
+use super::values::*;
+use crate::kube::names::NameRule;
+
+crate::cli::settings::declare_settings! {
+    /// install-cni: installs the Istio CNI plugin on this node, guards its config, serves health/metrics.
+    /// Every option can also be set through the env var named in its description (flag > env >
+    /// default); `--flag=value`, bare boolean flags and underscore names are accepted.
+    pub struct Flags {
+        /// print the version and exit
+        #[argh(switch)]
+        pub version: bool,
+        /// optional subcommand: `version`, or `status` (as the first argument; `install-cni status --help`) to print this node's pods as the running agent sees them
+        #[argh(positional)]
+        pub command: Vec<String>,
+    }
+    pub struct Values;
+    pub mod decl;
+    error ConfigError;
+
+    section "Installer" {
+        /// primary CNI config file name (chained) or our file name (standalone)
+        cni_conf_name: Option<String> {
+            parse: file_name_only, env: "CNI_CONF_NAME",
+            unset: "empty = auto-detect the highest-priority valid file",
+        }
+        /// chain istio-cni into the primary config (true) or write a standalone config (false)
+        chained_cni_plugin: bool {
+            parse: parse_bool, env: "CHAINED_CNI_PLUGIN", default: "true", marks: [Bool],
+        }
+        /// write a separate Istio-owned conflist (only effective with chained and ambient)
+        istio_owned_cni_config: bool {
+            parse: parse_bool, env: "ISTIO_OWNED_CNI_CONFIG", default: "false", marks: [Bool],
+        }
+        /// file name of the Istio-owned conflist (the chart writes the misspelt legacy name)
+        istio_owned_cni_config_filename: String {
+            parse: owned_file_name, env: "ISTIO_OWNED_CNI_CONFIG_FILENAME",
+            legacy: "ISTIO_OWNED_CNI_CONF_FILENAME", default: "02-istio-cni.conflist",
+        }
+        /// directory holding the node's CNI configs as seen here
+        mounted_cni_net_dir: PathBuf {
+            parse: absolute_path, env: "MOUNTED_CNI_NET_DIR", default: "/host/etc/cni/net.d",
+        }
+        /// comma-separated directories the plugin binary is installed into (missing ones are skipped)
+        cni_bin_dirs: Vec<PathBuf> {
+            parse: path_list, env: "CNI_BIN_DIRS",
+            default: "/host/opt/cni/bin,/host/secondary-bin-dir",
+        }
+        /// agent run directory (sockets, plugin kubeconfig, plugin log, restore record); same path on host and here
+        cni_agent_run_dir: PathBuf {
+            parse: |raw| socket_path(raw, LONGEST_RUN_DIR_SOCKET), env: "CNI_AGENT_RUN_DIR",
+            default: "/var/run/istio-cni",
+        }
+        /// file mode of the plugin kubeconfig (Go integer syntax: 0600 octal, 384 decimal, 0o600)
+        kubeconfig_mode: u32 {
+            parse: kubeconfig_mode, env: "KUBECONFIG_MODE", default: "0600",
+        }
+        /// write CNI config files 0640 instead of 0600 when not keeping an existing mode
+        cni_conf_group_read: bool {
+            parse: parse_bool, env: "CNI_CONF_GROUP_READ", default: "false", marks: [Bool],
+        }
+        /// CA file embedded in the plugin kubeconfig
+        kube_ca_file: Option<PathBuf> {
+            parse: absolute_path, env: "KUBE_CA_FILE", unset: "`<service-account-dir>/ca.crt`",
+        }
+        /// write insecure-skip-tls-verify into the plugin kubeconfig instead of a CA
+        skip_tls_verify: bool {
+            parse: parse_bool, env: "SKIP_TLS_VERIFY", default: "false", marks: [Bool],
+        }
+        /// service-account directory holding token and ca.crt (watched for token rotation)
+        service_account_dir: PathBuf {
+            parse: absolute_path, env: "SERVICE_ACCOUNT_DIR",
+            default: "/var/run/secrets/kubernetes.io/serviceaccount",
+        }
+        /// host procfs mount (for the node agent and repair)
+        host_proc_dir: PathBuf {
+            parse: absolute_path, env: "HOST_PROC_DIR", default: "/host/proc",
+        }
+        /// host netns directory mount (for the node agent)
+        host_netns_dir: PathBuf {
+            parse: absolute_path, env: "HOST_NETNS_DIR", default: "/host/var/run/netns",
+        }
+        /// ours: how often every redirected pod's netns is checked against its expected rules and healed (a Go duration of at least 1s, jittered up to +25%; 0 disables)
+        drift_verify_interval: Option<Duration> {
+            parse: drift_interval, env: "DRIFT_VERIFY_INTERVAL", default: "60s",
+        }
+        /// port of /healthz and /readyz (0 = any free port; the bound address is logged)
+        health_port: u16 {
+            parse: port, env: "HEALTH_PORT", default: "8000",
+        }
+        /// port of the Prometheus /metrics endpoint, <= 0 disables it
+        monitoring_port: Option<u16> {
+            parse: monitoring_port, env: "MONITORING_PORT", default: "15014",
+        }
+    }
+
+    section "Ambient and the plugin's config entry" {
+        /// enable ambient mode (node agent, plugin ambient branch)
+        ambient_enabled: bool {
+            parse: parse_bool, env: "AMBIENT_ENABLED", default: "false", marks: [Bool],
+        }
+        /// plugin retries ambient pod detection and fails ADD on API errors
+        enable_ambient_detection_retry: bool {
+            parse: parse_bool, env: "ENABLE_AMBIENT_DETECTION_RETRY", default: "false",
+            marks: [Bool],
+        }
+        /// ZDS socket ztunnel connects to (docs/zds.md)
+        ztunnel_uds_address: PathBuf {
+            parse: |raw| socket_path(raw, ""), env: "ZTUNNEL_UDS_ADDRESS",
+            default: "/var/run/ztunnel/ztunnel.sock",
+        }
+    }
+
+    section "Repair controller" {
+        /// run the repair controller
+        repair_enabled: bool {
+            parse: parse_bool, env: "REPAIR_ENABLED", default: "true", marks: [Bool],
+        }
+        /// repair by deleting broken pods
+        repair_delete_pods: bool {
+            parse: parse_bool, env: "REPAIR_DELETE_PODS", default: "false", marks: [Bool],
+        }
+        /// repair by labelling broken pods
+        repair_label_pods: bool {
+            parse: parse_bool, env: "REPAIR_LABEL_PODS", default: "false", marks: [Bool],
+        }
+        /// label key put on broken pods
+        repair_broken_pod_label_key: String {
+            parse: |raw| kube_name(raw, NameRule::QualifiedName), env: "REPAIR_BROKEN_POD_LABEL_KEY",
+            default: "cni.istio.io/uninitialized",
+        }
+        /// label value put on broken pods
+        repair_broken_pod_label_value: String {
+            parse: |raw| empty_or_name(raw, NameRule::LabelValue), env: "REPAIR_BROKEN_POD_LABEL_VALUE",
+            default: "true",
+        }
+        /// node whose pods are repaired (required while repair is on)
+        repair_node_name: String {
+            parse: |raw| empty_or_name(raw, NameRule::StrictSubdomain), env: "REPAIR_NODE_NAME",
+            default: "",
+        }
+        /// annotation marking injected pods (empty = no annotation check)
+        repair_sidecar_annotation: String {
+            parse: |raw| empty_or_name(raw, NameRule::QualifiedName), env: "REPAIR_SIDECAR_ANNOTATION",
+            default: "sidecar.istio.io/status",
+        }
+        /// validation init container name (empty = any)
+        repair_init_container_name: String {
+            parse: |raw| empty_or_name(raw, NameRule::StrictLabel), env: "REPAIR_INIT_CONTAINER_NAME",
+            default: "istio-validation",
+        }
+        /// termination message identifying broken pods (empty = any)
+        repair_init_container_termination_message: String {
+            parse: text, env: "REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE", default: "",
+        }
+        /// exit code identifying broken pods (0 = any)
+        repair_init_container_exit_code: i32 {
+            parse: exit_code, env: "REPAIR_INIT_CONTAINER_EXIT_CODE", default: "126",
+        }
+        /// extra label selectors for the repair informer
+        repair_label_selectors: String {
+            parse: text, env: "REPAIR_LABEL_SELECTORS", default: "",
+        }
+        /// extra field selectors for the repair informer
+        repair_field_selectors: String {
+            parse: text, env: "REPAIR_FIELD_SELECTORS", default: "",
+        }
+    }
+
+    section "Logging" {
+        /// per-scope log levels, `<level>` or `<scope>:<level>,...` (scopes: all, default, cni-agent, cni-plugin; levels: debug, info, warn, error, fatal, none); the cni-plugin scope is the plugin's own level
+        log_output_level: (LogLevel, BTreeMap<String, LogLevel>) {
+            parse: log_levels, env: "LOG_OUTPUT_LEVEL", default: "info",
+        }
+        /// log as JSON lines instead of Istio's tab-separated text
+        log_as_json: bool {
+            parse: parse_bool, env: "LOG_AS_JSON", default: "false", marks: [Bool],
+        }
+        /// where logs go: stderr, stdout or a file path (appended)
+        log_target: LogTarget {
+            parse: log_target, env: "LOG_TARGET", default: "stderr",
+        }
+    }
+
+    section "Accepted for compatibility" {
+        /// accepted and ignored, as in Istio; use --log_output_level
+        log_level: Option<String> { parse: text, env: "LOG_LEVEL", marks: [WarnIfSet] }
+        /// accepted and ignored (legacy template mechanism)
+        cni_network_config: Option<String> {
+            parse: text, env: "CNI_NETWORK_CONFIG", marks: [WarnIfSet],
+        }
+        /// accepted and ignored (legacy template mechanism)
+        cni_network_config_file: Option<String> {
+            parse: text, env: "CNI_NETWORK_CONFIG_FILE", marks: [WarnIfSet],
+        }
+        /// accepted for compatibility; stack traces are not emitted
+        log_stacktrace_level: Option<String> { parse: text, env: "LOG_STACKTRACE_LEVEL" }
+        /// accepted for compatibility; caller info is not emitted
+        log_caller: Option<String> { parse: text, env: "LOG_CALLER", marks: [Bool] }
+        /// accepted for compatibility; no log rotation
+        log_rotate: Option<String> { parse: text, env: "LOG_ROTATE", marks: [WarnIfSet] }
+        /// accepted for compatibility
+        log_rotate_max_age: Option<String> { parse: text, env: "LOG_ROTATE_MAX_AGE" }
+        /// accepted for compatibility
+        log_rotate_max_backups: Option<String> { parse: text, env: "LOG_ROTATE_MAX_BACKUPS" }
+        /// accepted for compatibility
+        log_rotate_max_size: Option<String> { parse: text, env: "LOG_ROTATE_MAX_SIZE" }
+        /// accepted for compatibility; there is no ControlZ
+        ctrlz_port: Option<String> { parse: text, env: "CTRLZ_PORT", marks: [WarnIfSet] }
+        /// accepted for compatibility; there is no ControlZ
+        ctrlz_address: Option<String> { parse: text, env: "CTRLZ_ADDRESS" }
+    }
+
+    env_only "Environment only" {
+        /// kubeconfig server host, an IP or a host name (set by the kubelet; required)
+        kubernetes_service_host: Option<String> {
+            parse: service_host, env: "KUBERNETES_SERVICE_HOST", unset: "set by the kubelet",
+        }
+        /// kubeconfig server port, 1-65535 (set by the kubelet; required)
+        kubernetes_service_port: Option<String> {
+            parse: service_port, env: "KUBERNETES_SERVICE_PORT", unset: "set by the kubelet",
+        }
+        /// kubeconfig server scheme, `https` or `http`
+        kubernetes_service_protocol: String {
+            parse: service_protocol, env: "KUBERNETES_SERVICE_PROTOCOL", default: "https",
+        }
+        /// always clean up on shutdown, never keep the config for an upgrade
+        ambient_disable_safe_upgrade: bool {
+            parse: parse_bool, env: "AMBIENT_DISABLE_SAFE_UPGRADE", default: "false",
+        }
+        /// plugin entry `exclude_namespaces`: comma-separated namespaces (`null` when empty)
+        exclude_namespaces: Vec<String> {
+            parse: namespace_list, env: "EXCLUDE_NAMESPACES", default: "",
+        }
+        /// plugin entry `pod_namespace`: this pod's namespace
+        pod_namespace: Option<String> {
+            parse: |raw| kube_name(raw, NameRule::StrictLabel), env: "POD_NAMESPACE", unset: "empty",
+        }
+        /// plugin entry `native_nftables`: program nftables instead of iptables
+        native_nftables: bool {
+            parse: parse_bool, env: "NATIVE_NFTABLES", default: "false",
+        }
+        /// plugin entry `enablement_selectors`: which pods are ambient (the chart's YAML, or JSON; operators In, NotIn, Exists, DoesNotExist are checked); with AMBIENT_ENABLED=true and none, install-cni warns that no pod will ever be enrolled
+        ambient_enablement_selector: Vec<EnablementSelector> {
+            parse: selectors, env: "AMBIENT_ENABLEMENT_SELECTOR", default: "",
+        }
+        /// this node, for the agent's pod watch (required with ambient)
+        node_name: Option<String> {
+            parse: |raw| kube_name(raw, NameRule::StrictSubdomain), env: "NODE_NAME", unset: "empty",
+        }
+        /// this pod's name (read, unused)
+        pod_name: Option<String> {
+            parse: |raw| kube_name(raw, NameRule::StrictSubdomain), env: "POD_NAME", unset: "empty",
+        }
+        /// Istio's namespace
+        system_namespace: String {
+            parse: |raw| kube_name(raw, NameRule::StrictLabel), env: "SYSTEM_NAMESPACE",
+            default: "istio-system",
+        }
+        /// repair by fixing broken pods' rules in place
+        repair_repair_pods: bool {
+            parse: parse_bool, env: "REPAIR_REPAIR_PODS", default: "false",
+        }
+        /// ambient: capture pods' DNS to ztunnel
+        ambient_dns_capture: bool {
+            parse: parse_bool, env: "AMBIENT_DNS_CAPTURE", default: "false",
+        }
+        /// ambient: IPv6 rules too
+        ambient_ipv6: bool {
+            parse: parse_bool, env: "AMBIENT_IPV6", default: "false",
+        }
+        /// ambient: rewrite enrolled pods' rules at startup
+        ambient_reconcile_pod_rules_on_startup: bool {
+            parse: parse_bool, env: "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", default: "false",
+        }
+        /// ambient: source address kubelet probes are SNATed to (a usable IPv4 source)
+        host_probe_snat_ip: IpAddr {
+            parse: |raw| probe_snat_ip(raw, false), env: "HOST_PROBE_SNAT_IP",
+            default: "169.254.7.127",
+        }
+        /// ambient: the IPv6 one (a usable IPv6 source)
+        host_probe_snat_ipv6: IpAddr {
+            parse: |raw| probe_snat_ip(raw, true), env: "HOST_PROBE_SNAT_IPV6",
+            default: "fd16:9254:7127:1337:ffff:ffff:ffff:ffff",
+        }
+        /// ambient: take the xtables lock per pod netns, not host-wide
+        ambient_use_scoped_xtables_locking: bool {
+            parse: parse_bool, env: "AMBIENT_USE_SCOPED_XTABLES_LOCKING", default: "true",
+        }
+        /// ambient: route probes of pods with an AWS branch ENI (install-cni.md)
+        ambient_enable_aws_branch_eni_probe: bool {
+            parse: parse_bool, env: "AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE", default: "true",
+        }
+        /// ambient: the iptables flavour, `legacy` or `nft`
+        force_iptables_binary: Option<String> {
+            parse: iptables_flavour, env: "FORCE_IPTABLES_BINARY", unset: "detect",
+        }
+        /// ambient: allow entering the host netns from the agent
+        allow_switch_to_host_ns: bool {
+            parse: parse_bool, env: "ALLOW_SWITCH_TO_HOST_NS", default: "false",
+        }
+        /// ours: every listener closes a connection that sends no request headers within this long of opening or of its previous answer (a Go duration of at least 100ms)
+        listener_idle_timeout: Duration {
+            parse: idle_timeout, env: "LISTENER_IDLE_TIMEOUT", default: "10s",
+        }
+    }
 }
-
-/// Flags that are booleans (dash form); the normaliser turns a bare one into `--flag true`.
-pub(super) const BOOL_FLAGS: &[&str] = &[
-    "chained-cni-plugin",
-    "istio-owned-cni-config",
-    "cni-conf-group-read",
-    "skip-tls-verify",
-    "ambient-enabled",
-    "enable-ambient-detection-retry",
-    "repair-enabled",
-    "repair-delete-pods",
-    "repair-label-pods",
-    "log-as-json",
-    "log-caller",
-];

@@ -3,17 +3,16 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-/// Default owned conflist name (Istio's).
-pub const DEFAULT_OWNED_FILENAME: &str = "02-istio-cni.conflist";
+/// Default owned conflist name (Istio's), as declared for `ISTIO_OWNED_CNI_CONFIG_FILENAME`.
+pub const DEFAULT_OWNED_FILENAME: &str =
+    match super::flags::decl::istio_owned_cni_config_filename.default {
+        Some(d) => d,
+        None => panic!("ISTIO_OWNED_CNI_CONFIG_FILENAME has a default"),
+    };
 /// Default standalone config name (Istio's).
 pub const DEFAULT_STANDALONE_FILENAME: &str = "YYY-istio-cni.conf";
 /// Name of the plugin kubeconfig in the run dir.
 pub const KUBECONFIG_FILENAME: &str = "istio-cni-kubeconfig";
-/// Default `DRIFT_VERIFY_INTERVAL`.
-pub const DEFAULT_DRIFT_VERIFY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
-/// Default `LISTENER_IDLE_TIMEOUT`.
-pub const DEFAULT_LISTENER_IDLE_TIMEOUT: std::time::Duration =
-    crate::telemetry::serve::DEFAULT_IDLE_TIMEOUT;
 /// Name the plugin binary is installed under.
 pub const PLUGIN_BINARY: &str = "istio-cni";
 

@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use argh::FromArgs;
 
+use super::flags::decl;
 use super::sections::{ConfigError, Parsed};
-use super::values::{Raw, Resolver, invalid, port};
+use super::values::{Raw, invalid, port};
+use crate::cli::Env;
 
 /// install-cni status: asks the running node agent (GET /debug/pods on its health port) for this
 /// node's pods and prints one row each: mode, enrolled or not and why, netns, IPs, the drift
@@ -41,10 +43,7 @@ pub struct StatusRequest {
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Parses `install-cni status ...` (`args` after `status`).
-pub fn parse_status(
-    args: &[String],
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Parsed, ConfigError> {
+pub fn parse_status(args: &[String], env: &dyn Env) -> Result<Parsed, ConfigError> {
     let shapes = crate::cli::FlagShapes {
         switches: &["json"],
         shorts: &[],
@@ -70,21 +69,13 @@ pub fn parse_status(
     resolve(&flags, env).map(Parsed::Status)
 }
 
-fn resolve(
-    f: &StatusFlags,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<StatusRequest, ConfigError> {
-    let r = Resolver { env };
-    let port_raw = r.raw(&f.health_port, "HEALTH_PORT");
-    let health_port = match &port_raw {
-        Some(raw) => port(raw)?,
-        None => 8000,
-    };
+fn resolve(f: &StatusFlags, env: &dyn Env) -> Result<StatusRequest, ConfigError> {
+    // install-cni's own HEALTH_PORT setting (its env var and default), under this command's flag.
+    let raw = super::resolve::lookup(env)
+        .raw_or_default(&decl::health_port, f.health_port.as_ref())
+        .expect("HEALTH_PORT has a default");
+    let health_port = port(&raw)?;
     if health_port == 0 {
-        let raw = port_raw.unwrap_or(Raw {
-            name: "--health-port".into(),
-            value: "0".into(),
-        });
         return Err(invalid(
             &raw,
             "0 binds any free port; pass the agent's actual port with --health-port",
@@ -133,9 +124,8 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        parse_status(&args, &move |k| {
-            env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
-        })
+        let env: std::collections::HashMap<String, String> = env.into_iter().collect();
+        parse_status(&args, &env)
     }
 
     fn request(args: &[&str], env: &[(&str, &str)]) -> StatusRequest {

@@ -11,7 +11,7 @@ pub(super) fn run(args: &[&str], env: &[(&str, &str)]) -> Result<Config, ConfigE
         .collect();
     let mut argv = vec!["install-cni".to_string()];
     argv.extend(args.iter().map(|s| s.to_string()));
-    match parse(&argv, &|k| map.get(k).cloned())? {
+    match parse(&argv, &map)? {
         Parsed::Run(c) => Ok(*c),
         Parsed::Exit { text, .. } => Err(ConfigError::Args(text)),
         Parsed::Status(r) => Err(ConfigError::Args(format!("{r:?}"))),
@@ -281,7 +281,7 @@ fn selectors_from_yaml_and_json() {
 #[test]
 fn help_lists_flags_with_env_names() {
     let argv = vec!["install-cni".to_string(), "--help".to_string()];
-    match parse(&argv, &|_| None) {
+    match parse(&argv, &HashMap::new()) {
         Ok(Parsed::Exit { text, code }) => {
             assert_eq!(code, 0);
             for needle in [
@@ -301,7 +301,7 @@ fn help_lists_flags_with_env_names() {
 #[test]
 fn unknown_flag_is_rejected() {
     let argv = vec!["install-cni".to_string(), "--no-such-flag=1".to_string()];
-    match parse(&argv, &|_| None) {
+    match parse(&argv, &HashMap::new()) {
         Ok(Parsed::Exit { code, .. }) => assert_ne!(code, 0),
         other => panic!("expected an error exit, got {other:?}"),
     }

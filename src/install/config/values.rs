@@ -1,69 +1,19 @@
 //! One setting's raw value (named for errors) and how each kind of value is read: Go booleans and
-//! integers, ports, file names, lists, log levels, enablement selectors.
+//! integers, ports, durations, file names, lists, log levels, enablement selectors, the API
+//! server's address. Each `fn(&Raw) -> Result<T, ConfigError>` here is a parser named in `flags`.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
+use super::checks::{absolute_path, cni_conf_file_name, kube_name};
 use super::sections::*;
+use crate::kube::names::NameRule;
 use crate::kube::selector;
 
 /// One setting's raw value and where it came from (for error messages).
-pub(super) struct Raw {
-    pub(super) name: String,
-    pub(super) value: String,
-}
-
-pub(super) struct Resolver<'a> {
-    pub(super) env: &'a dyn Fn(&str) -> Option<String>,
-}
-
-impl Resolver<'_> {
-    /// flag > env > none. An empty env var counts as unset (viper's default). Every setting's
-    /// flag is its env var's name in lower case with `-` for `_` (viper's key replacer binds them
-    /// that way), so the env name names both.
-    pub(super) fn raw(&self, flag: &Option<String>, env_name: &str) -> Option<Raw> {
-        if let Some(v) = flag {
-            return Some(Raw {
-                name: format!("--{}", env_name.to_ascii_lowercase().replace('_', "-")),
-                value: v.clone(),
-            });
-        }
-        self.env_raw(env_name)
-    }
-
-    pub(super) fn env_raw(&self, env_name: &str) -> Option<Raw> {
-        (self.env)(env_name)
-            .filter(|v| !v.is_empty())
-            .map(|value| Raw {
-                name: format!("env {env_name}"),
-                value,
-            })
-    }
-
-    pub(super) fn string(&self, flag: &Option<String>, env_name: &str, default: &str) -> String {
-        self.raw(flag, env_name)
-            .map(|r| r.value)
-            .unwrap_or_else(|| default.to_string())
-    }
-
-    pub(super) fn boolean(
-        &self,
-        flag: &Option<String>,
-        env_name: &str,
-        default: bool,
-    ) -> Result<bool, ConfigError> {
-        match self.raw(flag, env_name) {
-            Some(r) => parse_bool(&r),
-            None => Ok(default),
-        }
-    }
-
-    pub(super) fn env_bool(&self, env_name: &str, default: bool) -> Result<bool, ConfigError> {
-        match self.env_raw(env_name) {
-            Some(r) => parse_bool(&r),
-            None => Ok(default),
-        }
-    }
-}
+pub(super) use crate::cli::settings::Raw;
 
 pub(super) fn invalid(raw: &Raw, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
@@ -193,5 +143,134 @@ pub(super) fn port(raw: &Raw) -> Result<u16, ConfigError> {
     match parse_go_int(&raw.value) {
         Some(p) if (0..=65535).contains(&p) => Ok(p as u16),
         _ => Err(invalid(raw, "expected a port number 0-65535")),
+    }
+}
+
+/// The value as given.
+pub(super) fn text(raw: &Raw) -> Result<String, ConfigError> {
+    Ok(raw.value.clone())
+}
+
+/// A name checked against `rule`, or empty (Istio's meaning there: no check, any, none).
+pub(super) fn empty_or_name(raw: &Raw, rule: NameRule) -> Result<String, ConfigError> {
+    if raw.value.trim().is_empty() {
+        return Ok(String::new());
+    }
+    kube_name(raw, rule)
+}
+
+/// The owned conflist's name: a file name the container runtime loads.
+pub(super) fn owned_file_name(raw: &Raw) -> Result<String, ConfigError> {
+    let name = file_name_only(raw)?;
+    cni_conf_file_name(raw, &name)?;
+    Ok(name)
+}
+
+/// A comma-separated list of absolute paths, at least one.
+pub(super) fn path_list(raw: &Raw) -> Result<Vec<PathBuf>, ConfigError> {
+    let dirs = split_list(&raw.value)
+        .into_iter()
+        .map(|dir| {
+            absolute_path(&Raw {
+                name: raw.name.clone(),
+                value: dir,
+            })
+        })
+        .collect::<Result<Vec<PathBuf>, _>>()?;
+    if dirs.is_empty() {
+        return Err(invalid(raw, "needs at least one directory"));
+    }
+    Ok(dirs)
+}
+
+/// `MONITORING_PORT`: a port, `<= 0` disables metrics (`None`).
+pub(super) fn monitoring_port(raw: &Raw) -> Result<Option<u16>, ConfigError> {
+    match parse_go_int(&raw.value) {
+        Some(p) if p <= 0 => Ok(None),
+        Some(p) if p <= 65535 => Ok(Some(p as u16)),
+        _ => Err(invalid(
+            raw,
+            "expected a port number (<= 0 disables metrics)",
+        )),
+    }
+}
+
+/// `DRIFT_VERIFY_INTERVAL`: a Go duration of at least 1s, `0` = off (`None`).
+pub(super) fn drift_interval(raw: &Raw) -> Result<Option<Duration>, ConfigError> {
+    match crate::cli::parse_go_duration(raw.value.trim()) {
+        Some(d) if d.is_zero() => Ok(None),
+        Some(d) if d < Duration::from_secs(1) => {
+            Err(invalid(raw, "expected at least 1s (or 0 to disable)"))
+        }
+        Some(d) => Ok(Some(d)),
+        None => Err(invalid(raw, "expected a Go duration such as 60s or 5m")),
+    }
+}
+
+/// `LISTENER_IDLE_TIMEOUT`: a Go duration of at least 100ms.
+pub(super) fn idle_timeout(raw: &Raw) -> Result<Duration, ConfigError> {
+    match crate::cli::parse_go_duration(raw.value.trim()) {
+        Some(d) if d >= Duration::from_millis(100) => Ok(d),
+        Some(_) => Err(invalid(raw, "expected at least 100ms")),
+        None => Err(invalid(raw, "expected a Go duration such as 10s")),
+    }
+}
+
+/// `--log_output_level`, as [`parse_log_levels`].
+pub(super) fn log_levels(raw: &Raw) -> Result<(LogLevel, BTreeMap<String, LogLevel>), ConfigError> {
+    parse_log_levels(&raw.value).map_err(|e| invalid(raw, e))
+}
+
+/// `--log_target`: `stderr`, `stdout` or a file path.
+pub(super) fn log_target(raw: &Raw) -> Result<LogTarget, ConfigError> {
+    Ok(match raw.value.as_str() {
+        "stderr" => LogTarget::Stderr,
+        "stdout" => LogTarget::Stdout,
+        path => LogTarget::File(PathBuf::from(path)),
+    })
+}
+
+/// `AMBIENT_ENABLEMENT_SELECTOR`, as [`parse_selectors`].
+pub(super) fn selectors(raw: &Raw) -> Result<Vec<EnablementSelector>, ConfigError> {
+    parse_selectors(&raw.value).map_err(|e| invalid(raw, e.to_string()))
+}
+
+/// `FORCE_IPTABLES_BINARY`: `legacy` or `nft`.
+pub(super) fn iptables_flavour(raw: &Raw) -> Result<String, ConfigError> {
+    match raw.value.as_str() {
+        "legacy" | "nft" => Ok(raw.value.clone()),
+        _ => Err(invalid(raw, "expected `legacy` or `nft`")),
+    }
+}
+
+/// `KUBERNETES_SERVICE_HOST`: an IP (bracketed or not) or a host name; anything else makes a
+/// server URL no client can use.
+pub(super) fn service_host(raw: &Raw) -> Result<String, ConfigError> {
+    let v = raw.value.trim();
+    let bare = v
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(v);
+    if bare.parse::<IpAddr>().is_err()
+        && crate::kube::names::check(bare, NameRule::Subdomain).is_err()
+    {
+        return Err(invalid(raw, "expected an IP address or a host name"));
+    }
+    Ok(v.to_string())
+}
+
+/// `KUBERNETES_SERVICE_PORT`: 1-65535.
+pub(super) fn service_port(raw: &Raw) -> Result<String, ConfigError> {
+    match raw.value.trim().parse::<u16>() {
+        Ok(p) if p > 0 => Ok(p.to_string()),
+        _ => Err(invalid(raw, "expected a port number 1-65535")),
+    }
+}
+
+/// `KUBERNETES_SERVICE_PROTOCOL`: `http` or `https`.
+pub(super) fn service_protocol(raw: &Raw) -> Result<String, ConfigError> {
+    match raw.value.trim() {
+        v @ ("http" | "https") => Ok(v.to_string()),
+        _ => Err(invalid(raw, "expected `https` or `http`")),
     }
 }

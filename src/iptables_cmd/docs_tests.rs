@@ -1,0 +1,66 @@
+//! docs/istio-iptables.md's settings table is generated from the declarations in `flags`; this
+//! test fails when the two differ. `UPDATE_DOCS=1 cargo test -p istio-cni-rs --lib
+//! iptables_cmd::flags::docs_tests` rewrites the block instead.
+
+use super::{Flags, SHAPES, decl};
+use crate::cli::settings::{markdown, sync_block};
+use argh::FromArgs;
+
+const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/istio-iptables.md");
+const BLOCK: &str = "istio-iptables settings";
+
+#[test]
+fn the_settings_table_in_docs_istio_iptables_md_is_the_declared_one() {
+    let doc = std::fs::read_to_string(DOC).unwrap_or_else(|e| panic!("{DOC}: {e}"));
+    let want =
+        sync_block(&doc, BLOCK, &markdown(decl::ALL)).unwrap_or_else(|e| panic!("{DOC}: {e}"));
+    if std::env::var_os("UPDATE_DOCS").is_some_and(|v| v == "1") {
+        std::fs::write(DOC, &want).unwrap_or_else(|e| panic!("{DOC}: {e}"));
+        return;
+    }
+    if doc != want {
+        let first = doc
+            .lines()
+            .zip(want.lines())
+            .find(|(a, b)| a != b)
+            .map_or_else(
+                || "(lengths differ)".to_string(),
+                |(a, b)| format!("doc:  {a}\nwant: {b}"),
+            );
+        panic!(
+            "{DOC}: the generated block {BLOCK:?} is out of date with src/iptables_cmd/flags.rs; \
+             run UPDATE_DOCS=1 cargo test -p istio-cni-rs --lib iptables_cmd::flags::docs_tests\n{first}"
+        );
+    }
+}
+
+#[test]
+fn help_names_every_env_var_and_the_shapes_every_switch_and_short() {
+    let help = Flags::from_args(&["istio-iptables"], &["--help"])
+        .expect_err("--help exits early")
+        .output;
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    for s in decl::ALL {
+        // Flagged ones in their option's line, env-only ones in the hand-written note.
+        for env in s.env.iter().chain(s.also_env) {
+            assert!(help.contains(env), "{env} missing from --help");
+        }
+        let Some(flag) = s.flag() else { continue };
+        assert!(
+            help.contains(&format!("--{flag}")),
+            "--{flag} missing from --help"
+        );
+        assert_eq!(
+            s.switch,
+            SHAPES.switches.contains(&flag.as_str()),
+            "--{flag}"
+        );
+        if let Some(c) = s.short {
+            assert!(SHAPES.shorts.contains(&(c, flag.as_str())), "-{c}");
+            assert!(
+                help.contains(&format!("-{c}, --{flag}")),
+                "-{c} missing from --help"
+            );
+        }
+    }
+}
