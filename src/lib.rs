@@ -7,7 +7,7 @@
 //!
 //! | room | owns | may call |
 //! | --- | --- | --- |
-//! | [`cli`] | argv normalising (pflag forms), env fallbacks shared by every role | — |
+//! | [`cli`] | argv normalising (pflag forms), env fallbacks shared by every role, the settings engine (`settings`: each setting declared once -> flags, env fallback, `--help`, the docs tables) | — |
 //! | [`rules`] | the redirect rule model, its builders (sidecar capture, ambient) and renderers (iptables-restore text, nftables, the iptables-nft and probe-set messages as a neutral description for the netlink transport, and their decoders) — pure, no effects | — |
 //! | [`iptables_cmd`] | the `istio-iptables` role: flags/env -> capture config -> rules -> apply/dry-run/validation | `cli`, `rules`, `apply`, `netns`, `netlink`, `telemetry` |
 //! | [`apply`] | applying rule sets all or nothing: one nf_tables transaction, or iptables/ip6tables(-save/-restore) and nft: binary detection, locking, verify/reconcile/rollback, the cleanup plan, dry-run recording; which routes a sidecar capture needs; the one entry programming (or verifying) a netns for both roles (`pod`) | `rules`, `netlink`, `netns` |
