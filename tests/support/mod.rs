@@ -176,6 +176,32 @@ pub fn require_dataplane_tools() {
     require_tool("ipset", "ipset");
 }
 
+/// iptables-nft-restore (the oracle of the netlink conformance tests) applies `rules` in `ns`,
+/// family by family; Err with what it said when it refuses.
+pub fn restore_iptables_nft(ns: &Netns, rules: &istio_cni::rules::RuleSet) -> Result<(), String> {
+    for (tool, family_rules) in [
+        ("iptables-nft-restore", &rules.v4),
+        ("ip6tables-nft-restore", &rules.v6),
+    ] {
+        if family_rules.is_empty() {
+            continue;
+        }
+        let text = istio_cni::rules::iptables::render_restore(family_rules);
+        let mut child = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns.name, tool, "--noflush"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("restore");
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).to_string());
+        }
+    }
+    Ok(())
+}
+
 /// A "pod" and a "server" namespace joined by a veth pair on a private /24 that only they use.
 pub struct PodAndServer {
     pub pod: Netns,
