@@ -12,7 +12,7 @@ mod cases;
 
 use std::process::Output;
 
-use support::{Netns, bin, require_tool};
+use support::{Netns, bin, require_tool, restore_iptables_nft};
 
 const CAPTURE: &str = "tools/istio-iptables/pkg/capture/testdata/";
 const NETLINK_USED: &str = "applied over nfnetlink";
@@ -331,7 +331,8 @@ fn every_covered_rule_shape_matches_iptables_nft_restore() {
     let rules = b.build();
 
     let oracle = Netns::new("zooref");
-    restore_with_iptables_nft(&oracle, &rules);
+    restore_iptables_nft(&oracle, &rules)
+        .unwrap_or_else(|refused| panic!("iptables-nft-restore refused: {refused}"));
     let ours = Netns::new("zoo");
     let applied = apply_over_netlink(&ours, &rules);
     applied.expect("covered shapes are encoded and accepted");
@@ -406,7 +407,8 @@ fn ambient_inpod_rules_match_iptables_nft_restore() {
     for (i, (cfg, pod)) in cases.into_iter().enumerate() {
         let rules = inpod_rules(&cfg, &pod);
         let oracle = Netns::new("inpodref");
-        restore_with_iptables_nft(&oracle, &rules);
+        restore_iptables_nft(&oracle, &rules)
+            .unwrap_or_else(|refused| panic!("iptables-nft-restore refused: {refused}"));
         let ours = Netns::new("inpod");
         let applied = apply_over_netlink(&ours, &rules);
         applied.unwrap_or_else(|e| panic!("case {i}: in-pod rules are encoded and accepted: {e}"));
@@ -427,26 +429,6 @@ fn ambient_inpod_rules_match_iptables_nft_restore() {
             (text(listing), strip(text(v4)), strip(text(v6)))
         };
         assert_eq!(view(&ours), view(&oracle), "case {i}");
-    }
-}
-
-/// The oracle: `rules` applied in `ns` by iptables-nft-restore itself, family by family.
-fn restore_with_iptables_nft(ns: &Netns, rules: &istio_cni::rules::RuleSet) {
-    for (tool, family_rules) in [
-        ("iptables-nft-restore", &rules.v4),
-        ("ip6tables-nft-restore", &rules.v6),
-    ] {
-        if family_rules.is_empty() {
-            continue;
-        }
-        let text = istio_cni::rules::iptables::render_restore(family_rules);
-        let mut child = std::process::Command::new("ip")
-            .args(["netns", "exec", &ns.name, tool, "--noflush"])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .expect("restore");
-        std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
-        assert!(child.wait().unwrap().success(), "{tool} refused:\n{text}");
     }
 }
 

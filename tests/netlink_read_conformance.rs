@@ -20,7 +20,7 @@ use istio_cni::iptables_cmd::flags::{Flags, SHAPES};
 use istio_cni::iptables_cmd::host::fill_host_facts;
 use istio_cni::rules::iptables_nft_decode::as_listed;
 use istio_cni::rules::{Family, Rule, RuleSet, ambient, capture};
-use support::{Netns, require_tool};
+use support::{Netns, require_tool, restore_iptables_nft};
 
 const TABLES: &[&str] = &["filter", "mangle", "nat", "raw"];
 
@@ -66,31 +66,6 @@ fn golden_rule_sets() -> Vec<(String, RuleSet, Vec<String>)> {
     sets
 }
 
-/// iptables-nft-restore applies `rules` in `ns`; Err with what it said when it refuses.
-fn restore(ns: &Netns, rules: &RuleSet) -> Result<(), String> {
-    for (tool, family_rules) in [
-        ("iptables-nft-restore", &rules.v4),
-        ("ip6tables-nft-restore", &rules.v6),
-    ] {
-        if family_rules.is_empty() {
-            continue;
-        }
-        let text = istio_cni::rules::iptables::render_restore(family_rules);
-        let mut child = std::process::Command::new("ip")
-            .args(["netns", "exec", &ns.name, tool, "--noflush"])
-            .stdin(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("restore");
-        std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).to_string());
-        }
-    }
-    Ok(())
-}
-
 /// What the reader gives back in `ns` for `family`: the decoded rules per chain, or the
 /// foreign ones.
 fn read_back(ns: &Netns, family: Family) -> Result<BTreeMap<(String, String), Vec<Rule>>, String> {
@@ -127,7 +102,7 @@ fn every_golden_rule_reads_back_as_the_model_that_produced_it() {
             let family = if set.ends_with("v6") { "inet6" } else { "inet" };
             ns.exec("ipset", &["create", set, "hash:ip", "family", family]);
         }
-        if let Err(refused) = restore(&ns, &rules) {
+        if let Err(refused) = restore_iptables_nft(&ns, &rules) {
             // E.g. an owner group this host does not have.
             not_applicable.push(format!("{name}: {}", refused.trim()));
             continue;
@@ -176,7 +151,7 @@ fn a_changed_rule_reads_back_as_a_difference() {
         .unwrap()
     };
     let ns = Netns::new("nlreaddiff");
-    restore(&ns, &rules).expect("restore");
+    restore_iptables_nft(&ns, &rules).expect("restore");
     assert_eq!(diff(&ns), None, "as applied");
 
     ns.exec(

@@ -14,51 +14,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use istio_cni::agent::dataplane::{Dataplane, DataplaneSettings, PodNet};
+use istio_cni::agent::dataplane::{Dataplane, PodNet};
 use istio_cni::apply::sidecar::RuleChange;
-use istio_cni::rules::ambient::{AmbientConfig, PodOverrides};
-use support::{Netns as TestNetns, PodAndServer, accept_within, require_tool};
+use istio_cni::rules::ambient::PodOverrides;
+use support::{FakeHost, Netns as TestNetns, PodAndServer, accept_within, require_dataplane_tools};
 
-/// A fake host: its netns and a /proc whose pid 1 is in it, plus a kubelet (UID 4242).
-struct Host {
-    netns: TestNetns,
-    proc: tempfile::TempDir,
-}
-
-impl Host {
-    fn new(tag: &str) -> Host {
-        let netns = TestNetns::new(tag);
-        let proc = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(proc.path().join("1/ns")).unwrap();
-        std::os::unix::fs::symlink(netns.path(), proc.path().join("1/ns/net")).unwrap();
-        let kubelet = proc.path().join("500");
-        std::fs::create_dir_all(&kubelet).unwrap();
-        std::fs::write(kubelet.join("comm"), "kubelet\n").unwrap();
-        std::fs::write(kubelet.join("cmdline"), "/usr/bin/kubelet\0--v=2\0").unwrap();
-        std::fs::write(kubelet.join("status"), "Uid:\t4242\t4242\t4242\t4242\n").unwrap();
-        Host { netns, proc }
+/// A fake host with DNS capture on, as the cases here expect.
+fn ambient_host(tag: &str) -> FakeHost {
+    FakeHost {
+        redirect_dns: true,
+        ..FakeHost::new(tag)
     }
-
-    fn settings(&self, nft: bool, ipv6: bool) -> DataplaneSettings {
-        DataplaneSettings {
-            ambient: AmbientConfig {
-                redirect_dns: true,
-                enable_ipv6: ipv6,
-                ..AmbientConfig::default()
-            },
-            native_nftables: nft,
-            host_prefix: "/".into(),
-            host_proc: self.proc.path().to_path_buf(),
-            allow_switch_to_host_ns: true,
-            ..DataplaneSettings::default()
-        }
-    }
-}
-
-fn tools() {
-    require_tool("iptables-restore", "iptables");
-    require_tool("nft", "nftables");
-    require_tool("ipset", "ipset");
 }
 
 fn text(out: std::process::Output) -> String {
@@ -165,8 +131,8 @@ fn assert_policy_routing(env: &PodAndServer, present: bool) {
 
 #[test]
 fn inpod_iptables_equals_the_golden_is_idempotent_redirects_and_is_removed() {
-    tools();
-    let host = Host::new("aih");
+    require_dataplane_tools();
+    let host = ambient_host("aih");
     let env = PodAndServer::new("aip");
     let reference = TestNetns::new("air");
     pipe_into(
@@ -212,8 +178,8 @@ fn inpod_iptables_equals_the_golden_is_idempotent_redirects_and_is_removed() {
 
 #[test]
 fn inpod_iptables_converges_when_the_pod_settings_change() {
-    tools();
-    let host = Host::new("aich");
+    require_dataplane_tools();
+    let host = ambient_host("aich");
     let env = PodAndServer::new("aicp");
     let reference = TestNetns::new("aicr");
     pipe_into(
@@ -238,8 +204,8 @@ fn inpod_iptables_converges_when_the_pod_settings_change() {
 
 #[test]
 fn a_bad_virtual_interface_annotation_is_refused_before_anything_is_programmed() {
-    tools();
-    let host = Host::new("abvh");
+    require_dataplane_tools();
+    let host = ambient_host("abvh");
     let env = PodAndServer::new("abvp");
     let netns = open(&env.pod);
     let mut pod = pod(&env);
@@ -270,8 +236,8 @@ fn a_bad_virtual_interface_annotation_is_refused_before_anything_is_programmed()
 
 #[test]
 fn inpod_nftables_equals_the_golden_is_stable_redirects_and_is_removed() {
-    tools();
-    let host = Host::new("anh");
+    require_dataplane_tools();
+    let host = ambient_host("anh");
     let env = PodAndServer::new("anp");
     let reference = TestNetns::new("anr");
     pipe_into(
@@ -307,8 +273,8 @@ fn inpod_nftables_equals_the_golden_is_stable_redirects_and_is_removed() {
 /// the kubelet UID found in the host /proc (nftables).
 #[test]
 fn host_rules_are_programmed_in_the_host_netns() {
-    tools();
-    let host = Host::new("ahr");
+    require_dataplane_tools();
+    let host = ambient_host("ahr");
     let reference = TestNetns::new("ahrr");
     pipe_into(
         &reference,
@@ -338,7 +304,7 @@ fn host_rules_are_programmed_in_the_host_netns() {
             .collect::<Vec<_>>()
     );
 
-    let nft_host = Host::new("ahn");
+    let nft_host = ambient_host("ahn");
     let dp = Dataplane::new(&nft_host.settings(true, false)).expect("nft data plane");
     assert_eq!(
         dp.decision().backend,
@@ -371,8 +337,8 @@ fn nft_entries(ns: &TestNetns) -> HashMap<IpAddr, String> {
 }
 
 fn probe_set_lifecycle(nft: bool) {
-    tools();
-    let host = Host::new(if nft { "apn" } else { "api" });
+    require_dataplane_tools();
+    let host = ambient_host(if nft { "apn" } else { "api" });
     let entries = |ns: &TestNetns| {
         if nft {
             nft_entries(ns)
@@ -452,8 +418,8 @@ fn nft_probe_set_replaces_removes_own_and_syncs_without_flush() {
 
 #[test]
 fn the_proc_scan_finds_a_real_pod_netns_by_its_ip() {
-    tools();
-    let host = Host::new("afh");
+    require_dataplane_tools();
+    let host = ambient_host("afh");
     let env = PodAndServer::new("afp");
     // A process living in the pod netns, in a fake pod cgroup: the fixture /proc links to it.
     let mut sleeper = std::process::Command::new("ip")

@@ -9,53 +9,11 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Instant;
 
-use istio_cni::agent::dataplane::{Dataplane, DataplaneSettings};
+use istio_cni::agent::dataplane::Dataplane;
 use istio_cni::apply::exec::ProcessExecutor;
 use istio_cni::apply::probe_set::{Entries, Ipsets, NftSets, ProbeSets, SetOp, parse_ipset_save};
-use istio_cni::rules::ambient::{AmbientConfig, PROBE_SET_V4, PROBE_SET_V6};
-use support::{Netns, require_tool};
-
-/// A fake host: a netns entered through a fixture /proc (`1/ns/net`), with a kubelet (UID 4242)
-/// for the nftables rule.
-struct Host {
-    netns: Netns,
-    proc: tempfile::TempDir,
-}
-
-impl Host {
-    fn new(tag: &str) -> Host {
-        let netns = Netns::new(tag);
-        let proc = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(proc.path().join("1/ns")).unwrap();
-        std::os::unix::fs::symlink(netns.path(), proc.path().join("1/ns/net")).unwrap();
-        let kubelet = proc.path().join("500");
-        std::fs::create_dir_all(&kubelet).unwrap();
-        std::fs::write(kubelet.join("comm"), "kubelet\n").unwrap();
-        std::fs::write(kubelet.join("cmdline"), "/usr/bin/kubelet\0--v=2\0").unwrap();
-        std::fs::write(kubelet.join("status"), "Uid:\t4242\t4242\t4242\t4242\n").unwrap();
-        Host { netns, proc }
-    }
-
-    fn settings(&self, nft: bool, ipv6: bool) -> DataplaneSettings {
-        DataplaneSettings {
-            ambient: AmbientConfig {
-                enable_ipv6: ipv6,
-                ..AmbientConfig::default()
-            },
-            native_nftables: nft,
-            host_prefix: "/".into(),
-            host_proc: self.proc.path().to_path_buf(),
-            allow_switch_to_host_ns: true,
-            ..DataplaneSettings::default()
-        }
-    }
-}
-
-fn tools() {
-    require_tool("iptables-restore", "iptables");
-    require_tool("nft", "nftables");
-    require_tool("ipset", "ipset");
-}
+use istio_cni::rules::ambient::{PROBE_SET_V4, PROBE_SET_V6};
+use support::{FakeHost, Netns, require_dataplane_tools};
 
 /// CPU time (user + system) of this process and its reaped children, in ms.
 fn cpu_ms() -> f64 {
@@ -73,8 +31,8 @@ fn cpu_ms() -> f64 {
 /// change (printed for the report; `strace -f -e trace=execve` on this test counts the
 /// processes). Each change must spawn nothing.
 fn measure(nft: bool) {
-    tools();
-    let host = Host::new(if nft { "pmn" } else { "pmi" });
+    require_dataplane_tools();
+    let host = FakeHost::new(if nft { "pmn" } else { "pmi" });
     let dp = Dataplane::new(&host.settings(nft, false)).expect("data plane");
     let n = 200u32;
     let pods: Vec<(String, IpAddr)> = (0..n)
@@ -189,7 +147,7 @@ fn entries(list: &[(&str, &str)]) -> Entries {
 
 /// Our messages against the tool's listing, and the tool's adds against our reading.
 fn conformance(nft: bool) {
-    tools();
+    require_dataplane_tools();
     let ns = Netns::new(if nft { "psn" } else { "psi" });
     // The sets are missing: an add says so (the data plane then creates them).
     let refused = inside(&ns, |s| s.apply(&[add("10.0.0.1", "a")]), nft).unwrap_err();
@@ -292,8 +250,8 @@ fn nft_set_elements_changed_over_netlink_match_nft_and_back() {
 /// Concurrent changes through the data plane (no batcher any more): every add of distinct pods
 /// lands, and a reused IP's new owner survives the old owner's removal racing with it.
 fn concurrent(nft: bool) {
-    tools();
-    let host = Host::new(if nft { "pcn" } else { "pci" });
+    require_dataplane_tools();
+    let host = FakeHost::new(if nft { "pcn" } else { "pci" });
     let dp = std::sync::Arc::new(Dataplane::new(&host.settings(nft, true)).expect("data plane"));
     let workers: Vec<_> = (0..8u32)
         .map(|w| {

@@ -10,10 +10,16 @@
 //!
 //! Control endpoints under `/testserver/` (used when it runs as the `test-apiserver` process) are
 //! exempt from faults, auth and the request log; see `docs/architecture-kube.md`.
+//!
+//! This file holds the handle and its start/stop; the object store is `store`'s, faults `fault`'s,
+//! the kubeconfig `kubeconfig`'s and the HTTP side `http`'s.
 
+mod fault;
 mod http;
+mod kubeconfig;
 mod role;
 mod selector;
+mod store;
 mod tls;
 mod uid;
 
@@ -31,8 +37,11 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
+pub use fault::{Fault, FaultKind};
 use http::{is_true, parse_query, router};
+use kubeconfig::write_kubeconfig;
 use selector::Kind;
+use store::{Change, Store, validate};
 
 /// The bearer token the server expects unless told otherwise.
 pub const DEFAULT_TOKEN: &str = "istio-cni-test-token";
@@ -73,59 +82,6 @@ pub enum TestServerError {
     Tls(String),
     #[error("{kind} {key} not found")]
     NotFound { kind: &'static str, key: String },
-}
-
-/// What to break, for how long and where.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FaultKind {
-    /// Stop listening: connects are refused until `clear_faults`/`restart` (same port).
-    Down,
-    /// Hold every response back this long.
-    Delay(Duration),
-    /// Answer with this HTTP code and a matching `Status` (403 Forbidden, 500 InternalError, ...).
-    Fail(u16),
-}
-
-/// One injected fault: a kind, an optional request-path prefix, an optional number of requests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fault {
-    pub kind: FaultKind,
-    /// Only requests whose path starts with this are affected (`None` = all). Ignored for `Down`.
-    pub path_prefix: Option<String>,
-    /// Affect only this many matching requests, then vanish (`None` = until cleared).
-    pub times: Option<u32>,
-}
-
-impl Fault {
-    pub fn down() -> Self {
-        Fault::new(FaultKind::Down)
-    }
-
-    pub fn slow(delay: Duration) -> Self {
-        Fault::new(FaultKind::Delay(delay))
-    }
-
-    pub fn fail(code: u16) -> Self {
-        Fault::new(FaultKind::Fail(code))
-    }
-
-    pub fn on_path(mut self, prefix: &str) -> Self {
-        self.path_prefix = Some(prefix.to_string());
-        self
-    }
-
-    pub fn times(mut self, count: u32) -> Self {
-        self.times = Some(count);
-        self
-    }
-
-    fn new(kind: FaultKind) -> Self {
-        Fault {
-            kind,
-            path_prefix: None,
-            times: None,
-        }
-    }
 }
 
 /// One request as the server saw it, for assertions.
@@ -182,106 +138,6 @@ impl Default for TestServerOptions {
             tls: true,
             expired_certificate: false,
         }
-    }
-}
-
-/// One stored change, fanned out to watchers. `before`/`after` carry the change's
-/// resourceVersion already (a deletion's `before` is the final state, as in a DELETED event).
-#[derive(Debug)]
-struct Change {
-    resource_version: u64,
-    kind: Kind,
-    before: Option<Value>,
-    after: Option<Value>,
-}
-
-type ObjectKey = (Kind, String, String);
-
-struct Store {
-    resource_version: u64,
-    objects: BTreeMap<ObjectKey, Value>,
-    history: VecDeque<Arc<Change>>,
-    /// Watches must start at or after this resourceVersion; older ones get 410 Expired.
-    compacted_through: u64,
-    history_limit: usize,
-    events: broadcast::Sender<Arc<Change>>,
-    activity: tokio::sync::watch::Sender<u64>,
-}
-
-impl Store {
-    /// Applies a change (create/replace with `Some`, delete with `None`), bumps the global
-    /// resourceVersion and tells the watchers. Returns the stored object (or the deleted one).
-    fn commit(&mut self, key: ObjectKey, after: Option<Value>) -> Option<Value> {
-        self.resource_version += 1;
-        let rv = self.resource_version.to_string();
-        let stamp = |mut object: Value| {
-            if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-                meta.insert("resourceVersion".into(), Value::String(rv.clone()));
-            }
-            object
-        };
-        let before = self.objects.remove(&key);
-        let after = after.map(stamp);
-        let before = match (&after, before) {
-            (None, Some(deleted)) => Some(stamp(deleted)),
-            (_, before) => before,
-        };
-        if let Some(object) = &after {
-            self.objects.insert(key.clone(), object.clone());
-        }
-        let change = Arc::new(Change {
-            resource_version: self.resource_version,
-            kind: key.0,
-            before: before.clone(),
-            after: after.clone(),
-        });
-        self.history.push_back(change.clone());
-        while self.history.len() > self.history_limit {
-            if let Some(old) = self.history.pop_front() {
-                self.compacted_through = old.resource_version;
-            }
-        }
-        // No receivers is fine: nobody watches yet.
-        let _ = self.events.send(change);
-        self.activity.send_modify(|count| *count += 1);
-        after.or(before)
-    }
-
-    /// Fills what the API server would on create: namespace, uid, creationTimestamp.
-    fn admit(&mut self, kind: Kind, mut object: Value) -> Result<(ObjectKey, Value), String> {
-        let meta = object
-            .get_mut("metadata")
-            .and_then(Value::as_object_mut)
-            .ok_or("object has no metadata")?;
-        let name = meta
-            .get("name")
-            .and_then(Value::as_str)
-            .filter(|n| !n.is_empty())
-            .ok_or("object has no metadata.name")?
-            .to_string();
-        let namespace = match kind {
-            Kind::Pod => {
-                let ns = meta
-                    .get("namespace")
-                    .and_then(Value::as_str)
-                    .filter(|n| !n.is_empty())
-                    .unwrap_or("default")
-                    .to_string();
-                meta.insert("namespace".into(), Value::String(ns.clone()));
-                ns
-            }
-            Kind::Namespace => String::new(),
-        };
-        match meta.get("uid") {
-            Some(Value::String(given)) => uid::check(given)?,
-            Some(other) => return Err(format!("metadata.uid {other} is not a string")),
-            None => {
-                meta.insert("uid".into(), Value::String(uid::new_v4()?));
-            }
-        }
-        meta.entry("creationTimestamp")
-            .or_insert(Value::String("2026-01-01T00:00:00Z".into()));
-        Ok(((kind, namespace, name), object))
     }
 }
 
@@ -666,166 +522,5 @@ impl Shared {
             *running = Some(self.serve(bind(self.addr)?));
         }
         Ok(())
-    }
-
-    fn compact(&self) {
-        let mut store = self.store.lock();
-        store.history.clear();
-        store.compacted_through = store.resource_version;
-    }
-
-    fn upsert<T: serde::de::DeserializeOwned>(
-        &self,
-        kind: Kind,
-        object: Value,
-    ) -> Result<T, TestServerError> {
-        let mut store = self.store.lock();
-        let given = |field: &str| object.pointer(&format!("/metadata/{field}")).is_some();
-        let unset: Vec<&str> = ["uid", "creationTimestamp"]
-            .into_iter()
-            .filter(|field| !given(field))
-            .collect();
-        let (key, mut object) = store
-            .admit(kind, object)
-            .map_err(TestServerError::InvalidObject)?;
-        // A replacement without its own identity keeps the old one, as an update would; one with
-        // another uid stands for a re-created object.
-        if let Some(existing) = store.objects.get(&key) {
-            for field in unset {
-                if let (Some(old), Some(meta)) = (
-                    existing.pointer(&format!("/metadata/{field}")).cloned(),
-                    object.get_mut("metadata").and_then(Value::as_object_mut),
-                ) {
-                    meta.insert(field.into(), old);
-                }
-            }
-        }
-        validate(kind, &object).map_err(TestServerError::InvalidObject)?;
-        let stored = store.commit(key, Some(object)).unwrap_or(Value::Null);
-        serde_json::from_value(stored).map_err(|e| TestServerError::InvalidObject(e.to_string()))
-    }
-
-    fn delete(&self, key: ObjectKey) -> Option<Value> {
-        let mut store = self.store.lock();
-        if !store.objects.contains_key(&key) {
-            return None;
-        }
-        store.commit(key, None)
-    }
-
-    fn load_objects(&self, value: Value) -> Result<usize, TestServerError> {
-        let (items, list_kind) = match value {
-            Value::Array(items) => (items, None),
-            Value::Object(mut list) if list.contains_key("items") => {
-                let kind = list.get("kind").and_then(Value::as_str).map(str::to_string);
-                match list.remove("items") {
-                    Some(Value::Array(items)) => (items, kind),
-                    _ => return Err(TestServerError::InvalidObject("items is not a list".into())),
-                }
-            }
-            single @ Value::Object(_) => (vec![single], None),
-            _ => return Err(TestServerError::InvalidObject("expected objects".into())),
-        };
-        let count = items.len();
-        for item in items {
-            // Items of a typed list (PodList) may omit their own kind.
-            let kind_name = item
-                .get("kind")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-                .or_else(|| {
-                    list_kind
-                        .as_deref()
-                        .and_then(|k| k.strip_suffix("List"))
-                        .map(str::to_string)
-                });
-            match kind_name.as_deref() {
-                Some("Pod") => {
-                    self.upsert::<Pod>(Kind::Pod, item)?;
-                }
-                Some("Namespace") => {
-                    self.upsert::<Namespace>(Kind::Namespace, item)?;
-                }
-                other => {
-                    return Err(TestServerError::InvalidObject(format!(
-                        "unsupported kind {other:?} (only Pod and Namespace)"
-                    )));
-                }
-            }
-        }
-        Ok(count)
-    }
-
-    /// Takes the first fault matching this path, counting down limited ones.
-    fn matching_fault(&self, path: &str) -> Option<FaultKind> {
-        let mut faults = self.faults.lock();
-        let index = faults
-            .iter()
-            .position(|f| f.path_prefix.as_deref().is_none_or(|p| path.starts_with(p)))?;
-        let kind = faults[index].kind.clone();
-        if let Some(times) = faults[index].times.as_mut() {
-            *times = times.saturating_sub(1);
-            if *times == 0 {
-                faults.remove(index);
-            }
-        }
-        Some(kind)
-    }
-}
-
-/// Checks an object against its k8s-openapi type (and normalises nothing: the JSON is kept).
-fn validate(kind: Kind, object: &Value) -> Result<(), String> {
-    let result = match kind {
-        Kind::Pod => serde_json::from_value::<Pod>(object.clone()).map(|_| ()),
-        Kind::Namespace => serde_json::from_value::<Namespace>(object.clone()).map(|_| ()),
-    };
-    result.map_err(|e| e.to_string())
-}
-
-fn write_kubeconfig(
-    path: &Path,
-    url: &str,
-    token: Option<&str>,
-    ca_pem: Option<&str>,
-) -> Result<(), TestServerError> {
-    use base64::Engine as _;
-    // JSON strings are valid YAML scalars, so quoting through serde_json escapes safely.
-    let quote = |s: &str| Value::String(s.to_string()).to_string();
-    let ca = ca_pem.map_or_else(String::new, |pem| {
-        let data = base64::engine::general_purpose::STANDARD.encode(pem);
-        format!("    certificate-authority-data: {data}\n")
-    });
-    let user = match token {
-        Some(token) => format!("    token: {}\n", quote(token)),
-        None => "    {}\n".to_string(),
-    };
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n{ca}    server: {server}\n  name: local\n\
-         contexts:\n- context:\n    cluster: local\n    user: istio-cni\n  name: istio-cni-context\n\
-         current-context: istio-cni-context\npreferences: {{}}\nusers:\n- name: istio-cni\n  user:\n{user}",
-        server = quote(url),
-    );
-    std::fs::write(path, text).map_err(|source| TestServerError::WriteKubeconfig {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kubeconfig_written_for_the_server_parses() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("kubeconfig");
-        write_kubeconfig(&path, "http://127.0.0.1:1234", Some("tok\"en"), None).expect("writes");
-        let text = std::fs::read_to_string(&path).expect("reads");
-        let parsed = kube::config::Kubeconfig::from_yaml(&text).expect("parses");
-        assert_eq!(parsed.current_context.as_deref(), Some("istio-cni-context"));
-        let cluster = parsed.clusters[0].cluster.as_ref().expect("cluster");
-        assert_eq!(cluster.server.as_deref(), Some("http://127.0.0.1:1234"));
-        // The token itself is a secrecy type; check the escaped form is what was written.
-        assert!(text.contains(r#"token: "tok\"en""#), "{text}");
     }
 }

@@ -9,6 +9,8 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use istio_cni::agent::dataplane::DataplaneSettings;
+use istio_cni::rules::ambient::AmbientConfig;
 use nix::sched::{CloneFlags, setns};
 
 pub mod node_proc;
@@ -121,6 +123,83 @@ impl Drop for Netns {
             .args(["netns", "del", &self.name])
             .output();
     }
+}
+
+/// A fake host for the ambient data plane: its netns entered through a fixture /proc whose pid 1
+/// links to it (`1/ns/net`), plus a kubelet process (UID 4242) for the nftables rule.
+pub struct FakeHost {
+    pub netns: Netns,
+    pub proc: tempfile::TempDir,
+    /// Whether [`FakeHost::settings`] turns on DNS capture.
+    pub redirect_dns: bool,
+}
+
+impl FakeHost {
+    pub fn new(tag: &str) -> FakeHost {
+        let netns = Netns::new(tag);
+        let proc = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(proc.path().join("1/ns")).unwrap();
+        std::os::unix::fs::symlink(netns.path(), proc.path().join("1/ns/net")).unwrap();
+        let kubelet = proc.path().join("500");
+        std::fs::create_dir_all(&kubelet).unwrap();
+        std::fs::write(kubelet.join("comm"), "kubelet\n").unwrap();
+        std::fs::write(kubelet.join("cmdline"), "/usr/bin/kubelet\0--v=2\0").unwrap();
+        std::fs::write(kubelet.join("status"), "Uid:\t4242\t4242\t4242\t4242\n").unwrap();
+        FakeHost {
+            netns,
+            proc,
+            redirect_dns: false,
+        }
+    }
+
+    /// Data-plane settings that reach this host through its /proc.
+    pub fn settings(&self, nft: bool, ipv6: bool) -> DataplaneSettings {
+        DataplaneSettings {
+            ambient: AmbientConfig {
+                redirect_dns: self.redirect_dns,
+                enable_ipv6: ipv6,
+                ..AmbientConfig::default()
+            },
+            native_nftables: nft,
+            host_prefix: "/".into(),
+            host_proc: self.proc.path().to_path_buf(),
+            allow_switch_to_host_ns: true,
+            ..DataplaneSettings::default()
+        }
+    }
+}
+
+/// The tools the ambient data plane runs (or is checked against).
+pub fn require_dataplane_tools() {
+    require_tool("iptables-restore", "iptables");
+    require_tool("nft", "nftables");
+    require_tool("ipset", "ipset");
+}
+
+/// iptables-nft-restore (the oracle of the netlink conformance tests) applies `rules` in `ns`,
+/// family by family; Err with what it said when it refuses.
+pub fn restore_iptables_nft(ns: &Netns, rules: &istio_cni::rules::RuleSet) -> Result<(), String> {
+    for (tool, family_rules) in [
+        ("iptables-nft-restore", &rules.v4),
+        ("ip6tables-nft-restore", &rules.v6),
+    ] {
+        if family_rules.is_empty() {
+            continue;
+        }
+        let text = istio_cni::rules::iptables::render_restore(family_rules);
+        let mut child = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns.name, tool, "--noflush"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("restore");
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).to_string());
+        }
+    }
+    Ok(())
 }
 
 /// A "pod" and a "server" namespace joined by a veth pair on a private /24 that only they use.
