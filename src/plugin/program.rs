@@ -36,9 +36,9 @@ pub enum ProgramError {
     },
 }
 
-/// What was done.
+/// What the plugin's redirect of a sidecar pod did (`outcome` is `None` for a dry run).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Programmed {
+pub struct RedirectDone {
     pub ipv6: bool,
     pub outcome: Option<RuleChange>,
     pub warnings: Vec<String>,
@@ -66,7 +66,7 @@ pub fn program(
     dual_stack: bool,
     backend: Backend,
     dry_run: Option<PathBuf>,
-) -> Result<Programmed, ProgramError> {
+) -> Result<RedirectDone, ProgramError> {
     if let Some(out) = dry_run {
         return write_dry_run(netns, cfg, dual_stack, backend, out);
     }
@@ -93,7 +93,7 @@ pub fn program(
             netns: netns.display().to_string(),
         });
     }
-    Ok(Programmed {
+    Ok(RedirectDone {
         ipv6: done.ipv6,
         outcome: Some(done.outcome),
         warnings: done.warnings,
@@ -125,7 +125,7 @@ fn write_dry_run(
     dual_stack: bool,
     backend: Backend,
     out: PathBuf,
-) -> Result<Programmed, ProgramError> {
+) -> Result<RedirectDone, ProgramError> {
     let mut warnings = Vec::new();
     let detected = Netns::open(netns).and_then(|ns| {
         pod::in_target(Target::Pod(&ns), move |_| {
@@ -145,7 +145,7 @@ fn write_dry_run(
     };
     std::fs::write(&out, dry_run_text(&cfg, backend))
         .map_err(|source| ProgramError::DryRun { path: out, source })?;
-    Ok(Programmed {
+    Ok(RedirectDone {
         ipv6: cfg.enable_ipv6,
         outcome: None,
         warnings,
