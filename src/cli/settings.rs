@@ -254,6 +254,33 @@ pub fn sync_block(text: &str, name: &str, content: &str) -> Result<String, Strin
     Ok(format!("{}{content}{}", &text[..start], &text[stop..]))
 }
 
+/// Test helper for a doc's generated block: fails naming the first differing line (and how to
+/// regenerate), or with `UPDATE_DOCS=1` rewrites the block.
+#[cfg(test)]
+pub(crate) fn assert_doc_block(doc: &str, block: &str, settings: &[Setting], rerun: &str) {
+    let text = std::fs::read_to_string(doc).unwrap_or_else(|e| panic!("{doc}: {e}"));
+    let want =
+        sync_block(&text, block, &markdown(settings)).unwrap_or_else(|e| panic!("{doc}: {e}"));
+    if std::env::var_os("UPDATE_DOCS").is_some_and(|v| v == "1") {
+        std::fs::write(doc, &want).unwrap_or_else(|e| panic!("{doc}: {e}"));
+        return;
+    }
+    if text != want {
+        let first = text
+            .lines()
+            .zip(want.lines())
+            .find(|(a, b)| a != b)
+            .map_or_else(
+                || "(lengths differ)".to_string(),
+                |(a, b)| format!("doc:  {a}\nwant: {b}"),
+            );
+        panic!(
+            "{doc}: the generated block {block:?} is out of date with its declarations; \
+             run UPDATE_DOCS=1 {rerun}\n{first}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,34 +3,19 @@
 //! install::config::docs_tests` rewrites the block instead.
 
 use super::decl;
-use crate::cli::settings::{Mark, markdown, sync_block};
+use crate::cli::settings::{Mark, assert_doc_block};
 
 const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
 const BLOCK: &str = "install-cni settings";
 
 #[test]
 fn the_settings_table_in_docs_configuration_md_is_the_declared_one() {
-    let doc = std::fs::read_to_string(DOC).unwrap_or_else(|e| panic!("{DOC}: {e}"));
-    let want =
-        sync_block(&doc, BLOCK, &markdown(decl::ALL)).unwrap_or_else(|e| panic!("{DOC}: {e}"));
-    if std::env::var_os("UPDATE_DOCS").is_some_and(|v| v == "1") {
-        std::fs::write(DOC, &want).unwrap_or_else(|e| panic!("{DOC}: {e}"));
-        return;
-    }
-    if doc != want {
-        let first = doc
-            .lines()
-            .zip(want.lines())
-            .find(|(a, b)| a != b)
-            .map_or_else(
-                || "(lengths differ)".to_string(),
-                |(a, b)| format!("doc:  {a}\nwant: {b}"),
-            );
-        panic!(
-            "{DOC}: the generated block {BLOCK:?} is out of date with src/install/config/flags.rs; \
-             run UPDATE_DOCS=1 cargo test -p istio-cni-rs --lib install::config::docs_tests\n{first}"
-        );
-    }
+    assert_doc_block(
+        DOC,
+        BLOCK,
+        decl::ALL,
+        "cargo test -p istio-cni-rs --lib install::config::docs_tests",
+    );
 }
 
 #[test]
