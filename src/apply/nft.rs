@@ -1,13 +1,17 @@
 //! Applying an nftables transaction with `nft -f -` (atomic: the whole transaction or nothing),
-//! and reading our tables back: how they list now, how a transaction lists once applied (learnt
-//! in a scratch netns, cached per transaction in [`Listings`]) and where two listings differ. The
-//! ambient in-pod rules and the sidecar verify both compare this way.
+//! and reading our tables back as typed rules: `nft -j -t list ruleset` (one process, JSON,
+//! without set elements, which are state) decoded by [`crate::rules::nft_decode`] and compared
+//! with what a transaction leaves ([`crate::rules::nft_decode::expected`]). The ambient in-pod
+//! and host checks and the sidecar verify all go through [`super::rule_backend::NativeNft`].
+//! Next step: the same read over nfnetlink (`NFT_MSG_GETRULE`, no process), decoding the
+//! kernel's expressions into the same typed form.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
 
 use super::exec::{Cmd, Executor};
 use super::iptables::{ApplyError, find_on_path, run_checked};
+use crate::rules::nft_decode::{NativeState, decode_listing};
 
 /// Runs one transaction through `nft -f -` in the calling thread's network namespace.
 pub fn apply_transaction(exec: &mut dyn Executor, transaction: &str) -> Result<(), ApplyError> {
@@ -31,6 +35,18 @@ pub fn apply_transaction(exec: &mut dyn Executor, transaction: &str) -> Result<(
             stderr: out.stderr.trim().to_string(),
         })
     }
+}
+
+/// Our tables (named `<prefix>*`) in the calling thread's netns as typed rules: one
+/// `nft -j -t list ruleset`. A listing nft prints but we cannot read is an error naming it.
+pub fn read_native(exec: &mut dyn Executor, prefix: &str) -> Result<NativeState, ApplyError> {
+    let cmd = Cmd::new("nft", ["-j", "-t", "list", "ruleset"]);
+    let out = run_checked(exec, &cmd)?;
+    decode_listing(&out.stdout, prefix).map_err(|e| ApplyError::Failed {
+        command: cmd.display(),
+        code: Some(0),
+        stderr: e.to_string(),
+    })
 }
 
 /// How tables named `<prefix>*` list in the calling thread's netns (`nft -t list ruleset`,
