@@ -15,11 +15,11 @@ use std::collections::HashMap;
 use argh::FromArgs;
 use istio_cni::apply::ProcessExecutor;
 use istio_cni::apply::nft::read_native;
-use istio_cni::apply::probe_set::{NFT_TABLE, nft_set_declarations};
+use istio_cni::apply::probe_set::{NFT_TABLE, nft_set_declarations, nft_sets};
 use istio_cni::cli::normalise_args;
 use istio_cni::iptables_cmd::flags::{Flags, SHAPES};
 use istio_cni::iptables_cmd::host::fill_host_facts;
-use istio_cni::rules::ambient::{self, PROBE_SET_V4, PROBE_SET_V6};
+use istio_cni::rules::ambient;
 use istio_cni::rules::nft_decode::{NativeState, difference, expected};
 use istio_cni::rules::nftables::NftTable;
 use istio_cni::rules::{nft_capture, nft_model::NftRuleSet};
@@ -81,10 +81,7 @@ fn goldens() -> Vec<Golden> {
         let cfg = cases::ambient_config(&case["config"]["AmbientConfig"]);
         let (text, want) = if golden.ends_with("hostprobe.golden") {
             let uid = case["config"]["kubeletUID"].as_str().unwrap_or("0");
-            let mut sets = vec![(NFT_TABLE, PROBE_SET_V4, "ipv4_addr")];
-            if cfg.enable_ipv6 {
-                sets.push((NFT_TABLE, PROBE_SET_V6, "ipv6_addr"));
-            }
+            let sets = nft_sets(cfg.enable_ipv6);
             let rules = ambient::host_nft_rules(&cfg, uid);
             let head = format!(
                 "add table inet {NFT_TABLE}\n{}",
