@@ -76,9 +76,6 @@ pub struct AmbientApply {
     /// Environment for every iptables command (a pod-scoped `XTABLES_LOCKFILE`).
     pub env: Vec<(String, String)>,
     pub userns: Option<UsernsEntry>,
-    /// No longer read: the nftables checks compare typed rules computed from the plan
-    /// ([`inpod_nft_expected`]); kept until its last setter goes.
-    pub nft_expected: Option<String>,
 }
 
 /// Compares one family's saved state with its planned rules; `None` when they are the same, else

@@ -6,9 +6,6 @@
 //! Next step: the same read over nfnetlink (`NFT_MSG_GETRULE`, no process), decoding the
 //! kernel's expressions into the same typed form.
 
-use parking_lot::Mutex;
-use std::collections::HashMap;
-
 use super::exec::{Cmd, Executor};
 use super::iptables::{ApplyError, find_on_path, run_checked};
 use crate::rules::nft_decode::{NativeState, decode_listing};
@@ -49,33 +46,9 @@ pub fn read_native(exec: &mut dyn Executor, prefix: &str) -> Result<NativeState,
     })
 }
 
-/// How tables named `<prefix>*` list in the calling thread's netns (`nft -t list ruleset`,
-/// normalised by [`normalise_listing`]): one process. Terse: without set elements, which are
-/// state (the host probe sets' members), not rules.
-pub fn our_listing(exec: &mut dyn Executor, prefix: &str) -> Result<String, ApplyError> {
-    let out = run_checked(exec, &Cmd::new("nft", ["-t", "list", "ruleset"]))?;
-    Ok(normalise_listing(&out.stdout, prefix))
-}
-
-/// How the tables named `<prefix>*` list when they hold exactly `transaction`: learnt by applying
-/// it in a scratch netns (the kernel's own canonical form: nft rewrites some expressions as it
-/// stores them).
-pub fn listing_of(transaction: &str, prefix: &'static str) -> Result<String, ApplyError> {
-    let transaction = transaction.to_string();
-    crate::netns::run_in_scratch(move || {
-        let mut exec = super::exec::ProcessExecutor::default();
-        apply_transaction(&mut exec, &transaction)?;
-        our_listing(&mut exec, prefix)
-    })
-    .map_err(|e| ApplyError::Failed {
-        command: "nft -f - (in a scratch netns)".into(),
-        code: None,
-        stderr: e.to_string(),
-    })?
-}
-
 /// The `table <family> <prefix>*` blocks of an `nft list ruleset` text only, without rule
-/// handles and counter values, which differ between two identical rule sets.
+/// handles and counter values, which differ between two identical rule sets (for tests and
+/// logs that compare what an operator sees; the checks compare typed rules).
 pub fn normalise_listing(text: &str, prefix: &str) -> String {
     let mut out = String::new();
     let mut ours = false;
@@ -101,88 +74,6 @@ pub fn normalise_listing(text: &str, prefix: &str) -> String {
     out
 }
 
-/// Expected listings, learnt once per distinct transaction (each costs a scratch netns and two
-/// processes; a node has few distinct ones) and shared by every pod that uses it.
-#[derive(Debug)]
-pub struct Listings {
-    prefix: &'static str,
-    known: Mutex<HashMap<String, String>>,
-}
-
-impl Listings {
-    /// For the tables named `<prefix>*` (`istio-ambient-`, `istio-proxy-`).
-    pub fn new(prefix: &'static str) -> Self {
-        Listings {
-            prefix,
-            known: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// How `transaction` lists once applied (learnt on first use; a failure is not cached).
-    pub fn expected(&self, transaction: &str) -> Result<String, ApplyError> {
-        if let Some(listing) = self.lock().get(transaction) {
-            return Ok(listing.clone());
-        }
-        // Learnt without the lock: two callers may both learn one listing, never wait on it.
-        let listing = listing_of(transaction, self.prefix)?;
-        self.lock().insert(transaction.to_string(), listing.clone());
-        Ok(listing)
-    }
-
-    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<String, String>> {
-        self.known.lock()
-    }
-}
-
-/// The first difference between an expected and an actual listing, for logs and events: a
-/// table missing, or the first line that differs (with its table and chain).
-pub fn listing_difference(expected: &str, actual: &str) -> Option<String> {
-    if expected == actual {
-        return None;
-    }
-    let tables = |text: &str| -> Vec<String> {
-        text.lines()
-            .filter(|l| l.starts_with("table "))
-            .map(|l| l.trim_end_matches(" {").to_string())
-            .collect()
-    };
-    let (want, have) = (tables(expected), tables(actual));
-    if let Some(missing) = want.iter().find(|t| !have.contains(t)) {
-        return Some(format!("{missing} missing"));
-    }
-    if let Some(extra) = have.iter().find(|t| !want.contains(t)) {
-        return Some(format!("unexpected {extra}"));
-    }
-    let (mut table, mut chain) = (String::new(), String::new());
-    let mut expected_lines = expected.lines();
-    for line in actual.lines().map(Some).chain(std::iter::repeat(None)) {
-        let want = expected_lines.next();
-        if want.is_none() && line.is_none() {
-            break;
-        }
-        if want == line {
-            let l = line.unwrap_or_default().trim();
-            if l.starts_with("table ") {
-                table = l.trim_end_matches(" {").to_string();
-            } else if let Some(c) = l.strip_prefix("chain ") {
-                chain = c.trim_end_matches(" {").to_string();
-            }
-            continue;
-        }
-        let show = |l: Option<&str>| match l.map(str::trim) {
-            None => "nothing".to_string(),
-            Some("}") => "the end of the chain".to_string(),
-            Some(l) => format!("`{l}`"),
-        };
-        return Some(format!(
-            "{table} chain {chain}: found {}, expected {}",
-            show(line),
-            show(want)
-        ));
-    }
-    Some("listings differ".to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,16 +96,6 @@ mod tests {
             normalise_listing(&listing(1, 0, "accept"), "istio-ambient-"),
             ""
         );
-        let b = normalise_listing(&listing(1, 0, "drop"), "istio-proxy-");
-        assert_eq!(listing_difference(&a, &a), None);
-        let what = listing_difference(&a, &b).unwrap();
-        assert!(
-            what.contains("istio-proxy-nat") && what.contains("output") && what.contains("drop"),
-            "{what}"
-        );
-        assert_eq!(
-            listing_difference(&a, "").as_deref(),
-            Some("table inet istio-proxy-nat missing")
-        );
+        assert_ne!(a, normalise_listing(&listing(1, 0, "drop"), "istio-proxy-"));
     }
 }

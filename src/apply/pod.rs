@@ -7,11 +7,8 @@
 //! callers (they print or write a file and never program), using [`in_target`],
 //! [`cleanup_rules`] and the transaction texts.
 
-use std::sync::Arc;
-
 use super::exec::ProcessExecutor;
 use super::iptables::{ApplyError, ForceBinary};
-use super::nft::Listings;
 use super::rule_backend::{Diff, NativeNft, RuleBackend};
 use super::sidecar::{Outcome, SidecarOptions, apply_sidecar_here, cleanup_sidecar_here};
 use super::{CleanupInput, nft};
@@ -58,9 +55,6 @@ pub struct PodOptions {
     /// `Some(dual_stack)`: IPv6 on/off from the netns's own addresses (the plugin), instead of
     /// the configuration's `enable_ipv6`.
     pub detect_ipv6: Option<bool>,
-    /// No longer read: [`verify`] with nftables compares typed rules computed from the plan;
-    /// kept until its last setter goes.
-    pub nft_listings: Option<Arc<Listings>>,
 }
 
 /// The prefix of our sidecar nftables tables (`istio-proxy-nat`, ...).
