@@ -7,7 +7,7 @@
 //! probe sets' ipset and nft set-element messages and their decoding, [`probe_set_msgs`]); and
 //! the inverses, [`iptables_nft_decode`]: a dumped nf_tables rule read back into the model, and
 //! [`nft_decode`]: our native nftables tables as nft lists them (JSON) read back into the
-//! [`nft_model`] statements.
+//! [`nft_model`] statements, compared with a plan spelt as it reads back ([`nft_canon`]).
 //! Pure: no processes, files, sockets or namespaces are touched here.
 //! May call: nothing else in this crate.
 
@@ -20,6 +20,7 @@ pub mod iptables;
 pub mod iptables_nft;
 pub mod iptables_nft_decode;
 pub mod model;
+pub mod nft_canon;
 pub mod nft_capture;
 pub mod nft_decode;
 pub mod nft_model;
