@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use argh::FromArgs;
 use istio_cni::apply::ProcessExecutor;
-use istio_cni::apply::nft::read_native;
+use istio_cni::apply::nft::{read_native, read_native_netlink};
 use istio_cni::apply::probe_set::{NFT_TABLE, nft_set_declarations, nft_sets};
 use istio_cni::cli::normalise_args;
 use istio_cni::iptables_cmd::flags::{Flags, SHAPES};
@@ -166,6 +166,20 @@ fn every_golden_nft_rule_set_reads_back_as_the_model_that_produced_it() {
             continue;
         }
         let got = read_back(&ns);
+        let over_netlink = ns
+            .spawn(|| read_native_netlink(OURS))
+            .join()
+            .unwrap()
+            .expect("read the tables back over netlink");
+        if over_netlink != golden.want {
+            failures.push(format!(
+                "{} over netlink: {}\n{:?}",
+                golden.name,
+                difference(&golden.want, &over_netlink)
+                    .unwrap_or_else(|| "equal by difference".into()),
+                foreign_rules(&over_netlink)
+            ));
+        }
         let foreign = foreign_rules(&got);
         if !foreign.is_empty() {
             failures.push(format!(
@@ -194,8 +208,26 @@ fn every_golden_nft_rule_set_reads_back_as_the_model_that_produced_it() {
     );
 }
 
+/// How the tables in `ns` differ from `want`, read both ways (nft's JSON, netlink): the two
+/// reads must agree on whether they differ.
+fn differs(ns: &Netns, want: &NativeState) -> Option<String> {
+    let json = difference(want, &read_back(ns));
+    let netlink = ns
+        .spawn(|| read_native_netlink(OURS))
+        .join()
+        .unwrap()
+        .expect("read over netlink");
+    let over_netlink = difference(want, &netlink);
+    assert_eq!(
+        json.is_some(),
+        over_netlink.is_some(),
+        "JSON: {json:?}; netlink: {over_netlink:?}"
+    );
+    json
+}
+
 /// A rule changed behind our back (one appended, one with a statement the model cannot say,
-/// a chain's policy, a table gone) is a difference, never equal.
+/// a chain's policy, a table gone) is a difference, never equal, read either way.
 #[test]
 fn a_changed_rule_reads_back_as_a_difference() {
     require_tool("nft", "nftables");
@@ -205,7 +237,7 @@ fn a_changed_rule_reads_back_as_a_difference() {
     let ns = Netns::new("nftreaddiff");
     let text = istio_cni::apply::ambient::inpod_nft_transaction(&cfg, &Default::default());
     apply(&ns, &text).expect("apply");
-    assert_eq!(difference(&want, &read_back(&ns)), None, "as applied");
+    assert_eq!(differs(&ns, &want), None, "as applied");
 
     let t = "inet istio-ambient-nat";
     ns.exec(
@@ -221,7 +253,7 @@ fn a_changed_rule_reads_back_as_a_difference() {
             "accept",
         ],
     );
-    let what = difference(&want, &read_back(&ns)).expect("an appended rule");
+    let what = differs(&ns, &want).expect("an appended rule");
     assert!(what.contains("istio-output"), "{what}");
 
     apply(&ns, &text).expect("re-apply");
@@ -229,8 +261,24 @@ fn a_changed_rule_reads_back_as_a_difference() {
         "nft",
         &["insert", "rule", t, "istio-output", "log", "accept"],
     );
-    let what = difference(&want, &read_back(&ns)).expect("a foreign statement");
+    let what = differs(&ns, &want).expect("a foreign statement");
     assert!(what.contains("foreign"), "{what}");
+
+    apply(&ns, &text).expect("re-apply");
+    ns.exec(
+        "nft",
+        &[
+            "add",
+            "rule",
+            t,
+            "istio-output",
+            "tcp",
+            "dport",
+            "{ 80, 81 }",
+            "accept",
+        ],
+    );
+    assert!(differs(&ns, &want).is_some(), "an appended set rule");
 
     apply(&ns, &text).expect("re-apply");
     ns.exec(
@@ -240,10 +288,10 @@ fn a_changed_rule_reads_back_as_a_difference() {
             ";", "policy", "drop", ";", "}",
         ],
     );
-    let what = difference(&want, &read_back(&ns)).expect("a policy");
+    let what = differs(&ns, &want).expect("a policy");
     assert!(what.contains("hook"), "{what}");
 
     ns.exec("nft", &["delete", "table", "inet", "istio-ambient-mangle"]);
-    let what = difference(&want, &read_back(&ns)).expect("a table gone");
+    let what = differs(&ns, &want).expect("a table gone");
     assert!(what.contains("istio-ambient-mangle missing"), "{what}");
 }

@@ -8,7 +8,12 @@
 
 use super::exec::{Cmd, Executor};
 use super::iptables::{ApplyError, find_on_path, run_checked};
+use crate::netlink::nft_batch::BatchError;
+use crate::netlink::nft_dump;
 use crate::rules::nft_decode::{NativeState, decode_listing};
+use crate::rules::nft_kernel_decode::{
+    AnonSets, anonymous_sets, decode_kernel, element_keys, table_names,
+};
 
 /// Runs one transaction through `nft -f -` in the calling thread's network namespace.
 pub fn apply_transaction(exec: &mut dyn Executor, transaction: &str) -> Result<(), ApplyError> {
@@ -44,6 +49,31 @@ pub fn read_native(exec: &mut dyn Executor, prefix: &str) -> Result<NativeState,
         code: Some(0),
         stderr: e.to_string(),
     })
+}
+
+/// [`read_native`] over nfnetlink, no process: one dump each of the tables, chains and sets of
+/// the `inet` family, one element dump per anonymous set of ours (a rule's `{ 53, 15008 }`) and
+/// one rule dump per table of ours, decoded by [`crate::rules::nft_kernel_decode`].
+pub fn read_native_netlink(prefix: &str) -> Result<NativeState, BatchError> {
+    const NFPROTO_INET: u8 = 1;
+    let layout = nft_dump::dump_layout(NFPROTO_INET)?;
+    let mut anon = AnonSets::new();
+    for (table, set) in anonymous_sets(&layout.sets, prefix) {
+        let records = nft_dump::dump_set_elements(NFPROTO_INET, &table, &set)?;
+        anon.insert((table, set), element_keys(&records));
+    }
+    let mut rules = Vec::new();
+    for table in table_names(&layout.tables, prefix) {
+        rules.extend(nft_dump::dump_rules(NFPROTO_INET, &table)?);
+    }
+    Ok(decode_kernel(
+        &layout.tables,
+        &layout.chains,
+        &layout.sets,
+        &rules,
+        &anon,
+        prefix,
+    ))
 }
 
 /// The `table <family> <prefix>*` blocks of an `nft list ruleset` text only, without rule

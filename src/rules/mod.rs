@@ -23,6 +23,7 @@ pub mod model;
 pub mod nft_canon;
 pub mod nft_capture;
 pub mod nft_decode;
+pub mod nft_kernel_decode;
 pub mod nft_model;
 pub mod nftables;
 pub mod nla;
