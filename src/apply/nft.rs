@@ -1,10 +1,10 @@
 //! Applying an nftables transaction with `nft -f -` (atomic: the whole transaction or nothing),
-//! and reading our tables back as typed rules: `nft -j -t list ruleset` (one process, JSON,
-//! without set elements, which are state) decoded by [`crate::rules::nft_decode`] and compared
-//! with what a transaction leaves ([`crate::rules::nft_decode::expected`]). The ambient in-pod
-//! and host checks and the sidecar verify all go through [`super::rule_backend::NativeNft`].
-//! Next step: the same read over nfnetlink (`NFT_MSG_GETRULE`, no process), decoding the
-//! kernel's expressions into the same typed form.
+//! and reading our tables back as typed rules, compared with what a transaction leaves
+//! ([`crate::rules::nft_decode::expected`]): over nfnetlink ([`read_native_netlink`], no
+//! process, decoded by [`crate::rules::nft_kernel_decode`]), or with `nft -j -t list ruleset`
+//! ([`read_native`], one process, decoded by [`crate::rules::nft_decode`]) when netlink fails.
+//! Both give the same typed form (tests/nft_read_conformance.rs). The ambient in-pod and host
+//! checks and the sidecar verify all go through [`super::rule_backend::NativeNft`].
 
 use super::exec::{Cmd, Executor};
 use super::iptables::{ApplyError, find_on_path, run_checked};

@@ -6,10 +6,11 @@
 //!   script the executor);
 //! * [`IptablesLegacy`]: `*-save` text parsed by [`super::state`] (the only text reader left for
 //!   the read-and-compare step);
-//! * [`NativeNft`]: our own nftables tables, listed by nft as JSON and decoded to the typed
-//!   [`crate::rules::nft_model`] statements ([`super::nft::read_native`]), compared with what the
-//!   planned transaction leaves ([`crate::rules::nft_decode::expected`]); the ambient in-pod and
-//!   host checks and the sidecar verify go through it.
+//! * [`NativeNft`]: our own nftables tables dumped over nfnetlink and decoded to the typed
+//!   [`crate::rules::nft_model`] statements ([`super::nft::read_native_netlink`], no process;
+//!   nft's JSON listing, [`super::nft::read_native`], only when that read fails), compared with
+//!   what the planned transaction leaves ([`crate::rules::nft_decode::expected`]); the ambient
+//!   in-pod and host checks and the sidecar verify go through it.
 //!
 //! Writing is one `*-restore` per family for the iptables backends (the sidecar apply wraps it in
 //! its snapshot and rollback), one `nft -f -` transaction for native nftables.
@@ -211,12 +212,20 @@ impl RuleBackend for NativeNft {
     type Owned = NativeState;
     type Difference = String;
 
+    /// Over nfnetlink, no process ([`super::nft::read_native_netlink`]); `nft -j` only when
+    /// that read fails.
     fn read_owned(
         &self,
         exec: &mut dyn Executor,
         _env: &[(String, String)],
     ) -> Result<NativeState, ApplyError> {
-        super::nft::read_native(exec, self.prefix)
+        match super::nft::read_native_netlink(self.prefix) {
+            Ok(state) => Ok(state),
+            Err(e) => {
+                tracing::debug!(error = %e, "reading our nft tables over netlink failed; listing them with nft -j");
+                super::nft::read_native(exec, self.prefix)
+            }
+        }
     }
 
     fn diff<'a>(&self, planned: &'a NativeState, owned: &NativeState) -> Diff<'a, String> {

@@ -7,7 +7,8 @@
 //! probe sets' ipset and nft set-element messages and their decoding, [`probe_set_msgs`]); and
 //! the inverses, [`iptables_nft_decode`]: a dumped nf_tables rule read back into the model, and
 //! [`nft_decode`]: our native nftables tables as nft lists them (JSON) read back into the
-//! [`nft_model`] statements, compared with a plan spelt as it reads back ([`nft_canon`]).
+//! [`nft_model`] statements, and [`nft_kernel_decode`]: the same from the kernel's dumped
+//! records; both compared with a plan spelt as it reads back ([`nft_canon`]).
 //! Pure: no processes, files, sockets or namespaces are touched here.
 //! May call: nothing else in this crate.
 
