@@ -544,3 +544,7 @@ fn immediate_statement(e: &[Expr]) -> Option<(Option<NftExpr>, usize)> {
     };
     Some((Some(stmt), 2))
 }
+
+#[cfg(test)]
+#[path = "nft_kernel_decode_tests.rs"]
+mod tests;
