@@ -8,14 +8,14 @@ use netlink_packet_core::{DefaultNla, NlaBuffer, NlasIterator};
 
 use super::nft_batch::{BatchError, NFNL_SUBSYS_NFTABLES, name_attr};
 
-/// The dump requests made here (`enum nf_tables_msg_types`).
+/// The dump requests made here (`enum nf_tables_msg_types`: `NFT_MSG_GET*`).
 #[derive(Debug, Clone, Copy)]
 enum DumpMsg {
-    GetTable = 1,
-    GetChain = 4,
-    GetRule = 7,
-    GetSet = 10,
-    GetSetElem = 13,
+    Table = 1,
+    Chain = 4,
+    Rule = 7,
+    Set = 10,
+    SetElem = 13,
 }
 
 /// `NFTA_CHAIN_TABLE`, `NFTA_CHAIN_NAME`; `NFTA_RULE_TABLE`.
@@ -28,7 +28,7 @@ const NFTA_RULE_TABLE: u16 = 1;
 /// iptables-nft already holds chains of ours.
 pub fn list_chains(family: u8) -> Result<Vec<(String, String)>, BatchError> {
     let mut chains = Vec::new();
-    for record in dump(DumpMsg::GetChain, family, &[], "list chains")? {
+    for record in dump(DumpMsg::Chain, family, &[], "list chains")? {
         chains.extend(chain_names(&record)?);
     }
     Ok(chains)
@@ -40,7 +40,7 @@ pub fn list_chains(family: u8) -> Result<Vec<(String, String)>, BatchError> {
 pub fn dump_rules(family: u8, table: &str) -> Result<Vec<Vec<u8>>, BatchError> {
     let filter = [name_attr(NFTA_RULE_TABLE, table)];
     match dump(
-        DumpMsg::GetRule,
+        DumpMsg::Rule,
         family,
         &filter,
         &format!("list rules of table {table}"),
@@ -56,9 +56,9 @@ pub fn dump_rules(family: u8, table: &str) -> Result<Vec<Vec<u8>>, BatchError> {
 /// a whole ruleset needs besides the rules.
 pub fn dump_layout(family: u8) -> Result<Layout, BatchError> {
     Ok(Layout {
-        tables: dump(DumpMsg::GetTable, family, &[], "list tables")?,
-        chains: dump(DumpMsg::GetChain, family, &[], "list chains")?,
-        sets: dump(DumpMsg::GetSet, family, &[], "list sets")?,
+        tables: dump(DumpMsg::Table, family, &[], "list tables")?,
+        chains: dump(DumpMsg::Chain, family, &[], "list chains")?,
+        sets: dump(DumpMsg::Set, family, &[], "list sets")?,
     })
 }
 
@@ -74,7 +74,7 @@ pub struct Layout {
 pub fn dump_set_elements(family: u8, table: &str, set: &str) -> Result<Vec<Vec<u8>>, BatchError> {
     let filter = [name_attr(1, table), name_attr(2, set)];
     dump(
-        DumpMsg::GetSetElem,
+        DumpMsg::SetElem,
         family,
         &filter,
         &format!("list elements of set {set} in table {table}"),
