@@ -295,3 +295,42 @@ fn a_changed_rule_reads_back_as_a_difference() {
     let what = differs(&ns, &want).expect("a table gone");
     assert!(what.contains("istio-ambient-mangle missing"), "{what}");
 }
+
+/// An executor that starts nothing: the native backend's read must not need a process.
+struct NoProcess;
+
+impl istio_cni::apply::Executor for NoProcess {
+    fn run(
+        &mut self,
+        cmd: &istio_cni::apply::Cmd,
+    ) -> Result<istio_cni::apply::CmdOutput, istio_cni::apply::exec::SpawnError> {
+        panic!("the native nft read started {}", cmd.display());
+    }
+}
+
+/// The native backend reads over netlink, starting no process, and its diff finds the plan.
+#[test]
+fn the_native_backend_reads_without_a_process() {
+    use istio_cni::apply::rule_backend::{Diff, NativeNft, RuleBackend};
+    require_tool("nft", "nftables");
+    let cfg = ambient::AmbientConfig::default();
+    let pod = ambient::PodOverrides::default();
+    let ns = Netns::new("nftreadnoproc");
+    apply(
+        &ns,
+        &istio_cni::apply::ambient::inpod_nft_transaction(&cfg, &pod),
+    )
+    .expect("apply");
+    let planned = istio_cni::apply::ambient::inpod_nft_expected(&cfg, &pod);
+    let same = ns
+        .spawn(move || {
+            let backend = NativeNft {
+                prefix: istio_cni::apply::ambient::OUR_NFT_TABLES,
+            };
+            let owned = backend.read_owned(&mut NoProcess, &[]).expect("read");
+            matches!(backend.diff(&planned, &owned), Diff::Same)
+        })
+        .join()
+        .unwrap();
+    assert!(same, "the applied in-pod tables read back as the plan");
+}
