@@ -6,9 +6,7 @@
 mod support;
 
 use std::path::Path;
-use std::sync::Arc;
 
-use istio_cni::apply::nft::Listings;
 use istio_cni::apply::pod::{self, Backend, NetnsCheck, PodOptions, SIDECAR_NFT_TABLES, Target};
 use istio_cni::netns::Netns as NetnsHandle;
 use istio_cni::rules::capture::CaptureConfig;
@@ -23,7 +21,6 @@ fn opts(backend: Backend) -> PodOptions {
         backend,
         reconcile_on_drift: true,
         detect_ipv6: Some(true),
-        nft_listings: Some(Arc::new(Listings::new(SIDECAR_NFT_TABLES))),
         ..PodOptions::default()
     }
 }
@@ -130,16 +127,17 @@ fn nftables_in_place_drifted_absent_and_handles_kept() {
     pod::program(Target::Pod(&handle(&ns)), &CaptureConfig::default(), &o).expect("program");
     let before = stdout(&ns, "nft", &["-a", "list", "ruleset"]);
     assert_eq!(verify(&ns, &o), NetnsCheck::InPlace);
-    // Without the shared cache the expected listing is learnt on the spot: same answer.
-    let uncached = PodOptions {
-        nft_listings: None,
-        ..o.clone()
-    };
+    // Asked again (nothing is learnt or cached: the plan's typed rules): same answer.
+    let uncached = o.clone();
     assert_eq!(verify(&ns, &uncached), NetnsCheck::InPlace);
     assert_eq!(
         stdout(&ns, "nft", &["-a", "list", "ruleset"]),
         before,
         "verify wrote"
+    );
+    assert!(
+        stdout(&ns, "nft", &["list", "tables"]).contains(SIDECAR_NFT_TABLES),
+        "program created our tables"
     );
 
     ns.exec(

@@ -7,7 +7,9 @@
 //! chains no longer planned removed). If a later restore fails, every touched table is put back
 //! from the snapshot (the sidecar apply's rollback). Removing is the same plan with no rules.
 //!
-//! nftables: one `nft -f -` transaction replaces our tables (and deletes those this pod no longer
+//! nftables: our tables are read back as typed rules and compared with what the plan's
+//! transaction leaves ([`super::rule_backend::NativeNft`]); identical → nothing is written;
+//! otherwise one `nft -f -` transaction replaces our tables (and deletes those this pod no longer
 //! needs), so the netns never holds half of them.
 
 use std::collections::BTreeSet;
@@ -18,12 +20,14 @@ use super::iptables::{
     ApplyError, Binaries, ForceBinary, detect, restore_cmd, run_checked, save_cmd,
 };
 use super::nft::apply_transaction;
+use super::rule_backend::{Diff, NativeNft, RuleBackend};
 use super::sidecar::{RuleChange, Snapshot, holds_no_tables, restore_snapshots};
 use super::state::{State, jump_target, normalise, parse_save};
 use crate::netns::UsernsEntry;
 use crate::rules::ambient::{AmbientConfig, PodOverrides};
 use crate::rules::iptables::{rule_args, rule_line};
 use crate::rules::model::is_builtin_chain;
+use crate::rules::nft_decode::{NativeState, expected};
 use crate::rules::nftables::{NftTable, render_cleanup, render_transaction};
 use crate::rules::{Family, Rule, RuleSet, ambient};
 
@@ -72,9 +76,6 @@ pub struct AmbientApply {
     /// Environment for every iptables command (a pod-scoped `XTABLES_LOCKFILE`).
     pub env: Vec<(String, String)>,
     pub userns: Option<UsernsEntry>,
-    /// nftables: how our tables list when they hold exactly the planned transaction
-    /// ([`nft_listing_of`]); with it, a netns already holding them is left untouched.
-    pub nft_expected: Option<String>,
 }
 
 /// Compares one family's saved state with its planned rules; `None` when they are the same, else
@@ -359,10 +360,10 @@ pub fn program_inpod_here(
         .map_err(|source| AmbientError::Invalid { source })?;
     let outcome = if opts.nftables {
         let mut exec = ProcessExecutor::entering(opts.userns.clone());
-        if nft_already_holds(&mut exec, opts.nft_expected.as_deref())? {
+        if nft_already_holds(&mut exec, cfg, pod)? {
             RuleChange::AlreadyApplied
         } else {
-            apply_transaction(&mut exec, &inpod_nft_transaction(cfg, pod))?;
+            INPOD_NFT.apply_atomic(&mut exec, inpod_nft_transaction(cfg, pod), &[])?;
             RuleChange::Applied
         }
     } else {
@@ -380,26 +381,50 @@ pub fn program_inpod_here(
 /// The prefix of every nft table the agent owns.
 pub const OUR_NFT_TABLES: &str = "istio-ambient-";
 
-/// Whether the calling thread's netns holds exactly `expected` (our tables as [`nft_listing_of`]
-/// prints them). A netns without any table of ours is answered over netlink, without a process.
-fn nft_already_holds(exec: &mut dyn Executor, expected: Option<&str>) -> Result<bool, ApplyError> {
-    let Some(expected) = expected else {
-        return Ok(false);
-    };
+/// The in-pod native nftables backend: our `istio-ambient-*` tables.
+const INPOD_NFT: NativeNft = NativeNft {
+    prefix: OUR_NFT_TABLES,
+};
+
+/// What our in-pod tables hold once [`inpod_nft_transaction`] is applied, as typed rules.
+pub fn inpod_nft_expected(cfg: &AmbientConfig, pod: &PodOverrides) -> NativeState {
+    expected(
+        &ambient::inpod_nft_rules(cfg, pod),
+        &NftTable::AMBIENT_POD,
+        &[],
+    )
+}
+
+/// Whether the calling thread's netns holds exactly the planned in-pod tables, read back as
+/// typed rules ([`NativeNft`]). A netns without any table of ours is answered over netlink,
+/// without a process; a read that fails is "no" (the transaction is applied, atomically).
+fn nft_already_holds(
+    exec: &mut dyn Executor,
+    cfg: &AmbientConfig,
+    pod: &PodOverrides,
+) -> Result<bool, ApplyError> {
     let ours_exist = crate::netlink::nft_dump::list_chains(0)
         .map(|chains| chains.iter().any(|(t, _)| t.starts_with(OUR_NFT_TABLES)))
         .unwrap_or(true);
-    Ok(ours_exist && our_nft_listing(exec)? == expected)
-}
-
-/// Our tables in the calling thread's netns, as `nft list ruleset` prints them, normalised.
-fn our_nft_listing(exec: &mut dyn Executor) -> Result<String, ApplyError> {
-    super::nft::our_listing(exec, OUR_NFT_TABLES)
-}
-
-/// How our tables list when they hold exactly `transaction` ([`super::nft::listing_of`]).
-pub fn nft_listing_of(transaction: &str) -> Result<String, AmbientError> {
-    Ok(super::nft::listing_of(transaction, OUR_NFT_TABLES)?)
+    if !ours_exist {
+        return Ok(false);
+    }
+    let owned = match INPOD_NFT.read_owned(exec, &[]) {
+        Ok(owned) => owned,
+        Err(e) => {
+            tracing::debug!(error = %e, "reading the in-pod nft tables failed; applying them");
+            return Ok(false);
+        }
+    };
+    let planned = inpod_nft_expected(cfg, pod);
+    match INPOD_NFT.diff(&planned, &owned) {
+        Diff::Same => Ok(true),
+        Diff::Differs(what) => {
+            tracing::debug!(%what, "the in-pod nft tables differ from the plan");
+            Ok(false)
+        }
+        Diff::Unsure(_) => Ok(false),
+    }
 }
 
 /// Our tables only ([`super::nft::normalise_listing`] for `istio-ambient-*`).
@@ -469,9 +494,9 @@ pub fn host_nft_transaction(cfg: &AmbientConfig, kubelet_uid: &str) -> String {
 /// Programs the host side in the calling thread's netns: the probe sets (created, never flushed)
 /// and the probe SNAT rules. `kubelet_uid` is needed with nftables. Reads first and writes only
 /// what differs: `None` when everything was in place, else what was missing or different (the
-/// drift pass's heal report). With nftables the comparison needs `opts.nft_expected` (how the
-/// host table lists, [`nft_listing_of`] of [`host_nft_transaction`]); without it the table is
-/// written and reported as such.
+/// drift pass's heal report). With nftables our table is read back as typed rules and compared
+/// with what [`host_nft_transaction`] leaves (the probe sets declared, not their elements); a
+/// table that cannot be read is written and reported as such.
 pub fn program_host_here(
     cfg: &AmbientConfig,
     kubelet_uid: &str,
@@ -480,15 +505,22 @@ pub fn program_host_here(
     use super::probe_set::{Ipsets, NFT_TABLE, ProbeSets};
     let mut exec = ProcessExecutor::entering(opts.userns.clone());
     if opts.nftables {
-        let difference = match opts.nft_expected.as_deref() {
-            Some(expected) => {
-                let actual = super::nft::our_listing(&mut exec, NFT_TABLE)?;
-                super::nft::listing_difference(expected, &actual)
-            }
-            None => Some(format!("table inet {NFT_TABLE} not compared")),
+        let host = NativeNft { prefix: NFT_TABLE };
+        let planned = expected(
+            &ambient::host_nft_rules(cfg, kubelet_uid),
+            &[NftTable::AmbientHostNat],
+            &super::probe_set::nft_sets(cfg.enable_ipv6),
+        );
+        let difference = match host.read_owned(&mut exec, &[]) {
+            Ok(owned) => match host.diff(&planned, &owned) {
+                Diff::Same => None,
+                Diff::Differs(what) => Some(what),
+                Diff::Unsure(_) => Some(format!("table inet {NFT_TABLE} not compared")),
+            },
+            Err(e) => Some(format!("table inet {NFT_TABLE} could not be read: {e}")),
         };
         if difference.is_some() {
-            apply_transaction(&mut exec, &host_nft_transaction(cfg, kubelet_uid))?;
+            host.apply_atomic(&mut exec, host_nft_transaction(cfg, kubelet_uid), &[])?;
         }
         return Ok(difference);
     }

@@ -1,13 +1,19 @@
 //! Applying an nftables transaction with `nft -f -` (atomic: the whole transaction or nothing),
-//! and reading our tables back: how they list now, how a transaction lists once applied (learnt
-//! in a scratch netns, cached per transaction in [`Listings`]) and where two listings differ. The
-//! ambient in-pod rules and the sidecar verify both compare this way.
-
-use parking_lot::Mutex;
-use std::collections::HashMap;
+//! and reading our tables back as typed rules, compared with what a transaction leaves
+//! ([`crate::rules::nft_decode::expected`]): over nfnetlink ([`read_native_netlink`], no
+//! process, decoded by [`crate::rules::nft_kernel_decode`]), or with `nft -j -t list ruleset`
+//! ([`read_native`], one process, decoded by [`crate::rules::nft_decode`]) when netlink fails.
+//! Both give the same typed form (tests/nft_read_conformance.rs). The ambient in-pod and host
+//! checks and the sidecar verify all go through [`super::rule_backend::NativeNft`].
 
 use super::exec::{Cmd, Executor};
 use super::iptables::{ApplyError, find_on_path, run_checked};
+use crate::netlink::nft_batch::BatchError;
+use crate::netlink::nft_dump;
+use crate::rules::nft_decode::{NativeState, decode_listing};
+use crate::rules::nft_kernel_decode::{
+    AnonSets, anonymous_sets, decode_kernel, element_keys, table_names,
+};
 
 /// Runs one transaction through `nft -f -` in the calling thread's network namespace.
 pub fn apply_transaction(exec: &mut dyn Executor, transaction: &str) -> Result<(), ApplyError> {
@@ -33,33 +39,46 @@ pub fn apply_transaction(exec: &mut dyn Executor, transaction: &str) -> Result<(
     }
 }
 
-/// How tables named `<prefix>*` list in the calling thread's netns (`nft -t list ruleset`,
-/// normalised by [`normalise_listing`]): one process. Terse: without set elements, which are
-/// state (the host probe sets' members), not rules.
-pub fn our_listing(exec: &mut dyn Executor, prefix: &str) -> Result<String, ApplyError> {
-    let out = run_checked(exec, &Cmd::new("nft", ["-t", "list", "ruleset"]))?;
-    Ok(normalise_listing(&out.stdout, prefix))
+/// Our tables (named `<prefix>*`) in the calling thread's netns as typed rules: one
+/// `nft -j -t list ruleset`. A listing nft prints but we cannot read is an error naming it.
+pub fn read_native(exec: &mut dyn Executor, prefix: &str) -> Result<NativeState, ApplyError> {
+    let cmd = Cmd::new("nft", ["-j", "-t", "list", "ruleset"]);
+    let out = run_checked(exec, &cmd)?;
+    decode_listing(&out.stdout, prefix).map_err(|e| ApplyError::Failed {
+        command: cmd.display(),
+        code: Some(0),
+        stderr: e.to_string(),
+    })
 }
 
-/// How the tables named `<prefix>*` list when they hold exactly `transaction`: learnt by applying
-/// it in a scratch netns (the kernel's own canonical form: nft rewrites some expressions as it
-/// stores them).
-pub fn listing_of(transaction: &str, prefix: &'static str) -> Result<String, ApplyError> {
-    let transaction = transaction.to_string();
-    crate::netns::run_in_scratch(move || {
-        let mut exec = super::exec::ProcessExecutor::default();
-        apply_transaction(&mut exec, &transaction)?;
-        our_listing(&mut exec, prefix)
-    })
-    .map_err(|e| ApplyError::Failed {
-        command: "nft -f - (in a scratch netns)".into(),
-        code: None,
-        stderr: e.to_string(),
-    })?
+/// [`read_native`] over nfnetlink, no process: one dump each of the tables, chains and sets of
+/// the `inet` family, one element dump per anonymous set of ours (a rule's `{ 53, 15008 }`) and
+/// one rule dump per table of ours, decoded by [`crate::rules::nft_kernel_decode`].
+pub fn read_native_netlink(prefix: &str) -> Result<NativeState, BatchError> {
+    const NFPROTO_INET: u8 = 1;
+    let layout = nft_dump::dump_layout(NFPROTO_INET)?;
+    let mut anon = AnonSets::new();
+    for (table, set) in anonymous_sets(&layout.sets, prefix) {
+        let records = nft_dump::dump_set_elements(NFPROTO_INET, &table, &set)?;
+        anon.insert((table, set), element_keys(&records));
+    }
+    let mut rules = Vec::new();
+    for table in table_names(&layout.tables, prefix) {
+        rules.extend(nft_dump::dump_rules(NFPROTO_INET, &table)?);
+    }
+    Ok(decode_kernel(
+        &layout.tables,
+        &layout.chains,
+        &layout.sets,
+        &rules,
+        &anon,
+        prefix,
+    ))
 }
 
 /// The `table <family> <prefix>*` blocks of an `nft list ruleset` text only, without rule
-/// handles and counter values, which differ between two identical rule sets.
+/// handles and counter values, which differ between two identical rule sets (for tests and
+/// logs that compare what an operator sees; the checks compare typed rules).
 pub fn normalise_listing(text: &str, prefix: &str) -> String {
     let mut out = String::new();
     let mut ours = false;
@@ -85,88 +104,6 @@ pub fn normalise_listing(text: &str, prefix: &str) -> String {
     out
 }
 
-/// Expected listings, learnt once per distinct transaction (each costs a scratch netns and two
-/// processes; a node has few distinct ones) and shared by every pod that uses it.
-#[derive(Debug)]
-pub struct Listings {
-    prefix: &'static str,
-    known: Mutex<HashMap<String, String>>,
-}
-
-impl Listings {
-    /// For the tables named `<prefix>*` (`istio-ambient-`, `istio-proxy-`).
-    pub fn new(prefix: &'static str) -> Self {
-        Listings {
-            prefix,
-            known: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// How `transaction` lists once applied (learnt on first use; a failure is not cached).
-    pub fn expected(&self, transaction: &str) -> Result<String, ApplyError> {
-        if let Some(listing) = self.lock().get(transaction) {
-            return Ok(listing.clone());
-        }
-        // Learnt without the lock: two callers may both learn one listing, never wait on it.
-        let listing = listing_of(transaction, self.prefix)?;
-        self.lock().insert(transaction.to_string(), listing.clone());
-        Ok(listing)
-    }
-
-    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<String, String>> {
-        self.known.lock()
-    }
-}
-
-/// The first difference between an expected and an actual listing, for logs and events: a
-/// table missing, or the first line that differs (with its table and chain).
-pub fn listing_difference(expected: &str, actual: &str) -> Option<String> {
-    if expected == actual {
-        return None;
-    }
-    let tables = |text: &str| -> Vec<String> {
-        text.lines()
-            .filter(|l| l.starts_with("table "))
-            .map(|l| l.trim_end_matches(" {").to_string())
-            .collect()
-    };
-    let (want, have) = (tables(expected), tables(actual));
-    if let Some(missing) = want.iter().find(|t| !have.contains(t)) {
-        return Some(format!("{missing} missing"));
-    }
-    if let Some(extra) = have.iter().find(|t| !want.contains(t)) {
-        return Some(format!("unexpected {extra}"));
-    }
-    let (mut table, mut chain) = (String::new(), String::new());
-    let mut expected_lines = expected.lines();
-    for line in actual.lines().map(Some).chain(std::iter::repeat(None)) {
-        let want = expected_lines.next();
-        if want.is_none() && line.is_none() {
-            break;
-        }
-        if want == line {
-            let l = line.unwrap_or_default().trim();
-            if l.starts_with("table ") {
-                table = l.trim_end_matches(" {").to_string();
-            } else if let Some(c) = l.strip_prefix("chain ") {
-                chain = c.trim_end_matches(" {").to_string();
-            }
-            continue;
-        }
-        let show = |l: Option<&str>| match l.map(str::trim) {
-            None => "nothing".to_string(),
-            Some("}") => "the end of the chain".to_string(),
-            Some(l) => format!("`{l}`"),
-        };
-        return Some(format!(
-            "{table} chain {chain}: found {}, expected {}",
-            show(line),
-            show(want)
-        ));
-    }
-    Some("listings differ".to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,16 +126,6 @@ mod tests {
             normalise_listing(&listing(1, 0, "accept"), "istio-ambient-"),
             ""
         );
-        let b = normalise_listing(&listing(1, 0, "drop"), "istio-proxy-");
-        assert_eq!(listing_difference(&a, &a), None);
-        let what = listing_difference(&a, &b).unwrap();
-        assert!(
-            what.contains("istio-proxy-nat") && what.contains("output") && what.contains("drop"),
-            "{what}"
-        );
-        assert_eq!(
-            listing_difference(&a, "").as_deref(),
-            Some("table inet istio-proxy-nat missing")
-        );
+        assert_ne!(a, normalise_listing(&listing(1, 0, "drop"), "istio-proxy-"));
     }
 }

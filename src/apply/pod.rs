@@ -7,16 +7,15 @@
 //! callers (they print or write a file and never program), using [`in_target`],
 //! [`cleanup_rules`] and the transaction texts.
 
-use std::sync::Arc;
-
 use super::exec::ProcessExecutor;
 use super::iptables::{ApplyError, ForceBinary};
-use super::nft::Listings;
+use super::rule_backend::{Diff, NativeNft, RuleBackend};
 use super::sidecar::{RuleChange, SidecarOptions, apply_sidecar_here, cleanup_sidecar_here};
 use super::{CleanupInput, nft};
 use crate::netns::{Netns, NetnsError, UsernsEntry};
 use crate::rules::capture::{self, CaptureConfig};
 use crate::rules::capture_values::InvalidValue;
+use crate::rules::nft_decode::{NativeState, expected};
 use crate::rules::nftables::{NftTable, render_cleanup, render_transaction};
 use crate::rules::{RuleSet, nft_capture};
 
@@ -56,13 +55,25 @@ pub struct PodOptions {
     /// `Some(dual_stack)`: IPv6 on/off from the netns's own addresses (the plugin), instead of
     /// the configuration's `enable_ipv6`.
     pub detect_ipv6: Option<bool>,
-    /// [`verify`] with nftables: the expected listings, learnt once per distinct transaction
-    /// (without it every verify learns its own, in a scratch netns).
-    pub nft_listings: Option<Arc<Listings>>,
 }
 
 /// The prefix of our sidecar nftables tables (`istio-proxy-nat`, ...).
 pub const SIDECAR_NFT_TABLES: &str = "istio-proxy-";
+
+/// The sidecar's native nftables backend: our `istio-proxy-*` tables.
+const SIDECAR_NFT: NativeNft = NativeNft {
+    prefix: SIDECAR_NFT_TABLES,
+};
+
+/// How `actual` (our tables read back) differs from what [`program`] leaves for `cfg`, typed.
+fn nft_difference(cfg: &CaptureConfig, actual: &NativeState) -> Option<String> {
+    let planned = expected(&nft_capture::build(cfg), &NftTable::SIDECAR, &[]);
+    match SIDECAR_NFT.diff(&planned, actual) {
+        Diff::Same => None,
+        Diff::Differs(what) => Some(what),
+        Diff::Unsure(_) => Some("not compared".to_string()),
+    }
+}
 
 /// What [`verify`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,9 +130,10 @@ pub fn program(
                 apply_iptables(&cfg, &opts, lock, userns)?
             }
             Backend::Nftables => {
-                nft::apply_transaction(
+                SIDECAR_NFT.apply_atomic(
                     &mut ProcessExecutor::entering(userns),
-                    &nft_transaction(&cfg),
+                    nft_transaction(&cfg),
+                    &[],
                 )?;
                 RuleChange::Applied
             }
@@ -141,8 +153,9 @@ pub fn program(
 
 /// Whether `target` holds exactly what [`program`] would leave there for `cfg` (the rules; the
 /// routes are not read), reading the kernel once: one `*-save` per family in use (ip6tables only
-/// when the pod has IPv6, decided as `program` decides), or one `nft list ruleset` compared with
-/// how the transaction lists once applied. Writes nothing. Blocking, like [`program`].
+/// when the pod has IPv6, decided as `program` decides), or our nftables tables read back as
+/// typed rules ([`NativeNft`]) and compared with what the transaction leaves. Writes nothing.
+/// Blocking, like [`program`].
 pub fn verify(
     target: Target<'_>,
     cfg: &CaptureConfig,
@@ -164,14 +177,9 @@ pub fn verify(
                 userns.as_ref(),
             )?,
             Backend::Nftables => {
-                let transaction = nft_transaction(&cfg);
-                let expected = match &opts.nft_listings {
-                    Some(known) => known.expected(&transaction)?,
-                    None => nft::listing_of(&transaction, SIDECAR_NFT_TABLES)?,
-                };
                 let mut exec = ProcessExecutor::entering(userns);
-                let actual = nft::our_listing(&mut exec, SIDECAR_NFT_TABLES)?;
-                match nft::listing_difference(&expected, &actual) {
+                let actual = SIDECAR_NFT.read_owned(&mut exec, &[])?;
+                match nft_difference(&cfg, &actual) {
                     None => NetnsCheck::InPlace,
                     Some(_) if actual.is_empty() => NetnsCheck::Absent,
                     Some(what) => NetnsCheck::Drifted { what },

@@ -350,17 +350,23 @@ pub struct NftSets;
 
 const NFPROTO_INET: u8 = 1;
 
+/// The nft sets the host table declares: (table, name, element type).
+pub fn nft_sets(ipv6: bool) -> Vec<(&'static str, &'static str, &'static str)> {
+    let mut sets = vec![(NFT_TABLE, PROBE_SET_V4, "ipv4_addr")];
+    if ipv6 {
+        sets.push((NFT_TABLE, PROBE_SET_V6, "ipv6_addr"));
+    }
+    sets
+}
+
 /// The nft statements creating the sets (idempotent; existing elements are kept).
 pub fn nft_set_declarations(ipv6: bool) -> String {
-    let mut text = format!(
-        "add set inet {NFT_TABLE} {PROBE_SET_V4} {{ type ipv4_addr ; comment \"{SET_COMMENT}\" ; }}\n"
-    );
-    if ipv6 {
-        text.push_str(&format!(
-            "add set inet {NFT_TABLE} {PROBE_SET_V6} {{ type ipv6_addr ; comment \"{SET_COMMENT}\" ; }}\n"
-        ));
-    }
-    text
+    nft_sets(ipv6)
+        .into_iter()
+        .map(|(table, name, kind)| {
+            format!("add set inet {table} {name} {{ type {kind} ; comment \"{SET_COMMENT}\" ; }}\n")
+        })
+        .collect()
 }
 
 impl ProbeSets for NftSets {

@@ -5,16 +5,22 @@
 //!   ([`super::nft_read`]), no process; `*-save` only when that read fails (or in tests that
 //!   script the executor);
 //! * [`IptablesLegacy`]: `*-save` text parsed by [`super::state`] (the only text reader left for
-//!   the read-and-compare step).
+//!   the read-and-compare step);
+//! * [`NativeNft`]: our own nftables tables dumped over nfnetlink and decoded to the typed
+//!   [`crate::rules::nft_model`] statements ([`super::nft::read_native_netlink`], no process;
+//!   nft's JSON listing, [`super::nft::read_native`], only when that read fails), compared with
+//!   what the planned transaction leaves ([`crate::rules::nft_decode::expected`]); the ambient
+//!   in-pod and host checks and the sidecar verify go through it.
 //!
-//! Writing is one `*-restore` per family for both (the sidecar apply wraps it in its snapshot
-//! and rollback).
+//! Writing is one `*-restore` per family for the iptables backends (the sidecar apply wraps it in
+//! its snapshot and rollback), one `nft -f -` transaction for native nftables.
 
 use super::exec::Executor;
 use super::iptables::{ApplyError, Binaries, restore_cmd, run_checked, save_cmd};
 use super::nft_read::{KernelSets, OwnedState, holds_any_sidecar, read_owned, sidecar_difference};
 use super::state::{Comparison, Difference, State, compare_with_plan, holds_any_of, parse_save};
 use crate::rules::Rule;
+use crate::rules::nft_decode::{NativeState, difference};
 
 /// What a family holds, as its backend read it.
 #[derive(Debug, Clone)]
@@ -35,51 +41,71 @@ impl Owned {
     }
 }
 
-/// How what a family holds compares with its plan.
+/// How what a backend read compares with its plan.
 #[derive(Debug)]
-pub enum Diff<'a> {
+pub enum Diff<'a, D = Difference> {
     Same,
-    Differs(Difference),
-    /// Text only: these rules did not match as saved; `iptables -C` decides.
+    Differs(D),
+    /// Text only (iptables `*-save`): these rules did not match as saved; `iptables -C` decides.
     Unsure(Vec<&'a Rule>),
 }
 
-/// One family's rule backend.
+/// One rule backend: how its owned rules are read, compared with a plan and written.
 pub trait RuleBackend {
-    fn bins(&self) -> &Binaries;
+    /// What is compared with a read: the iptables rules of one family, or the native tables a
+    /// transaction leaves.
+    type Plan: ?Sized;
+    /// What a read returns.
+    type Owned;
+    /// How a read differs from its plan.
+    type Difference;
 
     /// Reads the tables of ours in the calling thread's netns (or through `exec`).
     fn read_owned(
         &self,
         exec: &mut dyn Executor,
         env: &[(String, String)],
-    ) -> Result<Owned, ApplyError>;
+    ) -> Result<Self::Owned, ApplyError>;
 
-    /// How `owned` differs from holding exactly `planned` (sidecar semantics: order not compared,
-    /// as in Istio). Pure.
-    fn diff<'a>(&self, planned: &'a [Rule], owned: &Owned) -> Diff<'a> {
-        match owned {
-            Owned::Typed(state) => match sidecar_difference(state, planned) {
-                None => Diff::Same,
-                Some(d) => Diff::Differs(d),
-            },
-            Owned::Saved { state, .. } => match compare_with_plan(state, planned) {
-                Comparison::Same => Diff::Same,
-                Comparison::Different(d) => Diff::Differs(d),
-                Comparison::Unsure(rules) => Diff::Unsure(rules),
-            },
-        }
-    }
+    /// How `owned` differs from holding exactly `planned`. Pure.
+    fn diff<'a>(&self, planned: &'a Self::Plan, owned: &Self::Owned) -> Diff<'a, Self::Difference>;
 
-    /// Writes one family's restore input as one `*-restore --noflush`.
+    /// Writes `input` (a family's restore input, or an nft transaction) all or nothing.
     fn apply_atomic(
         &self,
         exec: &mut dyn Executor,
-        restore: String,
+        input: String,
         env: &[(String, String)],
-    ) -> Result<(), ApplyError> {
-        run_checked(exec, &restore_cmd(self.bins(), restore, env)).map(|_| ())
+    ) -> Result<(), ApplyError>;
+}
+
+/// The iptables backends, as the sidecar apply and verify hold them.
+pub type IptablesBackend<'a> =
+    dyn RuleBackend<Plan = [Rule], Owned = Owned, Difference = Difference> + 'a;
+
+/// The iptables diff (sidecar semantics: order not compared, as in Istio). Pure.
+fn iptables_diff<'a>(planned: &'a [Rule], owned: &Owned) -> Diff<'a> {
+    match owned {
+        Owned::Typed(state) => match sidecar_difference(state, planned) {
+            None => Diff::Same,
+            Some(d) => Diff::Differs(d),
+        },
+        Owned::Saved { state, .. } => match compare_with_plan(state, planned) {
+            Comparison::Same => Diff::Same,
+            Comparison::Different(d) => Diff::Differs(d),
+            Comparison::Unsure(rules) => Diff::Unsure(rules),
+        },
     }
+}
+
+/// One family's restore input as one `*-restore --noflush`.
+fn restore(
+    exec: &mut dyn Executor,
+    bins: &Binaries,
+    input: String,
+    env: &[(String, String)],
+) -> Result<(), ApplyError> {
+    run_checked(exec, &restore_cmd(bins, input, env)).map(|_| ())
 }
 
 /// Reads a family's `*-save` text and its parse (the legacy read, and the sidecar apply's
@@ -106,9 +132,9 @@ fn saved(
 pub struct IptablesLegacy<'b>(pub &'b Binaries);
 
 impl RuleBackend for IptablesLegacy<'_> {
-    fn bins(&self) -> &Binaries {
-        self.0
-    }
+    type Plan = [Rule];
+    type Owned = Owned;
+    type Difference = Difference;
 
     fn read_owned(
         &self,
@@ -116,6 +142,19 @@ impl RuleBackend for IptablesLegacy<'_> {
         env: &[(String, String)],
     ) -> Result<Owned, ApplyError> {
         saved(exec, self.0, env)
+    }
+
+    fn diff<'a>(&self, planned: &'a [Rule], owned: &Owned) -> Diff<'a> {
+        iptables_diff(planned, owned)
+    }
+
+    fn apply_atomic(
+        &self,
+        exec: &mut dyn Executor,
+        input: String,
+        env: &[(String, String)],
+    ) -> Result<(), ApplyError> {
+        restore(exec, self.0, input, env)
     }
 }
 
@@ -130,9 +169,9 @@ pub struct IptablesNft<'b, 'r> {
 }
 
 impl RuleBackend for IptablesNft<'_, '_> {
-    fn bins(&self) -> &Binaries {
-        self.bins
-    }
+    type Plan = [Rule];
+    type Owned = Owned;
+    type Difference = Difference;
 
     fn read_owned(
         &self,
@@ -144,10 +183,70 @@ impl RuleBackend for IptablesNft<'_, '_> {
             None => saved(exec, self.bins, env),
         }
     }
+
+    fn diff<'a>(&self, planned: &'a [Rule], owned: &Owned) -> Diff<'a> {
+        iptables_diff(planned, owned)
+    }
+
+    fn apply_atomic(
+        &self,
+        exec: &mut dyn Executor,
+        input: String,
+        env: &[(String, String)],
+    ) -> Result<(), ApplyError> {
+        restore(exec, self.bins, input, env)
+    }
+}
+
+/// Native nftables: our tables named `<prefix>*` (`istio-ambient-`, `istio-proxy-`) read as
+/// typed rules ([`super::nft::read_native`]), the plan being what the transaction leaves
+/// ([`crate::rules::nft_decode::expected`]); written as one `nft -f -` transaction. Rule order is
+/// compared (nft runs a chain in order); the difference names the first table, chain or rule
+/// that differs.
+pub struct NativeNft {
+    pub prefix: &'static str,
+}
+
+impl RuleBackend for NativeNft {
+    type Plan = NativeState;
+    type Owned = NativeState;
+    type Difference = String;
+
+    /// Over nfnetlink, no process ([`super::nft::read_native_netlink`]); `nft -j` only when
+    /// that read fails.
+    fn read_owned(
+        &self,
+        exec: &mut dyn Executor,
+        _env: &[(String, String)],
+    ) -> Result<NativeState, ApplyError> {
+        match super::nft::read_native_netlink(self.prefix) {
+            Ok(state) => Ok(state),
+            Err(e) => {
+                tracing::debug!(error = %e, "reading our nft tables over netlink failed; listing them with nft -j");
+                super::nft::read_native(exec, self.prefix)
+            }
+        }
+    }
+
+    fn diff<'a>(&self, planned: &'a NativeState, owned: &NativeState) -> Diff<'a, String> {
+        match difference(planned, owned) {
+            None => Diff::Same,
+            Some(what) => Diff::Differs(what),
+        }
+    }
+
+    fn apply_atomic(
+        &self,
+        exec: &mut dyn Executor,
+        input: String,
+        _env: &[(String, String)],
+    ) -> Result<(), ApplyError> {
+        super::nft::apply_transaction(exec, &input)
+    }
 }
 
 /// The backend of a family: legacy reads text; any other flavour reads through `read` first.
-pub fn for_family<'a>(bins: &'a Binaries, read: TypedRead<'a>) -> Box<dyn RuleBackend + 'a> {
+pub fn for_family<'a>(bins: &'a Binaries, read: TypedRead<'a>) -> Box<IptablesBackend<'a>> {
     if bins.legacy {
         Box::new(IptablesLegacy(bins))
     } else {

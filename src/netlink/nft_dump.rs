@@ -1,5 +1,6 @@
 //! Reading nf_tables state over nfnetlink in the calling thread's network namespace: one dump
-//! request (`NFT_MSG_GETCHAIN`, `NFT_MSG_GETRULE`) and its records, no process. What a record
+//! request (`NFT_MSG_GETTABLE`, `GETCHAIN`, `GETRULE`, `GETSET`, `GETSETELEM`) and its records,
+//! no process. What a record
 //! means is not decided here: each comes back as its attribute bytes, for the rule engine's
 //! decoder (`rules::iptables_nft_decode`) to read.
 
@@ -7,11 +8,14 @@ use netlink_packet_core::{DefaultNla, NlaBuffer, NlasIterator};
 
 use super::nft_batch::{BatchError, NFNL_SUBSYS_NFTABLES, name_attr};
 
-/// The dump requests made here (`enum nf_tables_msg_types`).
+/// The dump requests made here (`enum nf_tables_msg_types`: `NFT_MSG_GET*`).
 #[derive(Debug, Clone, Copy)]
 enum DumpMsg {
-    GetChain = 4,
-    GetRule = 7,
+    Table = 1,
+    Chain = 4,
+    Rule = 7,
+    Set = 10,
+    SetElem = 13,
 }
 
 /// `NFTA_CHAIN_TABLE`, `NFTA_CHAIN_NAME`; `NFTA_RULE_TABLE`.
@@ -24,7 +28,7 @@ const NFTA_RULE_TABLE: u16 = 1;
 /// iptables-nft already holds chains of ours.
 pub fn list_chains(family: u8) -> Result<Vec<(String, String)>, BatchError> {
     let mut chains = Vec::new();
-    for record in dump(DumpMsg::GetChain, family, &[], "list chains")? {
+    for record in dump(DumpMsg::Chain, family, &[], "list chains")? {
         chains.extend(chain_names(&record)?);
     }
     Ok(chains)
@@ -36,7 +40,7 @@ pub fn list_chains(family: u8) -> Result<Vec<(String, String)>, BatchError> {
 pub fn dump_rules(family: u8, table: &str) -> Result<Vec<Vec<u8>>, BatchError> {
     let filter = [name_attr(NFTA_RULE_TABLE, table)];
     match dump(
-        DumpMsg::GetRule,
+        DumpMsg::Rule,
         family,
         &filter,
         &format!("list rules of table {table}"),
@@ -46,6 +50,35 @@ pub fn dump_rules(family: u8, table: &str) -> Result<Vec<Vec<u8>>, BatchError> {
         }
         other => other,
     }
+}
+
+/// Every table, chain (with its hook) and set record of one family, for a decoder: what a read of
+/// a whole ruleset needs besides the rules.
+pub fn dump_layout(family: u8) -> Result<Layout, BatchError> {
+    Ok(Layout {
+        tables: dump(DumpMsg::Table, family, &[], "list tables")?,
+        chains: dump(DumpMsg::Chain, family, &[], "list chains")?,
+        sets: dump(DumpMsg::Set, family, &[], "list sets")?,
+    })
+}
+
+/// Raw records of [`dump_layout`] (`NFTA_TABLE_*`, `NFTA_CHAIN_*`, `NFTA_SET_*` attributes).
+#[derive(Debug, Clone, Default)]
+pub struct Layout {
+    pub tables: Vec<Vec<u8>>,
+    pub chains: Vec<Vec<u8>>,
+    pub sets: Vec<Vec<u8>>,
+}
+
+/// The element records (`NFTA_SET_ELEM_LIST_*`) of one set of one table.
+pub fn dump_set_elements(family: u8, table: &str, set: &str) -> Result<Vec<Vec<u8>>, BatchError> {
+    let filter = [name_attr(1, table), name_attr(2, set)];
+    dump(
+        DumpMsg::SetElem,
+        family,
+        &filter,
+        &format!("list elements of set {set} in table {table}"),
+    )
 }
 
 fn dump(

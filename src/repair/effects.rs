@@ -16,7 +16,6 @@ use k8s_openapi::api::core::v1::Pod;
 use super::controller::{Checked, Effects, Expected};
 use super::{HostSettings, RepairError};
 use crate::apply::ForceBinary;
-use crate::apply::nft::Listings;
 use crate::apply::pod::{self, Backend, PodError, PodOptions, Target};
 use crate::kube::stores::pod_ips;
 use crate::kube::{
@@ -78,8 +77,6 @@ pub struct KubeEffects {
     force_binary: Option<ForceBinary>,
     engine: Arc<EngineEnv>,
     timeout: Duration,
-    /// nftables: how each distinct sidecar transaction lists once applied (for the verify).
-    nft_listings: Arc<Listings>,
 }
 
 impl KubeEffects {
@@ -109,7 +106,6 @@ impl KubeEffects {
             force_binary,
             engine: Arc::new(engine),
             timeout,
-            nft_listings: Arc::new(Listings::new(pod::SIDECAR_NFT_TABLES)),
         })
     }
 }
@@ -206,7 +202,6 @@ impl KubeEffects {
         PodOptions {
             backend: self.backend,
             force_binary: self.force_binary,
-            nft_listings: Some(self.nft_listings.clone()),
             ..PodOptions::default()
         }
     }

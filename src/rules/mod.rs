@@ -5,7 +5,10 @@
 //! [`iptables_nft`]: the nf_tables messages iptables-nft would send, described neutrally with a
 //! [`nla`] attribute tree and the [`xtables`] structs, for the netlink transport to frame; the
 //! probe sets' ipset and nft set-element messages and their decoding, [`probe_set_msgs`]); and
-//! the inverse, [`iptables_nft_decode`]: a dumped nf_tables rule read back into the model.
+//! the inverses, [`iptables_nft_decode`]: a dumped nf_tables rule read back into the model, and
+//! [`nft_decode`]: our native nftables tables as nft lists them (JSON) read back into the
+//! [`nft_model`] statements, and [`nft_kernel_decode`]: the same from the kernel's dumped
+//! records; both compared with a plan spelt as it reads back ([`nft_canon`]).
 //! Pure: no processes, files, sockets or namespaces are touched here.
 //! May call: nothing else in this crate.
 
@@ -18,7 +21,10 @@ pub mod iptables;
 pub mod iptables_nft;
 pub mod iptables_nft_decode;
 pub mod model;
+pub mod nft_canon;
 pub mod nft_capture;
+pub mod nft_decode;
+pub mod nft_kernel_decode;
 pub mod nft_model;
 pub mod nftables;
 pub mod nla;

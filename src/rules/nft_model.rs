@@ -61,7 +61,7 @@ impl MaskedMark {
 }
 
 /// Conntrack states.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum NftCtState {
     Invalid,
     Related,

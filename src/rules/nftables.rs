@@ -152,22 +152,71 @@ impl NftTable {
 
 pub use super::nft_model::{NftRule, NftRuleSet};
 
+/// The rules of `set` in `table`, in program order.
+fn rules_of(set: &NftRuleSet, table: NftTable) -> Vec<&NftRule> {
+    set.rules.iter().filter(|r| r.table == table).collect()
+}
+
+/// The chains the transaction declares in `table` for `rules` (the table's rules), in order:
+/// name and, for a base chain, its `type X hook Y priority N`.
+fn declared(table: NftTable, rules: &[&NftRule]) -> Vec<&'static ChainSpec> {
+    let used = |name: &str| {
+        rules.iter().any(|r| r.chain == name)
+            || (table.declares_jump_targets()
+                && rules.iter().any(|r| r.jump_target() == Some(name)))
+    };
+    table.chains().iter().filter(|c| used(c.name)).collect()
+}
+
+/// How `set` leaves `table` once applied: each declared chain (base chains with their hook spec)
+/// and its rules in the order the kernel holds them (an `insert ... index N` lands at N). None
+/// when the table has no rules (the transaction leaves it alone). What a read-back is compared
+/// with ([`super::nft_decode::expected`]).
+pub fn placed(set: &NftRuleSet, table: NftTable) -> Option<Vec<PlacedChain<'_>>> {
+    let rules = rules_of(set, table);
+    if rules.is_empty() {
+        return None;
+    }
+    let mut chains: Vec<PlacedChain<'_>> = declared(table, &rules)
+        .into_iter()
+        .map(|c| PlacedChain {
+            name: c.name,
+            base: c.base,
+            rules: Vec::new(),
+        })
+        .collect();
+    for rule in rules {
+        let Some(chain) = chains.iter_mut().find(|c| c.name == rule.chain) else {
+            continue;
+        };
+        match rule.index {
+            Some(index) if index < chain.rules.len() => chain.rules.insert(index, rule),
+            _ => chain.rules.push(rule),
+        }
+    }
+    Some(chains)
+}
+
+/// One chain as a transaction leaves it ([`placed`]).
+#[derive(Debug, Clone)]
+pub struct PlacedChain<'s> {
+    pub name: &'static str,
+    /// `type X hook Y priority N` for a base chain.
+    pub base: Option<&'static str>,
+    pub rules: Vec<&'s NftRule>,
+}
+
 /// The transaction that replaces our tables with `set` (tables without rules are left alone).
 pub fn render_transaction(set: &NftRuleSet, tables: &[NftTable]) -> String {
     let mut out = String::new();
     for &table in tables {
-        let rules: Vec<&NftRule> = set.rules.iter().filter(|r| r.table == table).collect();
+        let rules = rules_of(set, table);
         if rules.is_empty() {
             continue;
         }
         let t = table.name();
         out.push_str(&format!("add table inet {t}\nflush table inet {t}\n"));
-        let used = |name: &str| {
-            rules.iter().any(|r| r.chain == name)
-                || (table.declares_jump_targets()
-                    && rules.iter().any(|r| r.jump_target() == Some(name)))
-        };
-        for chain in table.chains().iter().filter(|c| used(c.name)) {
+        for chain in declared(table, &rules) {
             match chain.base {
                 Some(spec) => out.push_str(&format!(
                     "add chain inet {t} {} {{ {spec} ; }}\n",

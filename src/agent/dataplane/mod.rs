@@ -17,8 +17,7 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use crate::apply::ambient::{
-    AmbientApply, AmbientError, inpod_nft_transaction, program_host_here, program_inpod_here,
-    remove_inpod_here,
+    AmbientApply, AmbientError, program_host_here, program_inpod_here, remove_inpod_here,
 };
 use crate::apply::backend::{BackendRequest, Decision, ProcessHost, Recorded, decide_recorded};
 use crate::apply::hostproc::{KubeletUidError, kubelet_uid};
@@ -182,10 +181,6 @@ pub struct Dataplane {
     /// Held by one probe-set change from its read to its last netlink message (never across a
     /// process): see [`probe_set::change`].
     probe_serial: Arc<Mutex<()>>,
-    /// nftables: in-pod transaction -> how it lists once applied (learnt once each).
-    nft_listings: crate::apply::nft::Listings,
-    /// nftables: the host table's transaction -> how it lists (the host rules' drift check).
-    host_listing: crate::apply::nft::Listings,
     /// The AWS branch-ENI probe routing of enrolled pods (inert on other hosts).
     branch_eni: Arc<BranchEniProbe>,
     /// The netns no pod may claim ([`reserved_netns`]).
@@ -256,8 +251,6 @@ impl Dataplane {
             decision,
             host_netns,
             probe_serial: Arc::default(),
-            nft_listings: crate::apply::nft::Listings::new(crate::apply::ambient::OUR_NFT_TABLES),
-            host_listing: crate::apply::nft::Listings::new(probe_set::NFT_TABLE),
             branch_eni: Arc::new(branch_eni),
             reserved: reserved_netns(&settings.host_proc),
             migrate_from,
@@ -267,7 +260,7 @@ impl Dataplane {
             if let Some(old) = &dp.migrate_from {
                 dp.remove_host(old)?;
             }
-            dp.program_host(false)?;
+            dp.program_host()?;
         }
         Ok(dp)
     }
@@ -293,32 +286,19 @@ impl Dataplane {
                 _ => vec![],
             },
             userns: netns.and_then(|ns| ns.userns_entry().cloned()),
-            nft_expected: None,
         }
     }
 
     /// Programs the host probe SNAT rules and probe sets, reading first: `None` when they were
     /// in place (nothing written), else what was missing or different and was re-applied.
-    /// `strict`: fail when the nftables comparison cannot be made (the drift pass; at startup
-    /// the table is then just written).
-    fn program_host(&self, strict: bool) -> Result<Option<String>, DataplaneError> {
+    fn program_host(&self) -> Result<Option<String>, DataplaneError> {
         let cfg = self.settings.ambient.clone();
         let uid = if self.nftables() {
             kubelet_uid(&self.settings.host_proc).map_err(DataplaneError::KubeletUid)?
         } else {
             String::new()
         };
-        let mut opts = self.apply_opts(None);
-        if self.nftables() {
-            let transaction = crate::apply::ambient::host_nft_transaction(&cfg, &uid);
-            match self.host_listing.expected(&transaction) {
-                Ok(listing) => opts.nft_expected = Some(listing),
-                Err(e) if strict => {
-                    return Err(DataplaneError::HostRules(AmbientError::Apply(e)));
-                }
-                Err(e) => warn!("cannot learn how the host nft table lists (written as is): {e}"),
-            }
-        }
+        let opts = self.apply_opts(None);
         in_host(&self.host_netns, move || {
             program_host_here(&cfg, &uid, &opts)
         })?
@@ -331,7 +311,7 @@ impl Dataplane {
         if self.settings.skip_host_rules {
             return Ok(None);
         }
-        self.program_host(true)
+        self.program_host()
     }
 
     /// The old backend's host rules and probe sets removed (a `NATIVE_NFTABLES` migration): the
@@ -383,10 +363,7 @@ impl Dataplane {
     pub fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<RuleChange, DataplaneError> {
         let cfg = self.settings.ambient.clone();
         let overrides = pod.overrides.clone();
-        let mut opts = self.apply_opts(Some(netns));
-        if self.nftables() {
-            opts.nft_expected = self.nft_listing(&inpod_nft_transaction(&cfg, &overrides));
-        }
+        let opts = self.apply_opts(Some(netns));
         let old = self
             .migrate_from
             .filter(|_| !self.migrated.lock().contains(&netns.id()));
@@ -407,18 +384,6 @@ impl Dataplane {
         }
         tracing::debug!(pod = %pod_ref(pod), %outcome, "in-pod rules");
         Ok(outcome)
-    }
-
-    /// How `transaction` lists once applied (cached; None when it cannot be learnt, and then
-    /// every program re-applies, atomically, as before).
-    fn nft_listing(&self, transaction: &str) -> Option<String> {
-        match self.nft_listings.expected(transaction) {
-            Ok(listing) => Some(listing),
-            Err(e) => {
-                warn!("cannot learn how the in-pod nft rules list (each pod is re-applied): {e}");
-                None
-            }
-        }
     }
 
     /// Removes the in-pod rules and policy routing.

@@ -1,0 +1,247 @@
+//! The planned side of a native nftables read-back ([`super::nft_decode`]): a plan's rules spelt
+//! as nft lists them ([`canonical`]), what a transaction leaves in our tables ([`expected`]) and
+//! the first way a read differs from it ([`difference`]).
+//!
+//! The model keeps a golden's spelling (`mark` or `meta mark`, `1337` or `0x539`,
+//! `127.0.0.1/32`) and the kernel one meaning. nft hides the protocol match a port match depends
+//! on (`meta l4proto tcp tcp dport 53` lists as `tcp dport 53`), so the canonical form drops it
+//! too. Pure.
+
+use std::net::IpAddr;
+
+use super::model::Proto;
+use super::nft_decode::{Hook, ListedRule, NativeChain, NativeState};
+use super::nft_model::{AddrValue, MarkKey, MarkSource, MaskSpelling, NftExpr, NftRuleSet};
+use super::nftables::{NftTable, placed};
+
+/// An address or prefix as nft lists it: a full-length prefix as the bare address, any other
+/// as its network (`10.1.2.3/8` -> `10.0.0.0/8`). Text that is neither is kept as given.
+pub fn canonical_addr(text: &str) -> String {
+    if let Ok(net) = text.parse::<ipnet::IpNet>() {
+        return if net.prefix_len() == net.max_prefix_len() {
+            net.addr().to_string()
+        } else {
+            net.trunc().to_string()
+        };
+    }
+    text.parse::<IpAddr>()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| text.to_string())
+}
+
+/// A number as nft lists it (decimal), from decimal or `0x` hex; other text as given (a user
+/// or group name: nft stores its id, so it never compares equal: re-applied, never missed).
+fn canonical_number(text: &str) -> String {
+    let parsed = match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => text.parse::<u64>().ok(),
+    };
+    parsed.map_or_else(|| text.to_string(), |n| n.to_string())
+}
+
+/// A planned rule's statements spelt as they are read back (see the module doc).
+pub fn canonical(exprs: &[NftExpr]) -> Vec<NftExpr> {
+    let ports_of = |p: Proto| {
+        exprs
+            .iter()
+            .any(|e| matches!(e, NftExpr::Port { proto, .. } if *proto == p))
+    };
+    let key = |k: MarkKey| match k {
+        MarkKey::MetaShort => MarkKey::Meta,
+        other => other,
+    };
+    let source = |s: &MarkSource| match s {
+        MarkSource::Value(v) => MarkSource::Value(canonical_number(v)),
+        other => other.clone(),
+    };
+    exprs
+        .iter()
+        .filter(|e| !matches!(e, NftExpr::L4Proto(p) if ports_of(*p)))
+        .map(|e| match e {
+            NftExpr::Addr {
+                family,
+                side,
+                value: AddrValue::Prefix(p),
+                negate,
+            } => NftExpr::Addr {
+                family: *family,
+                side: *side,
+                value: AddrValue::Prefix(canonical_addr(p)),
+                negate: *negate,
+            },
+            NftExpr::Port {
+                proto,
+                side,
+                ports,
+                negate,
+            } => {
+                let mut numbers: Vec<String> = ports.iter().map(|p| canonical_number(p)).collect();
+                numbers.sort_by_key(|p| p.parse::<u64>().unwrap_or(u64::MAX));
+                numbers.dedup();
+                NftExpr::Port {
+                    proto: *proto,
+                    side: *side,
+                    ports: numbers,
+                    negate: *negate,
+                }
+            }
+            NftExpr::Owner {
+                key, id, negate, ..
+            } => NftExpr::Owner {
+                key: *key,
+                id: canonical_number(id),
+                negate: *negate,
+                with_meta: false,
+            },
+            NftExpr::CtState(states) => {
+                let mut states = states.clone();
+                states.sort();
+                states.dedup();
+                NftExpr::CtState(states)
+            }
+            NftExpr::Mark {
+                key: k,
+                value,
+                negate,
+            } => NftExpr::Mark {
+                key: key(*k),
+                value: canonical_number(value),
+                negate: *negate,
+            },
+            NftExpr::MarkMasked {
+                key: k,
+                mark,
+                negate,
+                ..
+            } => NftExpr::MarkMasked {
+                key: key(*k),
+                mark: *mark,
+                negate: *negate,
+                spelling: MaskSpelling::Ampersand,
+            },
+            NftExpr::RedirectTo(port) => NftExpr::RedirectTo(canonical_number(port)),
+            NftExpr::Tproxy { family, port } => NftExpr::Tproxy {
+                family: *family,
+                port: canonical_number(port),
+            },
+            NftExpr::MetaMarkSet(s) => NftExpr::MetaMarkSet(source(s)),
+            NftExpr::CtMarkSet(s) => NftExpr::CtMarkSet(source(s)),
+            NftExpr::SnatTo(addr) => NftExpr::SnatTo(canonical_addr(addr)),
+            other => other.clone(),
+        })
+        .collect()
+}
+
+/// What our tables hold once `set`'s transaction for `tables` is applied (tables without rules
+/// are not created), with the named `sets` (table, name, element type) it declares; in the read
+/// form, for [`difference`].
+pub fn expected(set: &NftRuleSet, tables: &[NftTable], sets: &[(&str, &str, &str)]) -> NativeState {
+    let mut state = NativeState::default();
+    for &table in tables {
+        let Some(chains) = placed(set, table) else {
+            continue;
+        };
+        let entry = state.tables.entry(table.name().to_string()).or_default();
+        for chain in chains {
+            entry.chains.insert(
+                chain.name.to_string(),
+                NativeChain {
+                    hook: chain.base.map(parse_hook),
+                    rules: chain
+                        .rules
+                        .iter()
+                        .map(|r| Ok(canonical(&r.exprs)))
+                        .collect(),
+                },
+            );
+        }
+    }
+    for (table, name, kind) in sets {
+        let entry = state.tables.entry(table.to_string()).or_default();
+        entry.sets.insert(name.to_string(), kind.to_string());
+    }
+    state
+}
+
+/// `type nat hook output priority -100` (the renderer's spelling; policy accept).
+fn parse_hook(spec: &str) -> Hook {
+    let words: Vec<&str> = spec.split_whitespace().collect();
+    let after = |w: &str| {
+        words
+            .iter()
+            .position(|x| *x == w)
+            .and_then(|i| words.get(i + 1))
+            .copied()
+            .unwrap_or_default()
+    };
+    Hook {
+        kind: after("type").to_string(),
+        hook: after("hook").to_string(),
+        priority: after("priority").parse().unwrap_or(i64::MAX),
+        policy: "accept".to_string(),
+    }
+}
+
+fn rule_text(rule: Option<&ListedRule>) -> String {
+    match rule {
+        None => "nothing".to_string(),
+        Some(Err(foreign)) => foreign.to_string(),
+        Some(Ok(exprs)) => {
+            let parts: Vec<String> = exprs.iter().map(ToString::to_string).collect();
+            format!("`{}`", parts.join(" "))
+        }
+    }
+}
+
+/// The first way `actual` differs from `expected`, for logs and events: a table, chain or set
+/// missing or unexpected, a hook that differs, or the first rule that differs (with its table
+/// and chain). None when they hold the same typed rules. Pure.
+pub fn difference(expected: &NativeState, actual: &NativeState) -> Option<String> {
+    for name in expected.tables.keys() {
+        if !actual.tables.contains_key(name) {
+            return Some(format!("table inet {name} missing"));
+        }
+    }
+    if let Some(name) = actual
+        .tables
+        .keys()
+        .find(|t| !expected.tables.contains_key(*t))
+    {
+        return Some(format!("unexpected table {name}"));
+    }
+    for (name, want) in &expected.tables {
+        let have = &actual.tables[name];
+        if want.sets != have.sets {
+            return Some(format!(
+                "table inet {name}: sets {:?}, expected {:?}",
+                have.sets, want.sets
+            ));
+        }
+        for chain in want.chains.keys() {
+            if !have.chains.contains_key(chain) {
+                return Some(format!("table inet {name}: chain {chain} missing"));
+            }
+        }
+        if let Some(chain) = have.chains.keys().find(|c| !want.chains.contains_key(*c)) {
+            return Some(format!("table inet {name}: unexpected chain {chain}"));
+        }
+        for (chain, want) in &want.chains {
+            let have = &have.chains[chain];
+            if want.hook != have.hook {
+                return Some(format!(
+                    "table inet {name} chain {chain}: hook {:?}, expected {:?}",
+                    have.hook, want.hook
+                ));
+            }
+            let n = want.rules.len().max(have.rules.len());
+            if let Some(i) = (0..n).find(|&i| want.rules.get(i) != have.rules.get(i)) {
+                return Some(format!(
+                    "table inet {name} chain {chain}: rule {i}: found {}, expected {}",
+                    rule_text(have.rules.get(i)),
+                    rule_text(want.rules.get(i))
+                ));
+            }
+        }
+    }
+    None
+}
