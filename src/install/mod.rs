@@ -253,206 +253,248 @@ async fn run(cfg: Config) -> i32 {
             return 1;
         }
     };
-    let stop = CancellationToken::new();
-    let metrics = Metrics::default();
-    let readiness = Readiness::default();
-    readiness.register(INSTALLER);
-    // Kicked when the guard (re)installs; the drift verifiers then run a pass at once.
-    let drift_kick = Kick::new();
+    let base = Base::new(&cfg);
+    let started = match start(&cfg, &base).await {
+        Ok(started) => started,
+        Err(message) => {
+            error!("{message}");
+            base.stop.cancel();
+            return 1;
+        }
+    };
+    tokio::select! {
+        signal = signals.recv() => info!(signal, "shutting down"),
+        _ = guard_died(&started.guard) => error!("the guard thread ended unexpectedly; shutting down"),
+    }
+    shut_down(&cfg, &base, started).await
+}
 
-    let serving = Serving {
-        readiness: readiness.clone(),
-        idle_timeout: cfg.listener_idle_timeout,
-    };
-    if let Some(port) = cfg.monitoring_port {
-        match health::serve_metrics(port, metrics.clone(), serving.idle_timeout, stop.clone()).await
-        {
-            Ok(addr) => info!(addr = %addr, "metrics server listening"),
-            // As Istio: metrics are not worth failing the node agent for.
-            Err(e) => error!("metrics server on port {port} failed to start: {e}"),
+/// What every part of install-cni shares: the stop token, metrics, readiness, the listeners'
+/// bounds, and the guard's kick of the drift verifiers.
+struct Base {
+    stop: CancellationToken,
+    metrics: Metrics,
+    readiness: Readiness,
+    serving: Serving,
+    /// Kicked when the guard (re)installs; the drift verifiers then run a pass at once.
+    drift_kick: Kick,
+}
+
+impl Base {
+    fn new(cfg: &Config) -> Base {
+        let readiness = Readiness::default();
+        readiness.register(INSTALLER);
+        Base {
+            stop: CancellationToken::new(),
+            metrics: Metrics::default(),
+            serving: Serving {
+                readiness: readiness.clone(),
+                idle_timeout: cfg.listener_idle_timeout,
+            },
+            readiness,
+            drift_kick: Kick::new(),
         }
     }
-    let sock = logsink::socket_path(&ic.run_dir);
-    let sink = match logsink::bind(&sock) {
-        Ok(bound) => bound,
-        Err(e) => {
-            error!("plugin log sink failed to start: {e}");
-            return 1;
-        }
-    };
-    let mut servers = vec![tokio::spawn(logsink::serve(
-        sink,
-        readiness.clone(),
-        serving.idle_timeout,
-        stop.clone(),
-    ))];
-    info!(path = %sock.display(), "plugin log sink listening");
-    let debug_pods = health::DebugPods::default();
-    match health::serve_health(
-        cfg.health_port,
-        readiness.clone(),
-        debug_pods.clone(),
-        serving.idle_timeout,
-        stop.clone(),
-    )
-    .await
-    {
-        Ok(addr) => info!(addr = %addr, "health server listening"),
-        Err(e) => {
-            error!(
-                "health server on port {} failed to start: {e}",
-                cfg.health_port
-            );
-            return 1;
-        }
-    }
-    // The one watch of this node's pods, shared by the agent and the repair controller.
-    let node = match node_store::store_node(&cfg) {
-        Ok(node) => node,
-        Err(e) => {
-            error!("{e}");
-            return 1;
-        }
-    };
-    let node = match node {
-        Some(node) => match KubeClient::for_agent(None).await {
-            Ok((client, source)) => {
-                info!(?source, node, "watching this node's pods");
-                Some(NodePods::spawn(client, node, &stop))
-            }
-            Err(e) => {
-                error!("{}: Kubernetes client: {e}", node_store::features(&cfg));
-                stop.cancel();
-                return 1;
-            }
-        },
-        None => None,
-    };
+}
+
+/// What is running once install-cni started.
+struct Started {
+    servers: Vec<tokio::task::JoinHandle<()>>,
+    agent: Option<crate::agent::Agent>,
+    guard: guard::GuardHandle,
+    check: Box<dyn upgrade::UpgradeCheck>,
+}
+
+/// §2.2 in order: the listeners, the node's pod watch with the repair controller and the ambient
+/// agent (both ready before the plugin is installed), the pod-facts socket, then the guard that
+/// installs and watches the plugin. An error names what failed to start.
+async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
+    let (mut servers, debug_pods) = serve_listeners(cfg, base).await?;
+    let node = watch_node(cfg, &base.stop).await?;
     // §2.2 step 9 (started first so it sees the store's initial list; ready once synced below).
     let repair = match (&node, cfg.repair.enabled) {
-        (Some(node), true) => {
-            readiness.register(REPAIR);
-            let host = crate::repair::HostSettings {
-                host_proc_dir: cfg.host_proc_dir.clone(),
-                native_nftables: ic.native_nftables,
-                force_iptables_binary: cfg.agent.force_iptables_binary.clone(),
-            };
-            let pods = node.pods.clone();
-            // Sidecar drift self-heal (issue 13) runs with the repair controller only.
-            let drift =
-                cfg.drift_verify_interval
-                    .map(|period| crate::repair::drift::DriftSettings {
-                        period,
-                        kick: drift_kick.clone(),
-                        exclude_namespaces: ic.exclude_namespaces.clone(),
-                    });
-            match crate::repair::start(
-                &cfg.repair,
-                host,
-                node.client.clone(),
-                pods,
-                metrics.clone(),
-                drift,
-                &stop,
-            ) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    error!("{e}");
-                    stop.cancel();
-                    return 1;
-                }
-            }
-        }
+        (Some(node), true) => Some(start_repair(cfg, base, node)?),
         _ => None,
     };
-
     // §2.2 step 8: the agent is ready (stores synced) before the plugin is installed, so a new
     // node's CNI config only appears once ambient pods can be served.
-    let agent = if let (true, Some(node)) = (ic.ambient_enabled, &node) {
-        readiness.register(AGENT);
-        match ambient::start(&cfg, node, &metrics, &serving, &drift_kick, &stop).await {
-            Ok(agent) => {
-                let core = agent.core().clone();
-                debug_pods.bind(std::sync::Arc::new(move || {
-                    serde_json::to_value(crate::agent::status::debug_pods(&core))
-                        .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
-                }));
-                readiness.set(AGENT, true);
-                info!("ambient node agent ready");
-                Some(agent)
-            }
-            Err(e) => {
-                error!("{e}");
-                stop.cancel();
-                return 1;
-            }
-        }
-    } else {
-        None
+    let agent = match (cfg.install.ambient_enabled, &node) {
+        (true, Some(node)) => Some(start_agent(cfg, base, node, &debug_pods).await?),
+        _ => None,
     };
-
     // Istio blocks here until the repair informer synced: a new node's CNI config only appears
     // once broken pods can be seen. With a deadline (an unreachable API server fails startup).
     if let (Some(_), Some(node)) = (&repair, &node) {
-        if let Err(e) = node.pods.wait_synced(REPAIR_SYNC_TIMEOUT).await {
-            error!("repair controller: {e}");
-            stop.cancel();
-            return 1;
-        }
-        readiness.set(REPAIR, true);
+        node.pods
+            .wait_synced(REPAIR_SYNC_TIMEOUT)
+            .await
+            .map_err(|e| format!("repair controller: {e}"))?;
+        base.readiness.set(REPAIR, true);
         info!(pods = node.pods.len(), "repair controller ready");
     }
-
     // Pod facts (issue 14): the plugin reads its pod from the node pod store instead of the API
     // server; the namespace labels for its ambient check come from the agent's store.
     if let Some(node) = &node {
         let namespaces = agent.as_ref().map(|a| a.core().namespaces.clone());
-        let path = crate::kube::pod_facts::socket_path(&ic.run_dir);
-        match pod_facts::start(&path, node.pods.clone(), namespaces, &serving, stop.clone()) {
+        let path = crate::kube::pod_facts::socket_path(&cfg.install.run_dir);
+        match pod_facts::start(
+            &path,
+            node.pods.clone(),
+            namespaces,
+            &base.serving,
+            base.stop.clone(),
+        ) {
             Ok(task) => servers.push(task),
             // Not fatal: every plugin ADD then asks the API server, as without a store.
             Err(e) => warn!("{e}; the plugin will GET pods from the API server"),
         }
     }
-
-    let check = upgrade::checker(&ic.pod_namespace, &ic.node_name).await;
-
-    let exe = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            error!("cannot find our own executable to install as the plugin: {e}");
-            return 1;
-        }
-    };
-    let installer = match installer::Installer::new(cfg.install.clone(), exe) {
-        Ok(i) => i,
-        Err(e) => {
-            error!("{e}");
-            return 1;
-        }
-    };
+    let check = upgrade::checker(&cfg.install.pod_namespace, &cfg.install.node_name).await;
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find our own executable to install as the plugin: {e}"))?;
+    let installer =
+        installer::Installer::new(cfg.install.clone(), exe).map_err(|e| e.to_string())?;
     let observer = Observer {
-        readiness: readiness.clone(),
-        metrics: metrics.clone(),
-        drift: drift_kick.clone(),
+        readiness: base.readiness.clone(),
+        metrics: base.metrics.clone(),
+        drift: base.drift_kick.clone(),
     };
-    let guard = match guard::spawn(installer, observer) {
-        Ok(g) => g,
-        Err(e) => {
-            error!("starting the guard thread: {e}");
-            return 1;
-        }
-    };
+    let guard =
+        guard::spawn(installer, observer).map_err(|e| format!("starting the guard thread: {e}"))?;
+    Ok(Started {
+        servers,
+        agent,
+        guard,
+        check,
+    })
+}
 
-    tokio::select! {
-        signal = signals.recv() => info!(signal, "shutting down"),
-        _ = guard_died(&guard) => error!("the guard thread ended unexpectedly; shutting down"),
+/// The metrics server (its failure is only logged, as Istio), the plugin log sink and the health
+/// server; returns their tasks and the `/debug/pods` binding the agent fills in later.
+async fn serve_listeners(
+    cfg: &Config,
+    base: &Base,
+) -> Result<(Vec<tokio::task::JoinHandle<()>>, health::DebugPods), String> {
+    let idle = base.serving.idle_timeout;
+    if let Some(port) = cfg.monitoring_port {
+        match health::serve_metrics(port, base.metrics.clone(), idle, base.stop.clone()).await {
+            Ok(addr) => info!(addr = %addr, "metrics server listening"),
+            // As Istio: metrics are not worth failing the node agent for.
+            Err(e) => error!("metrics server on port {port} failed to start: {e}"),
+        }
     }
-    readiness.set(INSTALLER, false);
-    // The agent goes first: its socket disappears, so plugins fail ADD at once (the kubelet
-    // retries) instead of waiting on a half-stopped agent.
+    let sock = logsink::socket_path(&cfg.install.run_dir);
+    let sink = logsink::bind(&sock).map_err(|e| format!("plugin log sink failed to start: {e}"))?;
+    let servers = vec![tokio::spawn(logsink::serve(
+        sink,
+        base.readiness.clone(),
+        idle,
+        base.stop.clone(),
+    ))];
+    info!(path = %sock.display(), "plugin log sink listening");
+    let debug_pods = health::DebugPods::default();
+    let addr = health::serve_health(
+        cfg.health_port,
+        base.readiness.clone(),
+        debug_pods.clone(),
+        idle,
+        base.stop.clone(),
+    )
+    .await
+    .map_err(|e| {
+        format!(
+            "health server on port {} failed to start: {e}",
+            cfg.health_port
+        )
+    })?;
+    info!(addr = %addr, "health server listening");
+    Ok((servers, debug_pods))
+}
+
+/// The one watch of this node's pods, shared by the agent and the repair controller (none when
+/// neither runs).
+async fn watch_node(cfg: &Config, stop: &CancellationToken) -> Result<Option<NodePods>, String> {
+    let Some(node) = node_store::store_node(cfg).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let (client, source) = KubeClient::for_agent(None)
+        .await
+        .map_err(|e| format!("{}: Kubernetes client: {e}", node_store::features(cfg)))?;
+    info!(?source, node, "watching this node's pods");
+    Ok(Some(NodePods::spawn(client, node, stop)))
+}
+
+fn start_repair(
+    cfg: &Config,
+    base: &Base,
+    node: &NodePods,
+) -> Result<crate::repair::Repair, String> {
+    base.readiness.register(REPAIR);
+    let host = crate::repair::HostSettings {
+        host_proc_dir: cfg.host_proc_dir.clone(),
+        native_nftables: cfg.install.native_nftables,
+        force_iptables_binary: cfg.agent.force_iptables_binary.clone(),
+    };
+    // Sidecar drift self-heal (issue 13) runs with the repair controller only.
+    let drift = cfg
+        .drift_verify_interval
+        .map(|period| crate::repair::drift::DriftSettings {
+            period,
+            kick: base.drift_kick.clone(),
+            exclude_namespaces: cfg.install.exclude_namespaces.clone(),
+        });
+    crate::repair::start(
+        &cfg.repair,
+        host,
+        node.client.clone(),
+        node.pods.clone(),
+        base.metrics.clone(),
+        drift,
+        &base.stop,
+    )
+    .map_err(|e| e.to_string())
+}
+
+async fn start_agent(
+    cfg: &Config,
+    base: &Base,
+    node: &NodePods,
+    debug_pods: &health::DebugPods,
+) -> Result<crate::agent::Agent, String> {
+    base.readiness.register(AGENT);
+    let agent = ambient::start(
+        cfg,
+        node,
+        &base.metrics,
+        &base.serving,
+        &base.drift_kick,
+        &base.stop,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let core = agent.core().clone();
+    debug_pods.bind(std::sync::Arc::new(move || {
+        serde_json::to_value(crate::agent::status::debug_pods(&core))
+            .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+    }));
+    base.readiness.set(AGENT, true);
+    info!("ambient node agent ready");
+    Ok(agent)
+}
+
+/// Ordered shutdown: the agent first (its socket disappears, so plugins fail ADD at once and the
+/// kubelet retries, instead of waiting on a half-stopped agent), then the guard, then the
+/// installer's cleanup unless an upgrade keeps the node's config, then the servers.
+async fn shut_down(cfg: &Config, base: &Base, started: Started) -> i32 {
+    let Started {
+        servers,
+        agent,
+        guard,
+        check,
+    } = started;
+    base.readiness.set(INSTALLER, false);
     if let Some(agent) = agent {
-        readiness.set(AGENT, false);
+        base.readiness.set(AGENT, false);
         agent.stop(Duration::from_secs(5)).await;
     }
     let installer = tokio::task::spawn_blocking(move || guard.stop())
@@ -469,7 +511,7 @@ async fn run(cfg: Config) -> i32 {
         Some(mut inst) if !keep => {
             let _ = tokio::task::spawn_blocking(move || inst.cleanup()).await;
             // Uninstalled: a later install decides the backend afresh.
-            let record = ambient::record_path(&cfg);
+            let record = ambient::record_path(cfg);
             match std::fs::remove_file(&record) {
                 Ok(()) => info!(path = %record.display(), "ambient backend record removed"),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -485,7 +527,7 @@ async fn run(cfg: Config) -> i32 {
             1
         }
     };
-    stop.cancel();
+    base.stop.cancel();
     // The servers remove their sockets (only those still ours) on the way out.
     let _ = tokio::time::timeout(Duration::from_secs(2), futures::future::join_all(servers)).await;
     info!("install-cni stopped");
