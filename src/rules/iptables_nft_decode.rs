@@ -13,9 +13,8 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use netlink_packet_core::{NlaBuffer, NlasIterator};
-
 use super::model::{CtState, Family, Match, Position, Proto, Rule, SetDir, Table, Target};
+use super::nla::read::{attrs, be32, get, text};
 use super::xtables::OwnerKind;
 use super::xtables::read::{self, Connmark, Owner};
 
@@ -60,34 +59,7 @@ const RULE_USERDATA: u16 = 7;
 const LIST_ELEM: u16 = 1;
 const EXPR_NAME: u16 = 1;
 const EXPR_DATA: u16 = 2;
-/// Flags above the attribute number (`NLA_F_NESTED`, `NLA_F_NET_BYTEORDER`).
-const NLA_TYPE_MASK: u16 = 0x3fff;
 const REG_1: u32 = 1;
-
-/// An attribute list as `(number, value)` pairs; None when the bytes are not one.
-fn attrs(bytes: &[u8]) -> Option<Vec<(u16, &[u8])>> {
-    NlasIterator::new(bytes)
-        .map(|a| {
-            let a: NlaBuffer<&[u8]> = a.ok()?;
-            let (kind, len) = (a.kind() & NLA_TYPE_MASK, a.value_length());
-            Some((kind, a.into_inner().get(4..4 + len)?))
-        })
-        .collect()
-}
-
-fn get<'a>(list: &[(u16, &'a [u8])], kind: u16) -> Option<&'a [u8]> {
-    list.iter().find(|(k, _)| *k == kind).map(|(_, v)| *v)
-}
-
-fn be32(v: &[u8]) -> Option<u32> {
-    Some(u32::from_be_bytes(v.try_into().ok()?))
-}
-
-fn text(v: &[u8]) -> String {
-    String::from_utf8_lossy(v)
-        .trim_end_matches('\0')
-        .to_string()
-}
 
 /// One expression of a rule, as far as iptables-nft uses them.
 #[derive(Debug)]

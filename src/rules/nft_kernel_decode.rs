@@ -9,8 +9,6 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use netlink_packet_core::{NlaBuffer, NlasIterator};
-
 use super::model::{Family, Proto};
 use super::nft_canon::canonical;
 use super::nft_decode::{Foreign, Hook, ListedRule, NativeState};
@@ -18,31 +16,7 @@ use super::nft_model::{
     AddrValue, MarkKey, MarkSource, MaskSpelling, MaskedMark, NftCtState, NftExpr, OwnerKind, Side,
 };
 
-const NLA_TYPE_MASK: u16 = 0x3fff;
-
-fn attrs(bytes: &[u8]) -> Option<Vec<(u16, &[u8])>> {
-    NlasIterator::new(bytes)
-        .map(|a| {
-            let a: NlaBuffer<&[u8]> = a.ok()?;
-            let (kind, len) = (a.kind() & NLA_TYPE_MASK, a.value_length());
-            Some((kind, a.into_inner().get(4..4 + len)?))
-        })
-        .collect()
-}
-
-fn get<'a>(list: &[(u16, &'a [u8])], kind: u16) -> Option<&'a [u8]> {
-    list.iter().find(|(k, _)| *k == kind).map(|(_, v)| *v)
-}
-
-fn be32(v: &[u8]) -> Option<u32> {
-    Some(u32::from_be_bytes(v.try_into().ok()?))
-}
-
-fn text(v: &[u8]) -> String {
-    String::from_utf8_lossy(v)
-        .trim_end_matches('\0')
-        .to_string()
-}
+use super::nla::read::{attrs, be32, get, text};
 
 /// `NFTA_DATA_VALUE` inside a nested `NFTA_*_DATA`.
 fn data_value(v: &[u8]) -> Option<&[u8]> {

@@ -191,3 +191,38 @@ mod tests {
         assert_eq!(err.kind, 7);
     }
 }
+
+/// Reading attribute bytes back (the inverse direction, for the decoders of dumped rules).
+pub mod read {
+    use netlink_packet_core::{NlaBuffer, NlasIterator};
+
+    /// Flags above the attribute number (`NLA_F_NESTED`, `NLA_F_NET_BYTEORDER`).
+    const NLA_TYPE_MASK: u16 = 0x3fff;
+
+    /// An attribute list as `(number, value)` pairs; None when the bytes are not one.
+    pub fn attrs(bytes: &[u8]) -> Option<Vec<(u16, &[u8])>> {
+        NlasIterator::new(bytes)
+            .map(|a| {
+                let a: NlaBuffer<&[u8]> = a.ok()?;
+                let (kind, len) = (a.kind() & NLA_TYPE_MASK, a.value_length());
+                Some((kind, a.into_inner().get(4..4 + len)?))
+            })
+            .collect()
+    }
+
+    /// The first attribute numbered `kind`.
+    pub fn get<'a>(list: &[(u16, &'a [u8])], kind: u16) -> Option<&'a [u8]> {
+        list.iter().find(|(k, _)| *k == kind).map(|(_, v)| *v)
+    }
+
+    pub fn be32(v: &[u8]) -> Option<u32> {
+        Some(u32::from_be_bytes(v.try_into().ok()?))
+    }
+
+    /// A NUL-terminated string attribute.
+    pub fn text(v: &[u8]) -> String {
+        String::from_utf8_lossy(v)
+            .trim_end_matches('\0')
+            .to_string()
+    }
+}
