@@ -10,14 +10,10 @@ mod support;
 #[path = "support/cases.rs"]
 mod cases;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use argh::FromArgs;
 use istio_cni::apply::ambient::INPOD_CHAINS;
 use istio_cni::apply::nft_read::{KernelSets, ambient_difference, read_owned};
-use istio_cni::cli::normalise_args;
-use istio_cni::iptables_cmd::flags::{Flags, SHAPES};
-use istio_cni::iptables_cmd::host::fill_host_facts;
 use istio_cni::rules::iptables_nft_decode::as_listed;
 use istio_cni::rules::{Family, Rule, RuleSet, ambient, capture};
 use support::{Netns, require_tool, restore_iptables_nft};
@@ -26,19 +22,7 @@ const TABLES: &[&str] = &["filter", "mangle", "nat", "raw"];
 
 /// The rule model of a sidecar capture case, built in-process as `istio-iptables` builds it.
 fn capture_rules(case: &serde_json::Value) -> RuleSet {
-    let args: Vec<String> = cases::case_args(case)
-        .into_iter()
-        .filter(|a| a != "--dry-run")
-        .collect();
-    let env: HashMap<String, String> = cases::case_env(case).into_iter().collect();
-    let normalised = normalise_args(&args, &SHAPES).expect("case argv");
-    let refs: Vec<&str> = normalised.args.iter().map(String::as_str).collect();
-    let flags = Flags::from_args(&["istio-iptables"], &refs).expect("case flags");
-    let mut settings = flags
-        .resolve(&env, &normalised.explicit_false)
-        .expect("case settings");
-    fill_host_facts(&mut settings).expect("host facts");
-    capture::build(&settings.capture)
+    capture::build(&cases::capture_config(case))
 }
 
 /// Every golden rule set: (name, rules, ipsets the host rules name).

@@ -10,15 +10,9 @@ mod support;
 #[path = "support/cases.rs"]
 mod cases;
 
-use std::collections::HashMap;
-
-use argh::FromArgs;
 use istio_cni::apply::ProcessExecutor;
 use istio_cni::apply::nft::{read_native, read_native_netlink};
 use istio_cni::apply::probe_set::{NFT_TABLE, nft_set_declarations, nft_sets};
-use istio_cni::cli::normalise_args;
-use istio_cni::iptables_cmd::flags::{Flags, SHAPES};
-use istio_cni::iptables_cmd::host::fill_host_facts;
 use istio_cni::rules::ambient;
 use istio_cni::rules::nft_decode::{NativeState, difference, expected};
 use istio_cni::rules::nftables::NftTable;
@@ -31,19 +25,7 @@ const OURS: &str = "istio-";
 
 /// A sidecar nftables case's rules, built in-process as `istio-iptables --native-nftables` does.
 fn capture_rules(case: &Value) -> NftRuleSet {
-    let args: Vec<String> = cases::case_args(case)
-        .into_iter()
-        .filter(|a| a != "--dry-run")
-        .collect();
-    let env: HashMap<String, String> = cases::case_env(case).into_iter().collect();
-    let normalised = normalise_args(&args, &SHAPES).expect("case argv");
-    let refs: Vec<&str> = normalised.args.iter().map(String::as_str).collect();
-    let flags = Flags::from_args(&["istio-iptables"], &refs).expect("case flags");
-    let mut settings = flags
-        .resolve(&env, &normalised.explicit_false)
-        .expect("case settings");
-    fill_host_facts(&mut settings).expect("host facts");
-    nft_capture::build(&settings.capture)
+    nft_capture::build(&cases::capture_config(case))
 }
 
 /// One golden: its name, the text applied (Istio's file; the host one after the probe sets it
@@ -239,57 +221,62 @@ fn a_changed_rule_reads_back_as_a_difference() {
     apply(&ns, &text).expect("apply");
     assert_eq!(differs(&ns, &want), None, "as applied");
 
+    // Each change on top of the applied rules, and what the difference must name.
     let t = "inet istio-ambient-nat";
-    ns.exec(
-        "nft",
-        &[
-            "add",
-            "rule",
-            t,
+    let changes: [(&str, Vec<&str>, &str); 4] = [
+        (
+            "an appended rule",
+            vec![
+                "add",
+                "rule",
+                t,
+                "istio-output",
+                "tcp",
+                "dport",
+                "80",
+                "accept",
+            ],
             "istio-output",
-            "tcp",
-            "dport",
-            "80",
-            "accept",
-        ],
-    );
-    let what = differs(&ns, &want).expect("an appended rule");
-    assert!(what.contains("istio-output"), "{what}");
-
-    apply(&ns, &text).expect("re-apply");
-    ns.exec(
-        "nft",
-        &["insert", "rule", t, "istio-output", "log", "accept"],
-    );
-    let what = differs(&ns, &want).expect("a foreign statement");
-    assert!(what.contains("foreign"), "{what}");
-
-    apply(&ns, &text).expect("re-apply");
-    ns.exec(
-        "nft",
-        &[
-            "add",
-            "rule",
-            t,
-            "istio-output",
-            "tcp",
-            "dport",
-            "{ 80, 81 }",
-            "accept",
-        ],
-    );
-    assert!(differs(&ns, &want).is_some(), "an appended set rule");
-
-    apply(&ns, &text).expect("re-apply");
-    ns.exec(
-        "nft",
-        &[
-            "add", "chain", t, "output", "{", "type", "nat", "hook", "output", "priority", "-100",
-            ";", "policy", "drop", ";", "}",
-        ],
-    );
-    let what = differs(&ns, &want).expect("a policy");
-    assert!(what.contains("hook"), "{what}");
+        ),
+        (
+            "a foreign statement",
+            vec!["insert", "rule", t, "istio-output", "log", "accept"],
+            "foreign",
+        ),
+        (
+            "an appended set rule",
+            vec![
+                "add",
+                "rule",
+                t,
+                "istio-output",
+                "tcp",
+                "dport",
+                "{ 80, 81 }",
+                "accept",
+            ],
+            "",
+        ),
+        (
+            "a policy",
+            vec![
+                "add", "chain", t, "output", "{", "type", "nat", "hook", "output", "priority",
+                "-100", ";", "policy", "drop", ";", "}",
+            ],
+            "hook",
+        ),
+    ];
+    for (what_changed, args, named) in changes {
+        apply(&ns, &text).expect("re-apply");
+        assert_eq!(
+            differs(&ns, &want),
+            None,
+            "re-applied before {what_changed}"
+        );
+        ns.exec("nft", &args);
+        let what = differs(&ns, &want).unwrap_or_else(|| panic!("{what_changed} not seen"));
+        assert!(what.contains(named), "{what_changed}: {what}");
+    }
 
     ns.exec("nft", &["delete", "table", "inet", "istio-ambient-mangle"]);
     let what = differs(&ns, &want).expect("a table gone");

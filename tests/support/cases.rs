@@ -110,3 +110,24 @@ pub fn overrides(v: &Value) -> PodOverrides {
         },
     }
 }
+
+/// A sidecar capture case's configuration, resolved in-process as `istio-iptables` resolves it
+/// (its flags and env, then the host facts), for the builders of either backend.
+pub fn capture_config(case: &Value) -> istio_cni::rules::capture::CaptureConfig {
+    use argh::FromArgs;
+    let args: Vec<String> = case_args(case)
+        .into_iter()
+        .filter(|a| a != "--dry-run")
+        .collect();
+    let env: std::collections::HashMap<String, String> = case_env(case).into_iter().collect();
+    let normalised = istio_cni::cli::normalise_args(&args, &istio_cni::iptables_cmd::flags::SHAPES)
+        .expect("case argv");
+    let refs: Vec<&str> = normalised.args.iter().map(String::as_str).collect();
+    let flags = istio_cni::iptables_cmd::flags::Flags::from_args(&["istio-iptables"], &refs)
+        .expect("case flags");
+    let mut settings = flags
+        .resolve(&env, &normalised.explicit_false)
+        .expect("case settings");
+    istio_cni::iptables_cmd::host::fill_host_facts(&mut settings).expect("host facts");
+    settings.capture
+}
