@@ -223,40 +223,26 @@ fn a_changed_rule_reads_back_as_a_difference() {
 
     // Each change on top of the applied rules, and what the difference must name.
     let t = "inet istio-ambient-nat";
-    let changes: [(&str, Vec<&str>, &str); 4] = [
-        (
-            "an appended rule",
-            vec![
-                "add",
-                "rule",
-                t,
-                "istio-output",
-                "tcp",
-                "dport",
-                "80",
-                "accept",
-            ],
+    let accept_port = |port| {
+        vec![
+            "add",
+            "rule",
+            t,
             "istio-output",
-        ),
+            "tcp",
+            "dport",
+            port,
+            "accept",
+        ]
+    };
+    let changes: [(&str, Vec<&str>, &str); 4] = [
+        ("an appended rule", accept_port("80"), "istio-output"),
         (
             "a foreign statement",
             vec!["insert", "rule", t, "istio-output", "log", "accept"],
             "foreign",
         ),
-        (
-            "an appended set rule",
-            vec![
-                "add",
-                "rule",
-                t,
-                "istio-output",
-                "tcp",
-                "dport",
-                "{ 80, 81 }",
-                "accept",
-            ],
-            "",
-        ),
+        ("an appended set rule", accept_port("{ 80, 81 }"), ""),
         (
             "a policy",
             vec![
