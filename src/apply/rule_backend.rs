@@ -1,11 +1,11 @@
 //! The one rule backend trait: how a family's owned rules are read back ([`RuleBackend::read_owned`]),
 //! compared with a plan ([`RuleBackend::diff`], pure) and written ([`RuleBackend::apply_atomic`]).
 //! The sidecar apply and its drift check both go through it, so there is one diff per read kind:
-//! * [`IptablesNft`]: the owned tables dumped over nfnetlink and decoded to the typed rule model
-//!   ([`super::nft_read`]), no process; `*-save` only when that read fails (or in tests that
-//!   script the executor);
-//! * [`IptablesLegacy`]: `*-save` text parsed by [`super::state`] (the only text reader left for
-//!   the read-and-compare step);
+//! * [`Iptables`] of the nft flavour: the owned tables dumped over nfnetlink and decoded to the
+//!   typed rule model ([`super::nft_read`]), no process; `*-save` only when that read fails (or in
+//!   tests that script the executor);
+//! * [`Iptables`] of iptables-legacy: `*-save` text parsed by [`super::state`] (the only text
+//!   reader left for the read-and-compare step);
 //! * [`NativeNft`]: our own nftables tables dumped over nfnetlink and decoded to the typed
 //!   [`crate::rules::nft_model`] statements ([`super::nft::read_native_netlink`], no process;
 //!   nft's JSON listing, [`super::nft::read_native`], only when that read fails), compared with
@@ -128,47 +128,19 @@ fn saved(
     read_saved(exec, bins, env).map(|(text, state)| Owned::Saved { text, state })
 }
 
-/// iptables-legacy: `*-save` / `*-restore` text.
-pub struct IptablesLegacy<'b>(pub &'b Binaries);
-
-impl RuleBackend for IptablesLegacy<'_> {
-    type Plan = [Rule];
-    type Owned = Owned;
-    type Difference = Difference;
-
-    fn read_owned(
-        &self,
-        exec: &mut dyn Executor,
-        env: &[(String, String)],
-    ) -> Result<Owned, ApplyError> {
-        saved(exec, self.0, env)
-    }
-
-    fn diff<'a>(&self, planned: &'a [Rule], owned: &Owned) -> Diff<'a> {
-        iptables_diff(planned, owned)
-    }
-
-    fn apply_atomic(
-        &self,
-        exec: &mut dyn Executor,
-        input: String,
-        env: &[(String, String)],
-    ) -> Result<(), ApplyError> {
-        restore(exec, self.0, input, env)
-    }
-}
-
 /// How an iptables-nft family is read as typed rules: the kernel ([`kernel_read`]) or a test's
 /// answer; None falls back to `*-save`.
 pub type TypedRead<'r> = &'r dyn Fn(&Binaries) -> Option<OwnedState>;
 
-/// iptables-nft: read over netlink as typed rules, written with `*-restore`.
-pub struct IptablesNft<'b, 'r> {
+/// An iptables family, written with one `*-restore`: iptables-legacy reads `*-save` text
+/// (`typed: None`); the nft flavour reads over netlink as typed rules first, `*-save` when that
+/// read cannot tell.
+pub struct Iptables<'b, 'r> {
     pub bins: &'b Binaries,
-    pub read: TypedRead<'r>,
+    pub typed: Option<TypedRead<'r>>,
 }
 
-impl RuleBackend for IptablesNft<'_, '_> {
+impl RuleBackend for Iptables<'_, '_> {
     type Plan = [Rule];
     type Owned = Owned;
     type Difference = Difference;
@@ -178,7 +150,7 @@ impl RuleBackend for IptablesNft<'_, '_> {
         exec: &mut dyn Executor,
         env: &[(String, String)],
     ) -> Result<Owned, ApplyError> {
-        match (self.read)(self.bins) {
+        match self.typed.and_then(|read| read(self.bins)) {
             Some(state) => Ok(Owned::Typed(state)),
             None => saved(exec, self.bins, env),
         }
@@ -247,11 +219,8 @@ impl RuleBackend for NativeNft {
 
 /// The backend of a family: legacy reads text; any other flavour reads through `read` first.
 pub fn for_family<'a>(bins: &'a Binaries, read: TypedRead<'a>) -> Box<IptablesBackend<'a>> {
-    if bins.legacy {
-        Box::new(IptablesLegacy(bins))
-    } else {
-        Box::new(IptablesNft { bins, read })
-    }
+    let typed = (!bins.legacy).then_some(read);
+    Box::new(Iptables { bins, typed })
 }
 
 /// Never reads typed (scripted executors answer `*-save`).
