@@ -40,9 +40,16 @@ pub fn binary_defaults() -> BTreeMap<String, String> {
             .collect();
         // Only this option's text: from the previous "(env" on.
         if let Some(d) = text[from..at].rfind("default ") {
+            // `default "v" (env X)` (the declared settings' help), or a bare word.
             let value = text[from + d + 8..at].trim();
-            if !value.contains(' ') {
-                defaults.insert(var, value.to_string());
+            match value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
+                Some(quoted) => {
+                    defaults.insert(var, quoted.to_string());
+                }
+                None if !value.contains(' ') => {
+                    defaults.insert(var, value.to_string());
+                }
+                None => {}
             }
         }
         from = at + 5;
