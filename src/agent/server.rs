@@ -211,20 +211,13 @@ async fn enrol(
     let core = engine.reconciler();
     let key = pod_key(&event.pod_namespace, &event.pod_name);
     progress.enter(AddStep::WaitingForPodInStore);
-    let mut found = core.pods.get(&key);
     // The plugin may be faster than our watch (stale cache).
-    for _ in 0..core.timing.stale_cache_attempts {
-        if found.is_some() {
-            break;
-        }
-        tokio::time::sleep(core.timing.stale_cache_interval).await;
-        found = core.pods.get(&key);
-    }
-    let Some(p) = found else {
-        return Err(format!(
-            "failed to get pod {key}: not in the agent's pod store"
-        ));
-    };
+    let p = wait_in_stores(core, || {
+        core.pods
+            .get(&key)
+            .ok_or_else(|| format!("failed to get pod {key}: not in the agent's pod store"))
+    })
+    .await?;
     let Some(ns_labels) = stores::namespace_labels(&core.namespaces, &event.pod_namespace) else {
         return Err(format!(
             "failed to get namespace {}: not in the agent's namespace store",
@@ -345,9 +338,7 @@ async fn handle_pod_add(engine: PodEngine, caller: Peer, body: Bytes) -> (Status
 }
 
 /// The pod as the stores hold it, by the pod-facts rule (live store, same uid), with its
-/// namespace's labels; waited for as long as `/cmdadd`'s stale-cache retries (the plugin may be
-/// faster than the watch), woken by each change of either store (no polling: the wait is on the
-/// ADD's path).
+/// namespace's labels (`wait_in_stores`).
 async fn stored_pod(
     core: &Core,
     request: &PodAddRequest,
@@ -358,6 +349,26 @@ async fn stored_pod(
         uid: request.uid.clone(),
         namespace_labels: true,
     };
+    wait_in_stores(core, || {
+        match pod_facts::lookup(&facts, &core.pods, Some(&core.namespaces)) {
+            Ok((p, Some(labels))) => Ok((p, labels)),
+            Ok((_, None)) => Err(format!(
+                "namespace {} is not in the agent's namespace store (or its watch failed)",
+                facts.namespace
+            )),
+            Err(reason) => Err(reason),
+        }
+    })
+    .await
+}
+
+/// `look` until it finds what it wants, for as long as the stale-cache retries allow (the
+/// plugin may be faster than the watch), woken by each change of either store (no polling: the
+/// wait is on the ADD's path). The last look's error when the time is up.
+async fn wait_in_stores<T>(
+    core: &Core,
+    mut look: impl FnMut() -> Result<T, String>,
+) -> Result<T, String> {
     let wait = core.timing.stale_cache_interval * core.timing.stale_cache_attempts;
     let until = tokio::time::Instant::now() + wait;
     // Taken before the first look, so a change between the look and the wait is not missed.
@@ -365,12 +376,8 @@ async fn stored_pod(
     loop {
         pods.mark_unchanged();
         namespaces.mark_unchanged();
-        let reason = match pod_facts::lookup(&facts, &core.pods, Some(&core.namespaces)) {
-            Ok((p, Some(labels))) => return Ok((p, labels)),
-            Ok((_, None)) => format!(
-                "namespace {} is not in the agent's namespace store (or its watch failed)",
-                facts.namespace
-            ),
+        let reason = match look() {
+            Ok(found) => return Ok(found),
             Err(reason) => reason,
         };
         let changed = async {
