@@ -304,3 +304,53 @@ fn concurrent_ipset_changes_all_land_and_a_reused_ip_keeps_its_new_owner() {
 fn concurrent_nft_changes_all_land_and_a_reused_ip_keeps_its_new_owner() {
     concurrent(true);
 }
+
+/// The agent's path: each change planned from what its cache believes (no dump of the set). A
+/// belief the kernel contradicts (an entry it lost, an owner that changed behind the agent's
+/// back) still ends with the entry the change asked for.
+fn believed_changes(nft: bool) {
+    require_dataplane_tools();
+    let host = FakeHost::new(if nft { "pbn" } else { "pbi" });
+    let dp = Dataplane::new(&host.settings(nft, true)).expect("data plane");
+    let (a, b) = (ip("10.81.0.1"), ip("10.81.0.2"));
+    let believed = |list: &[(IpAddr, &str)]| -> Entries {
+        list.iter()
+            .map(|(ip, uid)| (*ip, uid.to_string()))
+            .collect()
+    };
+    dp.probe_add_believed("uid-a", &[a], &believed(&[]))
+        .unwrap();
+    dp.probe_add_believed("uid-b", &[b], &believed(&[]))
+        .unwrap();
+    // IP reuse the cache knows of: b's IP goes to c.
+    dp.probe_add_believed("uid-c", &[b], &believed(&[(b, "uid-b")]))
+        .unwrap();
+    // The cache believes an entry the kernel does not hold (deleted behind its back).
+    let gone = ip("10.81.0.3");
+    dp.probe_add_believed("uid-d", &[gone], &believed(&[(gone, "uid-x")]))
+        .unwrap();
+    let now = listed(&host.netns, nft);
+    let want: BTreeMap<IpAddr, String> = [(a, "uid-a"), (b, "uid-c"), (gone, "uid-d")]
+        .into_iter()
+        .map(|(ip, uid)| (ip, uid.to_string()))
+        .collect();
+    assert_eq!(now, want);
+    // A removal only takes what carries the UID; a stale belief deletes no other pod's entry.
+    dp.probe_remove_believed("uid-b", &[b], &believed(&[(b, "uid-c")]))
+        .unwrap();
+    dp.probe_remove_believed("uid-a", &[a], &believed(&[(a, "uid-a")]))
+        .unwrap();
+    let now = listed(&host.netns, nft);
+    assert_eq!(now.get(&b), Some(&"uid-c".to_string()), "{now:?}");
+    assert_eq!(now.get(&a), None, "{now:?}");
+}
+
+#[test]
+fn ipset_changes_planned_from_the_agents_belief_land_even_when_it_is_stale() {
+    believed_changes(false);
+}
+
+#[test]
+fn nft_changes_planned_from_the_agents_belief_land_even_when_it_is_stale() {
+    believed_changes(true);
+}

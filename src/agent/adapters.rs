@@ -52,12 +52,22 @@ impl ports::DataplanePort for Dataplane {
         Dataplane::unprogram_pod(self, netns, pod).map_err(dataplane_error)
     }
 
-    fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
-        Dataplane::probe_add(self, uid, ips).map_err(dataplane_error)
+    fn probe_add(
+        &self,
+        uid: &str,
+        ips: &[IpAddr],
+        believed: &ports::ProbeEntries,
+    ) -> Result<(), PortError> {
+        Dataplane::probe_add_believed(self, uid, ips, believed).map_err(dataplane_error)
     }
 
-    fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
-        Dataplane::probe_remove(self, uid, ips).map_err(dataplane_error)
+    fn probe_remove(
+        &self,
+        uid: &str,
+        ips: &[IpAddr],
+        believed: &ports::ProbeEntries,
+    ) -> Result<(), PortError> {
+        Dataplane::probe_remove_believed(self, uid, ips, believed).map_err(dataplane_error)
     }
 
     fn probe_sync(

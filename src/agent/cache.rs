@@ -4,7 +4,7 @@
 //! set for the pod: the expected state the drift pass reconciles the set with.
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -28,27 +28,92 @@ pub struct CachedPod {
 
 #[derive(Debug, Default)]
 pub struct PodCache {
-    pods: RwLock<HashMap<String, CachedPod>>,
+    pods: RwLock<Pods>,
+}
+
+/// The entries by UID, and the UIDs by `namespace/name` (a run of a pod's key asks for the
+/// pods of its name: a lookup, not a walk over every enrolled pod).
+#[derive(Debug, Default)]
+struct Pods {
+    by_uid: HashMap<String, CachedPod>,
+    by_name: HashMap<(String, String), Vec<String>>,
+}
+
+impl Pods {
+    fn name_of(info: &WorkloadInfo) -> (String, String) {
+        (info.namespace.clone(), info.name.clone())
+    }
+
+    fn index(&mut self, uid: &str, info: &WorkloadInfo) {
+        let uids = self.by_name.entry(Self::name_of(info)).or_default();
+        if !uids.iter().any(|u| u == uid) {
+            uids.push(uid.to_string());
+        }
+    }
+
+    fn unindex(&mut self, uid: &str, info: &WorkloadInfo) {
+        let name = Self::name_of(info);
+        if let Some(uids) = self.by_name.get_mut(&name) {
+            uids.retain(|u| u != uid);
+            if uids.is_empty() {
+                self.by_name.remove(&name);
+            }
+        }
+    }
+
+    fn insert(&mut self, uid: &str, pod: CachedPod) {
+        if let Some(old) = self.by_uid.get(uid) {
+            let info = old.info.clone();
+            self.unindex(uid, &info);
+        }
+        self.index(uid, &pod.info);
+        self.by_uid.insert(uid.to_string(), pod);
+    }
+
+    fn remove(&mut self, uid: &str) -> Option<CachedPod> {
+        let pod = self.by_uid.remove(uid)?;
+        self.unindex(uid, &pod.info);
+        Some(pod)
+    }
+}
+
+impl std::ops::Deref for Pods {
+    type Target = HashMap<String, CachedPod>;
+    fn deref(&self) -> &Self::Target {
+        &self.by_uid
+    }
 }
 
 impl PodCache {
-    fn read(&self) -> RwLockReadGuard<'_, HashMap<String, CachedPod>> {
+    fn read(&self) -> RwLockReadGuard<'_, Pods> {
         self.pods.read()
     }
 
-    fn write(&self) -> RwLockWriteGuard<'_, HashMap<String, CachedPod>> {
+    fn write(&self) -> RwLockWriteGuard<'_, Pods> {
         self.pods.write()
+    }
+
+    /// An entry's fields other than its identity (which [`Pods::insert`] indexes).
+    fn entry_mut<'a>(pods: &'a mut Pods, uid: &str) -> Option<&'a mut CachedPod> {
+        pods.by_uid.get_mut(uid)
     }
 
     /// A placeholder without a netns, unless the pod is already there.
     pub fn ensure(&self, uid: &str, info: WorkloadInfo) {
-        self.write().entry(uid.to_string()).or_insert(CachedPod {
-            info,
-            netns: None,
-            probe_ips: Some(vec![]),
-            annotation_owed: false,
-            awaiting_ztunnel: false,
-        });
+        let mut pods = self.write();
+        if pods.contains_key(uid) {
+            return;
+        }
+        pods.insert(
+            uid,
+            CachedPod {
+                info,
+                netns: None,
+                probe_ips: Some(vec![]),
+                annotation_owed: false,
+                awaiting_ztunnel: false,
+            },
+        );
     }
 
     /// Records the pod's netns. An entry holding the same namespace (dev, inode) keeps its
@@ -61,7 +126,7 @@ impl PodCache {
     ) -> Arc<Netns> {
         let netns = netns.into();
         let mut pods = self.write();
-        let entry = pods.entry(uid.to_string()).or_insert(CachedPod {
+        let mut entry = pods.remove(uid).unwrap_or(CachedPod {
             info: info.clone(),
             netns: None,
             probe_ips: Some(vec![]),
@@ -69,13 +134,15 @@ impl PodCache {
             awaiting_ztunnel: false,
         });
         entry.info = info;
-        match &entry.netns {
+        let kept = match &entry.netns {
             Some(old) if old.id() == netns.id() => old.clone(),
             _ => {
                 entry.netns = Some(netns.clone());
                 netns
             }
-        }
+        };
+        pods.insert(uid, entry);
+        kept
     }
 
     pub fn netns(&self, uid: &str) -> Option<Arc<Netns>> {
@@ -85,7 +152,7 @@ impl PodCache {
     /// Records the pod's probe-set entries (see [`CachedPod::probe_ips`]); a pod not cached is
     /// left out.
     pub fn set_probe_ips(&self, uid: &str, ips: Option<Vec<IpAddr>>) {
-        if let Some(pod) = self.write().get_mut(uid) {
+        if let Some(pod) = Self::entry_mut(&mut self.write(), uid) {
             pod.probe_ips = ips;
         }
     }
@@ -106,16 +173,58 @@ impl PodCache {
         (members, known)
     }
 
+    /// (UID, IP) of every cached pod but `except_uid` whose probe entries hold one of `ips`.
+    pub fn owners_of(&self, ips: &[IpAddr], except_uid: &str) -> Vec<(String, IpAddr)> {
+        let pods = self.read();
+        let mut owners = Vec::new();
+        for (uid, p) in pods.iter().filter(|(uid, _)| uid.as_str() != except_uid) {
+            for ip in p.probe_ips.iter().flatten() {
+                if ips
+                    .iter()
+                    .any(|held| crate::netns::procfs::same_ip(*held, *ip))
+                {
+                    owners.push((uid.clone(), *ip));
+                }
+            }
+        }
+        owners
+    }
+
+    /// What the probe set holds around a change of `uid` at `ips`, as the cache believes: the
+    /// entries at those IPs (whichever pod recorded them) and `uid`'s own. A change is planned
+    /// from this instead of a dump of the set (the mesh holds its probe gate meanwhile).
+    pub fn probe_believed(&self, uid: &str, ips: &[IpAddr]) -> BTreeMap<IpAddr, String> {
+        let pods = self.read();
+        let mut believed = BTreeMap::new();
+        if let Some(own) = pods.get(uid).and_then(|p| p.probe_ips.as_ref()) {
+            for ip in own {
+                believed.insert(*ip, uid.to_string());
+            }
+        }
+        // Another pod's record of one of these IPs wins over `uid`'s own: an add then writes the
+        // entry for certain, and a removal leaves it (at worst a stale entry the drift pass
+        // prunes; never another pod's entry deleted).
+        let own: Vec<IpAddr> = believed.keys().copied().collect();
+        for (owner, p) in pods.iter().filter(|(owner, _)| owner.as_str() != uid) {
+            for ip in p.probe_ips.iter().flatten() {
+                if ips.contains(ip) || own.contains(ip) {
+                    believed.insert(*ip, owner.clone());
+                }
+            }
+        }
+        believed
+    }
+
     /// Marks (or clears) the pod's `enabled` annotation as owed; a pod not cached is left out.
     pub fn set_annotation_owed(&self, uid: &str, owed: bool) {
-        if let Some(pod) = self.write().get_mut(uid) {
+        if let Some(pod) = Self::entry_mut(&mut self.write(), uid) {
             pod.annotation_owed = owed;
         }
     }
 
     /// Marks (or clears) the pod as programmed but not taken by ztunnel yet.
     pub fn set_awaiting_ztunnel(&self, uid: &str, awaiting: bool) {
-        if let Some(pod) = self.write().get_mut(uid) {
+        if let Some(pod) = Self::entry_mut(&mut self.write(), uid) {
             pod.awaiting_ztunnel = awaiting;
         }
     }
@@ -136,16 +245,19 @@ impl PodCache {
 
     /// Puts a taken entry back (a failed removal will be retried).
     pub fn restore(&self, uid: &str, pod: CachedPod) {
-        self.write().insert(uid.to_string(), pod);
+        self.write().insert(uid, pod);
     }
 
     /// The entries of pods named `namespace/name` (UID, entry): more than one only while a
     /// deleted pod's successor of the same name is there too.
     pub fn named(&self, namespace: &str, name: &str) -> Vec<(String, CachedPod)> {
-        self.read()
-            .iter()
-            .filter(|(_, p)| p.info.namespace == namespace && p.info.name == name)
-            .map(|(k, v)| (k.clone(), v.clone()))
+        let pods = self.read();
+        let key = (namespace.to_string(), name.to_string());
+        pods.by_name
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .filter_map(|uid| pods.get(uid).map(|p| (uid.clone(), p.clone())))
             .collect()
     }
 
@@ -204,5 +316,50 @@ mod tests {
         assert!(cache.take("u").is_none());
         cache.take("v");
         assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn pods_are_found_by_name_and_the_belief_names_each_ips_owner() {
+        let cache = PodCache::default();
+        let named = |ns: &str, name: &str| -> Vec<String> {
+            let mut uids: Vec<String> = cache.named(ns, name).into_iter().map(|(u, _)| u).collect();
+            uids.sort();
+            uids
+        };
+        let at = |ns: &str, name: &str| WorkloadInfo {
+            namespace: ns.into(),
+            name: name.into(),
+            ..Default::default()
+        };
+        cache.ensure("old", at("shop", "web-0"));
+        cache.upsert("new", at("shop", "web-0"), Netns::current().unwrap());
+        cache.ensure("other", at("shop", "web-1"));
+        assert_eq!(named("shop", "web-0"), ["new", "old"]);
+        assert_eq!(named("shop", "web-1"), ["other"]);
+        assert!(named("bank", "web-0").is_empty());
+        let taken = cache.take("old").unwrap();
+        assert_eq!(named("shop", "web-0"), ["new"]);
+        cache.restore("old", taken);
+        assert_eq!(named("shop", "web-0"), ["new", "old"]);
+
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        cache.set_probe_ips("old", Some(vec![ip("10.0.0.1")]));
+        cache.set_probe_ips("new", Some(vec![ip("10.0.0.2")]));
+        cache.set_probe_ips("other", Some(vec![ip("10.0.0.9")]));
+        // The asker's own entries and whoever holds the IPs it asks about; nobody else.
+        let believed = cache.probe_believed("new", &[ip("10.0.0.1")]);
+        assert_eq!(
+            believed,
+            BTreeMap::from([
+                (ip("10.0.0.1"), "old".to_string()),
+                (ip("10.0.0.2"), "new".to_string())
+            ])
+        );
+        // Another pod's record of an IP wins over the asker's own.
+        cache.set_probe_ips("other", Some(vec![ip("10.0.0.2")]));
+        assert_eq!(
+            cache.probe_believed("new", &[])[&ip("10.0.0.2")],
+            "other".to_string()
+        );
     }
 }

@@ -280,7 +280,7 @@ async fn verify_probe_set(core: &Core, reported: &mut Reported, summary: &mut Pa
         .unwrap_or_else(|e| Err(PortError::retryable(format!("data-plane task failed: {e}"))));
     report_host(core, reported, summary, host);
     let result = {
-        let _exclusive = core.mesh.probe_gate.write().await;
+        let _exclusive = core.mesh.probe_gate.lock().await;
         let (members, prune) = core.mesh.cache.probe_members();
         let dp = core.mesh.dataplane.clone();
         tokio::task::spawn_blocking(move || dp.probe_sync(&members, prune))

@@ -324,7 +324,7 @@ async fn the_first_pass_runs_at_once_then_on_a_kick_until_stopped() {
 async fn the_probe_reconcile_waits_for_an_add_half_done_and_keeps_its_entry() {
     let r = rig();
     // An add between its probe-set write and its record in the cache (holding the gate).
-    let gate = r.core.mesh.probe_gate.read().await;
+    let gate = r.core.mesh.probe_gate.lock().await;
     r.core.mesh.cache.ensure("uid-c", Default::default());
     r.dp.probes.lock().insert(ip("10.0.0.3"), "uid-c".into());
     let engine = r.engine.clone();

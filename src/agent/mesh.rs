@@ -106,12 +106,25 @@ pub struct PluginAdd {
     pub netns: String,
     /// The event's `IPs`.
     pub event_ips: Vec<IpAddr>,
-    /// Other known pods of the node (pod store): (`namespace/name`, IP).
-    pub others: Vec<(String, IpAddr)>,
+    /// The node's other pods (the pod store), asked only about the addresses the netns holds.
+    pub others: Option<Arc<dyn AddressOwners>>,
     pub progress: Arc<Progress>,
     /// `/podadd`: the `enabled` annotation is not written before the answer but owed (see
     /// [`Mesh::annotate_owed`]); Istio's `/cmdadd` writes it first.
     pub annotate_after_answer: bool,
+}
+
+/// Which other pods hold any of some addresses: asked with the few addresses a netns holds, so an
+/// ADD costs a lookup, not a copy of every pod's name and IPs.
+pub trait AddressOwners: Send + Sync {
+    /// (`namespace/name` or UID, IP) of every pod other than `except_uid` holding one of `ips`.
+    fn owners_of(&self, ips: &[IpAddr], except_uid: &str) -> Vec<(String, IpAddr)>;
+}
+
+impl std::fmt::Debug for dyn AddressOwners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AddressOwners")
+    }
 }
 
 /// The add/remove steps over the seams. Callers run one pod's steps one at a time (the reconcile
@@ -121,10 +134,12 @@ pub struct Mesh {
     pub ztunnel: Arc<dyn Ztunnel>,
     pub annotator: Arc<dyn Annotator>,
     pub cache: Arc<PodCache>,
-    /// Held shared by one pod's probe-set change and its record in the cache, exclusively by
-    /// the drift pass's reconcile of the whole set: the members it reads from the cache are then
-    /// exactly what the set should hold (no add or remove half done).
-    pub probe_gate: tokio::sync::RwLock<()>,
+    /// Held by one probe-set change from reading what the cache believes the set holds to
+    /// recording the change there, and by the drift pass's reconcile of the whole set: each
+    /// change is planned against the cache (no dump of the set), so two may not interleave, and
+    /// the members the drift pass reads are exactly what the set should hold. A change is one
+    /// netlink message or a few, never a process.
+    pub probe_gate: tokio::sync::Mutex<()>,
 }
 
 fn describe(p: &Pod) -> String {
@@ -277,15 +292,12 @@ impl Mesh {
                 Ok((dp.reserved_netns(), dp.netns_addresses(&ns, &pod_net)?))
             })
             .await?;
-        let mut others = add.others.clone();
-        others.extend(
-            self.cache
-                .probe_members()
-                .0
-                .into_iter()
-                .filter(|(other, _)| *other != uid)
-                .flat_map(|(other, ips)| ips.into_iter().map(move |ip| (other.clone(), ip))),
-        );
+        let mut others = add
+            .others
+            .as_ref()
+            .map(|o| o.owners_of(&held, &uid))
+            .unwrap_or_default();
+        others.extend(self.cache.owners_of(&held, &uid));
         let facts = trust::Offered {
             path: offered.path().display().to_string(),
             id: offered.id(),
@@ -336,10 +348,11 @@ impl Mesh {
         let uid = pod::uid(p).to_string();
         let ips = ips.to_vec();
         {
-            let _gate = self.probe_gate.read().await;
+            let _gate = self.probe_gate.lock().await;
+            let believed = self.cache.probe_believed(&uid, &ips);
             let (probe_uid, probe_ips) = (uid.clone(), ips.clone());
             self.blocking(p, MeshStep::ProbeSet, move |dp| {
-                dp.probe_remove(&probe_uid, &probe_ips)
+                dp.probe_remove(&probe_uid, &probe_ips, &believed)
             })
             .await?;
             self.cache.set_probe_ips(&uid, Some(vec![]));
@@ -403,10 +416,11 @@ impl Mesh {
     /// Adds the pod's IPs to the probe set and records them in the cache (the drift pass's
     /// expected state), under the probe gate.
     async fn probe_add(&self, p: &Pod, uid: &str, ips: &[IpAddr]) -> Result<(), MeshError> {
-        let _gate = self.probe_gate.read().await;
+        let _gate = self.probe_gate.lock().await;
+        let believed = self.cache.probe_believed(uid, ips);
         let (probe_uid, probe_ips) = (uid.to_string(), ips.to_vec());
         self.blocking(p, MeshStep::ProbeSet, move |dp| {
-            dp.probe_add(&probe_uid, &probe_ips)
+            dp.probe_add(&probe_uid, &probe_ips, &believed)
         })
         .await?;
         self.cache.set_probe_ips(uid, Some(ips.to_vec()));

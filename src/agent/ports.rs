@@ -14,6 +14,9 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::kube::{EventRecord, KubeClient, KubeError, MetadataPatch, PodPatchVia};
 use crate::netns::{Netns, NetnsId};
 
+/// Probe-set entries: IP -> the UID its comment names.
+pub type ProbeEntries = std::collections::BTreeMap<IpAddr, String>;
+
 /// A failure of a seam, and whether trying again later may help.
 #[derive(Debug, thiserror::Error)]
 #[error("{source}")]
@@ -66,10 +69,22 @@ pub trait DataplanePort: Send + Sync + 'static {
     /// is not written (`RuleChange::AlreadyApplied`).
     fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<RuleChange, PortError>;
     fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError>;
-    /// Adds (replacing other owners of the same IP) the pod's IPs to the probe set.
-    fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError>;
-    /// Removes only entries owned by `uid`.
-    fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError>;
+    /// Adds (replacing other owners of the same IP) the pod's IPs to the probe set. `believed`:
+    /// what the agent's cache says the set holds at these IPs and for `uid` (planned from it,
+    /// the kernel asked only when it disagrees).
+    fn probe_add(
+        &self,
+        uid: &str,
+        ips: &[IpAddr],
+        believed: &ProbeEntries,
+    ) -> Result<(), PortError>;
+    /// Removes only entries owned by `uid` (`believed` as for [`DataplanePort::probe_add`]).
+    fn probe_remove(
+        &self,
+        uid: &str,
+        ips: &[IpAddr],
+        believed: &ProbeEntries,
+    ) -> Result<(), PortError>;
     /// Makes the set hold `members` (read fresh from the kernel); with `prune`, entries of anyone
     /// else go. Returns what it had to change.
     fn probe_sync(

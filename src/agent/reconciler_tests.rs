@@ -410,11 +410,21 @@ impl DataplanePort for Slow {
     ) -> Result<(), PortError> {
         self.inner.unprogram_pod(netns, pod)
     }
-    fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
-        self.inner.probe_add(uid, ips)
+    fn probe_add(
+        &self,
+        uid: &str,
+        ips: &[IpAddr],
+        believed: &crate::agent::ports::ProbeEntries,
+    ) -> Result<(), PortError> {
+        self.inner.probe_add(uid, ips, believed)
     }
-    fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
-        self.inner.probe_remove(uid, ips)
+    fn probe_remove(
+        &self,
+        uid: &str,
+        ips: &[IpAddr],
+        believed: &crate::agent::ports::ProbeEntries,
+    ) -> Result<(), PortError> {
+        self.inner.probe_remove(uid, ips, believed)
     }
     fn probe_sync(
         &self,

@@ -23,14 +23,15 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::mesh::PluginAdd;
+use super::mesh::{AddressOwners, PluginAdd};
 use super::pod;
 use super::progress::{AddStep, Progress};
 use super::reconciler::{Core, PodEngine, Reconciled};
 use super::settings::PLUGIN_EVENT_SOCKET;
 use crate::kube::plugin_event::{POD_ADD_PATH, PluginAddEvent, PodAddAnswer, PodAddRequest};
 use crate::kube::pod_facts::{self, PodFactsRequest};
-use crate::kube::stores::{self, pod_key};
+use crate::kube::stores::{self, PodStore, pod_key};
+use crate::netns::procfs::same_ip;
 use crate::telemetry::metrics::ResponseCodeLabel;
 use crate::telemetry::serve::{self, ConnInfo, Limits, Serving, UnixServer};
 use crate::telemetry::socket::{self, Peer, SocketError};
@@ -229,7 +230,7 @@ async fn enrol(
             "pod {key} unexpectedly not eligible for ambient enrollment"
         ));
     }
-    match add_to_mesh(engine, event, &p, progress, false).await? {
+    match add_to_mesh(engine, event, progress, false).await? {
         Reconciled::Enrolled => Ok(()),
         _ => Err(format!(
             "pod {key} unexpectedly not eligible for ambient enrollment"
@@ -243,7 +244,6 @@ async fn enrol(
 async fn add_to_mesh(
     engine: &PodEngine,
     event: &PluginAddEvent,
-    p: &Pod,
     progress: Arc<Progress>,
     annotate_after_answer: bool,
 ) -> Result<Reconciled, String> {
@@ -253,7 +253,7 @@ async fn add_to_mesh(
     let add = PluginAdd {
         netns: event.netns.clone(),
         event_ips: event.pod_ips(),
-        others: other_pod_ips(&core.pods.list(), pod::uid(p)),
+        others: Some(Arc::new(OtherPods(core.pods.clone()))),
         progress,
         annotate_after_answer,
     };
@@ -307,7 +307,7 @@ async fn handle_pod_add(engine: PodEngine, caller: Peer, body: Bytes) -> (Status
             });
         }
         let event = &request.event;
-        let result = add_to_mesh(&engine, event, &p, progress.clone(), true).await;
+        let result = add_to_mesh(&engine, event, progress.clone(), true).await;
         let inode = progress.netns().map(|id| id.inode);
         let name = pod_key(&event.pod_namespace, &event.pod_name);
         match &result {
@@ -394,16 +394,25 @@ async fn wait_in_stores<T>(
     }
 }
 
-/// The IPs of the node's other live pods with a netns of their own (host-network pods share the
-/// node's, finished pods' IPs may be reused): a netns holding one of them is not a new pod's.
-fn other_pod_ips(pods: &[Arc<Pod>], uid: &str) -> Vec<(String, IpAddr)> {
-    pods.iter()
-        .filter(|p| pod::uid(p) != uid && !pod::is_terminal(p) && !pod::is_host_network(p))
-        .flat_map(|p| {
-            let name = pod_key(pod::namespace(p), pod::name(p));
-            pod::ips(p).into_iter().map(move |ip| (name.clone(), ip))
-        })
-        .collect()
+/// The node's other live pods with a netns of their own (host-network pods share the node's,
+/// finished pods' IPs may be reused): a netns holding one of their IPs is not a new pod's.
+struct OtherPods(PodStore);
+
+impl AddressOwners for OtherPods {
+    fn owners_of(&self, ips: &[IpAddr], except_uid: &str) -> Vec<(String, IpAddr)> {
+        let mut owners = Vec::new();
+        for p in self.0.list() {
+            if pod::uid(&p) == except_uid || pod::is_terminal(&p) || pod::is_host_network(&p) {
+                continue;
+            }
+            for ip in pod::ips(&p) {
+                if ips.iter().any(|held| same_ip(*held, ip)) {
+                    owners.push((pod_key(pod::namespace(&p), pod::name(&p)), ip));
+                }
+            }
+        }
+        owners
+    }
 }
 
 #[cfg(test)]

@@ -139,7 +139,12 @@ impl DataplanePort for FakeDataplane {
         Ok(())
     }
 
-    fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
+    fn probe_add(
+        &self,
+        uid: &str,
+        ips: &[IpAddr],
+        _believed: &super::ports::ProbeEntries,
+    ) -> Result<(), PortError> {
         let mut probes = self.probe_call(format!("probe_add {uid}"))?;
         for ip in ips {
             probes.insert(*ip, uid.to_string());
@@ -147,7 +152,12 @@ impl DataplanePort for FakeDataplane {
         Ok(())
     }
 
-    fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), PortError> {
+    fn probe_remove(
+        &self,
+        uid: &str,
+        ips: &[IpAddr],
+        _believed: &super::ports::ProbeEntries,
+    ) -> Result<(), PortError> {
         let mut probes = self.probe_call(format!("probe_remove {uid}"))?;
         for ip in ips {
             if probes.get(ip).is_some_and(|owner| owner == uid) {

@@ -138,7 +138,7 @@ pub fn family_steps(
             for (chain, rules) in chains {
                 for rule in rules {
                     let jumps_to_ours =
-                        jump_target(rule).is_some_and(|t| is_owned_chain(&owned, table, t));
+                        jump_target(rule).is_some_and(|t| is_owned_chain(owned, table, t));
                     let planned_here = planned_builtin.contains(&(
                         table.as_str(),
                         chain.as_str(),
@@ -184,7 +184,7 @@ pub fn family_steps(
         for (table, chains) in state {
             for chain in chains.keys() {
                 let planned_here = seen.iter().any(|(t, c)| t.name() == table && c == chain);
-                if is_owned_chain(&owned, table, chain) && !planned_here {
+                if is_owned_chain(owned, table, chain) && !planned_here {
                     flush_and_delete(&mut steps, table, chain);
                 }
             }

@@ -128,13 +128,25 @@ pub(super) fn family_prefix(family: Family) -> &'static str {
     }
 }
 
-/// Finds `name` on $PATH.
+/// Finds `name` on $PATH. A hit is remembered for the process (per $PATH value and name) and
+/// checked again with one `stat` before it is used: the agent asks on every pod it programs,
+/// and walking $PATH each time was a dozen `stat`s per ADD. A miss is not remembered (a tool
+/// installed later is found).
 pub fn find_on_path(name: &str) -> Option<PathBuf> {
+    static FOUND: std::sync::LazyLock<
+        parking_lot::Mutex<std::collections::HashMap<(std::ffi::OsString, String), PathBuf>>,
+    > = std::sync::LazyLock::new(Default::default);
     let path = std::env::var_os("PATH")
         .unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
-    std::env::split_paths(&path)
+    let key = (path, name.to_string());
+    if let Some(hit) = FOUND.lock().get(&key).filter(|p| is_executable(p)) {
+        return Some(hit.clone());
+    }
+    let found = std::env::split_paths(&key.0)
         .map(|dir| dir.join(name))
-        .find(|p| is_executable(p))
+        .find(|p| is_executable(p))?;
+    FOUND.lock().insert(key, found.clone());
+    Some(found)
 }
 
 fn is_executable(path: &Path) -> bool {

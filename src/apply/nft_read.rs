@@ -155,7 +155,7 @@ pub fn sidecar_difference(state: &OwnedState, rules: &[Rule]) -> Option<Differen
             return Some(Difference::MissingChain { table, chain });
         }
         let have: Vec<&DecodedRule> = state.chain(table, chain).collect();
-        if is_owned_chain(&owned, table, chain) && have.len() != planned.len() {
+        if is_owned_chain(owned, table, chain) && have.len() != planned.len() {
             let (table, chain) = names();
             return Some(Difference::RuleCount {
                 table,
@@ -180,7 +180,7 @@ pub fn sidecar_difference(state: &OwnedState, rules: &[Rule]) -> Option<Differen
         .chains
         .iter()
         .find(|(t, c)| {
-            is_owned_chain(&owned, t, c) && !listed.keys().any(|(pt, pc)| pt.name() == t && pc == c)
+            is_owned_chain(owned, t, c) && !listed.keys().any(|(pt, pc)| pt.name() == t && pc == c)
         })
         .map(|(table, chain)| Difference::ExtraChain {
             table: table.clone(),
@@ -196,7 +196,7 @@ pub fn holds_any_sidecar(state: &OwnedState, rules: &[Rule]) -> bool {
     state
         .chains
         .iter()
-        .any(|(t, c)| is_owned_chain(&owned, t, c))
+        .any(|(t, c)| is_owned_chain(owned, t, c))
         || listed
             .iter()
             .filter(|((_, c), _)| is_builtin_chain(c))

@@ -209,6 +209,36 @@ pub fn change(
     }
 }
 
+/// One change planned against what the agent believes the sets hold around it (`believed`: the
+/// entries at the IPs concerned and the asking pod's own, from the pod cache) instead of a dump
+/// of every entry: one netlink message per entry and no read, so an ADD costs the same with
+/// 10 or 10,000 pods enrolled. When the kernel disagrees (an apply fails: an nft element to
+/// delete is not there, a set is missing) the change is planned again against the kernel
+/// ([`change`]); an entry the kernel lost meanwhile is the drift pass's to put back.
+pub fn change_believed(
+    sets: &dyn ProbeSets,
+    serial: &Mutex<()>,
+    ipv6: bool,
+    believed: &Entries,
+    plan: &dyn Fn(&Entries) -> Vec<SetOp>,
+) -> Result<Vec<SetOp>, ProbeSetError> {
+    let ops = plan(believed);
+    if ops.is_empty() {
+        return Ok(ops);
+    }
+    let applied = {
+        let _one_change = serial.lock();
+        sets.apply(&ops)
+    };
+    match applied {
+        Ok(()) => Ok(ops),
+        Err(e) => {
+            tracing::debug!(error = %e, "probe-set change planned from the pod cache failed; planning it against the kernel");
+            change(sets, serial, ipv6, plan)
+        }
+    }
+}
+
 /// An owner change is planned as a delete, then an add of the same IP: for the backends whose add
 /// replaces the comment the delete is left out (the entry never goes missing).
 fn without_replaced_deletes(ops: &[SetOp]) -> impl Iterator<Item = &SetOp> {
@@ -468,6 +498,82 @@ mod tests {
 
     fn entries(list: &[(&str, &str)]) -> Entries {
         list.iter().map(|(i, u)| (ip(i), u.to_string())).collect()
+    }
+
+    /// Sets in memory that count their dumps and refuse a delete of an absent entry (as an nft
+    /// transaction does).
+    #[derive(Default)]
+    struct CountingSets {
+        held: Mutex<Entries>,
+        dumps: std::sync::atomic::AtomicUsize,
+    }
+
+    impl ProbeSets for CountingSets {
+        fn ensure(&self, _: &mut dyn Executor, _: bool) -> Result<(), ProbeSetError> {
+            Ok(())
+        }
+        fn entries(&self) -> Result<Entries, ProbeSetError> {
+            self.dumps
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(self.held.lock().clone())
+        }
+        fn apply(&self, ops: &[SetOp]) -> Result<(), ProbeSetError> {
+            let mut held = self.held.lock();
+            let mut after = held.clone();
+            for op in ops {
+                if let SetOp::Del { ip } = op
+                    && after.remove(ip).is_none()
+                {
+                    return Err(ProbeSetError::Netlink(BatchError::Rejected {
+                        what: format!("delete {ip}"),
+                        source: std::io::Error::from_raw_os_error(libc::ENOENT),
+                    }));
+                }
+                apply_to(&mut after, std::slice::from_ref(op));
+            }
+            *held = after;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_change_planned_from_the_cache_reads_no_set_and_falls_back_when_the_kernel_disagrees() {
+        let sets = CountingSets::default();
+        let serial = Mutex::new(());
+        let dumps = || sets.dumps.load(std::sync::atomic::Ordering::Relaxed);
+        let add = |uid: &'static str, at: &'static str| {
+            move |current: &Entries| plan_upsert(current, uid, &[ip(at)])
+        };
+        // Believed right: one change, no dump.
+        let ops = change_believed(
+            &sets,
+            &serial,
+            false,
+            &Entries::new(),
+            &add("a", "10.0.0.1"),
+        );
+        assert_eq!(ops.unwrap().len(), 1);
+        assert_eq!(dumps(), 0);
+        // Believed already there: nothing sent, nothing read.
+        let believed = entries(&[("10.0.0.1", "a")]);
+        let ops = change_believed(&sets, &serial, false, &believed, &add("a", "10.0.0.1"));
+        assert_eq!((ops.unwrap().len(), dumps()), (0, 0));
+        // Believed wrong (the cache thinks 10.0.0.2 is b's; the kernel lost it): the delete is
+        // refused, the change is planned again from the kernel and lands.
+        let believed = entries(&[("10.0.0.2", "b")]);
+        let ops = change_believed(&sets, &serial, false, &believed, &add("c", "10.0.0.2"));
+        assert_eq!(dumps(), 1);
+        assert_eq!(
+            ops.unwrap(),
+            vec![SetOp::Add {
+                ip: ip("10.0.0.2"),
+                uid: "c".into()
+            }]
+        );
+        assert_eq!(
+            *sets.held.lock(),
+            entries(&[("10.0.0.1", "a"), ("10.0.0.2", "c")])
+        );
     }
 
     #[test]

@@ -448,7 +448,7 @@ fn probe_fresh(bins: &Binaries) -> Option<BTreeSet<String>> {
     }
     let chains = crate::netlink::nft_dump::list_chains(nf_family(bins.family)).ok()?;
     let owned = owned_chains();
-    if chains.iter().any(|(t, c)| is_owned_chain(&owned, t, c)) {
+    if chains.iter().any(|(t, c)| is_owned_chain(owned, t, c)) {
         return None;
     }
     Some(chains.into_iter().map(|(table, _)| table).collect())

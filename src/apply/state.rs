@@ -86,7 +86,7 @@ pub fn has_owned_chains(state: &State) -> bool {
     state.iter().any(|(table, chains)| {
         chains
             .keys()
-            .any(|chain| is_owned_chain(&owned, table, chain))
+            .any(|chain| is_owned_chain(owned, table, chain))
     })
 }
 
@@ -230,7 +230,7 @@ pub fn compare_with_plan<'a>(current: &State, plan: &'a [Rule]) -> Comparison<'a
                 chain: chain.clone(),
             });
         };
-        if is_owned_chain(&owned, table, chain) && existing.len() != rules.len() {
+        if is_owned_chain(owned, table, chain) && existing.len() != rules.len() {
             return Comparison::Different(Difference::RuleCount {
                 table: table.clone(),
                 chain: chain.clone(),
@@ -266,7 +266,7 @@ pub fn compare_with_plan<'a>(current: &State, plan: &'a [Rule]) -> Comparison<'a
     let foreign_chain = current.iter().find_map(|(table, chains)| {
         chains
             .keys()
-            .filter(|c| is_owned_chain(&owned, table, c))
+            .filter(|c| is_owned_chain(owned, table, c))
             .find(|c| !planned.contains_key(&(table.clone(), (*c).clone())))
             .map(|c| (table.clone(), c.clone()))
     });

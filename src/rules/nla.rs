@@ -15,29 +15,30 @@ pub struct Attr {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AttrValue {
     Bytes(Vec<u8>),
-    /// Sent with `NLA_F_NESTED` set.
-    Nested(Vec<Attr>),
+    /// Sent with `NLA_F_NESTED` set; with the inner list's encoded length, computed once (framing
+    /// asks for it at every level, and recomputing it was quadratic in the nesting).
+    Nested(Vec<Attr>, usize),
 }
 
 impl Nla for Attr {
     fn value_len(&self) -> usize {
         match &self.value {
             AttrValue::Bytes(bytes) => bytes.len(),
-            AttrValue::Nested(inner) => inner.as_slice().buffer_len(),
+            AttrValue::Nested(_, len) => *len,
         }
     }
 
     fn kind(&self) -> u16 {
         match self.value {
             AttrValue::Bytes(_) => self.kind,
-            AttrValue::Nested(_) => self.kind | NLA_F_NESTED,
+            AttrValue::Nested(..) => self.kind | NLA_F_NESTED,
         }
     }
 
     fn emit_value(&self, buffer: &mut [u8]) {
         match &self.value {
             AttrValue::Bytes(bytes) => buffer.copy_from_slice(bytes),
-            AttrValue::Nested(inner) => inner.as_slice().emit(buffer),
+            AttrValue::Nested(inner, _) => inner.as_slice().emit(buffer),
         }
     }
 }
@@ -115,7 +116,10 @@ impl Attrs {
         }
         self.put(Attr {
             kind,
-            value: AttrValue::Nested(inner.list),
+            value: {
+                let len = inner.list.as_slice().buffer_len();
+                AttrValue::Nested(inner.list, len)
+            },
         });
     }
 

@@ -402,10 +402,31 @@ impl Dataplane {
             .collect()
     }
 
-    /// Puts the pod's IPs into the probe sets under its UID (a reused IP moves to this UID).
+    /// Puts the pod's IPs into the probe sets under its UID (a reused IP moves to this UID),
+    /// planned against the sets as the kernel holds them.
     pub fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), DataplaneError> {
+        self.probe_upsert(uid, ips, None)
+    }
+
+    /// [`Dataplane::probe_add`] planned against `believed`: what the pod cache says the sets
+    /// hold at these IPs and for this UID (no dump; see [`probe_set::change_believed`]).
+    pub fn probe_add_believed(
+        &self,
+        uid: &str,
+        ips: &[IpAddr],
+        believed: &Entries,
+    ) -> Result<(), DataplaneError> {
+        self.probe_upsert(uid, ips, Some(self.probed_entries(believed)))
+    }
+
+    fn probe_upsert(
+        &self,
+        uid: &str,
+        ips: &[IpAddr],
+        believed: Option<Entries>,
+    ) -> Result<(), DataplaneError> {
         let (owner, wanted) = (uid.to_string(), self.probed(ips));
-        self.probe_change(format!("add pod {uid}"), move |current| {
+        self.probe_change(format!("add pod {uid}"), believed, move |current| {
             probe_set::plan_upsert(current, &owner, &wanted)
         })?;
         self.branch_eni_step(format!("add pod {uid}"), ips, true)
@@ -432,10 +453,30 @@ impl Dataplane {
         .map_err(|source| DataplaneError::BranchEni { what, source })
     }
 
-    /// Removes the pod's IPs from the probe sets, only where the entry carries its UID.
+    /// Removes the pod's IPs from the probe sets, only where the entry carries its UID (planned
+    /// against the kernel's sets).
     pub fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), DataplaneError> {
+        self.probe_delete(uid, ips, None)
+    }
+
+    /// [`Dataplane::probe_remove`] planned against `believed` (as [`Dataplane::probe_add_believed`]).
+    pub fn probe_remove_believed(
+        &self,
+        uid: &str,
+        ips: &[IpAddr],
+        believed: &Entries,
+    ) -> Result<(), DataplaneError> {
+        self.probe_delete(uid, ips, Some(self.probed_entries(believed)))
+    }
+
+    fn probe_delete(
+        &self,
+        uid: &str,
+        ips: &[IpAddr],
+        believed: Option<Entries>,
+    ) -> Result<(), DataplaneError> {
         let (owner, gone) = (uid.to_string(), ips.to_vec());
-        self.probe_change(format!("remove pod {uid}"), move |current| {
+        self.probe_change(format!("remove pod {uid}"), believed, move |current| {
             let (ops, foreign) = probe_set::plan_remove(current, &owner, &gone);
             for ip in foreign {
                 warn!(pod = %owner, %ip, "probe set entry belongs to another pod; left in place");
@@ -457,7 +498,7 @@ impl Dataplane {
             .iter()
             .map(|(uid, ips)| (uid.clone(), self.probed(ips)))
             .collect();
-        let ops = self.probe_change("sync".to_string(), move |current| {
+        let ops = self.probe_change("sync".to_string(), None, move |current| {
             probe_set::plan_sync(current, &wanted, prune)
         })?;
         // Re-learns (and re-adds where missing) every member's branch-ENI rules, so a restarted
@@ -470,18 +511,33 @@ impl Dataplane {
         Ok(ProbeSynced::of(&ops))
     }
 
-    /// Plans one probe-set change against the sets as the kernel holds them and applies it
-    /// over netlink, in the host netns ([`probe_set::change`]); returns the operations applied.
+    /// The believed entries this data plane's sets can hold (no IPv6 ones without IPv6).
+    fn probed_entries(&self, believed: &Entries) -> Entries {
+        let ipv6 = self.settings.ambient.enable_ipv6;
+        believed
+            .iter()
+            .filter(|(ip, _)| ipv6 || ip.is_ipv4())
+            .map(|(ip, uid)| (*ip, uid.clone()))
+            .collect()
+    }
+
+    /// Plans one probe-set change and applies it over netlink, in the host netns: against
+    /// `believed` when given ([`probe_set::change_believed`]), else against the sets as the
+    /// kernel holds them ([`probe_set::change`]); returns the operations applied.
     fn probe_change(
         &self,
         what: String,
+        believed: Option<Entries>,
         plan: impl Fn(&Entries) -> Vec<SetOp> + Send + 'static,
     ) -> Result<Vec<SetOp>, DataplaneError> {
         let (nft, ipv6) = (self.nftables(), self.settings.ambient.enable_ipv6);
         let serial = self.probe_serial.clone();
         in_host(&self.host_netns, move || {
             let sets: &dyn ProbeSets = if nft { &NftSets } else { &Ipsets };
-            probe_set::change(sets, &serial, ipv6, &plan)
+            match &believed {
+                Some(believed) => probe_set::change_believed(sets, &serial, ipv6, believed, &plan),
+                None => probe_set::change(sets, &serial, ipv6, &plan),
+            }
         })?
         .map_err(|source| DataplaneError::ProbeSet { what, source })
     }

@@ -98,7 +98,14 @@ pub fn build(cfg: &CaptureConfig) -> RuleSet {
 /// Every `(table, chain)` user chain the sidecar builder can create, in either family: derived
 /// from the builder itself run with every feature on, so cleanup and drift checks only ever touch
 /// chains this rule model owns (a user's `ISTIO_FW` in filter is not one of them).
-pub fn owned_chains() -> BTreeSet<(Table, String)> {
+/// Built once per process (it runs the whole builder; the hot paths ask on every apply).
+pub fn owned_chains() -> &'static BTreeSet<(Table, String)> {
+    static OWNED: std::sync::LazyLock<BTreeSet<(Table, String)>> =
+        std::sync::LazyLock::new(build_owned_chains);
+    &OWNED
+}
+
+fn build_owned_chains() -> BTreeSet<(Table, String)> {
     let mut owned = BTreeSet::new();
     for mode in [InterceptionMode::Redirect, InterceptionMode::Tproxy] {
         let everything = CaptureConfig {
@@ -163,8 +170,8 @@ mod tests {
                 "raw/ISTIO_OUTPUT_DNS",
             ]
         );
-        assert!(!is_owned_chain(&owned, "filter", "ISTIO_FW"));
-        assert!(!is_owned_chain(&owned, "filter", "ISTIO_OUTPUT"));
-        assert!(is_owned_chain(&owned, "nat", "ISTIO_OUTPUT"));
+        assert!(!is_owned_chain(owned, "filter", "ISTIO_FW"));
+        assert!(!is_owned_chain(owned, "filter", "ISTIO_OUTPUT"));
+        assert!(is_owned_chain(owned, "nat", "ISTIO_OUTPUT"));
     }
 }
