@@ -1,8 +1,8 @@
 //! The netns handle. [`Netns`] is opened once (from a path, or the calling thread's own with
 //! [`Netns::current`]: the only constructors), owns its fd, and compares by the namespace's
-//! (dev, inode) identity. Namespaces are per thread, so work in one runs on a fresh, dedicated
-//! thread that `setns`es into the target and ends afterwards: no shared (tokio) thread is ever
-//! moved. Child processes started from that thread (iptables-restore, nft) inherit its namespace.
+//! (dev, inode) identity. Namespaces are per thread, so work in one runs on a dedicated worker
+//! thread that `setns`es into the target and back home afterwards ([`workers`]): no shared (tokio)
+//! thread is ever moved. Child processes started from that thread (iptables-restore, nft) inherit its namespace.
 //!
 //! A pod with `hostUsers: false` has a netns owned by its own user namespace. The kernel refuses
 //! `-m owner` matches unless the writer is in that user namespace, and a multi-threaded process
@@ -13,6 +13,7 @@
 //! May call: nothing else in this crate.
 
 pub mod procfs;
+mod workers;
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -20,7 +21,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nix::sched::{CloneFlags, setns};
+use nix::sched::CloneFlags;
 
 /// Why work could not run inside a namespace.
 #[derive(Debug, thiserror::Error)]
@@ -248,32 +249,14 @@ impl Netns {
         self.userns.as_ref()
     }
 
-    /// Runs `work` on a fresh thread inside this netns and returns its result. The calling thread
-    /// is not moved.
+    /// Runs `work` inside this netns on a dedicated worker thread ([`workers`]) and returns its
+    /// result. The calling thread is not moved.
     pub fn run<T, F>(&self, work: F) -> Result<T, NetnsError>
     where
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
-        let net = self.net.clone();
-        let owned_path = self.path.clone();
-        let handle = std::thread::Builder::new()
-            .name("netns".into())
-            .spawn(move || -> Result<T, NetnsError> {
-                setns(&*net, CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter {
-                    path: owned_path,
-                    source,
-                })?;
-                Ok(work())
-            })
-            .map_err(|e| NetnsError::Thread {
-                path: self.path.clone(),
-                reason: e.to_string(),
-            })?;
-        handle.join().map_err(|panic| NetnsError::Thread {
-            path: self.path.clone(),
-            reason: panic_text(panic.as_ref()).unwrap_or("panic").to_string(),
-        })?
+        workers::run_in(self.net.clone(), &self.path, work)
     }
 }
 
