@@ -1,11 +1,21 @@
 //! Ambient rules in one netns, all or nothing and idempotent: the in-pod redirect to ztunnel (and
 //! its policy routing) and the host's probe SNAT rules.
 //!
-//! iptables: each family's state is read with `*-save` and compared with the plan ([`plan_family`]);
-//! identical → nothing is written (counters kept); otherwise one `*-restore --noflush` per family
-//! replaces exactly our chains and jumps (declaring a chain flushes it; stale jumps are deleted,
-//! chains no longer planned removed). If a later restore fails, every touched table is put back
-//! from the snapshot (the sidecar apply's rollback). Removing is the same plan with no rules.
+//! iptables-nft: each family's owned tables are read over netlink as typed rules
+//! ([`super::nft_read`]) and compared with the plan; identical → nothing is written (counters
+//! kept), no process. A new netns gets the encoded rules as one nf_tables transaction; a netns
+//! that differs (drift) or whose rules are removed is healed by one nf_tables transaction for both
+//! families, planned from that read ([`super::nft_heal::heal_messages`]: the stale jumps deleted
+//! by handle, our chains flushed and refilled or deleted, a table left empty dropped), so still no
+//! process. The kernel takes all of it or nothing.
+//!
+//! The `*-save` text path (iptables-legacy, and iptables-nft when the read failed or the netlink
+//! encoding cannot say a rule, e.g. the host's SNAT to a set): each family's state is read with
+//! `*-save` and compared with the plan ([`plan_family`]); identical → nothing is written;
+//! otherwise one `*-restore --noflush` per family replaces exactly our chains and jumps
+//! (declaring a chain flushes it; stale jumps are deleted, chains no longer planned removed). If a
+//! later restore (or the heal transaction) fails, every touched table is put back from the
+//! snapshot (the sidecar apply's rollback). Removing is the same plan with no rules.
 //!
 //! nftables: our tables are read back as typed rules and compared with what the plan's
 //! transaction leaves ([`super::rule_backend::NativeNft`]); identical → nothing is written;

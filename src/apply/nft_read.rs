@@ -2,7 +2,9 @@
 //! of the tables we own, dumped over nfnetlink (no `*-save` process) and decoded by
 //! [`crate::rules::iptables_nft_decode`], the inverse of the encoder. Comparing that with a plan
 //! ([`ambient_difference`]) is pure; a rule the decoder cannot read is foreign and counts as a
-//! difference, never as equal. iptables-legacy keeps the `*-save` text path ([`super::state`]).
+//! difference, never as equal. A difference is healed from this read, as one nf_tables
+//! transaction ([`super::nft_heal`]), rule handles and chain policies included.
+//! iptables-legacy keeps the `*-save` text path ([`super::state`]).
 
 use std::collections::BTreeSet;
 
