@@ -134,6 +134,7 @@ fn read_kernel(bins: &Binaries, rules: &[Rule], owned: Owned) -> Known {
         return Known::Empty;
     }
     if !bins.is_nft_flavour() {
+        tracing::debug!(family = ?bins.family, "iptables-legacy: reading and healing with *-save and *-restore");
         return Known::Unknown;
     }
     let sets = super::nft_read::KernelSets;

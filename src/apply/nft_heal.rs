@@ -100,6 +100,7 @@ pub fn heal_messages(
             }
         }
     }
+    // As the `*-save` plan and the comparison: only rules in our tables are written.
     let planned: Vec<Rule> = rules
         .iter()
         .filter(|r| owned.tables.contains(&r.table.name()))
