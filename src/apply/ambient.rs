@@ -134,7 +134,7 @@ fn read_kernel(bins: &Binaries, rules: &[Rule], owned: Owned) -> Known {
         return Known::Empty;
     }
     if !bins.is_nft_flavour() {
-        tracing::debug!(family = ?bins.family, "iptables-legacy: reading and healing with *-save and *-restore");
+        tracing::debug!(family = ?bins.family, "not the iptables-nft binaries (legacy): reading and healing with *-save and *-restore");
         return Known::Unknown;
     }
     let sets = super::nft_read::KernelSets;
@@ -244,7 +244,7 @@ fn apply_iptables_with(
     }
     if !heal.is_empty() {
         if let Err(source) = send_nft_messages(heal, opts.userns.as_ref()) {
-            let what = "heal the drifted rules".to_string();
+            let what = "replace the ambient rules that differ from the plan".to_string();
             return Err(undo(exec, work.len(), ApplyError::Netlink { what, source }));
         }
         if work.is_empty() {
