@@ -9,12 +9,16 @@ mod support;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use istio_cni::apply::ambient::{AmbientApply, INPOD_CHAINS, apply_iptables_reading};
+use istio_cni::apply::ambient::{
+    AmbientApply, HOST_CHAINS, INPOD_CHAINS, Owned, apply_iptables_reading,
+};
 use istio_cni::apply::exec::{Cmd, CmdOutput, Executor, SpawnError};
 use istio_cni::apply::iptables::ForceBinary;
 use istio_cni::apply::sidecar::RuleChange;
 use istio_cni::rules::RuleSet;
-use istio_cni::rules::ambient::{AmbientConfig, PodOverrides, inpod_rules};
+use istio_cni::rules::ambient::{
+    AmbientConfig, PROBE_SET_V4, PodOverrides, host_rules, inpod_rules,
+};
 use support::{Netns, require_dataplane_tools, restore_iptables_nft};
 
 /// Refuses to start anything, and remembers what it was asked to start.
@@ -57,6 +61,10 @@ fn cfg(dns: bool) -> AmbientConfig {
 
 /// Heals `ns` towards `rules` with no process allowed; what it changed.
 fn heal(ns: &Netns, rules: &RuleSet) -> RuleChange {
+    heal_owned(ns, rules, INPOD_CHAINS)
+}
+
+fn heal_owned(ns: &Netns, rules: &RuleSet, owned: Owned) -> RuleChange {
     let netns = istio_cni::netns::Netns::open(Path::new(&ns.path())).unwrap();
     let asked = Arc::new(Mutex::new(Vec::new()));
     let mut exec = NoProcess(asked.clone());
@@ -67,7 +75,7 @@ fn heal(ns: &Netns, rules: &RuleSet) -> RuleChange {
                 force_binary: Some(ForceBinary::Nft),
                 ..AmbientApply::default()
             };
-            apply_iptables_reading(&mut exec, &rules, INPOD_CHAINS, &opts)
+            apply_iptables_reading(&mut exec, &rules, owned, &opts)
         })
         .expect("enter the netns");
     let asked = asked.lock().unwrap().clone();
@@ -172,4 +180,62 @@ fn removal_leaves_what_a_fresh_netns_has() {
     );
     assert_eq!(saved(&pod), saved(&Netns::new("ahe")));
     assert_eq!(saved(&pod), "");
+}
+
+#[test]
+fn a_heal_the_kernel_refuses_changes_nothing_and_names_what_was_refused() {
+    require_dataplane_tools();
+    let rules = inpod_rules(&cfg(false), &PodOverrides::default());
+    let pod = fresh("ahf", &rules, &[]);
+    // A user's chain jumps into ours: ours cannot be deleted, so the removal is refused whole.
+    pod.exec("iptables-nft", &["-t", "mangle", "-N", "USER_CHAIN"]);
+    pod.exec(
+        "iptables-nft",
+        &["-t", "mangle", "-A", "USER_CHAIN", "-j", "ISTIO_OUTPUT"],
+    );
+    pod.exec("iptables-nft", &["-t", "nat", "-D", "ISTIO_PRERT", "1"]);
+    let before = saved(&pod);
+    let netns = istio_cni::netns::Netns::open(Path::new(&pod.path())).unwrap();
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let mut exec = NoProcess(asked.clone());
+    let err = netns
+        .run(move || {
+            let opts = AmbientApply {
+                force_binary: Some(ForceBinary::Nft),
+                ..AmbientApply::default()
+            };
+            apply_iptables_reading(&mut exec, &RuleSet::default(), INPOD_CHAINS, &opts)
+        })
+        .expect("enter the netns")
+        .expect_err("ISTIO_OUTPUT is still jumped to");
+    assert!(asked.lock().unwrap().is_empty());
+    let text = err.to_string();
+    assert!(text.contains("mangle/ISTIO_OUTPUT"), "{text}");
+    assert_eq!(saved(&pod), before);
+}
+
+#[test]
+fn the_host_rules_are_removed_without_a_process() {
+    require_dataplane_tools();
+    let host = Netns::new("ahh");
+    host.exec("ipset", &["create", PROBE_SET_V4, "hash:ip"]);
+    let user: &[&str] = &[
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "-o",
+        "eth9",
+        "-j",
+        "MASQUERADE",
+    ];
+    host.exec("iptables-nft", user);
+    restore_iptables_nft(&host, &host_rules(&AmbientConfig::default())).expect("restore");
+    assert!(saved(&host).contains("ISTIO_POSTRT"));
+    let removed = heal_owned(&host, &RuleSet::default(), HOST_CHAINS);
+    assert_eq!(removed, RuleChange::AppliedOverNetlink);
+    assert_eq!(
+        saved(&host),
+        saved(&fresh("ahg", &RuleSet::default(), &[user]))
+    );
 }
