@@ -19,7 +19,8 @@ use crate::rules::{Family, Rule};
 /// table: every built-in chain rule jumping into one of our chains is deleted by handle (a
 /// foreign one too), our chains are flushed, those no longer planned deleted, a built-in chain
 /// only our jumps were in is deleted; then the planned chains are created where missing and
-/// filled, and the planned built-in chain rules appended, as the encoder does for a new netns.
+/// filled, and the planned built-in chain rules added (appended, or first where the plan inserts
+/// at 1), as the encoder does for a new netns.
 /// A table we held something in that would end with no rule, no user chain and only accepting
 /// built-in chains is deleted instead. Rules and chains that are not ours are never named.
 pub fn heal_messages(
