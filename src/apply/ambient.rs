@@ -1,11 +1,21 @@
 //! Ambient rules in one netns, all or nothing and idempotent: the in-pod redirect to ztunnel (and
 //! its policy routing) and the host's probe SNAT rules.
 //!
-//! iptables: each family's state is read with `*-save` and compared with the plan ([`plan_family`]);
-//! identical → nothing is written (counters kept); otherwise one `*-restore --noflush` per family
-//! replaces exactly our chains and jumps (declaring a chain flushes it; stale jumps are deleted,
-//! chains no longer planned removed). If a later restore fails, every touched table is put back
-//! from the snapshot (the sidecar apply's rollback). Removing is the same plan with no rules.
+//! iptables-nft: each family's owned tables are read over netlink as typed rules
+//! ([`super::nft_read`]) and compared with the plan; identical → nothing is written (counters
+//! kept), no process. A new netns gets the encoded rules as one nf_tables transaction; a netns
+//! that differs (drift) or whose rules are removed is healed by one nf_tables transaction for both
+//! families, planned from that read ([`super::nft_heal::heal_messages`]: the stale jumps deleted
+//! by handle, our chains flushed and refilled or deleted, a table left empty dropped), so still no
+//! process. The kernel takes all of it or nothing.
+//!
+//! The `*-save` text path (iptables-legacy, and iptables-nft when the read failed or the netlink
+//! encoding cannot say a rule, e.g. the host's SNAT to a set): each family's state is read with
+//! `*-save` and compared with the plan ([`plan_family`]); identical → nothing is written;
+//! otherwise one `*-restore --noflush` per family replaces exactly our chains and jumps
+//! (declaring a chain flushes it; stale jumps are deleted, chains no longer planned removed). If a
+//! later restore (or the heal transaction) fails, every touched table is put back from the
+//! snapshot (the sidecar apply's rollback). Removing is the same plan with no rules.
 //!
 //! nftables: our tables are read back as typed rules and compared with what the plan's
 //! transaction leaves ([`super::rule_backend::NativeNft`]); identical → nothing is written;
@@ -18,15 +28,16 @@ use super::cleanup::drop_emptied_tables;
 use super::exec::{Executor, ProcessExecutor};
 use super::iptables::{
     ApplyError, Binaries, ForceBinary, detect, restore_cmd, run_checked, save_cmd,
+    send_nft_messages,
 };
 use super::nft::apply_transaction;
+use super::nft_heal::heal_messages;
+use super::nft_read::OwnedState;
 use super::rule_backend::{Diff, NativeNft, RuleBackend};
 use super::sidecar::{RuleChange, Snapshot, holds_no_tables, restore_snapshots};
-use super::state::{State, jump_target, normalise, parse_save};
+use super::state::{State, parse_save};
 use crate::netns::UsernsEntry;
 use crate::rules::ambient::{AmbientConfig, PodOverrides};
-use crate::rules::iptables::{rule_args, rule_line};
-use crate::rules::model::is_builtin_chain;
 use crate::rules::nft_decode::{NativeState, expected};
 use crate::rules::nftables::{NftTable, render_cleanup, render_transaction};
 use crate::rules::{Family, Rule, RuleSet, ambient};
@@ -78,135 +89,6 @@ pub struct AmbientApply {
     pub userns: Option<UsernsEntry>,
 }
 
-/// Compares one family's saved state with its planned rules; `None` when they are the same, else
-/// the `--noflush` restore input that makes them the same (only our chains and the jumps into
-/// them change). Pure.
-pub fn plan_family(state: &State, rules: &[Rule], owned: Owned) -> Option<String> {
-    plan_family_with(state, rules, owned, false)
-}
-
-/// [`plan_family`]; `force`: the restore input even when the text compares equal (the typed read
-/// found a difference the text does not show, e.g. a rule the decoder calls foreign).
-fn plan_family_with(state: &State, rules: &[Rule], owned: Owned, force: bool) -> Option<String> {
-    let mut text = String::new();
-    let mut same = true;
-    // Tables we plan rules in, or that hold a chain of ours or a jump into one.
-    let tables: Vec<&str> = owned
-        .tables
-        .iter()
-        .copied()
-        .filter(|table| {
-            rules.iter().any(|r| r.table.name() == *table)
-                || state.get(*table).is_some_and(|chains| {
-                    chains.iter().any(|(chain, saved)| {
-                        owned.owns(table, chain)
-                            || saved
-                                .iter()
-                                .any(|r| jump_target(r).is_some_and(|t| owned.owns(table, t)))
-                    })
-                })
-        })
-        .collect();
-    for table in tables {
-        let planned: Vec<&Rule> = rules.iter().filter(|r| r.table.name() == table).collect();
-        let current = state.get(table);
-        let planned_chains = owned.planned_chains(&planned);
-        let existing_chains: Vec<&str> = owned
-            .chains
-            .iter()
-            .copied()
-            .filter(|c| current.is_some_and(|t| t.contains_key(*c)))
-            .collect();
-        // Stale jumps into our chains from built-in chains (any copy).
-        let mut deletes = Vec::new();
-        let mut builtin_saved: Vec<(&str, String)> = Vec::new();
-        if let Some(current) = current {
-            for (chain, saved) in current {
-                if !is_builtin_chain(chain) {
-                    continue;
-                }
-                for rule in saved {
-                    if jump_target(rule).is_some_and(|t| owned.owns(table, t)) {
-                        deletes.push(format!("-D {chain} {rule}"));
-                        builtin_saved.push((chain, normalise(rule)));
-                    }
-                }
-            }
-        }
-        if same {
-            same = table_is_same(
-                &planned,
-                current,
-                &planned_chains,
-                &existing_chains,
-                &builtin_saved,
-            );
-        }
-        text.push_str(&format!("*{table}\n"));
-        let declared: BTreeSet<&str> = planned_chains
-            .iter()
-            .chain(&existing_chains)
-            .copied()
-            .collect();
-        for chain in owned.chains.iter().filter(|c| declared.contains(*c)) {
-            text.push_str(&format!(":{chain} - [0:0]\n"));
-        }
-        for d in deletes {
-            text.push_str(&d);
-            text.push('\n');
-        }
-        for rule in &planned {
-            text.push_str(&rule_line(rule));
-            text.push('\n');
-        }
-        for chain in existing_chains
-            .iter()
-            .filter(|c| !planned_chains.contains(c))
-        {
-            text.push_str(&format!("-X {chain}\n"));
-        }
-        text.push_str("COMMIT\n");
-    }
-    (!same || force).then_some(text)
-}
-
-fn table_is_same(
-    planned: &[&Rule],
-    current: Option<&std::collections::BTreeMap<String, Vec<String>>>,
-    planned_chains: &[&str],
-    existing_chains: &[&str],
-    builtin_saved: &[(&str, String)],
-) -> bool {
-    if planned_chains != existing_chains {
-        return false;
-    }
-    let key = |r: &Rule| normalise(&rule_args(r).join(" "));
-    for chain in planned_chains {
-        let want: Vec<String> = planned
-            .iter()
-            .filter(|r| r.chain == *chain)
-            .map(|r| key(r))
-            .collect();
-        let have: Vec<String> = current
-            .and_then(|t| t.get(*chain))
-            .map(|rules| rules.iter().map(|r| normalise(r)).collect())
-            .unwrap_or_default();
-        if want != have {
-            return false;
-        }
-    }
-    // Each planned built-in rule exactly once, and no other jump into our chains.
-    let mut want: Vec<(&str, String)> = planned
-        .iter()
-        .filter(|r| is_builtin_chain(&r.chain))
-        .map(|r| (r.chain.as_str(), key(r)))
-        .collect();
-    let mut have = builtin_saved.to_vec();
-    want.sort();
-    have.sort();
-    want == have
-}
-
 /// Applies (or, with an empty rule set, removes) ambient iptables rules in the calling thread's
 /// netns. Families: IPv4, and IPv6 when it has rules or holds chains of ours.
 pub fn apply_iptables_here(
@@ -215,7 +97,18 @@ pub fn apply_iptables_here(
     opts: &AmbientApply,
 ) -> Result<RuleChange, ApplyError> {
     let mut exec = ProcessExecutor::entering(opts.userns.clone());
-    apply_iptables_with(&mut exec, rules, owned, opts, &read_kernel)
+    apply_iptables_reading(&mut exec, rules, owned, opts)
+}
+
+/// [`apply_iptables_here`] with any executor for the processes it may start (a test's that
+/// refuses them all proves an iptables-nft heal starts none).
+pub fn apply_iptables_reading(
+    exec: &mut dyn Executor,
+    rules: &RuleSet,
+    owned: Owned,
+    opts: &AmbientApply,
+) -> Result<RuleChange, ApplyError> {
+    apply_iptables_with(exec, rules, owned, opts, &read_kernel)
 }
 
 /// What a family holds, learnt from the kernel without a process where it can be.
@@ -225,7 +118,10 @@ enum Known {
     Empty,
     /// iptables-nft, read over netlink as typed rules: exactly the plan.
     Same,
-    /// iptables-nft, read over netlink: differs (how, for the log).
+    /// iptables-nft, read over netlink as typed rules: differs (how, for the log), healed from
+    /// what was read in one nf_tables transaction.
+    Drifted { how: String, state: OwnedState },
+    /// Differs (how, for the log), to be healed from `*-save`.
     Differs(String),
     /// Only `*-save` can tell (legacy, or the read failed).
     Unknown,
@@ -238,13 +134,14 @@ fn read_kernel(bins: &Binaries, rules: &[Rule], owned: Owned) -> Known {
         return Known::Empty;
     }
     if !bins.is_nft_flavour() {
+        tracing::debug!(family = ?bins.family, "not the iptables-nft binaries (legacy): reading and healing with *-save and *-restore");
         return Known::Unknown;
     }
     let sets = super::nft_read::KernelSets;
     match super::nft_read::read_owned(bins.family, owned.tables, &sets) {
         Ok(state) => match super::nft_read::ambient_difference(&state, rules, owned) {
             None => Known::Same,
-            Some(how) => Known::Differs(how),
+            Some(how) => Known::Drifted { how, state },
         },
         Err(e) => {
             tracing::debug!(error = %e, "reading the rules over netlink failed; reading *-save");
@@ -265,7 +162,10 @@ pub fn apply_iptables(
 
 /// `known`: what the kernel says of a family before any `*-save` ([`read_kernel`]): an empty
 /// netns or an iptables-nft one holding exactly the plan needs no process at all (a drift
-/// check's common case); one that differs is healed from `*-save` as before.
+/// check's common case); one read over netlink that differs is healed by one nf_tables
+/// transaction planned from that read ([`heal_messages`]: both families in one batch, each message
+/// carrying its own nfgen family), still no process. `*-save`/`*-restore` remain for legacy, a read
+/// that failed, and rules the netlink encoding cannot say.
 fn apply_iptables_with(
     exec: &mut dyn Executor,
     rules: &RuleSet,
@@ -274,6 +174,7 @@ fn apply_iptables_with(
     known: &dyn Fn(&Binaries, &[Rule], Owned) -> Known,
 ) -> Result<RuleChange, ApplyError> {
     let mut work: Vec<(Binaries, String, State, String)> = Vec::new();
+    let mut heal = Vec::new();
     for family in Family::ALL {
         let family_rules = rules.family(family);
         let bins = match detect(family, opts.force_binary) {
@@ -282,45 +183,72 @@ fn apply_iptables_with(
             Err(_) if family == Family::V6 && family_rules.is_empty() => continue,
             Err(e) => return Err(e),
         };
-        let (text, force) = match known(&bins, family_rules, owned) {
+        let save = |exec: &mut dyn Executor| run_checked(exec, &save_cmd(&bins, &opts.env));
+        let known = match known(&bins, family_rules, owned) {
+            Known::Drifted { how, state } => {
+                match heal_messages(family, &state, family_rules, owned) {
+                    Ok(messages) => {
+                        tracing::debug!(family = ?family, %how, "rules differ from the plan; healing them in one nf_tables transaction");
+                        heal.extend(messages);
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::debug!(family = ?family, reason = %e, "no netlink encoding for the heal; healing with *-save and *-restore");
+                        Known::Differs(how)
+                    }
+                }
+            }
+            other => other,
+        };
+        let (text, force) = match known {
             Known::Same => continue,
             Known::Empty => (String::new(), false),
-            Known::Differs(how) => {
+            Known::Differs(how) | Known::Drifted { how, .. } => {
                 tracing::debug!(family = ?family, %how, "rules differ from the plan");
-                (run_checked(exec, &save_cmd(&bins, &opts.env))?.stdout, true)
+                (save(exec)?.stdout, true)
             }
-            Known::Unknown => (
-                run_checked(exec, &save_cmd(&bins, &opts.env))?.stdout,
-                false,
-            ),
+            Known::Unknown => (save(exec)?.stdout, false),
         };
         let state = parse_save(&text);
         if let Some(restore) = plan_family_with(&state, family_rules, owned, force) {
             work.push((bins, text, state, restore));
         }
     }
-    if work.is_empty() {
+    if work.is_empty() && heal.is_empty() {
         return Ok(RuleChange::AlreadyApplied);
     }
+    // The restores first, the transaction last: if it is refused, the restores are undone too.
+    let undo = |exec: &mut dyn Executor, upto: usize, cause: ApplyError| {
+        let snapshots: Vec<Snapshot> = work[..upto]
+            .iter()
+            .map(|(bins, text, state, _)| Snapshot {
+                bins,
+                text: text.clone(),
+                state: state.clone(),
+                chains: None,
+            })
+            .collect();
+        let refs: Vec<&Snapshot> = snapshots.iter().collect();
+        match restore_snapshots(exec, &refs, &opts.env) {
+            Ok(()) => cause,
+            Err(rollback) => ApplyError::RollbackFailed {
+                cause: Box::new(cause),
+                rollback: Box::new(rollback),
+            },
+        }
+    };
     for (i, (bins, _, _, restore)) in work.iter().enumerate() {
         if let Err(cause) = run_checked(exec, &restore_cmd(bins, restore.clone(), &opts.env)) {
-            let snapshots: Vec<Snapshot> = work[..=i]
-                .iter()
-                .map(|(bins, text, state, _)| Snapshot {
-                    bins,
-                    text: text.clone(),
-                    state: state.clone(),
-                    chains: None,
-                })
-                .collect();
-            let refs: Vec<&Snapshot> = snapshots.iter().collect();
-            return Err(match restore_snapshots(exec, &refs, &opts.env) {
-                Ok(()) => cause,
-                Err(rollback) => ApplyError::RollbackFailed {
-                    cause: Box::new(cause),
-                    rollback: Box::new(rollback),
-                },
-            });
+            return Err(undo(exec, i + 1, cause));
+        }
+    }
+    if !heal.is_empty() {
+        if let Err(source) = send_nft_messages(heal, opts.userns.as_ref()) {
+            let what = "replace the ambient rules that differ from the plan".to_string();
+            return Err(undo(exec, work.len(), ApplyError::Netlink { what, source }));
+        }
+        if work.is_empty() {
+            return Ok(RuleChange::AppliedOverNetlink);
         }
     }
     // With iptables-nft, a table we emptied (e.g. raw once DNS capture is off) would stay behind
@@ -557,7 +485,13 @@ pub fn remove_host_here(opts: &AmbientApply, ipv6: bool) -> Result<(), AmbientEr
         apply_transaction(&mut exec, &render_cleanup(&[NftTable::AmbientHostNat]))?;
         return Ok(());
     }
-    apply_iptables(&mut exec, &RuleSet::default(), HOST_CHAINS, opts)?;
+    apply_iptables_with(
+        &mut exec,
+        &RuleSet::default(),
+        HOST_CHAINS,
+        opts,
+        &read_kernel,
+    )?;
     // The SNAT rule named the sets; with it gone they can go.
     let sets: &[&str] = if ipv6 {
         &[PROBE_SET_V4, PROBE_SET_V6]
@@ -587,6 +521,12 @@ pub enum AmbientError {
     #[error("host probe set: {0}")]
     ProbeSet(#[from] super::probe_set::ProbeSetError),
 }
+
+// The text model's plan, in its own file.
+#[path = "ambient_save.rs"]
+mod save;
+pub use save::plan_family;
+use save::plan_family_with;
 
 #[cfg(test)]
 #[path = "ambient_tests.rs"]

@@ -249,6 +249,30 @@ fn rules_read_back_as_the_plan_start_no_process_and_a_typed_difference_is_healed
 }
 
 #[test]
+fn a_typed_difference_without_a_netlink_encoding_is_healed_with_save_and_restore() {
+    // The host's SNAT to a probe set has no netlink encoding: no transaction, the text path.
+    let rules = host_rules(&AmbientConfig::default());
+    let opts = AmbientApply::default();
+    let drifted = |_: &Binaries, _: &[Rule], _: Owned| Known::Drifted {
+        how: "a jump missing".into(),
+        state: OwnedState::default(),
+    };
+    let mut healed = Recorder::default();
+    let outcome = apply_iptables_with(&mut healed, &rules, HOST_CHAINS, &opts, &drifted).unwrap();
+    assert_eq!(outcome, RuleChange::Applied);
+    assert!(
+        healed.0.iter().any(|p| p.contains("save")),
+        "{:?}",
+        healed.0
+    );
+    assert!(
+        healed.0.iter().any(|p| p.contains("restore")),
+        "{:?}",
+        healed.0
+    );
+}
+
+#[test]
 fn nft_listings_compare_without_handles_counters_or_foreign_tables() {
     let listing = |handle: u32, packets: u32| {
         format!(

@@ -240,7 +240,6 @@ pub fn apply_nft_netlink_entering(
     rules: &RuleSet,
     userns: Option<&UsernsEntry>,
 ) -> Result<(), NftNetlinkError> {
-    use crate::netlink::nft_batch::Transaction;
     use crate::rules::iptables_nft::encode;
     let mut messages = Vec::new();
     for family in Family::ALL {
@@ -248,18 +247,26 @@ pub fn apply_nft_netlink_entering(
             .map_err(|source| NftNetlinkError::Encode { family, source })?;
         messages.extend(encoded);
     }
+    send_nft_messages(messages, userns).map_err(NftNetlinkError::Transaction)
+}
+
+/// Sends `messages` as one nf_tables transaction (the families they name, together) from the
+/// calling thread's netns, or with a [`UsernsEntry`] from a forked child inside the user
+/// namespace owning it. The kernel applies all of it or nothing.
+pub(super) fn send_nft_messages(
+    messages: Vec<crate::rules::iptables_nft::NftMessage>,
+    userns: Option<&UsernsEntry>,
+) -> Result<(), crate::netlink::nft_batch::BatchError> {
+    use crate::netlink::nft_batch::Transaction;
     // The rule engine describes the messages; the netlink transport frames them.
     let mut transaction = Transaction::new();
     for m in messages {
-        transaction
-            .push(m.kind, m.flags, nf_family(m.family), &m.attrs, m.what)
-            .map_err(NftNetlinkError::Transaction)?;
+        transaction.push(m.kind, m.flags, nf_family(m.family), &m.attrs, m.what)?;
     }
     match userns {
         Some(entry) => transaction.send_entering(entry),
         None => transaction.send(),
     }
-    .map_err(NftNetlinkError::Transaction)
 }
 
 /// "exit 2", or "killed by a signal" when there is no exit code.

@@ -14,6 +14,7 @@ pub mod exec;
 pub mod hostproc;
 pub mod iptables;
 pub mod nft;
+pub mod nft_heal;
 pub mod nft_read;
 pub mod pod;
 pub mod probe_set;

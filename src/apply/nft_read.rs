@@ -2,7 +2,9 @@
 //! of the tables we own, dumped over nfnetlink (no `*-save` process) and decoded by
 //! [`crate::rules::iptables_nft_decode`], the inverse of the encoder. Comparing that with a plan
 //! ([`ambient_difference`]) is pure; a rule the decoder cannot read is foreign and counts as a
-//! difference, never as equal. iptables-legacy keeps the `*-save` text path ([`super::state`]).
+//! difference, never as equal. A difference is healed from this read, as one nf_tables
+//! transaction ([`super::nft_heal`]), rule handles and chain policies included.
+//! iptables-legacy keeps the `*-save` text path ([`super::state`]).
 
 use std::collections::BTreeSet;
 
@@ -23,6 +25,9 @@ pub struct OwnedState {
     pub chains: BTreeSet<(String, String)>,
     /// Their rules, chain by chain in the kernel's order.
     pub rules: Vec<DecodedRule>,
+    /// `(table, chain)` of the built-in chains whose policy is not accept: left without rules,
+    /// they still decide packets, so a heal never deletes them or their table.
+    pub not_accepting: BTreeSet<(String, String)>,
 }
 
 impl OwnedState {
@@ -54,11 +59,19 @@ pub fn read_owned(
     tables: &[&str],
     sets: &dyn SetNames,
 ) -> Result<OwnedState, BatchError> {
+    const NF_ACCEPT: u32 = 1;
     let nf = nf_family(family);
-    let chains: BTreeSet<(String, String)> = nft_dump::list_chains(nf)?
-        .into_iter()
-        .filter(|(t, _)| tables.contains(&t.as_str()))
-        .collect();
+    let mut chains = BTreeSet::new();
+    let mut not_accepting = BTreeSet::new();
+    for (table, chain, policy) in nft_dump::list_chains_with_policy(nf)? {
+        if !tables.contains(&table.as_str()) {
+            continue;
+        }
+        if policy.is_some_and(|p| p != NF_ACCEPT) {
+            not_accepting.insert((table.clone(), chain.clone()));
+        }
+        chains.insert((table, chain));
+    }
     let present: BTreeSet<&str> = chains.iter().map(|(t, _)| t.as_str()).collect();
     let mut rules = Vec::new();
     for table in present {
@@ -66,7 +79,11 @@ pub fn read_owned(
             rules.push(decode_rule(family, &record, sets));
         }
     }
-    Ok(OwnedState { chains, rules })
+    Ok(OwnedState {
+        chains,
+        rules,
+        not_accepting,
+    })
 }
 
 /// How `state` differs from holding exactly `rules` in `owned`'s chains — the same question the

@@ -18,15 +18,27 @@ enum DumpMsg {
     SetElem = 13,
 }
 
-/// `NFTA_CHAIN_TABLE`, `NFTA_CHAIN_NAME`; `NFTA_RULE_TABLE`.
+/// `NFTA_CHAIN_TABLE`, `NFTA_CHAIN_NAME`, `NFTA_CHAIN_POLICY`; `NFTA_RULE_TABLE`.
 const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_CHAIN_POLICY: u16 = 5;
 const NFTA_RULE_TABLE: u16 = 1;
 
 /// The `(table, chain)` names of every nf_tables chain of one family (`AF_INET`/`AF_INET6`, 0 for
 /// all) in the calling thread's network namespace. This is how an apply learns cheaply whether
 /// iptables-nft already holds chains of ours.
 pub fn list_chains(family: u8) -> Result<Vec<(String, String)>, BatchError> {
+    Ok(list_chains_with_policy(family)?
+        .into_iter()
+        .map(|(table, chain, _)| (table, chain))
+        .collect())
+}
+
+/// [`list_chains`] with each chain's policy verdict (`NF_ACCEPT` is 1), which only base chains
+/// have: whether a built-in chain left without rules still decides a packet's fate.
+pub fn list_chains_with_policy(
+    family: u8,
+) -> Result<Vec<(String, String, Option<u32>)>, BatchError> {
     let mut chains = Vec::new();
     for record in dump(DumpMsg::Chain, family, &[], "list chains")? {
         chains.extend(chain_names(&record)?);
@@ -90,9 +102,9 @@ fn dump(
     super::nfnl::dump(NFNL_SUBSYS_NFTABLES, msg as u16, family, attrs, what)
 }
 
-/// Table and chain name from the attributes of one `NFT_MSG_NEWCHAIN` dump record.
-fn chain_names(attrs: &[u8]) -> Result<Option<(String, String)>, BatchError> {
-    let (mut table, mut name) = (None, None);
+/// Table, chain name and policy from the attributes of one `NFT_MSG_NEWCHAIN` dump record.
+fn chain_names(attrs: &[u8]) -> Result<Option<(String, String, Option<u32>)>, BatchError> {
+    let (mut table, mut name, mut policy) = (None, None, None);
     for attr in NlasIterator::new(attrs) {
         let attr: NlaBuffer<&[u8]> = attr.map_err(|e| BatchError::Malformed(Some(e)))?;
         let text = || {
@@ -103,8 +115,13 @@ fn chain_names(attrs: &[u8]) -> Result<Option<(String, String)>, BatchError> {
         match attr.kind() {
             NFTA_CHAIN_TABLE => table = Some(text()),
             NFTA_CHAIN_NAME => name = Some(text()),
+            NFTA_CHAIN_POLICY => {
+                policy = <[u8; 4]>::try_from(attr.value())
+                    .ok()
+                    .map(u32::from_be_bytes)
+            }
             _ => {}
         }
     }
-    Ok(table.zip(name))
+    Ok(table.zip(name).map(|(t, n)| (t, n, policy)))
 }

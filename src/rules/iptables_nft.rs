@@ -18,8 +18,7 @@ use std::net::IpAddr;
 
 use netlink_packet_core::{NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL};
 
-use super::iptables::{RestoreStep, restore_steps};
-use super::model::{Family, Match, Position, Proto, Rule, Table, Target, is_builtin_chain};
+use super::model::{Family, Match, Position, Proto, Rule, Table, Target};
 pub use super::nla::{Attr, AttrTooLong, Attrs};
 use super::xtables::{self, OwnerKind};
 
@@ -89,39 +88,18 @@ impl NftMessage {
 /// rule the table is (re)created, built-in chains are created when first used, user chains with
 /// NLM_F_EXCL (a leftover chain fails the whole transaction, which changes nothing).
 pub fn encode(family: Family, rules: &[Rule]) -> Result<Vec<NftMessage>, EncodeError> {
-    let mut out = Vec::new();
-    for (table, steps) in restore_steps(rules) {
-        if !matches!(table, Table::Nat | Table::Raw | Table::Mangle) {
-            return Err(Unsupported(format!("table {table}")).into());
-        }
-        let mut base_chains_created: Vec<&str> = Vec::new();
-        for step in steps {
-            out.push(new_table(family, table)?);
-            match step {
-                RestoreStep::NewChain(chain) => out.push(NftMessage::new(
-                    NFT_MSG_NEWCHAIN,
-                    NLM_F_EXCL,
-                    family,
-                    Attrs::new().string(1, table.name()).string(3, chain),
-                    format!("create chain {table}/{chain}"),
-                )?),
-                RestoreStep::Rule(rule) => {
-                    if is_builtin_chain(&rule.chain)
-                        && !base_chains_created.contains(&rule.chain.as_str())
-                    {
-                        let Some(hook) = builtin_hook(table, &rule.chain) else {
-                            let what = format!("built-in chain {table}/{}", rule.chain);
-                            return Err(Unsupported(what).into());
-                        };
-                        base_chains_created.push(&rule.chain);
-                        out.push(base_chain(family, table, &rule.chain, hook)?);
-                    }
-                    out.push(new_rule(family, rule)?);
-                }
-            }
-        }
-    }
-    Ok(out)
+    encode_onto(family, rules, &|_, _| false)
+}
+
+/// A user chain, with NLM_F_EXCL: one left over fails the transaction, which changes nothing.
+fn new_user_chain(family: Family, table: Table, chain: &str) -> Result<NftMessage, EncodeError> {
+    NftMessage::new(
+        NFT_MSG_NEWCHAIN,
+        NLM_F_EXCL,
+        family,
+        Attrs::new().string(1, table.name()).string(3, chain),
+        format!("create chain {table}/{chain}"),
+    )
 }
 
 fn new_table(family: Family, table: Table) -> Result<NftMessage, EncodeError> {
@@ -577,6 +555,15 @@ fn target(exprs: &mut Attrs, family: Family, target: &Target) -> Result<(), Unsu
     }
     Ok(())
 }
+
+// Deleting and encoding onto existing chains (the drift heal's messages), in a child module so it
+// builds on the private builders above.
+#[path = "iptables_nft_heal.rs"]
+mod heal;
+pub use heal::{
+    NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELTABLE, delete_chain, delete_rule, delete_table,
+    encode_onto, flush_chain,
+};
 
 #[cfg(test)]
 #[path = "iptables_nft_tests.rs"]
