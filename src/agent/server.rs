@@ -31,7 +31,6 @@ use super::settings::PLUGIN_EVENT_SOCKET;
 use crate::kube::plugin_event::{POD_ADD_PATH, PluginAddEvent, PodAddAnswer, PodAddRequest};
 use crate::kube::pod_facts::{self, PodFactsRequest};
 use crate::kube::stores::{self, PodStore, pod_key};
-use crate::netns::procfs::same_ip;
 use crate::telemetry::metrics::ResponseCodeLabel;
 use crate::telemetry::serve::{self, ConnInfo, Limits, Serving, UnixServer};
 use crate::telemetry::socket::{self, Peer, SocketError};
@@ -401,14 +400,12 @@ struct OtherPods(PodStore);
 impl AddressOwners for OtherPods {
     fn owners_of(&self, ips: &[IpAddr], except_uid: &str) -> Vec<(String, IpAddr)> {
         let mut owners = Vec::new();
-        for p in self.0.list() {
-            if pod::uid(&p) == except_uid || pod::is_terminal(&p) || pod::is_host_network(&p) {
-                continue;
-            }
-            for ip in pod::ips(&p) {
-                if ips.iter().any(|held| same_ip(*held, ip)) {
-                    owners.push((pod_key(pod::namespace(&p), pod::name(&p)), ip));
+        for &ip in ips {
+            for p in self.0.at_address(ip) {
+                if pod::uid(&p) == except_uid || pod::is_terminal(&p) || pod::is_host_network(&p) {
+                    continue;
                 }
+                owners.push((pod_key(pod::namespace(&p), pod::name(&p)), ip));
             }
         }
         owners

@@ -33,7 +33,7 @@ fn text_attr(m: &NftMessage, kind: u16) -> Option<String> {
             AttrValue::Bytes(b) => String::from_utf8_lossy(b)
                 .trim_end_matches('\0')
                 .to_string(),
-            AttrValue::Nested(_) => panic!("attribute {kind} of {} is nested", m.what),
+            AttrValue::Nested(..) => panic!("attribute {kind} of {} is nested", m.what),
         })
 }
 
@@ -117,7 +117,7 @@ impl Kernel {
                             AttrValue::Bytes(b) => {
                                 u64::from_be_bytes(b.as_slice().try_into().unwrap())
                             }
-                            AttrValue::Nested(_) => panic!("nested handle"),
+                            AttrValue::Nested(..) => panic!("nested handle"),
                         });
                     let rules = self.chain_mut(&table, &chain);
                     match handle {

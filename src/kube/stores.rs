@@ -86,6 +86,10 @@ pub trait Stored: Clone + Send + Sync + 'static {
     fn resource_version(&self) -> Option<&str>;
     /// Drops what no consumer reads, before the object is stored.
     fn trim(self) -> Self;
+    /// The addresses the store indexes the object by ([`Store::at_address`]); none by default.
+    fn addresses(&self) -> Vec<std::net::IpAddr> {
+        Vec::new()
+    }
 }
 
 impl Stored for Pod {
@@ -108,6 +112,11 @@ impl Stored for Pod {
     fn trim(mut self) -> Self {
         self.metadata.managed_fields = None;
         self
+    }
+
+    /// Its IPs ([`pod_ips`]): the agent asks which pods hold an address a netns holds.
+    fn addresses(&self) -> Vec<std::net::IpAddr> {
+        pod_ips(self)
     }
 }
 
@@ -175,6 +184,8 @@ pub fn pod_key(namespace: &str, name: &str) -> String {
 
 struct State<K> {
     objects: HashMap<String, Arc<K>>,
+    /// Keys by [`Stored::addresses`] (kept with `objects`).
+    by_address: HashMap<std::net::IpAddr, Vec<String>>,
     /// The objects of a re-list in progress (watcher `Init` .. `InitDone`).
     relist: Option<HashMap<String, Arc<K>>>,
     subscribers: Vec<mpsc::UnboundedSender<StoreEvent<K>>>,
@@ -220,6 +231,7 @@ impl<K: Stored> Store<K> {
             inner: Arc::new(Inner {
                 state: Mutex::new(State {
                     objects: HashMap::new(),
+                    by_address: HashMap::new(),
                     relist: None,
                     subscribers: Vec::new(),
                 }),
@@ -241,6 +253,18 @@ impl<K: Stored> Store<K> {
 
     pub fn list(&self) -> Vec<Arc<K>> {
         self.state().objects.values().cloned().collect()
+    }
+
+    /// The objects whose [`Stored::addresses`] hold `ip` (a lookup, not a scan).
+    pub fn at_address(&self, ip: std::net::IpAddr) -> Vec<Arc<K>> {
+        let state = self.state();
+        state
+            .by_address
+            .get(&ip.to_canonical())
+            .into_iter()
+            .flatten()
+            .filter_map(|key| state.objects.get(key).cloned())
+            .collect()
     }
 
     pub fn len(&self) -> usize {
@@ -357,12 +381,22 @@ impl<K: Stored> Store<K> {
                     }
                 }
                 out.extend(old.into_values().map(StoreEvent::Deleted));
+                state.by_address.clear();
+                for (key, object) in &fresh {
+                    index(&mut state.by_address, key, object.as_ref(), true);
+                }
                 state.objects = fresh;
                 self.inner.synced.send_replace(SyncState::Synced);
             }
             watcher::Event::Apply(object) => {
                 let new = Arc::new(object.trim());
-                match state.objects.insert(new.key(), new.clone()) {
+                let key = new.key();
+                let old = state.objects.insert(key.clone(), new.clone());
+                if let Some(old) = &old {
+                    index(&mut state.by_address, &key, old.as_ref(), false);
+                }
+                index(&mut state.by_address, &key, new.as_ref(), true);
+                match old {
                     None => out.push(StoreEvent::Added(new)),
                     Some(old) if changed(old.as_ref(), new.as_ref()) => {
                         out.push(StoreEvent::Updated { old, new })
@@ -372,7 +406,10 @@ impl<K: Stored> Store<K> {
             }
             watcher::Event::Delete(object) => {
                 let gone = Arc::new(object.trim());
-                state.objects.remove(&gone.key());
+                let key = gone.key();
+                if let Some(old) = state.objects.remove(&key) {
+                    index(&mut state.by_address, &key, old.as_ref(), false);
+                }
                 out.push(StoreEvent::Deleted(gone));
             }
         }
@@ -386,6 +423,25 @@ impl<K: Stored> Store<K> {
             .store(live_after, std::sync::atomic::Ordering::SeqCst);
         drop(state);
         self.inner.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+/// Adds (or removes) `key` under each of `object`'s addresses.
+fn index<K: Stored>(
+    by_address: &mut HashMap<std::net::IpAddr, Vec<String>>,
+    key: &str,
+    object: &K,
+    add: bool,
+) {
+    for ip in object.addresses() {
+        let ip = ip.to_canonical();
+        let keys = by_address.entry(ip).or_default();
+        keys.retain(|k| k != key);
+        if add {
+            keys.push(key.to_string());
+        } else if keys.is_empty() {
+            by_address.remove(&ip);
+        }
     }
 }
 

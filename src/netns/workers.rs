@@ -79,12 +79,14 @@ where
                 path: owned_path.clone(),
                 source,
             }),
-            Ok(()) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(
-                |panic| NetnsError::Thread {
-                    path: owned_path.clone(),
-                    reason: panic_text(panic.as_ref()).unwrap_or("panic").to_string(),
-                },
-            ),
+            Ok(()) => {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|panic| {
+                    NetnsError::Thread {
+                        path: owned_path.clone(),
+                        reason: panic_text(panic.as_ref()).unwrap_or("panic").to_string(),
+                    }
+                })
+            }
         };
         let back_home = setns(home, CloneFlags::CLONE_NEWNET).is_ok();
         let _ = answer.send((outcome, back_home));
@@ -170,7 +172,11 @@ mod tests {
             if name.trim() == "netns"
                 && let Ok(ns) = Netns::open(&task.path().join("ns/net"))
             {
-                assert_ne!(ns.id(), a.id(), "an idle worker still inside the pod's netns");
+                assert_ne!(
+                    ns.id(),
+                    a.id(),
+                    "an idle worker still inside the pod's netns"
+                );
             }
         }
     }

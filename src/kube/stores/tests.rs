@@ -202,3 +202,47 @@ fn a_refused_first_list_ends_the_wait_at_once_and_a_later_sync_wins() {
     rt.block_on(store.wait_synced(Duration::from_millis(20)))
         .unwrap();
 }
+
+#[test]
+fn pods_are_found_by_address_through_updates_deletes_and_relists() {
+    let with_ip = |name: &str, rv: &str, ip: &str| {
+        let mut p = pod("a", name, rv);
+        p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            pod_ip: Some(ip.into()),
+            ..Default::default()
+        });
+        p
+    };
+    let names = |store: &PodStore, ip: &str| -> Vec<String> {
+        let mut n: Vec<String> = store
+            .at_address(ip.parse().unwrap())
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap_or_default())
+            .collect();
+        n.sort();
+        n
+    };
+    let store = PodStore::new();
+    store.apply(watcher::Event::Init);
+    store.apply(watcher::Event::InitApply(with_ip("p", "1", "10.0.0.1")));
+    store.apply(watcher::Event::InitDone);
+    assert_eq!(names(&store, "10.0.0.1"), ["p"]);
+    // A new IP moves the pod; a finished pod's IP reused by another: both found.
+    store.apply(watcher::Event::Apply(with_ip("p", "2", "10.0.0.2")));
+    store.apply(watcher::Event::Apply(with_ip("q", "3", "10.0.0.2")));
+    assert!(names(&store, "10.0.0.1").is_empty());
+    assert_eq!(names(&store, "10.0.0.2"), ["p", "q"]);
+    assert_eq!(
+        names(&store, "::ffff:10.0.0.2"),
+        ["p", "q"],
+        "v4-mapped is the same IP"
+    );
+    store.apply(watcher::Event::Delete(with_ip("p", "4", "10.0.0.2")));
+    assert_eq!(names(&store, "10.0.0.2"), ["q"]);
+    // A re-list replaces the index with what it found.
+    store.apply(watcher::Event::Init);
+    store.apply(watcher::Event::InitApply(with_ip("r", "5", "10.0.0.3")));
+    store.apply(watcher::Event::InitDone);
+    assert!(names(&store, "10.0.0.2").is_empty());
+    assert_eq!(names(&store, "10.0.0.3"), ["r"]);
+}
