@@ -56,18 +56,26 @@ impl ports::DataplanePort for Dataplane {
         &self,
         uid: &str,
         ips: &[IpAddr],
-        believed: &ports::ProbeEntries,
+        believed: Option<&ports::ProbeEntries>,
     ) -> Result<(), PortError> {
-        Dataplane::probe_add_believed(self, uid, ips, believed).map_err(dataplane_error)
+        match believed {
+            Some(believed) => Dataplane::probe_add_believed(self, uid, ips, believed),
+            None => Dataplane::probe_add(self, uid, ips),
+        }
+        .map_err(dataplane_error)
     }
 
     fn probe_remove(
         &self,
         uid: &str,
         ips: &[IpAddr],
-        believed: &ports::ProbeEntries,
+        believed: Option<&ports::ProbeEntries>,
     ) -> Result<(), PortError> {
-        Dataplane::probe_remove_believed(self, uid, ips, believed).map_err(dataplane_error)
+        match believed {
+            Some(believed) => Dataplane::probe_remove_believed(self, uid, ips, believed),
+            None => Dataplane::probe_remove(self, uid, ips),
+        }
+        .map_err(dataplane_error)
     }
 
     fn probe_sync(

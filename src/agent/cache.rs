@@ -29,6 +29,11 @@ pub struct CachedPod {
 #[derive(Debug, Default)]
 pub struct PodCache {
     pods: RwLock<Pods>,
+    /// Whether the probe sets are known to hold nothing the cache does not record: set by a
+    /// sync that pruned (the kernel then holds exactly the members). Until then (a restarted
+    /// agent may find entries an earlier one wrote for pods it does not know) a change is
+    /// planned against the kernel's entries, not the belief.
+    belief_complete: std::sync::atomic::AtomicBool,
 }
 
 /// The entries by UID, and the UIDs by `namespace/name` (a run of a pod's key asks for the
@@ -193,7 +198,14 @@ impl PodCache {
     /// What the probe set holds around a change of `uid` at `ips`, as the cache believes: the
     /// entries at those IPs (whichever pod recorded them) and `uid`'s own. A change is planned
     /// from this instead of a dump of the set (the mesh holds its probe gate meanwhile).
-    pub fn probe_believed(&self, uid: &str, ips: &[IpAddr]) -> BTreeMap<IpAddr, String> {
+    /// `None` while the belief may be incomplete ([`PodCache::probe_set_synced`]).
+    pub fn probe_believed(&self, uid: &str, ips: &[IpAddr]) -> Option<BTreeMap<IpAddr, String>> {
+        if !self
+            .belief_complete
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return None;
+        }
         let pods = self.read();
         let mut believed = BTreeMap::new();
         if let Some(own) = pods.get(uid).and_then(|p| p.probe_ips.as_ref()) {
@@ -212,7 +224,16 @@ impl PodCache {
                 }
             }
         }
-        believed
+        Some(believed)
+    }
+
+    /// A probe-set sync succeeded; `pruned`: it removed every entry of no member, so the sets
+    /// now hold exactly what the cache records and changes may be planned from the belief.
+    pub fn probe_set_synced(&self, pruned: bool) {
+        if pruned {
+            self.belief_complete
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
     }
 
     /// Marks (or clears) the pod's `enabled` annotation as owed; a pod not cached is left out.
@@ -346,8 +367,13 @@ mod tests {
         cache.set_probe_ips("old", Some(vec![ip("10.0.0.1")]));
         cache.set_probe_ips("new", Some(vec![ip("10.0.0.2")]));
         cache.set_probe_ips("other", Some(vec![ip("10.0.0.9")]));
+        // Nothing is believed before a pruning sync (a restarted agent's sets may hold more).
+        assert_eq!(cache.probe_believed("new", &[ip("10.0.0.1")]), None);
+        cache.probe_set_synced(false);
+        assert_eq!(cache.probe_believed("new", &[ip("10.0.0.1")]), None);
+        cache.probe_set_synced(true);
         // The asker's own entries and whoever holds the IPs it asks about; nobody else.
-        let believed = cache.probe_believed("new", &[ip("10.0.0.1")]);
+        let believed = cache.probe_believed("new", &[ip("10.0.0.1")]).unwrap();
         assert_eq!(
             believed,
             BTreeMap::from([
@@ -358,7 +384,7 @@ mod tests {
         // Another pod's record of an IP wins over the asker's own.
         cache.set_probe_ips("other", Some(vec![ip("10.0.0.2")]));
         assert_eq!(
-            cache.probe_believed("new", &[])[&ip("10.0.0.2")],
+            cache.probe_believed("new", &[]).unwrap()[&ip("10.0.0.2")],
             "other".to_string()
         );
     }

@@ -283,9 +283,13 @@ async fn verify_probe_set(core: &Core, reported: &mut Reported, summary: &mut Pa
         let _exclusive = core.mesh.probe_gate.lock().await;
         let (members, prune) = core.mesh.cache.probe_members();
         let dp = core.mesh.dataplane.clone();
-        tokio::task::spawn_blocking(move || dp.probe_sync(&members, prune))
+        let synced = tokio::task::spawn_blocking(move || dp.probe_sync(&members, prune))
             .await
-            .unwrap_or_else(|e| Err(PortError::retryable(format!("data-plane task failed: {e}"))))
+            .unwrap_or_else(|e| Err(PortError::retryable(format!("data-plane task failed: {e}"))));
+        if synced.is_ok() {
+            core.mesh.cache.probe_set_synced(prune);
+        }
+        synced
     };
     let synced = match result {
         Ok(synced) => synced,

@@ -352,7 +352,7 @@ impl Mesh {
             let believed = self.cache.probe_believed(&uid, &ips);
             let (probe_uid, probe_ips) = (uid.clone(), ips.clone());
             self.blocking(p, MeshStep::ProbeSet, move |dp| {
-                dp.probe_remove(&probe_uid, &probe_ips, &believed)
+                dp.probe_remove(&probe_uid, &probe_ips, believed.as_ref())
             })
             .await?;
             self.cache.set_probe_ips(&uid, Some(vec![]));
@@ -420,7 +420,7 @@ impl Mesh {
         let believed = self.cache.probe_believed(uid, ips);
         let (probe_uid, probe_ips) = (uid.to_string(), ips.to_vec());
         self.blocking(p, MeshStep::ProbeSet, move |dp| {
-            dp.probe_add(&probe_uid, &probe_ips, &believed)
+            dp.probe_add(&probe_uid, &probe_ips, believed.as_ref())
         })
         .await?;
         self.cache.set_probe_ips(uid, Some(ips.to_vec()));

@@ -237,8 +237,9 @@ async fn restore_enrolled(core: &Arc<Core>, reconcile: bool) {
         warn!("the startup snapshot task failed");
         return;
     };
-    if let Err(e) = synced {
-        warn!("syncing the host probe set at startup failed (kept as it was): {e}");
+    match synced {
+        Ok(_) => cache.probe_set_synced(prune),
+        Err(e) => warn!("syncing the host probe set at startup failed (kept as it was): {e}"),
     }
     let mut found = found;
     let mut to_reconcile = Vec::new();

@@ -76,14 +76,14 @@ pub trait DataplanePort: Send + Sync + 'static {
         &self,
         uid: &str,
         ips: &[IpAddr],
-        believed: &ProbeEntries,
+        believed: Option<&ProbeEntries>,
     ) -> Result<(), PortError>;
     /// Removes only entries owned by `uid` (`believed` as for [`DataplanePort::probe_add`]).
     fn probe_remove(
         &self,
         uid: &str,
         ips: &[IpAddr],
-        believed: &ProbeEntries,
+        believed: Option<&ProbeEntries>,
     ) -> Result<(), PortError>;
     /// Makes the set hold `members` (read fresh from the kernel); with `prune`, entries of anyone
     /// else go. Returns what it had to change.

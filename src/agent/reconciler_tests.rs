@@ -414,7 +414,7 @@ impl DataplanePort for Slow {
         &self,
         uid: &str,
         ips: &[IpAddr],
-        believed: &crate::agent::ports::ProbeEntries,
+        believed: Option<&crate::agent::ports::ProbeEntries>,
     ) -> Result<(), PortError> {
         self.inner.probe_add(uid, ips, believed)
     }
@@ -422,7 +422,7 @@ impl DataplanePort for Slow {
         &self,
         uid: &str,
         ips: &[IpAddr],
-        believed: &crate::agent::ports::ProbeEntries,
+        believed: Option<&crate::agent::ports::ProbeEntries>,
     ) -> Result<(), PortError> {
         self.inner.probe_remove(uid, ips, believed)
     }

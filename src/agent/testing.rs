@@ -143,7 +143,7 @@ impl DataplanePort for FakeDataplane {
         &self,
         uid: &str,
         ips: &[IpAddr],
-        _believed: &super::ports::ProbeEntries,
+        _believed: Option<&super::ports::ProbeEntries>,
     ) -> Result<(), PortError> {
         let mut probes = self.probe_call(format!("probe_add {uid}"))?;
         for ip in ips {
@@ -156,7 +156,7 @@ impl DataplanePort for FakeDataplane {
         &self,
         uid: &str,
         ips: &[IpAddr],
-        _believed: &super::ports::ProbeEntries,
+        _believed: Option<&super::ports::ProbeEntries>,
     ) -> Result<(), PortError> {
         let mut probes = self.probe_call(format!("probe_remove {uid}"))?;
         for ip in ips {
