@@ -348,15 +348,15 @@ fn probe_set_lifecycle(nft: bool) {
     };
     let dp = Dataplane::new(&host.settings(nft, false)).expect("data plane");
     let ip: IpAddr = "10.77.0.1".parse().unwrap();
-    dp.probe_add("old-uid", &[ip]).unwrap();
+    dp.probe_add("old-uid", &[ip], None).unwrap();
     assert_eq!(entries(&host.netns)[&ip], "old-uid");
     // The IP is reused by a new pod: it takes the entry.
-    dp.probe_add("new-uid", &[ip]).unwrap();
+    dp.probe_add("new-uid", &[ip], None).unwrap();
     assert_eq!(entries(&host.netns)[&ip], "new-uid");
     // The old pod's removal leaves the new pod's entry.
-    dp.probe_remove("old-uid", &[ip]).unwrap();
+    dp.probe_remove("old-uid", &[ip], None).unwrap();
     assert_eq!(entries(&host.netns)[&ip], "new-uid");
-    dp.probe_remove("new-uid", &[ip]).unwrap();
+    dp.probe_remove("new-uid", &[ip], None).unwrap();
     assert!(!entries(&host.netns).contains_key(&ip));
 
     // 20 enrolled pods and one stranger; the agent restarts and re-syncs while a poller watches.
@@ -369,7 +369,7 @@ fn probe_set_lifecycle(nft: bool) {
         })
         .collect();
     dp.probe_sync(&members, false).unwrap();
-    dp.probe_add("stranger", &["10.77.2.1".parse().unwrap()])
+    dp.probe_add("stranger", &["10.77.2.1".parse().unwrap()], None)
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let (poll_stop, name, want) = (stop.clone(), host.netns.name.clone(), members.clone());

@@ -53,12 +53,12 @@ fn measure(nft: bool) {
     };
     let (started, cpu) = (Instant::now(), cpu_ms());
     for (uid, ip) in &pods {
-        dp.probe_add(uid, &[*ip]).unwrap();
+        dp.probe_add(uid, &[*ip], None).unwrap();
     }
     let (add, add_cpu) = per(started, cpu);
     let (started, cpu) = (Instant::now(), cpu_ms());
     for (uid, ip) in &pods {
-        dp.probe_remove(uid, &[*ip]).unwrap();
+        dp.probe_remove(uid, &[*ip], None).unwrap();
     }
     let (remove, remove_cpu) = per(started, cpu);
     println!(
@@ -259,15 +259,17 @@ fn concurrent(nft: bool) {
             std::thread::spawn(move || {
                 for i in 0..25u32 {
                     let uid = format!("uid-{w}-{i}");
-                    dp.probe_add(&uid, &[ip(&format!("10.79.{w}.{}", i + 1))])
+                    dp.probe_add(&uid, &[ip(&format!("10.79.{w}.{}", i + 1))], None)
                         .unwrap();
                 }
                 // The old owner of a shared IP goes while the new one takes it.
                 let shared = ip(&format!("10.80.0.{}", w + 1));
-                dp.probe_add(&format!("old-{w}"), &[shared]).unwrap();
+                dp.probe_add(&format!("old-{w}"), &[shared], None).unwrap();
                 let (a, b) = (dp.clone(), dp.clone());
-                let new = std::thread::spawn(move || a.probe_add(&format!("new-{w}"), &[shared]));
-                b.probe_remove(&format!("old-{w}"), &[shared]).unwrap();
+                let new =
+                    std::thread::spawn(move || a.probe_add(&format!("new-{w}"), &[shared], None));
+                b.probe_remove(&format!("old-{w}"), &[shared], None)
+                    .unwrap();
                 new.join().unwrap().unwrap();
             })
         })
@@ -318,16 +320,14 @@ fn believed_changes(nft: bool) {
             .map(|(ip, uid)| (*ip, uid.to_string()))
             .collect()
     };
-    dp.probe_add_believed("uid-a", &[a], &believed(&[]))
-        .unwrap();
-    dp.probe_add_believed("uid-b", &[b], &believed(&[]))
-        .unwrap();
+    dp.probe_add("uid-a", &[a], Some(&believed(&[]))).unwrap();
+    dp.probe_add("uid-b", &[b], Some(&believed(&[]))).unwrap();
     // IP reuse the cache knows of: b's IP goes to c.
-    dp.probe_add_believed("uid-c", &[b], &believed(&[(b, "uid-b")]))
+    dp.probe_add("uid-c", &[b], Some(&believed(&[(b, "uid-b")])))
         .unwrap();
     // The cache believes an entry the kernel does not hold (deleted behind its back).
     let gone = ip("10.81.0.3");
-    dp.probe_add_believed("uid-d", &[gone], &believed(&[(gone, "uid-x")]))
+    dp.probe_add("uid-d", &[gone], Some(&believed(&[(gone, "uid-x")])))
         .unwrap();
     let now = listed(&host.netns, nft);
     let want: BTreeMap<IpAddr, String> = [(a, "uid-a"), (b, "uid-c"), (gone, "uid-d")]
@@ -336,9 +336,9 @@ fn believed_changes(nft: bool) {
         .collect();
     assert_eq!(now, want);
     // A removal only takes what carries the UID; a stale belief deletes no other pod's entry.
-    dp.probe_remove_believed("uid-b", &[b], &believed(&[(b, "uid-c")]))
+    dp.probe_remove("uid-b", &[b], Some(&believed(&[(b, "uid-c")])))
         .unwrap();
-    dp.probe_remove_believed("uid-a", &[a], &believed(&[(a, "uid-a")]))
+    dp.probe_remove("uid-a", &[a], Some(&believed(&[(a, "uid-a")])))
         .unwrap();
     let now = listed(&host.netns, nft);
     assert_eq!(now.get(&b), Some(&"uid-c".to_string()), "{now:?}");

@@ -58,11 +58,7 @@ impl ports::DataplanePort for Dataplane {
         ips: &[IpAddr],
         believed: Option<&ports::ProbeEntries>,
     ) -> Result<(), PortError> {
-        match believed {
-            Some(believed) => Dataplane::probe_add_believed(self, uid, ips, believed),
-            None => Dataplane::probe_add(self, uid, ips),
-        }
-        .map_err(dataplane_error)
+        Dataplane::probe_add(self, uid, ips, believed).map_err(dataplane_error)
     }
 
     fn probe_remove(
@@ -71,11 +67,7 @@ impl ports::DataplanePort for Dataplane {
         ips: &[IpAddr],
         believed: Option<&ports::ProbeEntries>,
     ) -> Result<(), PortError> {
-        match believed {
-            Some(believed) => Dataplane::probe_remove_believed(self, uid, ips, believed),
-            None => Dataplane::probe_remove(self, uid, ips),
-        }
-        .map_err(dataplane_error)
+        Dataplane::probe_remove(self, uid, ips, believed).map_err(dataplane_error)
     }
 
     fn probe_sync(

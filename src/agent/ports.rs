@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::kube::{EventRecord, KubeClient, KubeError, MetadataPatch, PodPatchVia};
 use crate::netns::{Netns, NetnsId};
 
-/// Probe-set entries: IP -> the UID its comment names.
-pub type ProbeEntries = std::collections::BTreeMap<IpAddr, String>;
+/// Probe-set entries: IP -> the UID its comment names (the data plane's own type).
+pub use crate::apply::probe_set::Entries as ProbeEntries;
 
 /// A failure of a seam, and whether trying again later may help.
 #[derive(Debug, thiserror::Error)]

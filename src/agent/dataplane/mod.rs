@@ -402,29 +402,17 @@ impl Dataplane {
             .collect()
     }
 
-    /// Puts the pod's IPs into the probe sets under its UID (a reused IP moves to this UID),
-    /// planned against the sets as the kernel holds them.
-    pub fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), DataplaneError> {
-        self.probe_upsert(uid, ips, None)
-    }
-
-    /// [`Dataplane::probe_add`] planned against `believed`: what the pod cache says the sets
-    /// hold at these IPs and for this UID (no dump; see [`probe_set::change_believed`]).
-    pub fn probe_add_believed(
+    /// Puts the pod's IPs into the probe sets under its UID (a reused IP moves to this UID).
+    /// Planned against `believed` when given: what the pod cache says the sets hold at these IPs
+    /// and for this UID (no dump; see [`probe_set::change_believed`]); else against the sets as
+    /// the kernel holds them.
+    pub fn probe_add(
         &self,
         uid: &str,
         ips: &[IpAddr],
-        believed: &Entries,
+        believed: Option<&Entries>,
     ) -> Result<(), DataplaneError> {
-        self.probe_upsert(uid, ips, Some(self.probed_entries(believed)))
-    }
-
-    fn probe_upsert(
-        &self,
-        uid: &str,
-        ips: &[IpAddr],
-        believed: Option<Entries>,
-    ) -> Result<(), DataplaneError> {
+        let believed = believed.map(|b| self.probed_entries(b));
         let (owner, wanted) = (uid.to_string(), self.probed(ips));
         self.probe_change(format!("add pod {uid}"), believed, move |current| {
             probe_set::plan_upsert(current, &owner, &wanted)
@@ -454,27 +442,14 @@ impl Dataplane {
     }
 
     /// Removes the pod's IPs from the probe sets, only where the entry carries its UID (planned
-    /// against the kernel's sets).
-    pub fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), DataplaneError> {
-        self.probe_delete(uid, ips, None)
-    }
-
-    /// [`Dataplane::probe_remove`] planned against `believed` (as [`Dataplane::probe_add_believed`]).
-    pub fn probe_remove_believed(
+    /// against `believed` or the kernel's sets, as [`Dataplane::probe_add`]).
+    pub fn probe_remove(
         &self,
         uid: &str,
         ips: &[IpAddr],
-        believed: &Entries,
+        believed: Option<&Entries>,
     ) -> Result<(), DataplaneError> {
-        self.probe_delete(uid, ips, Some(self.probed_entries(believed)))
-    }
-
-    fn probe_delete(
-        &self,
-        uid: &str,
-        ips: &[IpAddr],
-        believed: Option<Entries>,
-    ) -> Result<(), DataplaneError> {
+        let believed = believed.map(|b| self.probed_entries(b));
         let (owner, gone) = (uid.to_string(), ips.to_vec());
         self.probe_change(format!("remove pod {uid}"), believed, move |current| {
             let (ops, foreign) = probe_set::plan_remove(current, &owner, &gone);
