@@ -156,6 +156,26 @@ mod tests {
     }
 }
 
+thread_local! {
+    /// This thread's netlink receive buffer, kept between requests.
+    static REPLY_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `read` with this thread's receive buffer: empty, with room for at least `capacity` bytes,
+/// kept between requests. Nothing is zero-filled: `recv` writes into the spare room and only what
+/// it wrote is read, so only the pages replies ever reached are resident. A fresh zeroed 32-64 KiB
+/// buffer per request was a visible share of the agent's CPU (allocated, zeroed, faulted in,
+/// returned). A nested use gets a buffer of its own.
+fn with_reply_buffer<T>(capacity: usize, read: impl FnOnce(&mut Vec<u8>) -> T) -> T {
+    let mut buf = REPLY_BUFFER.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    buf.clear();
+    buf.reserve(capacity);
+    let out = read(&mut buf);
+    buf.clear();
+    REPLY_BUFFER.with(|b| *b.borrow_mut() = buf);
+    out
+}
+
 pub mod ipset;
 pub mod nfnl;
 pub mod nft_batch;

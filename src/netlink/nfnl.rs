@@ -1,8 +1,12 @@
 //! Single nfnetlink requests outside an nf_tables batch, in the calling thread's network
 //! namespace: one message answered by an ACK or an error (ipset changes, which have no batches),
 //! and dumps (ipset `LIST`, nf_tables `GET*`), each record handed back as its attribute bytes.
-//! One socket per request; every answer must carry the request's sequence number. The batch
-//! framing of nf_tables transactions is [`super::nft_batch`]'s; the headers are shared with it.
+//! One socket per request, or one for all the requests of a [`with_session`] scope on the thread
+//! (a drift check's dumps of one netns); every answer must carry the request's sequence number.
+//! The batch framing of nf_tables transactions is [`super::nft_batch`]'s; the headers are shared
+//! with it.
+
+use std::cell::RefCell;
 
 use netlink_packet_core::{
     Emitable, ErrorBuffer, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR,
@@ -19,6 +23,45 @@ pub const NFNL_SUBSYS_IPSET: u16 = 6;
 /// `NFNL_SUBSYS_NFTABLES`.
 pub const NFNL_SUBSYS_NFTABLES: u16 = super::nft_batch::NFNL_SUBSYS_NFTABLES;
 const SEQ: u32 = 1;
+
+thread_local! {
+    /// The open scope of [`with_session`] on this thread: `Some(socket once one was made)`.
+    static SESSION: RefCell<Option<Option<Socket>>> = const { RefCell::new(None) };
+}
+
+/// Runs `work` with every nfnetlink request it makes on this thread sharing one socket (opened on
+/// the first), closed when `work` returns. The scope is the caller's: a socket belongs to the netns
+/// it was opened in, so a scope must not span a change of namespace (none is made on a thread that
+/// stays where it is; [`crate::netns`] runs another namespace's work on another thread). A request
+/// that fails drops the socket, so nothing unread from it is seen by the next one.
+pub fn with_session<T>(work: impl FnOnce() -> T) -> T {
+    struct Restore(Option<Option<Socket>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let outer = self.0.take();
+            SESSION.with(|s| *s.borrow_mut() = outer);
+        }
+    }
+    let _restore = Restore(SESSION.with(|s| s.borrow_mut().replace(None)));
+    work()
+}
+
+/// The session's socket, or a new one.
+fn take_socket() -> Result<Socket, BatchError> {
+    match SESSION.with(|s| s.borrow_mut().as_mut().and_then(Option::take)) {
+        Some(socket) => Ok(socket),
+        None => open(),
+    }
+}
+
+/// Hands a socket that answered cleanly back to the session (outside one it is closed).
+fn give_back(socket: Socket) {
+    SESSION.with(|s| {
+        if let Some(slot) = s.borrow_mut().as_mut() {
+            *slot = Some(socket);
+        }
+    });
+}
 
 fn open() -> Result<Socket, BatchError> {
     let mut socket = Socket::new(NETLINK_NETFILTER)?;
@@ -84,11 +127,22 @@ enum Reply<'a> {
 fn read_replies(
     socket: &Socket,
     what: &str,
+    on_record: impl FnMut(&[u8]),
+) -> Result<(), BatchError> {
+    super::with_reply_buffer(REPLY_BUFFER, |buf| read_into(socket, buf, what, on_record))
+}
+
+fn read_into(
+    socket: &Socket,
+    buf: &mut Vec<u8>,
+    what: &str,
     mut on_record: impl FnMut(&[u8]),
 ) -> Result<(), BatchError> {
-    let mut buf = vec![0u8; REPLY_BUFFER];
     loop {
-        let n = socket.recv(&mut &mut buf[..], 0)?;
+        buf.clear();
+        // Into the spare room: `n` is what was written (no MSG_TRUNC asked).
+        socket.recv(buf, 0)?;
+        let n = buf.len();
         if n == 0 {
             return Err(BatchError::Unanswered);
         }
@@ -135,7 +189,7 @@ pub fn request<A: Nla>(
     attrs: &[A],
     what: &str,
 ) -> Result<(), BatchError> {
-    let socket = open()?;
+    let socket = take_socket()?;
     send(
         &socket,
         subsys,
@@ -145,7 +199,9 @@ pub fn request<A: Nla>(
         attrs,
         what,
     )?;
-    read_replies(&socket, what, |_| {})
+    read_replies(&socket, what, |_| {})?;
+    give_back(socket);
+    Ok(())
 }
 
 /// Like [`request`], keeping the records answered before the ACK (a `GET_BYINDEX`'s).
@@ -179,9 +235,43 @@ fn records<A: Nla>(
     attrs: &[A],
     what: &str,
 ) -> Result<Vec<Vec<u8>>, BatchError> {
-    let socket = open()?;
+    let socket = take_socket()?;
     send(&socket, subsys, kind, flags, family, attrs, what)?;
     let mut records = Vec::new();
     read_replies(&socket, what, |record| records.push(record.to_vec()))?;
+    give_back(socket);
     Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session_socket() -> Option<Option<i32>> {
+        use std::os::fd::AsRawFd;
+        SESSION.with(|s| {
+            s.borrow()
+                .as_ref()
+                .map(|o| o.as_ref().map(|s| s.as_raw_fd()))
+        })
+    }
+
+    /// Needs root (an nf_tables dump of this process's netns; read only).
+    #[test]
+    fn a_session_reuses_one_socket_and_closes_it_at_its_end() {
+        let list = || dump::<netlink_packet_core::DefaultNla>(NFNL_SUBSYS_NFTABLES, 4, 0, &[], "t");
+        assert_eq!(session_socket(), None);
+        list().expect("chain dump (root?)");
+        assert_eq!(session_socket(), None, "outside a session nothing is kept");
+        with_session(|| {
+            assert_eq!(session_socket(), Some(None), "opened on the first request");
+            list().expect("chain dump");
+            let first = session_socket().flatten().expect("kept");
+            list().expect("chain dump");
+            assert_eq!(session_socket().flatten(), Some(first), "the same socket");
+            with_session(|| assert_eq!(session_socket(), Some(None), "a nested one is its own"));
+            assert_eq!(session_socket().flatten(), Some(first));
+        });
+        assert_eq!(session_socket(), None, "closed with the session");
+    }
 }

@@ -190,8 +190,9 @@ impl Transaction {
             return Ok(());
         }
         let framed = self.framed();
-        let mut replies = vec![0u8; REPLY_BUFFER];
-        let answer = exchange(&framed, self.last_seq(), &mut replies);
+        let last = self.last_seq();
+        let answer =
+            super::with_reply_buffer(REPLY_BUFFER, |replies| exchange(&framed, last, replies));
         answer.into_result(&self.whats)
     }
 
@@ -203,11 +204,13 @@ impl Transaction {
             return Ok(());
         }
         let framed = self.framed();
-        let mut replies = vec![0u8; REPLY_BUFFER];
         let last = self.last_seq();
-        // SAFETY: `exchange` only makes system calls on the buffers allocated above, and reads
-        // the replies through netlink-packet-core's borrowed views (no allocation).
-        let word = unsafe { entry.run_forked(|| exchange(&framed, last, &mut replies).to_word()) }?;
+        let word = super::with_reply_buffer(REPLY_BUFFER, |replies| {
+            // SAFETY: `exchange` only makes system calls on the buffers allocated before the
+            // fork, and reads the replies through netlink-packet-core's borrowed views (no
+            // allocation).
+            unsafe { entry.run_forked(|| exchange(&framed, last, replies).to_word()) }
+        })?;
         Answer::from_word(word).into_result(&self.whats)
     }
 }
@@ -300,7 +303,7 @@ fn errno() -> i32 {
 /// Sends the framed batch and reads the kernel's replies until the last message is acknowledged
 /// or one failed. Raw system calls on the given buffers only (no allocation), so a forked child of
 /// a multi-threaded process may run it.
-fn exchange(framed: &[u8], last_seq: u32, buf: &mut [u8]) -> Answer {
+fn exchange(framed: &[u8], last_seq: u32, buf: &mut Vec<u8>) -> Answer {
     // SAFETY: plain socket calls; every pointer and length comes from a live buffer or struct.
     unsafe {
         let fd = libc::socket(
@@ -318,7 +321,8 @@ fn exchange(framed: &[u8], last_seq: u32, buf: &mut [u8]) -> Answer {
 }
 
 /// [`exchange`] on an open socket.
-unsafe fn exchange_on(fd: libc::c_int, framed: &[u8], last_seq: u32, buf: &mut [u8]) -> Answer {
+/// `buf`'s spare room takes each read (its capacity is never changed: no allocation).
+unsafe fn exchange_on(fd: libc::c_int, framed: &[u8], last_seq: u32, buf: &mut Vec<u8>) -> Answer {
     let timeout = libc::timeval {
         // `as _`: the field's own type (libc deprecates naming `time_t` on musl).
         tv_sec: REPLY_TIMEOUT.as_secs() as _,
@@ -350,7 +354,8 @@ unsafe fn exchange_on(fd: libc::c_int, framed: &[u8], last_seq: u32, buf: &mut [
             return Answer::Io { errno: errno() };
         }
         loop {
-            let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
+            buf.clear();
+            let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.capacity(), 0);
             if n < 0 {
                 if errno() == libc::EINTR {
                     continue;
@@ -360,7 +365,9 @@ unsafe fn exchange_on(fd: libc::c_int, framed: &[u8], last_seq: u32, buf: &mut [
             if n == 0 {
                 return Answer::Unanswered;
             }
-            match scan_replies(&buf[..n as usize], last_seq) {
+            // The first `n` bytes were written by the kernel (no MSG_TRUNC asked: n <= capacity).
+            buf.set_len(n as usize);
+            match scan_replies(buf, last_seq) {
                 Some(answer) => return answer,
                 None => continue,
             }

@@ -126,39 +126,14 @@ impl RouteSession {
         packet.serialize(&mut buf);
         let socket = self.socket()?;
         socket.send(&buf, 0).map_err(failed)?;
-        let mut answers = Vec::new();
         // One read may pack several messages (a dump's chunks are up to 32 KiB).
-        let mut reply = vec![0u8; 4 * REPLY_BUFFER];
-        loop {
-            let n = socket.recv(&mut &mut reply[..], 0).map_err(failed)?;
-            if n == 0 {
-                return Err(failed(std::io::Error::from(
-                    std::io::ErrorKind::UnexpectedEof,
-                )));
-            }
-            let mut at = 0;
-            while at < n {
-                let msg = <NetlinkMessage<RouteNetlinkMessage>>::deserialize(&reply[at..n])
-                    .map_err(|e| failed(std::io::Error::other(e.to_string())))?;
-                let len = msg.header.length as usize;
-                if len == 0 {
-                    return Err(failed(std::io::Error::other("zero-length netlink message")));
-                }
-                // Messages are 4-byte aligned within a read.
-                at += (len + 3) & !3;
-                if msg.header.sequence_number != seq {
-                    continue;
-                }
-                match msg.payload {
-                    NetlinkPayload::Error(e) if e.code.is_some() => return Err(failed(e.to_io())),
-                    NetlinkPayload::Error(_) | NetlinkPayload::Done(_) => return Ok(answers),
-                    NetlinkPayload::InnerMessage(inner) => answers.push(inner),
-                    _ => {}
-                }
-            }
-        }
+        super::with_reply_buffer(4 * REPLY_BUFFER, |reply| {
+            read_answers(socket, reply, seq, failed)
+        })
     }
+}
 
+impl RouteSession {
     /// `ip rule show` of one family, as plain values.
     pub fn list_rules(&mut self, ipv6: bool) -> Result<Vec<PolicyRule>, NetlinkError> {
         let mut msg = RuleMessage::default();
@@ -430,6 +405,47 @@ fn local_default_route(ipv6: bool, iface: &str, table: u32) -> Result<RouteMessa
         RouteAttribute::Table(table),
     ];
     Ok(msg)
+}
+
+/// Reads the answers to request `seq` until its end (ACK, error or `NLMSG_DONE`).
+fn read_answers(
+    socket: &Socket,
+    reply: &mut Vec<u8>,
+    seq: u32,
+    failed: impl Fn(std::io::Error) -> NetlinkError,
+) -> Result<Vec<RouteNetlinkMessage>, NetlinkError> {
+    let mut answers = Vec::new();
+    loop {
+        reply.clear();
+        // Into the spare room: `n` is what was written (no MSG_TRUNC asked).
+        socket.recv(reply, 0).map_err(&failed)?;
+        let n = reply.len();
+        if n == 0 {
+            return Err(failed(std::io::Error::from(
+                std::io::ErrorKind::UnexpectedEof,
+            )));
+        }
+        let mut at = 0;
+        while at < n {
+            let msg = <NetlinkMessage<RouteNetlinkMessage>>::deserialize(&reply[at..n])
+                .map_err(|e| failed(std::io::Error::other(e.to_string())))?;
+            let len = msg.header.length as usize;
+            if len == 0 {
+                return Err(failed(std::io::Error::other("zero-length netlink message")));
+            }
+            // Messages are 4-byte aligned within a read.
+            at += (len + 3) & !3;
+            if msg.header.sequence_number != seq {
+                continue;
+            }
+            match msg.payload {
+                NetlinkPayload::Error(e) if e.code.is_some() => return Err(failed(e.to_io())),
+                NetlinkPayload::Error(_) | NetlinkPayload::Done(_) => return Ok(answers),
+                NetlinkPayload::InnerMessage(inner) => answers.push(inner),
+                _ => {}
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -523,6 +523,7 @@ fn in_host<T: Send + 'static>(
     host: &Option<Netns>,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, DataplaneError> {
+    let work = move || crate::netlink::nfnl::with_session(work);
     match host {
         Some(ns) => ns.run(work).map_err(|source| DataplaneError::HostNetns {
             path: ns.path().to_path_buf(),
@@ -548,8 +549,9 @@ fn in_pod<T: Send + 'static>(
     pod: &PodNet,
     work: impl FnOnce() -> Result<T, AmbientError> + Send + 'static,
 ) -> Result<T, DataplaneError> {
+    // One nfnetlink socket for all of the pod's dumps and requests (a drift check makes several).
     netns
-        .run(work)
+        .run(move || crate::netlink::nfnl::with_session(work))
         .map_err(|source| DataplaneError::Enter {
             pod: pod_ref(pod),
             source,
