@@ -130,15 +130,28 @@ enum Known {
 /// The real [`Known`] of the calling thread's netns: an nf_tables dump decoded to the rule model
 /// and compared with the plan ([`super::nft_read`]) for the nft flavour.
 fn read_kernel(bins: &Binaries, rules: &[Rule], owned: Owned) -> Known {
-    if holds_no_tables(bins) {
-        return Known::Empty;
-    }
     if !bins.is_nft_flavour() {
+        if holds_no_tables(bins) {
+            return Known::Empty;
+        }
         tracing::debug!(family = ?bins.family, "not the iptables-nft binaries (legacy): reading and healing with *-save and *-restore");
         return Known::Unknown;
     }
+    // One chain dump answers both questions: is there any table, and which of ours exist.
+    let chains = match crate::netlink::nft_dump::list_chains_with_policy(
+        super::iptables::nf_family(bins.family),
+    ) {
+        Ok(chains) => chains,
+        Err(e) => {
+            tracing::debug!(error = %e, "listing the chains over netlink failed; reading *-save");
+            return Known::Unknown;
+        }
+    };
+    if chains.is_empty() {
+        return Known::Empty;
+    }
     let sets = super::nft_read::KernelSets;
-    match super::nft_read::read_owned(bins.family, owned.tables, &sets) {
+    match super::nft_read::read_owned_among(bins.family, owned.tables, &sets, chains) {
         Ok(state) => match super::nft_read::ambient_difference(&state, rules, owned) {
             None => Known::Same,
             Some(how) => Known::Drifted { how, state },

@@ -59,11 +59,23 @@ pub fn read_owned(
     tables: &[&str],
     sets: &dyn SetNames,
 ) -> Result<OwnedState, BatchError> {
+    let listed = nft_dump::list_chains_with_policy(nf_family(family))?;
+    read_owned_among(family, tables, sets, listed)
+}
+
+/// [`read_owned`] from a chain dump the caller already made (`(table, chain, policy)` of every
+/// chain of the family): one rule dump per owned table that exists.
+pub fn read_owned_among(
+    family: Family,
+    tables: &[&str],
+    sets: &dyn SetNames,
+    listed: Vec<(String, String, Option<u32>)>,
+) -> Result<OwnedState, BatchError> {
     const NF_ACCEPT: u32 = 1;
     let nf = nf_family(family);
     let mut chains = BTreeSet::new();
     let mut not_accepting = BTreeSet::new();
-    for (table, chain, policy) in nft_dump::list_chains_with_policy(nf)? {
+    for (table, chain, policy) in listed {
         if !tables.contains(&table.as_str()) {
             continue;
         }
