@@ -163,6 +163,27 @@ fn log_sink_reemits_plugin_records_with_their_own_level_time_and_fields() {
     let switches = tags.windows(2).filter(|w| w[0] != w[1]).count();
     assert_eq!(switches, 1, "batches interleaved: {tags:?}");
 
+    // The plugin's last batch: written, then the connection closed at once, no answer read. The
+    // records are served all the same (a stream socket keeps them for the agent), also when the
+    // writer is gone before the agent even accepted; each on its own connection.
+    for i in 0..20 {
+        let body = format!("[{}]", rec("info", &format!("unanswered {i:02}"), ""));
+        let mut raw = std::os::unix::net::UnixStream::connect(&sock).expect("connect");
+        std::io::Write::write_all(
+            &mut raw,
+            format!(
+                "POST /log HTTP/1.1\r\nHost: unix\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .expect("write");
+        drop(raw);
+    }
+    for i in 0..20 {
+        agent.wait_line(&format!("\tunanswered {i:02}"), T);
+    }
+
     assert!(agent.terminate(T).success());
     assert!(!sock.exists(), "socket removed on shutdown");
 }

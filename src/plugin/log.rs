@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use tokio::sync::mpsc::error::TryRecvError;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::layer::{Context, Layer};
 
 // The agent's log time format (RFC 3339 UTC, microseconds), tested with it.
 use crate::telemetry::logging::rfc3339_micros;
@@ -180,7 +180,10 @@ fn batch_bodies(records: Vec<String>, limit: usize) -> Vec<Vec<u8>> {
 }
 
 /// Streams records to the agent's log socket: a task on the plugin's one runtime, so it runs while
-/// ADD awaits and, for whatever is still queued, in [`PluginLog::finish`].
+/// ADD awaits and, for whatever is still queued, in [`PluginLog::finish`]. Batches sent while the
+/// plugin runs wait for the agent's answer (so a slow agent holds records, never loses them); the
+/// last one, once the plugin is done, is written on a connection of its own and not waited for:
+/// the records are in the socket's queue, and the process's exit need not wait for the agent.
 struct Shipper {
     tx: tokio::sync::mpsc::UnboundedSender<String>,
     task: tokio::task::JoinHandle<()>,
@@ -198,10 +201,16 @@ impl Shipper {
             let mut conn: Option<super::uds::Connection> = None;
             while let Some(first) = rx.recv().await {
                 let mut batch = vec![first];
-                while let Ok(more) = rx.try_recv() {
-                    batch.push(more);
-                }
-                for body in batch_bodies(batch, MAX_BATCH_BYTES) {
+                let last = loop {
+                    match rx.try_recv() {
+                        Ok(more) => batch.push(more),
+                        Err(TryRecvError::Empty) => break false,
+                        Err(TryRecvError::Disconnected) => break true,
+                    }
+                };
+                let mut bodies = batch_bodies(batch, MAX_BATCH_BYTES);
+                let unanswered = if last { bodies.pop() } else { None };
+                for body in bodies {
                     if conn.is_none() {
                         conn = super::uds::Connection::open(&socket).await.ok();
                     }
@@ -213,6 +222,14 @@ impl Shipper {
                     if !matches!(sent, Ok(Ok(_))) {
                         conn = None;
                     }
+                }
+                if let Some(body) = unanswered {
+                    let _ = tokio::time::timeout(
+                        FLUSH_TIMEOUT,
+                        super::uds::post_unanswered(&socket, "/log", &body),
+                    )
+                    .await;
+                    return;
                 }
             }
         });
@@ -265,19 +282,45 @@ pub struct PluginLog {
     inner: Arc<Inner>,
 }
 
-struct PluginLayer {
+/// The plugin's subscriber: events only. The plugin has no use for spans, so there is no span
+/// registry (its slab is the largest allocation a plugin run would otherwise make).
+struct PluginSubscriber {
     inner: Arc<Inner>,
 }
 
-impl<S: Subscriber> Layer<S> for PluginLayer {
-    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        let meta = event.metadata();
+impl PluginSubscriber {
+    fn wanted(&self, meta: &tracing::Metadata<'_>) -> bool {
         let r = rank(meta.level());
-        if r > self.inner.threshold.load(Ordering::Relaxed) {
-            return;
-        }
         // Library chatter (hyper, kube) only when it is a warning or worse.
-        if r > 2 && !meta.target().starts_with("istio_cni") {
+        r <= self.inner.threshold.load(Ordering::Relaxed)
+            && (r <= 2 || meta.target().starts_with("istio_cni"))
+    }
+}
+
+impl Subscriber for PluginSubscriber {
+    fn register_callsite(
+        &self,
+        _meta: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        // The threshold changes once the config is read: ask every time.
+        tracing::subscriber::Interest::sometimes()
+    }
+
+    fn enabled(&self, meta: &tracing::Metadata<'_>) -> bool {
+        meta.is_event() && self.wanted(meta)
+    }
+
+    fn new_span(&self, _span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _span: &tracing::span::Id, _values: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _span: &tracing::span::Id, _follows: &tracing::span::Id) {}
+
+    fn event(&self, event: &Event<'_>) {
+        let meta = event.metadata();
+        if !self.wanted(meta) {
             return;
         }
         let mut v = JsonVisitor::default();
@@ -285,19 +328,22 @@ impl<S: Subscriber> Layer<S> for PluginLayer {
         let line = format_record(meta.level(), SystemTime::now(), &v.msg, &v.fields);
         self.inner.emit(line);
     }
+
+    fn enter(&self, _span: &tracing::span::Id) {}
+
+    fn exit(&self, _span: &tracing::span::Id) {}
 }
 
 impl PluginLog {
     /// Installs the logger as the process-wide subscriber (stderr only, level info).
     pub fn install() -> PluginLog {
-        use tracing_subscriber::layer::SubscriberExt;
         let inner = Arc::new(Inner {
             threshold: AtomicU8::new(3),
             sinks: Mutex::new(Sinks::default()),
         });
-        let subscriber = tracing_subscriber::registry().with(PluginLayer {
+        let subscriber = PluginSubscriber {
             inner: inner.clone(),
-        });
+        };
         // A second install (tests) keeps the first subscriber; records still reach stderr there.
         let _ = tracing::subscriber::set_global_default(subscriber);
         PluginLog { inner }
@@ -332,7 +378,7 @@ impl PluginLog {
         }
     }
 
-    /// Waits (bounded) for queued records to reach the agent.
+    /// Waits (bounded) for queued records to be written to the agent's socket.
     pub fn finish(&self) {
         let shipper = self
             .inner

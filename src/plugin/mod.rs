@@ -122,7 +122,8 @@ fn run(log: &log::PluginLog) -> Reply {
         }
         Invocation::Run(cmd, env) => (cmd, env),
     };
-    let mut stdin = Vec::new();
+    // A conflist entry with its prevResult is a few KiB: one read, as a rule.
+    let mut stdin = Vec::with_capacity(16 * 1024);
     if let Err(e) = std::io::stdin().read_to_end(&mut stdin) {
         let e = CniError::new(code::IO_FAILURE, format!("error reading from stdin: {e}"));
         return Reply::error(&e, cni::CURRENT_VERSION);

@@ -106,3 +106,27 @@ pub async fn post_once(
             timeout,
         })?
 }
+
+/// Writes one POST on a fresh connection and closes it without reading the answer (the plugin's
+/// last log batch: the agent serves a request followed by end-of-file, see `telemetry::serve`).
+/// A stream socket keeps what was written for the agent after this end is closed.
+pub async fn post_unanswered(path: &Path, uri_path: &str, body: &[u8]) -> Result<(), UdsError> {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::UnixStream::connect(path)
+        .await
+        .map_err(|source| UdsError::Connect {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let mut request = format!(
+        "POST {uri_path} HTTP/1.1\r\nHost: unix\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body);
+    let written = stream.write_all(&request).await;
+    written.map_err(|e| UdsError::Http {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}

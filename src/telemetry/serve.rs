@@ -204,8 +204,9 @@ impl Drop for Slot {
 }
 
 /// After a burst of connections: glibc keeps freed heap in its per-thread arenas, so the
-/// memory of thousands of closed connections would stay resident; hand it back. (musl's
-/// allocator, the static build's, returns freed memory by itself.)
+/// memory of thousands of closed connections would stay resident; hand it back. (The shipped
+/// binary's allocator, mimalloc, returns freed memory by itself; this is for a glibc build
+/// without it, e.g. a test's.)
 fn release_memory() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
@@ -344,6 +345,9 @@ async fn serve_http<I>(
         .header_read_timeout(limits.idle_timeout)
         .max_buf_size(MAX_BUF)
         .keep_alive(keep_alive)
+        // A plugin writes its last log batch and exits without waiting for the answer: a request
+        // followed by end-of-file is still served (the answer then goes nowhere).
+        .half_close(true)
         .serve_connection(TokioIo::new(io), service);
     tokio::select! {
         _ = conn => {}
