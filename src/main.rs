@@ -11,6 +11,11 @@ roles:
   istio-iptables   the traffic-capture rule tool, flag-compatible with Istio's
 ";
 
+mod role_alloc;
+
+#[global_allocator]
+static ALLOCATOR: role_alloc::RoleAlloc = role_alloc::RoleAlloc::new();
+
 fn main() {
     let mut args: Vec<String> = std::env::args().collect();
     let invoked = args
