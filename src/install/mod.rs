@@ -52,6 +52,8 @@ const AGENT: &str = "agent";
 const REPAIR: &str = "repair";
 /// How long the repair controller waits for the node pod store's initial list.
 const REPAIR_SYNC_TIMEOUT: Duration = Duration::from_secs(60);
+/// Threads of the runtime's blocking pool (tokio's default is 512).
+const BLOCKING_THREADS: usize = 4;
 
 /// Entry point of the `install-cni` role.
 pub fn main(args: Vec<String>) -> i32 {
@@ -110,6 +112,9 @@ pub fn main(args: Vec<String>) -> i32 {
     ));
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // Blocking work is netlink and nf_tables for one pod at a time (CPU, not waiting): more
+        // threads than this only add per-thread heaps and context switches on a node's cores.
+        .max_blocking_threads(BLOCKING_THREADS)
         .thread_name("install-cni")
         .enable_all()
         .build()

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use super::{NetnsError, panic_text};
 
 /// Idle workers kept for reuse; more run at once when asked (each ends when not kept).
-const KEEP_IDLE: usize = 8;
+const KEEP_IDLE: usize = 4;
 
 type Job = Box<dyn FnOnce() -> bool + Send>;
 
