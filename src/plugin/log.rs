@@ -254,9 +254,11 @@ struct Inner {
 impl Inner {
     fn emit(&self, line: String) {
         {
-            let stderr = std::io::stderr();
-            let mut lock = stderr.lock();
-            let _ = writeln!(lock, "{line}");
+            // One write per record (stderr is unbuffered: `writeln!` would be two).
+            let mut record = String::with_capacity(line.len() + 1);
+            record.push_str(&line);
+            record.push('\n');
+            let _ = std::io::stderr().lock().write_all(record.as_bytes());
         }
         let Ok(mut sinks) = self.sinks.lock() else {
             return;
