@@ -146,6 +146,10 @@ pub fn start_via(wrapper: &[&str], env: &[(String, String)], args: &[&str]) -> A
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    // The allocator's own knobs pass through, so a bench can try one without a rebuild.
+    for (k, v) in std::env::vars().filter(|(k, _)| k.starts_with("MIMALLOC_")) {
+        cmd.env(k, v);
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }

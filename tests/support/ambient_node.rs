@@ -702,14 +702,23 @@ pub fn result_ip(result: &Value) -> String {
 
 /// The agent's resident set size in MB (install-cni was exec'd by nsenter: the same pid).
 pub fn rss_mb(node: &Node) -> f64 {
+    status_mb(node, "VmRSS")
+}
+
+/// The agent's RSS split: heap and stacks (`RssAnon`) / mapped binary pages (`RssFile`), in MB.
+pub fn rss_split_mb(node: &Node) -> (f64, f64) {
+    (status_mb(node, "RssAnon"), status_mb(node, "RssFile"))
+}
+
+fn status_mb(node: &Node, field: &str) -> f64 {
     let pid = node.agent.child.id();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
     let kb: f64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
     kb / 1024.0
 }
 
