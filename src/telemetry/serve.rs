@@ -203,11 +203,18 @@ impl Drop for Slot {
     }
 }
 
-/// After a burst of connections: glibc keeps freed heap in its per-thread arenas, so the
-/// memory of thousands of closed connections would stay resident; hand it back. (The shipped
-/// binary's allocator, mimalloc, returns freed memory by itself; this is for a glibc build
-/// without it, e.g. a test's.)
+/// After a burst of connections the allocator keeps the freed memory of thousands of closed
+/// connections resident: hand it back now. mimalloc (the node agent's allocator, see
+/// src/role_alloc.rs) purges a thread's free pages only when that thread allocates again, which an
+/// idle listener does not; glibc (a test build's system allocator) keeps them in its arenas.
 fn release_memory() {
+    unsafe extern "C" {
+        /// mimalloc's: frees this thread's empty pages and purges the arenas' free memory.
+        fn mi_collect(force: bool);
+    }
+    // SAFETY: mi_collect takes no pointers and only returns free memory to the OS; in a process
+    // whose allocator is not mimalloc it finds nothing to do.
+    unsafe { mi_collect(true) };
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
     unsafe {
