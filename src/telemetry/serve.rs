@@ -208,13 +208,10 @@ impl Drop for Slot {
 /// src/role_alloc.rs) purges a thread's free pages only when that thread allocates again, which an
 /// idle listener does not; glibc (a test build's system allocator) keeps them in its arenas.
 fn release_memory() {
-    unsafe extern "C" {
-        /// mimalloc's: frees this thread's empty pages and purges the arenas' free memory.
-        fn mi_collect(force: bool);
-    }
-    // SAFETY: mi_collect takes no pointers and only returns free memory to the OS; in a process
-    // whose allocator is not mimalloc it finds nothing to do.
-    unsafe { mi_collect(true) };
+    // SAFETY: mi_collect takes no pointers and only returns free memory to the OS (this thread's
+    // empty pages, the arenas' free ones); in a process whose allocator is not mimalloc it finds
+    // nothing to do.
+    unsafe { libmimalloc_sys::mi_collect(true) };
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
     unsafe {
