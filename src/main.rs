@@ -27,25 +27,28 @@ fn main() {
                 .unwrap_or_default()
         })
         .unwrap_or_default();
-    let role = if is_role(&invoked) {
-        invoked
-    } else if args.len() > 1 && is_role(&args[1]) {
-        let role = args.remove(1);
-        args[0] = role.clone();
-        role
-    } else {
-        if args.get(1).is_some_and(|a| a == "--version") {
-            println!("istio-cni-rs {}", istio_cni::VERSION);
-            return;
+    let first_arg = args.get(1).map(|a| a.as_bytes());
+    let role = match role_alloc::role_source(invoked.as_bytes(), first_arg) {
+        Some(role_alloc::RoleSource::Name) => invoked,
+        Some(role_alloc::RoleSource::FirstArg) => {
+            let role = args.remove(1);
+            args[0] = role.clone();
+            role
         }
-        eprint!("{USAGE}");
-        std::process::exit(
-            if args.len() > 1 && args[1] != "--help" && args[1] != "-h" {
-                2
-            } else {
-                0
-            },
-        );
+        None => {
+            if args.get(1).is_some_and(|a| a == "--version") {
+                println!("istio-cni-rs {}", istio_cni::VERSION);
+                return;
+            }
+            eprint!("{USAGE}");
+            std::process::exit(
+                if args.len() > 1 && args[1] != "--help" && args[1] != "-h" {
+                    2
+                } else {
+                    0
+                },
+            );
+        }
     };
     let code = match role.as_str() {
         "istio-cni" => istio_cni::plugin::main(args),
@@ -53,8 +56,4 @@ fn main() {
         _ => istio_cni::iptables_cmd::main(args),
     };
     std::process::exit(code);
-}
-
-fn is_role(name: &str) -> bool {
-    matches!(name, "istio-cni" | "install-cni" | "istio-iptables")
 }

@@ -8,11 +8,11 @@
 //! Transparent huge pages are refused for the agent before mimalloc's first block (`prctl`, and
 //! mimalloc built with `no_thp`): mimalloc asks for them by default, and a node whose THP setting
 //! is `madvise` or `always` then backs its arenas with 2 MiB pages, which made the agent's RSS 68 MB
-//! where it is 16 MB without them.
+//! where it is about 15 MB without them.
 //!
 //! The role is read from `/proc/self/cmdline` on the first allocation, with raw system calls into
-//! a stack buffer (nothing may allocate yet), by the same rule as `main` (the name invoked under,
-//! else the first argument). The choice never changes afterwards, so every block is freed by the
+//! a stack buffer (nothing may allocate yet), by the rule `main` dispatches with ([`role_source`]:
+//! the name invoked under, else the first argument). The choice never changes afterwards, so every block is freed by the
 //! allocator that made it. Without /proc the system allocator is used.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -110,17 +110,41 @@ fn long_lived_role() -> bool {
     is_long_lived(&buf[..len])
 }
 
-/// `argv` as the kernel lists it (NUL-separated): the name invoked under, else the first argument
-/// (the multicall fallback `<binary> install-cni ...`).
+/// Where the binary's role comes from (`main` dispatches by the same rule; it lives here because
+/// the allocator must apply it before anything may allocate).
+#[derive(Debug, PartialEq)]
+pub enum RoleSource {
+    /// The name the binary was invoked under (`/opt/cni/bin/istio-cni`).
+    Name,
+    /// The first argument: the multicall fallback `<binary> install-cni ...`.
+    FirstArg,
+}
+
+/// The multicall rule: the invoked name (its last path component) if it is a role, else the first
+/// argument if that is one.
+pub fn role_source(name: &[u8], first_arg: Option<&[u8]>) -> Option<RoleSource> {
+    const ROLES: [&[u8]; 3] = [b"istio-cni", b"install-cni", b"istio-iptables"];
+    if ROLES.contains(&name) {
+        Some(RoleSource::Name)
+    } else if first_arg.is_some_and(|a| ROLES.contains(&a)) {
+        Some(RoleSource::FirstArg)
+    } else {
+        None
+    }
+}
+
+/// `argv` as the kernel lists it (NUL-separated), by [`role_source`].
 fn is_long_lived(cmdline: &[u8]) -> bool {
     let mut args = cmdline.split(|b| *b == 0);
     let argv0 = args.next().unwrap_or_default();
     let name = argv0.rsplit(|b| *b == b'/').next().unwrap_or_default();
-    const ROLES: [&[u8]; 3] = [b"istio-cni", b"install-cni", b"istio-iptables"];
-    if ROLES.contains(&name) {
-        return name == b"install-cni";
-    }
-    args.next() == Some(b"install-cni".as_slice())
+    let first = args.next();
+    let role = match role_source(name, first) {
+        Some(RoleSource::Name) => name,
+        Some(RoleSource::FirstArg) => first.unwrap_or_default(),
+        None => return false,
+    };
+    role == b"install-cni"
 }
 
 fn read_cmdline(buf: &mut [u8]) -> usize {
@@ -161,5 +185,20 @@ mod tests {
         assert!(!is_long_lived(b"/opt/cni/bin/istio-cni\0install-cni\0"));
         assert!(!is_long_lived(b"/usr/local/bin/istio-cni-rs\0istio-cni\0"));
         assert!(!is_long_lived(b""));
+    }
+
+    #[test]
+    fn the_role_is_the_name_else_the_first_argument() {
+        use super::{RoleSource, role_source};
+        assert_eq!(
+            role_source(b"istio-cni", Some(b"install-cni")),
+            Some(RoleSource::Name)
+        );
+        assert_eq!(
+            role_source(b"istio-cni-rs", Some(b"istio-iptables")),
+            Some(RoleSource::FirstArg)
+        );
+        assert_eq!(role_source(b"istio-cni-rs", Some(b"--version")), None);
+        assert_eq!(role_source(b"istio-cni-rs", None), None);
     }
 }
