@@ -125,7 +125,12 @@ impl RollingFile {
     }
 
     fn write_line(&mut self, line: &str) {
-        if self.size + line.len() as u64 + 1 > MAX_LOG_FILE && self.size > 0 {
+        self.write_record(&terminated(line));
+    }
+
+    /// Appends one record that already ends in a newline.
+    fn write_record(&mut self, record: &[u8]) {
+        if self.size + record.len() as u64 > MAX_LOG_FILE && self.size > 0 {
             let mut backup = self.path.clone().into_os_string();
             backup.push(".1");
             // Another plugin process may have rotated already; reopening covers both cases.
@@ -134,13 +139,18 @@ impl RollingFile {
                 *self = reopened;
             }
         }
-        let mut buf = Vec::with_capacity(line.len() + 1);
-        buf.extend_from_slice(line.as_bytes());
-        buf.push(b'\n');
-        if self.file.write_all(&buf).is_ok() {
-            self.size += buf.len() as u64;
+        if self.file.write_all(record).is_ok() {
+            self.size += record.len() as u64;
         }
     }
+}
+
+/// A record as written to stderr and the file: the line and its newline, for one write each.
+fn terminated(line: &str) -> Vec<u8> {
+    let mut record = Vec::with_capacity(line.len() + 1);
+    record.extend_from_slice(line.as_bytes());
+    record.push(b'\n');
+    record
 }
 
 /// `/log` bodies (JSON arrays of record strings) of at most `limit` bytes each, in order. A record
@@ -253,13 +263,9 @@ struct Inner {
 
 impl Inner {
     fn emit(&self, line: String) {
-        {
-            // One write per record (stderr is unbuffered: `writeln!` would be two).
-            let mut record = String::with_capacity(line.len() + 1);
-            record.push_str(&line);
-            record.push('\n');
-            let _ = std::io::stderr().lock().write_all(record.as_bytes());
-        }
+        // One write per record and sink (stderr is unbuffered: `writeln!` would be two).
+        let record = terminated(&line);
+        let _ = std::io::stderr().lock().write_all(&record);
         let Ok(mut sinks) = self.sinks.lock() else {
             return;
         };
@@ -270,7 +276,7 @@ impl Inner {
             return;
         }
         if let Some(f) = sinks.file.as_mut() {
-            f.write_line(&line);
+            f.write_record(&record);
         }
         if let Some(s) = &sinks.shipper {
             let _ = s.tx.send(line);
