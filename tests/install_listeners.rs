@@ -185,14 +185,7 @@ fn fds(pid: u32) -> usize {
 }
 
 fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
+    support::proc_status_kb(pid, "VmRSS").unwrap_or(0)
 }
 
 fn pod_facts(sock: &Path, name: &str, uid: &str) -> Option<PodFactsAnswer> {

@@ -373,3 +373,15 @@ impl ApiServer {
         .collect()
     }
 }
+
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS`, `RssAnon`, ...).
+pub fn proc_status_kb(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}

@@ -712,14 +712,9 @@ pub fn rss_split_mb(node: &Node) -> (f64, f64) {
 
 fn status_mb(node: &Node, field: &str) -> f64 {
     let pid = node.agent.child.id();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
+    let kb = install_support::proc_status_kb(pid, field)
         .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
-    kb / 1024.0
+    kb as f64 / 1024.0
 }
 
 impl Node {
