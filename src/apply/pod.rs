@@ -116,11 +116,35 @@ pub fn program(
     cfg: &CaptureConfig,
     opts: &PodOptions,
 ) -> Result<Programmed, PodError> {
+    in_target(target, program_work(target, cfg, opts)?)?
+}
+
+/// [`program`] for a pod's netns from async code (the plugin): the task awaits the netns
+/// worker, no blocking-pool thread waits for it.
+pub async fn program_pod(
+    netns: &Netns,
+    cfg: &CaptureConfig,
+    opts: &PodOptions,
+) -> Result<Programmed, PodError> {
+    let work = program_work(Target::Pod(netns), cfg, opts)?;
+    let userns = netns.userns_entry().cloned();
+    netns.run_async(move || work(userns)).await?
+}
+
+/// What [`program`] runs where the rules live, once `cfg` is valid.
+fn program_work(
+    target: Target<'_>,
+    cfg: &CaptureConfig,
+    opts: &PodOptions,
+) -> Result<
+    impl FnOnce(Option<UsernsEntry>) -> Result<Programmed, PodError> + Send + 'static,
+    PodError,
+> {
     cfg.validate()?;
     let mut cfg = cfg.clone();
     let opts = opts.clone();
     let lock = lock_env(target);
-    in_target(target, move |userns| {
+    Ok(move |userns: Option<UsernsEntry>| {
         let mut warnings = Vec::new();
         if let Some(dual_stack) = opts.detect_ipv6 {
             cfg.enable_ipv6 = detect_ipv6(dual_stack, &mut warnings);
@@ -148,7 +172,7 @@ pub fn program(
             ipv6: cfg.enable_ipv6,
             warnings,
         })
-    })?
+    })
 }
 
 /// Whether `target` holds exactly what [`program`] would leave there for `cfg` (the rules; the

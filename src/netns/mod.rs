@@ -258,6 +258,19 @@ impl Netns {
     {
         workers::run_in(self.net.clone(), &self.path, work)
     }
+
+    /// [`Netns::run`] for async callers: the task awaits the worker's answer and its thread is
+    /// free meanwhile. The future does not borrow the handle.
+    pub fn run_async<T, F>(
+        &self,
+        work: F,
+    ) -> impl std::future::Future<Output = Result<T, NetnsError>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        workers::run_in_async(self.net.clone(), self.path.clone(), work)
+    }
 }
 
 /// Runs `work` on a fresh thread inside a new, empty network namespace that exists only as long

@@ -59,21 +59,33 @@ fn spawn_worker() -> Result<Worker, std::io::Error> {
     Ok(Worker { jobs })
 }
 
-/// Runs `work` inside the namespace `net` on a worker and returns its result; a panic in `work`
-/// is its error (the worker survives it).
-pub(super) fn run_in<T, F>(net: Arc<OwnedFd>, path: &Path, work: F) -> Result<T, NetnsError>
+/// What a job reports: the work's outcome, and whether its worker got back home (and so may be
+/// kept for the next job).
+type Answer<T> = (Result<T, NetnsError>, bool);
+
+fn thread_failed(path: &Path, reason: String) -> NetnsError {
+    NetnsError::Thread {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+/// The job that runs `work` inside `net` and hands its answer to `deliver`; a panic in `work` is
+/// its error (the worker survives it).
+fn job_for<T, F>(
+    net: Arc<OwnedFd>,
+    path: &Path,
+    work: F,
+    deliver: impl FnOnce(Answer<T>) + Send + 'static,
+) -> Result<Job, NetnsError>
 where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
-    let thread_failed = |reason: String| NetnsError::Thread {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let home = home().map_err(|e| thread_failed(format!("cannot open our own netns: {e}")))?;
-    let (answer, result) = mpsc::sync_channel::<(Result<T, NetnsError>, bool)>(1);
+    let home =
+        home().map_err(|e| thread_failed(path, format!("cannot open our own netns: {e}")))?;
     let owned_path: PathBuf = path.to_path_buf();
-    let mut job: Job = Box::new(move || {
+    Ok(Box::new(move || {
         let outcome = match setns(&*net, CloneFlags::CLONE_NEWNET) {
             Err(source) => Err(NetnsError::Enter {
                 path: owned_path.clone(),
@@ -89,31 +101,75 @@ where
             }
         };
         let back_home = setns(home, CloneFlags::CLONE_NEWNET).is_ok();
-        let _ = answer.send((outcome, back_home));
+        deliver((outcome, back_home));
         back_home
-    });
-    // An idle worker, else a new one; a worker whose thread ended hands the job back.
+    }))
+}
+
+/// Gives `job` to an idle worker, else a new one (a worker whose thread ended hands it back).
+fn hand_over(mut job: Job, path: &Path) -> Result<Worker, NetnsError> {
     loop {
         let worker = match IDLE.lock().pop() {
             Some(w) => w,
-            None => spawn_worker().map_err(|e| thread_failed(e.to_string()))?,
+            None => spawn_worker().map_err(|e| thread_failed(path, e.to_string()))?,
         };
         match worker.jobs.send(job) {
-            Ok(()) => {
-                let (outcome, back_home) = result
-                    .recv()
-                    .map_err(|_| thread_failed("the worker thread ended".into()))?;
-                if back_home {
-                    let mut idle = IDLE.lock();
-                    if idle.len() < KEEP_IDLE {
-                        idle.push(worker);
-                    }
-                }
-                return outcome;
-            }
+            Ok(()) => return Ok(worker),
             Err(mpsc::SendError(returned)) => job = returned,
         }
     }
+}
+
+/// After its answer: a worker that got home is kept for reuse (up to [`KEEP_IDLE`]).
+fn settle<T>(worker: Worker, (outcome, back_home): Answer<T>) -> Result<T, NetnsError> {
+    if back_home {
+        let mut idle = IDLE.lock();
+        if idle.len() < KEEP_IDLE {
+            idle.push(worker);
+        }
+    }
+    outcome
+}
+
+/// Runs `work` inside the namespace `net` on a worker and returns its result, blocking the
+/// calling thread until then.
+pub(super) fn run_in<T, F>(net: Arc<OwnedFd>, path: &Path, work: F) -> Result<T, NetnsError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let (answer, result) = mpsc::sync_channel::<Answer<T>>(1);
+    let job = job_for(net, path, work, move |a| {
+        let _ = answer.send(a);
+    })?;
+    let worker = hand_over(job, path)?;
+    let answered = result
+        .recv()
+        .map_err(|_| thread_failed(path, "the worker thread ended".into()))?;
+    settle(worker, answered)
+}
+
+/// [`run_in`] for async callers: the caller's task waits, its thread does not (the plugin's
+/// one-thread runtime needs no blocking-pool thread beside the worker). Dropped before the
+/// answer, the work still finishes and its worker ends instead of being kept.
+pub(super) async fn run_in_async<T, F>(
+    net: Arc<OwnedFd>,
+    path: PathBuf,
+    work: F,
+) -> Result<T, NetnsError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let (answer, result) = tokio::sync::oneshot::channel::<Answer<T>>();
+    let job = job_for(net, &path, work, move |a| {
+        let _ = answer.send(a);
+    })?;
+    let worker = hand_over(job, &path)?;
+    let answered = result
+        .await
+        .map_err(|_| thread_failed(&path, "the worker thread ended".into()))?;
+    settle(worker, answered)
 }
 
 #[cfg(test)]
@@ -151,6 +207,24 @@ mod tests {
             })
             .unwrap();
         assert_eq!((seen_b, after), (b2.id(), a.id()));
+    }
+
+    #[test]
+    fn async_work_runs_inside_the_target_without_moving_the_runtime_thread() {
+        let ours = Netns::current().unwrap().id();
+        let a = scratch_netns();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let seen = rt
+            .block_on(a.run_async(|| Netns::current().unwrap().id()))
+            .unwrap();
+        assert_eq!(seen, a.id());
+        assert_eq!(Netns::current().unwrap().id(), ours);
+        let err = rt
+            .block_on(a.run_async(|| -> u32 { panic!("bang") }))
+            .unwrap_err();
+        assert!(err.to_string().contains("bang"), "{err}");
     }
 
     #[test]

@@ -477,14 +477,12 @@ async fn redirect_pod<K: KubeReads>(
     })
     .backend;
     let cfg = settings.config;
-    let dry_run_path = dry_run.clone();
-    let work = tokio::task::spawn_blocking(move || {
-        super::program::program(&netns, cfg, dual_stack, backend, dry_run_path)
-    });
+    // The work runs on a netns worker thread; this task only waits, so the deadline still cuts
+    // a programming that hangs (a stuck iptables-restore) and the process may exit past it.
+    let work = super::program::program(&netns, cfg, dual_stack, backend, dry_run.clone());
     let programmed = tokio::time::timeout(left(deadline), work)
         .await
         .map_err(|_| CniError::internal(format!("pod {pod_ref}: programming the network namespace did not finish before the ADD deadline")))?
-        .map_err(|e| CniError::internal(format!("pod {pod_ref}: {e}")))?
         .map_err(|e| CniError::internal(format!("pod {pod_ref}: {e}")))?;
     for w in &programmed.warnings {
         warn!(pod = %pod_ref, "{w}");

@@ -58,9 +58,9 @@ pub fn dry_run_text(cfg: &CaptureConfig, backend: Backend) -> String {
     text
 }
 
-/// Programs the pod netns through the shared entry (blocking: runs a dedicated thread inside
-/// it), or with `dry_run` writes what would be applied there.
-pub fn program(
+/// Programs the pod netns through the shared entry (the work runs on a netns worker thread while
+/// this task waits), or with `dry_run` writes what would be applied there.
+pub async fn program(
     netns: &Path,
     cfg: CaptureConfig,
     dual_stack: bool,
@@ -79,13 +79,15 @@ pub fn program(
         detect_ipv6: Some(dual_stack),
         ..PodOptions::default()
     };
-    let done = pod::program(Target::Pod(&pod_netns), &cfg, &opts).map_err(|e| match e {
-        PodError::Netns(e) => ProgramError::Netns(e),
-        source => ProgramError::Apply {
-            netns: netns.display().to_string(),
-            source,
-        },
-    })?;
+    let done = pod::program_pod(&pod_netns, &cfg, &opts)
+        .await
+        .map_err(|e| match e {
+            PodError::Netns(e) => ProgramError::Netns(e),
+            source => ProgramError::Apply {
+                netns: netns.display().to_string(),
+                source,
+            },
+        })?;
     // The open fd kept the namespace alive while it was programmed; if its path is gone now, the
     // runtime tore the sandbox down meanwhile, and success would report a pod that is not there.
     if !Netns::open(netns).is_ok_and(|now| now == pod_netns) {
