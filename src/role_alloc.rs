@@ -2,8 +2,10 @@
 //! long-lived and many-threaded: musl's allocator (the static binary's) serialises its threads on
 //! one lock and hands memory back and forth with the kernel on every burst; mimalloc cut the
 //! agent's CPU per ambient ADD and per drift pass by a third (docs/benchmarks.md). The plugin and
-//! `istio-iptables` live a few milliseconds and allocate little: there mimalloc's own start-up
-//! cost more than it saved, so they keep the system allocator.
+//! `istio-iptables` live a few milliseconds and allocate little: they take their memory from one
+//! [`Arena`] in address order and never give it back. musl's allocator spreads a process's first
+//! blocks of each size over fresh pages (a plugin ADD faulted about 80 pages in, 40% of all its
+//! page faults), and mimalloc's start-up cost more than it saved there.
 //!
 //! Transparent huge pages are refused for the agent before mimalloc's first block (`prctl`, and
 //! mimalloc built with `no_thp`): mimalloc asks for them by default, and a node whose THP setting
@@ -16,20 +18,23 @@
 //! allocator that made it. Without /proc the system allocator is used.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 const UNDECIDED: u8 = 0;
 const SYSTEM: u8 = 1;
 const MIMALLOC: u8 = 2;
+const ARENA: u8 = 3;
 
 pub struct RoleAlloc {
     chosen: AtomicU8,
+    arena: Arena,
 }
 
 impl RoleAlloc {
     pub const fn new() -> RoleAlloc {
         RoleAlloc {
             chosen: AtomicU8::new(UNDECIDED),
+            arena: Arena::new(),
         }
     }
 
@@ -38,13 +43,15 @@ impl RoleAlloc {
             UNDECIDED => {
                 // The first allocation happens on the main thread before any other thread
                 // exists; the exchange only guards against a surprise.
-                let pick = if long_lived_role() {
-                    // SAFETY: a prctl with plain integer arguments; it only sets a process flag
-                    // (inherited by children, which is harmless for the tools the agent runs).
-                    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-                    MIMALLOC
-                } else {
-                    SYSTEM
+                let pick = match role_lifetime() {
+                    Lifetime::Long => {
+                        // SAFETY: a prctl with plain integer arguments; it only sets a process
+                        // flag (inherited by children, harmless for the tools the agent runs).
+                        unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+                        MIMALLOC
+                    }
+                    Lifetime::Short if self.arena.reserve() => ARENA,
+                    Lifetime::Short | Lifetime::Unknown => SYSTEM,
                 };
                 match self.chosen.compare_exchange(
                     UNDECIDED,
@@ -67,47 +74,190 @@ impl Default for RoleAlloc {
     }
 }
 
-// SAFETY: every call is forwarded to one of two allocators, the same one for the whole process
-// (decided before the first block exists), so each block is freed and reallocated by its maker.
+// SAFETY: every call is forwarded to one allocator, the same one for the whole process (decided
+// before the first block exists); the arena's blocks that outlive it (it is full) come from the
+// system allocator and are told apart by address, so each block is freed by its maker.
 unsafe impl GlobalAlloc for RoleAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if self.chosen() == MIMALLOC {
-            unsafe { mimalloc::MiMalloc.alloc(layout) }
-        } else {
-            unsafe { System.alloc(layout) }
+        match self.chosen() {
+            MIMALLOC => unsafe { mimalloc::MiMalloc.alloc(layout) },
+            ARENA => match self.arena.alloc(layout) {
+                Some(p) => p,
+                None => unsafe { System.alloc(layout) },
+            },
+            _ => unsafe { System.alloc(layout) },
         }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if self.chosen() == MIMALLOC {
-            unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
-        } else {
-            unsafe { System.alloc_zeroed(layout) }
+        match self.chosen() {
+            MIMALLOC => unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) },
+            ARENA => match self.arena.alloc(layout) {
+                // A block given back may be handed out again: not known to be zero.
+                Some(p) => unsafe {
+                    p.write_bytes(0, layout.size());
+                    p
+                },
+                None => unsafe { System.alloc_zeroed(layout) },
+            },
+            _ => unsafe { System.alloc_zeroed(layout) },
         }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if self.chosen() == MIMALLOC {
-            unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
-        } else {
-            unsafe { System.dealloc(ptr, layout) }
+        match self.chosen() {
+            MIMALLOC => unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) },
+            ARENA if self.arena.owns(ptr) => self.arena.dealloc(ptr, layout),
+            _ => unsafe { System.dealloc(ptr, layout) },
         }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if self.chosen() == MIMALLOC {
-            unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
-        } else {
-            unsafe { System.realloc(ptr, layout, new_size) }
+        match self.chosen() {
+            MIMALLOC => unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) },
+            ARENA if self.arena.owns(ptr) => {
+                if self.arena.resize_in_place(ptr, layout.size(), new_size) {
+                    return ptr;
+                }
+                // SAFETY: the caller guarantees `new_size` with `layout.align()` is a valid layout.
+                let new_layout =
+                    unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+                let moved = match self.arena.alloc(new_layout) {
+                    Some(p) => p,
+                    None => unsafe { System.alloc(new_layout) },
+                };
+                if !moved.is_null() {
+                    // SAFETY: both blocks hold at least the smaller size and do not overlap.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(ptr, moved, layout.size().min(new_size))
+                    };
+                    self.arena.dealloc(ptr, layout);
+                }
+                moved
+            }
+            _ => unsafe { System.realloc(ptr, layout, new_size) },
         }
     }
 }
 
-/// Whether this process is the node agent, from its command line (no allocation).
-fn long_lived_role() -> bool {
+/// The address space a short-lived process allocates from: reserved once, never backed by memory
+/// until touched (MAP_NORESERVE), handed out in address order, so the blocks of a whole CNI call
+/// share a few pages. Memory is never given back, except the newest block's (freeing it, or
+/// growing or shrinking it, moves the top), which is what temporary strings and growing vectors
+/// need. A process that fills it goes on with the system allocator.
+struct Arena {
+    base: AtomicUsize,
+    top: AtomicUsize,
+    end: AtomicUsize,
+}
+
+/// Far more than a CNI call or an `istio-iptables` run allocates in its whole life (a few
+/// hundred KiB); only what is touched costs memory.
+const ARENA_BYTES: usize = 64 << 20;
+
+impl Arena {
+    const fn new() -> Arena {
+        Arena {
+            base: AtomicUsize::new(0),
+            top: AtomicUsize::new(0),
+            end: AtomicUsize::new(0),
+        }
+    }
+
+    /// Maps the reservation (once, before the first block); false when the kernel refuses it.
+    fn reserve(&self) -> bool {
+        // SAFETY: an anonymous private mapping at an address of the kernel's choosing, and an
+        // advice call on exactly that range.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                ARENA_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return false;
+        }
+        // A node with THP `always` would back the first touch with a 2 MiB page to zero.
+        unsafe { libc::madvise(base, ARENA_BYTES, libc::MADV_NOHUGEPAGE) };
+        let base = base as usize;
+        self.base.store(base, Ordering::Release);
+        self.top.store(base, Ordering::Release);
+        self.end.store(base + ARENA_BYTES, Ordering::Release);
+        true
+    }
+
+    fn owns(&self, ptr: *mut u8) -> bool {
+        let p = ptr as usize;
+        p >= self.base.load(Ordering::Acquire) && p < self.end.load(Ordering::Acquire)
+    }
+
+    /// The next block at `layout`'s alignment, or `None` when the arena is full.
+    fn alloc(&self, layout: Layout) -> Option<*mut u8> {
+        let end = self.end.load(Ordering::Acquire);
+        let mut top = self.top.load(Ordering::Acquire);
+        loop {
+            let start = top.checked_add(layout.align() - 1)? & !(layout.align() - 1);
+            let new_top = start.checked_add(layout.size())?;
+            if new_top > end {
+                return None;
+            }
+            match self
+                .top
+                .compare_exchange_weak(top, new_top, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(start as *mut u8),
+                Err(now) => top = now,
+            }
+        }
+    }
+
+    /// Gives the block back when it is the newest; older blocks stay where they are.
+    fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let p = ptr as usize;
+        let _ =
+            self.top
+                .compare_exchange(p + layout.size(), p, Ordering::AcqRel, Ordering::Relaxed);
+    }
+
+    /// Resizes the newest block where it is (and any block that shrinks); false otherwise.
+    fn resize_in_place(&self, ptr: *mut u8, old: usize, new: usize) -> bool {
+        let p = ptr as usize;
+        let Some(new_top) = p.checked_add(new) else {
+            return false;
+        };
+        if new_top > self.end.load(Ordering::Acquire) {
+            return false;
+        }
+        self.top
+            .compare_exchange(p + old, new_top, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+            || new <= old
+    }
+}
+
+/// How long this process lives, by its role.
+enum Lifetime {
+    /// The node agent.
+    Long,
+    /// The plugin, `istio-iptables`, a usage message.
+    Short,
+    /// No command line to tell by (no /proc): the system allocator, which suits either.
+    Unknown,
+}
+
+/// This process's [`Lifetime`], from its command line (no allocation).
+fn role_lifetime() -> Lifetime {
     let mut buf = [0u8; 512];
     let len = read_cmdline(&mut buf);
-    is_long_lived(&buf[..len])
+    match (len, is_long_lived(&buf[..len])) {
+        (0, _) => Lifetime::Unknown,
+        (_, true) => Lifetime::Long,
+        (_, false) => Lifetime::Short,
+    }
 }
 
 /// Where the binary's role comes from (`main` dispatches by the same rule; it lives here because
@@ -172,7 +322,49 @@ fn read_cmdline(buf: &mut [u8]) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::is_long_lived;
+    use super::{Arena, is_long_lived};
+    use std::alloc::Layout;
+
+    fn layout(size: usize, align: usize) -> Layout {
+        Layout::from_size_align(size, align).unwrap()
+    }
+
+    #[test]
+    fn the_arena_hands_out_aligned_blocks_in_address_order_and_takes_back_only_the_newest() {
+        let arena = Arena::new();
+        assert!(arena.reserve());
+        let a = arena.alloc(layout(10, 1)).unwrap();
+        let b = arena.alloc(layout(8, 8)).unwrap();
+        assert_eq!(b as usize % 8, 0);
+        assert!(b as usize >= a as usize + 10 && b as usize - (a as usize + 10) < 8);
+        assert!(arena.owns(a) && arena.owns(b));
+        assert!(!arena.owns(std::ptr::null_mut()));
+        // An older block stays; the newest is given back and its place handed out again.
+        arena.dealloc(a, layout(10, 1));
+        let c = arena.alloc(layout(8, 8)).unwrap();
+        assert!(c > b);
+        arena.dealloc(c, layout(8, 8));
+        assert_eq!(arena.alloc(layout(8, 8)).unwrap(), c);
+    }
+
+    #[test]
+    fn the_newest_block_grows_in_place_and_any_block_shrinks_in_place() {
+        let arena = Arena::new();
+        assert!(arena.reserve());
+        let a = arena.alloc(layout(16, 8)).unwrap();
+        assert!(arena.resize_in_place(a, 16, 4096));
+        let b = arena.alloc(layout(16, 8)).unwrap();
+        assert!(b as usize >= a as usize + 4096);
+        assert!(
+            !arena.resize_in_place(a, 4096, 8192),
+            "a is no longer the newest"
+        );
+        assert!(arena.resize_in_place(a, 4096, 100));
+        // Past the end it refuses, and a full arena says so (the caller goes to the system).
+        assert!(!arena.resize_in_place(b, 16, super::ARENA_BYTES));
+        assert!(arena.alloc(layout(super::ARENA_BYTES, 8)).is_none());
+        assert!(arena.alloc(layout(16, 8)).is_some());
+    }
 
     #[test]
     fn only_the_node_agent_is_long_lived_by_name_or_by_subcommand() {

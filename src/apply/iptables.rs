@@ -176,15 +176,23 @@ pub fn detect(family: Family, force: Option<ForceBinary>) -> Result<Binaries, Ap
     // Absolute paths, resolved once (only for the flavour considered): each later spawn then skips
     // the $PATH walk. None when the flavour is not installed.
     let make = |suffix: &str, legacy: bool| -> Option<Binaries> {
-        let resolve = |tail: &str| {
-            find_on_path(&format!("{prefix}{suffix}{tail}"))
+        let iptables = find_on_path(&format!("{prefix}{suffix}"))?;
+        // The -save and -restore of a flavour are installed beside it: looked for there first
+        // (one stat each instead of a $PATH walk, paid by every plugin exec), else on $PATH.
+        let beside = |tail: &str| {
+            let name = format!("{prefix}{suffix}{tail}");
+            iptables
+                .parent()
+                .map(|dir| dir.join(&name))
+                .filter(|p| is_executable(p))
+                .or_else(|| find_on_path(&name))
                 .map(|p| p.to_string_lossy().into_owned())
         };
         Some(Binaries {
             family,
-            iptables: resolve("")?,
-            save: resolve("-save")?,
-            restore: resolve("-restore")?,
+            save: beside("-save")?,
+            restore: beside("-restore")?,
+            iptables: iptables.to_string_lossy().into_owned(),
             legacy,
         })
     };
