@@ -7,6 +7,9 @@
 //! blocks of each size over fresh pages (a plugin ADD faulted about 80 pages in, 40% of all its
 //! page faults), and mimalloc's start-up cost more than it saved there.
 //!
+//! mimalloc is started by the agent's first allocation, not by a C constructor in every process
+//! (the static build leaves it out: it cost the plugin about 5% of an ADD's CPU).
+//!
 //! Transparent huge pages are refused for the agent before mimalloc's first block (`prctl`, and
 //! mimalloc built with `no_thp`): mimalloc asks for them by default, and a node whose THP setting
 //! is `madvise` or `always` then backs its arenas with 2 MiB pages, which made the agent's RSS 68 MB
@@ -19,6 +22,13 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+unsafe extern "C" {
+    /// mimalloc's process start-up (reads its options, sets up the main thread's heap and the
+    /// per-thread clean-up). The static build compiles mimalloc without the constructor that
+    /// would call it in every process (.cargo/config.toml): only the node agent does, here.
+    fn _mi_auto_process_init();
+}
 
 const UNDECIDED: u8 = 0;
 const SYSTEM: u8 = 1;
@@ -48,6 +58,9 @@ impl RoleAlloc {
                         // SAFETY: a prctl with plain integer arguments; it only sets a process
                         // flag (inherited by children, harmless for the tools the agent runs).
                         unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+                        // SAFETY: mimalloc's own start-up (what its constructor runs where it
+                        // has one; once only), on the main thread before its first block.
+                        unsafe { _mi_auto_process_init() };
                         MIMALLOC
                     }
                     Lifetime::Short if self.arena.reserve() => ARENA,

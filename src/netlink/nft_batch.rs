@@ -94,7 +94,9 @@ impl Default for Transaction {
 
 impl Transaction {
     pub fn new() -> Transaction {
-        let mut buf = Vec::with_capacity(1024);
+        // A pod's sidecar or in-pod rules are 10-20 KiB of messages: room for them from the
+        // start, instead of copying the batch at every doubling.
+        let mut buf = Vec::with_capacity(32 * 1024);
         push_header(
             &mut buf,
             NFNL_MSG_BATCH_BEGIN,
