@@ -224,9 +224,16 @@ fn cmd_add(
     let runtime = runtime::get()
         .map_err(|e| CniError::internal(format!("cannot start the async runtime: {e}")))?;
     let kubeconfig = conf.kubeconfig_path();
-    let flow = add::cmd_add(env, conf, &engine, &args, deadline, || async move {
-        k8s::PluginKube::from_kubeconfig(&kubeconfig).await
-    });
+    // On the heap from the start: the ADD's future is tens of KiB (the API client's path is in
+    // it), and every move of it by value (into the timeout, into block_on) took fresh stack pages.
+    let flow = Box::pin(add::cmd_add(
+        env,
+        conf,
+        &engine,
+        &args,
+        deadline,
+        || async move { k8s::PluginKube::from_kubeconfig(&kubeconfig).await },
+    ));
     let outcome = runtime.block_on(async {
         // Lets the tests prove that a panic becomes a CNI error (`test-hooks` builds only).
         #[cfg(feature = "test-hooks")]
