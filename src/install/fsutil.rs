@@ -220,6 +220,45 @@ pub fn mode_of(path: &Path) -> Option<u32> {
         .map(|m| m.permissions().mode() & 0o7777)
 }
 
+/// Who may read or change a file: its mode bits and owner (following links).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Perms {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Perms {
+    pub fn of(path: &Path) -> Option<Self> {
+        let m = fs::metadata(path).ok()?;
+        Some(Self {
+            mode: m.permissions().mode() & 0o7777,
+            uid: m.uid(),
+            gid: m.gid(),
+        })
+    }
+
+    /// What a file this process writes into `dir` with `mode` gets: our effective user, and our
+    /// effective group unless the directory is set-group-ID (then the directory's group).
+    pub fn ours_in(dir: &Path, mode: u32) -> Self {
+        let gid = match fs::metadata(dir) {
+            Ok(d) if d.permissions().mode() & 0o2000 != 0 => d.gid(),
+            _ => nix::unistd::getegid().as_raw(),
+        };
+        Self {
+            mode,
+            uid: nix::unistd::geteuid().as_raw(),
+            gid,
+        }
+    }
+
+    /// Whether the file at `path` has exactly the mode and owner a write of ours gives it.
+    pub fn are_ours(path: &Path, mode: u32) -> bool {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        Self::of(path) == Some(Self::ours_in(dir, mode))
+    }
+}
+
 /// Identity of a file version: if none of these changed, its content did not either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FileStamp {

@@ -1,5 +1,6 @@
 //! The guard loop (§2.9): install, then watch the conf dir, the installed binaries, the token dir
-//! and the kubeconfig; re-validate on every change and repair what is broken.
+//! and the kubeconfig; re-validate on every change (content, and the mode and owner of the files
+//! that are ours alone) and repair what is broken.
 //!
 //! Runs on its own thread (all of it is blocking file work). A fresh watcher is created before
 //! each validation and dropped before each write, so our own writes do not wake us, and a change
@@ -167,10 +168,9 @@ fn make_watcher(tx: &Sender<Msg>, targets: &[WatchTarget]) -> Option<notify::Rec
 }
 
 fn relevant(ev: &notify::Event, targets: &[WatchTarget]) -> bool {
-    if matches!(
-        ev.kind,
-        EventKind::Access(_) | EventKind::Modify(notify::event::ModifyKind::Metadata(_))
-    ) {
+    // Metadata changes count: a chmod or chown of a guarded file is repaired at once, like a
+    // write (only reads and opens are noise).
+    if matches!(ev.kind, EventKind::Access(_)) {
         return false;
     }
     ev.paths.iter().any(|p| path_relevant(p, targets))

@@ -10,7 +10,7 @@ use tracing::{debug, info, warn};
 
 use super::cniconf::{ConfError, IstioPlugin};
 use super::config::{InstallConfig, PLUGIN_BINARY};
-use super::fsutil::{self, FileStamp, FsError};
+use super::fsutil::{self, FileStamp, FsError, Perms};
 use super::kubeconfig::{self, KubeconfigError, KubeconfigInputs};
 
 mod merge;
@@ -249,6 +249,11 @@ impl Installer {
     // ---- binaries ----
 
     fn binary_ok(&mut self, target: &Path) -> bool {
+        // A mode or owner change leaves the content alone, but an installed plugin writable by
+        // others is a root exploit: it is replaced like a changed binary.
+        if !Perms::are_ours(target, self.self_mode) {
+            return false;
+        }
         let Some(stamp) = FileStamp::of(target) else {
             return false;
         };
@@ -316,7 +321,7 @@ impl Installer {
     fn kubeconfig_ok(&self, expected: &str) -> bool {
         let path = self.cfg.kubeconfig_path();
         fs::read(&path).is_ok_and(|b| b == expected.as_bytes())
-            && fsutil::mode_of(&path) == Some(self.cfg.kubeconfig_mode)
+            && Perms::are_ours(&path, self.cfg.kubeconfig_mode)
     }
 
     fn write_kubeconfig(&self) -> Result<(), InstallError> {

@@ -9,6 +9,7 @@ use tracing::{debug, warn};
 
 use super::Installer;
 use crate::install::cniconf::{self, Candidate, Kind};
+use crate::install::fsutil::{self, Perms};
 
 impl Installer {
     // ---- CNI config ----
@@ -163,6 +164,13 @@ impl Installer {
                 .read_named(&ours)
                 .ok_or_else(|| format!("our config {ours} is missing or invalid"))?,
         };
+        if !self.cfg.chained || owned {
+            // A file that is ours alone keeps the mode and owner we gave it.
+            let file = fsutil::resolve_link(&self.dir().join(&ours)).map_err(|e| e.to_string())?;
+            if !Perms::are_ours(&file, self.conf_mode()) {
+                return Err(format!("the mode or owner of our config {ours} changed"));
+            }
+        }
         if !self.cfg.chained {
             return cniconf::check_standalone(&our.value, &self.istio);
         }
