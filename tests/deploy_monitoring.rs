@@ -171,6 +171,19 @@ fn the_dashboard_uses_only_exported_metrics() {
         .as_str()
         .expect("query");
     assert!(query.contains("istio_cni_install_ready"), "{query}");
+    // The process collector's series, which dashboards made for Istio's agent chart too.
+    let mut all = Vec::new();
+    exprs(&doc, &mut all);
+    let used: BTreeSet<String> = all.iter().flat_map(|e| metric_names(e)).collect();
+    for wanted in [
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(used.contains(wanted), "no panel reads {wanted}: {used:?}");
+    }
 }
 
 #[test]

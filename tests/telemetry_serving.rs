@@ -219,3 +219,84 @@ fn metrics_follow_the_accept_header() {
     }
     assert!(agent.terminate(T).success());
 }
+
+/// The value of an unlabelled sample `name` in exposition text.
+fn sample(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn process_metrics_are_served_with_prometheus_names() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    let mut env = d.base_env();
+    env.push(("MONITORING_PORT".into(), free_port().to_string()));
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    let mut agent = start(&env, &[]);
+    let port = agent.port("metrics server");
+    agent.wait_line("plugin log sink listening", T);
+    let pid = agent.child.id();
+    let (status, _, body) = get_metrics(port, None);
+    assert_eq!(status, 200);
+    for (name, kind) in [
+        ("process_cpu_seconds_total", "counter"),
+        ("process_resident_memory_bytes", "gauge"),
+        ("process_virtual_memory_bytes", "gauge"),
+        ("process_open_fds", "gauge"),
+        ("process_max_fds", "gauge"),
+        ("process_start_time_seconds", "gauge"),
+    ] {
+        assert!(
+            body.contains(&format!("# TYPE {name} {kind}\n")),
+            "{name}:\n{body}"
+        );
+        assert!(
+            sample(&body, name).is_some(),
+            "{name} has no sample:\n{body}"
+        );
+    }
+    let value = |name| sample(&body, name).expect("sample");
+    // The agent's own figures, read beside the scrape.
+    let rss = proc_status_kb(pid, "VmRSS").expect("VmRSS") as f64 * 1024.0;
+    let vsz = proc_status_kb(pid, "VmSize").expect("VmSize") as f64 * 1024.0;
+    let resident = value("process_resident_memory_bytes");
+    assert!(
+        resident > rss / 2.0 && resident < rss * 2.0,
+        "{resident} vs VmRSS {rss}"
+    );
+    let virt = value("process_virtual_memory_bytes");
+    assert!(
+        virt > vsz / 2.0 && virt < vsz * 2.0,
+        "{virt} vs VmSize {vsz}"
+    );
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fd")
+        .count() as f64;
+    let open = value("process_open_fds");
+    assert!(open >= 3.0 && (open - fds).abs() <= 8.0, "{open} vs {fds}");
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let soft: f64 = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("Max open files");
+    assert_eq!(value("process_max_fds"), soft);
+    let start_time = value("process_start_time_seconds");
+    assert!(
+        (start_time - before).abs() < 5.0,
+        "start {start_time}, spawned at {before}"
+    );
+    let cpu = value("process_cpu_seconds_total");
+    assert!((0.0..60.0).contains(&cpu), "{cpu}");
+    // OpenMetrics names the counter family without `_total`, its sample with it.
+    let (_, _, om) = get_metrics(port, Some("application/openmetrics-text; version=1.0.0"));
+    assert!(om.contains("# TYPE process_cpu_seconds counter\n"), "{om}");
+    assert!(sample(&om, "process_cpu_seconds_total").is_some(), "{om}");
+    assert!(agent.terminate(T).success());
+}

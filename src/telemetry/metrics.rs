@@ -1,6 +1,7 @@
 //! Istio's CNI metrics (§2.12) in one registry, served as OpenMetrics text or Prometheus' classic
 //! text format 0.0.4 (what Istio serves), chosen by the scraper's `Accept` header. Counters are
-//! registered without `_total`; the encoder appends it, giving Istio's exact names.
+//! registered without `_total`; the encoder appends it, giving Istio's exact names. The
+//! `process_*` series of the Prometheus process collector come with every scrape (`process`).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -121,6 +122,8 @@ impl Metrics {
             "Total number of drifted pods found that could not be healed (reported)",
             self.drift_unhealed.clone(),
         );
+        // Read at scrape time, as the Go client's process collector Istio's agent registers.
+        r.register_collector(Box::new(super::process::ProcessCollector));
         r
     }
 }

@@ -1,10 +1,12 @@
-//! Logging setup, the plugin log sink, the health/readiness/metrics servers, and the one binder
-//! (`socket`) and server (`serve`) of every local socket and port of the agent.
+//! Logging setup, the plugin log sink, the health/readiness/metrics servers (with the process
+//! collector's `process_*` series, `process`), and the one binder (`socket`) and server (`serve`)
+//! of every local socket and port of the agent.
 //! May call: nothing else in this crate.
 
 pub mod health;
 pub mod logging;
 pub mod logsink;
 pub mod metrics;
+pub mod process;
 pub mod serve;
 pub mod socket;
