@@ -546,3 +546,52 @@ fn install_cni_becomes_ready_with_each_rendered_ambient_environment() {
         t0.elapsed()
     );
 }
+
+/// A difference from Istio's chart (docs/deploy.md): the agent reads its ConfigMap once, through
+/// `envFrom` at start, so the pod template carries the hash of the rendered ConfigMap and a
+/// changed setting rolls the DaemonSet instead of waiting for the next unrelated restart.
+#[test]
+fn daemonset_rolls_when_its_configmap_changes() {
+    let helm = helm();
+    let checksum = |r: &Rendered| -> String {
+        let annotations = &r.daemonset()["spec"]["template"]["metadata"]["annotations"];
+        annotations["checksum/config"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}: no checksum/config annotation", r.name))
+            .to_string()
+    };
+    let mut checked = 0;
+    for r in with_daemonset() {
+        let rendered = r
+            .sha256
+            .iter()
+            .find(|(t, _)| t.ends_with("/templates/configmap-cni.yaml"))
+            .map(|(_, h)| h.clone())
+            .unwrap_or_else(|| panic!("{}: no rendered configmap-cni.yaml", r.name));
+        assert_eq!(checksum(r), rendered, "{}: hash of another text", r.name);
+        checked += 1;
+    }
+    assert!(checked > 20, "only {checked} value sets checked");
+    let default = checksum(helm.case("default"));
+    // A setting the agent reads changes the pod template ...
+    for name in ["ambient-enabled", "repair-delete", "native-nftables", "extra-env"] {
+        assert_ne!(checksum(helm.case(name)), default, "{name}");
+    }
+    // ... values that only touch the DaemonSet itself do not.
+    for name in ["image", "security-options"] {
+        assert_eq!(checksum(helm.case(name)), default, "{name}");
+    }
+    // The full set of pod annotations: Istio's, plus the checksum (the reason above).
+    let annotations = &helm.case("default").daemonset()["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(
+        annotations,
+        &json!({
+            "sidecar.istio.io/inject": "false",
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": "15014",
+            "prometheus.io/path": "/metrics",
+            "container.apparmor.security.beta.kubernetes.io/install-cni": "unconfined",
+            "checksum/config": default,
+        })
+    );
+}

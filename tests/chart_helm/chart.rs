@@ -38,6 +38,8 @@ pub struct Rendered {
     pub error: Option<String>,
     /// (template, object) in template order.
     pub objects: Vec<(String, Value)>,
+    /// template path -> hex sha256 of its rendered text (as Helm's `sha256sum` would hash it).
+    pub sha256: BTreeMap<String, String>,
     /// `helm lint --strict` findings: `{"messages": [{severity, path, error}], "errors": [..]}`.
     pub lint: Option<Value>,
 }
@@ -112,6 +114,7 @@ pub fn render(cases: &[Case]) -> Helm {
                 name: name.clone(),
                 error: c["error"].as_str().map(str::to_string),
                 objects,
+                sha256: strings(&c["sha256"]),
                 lint: Some(c["lint"].clone()).filter(|l| !l.is_null()),
             };
             (name, rendered)

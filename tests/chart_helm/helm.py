@@ -6,9 +6,11 @@ Request:  {"chart": dir, "release": name, "namespace": ns,
            "cases": [{"name": str, "values": {...}, "lint": bool}]}
 Answer:   {"helm": Helm SDK version, "sdk": wheel version,
            "cases": [{"name", "error": str|null, "objects": [{"template", "object"}],
+                      "sha256": {template: hex sha256 of its rendered text},
                       "lint": {"messages": [...], "errors": [...]}|null}]}
 """
 
+import hashlib
 import json
 import re
 import sys
@@ -36,7 +38,7 @@ def objects(manifests):
 
 
 def run(req, chart, case):
-    answer = {"name": case["name"], "error": None, "objects": [], "lint": None}
+    answer = {"name": case["name"], "error": None, "objects": [], "sha256": {}, "lint": None}
     try:
         manifests = chart.render(
             values=case["values"],
@@ -45,6 +47,9 @@ def run(req, chart, case):
             is_install=True,
         )
         answer["objects"] = objects(manifests)
+        answer["sha256"] = {
+            t: hashlib.sha256(text.encode()).hexdigest() for t, text in manifests.items()
+        }
     except helm.HelmError as e:
         answer["error"] = str(e)
         return answer
