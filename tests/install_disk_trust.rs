@@ -82,3 +82,98 @@ fn the_standalone_config_keeps_its_mode_and_owner() {
     restored(&agent, &conf, want, "chown", || chown(&conf, 4321));
     assert!(agent.terminate(T).success(), "{}", agent.output());
 }
+
+/// Converts the primary `.conf`, is killed, finds its original-config record rewritten to name
+/// `original` (and a link), and is stopped: cleanup must not write or link anything there.
+fn tampered_record_is_ignored(original: &str, link: Option<&str>, victim: &Path) {
+    let d = Dirs::new();
+    d.put("10-bridge.conf", &testdata("bridge.conf"));
+    let mut agent = start(&d.base_env(), &[]);
+    agent.wait_line("istio-cni is installed; watching for changes", T);
+    agent.signal(nix::sys::signal::Signal::SIGKILL);
+    agent.wait(T);
+    let record = d.run.join("istio-cni-restore.json");
+    let mut r: serde_json::Value =
+        serde_json::from_slice(&fs::read(&record).expect("record")).expect("json");
+    r["original"] = original.into();
+    if let Some(link) = link {
+        r["link"] = link.into();
+    }
+    fs::write(&record, serde_json::to_vec(&r).expect("json")).expect("tamper");
+
+    let mut again = start(&d.base_env(), &[]);
+    again.wait_line("istio-cni is installed; watching for changes", T);
+    again.wait_line("ignoring the original-config record", T);
+    assert!(again.terminate(T).success(), "{}", again.output());
+    assert!(
+        fs::symlink_metadata(victim).is_err(),
+        "{original}: cleanup wrote {}; output:\n{}",
+        victim.display(),
+        again.output()
+    );
+    // Without a record it trusts, cleanup still takes our entry out of the list it is left.
+    let left = d.read("10-bridge.conflist").expect("the list is kept");
+    assert!(!has_istio_entry(&left), "{left}");
+}
+
+#[test]
+fn a_restore_record_naming_a_path_outside_the_conf_dir_is_reported_and_ignored() {
+    let outside = tempfile::tempdir().expect("tempdir");
+    let victim = outside.path().join("10-bridge.conf");
+    tampered_record_is_ignored(&victim.display().to_string(), None, &victim);
+    // Relative: `..` out of the conf dir (the test's dirs are siblings of one temp dir).
+    let rel = tempfile::tempdir().expect("tempdir");
+    let abs_victim = rel.path().join("10-bridge.conf");
+    let dotdot = format!("../../../../../../../..{}", abs_victim.display());
+    tampered_record_is_ignored(&dotdot, None, &abs_victim);
+    // A link record: the link itself would be made outside (this is how a device node is
+    // replaced by a symlink).
+    let null = outside.path().join("null");
+    tampered_record_is_ignored(&null.display().to_string(), Some("x"), &null);
+}
+
+#[test]
+fn an_oversized_or_malformed_conflist_is_named_and_never_read_whole() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    // Sorts first: without a bound it would be read whole and become the primary.
+    let mut big = testdata("list.conflist");
+    big.truncate(big.len() - 2);
+    big.extend(b", \"pad\": \"");
+    big.extend(std::iter::repeat_n(b'x', 60 << 20));
+    big.extend(b"\"}\n");
+    d.put("05-big.conflist", &big);
+    d.put(
+        "06-broken.conflist",
+        b"{\"cniVersion\": \"1.0.0\", \"plugins\": [",
+    );
+    let mut agent = start(&d.base_env(), &[]);
+    agent.wait_line("istio-cni is installed; watching for changes", T);
+    let line = agent.wait_line("05-big.conflist", T);
+    assert!(line.contains("read limit"), "{line}");
+    let line = agent.wait_line("06-broken.conflist", T);
+    assert!(line.contains("skipping CNI config"), "{line}");
+    assert!(has_istio_entry(&d.read("10-list.conflist").expect("list")));
+    assert!(!has_istio_entry(&String::from_utf8_lossy(
+        &fs::read(d.net.join("05-big.conflist")).expect("big")
+    )));
+    let hwm = proc_status_kb(agent.child.id(), "VmHWM").expect("VmHWM");
+    eprintln!("install-cni peak RSS with a 60 MB conflist: {hwm} kB");
+    assert!(hwm < 40 * 1024, "peak RSS {hwm} kB");
+    assert!(agent.terminate(T).success(), "{}", agent.output());
+}
+
+#[test]
+fn an_oversized_token_is_refused_naming_it() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    fs::write(d.sa.join("token"), vec![b'a'; 2 << 20]).expect("token");
+    let mut agent = start(&d.base_env(), &[]);
+    let line = agent.wait_line("install pass failed", T);
+    assert!(
+        line.contains(&d.sa.join("token").display().to_string()) && line.contains("read limit"),
+        "{line}"
+    );
+    assert!(!d.run.join("istio-cni-kubeconfig").exists());
+    assert!(agent.terminate(T).success(), "{}", agent.output());
+}

@@ -51,10 +51,14 @@ fn read_record(path: &std::path::Path) -> Result<Option<Recorded>, StartError> {
         path: path.to_path_buf(),
         cause,
     };
-    match std::fs::read_to_string(path) {
-        Ok(text) => Recorded::parse(&text).map(Some).map_err(bad),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(bad(e.to_string())),
+    match super::fsutil::read_bounded(path) {
+        Ok(bytes) => std::str::from_utf8(&bytes)
+            .map_err(|_| "not UTF-8 text".to_string())
+            .and_then(Recorded::parse)
+            .map(Some)
+            .map_err(bad),
+        Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(bad(e.source.to_string())),
     }
 }
 
@@ -208,5 +212,31 @@ mod tests {
         assert_eq!(s.config.system_namespace, "istio-system");
         let drift = s.drift.expect("drift verification on by default");
         assert_eq!(drift.period(), std::time::Duration::from_secs(60));
+    }
+
+    #[test]
+    fn the_backend_record_is_read_as_input_bounded_and_only_from_a_regular_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(RECORD_FILE);
+        assert!(read_record(&path).expect("missing is fine").is_none());
+        let good = "backend=nftables\nflavour=auto\nnative_nftables=true\n";
+        std::fs::write(&path, good).expect("write");
+        assert!(read_record(&path).expect("good").is_some());
+        // Over the read limit: refused naming the file, nothing parsed.
+        let mut big = good.as_bytes().to_vec();
+        big.resize(2 << 20, b'\n');
+        std::fs::write(&path, &big).expect("write big");
+        let e = read_record(&path).expect_err("too large").to_string();
+        assert!(e.contains(RECORD_FILE) && e.contains("read limit"), "{e}");
+        // A FIFO in its place is refused at once (a blocking open would hang the start).
+        std::fs::remove_file(&path).expect("rm");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("fifo");
+        let e = read_record(&path).expect_err("fifo").to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        std::fs::write(dir.path().join("x"), b"\xff\xfe").expect("write");
+        let e = read_record(&dir.path().join("x"))
+            .expect_err("binary")
+            .to_string();
+        assert!(e.contains("not UTF-8"), "{e}");
     }
 }

@@ -220,6 +220,67 @@ pub fn mode_of(path: &Path) -> Option<u32> {
         .map(|m| m.permissions().mode() & 0o7777)
 }
 
+/// The most install-cni reads of any file it did not write itself in this run: CNI configs, the
+/// service-account token and CA, the kubeconfig it checks, the records in its run dir. All of
+/// them are kilobytes; a larger file is refused, naming it, instead of being held in memory.
+pub const READ_LIMIT: u64 = 1 << 20;
+
+/// Reads a regular file of at most [`READ_LIMIT`] bytes (following links, as libcni and Istio
+/// read configs). Anything else is refused naming the file: a larger file, and a FIFO or device
+/// (opened without blocking, so a FIFO cannot hang the caller). A missing file keeps its
+/// `NotFound` kind.
+pub fn read_bounded(path: &Path) -> Result<Vec<u8>, FsError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |e| FsError::new("reading", path, e);
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(fail)?;
+    let meta = file.metadata().map_err(fail)?;
+    if !meta.is_file() {
+        return Err(fail(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    let too_large = |size: u64| {
+        fail(io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            format!(
+                "{size} bytes or more, over the {} KiB read limit for files from the node",
+                READ_LIMIT / 1024
+            ),
+        ))
+    };
+    if meta.len() > READ_LIMIT {
+        return Err(too_large(meta.len()));
+    }
+    // The file may grow between the size check and the read: read one byte past the limit.
+    let mut data = Vec::with_capacity(meta.len() as usize);
+    file.take(READ_LIMIT + 1)
+        .read_to_end(&mut data)
+        .map_err(fail)?;
+    if data.len() as u64 > READ_LIMIT {
+        return Err(too_large(data.len() as u64));
+    }
+    Ok(data)
+}
+
+/// Checks that a name read back from disk (a record in the run dir) is a plain file name: joined
+/// to its directory it stays inside it. Empty, `.`, `..`, a `/` or a NUL are refused.
+pub fn plain_name(name: &str) -> Result<&str, String> {
+    if name.is_empty() || name == "." || name == ".." || name.len() > 255 {
+        return Err(format!("{name:?} is not a file name"));
+    }
+    if name.contains('/') || name.contains('\0') {
+        return Err(format!(
+            "{name:?} is not a plain file name (it names a path)"
+        ));
+    }
+    Ok(name)
+}
+
 /// Who may read or change a file: its mode bits and owner (following links).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Perms {

@@ -100,6 +100,8 @@ pub struct Installer {
     warned_preempted: Option<String>,
     /// Candidate symlinks already reported as dangling (reported again once fixed and broken).
     dangling_logged: BTreeSet<String>,
+    /// Candidates skipped (too large, unreadable, malformed) and already reported, with why.
+    skipped_logged: std::collections::BTreeMap<String, String>,
 }
 
 /// Where the guard watches, and which names in each directory matter.
@@ -120,9 +122,7 @@ impl Installer {
                 source,
             })?;
         let istio = IstioPlugin::from_config(&cfg);
-        let restore = fs::read(cfg.run_dir.join(RESTORE_RECORD))
-            .ok()
-            .and_then(|b| serde_json::from_slice::<RestoreRecord>(&b).ok());
+        let restore = RestoreRecord::read(&cfg.run_dir.join(RESTORE_RECORD));
         Ok(Self {
             cfg,
             istio,
@@ -135,6 +135,7 @@ impl Installer {
             verified: HashMap::new(),
             warned_preempted: None,
             dangling_logged: BTreeSet::new(),
+            skipped_logged: std::collections::BTreeMap::new(),
         })
     }
 
@@ -320,7 +321,7 @@ impl Installer {
 
     fn kubeconfig_ok(&self, expected: &str) -> bool {
         let path = self.cfg.kubeconfig_path();
-        fs::read(&path).is_ok_and(|b| b == expected.as_bytes())
+        fsutil::read_bounded(&path).is_ok_and(|b| b == expected.as_bytes())
             && Perms::are_ours(&path, self.cfg.kubeconfig_mode)
     }
 

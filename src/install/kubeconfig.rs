@@ -60,21 +60,24 @@ pub fn read_inputs(
     ca_file: &Path,
     token_file: &Path,
 ) -> Result<KubeconfigInputs, KubeconfigError> {
+    let read = |what: &'static str, path: &Path| {
+        super::fsutil::read_bounded(path).map_err(|e| KubeconfigError::Read {
+            what,
+            path: path.display().to_string(),
+            source: e.source,
+        })
+    };
     let ca = if skip_tls_verify {
         None
     } else {
-        Some(
-            std::fs::read(ca_file).map_err(|source| KubeconfigError::Read {
-                what: "CA file",
-                path: ca_file.display().to_string(),
-                source,
-            })?,
-        )
+        Some(read("CA file", ca_file)?)
     };
-    let token = std::fs::read_to_string(token_file).map_err(|source| KubeconfigError::Read {
-        what: "service-account token",
-        path: token_file.display().to_string(),
-        source,
+    let token = String::from_utf8(read("service-account token", token_file)?).map_err(|_| {
+        KubeconfigError::Read {
+            what: "service-account token",
+            path: token_file.display().to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"),
+        }
     })?;
     Ok(KubeconfigInputs { server, ca, token })
 }

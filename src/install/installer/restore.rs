@@ -5,7 +5,7 @@
 //! a change to the primary's own plugins does, and then cleanup keeps that content and says why.
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -31,6 +31,63 @@ pub(super) struct RestoreRecord {
     pub(super) link: Option<PathBuf>,
 }
 
+impl RestoreRecord {
+    /// Reads the record back from the run dir. It names files cleanup writes, links and removes,
+    /// so it is checked like input: one that cannot be read, is too large, or names anything
+    /// but plain CNI config names in the conf dir is reported and ignored.
+    pub(super) fn read(path: &Path) -> Option<RestoreRecord> {
+        let bytes = match fsutil::read_bounded(path) {
+            Ok(b) => b,
+            Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                warn!("ignoring the original-config record: {e}");
+                return None;
+            }
+        };
+        let checked = serde_json::from_slice::<RestoreRecord>(&bytes)
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.check().map(|()| r));
+        match checked {
+            Ok(r) => Some(r),
+            Err(cause) => {
+                warn!(
+                    path = %path.display(),
+                    "ignoring the original-config record (cleanup will not restore from it): {cause}"
+                );
+                None
+            }
+        }
+    }
+
+    /// What a conversion can have written: `<stem>.conf` or `.json` turned into
+    /// `<stem>.conflist`, both plain names, and plain permission bits.
+    fn check(&self) -> Result<(), String> {
+        let original = fsutil::plain_name(&self.original).map_err(|e| format!("original: {e}"))?;
+        fsutil::plain_name(&self.conflist).map_err(|e| format!("conflist: {e}"))?;
+        let stem = original
+            .strip_suffix(".conf")
+            .or_else(|| original.strip_suffix(".json"))
+            .ok_or_else(|| format!("original: {original:?} is not a .conf or .json name"))?;
+        if self.conflist != format!("{stem}.conflist") {
+            return Err(format!(
+                "conflist: {:?} is not what converting {original:?} writes",
+                self.conflist
+            ));
+        }
+        if self.mode & !0o777 != 0 {
+            return Err(format!("mode: {:o} has special bits", self.mode));
+        }
+        // The link's target is only what the restored link will point to (it is never written
+        // or removed), as the original's was; it must still be a path.
+        if let Some(to) = &self.link
+            && (to.as_os_str().is_empty() || to.as_os_str().len() > 4096)
+        {
+            return Err(format!("link: {:?} is not a link target", to.display()));
+        }
+        Ok(())
+    }
+}
+
 impl Installer {
     pub(super) fn set_restore(&mut self, record: Option<RestoreRecord>) {
         if self.restore == record {
@@ -54,8 +111,13 @@ impl Installer {
 
     pub(super) fn cleanup_conf(&mut self, name: &str) {
         let path = self.dir().join(name);
-        let Ok(bytes) = fs::read(&path) else {
-            return;
+        let bytes = match fsutil::read_bounded(&path) {
+            Ok(b) => b,
+            Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => {
+                warn!("not cleaning up: {e}");
+                return;
+            }
         };
         let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
             warn!(path = %path.display(), "not cleaning up: the file is not valid JSON");

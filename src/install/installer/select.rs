@@ -1,6 +1,6 @@
 //! Which file is the primary, and is what we wrote still valid (§2.4)?
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::Path;
 
@@ -54,24 +54,35 @@ impl Installer {
         }
         self.dangling_logged = dangling;
         names.sort();
-        names
+        let mut skipped = BTreeMap::new();
+        let cands = names
             .into_iter()
             .filter_map(|name| {
-                let bytes = fs::read(self.dir().join(&name)).ok()?;
-                match cniconf::classify(&name, &bytes) {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        debug!("skipping CNI config: {e}");
-                        None
-                    }
-                }
+                let read = fsutil::read_bounded(&self.dir().join(&name))
+                    .map_err(|e| e.to_string())
+                    .and_then(|bytes| cniconf::classify(&name, &bytes).map_err(|e| e.to_string()));
+                read.map_err(|cause| skipped.insert(name, cause)).ok()
             })
-            .collect()
+            .collect();
+        // Each skipped file is named once while it stays skipped for the same reason.
+        for (name, cause) in &skipped {
+            if self.skipped_logged.get(name) != Some(cause) {
+                warn!(path = %self.dir().join(name).display(), "skipping CNI config: {cause}");
+            }
+        }
+        self.skipped_logged = skipped;
+        cands
     }
 
     /// Reads one named file for an explicitly configured primary (any name works then).
     pub(super) fn read_named(&self, name: &str) -> Option<Candidate> {
-        let bytes = fs::read(self.dir().join(name)).ok()?;
+        let bytes = match fsutil::read_bounded(&self.dir().join(name)) {
+            Ok(b) => b,
+            Err(e) => {
+                debug!("not reading CNI config {name}: {e}");
+                return None;
+            }
+        };
         cniconf::classify(name, &bytes).ok().or_else(|| {
             // A name without a CNI extension: decide by content.
             let v: Value = serde_json::from_slice(&bytes).ok()?;

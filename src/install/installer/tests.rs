@@ -530,3 +530,76 @@ fn install_errors_are_typed_keep_their_source_and_map_to_istio_labels() {
     assert_eq!(err.metric_label(), "CREATE_KUBECONFIG_FAILURE");
     assert!(err.source().is_some(), "the kubeconfig error is kept");
 }
+
+#[test]
+fn a_restore_record_naming_anything_but_plain_conf_names_is_ignored() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join(RESTORE_RECORD);
+    let good = RestoreRecord {
+        conflist: "10-bridge.conflist".to_string(),
+        original: "10-bridge.conf".to_string(),
+        content: "{}".to_string(),
+        mode: 0o644,
+        link: Some(PathBuf::from("/etc/cni/store/bridge.conf")),
+    };
+    let read_back = |r: &RestoreRecord| {
+        fs::write(&path, serde_json::to_vec(r).expect("json")).expect("write");
+        RestoreRecord::read(&path)
+    };
+    assert_eq!(read_back(&good), Some(good.clone()));
+    let bad: [(&str, fn(&mut RestoreRecord)); 9] = [
+        ("absolute original", |r| r.original = "/dev/null".into()),
+        ("dotdot original", |r| {
+            r.original = "../../etc/x.conf".into();
+            r.conflist = "../../etc/x.conflist".into();
+        }),
+        ("original is ..", |r| r.original = "..".into()),
+        ("empty original", |r| r.original = String::new()),
+        ("conflist elsewhere", |r| {
+            r.conflist = "../10-bridge.conflist".into()
+        }),
+        ("conflist not derived", |r| {
+            r.conflist = "99-other.conflist".into()
+        }),
+        ("original not .conf", |r| {
+            r.original = "10-bridge".into();
+            r.conflist = "10-bridge.conflist".into();
+        }),
+        ("setuid mode", |r| r.mode = 0o4755),
+        ("empty link", |r| r.link = Some(PathBuf::new())),
+    ];
+    for (what, spoil) in bad {
+        let mut r = good.clone();
+        spoil(&mut r);
+        assert_eq!(read_back(&r), None, "{what}");
+    }
+    // Not JSON, too large, and a FIFO are ignored the same way (and the FIFO does not block).
+    fs::write(&path, b"{").expect("write");
+    assert_eq!(RestoreRecord::read(&path), None);
+    fs::write(&path, vec![b' '; 2 << 20]).expect("write");
+    assert_eq!(RestoreRecord::read(&path), None);
+    fs::remove_file(&path).expect("rm");
+    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("fifo");
+    assert_eq!(RestoreRecord::read(&path), None);
+}
+
+#[test]
+fn a_malformed_or_oversized_config_is_skipped_and_never_the_primary() {
+    let e = env();
+    put(&e, "20-list.conflist", "list.conflist");
+    // Sorts first, but over the read limit: skipped without being held in memory.
+    let mut big = fs::read(format!("{TD}list.conflist")).expect("list");
+    big.extend(std::iter::repeat_n(b' ', 2 << 20));
+    fs::write(e.net.join("05-big.conflist"), &big).expect("big");
+    fs::write(e.net.join("06-broken.conflist"), b"{\"plugins\": [").expect("broken");
+    let mut i = installer(&e);
+    assert_eq!(i.install_all().expect("installs"), InstallPass::Installed);
+    assert!(cniconf::has_istio_entry(
+        &serde_json::from_str::<Value>(&read(&e, "20-list.conflist")).expect("json")
+    ));
+    assert_eq!(
+        i.skipped_logged.keys().cloned().collect::<Vec<_>>(),
+        ["05-big.conflist", "06-broken.conflist"]
+    );
+    assert!(i.skipped_logged["05-big.conflist"].contains("read limit"));
+}
