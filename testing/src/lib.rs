@@ -9,5 +9,6 @@
 //! would hand them a second copy of every type.
 
 pub mod apiserver;
+pub mod controlplane;
 pub mod zds_peer;
 pub mod zds_raw;
