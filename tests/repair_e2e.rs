@@ -11,12 +11,16 @@
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
 mod install_support;
+#[path = "support/lifecycle.rs"]
+mod lifecycle;
 mod support;
 
 use std::time::Duration;
 
 use ambient_node::{Backend, NODE, Node, PodProcess, unique_uid};
+use lifecycle::HEALTH_PORT;
 use serde_json::{Value, json};
+use support::node_proc::HostProcView;
 use support::{PodAndServer, assert_outbound_redirected};
 
 const NS: &str = "shop";
@@ -285,6 +289,126 @@ fn label_mode_labels_the_broken_pod_and_a_watch_restart_misses_nothing() {
     // Labelled once each.
     assert_eq!(events_of(&node, "web").len(), 1);
     assert_eq!(events_of(&node, "late").len(), 1);
+}
+
+/// A pod author's hostNetwork pod made to look broken: the sidecar annotation, an istio-proxy
+/// container, the validation container's last exit 126, the node's IP, and a process in its pod
+/// cgroup inside the node's netns (where a hostNetwork pod's processes run).
+fn add_host_network_pod(node: &Node, name: &str, ip: &str) -> (String, PodProcess) {
+    let uid = unique_uid();
+    let pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "uid": uid, "annotations": {
+            "sidecar.istio.io/status":
+                r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"]}"#}},
+        "spec": {
+            "nodeName": NODE, "hostNetwork": true,
+            "initContainers": [{"name": "istio-validation"}],
+            "containers": [{"name": "app"}, {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]
+        },
+        "status": {"phase": "Pending", "podIP": ip, "podIPs": [{"ip": ip}],
+                   "initContainerStatuses": validation(Some(126))}
+    }))
+    .expect("Pod");
+    node.api.server.add_pod(pod).expect("add pod");
+    let process = PodProcess::start_in(std::path::Path::new(&node.ns.path()), &uid);
+    (uid, process)
+}
+
+/// The node netns holds `ip` (a hostNetwork pod's IP is the node's).
+fn give_node_ip(node: &Node, ip: &str) {
+    node.ns
+        .exec("ip", &["addr", "add", &format!("{ip}/32"), "dev", "lo"]);
+}
+
+/// The sidecar chains in the node netns' nat table (none may ever be there).
+fn node_sidecar_chains(node: &Node) -> Vec<String> {
+    node.ns
+        .iptables_state()
+        .lines()
+        .filter(|l| l.contains("ISTIO_INBOUND") || l.contains("ISTIO_OUTPUT"))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn a_host_network_pod_is_never_repaired_and_the_node_s_netns_is_never_taken_as_a_pod_s() {
+    let node = start("REPAIR_REPAIR_PODS");
+    give_node_ip(&node, "10.250.9.9");
+    let (_, _host_process) = add_host_network_pod(&node, "hostnet", "10.250.9.9");
+    node.wait_until(T, "the hostNetwork pod skipped", || {
+        node.agent.output().lines().any(|l| {
+            l.contains("broken pod skipped")
+                && l.contains("shop/hostnet")
+                && l.contains("hostNetwork pod")
+        })
+    });
+    // The same pod without `hostNetwork` (its process still in the node's netns, holding its IP):
+    // the /proc scan never takes the node's (and the agent's) netns as the pod's.
+    let uid = add_pod(&node, PodSpec::broken("disguised", "10.250.9.9"));
+    let _process = PodProcess::start_in(std::path::Path::new(&node.ns.path()), &uid);
+    node.wait_until(T, "the disguised pod given up on", || {
+        !events_of(&node, "disguised").is_empty()
+    });
+    let events = events_of(&node, "disguised");
+    assert!(
+        events[0].contains("repair failed: no process of pod"),
+        "{events:?}"
+    );
+    assert!(events_of(&node, "hostnet").is_empty());
+    assert_eq!(node_sidecar_chains(&node), Vec::<String>::new());
+}
+
+#[test]
+fn where_the_node_s_netns_cannot_be_identified_no_pod_netns_is_entered_and_readiness_says_why() {
+    let unreadable = HostProcView::pid1_unreadable();
+    let dir = unreadable.dir.to_str().expect("utf-8").to_string();
+    let node = Node::start_with(
+        Backend::Iptables,
+        &[
+            ("REPAIR_ENABLED", "true"),
+            ("REPAIR_NODE_NAME", NODE),
+            ("REPAIR_REPAIR_PODS", "true"),
+            ("DRIFT_VERIFY_INTERVAL", "1s"),
+            ("HEALTH_PORT", HEALTH_PORT),
+            ("HOST_PROC_DIR", &dir),
+        ],
+    );
+    node.namespace(NS, json!({}));
+    give_node_ip(&node, "10.250.9.9");
+    // A hostNetwork pod dressed as broken whose `hostNetwork` the author left out: only its
+    // process and IP say where it runs (the node's netns, which is the agent's own here).
+    let uid = add_pod(&node, PodSpec::broken("disguised", "10.250.9.9"));
+    let _host_process = PodProcess::start_in(std::path::Path::new(&node.ns.path()), &uid);
+    // And an ordinary broken pod: refused too (no netns is anyone's while the node's is unknown).
+    let env = PodAndServer::new("unk");
+    let uid = add_pod(&node, PodSpec::broken("web", &env.pod_ip));
+    let _process = PodProcess::start_in(std::path::Path::new(&env.pod.path()), &uid);
+    for pod in ["disguised", "web"] {
+        node.wait_until(T, "the refusal event", || !events_of(&node, pod).is_empty());
+        let events = events_of(&node, pod);
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert!(
+            events[0].contains("not looking for the pod's network namespace: cannot identify the node's network namespace"),
+            "{events:?}"
+        );
+    }
+    assert_eq!(node_sidecar_chains(&node), Vec::<String>::new());
+    assert!(!env.pod.iptables_state().contains("ISTIO_OUTPUT"));
+    let (code, body) = lifecycle::get(&node, HEALTH_PORT, "/readyz");
+    assert_eq!(code, 503, "{body}");
+    for component in [
+        "agent (refusing to enter pod network namespaces: cannot identify the node's network namespace",
+        "repair (refusing",
+    ] {
+        assert!(body.contains(component), "{component} missing: {body}");
+    }
+    assert!(body.contains(&format!("{dir}/1/ns/net")), "{body}");
+    let log = node.agent.output();
+    assert!(
+        log.contains("sidecar drift check off (fail closed)"),
+        "{log}"
+    );
 }
 
 /// Benchmark (ignored; `scripts/bench` runs it against the release binary): install-cni's RSS

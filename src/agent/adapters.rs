@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use super::dataplane::{Dataplane, DataplaneError};
 use super::ports::{self, PodNet, PortError, PortFuture, WorkloadInfo};
-use crate::netns::{Netns, NetnsId};
+use crate::netns::Netns;
+use crate::netns::reserved::Reserved;
 use crate::zds::{SnapshotEntry, SnapshotSource, ZdsError, ZdsHandle};
 
 /// A pod whose netns cannot be opened or entered, or whose rules the kernel refuses, will not
@@ -28,7 +29,7 @@ impl ports::DataplanePort for Dataplane {
         Dataplane::open_netns(self, cni_netns_path).map_err(dataplane_error)
     }
 
-    fn reserved_netns(&self) -> Vec<(String, NetnsId)> {
+    fn reserved_netns(&self) -> Reserved {
         Dataplane::reserved_netns(self)
     }
 

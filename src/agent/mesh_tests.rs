@@ -86,6 +86,19 @@ async fn a_failed_re_add_of_an_enrolled_pod_changes_nothing() {
     assert_eq!(err.class(), Class::GiveUp);
     assert_eq!(enrolled_state(&mesh, &zt, "uid-a"), before);
     dp.reserved.lock().clear();
+    // The node's netns unidentified: every offered netns is refused, saying why.
+    *dp.reserved_unidentified.lock() = Some("cannot identify the node's netns".into());
+    let err = mesh
+        .add_pod(&p, &[ip], Via::Plugin(&good))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("is refused: cannot identify the node's netns"),
+        "{err}"
+    );
+    assert_eq!(enrolled_state(&mesh, &zt, "uid-a"), before);
+    *dp.reserved_unidentified.lock() = None;
 
     *dp.addresses.lock() = Some(vec!["10.0.0.77".parse().unwrap()]);
     let err = mesh

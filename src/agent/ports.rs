@@ -12,7 +12,8 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::kube::{EventRecord, KubeClient, KubeError, MetadataPatch, PodPatchVia};
-use crate::netns::{Netns, NetnsId};
+use crate::netns::Netns;
+use crate::netns::reserved::Reserved;
 
 /// Probe-set entries: IP -> the UID its comment names (the data plane's own type).
 pub use crate::apply::probe_set::Entries as ProbeEntries;
@@ -55,9 +56,9 @@ pub use crate::apply::sidecar::RuleChange;
 pub trait DataplanePort: Send + Sync + 'static {
     /// Opens the netns the runtime named (`CNI_NETNS`), under the host prefix.
     fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, PortError>;
-    /// The namespaces no pod may claim, each with a label for messages: the agent's own and the
-    /// node's (`<HOST_PROC_DIR>/1/ns/net`).
-    fn reserved_netns(&self) -> Vec<(String, NetnsId)>;
+    /// The namespaces no pod may claim: the agent's own and the node's
+    /// (`<HOST_PROC_DIR>/1/ns/net`); unidentified, every netns is refused.
+    fn reserved_netns(&self) -> Reserved;
     /// The interface addresses inside `netns` (read over netlink there), offered as `pod`'s.
     fn netns_addresses(&self, netns: &Netns, pod: &PodNet) -> Result<Vec<IpAddr>, PortError>;
     /// Whether `netns` still exists where it was found ([`Netns::still_named`]); a netns that

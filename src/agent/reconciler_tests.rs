@@ -366,7 +366,7 @@ impl DataplanePort for Slow {
     fn open_netns(&self, path: &str) -> Result<Netns, PortError> {
         self.inner.open_netns(path)
     }
-    fn reserved_netns(&self) -> Vec<(String, crate::netns::NetnsId)> {
+    fn reserved_netns(&self) -> crate::netns::reserved::Reserved {
         self.inner.reserved_netns()
     }
     fn netns_addresses(

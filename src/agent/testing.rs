@@ -16,6 +16,7 @@ use super::ports::{
     WorkloadInfo, Ztunnel,
 };
 use crate::kube::EventRecord;
+use crate::netns::reserved::Reserved;
 use crate::netns::{Netns, NetnsId};
 
 /// A data plane that only records. `open_netns` opens the path when it exists (else hands out the
@@ -32,6 +33,8 @@ pub struct FakeDataplane {
     pub probes: Mutex<BTreeMap<IpAddr, String>>,
     pub fail_program: AtomicBool,
     pub reserved: Mutex<Vec<(String, NetnsId)>>,
+    /// Set: the reserved namespaces "could not be identified" (every netns refused, this why).
+    pub reserved_unidentified: Mutex<Option<String>>,
     pub addresses: Mutex<Option<Vec<IpAddr>>>,
     pub netns_gone: AtomicBool,
     pub netns_missing: AtomicBool,
@@ -87,8 +90,13 @@ impl DataplanePort for FakeDataplane {
         Netns::current().map_err(PortError::permanent)
     }
 
-    fn reserved_netns(&self) -> Vec<(String, NetnsId)> {
-        self.reserved.lock().clone()
+    fn reserved_netns(&self) -> Reserved {
+        let unidentified = self.reserved_unidentified.lock().clone();
+        Reserved::new(
+            std::path::Path::new("/proc"),
+            self.reserved.lock().clone(),
+            unidentified,
+        )
     }
 
     fn netns_addresses(&self, _netns: &Netns, pod: &PodNet) -> Result<Vec<IpAddr>, PortError> {

@@ -8,6 +8,7 @@
 use std::net::IpAddr;
 
 use crate::netns::NetnsId;
+use crate::netns::reserved::{Claim, Reserved};
 
 /// The facts about one offered netns.
 #[derive(Debug, Clone, Default)]
@@ -15,8 +16,9 @@ pub struct Offered {
     /// The path the plugin named (for messages).
     pub path: String,
     pub id: NetnsId,
-    /// Namespaces no pod may claim, with a label: the agent's own, the node's.
-    pub reserved: Vec<(String, NetnsId)>,
+    /// Namespaces no pod may claim: the agent's own, the node's (the one check every path that
+    /// takes a netns as a pod's makes, `netns::reserved`).
+    pub reserved: Reserved,
     /// The interface addresses inside the netns.
     pub held: Vec<IpAddr>,
     /// The IPs the event names.
@@ -47,6 +49,8 @@ pub enum Refusal {
         inode: u64,
         which: String,
     },
+    #[error("netns {path} is refused: {why}")]
+    Unidentified { path: String, why: String },
     #[error(
         "netns {path} (inode {inode}) is not the pod's: it is enrolled with netns {old_path} \
          (inode {old_inode}), which still exists"
@@ -109,12 +113,10 @@ fn contains(list: &[IpAddr], ip: IpAddr) -> bool {
 /// and the status's, deduplicated, in that order): the only ones the probe set may get.
 pub fn verify(o: &Offered) -> Result<Vec<IpAddr>, Refusal> {
     let (path, inode) = (o.path.clone(), o.id.inode);
-    if let Some((which, _)) = o.reserved.iter().find(|(_, id)| *id == o.id) {
-        return Err(Refusal::Reserved {
-            path,
-            inode,
-            which: which.clone(),
-        });
+    match o.reserved.check(o.id) {
+        Ok(()) => {}
+        Err(Claim::Reserved(which)) => return Err(Refusal::Reserved { path, inode, which }),
+        Err(Claim::Unidentified(why)) => return Err(Refusal::Unidentified { path, why }),
     }
     if let Some(old) = &o.enrolled
         && old.id != o.id
@@ -200,10 +202,14 @@ mod tests {
         Offered {
             path: "/var/run/netns/cni-1".into(),
             id: id(100),
-            reserved: vec![
-                ("the agent's own netns".into(), id(1)),
-                ("the node's netns".into(), id(2)),
-            ],
+            reserved: Reserved::new(
+                std::path::Path::new("/proc"),
+                vec![
+                    ("the agent's own netns".into(), id(1)),
+                    ("the node's netns".into(), id(2)),
+                ],
+                None,
+            ),
             held: vec![ip("127.0.0.1"), ip("::1"), ip("10.0.0.5")],
             event_ips: vec![ip("10.0.0.5")],
             ..Default::default()
@@ -239,6 +245,23 @@ mod tests {
             assert!(matches!(err, Refusal::Reserved { .. }), "{err}");
             assert!(err.to_string().contains(which), "{err}");
         }
+    }
+
+    #[test]
+    fn with_the_reserved_namespaces_unidentified_every_netns_is_refused() {
+        let o = Offered {
+            reserved: Reserved::new(
+                std::path::Path::new("/host/proc"),
+                vec![],
+                Some("cannot identify the node's network namespace".into()),
+            ),
+            ..good()
+        };
+        let err = verify(&o).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "netns /var/run/netns/cni-1 is refused: cannot identify the node's network namespace"
+        );
     }
 
     #[test]

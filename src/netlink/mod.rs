@@ -97,13 +97,14 @@ pub fn addresses_in(netns: &crate::netns::Netns) -> std::io::Result<Vec<IpAddr>>
         .map_err(std::io::Error::other)?
 }
 
-/// Finds the netns of each wanted pod (uid -> its IPs) under `proc_root` (the host's /proc);
-/// pods not found, or without IPs yet, are absent from the answer.
+/// Finds the netns of each wanted pod (uid -> its IPs) under the host /proc `reserved` was
+/// identified under, never a reserved one; pods not found, or without IPs yet, are absent from
+/// the answer. `Err` (why) when the reserved namespaces are unknown: nothing is taken.
 pub fn find_pod_netns(
-    proc_root: &std::path::Path,
+    reserved: &crate::netns::reserved::Reserved,
     wanted: &std::collections::HashMap<String, Vec<IpAddr>>,
-) -> std::collections::HashMap<String, crate::netns::Netns> {
-    crate::netns::procfs::scan(proc_root, wanted, &AddressProbe)
+) -> Result<std::collections::HashMap<String, crate::netns::Netns>, String> {
+    crate::netns::procfs::scan(reserved, wanted, &AddressProbe)
 }
 
 /// Detects the host IP of the calling thread's network namespace.

@@ -9,10 +9,11 @@
 //! cannot enter one; so [`Netns`] also holds the owning user namespace when it is not ours, and
 //! [`UsernsEntry`] moves a child process (spawned tool or forked helper) into it before it works.
 //! Also: finding a pod's netns from the host's `/proc` by the pod UID in a process's cgroup path
-//! ([`procfs`]).
+//! ([`procfs`]), which only runs with the namespaces no pod may claim identified ([`reserved`]).
 //! May call: nothing else in this crate.
 
 pub mod procfs;
+pub mod reserved;
 mod workers;
 
 use std::fs::File;

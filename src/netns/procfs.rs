@@ -1,6 +1,7 @@
 //! Finding pods' network namespaces from the host's `/proc` (for pods the plugin never announced,
 //! e.g. after an agent restart): each process's cgroup path names its pod UID; the oldest process
-//! of a wanted pod wins; the host netns is skipped; and a netns only counts when one of its
+//! of a wanted pod wins; a reserved netns (the agent's own, the node's: [`Reserved::check`]) is
+//! never taken, and without them identified nothing is; and a netns only counts when one of its
 //! interface addresses is one of the pod's IPs (a process may be visiting another pod's netns).
 //! Parsing is pure ([`pod_uid_from_cgroup`], [`start_time`]); the effects (opening a netns,
 //! reading its addresses) sit behind [`NetnsProbe`] so fixture trees can drive [`scan`]; the real
@@ -13,6 +14,9 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+
+use super::NetnsId;
+use super::reserved::Reserved;
 
 /// What a cgroup file says about a process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,20 +141,23 @@ pub fn same_ip(a: IpAddr, b: IpAddr) -> bool {
     a.to_canonical() == b.to_canonical()
 }
 
-/// Scans `proc_root` for the netns of each wanted pod (uid -> its IPs). Pods without IPs are
-/// deferred (not found); processes whose netns fails the ownership check are ignored without
-/// claiming that netns. For a pod with several processes the oldest wins.
+/// Scans the host /proc the reserved namespaces were identified under for the netns of each
+/// wanted pod (uid -> its IPs). Pods without IPs are deferred (not found); a process in a reserved
+/// netns, or whose netns fails the ownership check, is ignored without claiming that netns. For a
+/// pod with several processes the oldest wins. `Err` (why) when the reserved namespaces are not
+/// known: then no netns is anyone's.
 pub fn scan<P: NetnsProbe>(
-    proc_root: &Path,
+    reserved: &Reserved,
     wanted: &HashMap<String, Vec<IpAddr>>,
     probe: &P,
-) -> HashMap<String, P::Handle> {
-    let host = std::fs::metadata(proc_root.join("1/ns/net"))
-        .ok()
-        .map(|m| (m.dev(), m.ino()));
+) -> Result<HashMap<String, P::Handle>, String> {
+    if let Some(why) = reserved.unidentified() {
+        return Err(why.to_string());
+    }
+    let proc_root = reserved.host_proc();
     let Ok(dir) = std::fs::read_dir(proc_root) else {
         tracing::warn!(proc = %proc_root.display(), "cannot read the host /proc; no netns found");
-        return HashMap::new();
+        return Ok(HashMap::new());
     };
     let mut pids: Vec<u32> = dir
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
@@ -166,7 +173,12 @@ pub fn scan<P: NetnsProbe>(
             continue;
         };
         let id = (meta.dev(), meta.ino());
-        if Some(id) == host || claimed.contains(&id) {
+        if claimed.contains(&id) {
+            continue;
+        }
+        let (dev, inode) = id;
+        if let Err(claim) = reserved.check(NetnsId { dev, inode }) {
+            tracing::debug!(pid, ?claim, "process in a reserved netns; skipped");
             continue;
         }
         let Some(started) = std::fs::read_to_string(dir.join("stat"))
@@ -221,7 +233,7 @@ pub fn scan<P: NetnsProbe>(
         // The previous candidate's handle is dropped (closed) here.
         best.insert(uid, (started, handle));
     }
-    best.into_iter().map(|(uid, (_, h))| (uid, h)).collect()
+    Ok(best.into_iter().map(|(uid, (_, h))| (uid, h)).collect())
 }
 
 #[cfg(test)]

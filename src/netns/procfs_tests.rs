@@ -45,6 +45,7 @@ struct Fake {
     dropped: std::rc::Rc<RefCell<Vec<PathBuf>>>,
 }
 
+#[derive(Debug)]
 struct Handle(PathBuf, std::rc::Rc<RefCell<Vec<PathBuf>>>);
 impl Drop for Handle {
     fn drop(&mut self) {
@@ -84,6 +85,16 @@ fn fake(root: &Path, addrs: &[(u32, &str)]) -> Fake {
     }
 }
 
+/// The fixture's reserved namespaces: its pid 1's `ns/net` file (by its inode) is the node's.
+fn node(root: &Path) -> Reserved {
+    let meta = std::fs::metadata(root.join("1/ns/net")).unwrap();
+    let id = NetnsId {
+        dev: meta.dev(),
+        inode: meta.ino(),
+    };
+    Reserved::new(root, vec![("the node's netns".into(), id)], None)
+}
+
 fn wanted(list: &[(&str, &[&str])]) -> HashMap<String, Vec<IpAddr>> {
     list.iter()
         .map(|(u, ips)| (u.to_string(), ips.iter().map(|s| ip(s)).collect()))
@@ -108,7 +119,7 @@ fn the_oldest_process_wins_and_losers_are_closed() {
             (13, "10.0.0.6"),
         ],
     );
-    let found = scan(p, &wanted(&[(POD, &["10.0.0.5"])]), &probe);
+    let found = scan(&node(p), &wanted(&[(POD, &["10.0.0.5"])]), &probe).unwrap();
     assert_eq!(found.len(), 1);
     assert_eq!(found[POD].0, p.join("11/ns/net"));
     // 10 was opened first and replaced by 11 (closed); 12 is younger and never opened.
@@ -122,10 +133,11 @@ fn a_foreign_netns_is_rejected_without_poisoning_the_rightful_pod() {
     let p = root.path();
     let probe = fake(p, &[(20, "10.0.0.5"), (21, "10.0.0.5")]);
     let found = scan(
-        p,
+        &node(p),
         &wanted(&[(POD, &["10.0.0.5"]), (OTHER, &["10.0.0.6"])]),
         &probe,
-    );
+    )
+    .unwrap();
     assert!(!found.contains_key(OTHER));
     assert_eq!(found[POD].0, p.join("21/ns/net"));
 }
@@ -136,10 +148,11 @@ fn pods_without_ips_are_deferred_and_dual_stack_matches_any_ip() {
     let p = root.path();
     let probe = fake(p, &[(30, "fd00::5"), (31, "10.0.0.6")]);
     let found = scan(
-        p,
+        &node(p),
         &wanted(&[(POD, &["10.0.0.5", "fd00::5"]), (OTHER, &[])]),
         &probe,
-    );
+    )
+    .unwrap();
     assert!(found.contains_key(POD) && !found.contains_key(OTHER));
 }
 
@@ -149,14 +162,22 @@ fn an_ownership_check_error_rejects_and_the_host_netns_is_ignored() {
     let p = root.path();
     let mut probe = fake(p, &[(40, "10.0.0.5")]);
     probe.fail = Some(p.join("40/ns/net"));
-    assert!(scan(p, &wanted(&[(POD, &["10.0.0.5"])]), &probe).is_empty());
+    assert!(
+        scan(&node(p), &wanted(&[(POD, &["10.0.0.5"])]), &probe)
+            .unwrap()
+            .is_empty()
+    );
     // The host netns: pid 1's inode, shared by a process of the pod (hostNetwork-like).
     let root = tree(&[(41, 1, cgroupfs(POD))]);
     let p = root.path();
     std::fs::remove_file(p.join("41/ns/net")).unwrap();
     std::fs::hard_link(p.join("1/ns/net"), p.join("41/ns/net")).unwrap();
     let probe = fake(p, &[(41, "10.0.0.5"), (1, "10.0.0.5")]);
-    assert!(scan(p, &wanted(&[(POD, &["10.0.0.5"])]), &probe).is_empty());
+    assert!(
+        scan(&node(p), &wanted(&[(POD, &["10.0.0.5"])]), &probe)
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[test]
@@ -221,4 +242,36 @@ fn cgroup_paths_of_every_runtime_layout() {
 fn start_time_is_field_22() {
     assert_eq!(start_time(&stat(7, 123456)), Some(123456));
     assert_eq!(start_time("garbage"), None);
+}
+
+#[test]
+fn a_process_in_a_reserved_netns_is_never_taken_even_holding_the_pod_s_ip() {
+    // A hostNetwork-like pod: its process sits in the agent's own netns (another fixture file
+    // than pid 1's), which holds the pod's IP (the node's).
+    let root = tree(&[(50, 1, cgroupfs(POD))]);
+    let p = root.path();
+    let probe = fake(p, &[(50, "10.0.0.5")]);
+    let meta = std::fs::metadata(p.join("50/ns/net")).unwrap();
+    let agent = NetnsId {
+        dev: meta.dev(),
+        inode: meta.ino(),
+    };
+    let mut reserved = node(p).known().to_vec();
+    reserved.push(("the agent's own netns".into(), agent));
+    let reserved = Reserved::new(p, reserved, None);
+    let want = wanted(&[(POD, &["10.0.0.5"])]);
+    assert!(scan(&reserved, &want, &probe).unwrap().is_empty());
+    // Without it reserved, the same process is found: the check is what refused it.
+    assert_eq!(scan(&node(p), &want, &probe).unwrap().len(), 1);
+}
+
+#[test]
+fn with_the_node_s_netns_unidentified_nothing_is_scanned_or_opened() {
+    let root = tree(&[(60, 1, cgroupfs(POD))]);
+    let p = root.path();
+    let probe = fake(p, &[(60, "10.0.0.5")]);
+    let closed = Reserved::new(p, vec![], Some("cannot identify the node's netns".into()));
+    let err = scan(&closed, &wanted(&[(POD, &["10.0.0.5"])]), &probe).unwrap_err();
+    assert_eq!(err, "cannot identify the node's netns");
+    assert!(probe.dropped.borrow().is_empty(), "nothing was opened");
 }

@@ -138,14 +138,23 @@ fn reason(mode: &Mode) -> &'static str {
     }
 }
 
+/// Why no mode ever acts on a hostNetwork pod: its netns is the node's (the plugin is never
+/// called for it, so it cannot have missed its redirection).
+pub const HOST_NETWORK_SKIP: &str =
+    "hostNetwork pod: it shares the node's network namespace, which is never programmed";
+
 /// Acts on one broken pod, as the mode says, and records the event of a success. `why` says what
-/// made it broken (the validation container's exit, or the drift pass's reason).
+/// made it broken (the validation container's exit, or the drift pass's reason). A hostNetwork
+/// pod is skipped in every mode, whatever its annotations and containers say.
 pub async fn reconcile<E: Effects + ?Sized>(
     effects: &E,
     mode: &Mode,
     pod: Arc<Pod>,
     why: &str,
 ) -> Result<Handled, ActError> {
+    if pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) {
+        return Ok(Handled::Skipped(HOST_NETWORK_SKIP));
+    }
     let (outcome, message) = match mode {
         Mode::Detect => return Ok(Handled::Skipped("no repair mode set")),
         Mode::Repair => {

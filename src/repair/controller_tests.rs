@@ -342,6 +342,31 @@ fn modes_follow_istio_precedence_and_the_policy_gives_up_on_permanent_errors() {
 }
 
 #[test]
+fn a_host_network_pod_is_never_acted_on_in_any_mode() {
+    let mut pod = broken_pod("h", "u-host", "1");
+    pod.spec.as_mut().unwrap().host_network = Some(true);
+    let pod = Arc::new(pod);
+    let modes = [
+        Mode::Repair,
+        Mode::Delete,
+        Mode::Label {
+            key: "k".into(),
+            value: "v".into(),
+        },
+    ];
+    for mode in modes {
+        let fake = Fake::new(|_| Ok(true));
+        let done = rt().block_on(reconcile(&*fake, &mode, pod.clone(), "handed over"));
+        assert_eq!(
+            done.unwrap(),
+            Handled::Skipped(HOST_NETWORK_SKIP),
+            "{mode:?}"
+        );
+        assert!(fake.calls().is_empty(), "{mode:?}: {:?}", fake.calls());
+    }
+}
+
+#[test]
 fn a_pod_handed_over_by_the_drift_pass_takes_the_policy_path_though_not_broken() {
     rt().block_on(async {
         let fake = Fake::new(|_| Ok(true));

@@ -22,6 +22,7 @@ use crate::kube::{
     EventRecord, KubeClient, KubeError, MetadataPatch, PodPatchVia, pod_preconditions,
 };
 use crate::netns::Netns;
+use crate::netns::reserved::Reserved;
 use crate::sidecar::redirect::{AnnotationError, EngineEnv, Redirect, RedirectError};
 use crate::sidecar::{PodInfo, redirect};
 
@@ -44,6 +45,10 @@ pub enum ActError {
         ips: String,
         proc_dir: PathBuf,
     },
+    /// The node's netns (or the agent's own) could not be identified: no netns is taken as a
+    /// pod's (fail closed).
+    #[error("not looking for the pod's network namespace: {0}")]
+    NodeNetnsUnknown(String),
     #[error("programming the pod's network namespace: {0}")]
     Program(#[source] PodError),
     #[error("reading the pod's rules: {0}")]
@@ -59,7 +64,10 @@ impl ActError {
     /// the preconditions: the pod changed, and its new state comes as its own event).
     pub fn is_permanent(&self) -> bool {
         match self {
-            ActError::Annotation(_) | ActError::Redirect(_) | ActError::Task(_) => true,
+            ActError::Annotation(_)
+            | ActError::Redirect(_)
+            | ActError::Task(_)
+            | ActError::NodeNetnsUnknown(_) => true,
             ActError::Kube(e) => !e.is_transient(),
             ActError::NoIp
             | ActError::NetnsNotFound { .. }
@@ -72,7 +80,8 @@ impl ActError {
 /// The real effects.
 pub struct KubeEffects {
     client: KubeClient,
-    host_proc_dir: PathBuf,
+    /// The netns no pod may claim, identified once under `HOST_PROC_DIR` (the scan reads there).
+    reserved: Arc<Reserved>,
     backend: Backend,
     force_binary: Option<ForceBinary>,
     engine: Arc<EngineEnv>,
@@ -99,9 +108,10 @@ impl KubeEffects {
             force_binary: None,
         })
         .backend;
+        let reserved = Arc::new(Reserved::identify(&host.host_proc_dir));
         Ok(KubeEffects {
             client,
-            host_proc_dir: host.host_proc_dir,
+            reserved,
             backend,
             force_binary,
             engine: Arc::new(engine),
@@ -114,7 +124,7 @@ impl KubeEffects {
 fn program_pod(
     pod: &Pod,
     engine: &EngineEnv,
-    host_proc_dir: &std::path::Path,
+    reserved: &Reserved,
     backend: Backend,
     force_binary: Option<ForceBinary>,
 ) -> Result<bool, ActError> {
@@ -133,8 +143,9 @@ fn program_pod(
     }
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let wanted = HashMap::from([(uid.clone(), ips.clone())]);
-    let Some(netns) = crate::netlink::find_pod_netns(host_proc_dir, &wanted).remove(&uid) else {
-        return Err(not_found(uid, &ips, host_proc_dir));
+    let found = crate::netlink::find_pod_netns(reserved, &wanted);
+    let Some(netns) = found.map_err(ActError::NodeNetnsUnknown)?.remove(&uid) else {
+        return Err(not_found(uid, &ips, reserved.host_proc()));
     };
     let opts = PodOptions {
         backend,
@@ -162,21 +173,28 @@ fn not_found(uid: String, ips: &[std::net::IpAddr], proc_dir: &std::path::Path) 
 
 /// The drift pass's read, blocking: one /proc scan for the whole batch, then one kernel read per
 /// netns found, one pod after another (a pass is background work: it keeps to one core).
-fn verify_batch(
-    batch: Vec<Expected>,
-    host_proc_dir: &std::path::Path,
-    opts: &PodOptions,
-) -> Vec<Checked> {
+fn verify_batch(batch: Vec<Expected>, reserved: &Reserved, opts: &PodOptions) -> Vec<Checked> {
     let wanted: HashMap<String, Vec<std::net::IpAddr>> = batch
         .iter()
         .map(|e| (e.uid.clone(), e.ips.clone()))
         .collect();
-    let mut found = crate::netlink::find_pod_netns(host_proc_dir, &wanted);
+    let mut found = match crate::netlink::find_pod_netns(reserved, &wanted) {
+        Ok(found) => found,
+        Err(why) => {
+            return batch
+                .into_iter()
+                .map(|e| Checked {
+                    uid: e.uid,
+                    result: Err(ActError::NodeNetnsUnknown(why.clone())),
+                })
+                .collect();
+        }
+    };
     batch
         .into_iter()
         .map(|e| {
             let result = match found.remove(&e.uid) {
-                None => Err(not_found(e.uid.clone(), &e.ips, host_proc_dir)),
+                None => Err(not_found(e.uid.clone(), &e.ips, reserved.host_proc())),
                 Some(netns) => {
                     let opts = PodOptions {
                         detect_ipv6: Some(e.settings.dual_stack),
@@ -193,6 +211,11 @@ fn verify_batch(
 }
 
 impl KubeEffects {
+    /// Why no pod's netns is looked up, when the reserved namespaces were not identified.
+    pub fn netns_refused(&self) -> Option<String> {
+        self.reserved.unidentified().map(str::to_string)
+    }
+
     /// What the plugin reads from the runtime's environment (read once, from ours).
     pub fn engine(&self) -> Arc<EngineEnv> {
         self.engine.clone()
@@ -209,10 +232,10 @@ impl KubeEffects {
 
 impl Effects for KubeEffects {
     fn verify_pods(&self, batch: Vec<Expected>) -> BoxFuture<'static, Vec<Checked>> {
-        let dir = self.host_proc_dir.clone();
+        let reserved = self.reserved.clone();
         let opts = self.pod_options();
         async move {
-            tokio::task::spawn_blocking(move || verify_batch(batch, &dir, &opts))
+            tokio::task::spawn_blocking(move || verify_batch(batch, &reserved, &opts))
                 .await
                 .unwrap_or_default()
         }
@@ -245,12 +268,14 @@ impl Effects for KubeEffects {
 
     fn repair(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<bool, ActError>> {
         let engine = self.engine.clone();
-        let dir = self.host_proc_dir.clone();
+        let reserved = self.reserved.clone();
         let (backend, force) = (self.backend, self.force_binary);
         async move {
-            tokio::task::spawn_blocking(move || program_pod(&pod, &engine, &dir, backend, force))
-                .await
-                .map_err(|e| ActError::Task(e.to_string()))?
+            tokio::task::spawn_blocking(move || {
+                program_pod(&pod, &engine, &reserved, backend, force)
+            })
+            .await
+            .map_err(|e| ActError::Task(e.to_string()))?
         }
         .boxed()
     }
@@ -338,11 +363,28 @@ mod tests {
         .unwrap();
         let engine = EngineEnv::default();
         let dir = tempfile::tempdir().unwrap();
-        let run = |pod: &Pod| program_pod(pod, &engine, dir.path(), Backend::Iptables, None);
+        let reserved = Reserved::new(dir.path(), vec![], None);
+        let run = |pod: &Pod| program_pod(pod, &engine, &reserved, Backend::Iptables, None);
         assert!(matches!(run(&pod), Err(ActError::NoIp)));
         pod.status =
             Some(serde_json::from_value(serde_json::json!({"podIP": "10.9.9.9"})).unwrap());
         assert!(matches!(run(&pod), Err(ActError::NetnsNotFound { .. })));
+        // The node's netns unidentified: refused before any lookup, for good.
+        let closed = Reserved::new(
+            dir.path(),
+            vec![],
+            Some("cannot identify the node's".into()),
+        );
+        match program_pod(&pod, &engine, &closed, Backend::Iptables, None) {
+            Err(e @ ActError::NodeNetnsUnknown(_)) => {
+                assert!(e.is_permanent());
+                assert_eq!(
+                    e.to_string(),
+                    "not looking for the pod's network namespace: cannot identify the node's"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
         // Bad annotations are refused before anything is looked up.
         pod.metadata.annotations.as_mut().unwrap().insert(
             "traffic.sidecar.istio.io/includeInboundPorts".into(),

@@ -144,6 +144,9 @@ pub struct Repair {
     pub task: tokio::task::JoinHandle<()>,
     /// The sidecar drift pass, when `DRIFT_VERIFY_INTERVAL` is not 0.
     pub drift: Option<tokio::task::JoinHandle<()>>,
+    /// Why the work that enters pods' netns (repair mode, the drift pass) is refused: the node's
+    /// netns could not be identified (fail closed). For readiness.
+    pub netns_refused: Option<String>,
 }
 
 /// Starts the controller on install-cni's node pod store, and with `drift` the sidecar drift pass
@@ -176,6 +179,22 @@ pub fn start(
         exit_code = cfg.init_container_exit_code,
         "starting the repair controller"
     );
+    // Only the work that enters pods' netns needs the node's identified.
+    let netns_refused = effects
+        .netns_refused()
+        .filter(|_| mode == Mode::Repair || drift.is_some());
+    let drift = match &netns_refused {
+        Some(why) => {
+            if mode == Mode::Repair {
+                tracing::warn!("repair mode refuses every broken pod (fail closed): {why}");
+            }
+            if drift.is_some() {
+                tracing::warn!("sidecar drift check off (fail closed): {why}");
+            }
+            None
+        }
+        None => drift,
+    };
     let effects = Arc::new(effects);
     let (handoffs, handed) = tokio::sync::mpsc::unbounded_channel();
     let drift = drift.map(|d| {
@@ -200,7 +219,11 @@ pub fn start(
         timing,
     };
     let task = tokio::spawn(controller.run(stop.child_token(), handed));
-    Ok(Repair { task, drift })
+    Ok(Repair {
+        task,
+        drift,
+        netns_refused,
+    })
 }
 
 /// Istio's defaults with repair on for node `n1` (the unit tests' starting point).

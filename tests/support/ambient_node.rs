@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use crate::install_support::{self, Dirs, has_istio_entry};
 use crate::support::Netns;
 use crate::support::cni_driver::{Attachment, Chain, NetnsGuard, require_root, require_tool};
+use crate::support::node_proc::HostProcView;
 use crate::support::zds_peer::ZdsPeer;
 
 /// The data-plane backend the agent is started with.
@@ -82,6 +83,8 @@ pub struct Node {
     _kubelet: Option<FakeKubelet>,
     _ipam: tempfile::TempDir,
     _kube: tempfile::TempDir,
+    /// The node's /proc (`HOST_PROC_DIR`): every process, pid 1 in the node netns.
+    pub host_proc: HostProcView,
 }
 
 fn require_tools() {
@@ -188,6 +191,7 @@ impl Node {
         dirs.put("10-e2e.conflist", conflist.to_string().as_bytes());
 
         let zds_socket = dirs.tmp.path().join("ztunnel.sock");
+        let host_proc = HostProcView::with_init_in(&ns.path());
         let port = api.server.addr().port().to_string();
         // The nftables probe rule matches kubelet's UID, found in /proc as Istio does.
         let kubelet = (backend == Backend::Nftables).then(|| FakeKubelet::start(dirs.tmp.path()));
@@ -200,7 +204,7 @@ impl Node {
         add("KUBECONFIG", kubeconfig.to_str().expect("utf-8"));
         add("AMBIENT_ENABLED", "true");
         add("NODE_NAME", NODE);
-        add("HOST_PROC_DIR", "/proc");
+        add("HOST_PROC_DIR", host_proc.dir.to_str().expect("utf-8"));
         add("AMBIENT_ENABLEMENT_SELECTOR", CHART_SELECTORS);
         add("ZTUNNEL_UDS_ADDRESS", zds_socket.to_str().expect("utf-8"));
         if backend == Backend::Nftables {
@@ -232,6 +236,7 @@ impl Node {
             _kubelet: kubelet,
             _ipam: ipam,
             _kube: kube,
+            host_proc,
         };
         node.wait_installed(Duration::from_secs(30), peer_up)
     }

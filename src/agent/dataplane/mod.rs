@@ -25,9 +25,9 @@ use crate::apply::iptables::ForceBinary;
 use crate::apply::pod::Backend;
 use crate::apply::probe_set::{self, Entries, Ipsets, NftSets, ProbeSetError, ProbeSets, SetOp};
 use crate::apply::sidecar::RuleChange;
-use std::os::unix::fs::MetadataExt;
 
-use crate::netns::{Netns, NetnsError, NetnsId};
+use crate::netns::reserved::Reserved;
+use crate::netns::{Netns, NetnsError};
 use crate::rules::ambient::{AmbientConfig, PodOverrides};
 use branch_eni::BranchEniProbe;
 
@@ -183,39 +183,14 @@ pub struct Dataplane {
     probe_serial: Arc<Mutex<()>>,
     /// The AWS branch-ENI probe routing of enrolled pods (inert on other hosts).
     branch_eni: Arc<BranchEniProbe>,
-    /// The netns no pod may claim ([`reserved_netns`]).
-    reserved: Vec<(String, NetnsId)>,
+    /// The netns no pod may claim (`netns::reserved`), identified once.
+    reserved: Reserved,
     /// `NATIVE_NFTABLES` changed since the recorded decision: the old backend, whose in-pod
     /// rules each pod loses the first time it is programmed (the drift pass's first run reaches
     /// every pod).
     migrate_from: Option<Recorded>,
     /// Pods (netns identity) already rid of the old backend's rules.
     migrated: Mutex<std::collections::HashSet<crate::netns::NetnsId>>,
-}
-
-/// The agent's own netns and the node's (`<host_proc>/1/ns/net`), labelled, by identity; one that
-/// cannot be read is left out with a warning (the address checks still hold).
-pub fn reserved_netns(host_proc: &Path) -> Vec<(String, NetnsId)> {
-    let node = host_proc.join("1/ns/net");
-    [
-        ("the agent's own netns".to_string(), PathBuf::from("/proc/self/ns/net")),
-        (format!("the node's netns ({})", node.display()), node),
-    ]
-    .into_iter()
-    .filter_map(|(label, path)| match std::fs::metadata(&path) {
-        Ok(m) => Some((
-            label,
-            NetnsId {
-                dev: m.dev(),
-                inode: m.ino(),
-            },
-        )),
-        Err(e) => {
-            warn!(path = %path.display(), "cannot identify {label}; a plugin naming it is refused only by the address checks: {e}");
-            None
-        }
-    })
-    .collect()
 }
 
 impl Dataplane {
@@ -246,13 +221,17 @@ impl Dataplane {
         if branch_eni.active() {
             info!("AWS branch-ENI probe routing is on (the host has tcp_early_demux=0)");
         }
+        let reserved = Reserved::identify(&settings.host_proc);
+        if let Some(why) = reserved.unidentified() {
+            warn!("refusing every pod network namespace (fail closed): {why}");
+        }
         let dp = Dataplane {
             settings: settings.clone(),
             decision,
             host_netns,
             probe_serial: Arc::default(),
             branch_eni: Arc::new(branch_eni),
-            reserved: reserved_netns(&settings.host_proc),
+            reserved,
             migrate_from,
             migrated: Mutex::default(),
         };
@@ -334,8 +313,9 @@ impl Dataplane {
         Netns::open(&path).map_err(|source| DataplaneError::OpenNetns { path, source })
     }
 
-    /// The agent's own netns and the node's, by identity (learnt at construction).
-    pub fn reserved_netns(&self) -> Vec<(String, NetnsId)> {
+    /// The agent's own netns and the node's, by identity (learnt at construction); when they
+    /// could not be identified, every netns is refused.
+    pub fn reserved_netns(&self) -> Reserved {
         self.reserved.clone()
     }
 
@@ -355,7 +335,10 @@ impl Dataplane {
     /// Finds the netns of each wanted pod (uid -> its IPs) by scanning the host's /proc; pods not
     /// found (or without IPs yet) are absent from the answer.
     pub fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns> {
-        crate::netlink::find_pod_netns(&self.settings.host_proc, wanted)
+        crate::netlink::find_pod_netns(&self.reserved, wanted).unwrap_or_else(|why| {
+            warn!(pods = wanted.len(), "no pod's netns looked up: {why}");
+            HashMap::new()
+        })
     }
 
     /// Programs the in-pod redirection and policy routing; idempotent (an unchanged pod is not
