@@ -6,7 +6,7 @@
 //! transaction ([`super::nft_heal`]), rule handles and chain policies included.
 //! iptables-legacy keeps the `*-save` text path ([`super::state`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use super::ambient::Owned;
 use super::iptables::nf_family;
@@ -173,9 +173,11 @@ pub fn ambient_difference(state: &OwnedState, rules: &[Rule], owned: Owned) -> O
 /// never "unsure"): every planned chain there; our chains hold as many rules as planned; no
 /// planned rule more often than planned; every planned rule there (order not compared, as in
 /// Istio); no chain of ours the plan does not create. A foreign rule equals no planned one.
+/// Linear in the rules planned and found: each is counted once, by value.
 pub fn sidecar_difference(state: &OwnedState, rules: &[Rule]) -> Option<Difference> {
     let owned = owned_chains();
     let listed = as_listed(rules);
+    let found = by_chain(state);
     for ((table, chain), planned) in &listed {
         let (table, chain) = (table.name(), chain.as_str());
         let names = || (table.to_string(), chain.to_string());
@@ -183,7 +185,7 @@ pub fn sidecar_difference(state: &OwnedState, rules: &[Rule]) -> Option<Differen
             let (table, chain) = names();
             return Some(Difference::MissingChain { table, chain });
         }
-        let have: Vec<&DecodedRule> = state.chain(table, chain).collect();
+        let have = found.get(&(table, chain)).map_or(&[][..], Vec::as_slice);
         if is_owned_chain(owned, table, chain) && have.len() != planned.len() {
             let (table, chain) = names();
             return Some(Difference::RuleCount {
@@ -193,23 +195,33 @@ pub fn sidecar_difference(state: &OwnedState, rules: &[Rule]) -> Option<Differen
                 planned: planned.len(),
             });
         }
-        let count_have = |r: &Rule| have.iter().filter(|h| h.rule.as_ref() == Ok(r)).count();
-        let count_planned = |r: &Rule| planned.iter().filter(|p| *p == r).count();
-        if planned.iter().any(|r| count_have(r) > count_planned(r)) {
+        // Planned rule -> (times planned, times found).
+        let mut counts: HashMap<&Rule, (usize, usize)> = HashMap::with_capacity(planned.len());
+        for rule in planned {
+            counts.entry(rule).or_default().0 += 1;
+        }
+        for rule in have.iter().filter_map(|h| h.rule.as_ref().ok()) {
+            if let Some((_, seen)) = counts.get_mut(rule) {
+                *seen += 1;
+            }
+        }
+        if counts.values().any(|(want, seen)| seen > want) {
             let (table, chain) = names();
             return Some(Difference::Stacked { table, chain });
         }
-        if let Some(missing) = planned.iter().find(|r| count_have(r) == 0) {
+        if let Some(missing) = planned.iter().find(|r| counts[r].1 == 0) {
             let (table, chain) = names();
             let rule = crate::rules::iptables::rule_args(missing).join(" ");
             return Some(Difference::MissingRule { table, chain, rule });
         }
     }
+    let planned_chains: HashSet<(&str, &str)> =
+        listed.keys().map(|(t, c)| (t.name(), c.as_str())).collect();
     state
         .chains
         .iter()
         .find(|(t, c)| {
-            is_owned_chain(owned, t, c) && !listed.keys().any(|(pt, pc)| pt.name() == t && pc == c)
+            is_owned_chain(owned, t, c) && !planned_chains.contains(&(t.as_str(), c.as_str()))
         })
         .map(|(table, chain)| Difference::ExtraChain {
             table: table.clone(),
@@ -217,23 +229,40 @@ pub fn sidecar_difference(state: &OwnedState, rules: &[Rule]) -> Option<Differen
         })
 }
 
+/// The rules of `state` grouped by `(table, chain)`, each chain's in the kernel's order: one
+/// pass, so a comparison never scans every rule once per chain or per planned rule.
+fn by_chain(state: &OwnedState) -> HashMap<(&str, &str), Vec<&DecodedRule>> {
+    let mut out: HashMap<(&str, &str), Vec<&DecodedRule>> = HashMap::new();
+    for rule in &state.rules {
+        out.entry((rule.table.as_str(), rule.chain.as_str()))
+            .or_default()
+            .push(rule);
+    }
+    out
+}
+
 /// Whether `state` holds anything of the sidecar plan: a chain of ours, or a planned built-in
-/// chain rule (the typed [`super::state::holds_any_of`]).
+/// chain rule (the typed [`super::state::holds_any_of`]). One pass over the rules found.
 pub fn holds_any_sidecar(state: &OwnedState, rules: &[Rule]) -> bool {
     let owned = owned_chains();
-    let listed = as_listed(rules);
-    state
+    if state
         .chains
         .iter()
         .any(|(t, c)| is_owned_chain(owned, t, c))
-        || listed
-            .iter()
-            .filter(|((_, c), _)| is_builtin_chain(c))
-            .any(|((t, c), planned)| {
-                state
-                    .chain(t.name(), c)
-                    .any(|h| h.rule.as_ref().is_ok_and(|r| planned.contains(r)))
-            })
+    {
+        return true;
+    }
+    let listed = as_listed(rules);
+    let planned: HashSet<(&str, &str, &Rule)> = listed
+        .iter()
+        .filter(|((_, c), _)| is_builtin_chain(c))
+        .flat_map(|((t, c), planned)| planned.iter().map(|r| (t.name(), c.as_str(), r)))
+        .collect();
+    state.rules.iter().any(|h| {
+        h.rule
+            .as_ref()
+            .is_ok_and(|r| planned.contains(&(h.table.as_str(), h.chain.as_str(), r)))
+    })
 }
 
 #[cfg(test)]

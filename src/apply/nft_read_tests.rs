@@ -144,3 +144,64 @@ fn the_sidecar_plan_read_back_is_no_difference_and_each_change_is_named() {
         Some(Difference::ExtraChain { .. })
     ));
 }
+
+/// A plan of `n` distinct rules in one chain of ours (excluded outbound ranges).
+fn wide_plan(n: u32) -> Vec<Rule> {
+    let ranges: Vec<String> = (0..n)
+        .map(|i| format!("10.{}.{}.0/24", i / 256 % 256, i % 256))
+        .collect();
+    let cfg = crate::rules::capture::CaptureConfig {
+        outbound_ranges_exclude: crate::rules::capture::IpRanges::parse(&ranges.join(",")).unwrap(),
+        ..Default::default()
+    };
+    crate::rules::capture::build(&cfg).v4
+}
+
+/// Scanning every found rule once per planned rule would take on the order of n² rule
+/// comparisons (10⁹ here, minutes); counting by value takes a moment. The bound is generous.
+#[test]
+fn comparing_a_wide_plan_is_linear_in_its_rules() {
+    let rules = wide_plan(40_000);
+    assert!(rules.len() > 40_000, "{}", rules.len());
+    let good = applied(&rules);
+    let started = std::time::Instant::now();
+    assert_eq!(sidecar_difference(&good, &rules), None);
+    assert!(holds_any_sidecar(&good, &rules));
+    let mut missing = good.clone();
+    missing.rules.pop();
+    assert!(sidecar_difference(&missing, &rules).is_some());
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+}
+
+/// The same rule planned and found many times: each copy counted, none re-scanned.
+#[test]
+fn one_rule_repeated_is_counted_not_rescanned() {
+    let base = wide_plan(1);
+    let one = base
+        .iter()
+        .find(|r| {
+            r.chain == "ISTIO_OUTPUT"
+                && r.matches
+                    .iter()
+                    .any(|m| matches!(m, crate::rules::model::Match::Dst { .. }))
+        })
+        .unwrap()
+        .clone();
+    let mut rules: Vec<Rule> = base.iter().filter(|r| **r != one).cloned().collect();
+    rules.extend(std::iter::repeat_n(one, 40_000));
+    let good = applied(&rules);
+    let started = std::time::Instant::now();
+    assert_eq!(sidecar_difference(&good, &rules), None);
+    let mut stacked = good.clone();
+    let copy = stacked
+        .rules
+        .iter()
+        .find(|r| r.chain == "ISTIO_OUTPUT")
+        .unwrap()
+        .clone();
+    stacked.rules.push(copy);
+    assert!(sidecar_difference(&stacked, &rules).is_some());
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+}

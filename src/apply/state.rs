@@ -1,7 +1,7 @@
 //! Reading `iptables-save` output: the parsed state, which of its chains the sidecar rule model
 //! owns, and how it compares with a plan. Pure: text in, answers out.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::rules::Rule;
 use crate::rules::capture::{is_owned_chain, owned_chains};
@@ -91,19 +91,31 @@ pub fn has_owned_chains(state: &State) -> bool {
 }
 
 /// Whether the state holds anything of a plan: a chain of ours, or a planned rule of a built-in
-/// chain (applying on top would stack a second copy).
+/// chain (applying on top would stack a second copy). One pass over the saved rules of the
+/// built-in chains the plan writes to.
 pub fn holds_any_of(state: &State, plan: &[Rule]) -> bool {
-    has_owned_chains(state)
-        || plan
-            .iter()
-            .filter(|r| crate::rules::model::is_builtin_chain(&r.chain))
-            .any(|r| {
-                let key = normalise(&rule_args(r).join(" "));
-                state
-                    .get(r.table.name())
-                    .and_then(|chains| chains.get(&r.chain))
-                    .is_some_and(|rules| rules.iter().any(|e| normalise(e) == key))
+    if has_owned_chains(state) {
+        return true;
+    }
+    let planned: HashSet<(&str, &str, String)> = plan
+        .iter()
+        .filter(|r| crate::rules::model::is_builtin_chain(&r.chain))
+        .map(|r| {
+            let key = normalise(&rule_args(r).join(" "));
+            (r.table.name(), r.chain.as_str(), key)
+        })
+        .collect();
+    let chains: HashSet<(&str, &str)> = planned.iter().map(|(t, c, _)| (*t, *c)).collect();
+    chains.into_iter().any(|(table, chain)| {
+        state
+            .get(table)
+            .and_then(|chains| chains.get(chain))
+            .is_some_and(|rules| {
+                rules
+                    .iter()
+                    .any(|e| planned.contains(&(table, chain, normalise(e))))
             })
+    })
 }
 
 /// The jump or goto target of a saved rule.
@@ -238,28 +250,33 @@ pub fn compare_with_plan<'a>(current: &State, plan: &'a [Rule]) -> Comparison<'a
                 planned: rules.len(),
             });
         }
-        // A planned rule of a built-in chain present more often than planned was applied twice.
-        let count =
-            |list: &mut dyn Iterator<Item = String>, key: &str| list.filter(|r| r == key).count();
-        let stacked = rules.iter().any(|r| {
-            let key = normalise(&rule_args(r).join(" "));
-            let planned = count(
-                &mut rules.iter().map(|p| normalise(&rule_args(p).join(" "))),
-                &key,
-            );
-            count(&mut existing.iter().map(|e| normalise(e)), &key) > planned
-        });
-        if stacked {
+        // A planned rule present more often than planned was applied twice. Each rule is
+        // spelt once and counted by its spelling, so this is linear in the chain's rules.
+        let mut counts: HashMap<String, (usize, usize)> = HashMap::with_capacity(rules.len());
+        let keys: Vec<String> = rules
+            .iter()
+            .map(|r| normalise(&rule_args(r).join(" ")))
+            .collect();
+        for key in &keys {
+            counts.entry(key.clone()).or_default().0 += 1;
+        }
+        for saved in existing {
+            if let Some((_, seen)) = counts.get_mut(&normalise(saved)) {
+                *seen += 1;
+            }
+        }
+        if counts.values().any(|(planned, seen)| seen > planned) {
             return Comparison::Different(Difference::Stacked {
                 table: table.clone(),
                 chain: chain.clone(),
             });
         }
-        let existing: BTreeSet<String> = existing.iter().map(|r| normalise(r)).collect();
         unsure.extend(
             rules
                 .iter()
-                .filter(|r| !existing.contains(&normalise(&rule_args(r).join(" ")))),
+                .zip(&keys)
+                .filter(|(_, key)| counts[*key].1 == 0)
+                .map(|(r, _)| *r),
         );
     }
     // Chains of ours that this plan would not create are drift too.
@@ -395,6 +412,39 @@ mod tests {
             compare_with_plan(&parse_save(&text), &rules.v4),
             Comparison::Different(Difference::Stacked { .. })
         ));
+    }
+
+    /// Counting each planned rule against every saved one (and back) would take n² rule
+    /// spellings (10⁹ here); counting by spelling takes a moment. The bound is generous.
+    #[test]
+    fn comparing_a_wide_plan_with_saved_text_is_linear() {
+        let ranges: Vec<String> = (0..40_000u32)
+            .map(|i| format!("10.{}.{}.0/24", i / 256 % 256, i % 256))
+            .collect();
+        let cfg = crate::rules::capture::CaptureConfig {
+            outbound_ranges_exclude: crate::rules::capture::IpRanges::parse(&ranges.join(","))
+                .unwrap(),
+            ..Default::default()
+        };
+        let rules = crate::rules::capture::build(&cfg);
+        let mut text = String::from("*nat\n");
+        for rule in &rules.v4 {
+            text.push_str(&format!(
+                "-A {} {}\n",
+                rule.chain,
+                rule_args(rule).join(" ")
+            ));
+        }
+        text.push_str("COMMIT\n");
+        let state = parse_save(&text);
+        let started = std::time::Instant::now();
+        assert!(matches!(
+            compare_with_plan(&state, &rules.v4),
+            Comparison::Same
+        ));
+        assert!(holds_any_of(&state, &rules.v4));
+        let took = started.elapsed();
+        assert!(took < std::time::Duration::from_secs(10), "{took:?}");
     }
 
     #[test]

@@ -5,9 +5,10 @@
 //! `--to-ports`). A value that does not parse is kept as written, so it never equals a decoded
 //! rule: unsure is a difference.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use super::super::model::{Match, Position, Rule, Target};
+use super::super::model::{Match, Position, Rule, Table, Target, place_in_order};
 use super::{Listed, STATES, mark_text};
 
 /// `rule` as the decoder would read it back once applied (appended; see [`as_listed`]).
@@ -35,16 +36,21 @@ pub fn canonical(rule: &Rule) -> Rule {
 /// Each chain's rules in the order the kernel lists them once `rules` are applied in order to
 /// chains that held none (an insert at N lands at N), spelt as [`canonical`].
 pub fn as_listed(rules: &[Rule]) -> Listed {
-    let mut listed = Listed::new();
+    let mut by_chain: BTreeMap<(Table, &str), Vec<(Option<usize>, Rule)>> = BTreeMap::new();
     for rule in rules {
-        let chain = listed.entry((rule.table, rule.chain.clone())).or_default();
         let at = match rule.position {
-            Position::Append => chain.len(),
-            Position::Insert(n) => (n.max(1) as usize - 1).min(chain.len()),
+            Position::Append => None,
+            Position::Insert(n) => Some(n.max(1) as usize - 1),
         };
-        chain.insert(at, canonical(rule));
+        by_chain
+            .entry((rule.table, rule.chain.as_str()))
+            .or_default()
+            .push((at, canonical(rule)));
     }
-    listed
+    by_chain
+        .into_iter()
+        .map(|((table, chain), placed)| ((table, chain.to_string()), place_in_order(placed)))
+        .collect()
 }
 
 fn number(text: &str) -> Option<u32> {

@@ -177,23 +177,22 @@ pub fn placed(set: &NftRuleSet, table: NftTable) -> Option<Vec<PlacedChain<'_>>>
     if rules.is_empty() {
         return None;
     }
-    let mut chains: Vec<PlacedChain<'_>> = declared(table, &rules)
+    let mut by_chain: std::collections::HashMap<&str, Vec<(Option<usize>, &NftRule)>> =
+        std::collections::HashMap::new();
+    for &rule in &rules {
+        by_chain
+            .entry(rule.chain.as_str())
+            .or_default()
+            .push((rule.index, rule));
+    }
+    let chains = declared(table, &rules)
         .into_iter()
         .map(|c| PlacedChain {
             name: c.name,
             base: c.base,
-            rules: Vec::new(),
+            rules: super::model::place_in_order(by_chain.remove(c.name).unwrap_or_default()),
         })
         .collect();
-    for rule in rules {
-        let Some(chain) = chains.iter_mut().find(|c| c.name == rule.chain) else {
-            continue;
-        };
-        match rule.index {
-            Some(index) if index < chain.rules.len() => chain.rules.insert(index, rule),
-            _ => chain.rules.push(rule),
-        }
-    }
     Some(chains)
 }
 
