@@ -48,6 +48,7 @@ fn mark_set(value: &str) -> NftExpr {
 /// Builds the nftables sidecar capture rules.
 pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
     use chain::*;
+    let cfg = &*cfg.without_repeats();
     let mut b = NftRulesBuilder::new(cfg.enable_ipv6);
     let plan = CapturePlan::new(cfg);
     let tproxy = plan.tproxy;

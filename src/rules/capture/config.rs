@@ -1,6 +1,8 @@
 //! The typed sidecar capture config both backends read, the values it prints verbatim into rules,
 //! and the parsing of its range and port lists.
 
+use std::borrow::Cow;
+use std::collections::HashSet;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -211,10 +213,87 @@ impl CaptureConfig {
         self.mode == InterceptionMode::Tproxy
     }
 
+    /// This configuration with every list's repeated items dropped (the first kept, the order
+    /// otherwise as written): a second copy of a port, range, interface, uid, gid or server only
+    /// adds a rule that the first copy's rule already decides. Borrowed when nothing repeats.
+    /// Both capture builders start here, so the rules applied, verified and printed agree.
+    pub fn without_repeats(&self) -> Cow<'_, CaptureConfig> {
+        let mut repeats = false;
+        self.each_list(&mut |list| repeats |= has_repeats(list));
+        if !repeats {
+            return Cow::Borrowed(self);
+        }
+        let mut cfg = self.clone();
+        cfg.each_list_mut(&mut drop_repeats);
+        Cow::Owned(cfg)
+    }
+
+    fn each_list(&self, f: &mut dyn FnMut(&[String])) {
+        for list in [
+            &self.proxy_uids,
+            &self.proxy_gids,
+            &self.inbound_ports_exclude,
+            &self.exclude_interfaces,
+            &self.outbound_ranges_include.v4,
+            &self.outbound_ranges_include.v6,
+            &self.outbound_ranges_exclude.v4,
+            &self.outbound_ranges_exclude.v6,
+            &self.outbound_ports_include,
+            &self.outbound_ports_exclude,
+            &self.reroute_virtual_interfaces,
+            &self.dns_servers_v4,
+            &self.dns_servers_v6,
+        ] {
+            f(list);
+        }
+        if let InboundPorts::List(ports) = &self.inbound_ports {
+            f(ports);
+        }
+        match &self.owner_groups {
+            OwnerGroups::AllExcept(groups) | OwnerGroups::Only(groups) => f(groups),
+        }
+    }
+
+    fn each_list_mut(&mut self, f: &mut dyn FnMut(&mut Vec<String>)) {
+        for list in [
+            &mut self.proxy_uids,
+            &mut self.proxy_gids,
+            &mut self.inbound_ports_exclude,
+            &mut self.exclude_interfaces,
+            &mut self.outbound_ranges_include.v4,
+            &mut self.outbound_ranges_include.v6,
+            &mut self.outbound_ranges_exclude.v4,
+            &mut self.outbound_ranges_exclude.v6,
+            &mut self.outbound_ports_include,
+            &mut self.outbound_ports_exclude,
+            &mut self.reroute_virtual_interfaces,
+            &mut self.dns_servers_v4,
+            &mut self.dns_servers_v6,
+        ] {
+            f(list);
+        }
+        if let InboundPorts::List(ports) = &mut self.inbound_ports {
+            f(ports);
+        }
+        match &mut self.owner_groups {
+            OwnerGroups::AllExcept(groups) | OwnerGroups::Only(groups) => f(groups),
+        }
+    }
+
     /// Whether TPROXY policy routing (ip rule + local route) is needed.
     pub fn needs_tproxy_routes(&self) -> bool {
         self.is_tproxy() && self.inbound_ports != InboundPorts::None
     }
+}
+
+fn has_repeats(list: &[String]) -> bool {
+    let mut seen = HashSet::with_capacity(list.len());
+    !list.iter().all(|item| seen.insert(item.as_str()))
+}
+
+fn drop_repeats(list: &mut Vec<String>) {
+    let mut seen = HashSet::with_capacity(list.len());
+    list.retain(|item| seen.insert(item.clone()));
 }
 
 #[cfg(test)]
@@ -257,5 +336,52 @@ mod tests {
             ..Default::default()
         };
         assert!(!cfg.effective_redirect_dns());
+    }
+}
+
+#[cfg(test)]
+mod repeat_tests {
+    use super::*;
+
+    #[test]
+    fn repeated_items_collapse_to_the_first_in_every_list() {
+        let cfg = CaptureConfig {
+            outbound_ports_exclude: vec!["80".into(), "81".into(), "80".into()],
+            inbound_ports: InboundPorts::List(vec!["9".into(), "9".into()]),
+            outbound_ranges_exclude: IpRanges::parse("10.0.0.1,10.0.0.1/32,10.0.0.0/8").unwrap(),
+            proxy_uids: vec!["1337".into(), "1337".into()],
+            owner_groups: OwnerGroups::Only(vec!["a".into(), "a".into()]),
+            ..Default::default()
+        };
+        let unique = cfg.without_repeats();
+        assert_eq!(unique.outbound_ports_exclude, ["80", "81"]);
+        assert_eq!(unique.inbound_ports, InboundPorts::List(vec!["9".into()]));
+        assert_eq!(
+            unique.outbound_ranges_exclude.v4,
+            ["10.0.0.1/32", "10.0.0.0/8"]
+        );
+        assert_eq!(unique.proxy_uids, ["1337"]);
+        assert_eq!(unique.owner_groups, OwnerGroups::Only(vec!["a".into()]));
+        assert!(matches!(
+            CaptureConfig::default().without_repeats(),
+            Cow::Borrowed(_)
+        ));
+    }
+
+    /// A port listed 50,000 times is one rule in both backends, as a port listed once.
+    #[test]
+    fn a_repeated_port_builds_the_rules_of_one() {
+        let ports = |n: usize| CaptureConfig {
+            outbound_ports_exclude: vec!["80".to_string(); n],
+            ..Default::default()
+        };
+        assert_eq!(
+            super::super::build(&ports(50_000)),
+            super::super::build(&ports(1))
+        );
+        assert_eq!(
+            crate::rules::nft_capture::build(&ports(50_000)),
+            crate::rules::nft_capture::build(&ports(1))
+        );
     }
 }

@@ -46,6 +46,7 @@ fn owner(kind: OwnerKind, id: &str, negate: bool) -> Match {
 pub fn build(cfg: &CaptureConfig) -> RuleSet {
     use Table::{Mangle, Nat};
     use chain::*;
+    let cfg = &*cfg.without_repeats();
     let plan = CapturePlan::new(cfg);
     let mut b = RuleSetBuilder::new(cfg.enable_ipv6);
 
