@@ -329,12 +329,14 @@ async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
     };
     // Istio blocks here until the repair informer synced: a new node's CNI config only appears
     // once broken pods can be seen. With a deadline (an unreachable API server fails startup).
-    if let (Some(_), Some(node)) = (&repair, &node) {
+    if let (Some(repair), Some(node)) = (&repair, &node) {
         node.pods
             .wait_synced(REPAIR_SYNC_TIMEOUT)
             .await
             .map_err(|e| format!("repair controller: {e}"))?;
-        base.readiness.set(REPAIR, true);
+        // Fail closed, and say so: the controller runs, but enters no pod's netns.
+        base.readiness
+            .set_state(REPAIR, refused_state(repair.netns_refused.as_deref()));
         info!(pods = node.pods.len(), "repair controller ready");
     }
     // Pod facts (issue 14): the plugin reads its pod from the node pod store instead of the API
@@ -482,9 +484,20 @@ async fn start_agent(
         serde_json::to_value(crate::agent::status::debug_pods(&core))
             .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
     }));
-    base.readiness.set(AGENT, true);
+    let reserved = agent.core().mesh.dataplane.reserved_netns();
+    base.readiness
+        .set_state(AGENT, refused_state(reserved.unidentified()));
     info!("ambient node agent ready");
     Ok(agent)
+}
+
+/// A component's readiness when the node's netns could not be identified: not ready, saying why
+/// no pod's netns is entered.
+fn refused_state(refused: Option<&str>) -> Result<(), String> {
+    match refused {
+        None => Ok(()),
+        Some(why) => Err(format!("refusing to enter pod network namespaces: {why}")),
+    }
 }
 
 /// Ordered shutdown: the agent first (its socket disappears, so plugins fail ADD at once and the
