@@ -272,3 +272,87 @@ fn status_help_describes_the_command() {
         text(&out)
     );
 }
+
+/// One GET to `addr` from inside `netns`; (status, body).
+fn get_from(netns: &Path, addr: &'static str, path: &'static str) -> (u16, String) {
+    in_netns(netns, move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).expect("connect to the health port");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .expect("send");
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        let code = answer
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        (code, body)
+    })
+}
+
+/// `/debug/pods` names every pod of the node: only loopback (install-cni status inside the
+/// agent's netns) reads it. From another netns over a real link the probes answer and
+/// `/debug/pods` is refused; inside, `install-cni status` still works, but not through the
+/// agent's non-loopback address.
+#[test]
+fn debug_pods_is_served_only_on_loopback_while_the_probes_answer_everyone() {
+    let node = Node::start_with(Backend::Iptables, &[("HEALTH_PORT", HEALTH_PORT)]);
+    let node_ns = node.ns.path();
+    let node_ns = Path::new(&node_ns);
+    // A neighbour netns linked to the node netns: 10.252.0.2 -> 10.252.0.1 (the node's side).
+    let neighbour = support::Netns::new("dbg");
+    neighbour.exec(
+        "ip",
+        &[
+            "link",
+            "add",
+            "v0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "vdbg",
+            "netns",
+            &node.ns.name,
+        ],
+    );
+    neighbour.exec("ip", &["addr", "add", "10.252.0.2/30", "dev", "v0"]);
+    neighbour.exec("ip", &["link", "set", "v0", "up"]);
+    node.ns
+        .exec("ip", &["addr", "add", "10.252.0.1/30", "dev", "vdbg"]);
+    node.ns.exec("ip", &["link", "set", "vdbg", "up"]);
+    let outside = Path::new(&neighbour.path()).to_path_buf();
+    let addr = "10.252.0.1:15021";
+
+    let (code, body) = get_from(&outside, addr, "/healthz");
+    assert_eq!((code, body.as_str()), (200, "ok"));
+    let (code, _) = get_from(&outside, addr, "/readyz");
+    assert_eq!(code, 200);
+    let (code, body) = get_from(&outside, addr, "/debug/pods");
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("answered only on loopback"), "{body}");
+    assert!(!body.contains("\"pods\""), "{body}");
+    // The node's own non-loopback address, from inside: refused the same way.
+    let (code, _) = get_from(node_ns, addr, "/debug/pods");
+    assert_eq!(code, 403);
+
+    let env = [("HEALTH_PORT", HEALTH_PORT)];
+    let out = status(Some(node_ns), &env, &["--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(report["version"], 1, "{report}");
+    let out = status(Some(node_ns), &env, &["--address", "10.252.0.1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("answered only on loopback"),
+        "{}",
+        text(&out)
+    );
+}

@@ -1,6 +1,7 @@
 //! `/healthz`, `/readyz` and `/metrics` over HTTP (§2.11), and the read-only `/debug/pods` on the
 //! health port (the agent's per-pod answer to "is this pod in the mesh right now?", bound once the
-//! agent runs; GET only, other methods get 405).
+//! agent runs; GET only, other methods get 405), answered only to loopback peers: it names every
+//! pod of the node, which no pod may read.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -8,14 +9,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::{self, Metrics};
-use super::serve::{self, Limits};
+use super::serve::{self, ConnInfo, Limits};
 
 /// Readiness of every enabled component; ready = at least one registered and all ready.
 #[derive(Clone, Default)]
@@ -85,7 +86,24 @@ impl DebugPods {
     }
 }
 
-async fn debug_pods(State(d): State<DebugPods>) -> axum::response::Response {
+/// Whether a connection may read `/debug/pods`: only from loopback (this netns: install-cni
+/// status inside the agent's pod, or the node itself when the agent shares its netns).
+/// Everyone else on the health port, kubelet and every pod, gets the probes only.
+pub fn may_read_debug(info: &ConnInfo) -> bool {
+    info.remote
+        .is_some_and(|a| a.ip().to_canonical().is_loopback())
+}
+
+/// The answer to anyone else.
+pub const DEBUG_REFUSED: &str = "/debug/pods is answered only on loopback (run `install-cni status` inside the istio-cni-node pod)";
+
+async fn debug_pods(
+    State(d): State<DebugPods>,
+    Extension(info): Extension<ConnInfo>,
+) -> axum::response::Response {
+    if !may_read_debug(&info) {
+        return (StatusCode::FORBIDDEN, DEBUG_REFUSED).into_response();
+    }
     match d.inner.get() {
         Some(report) => axum::Json(report()).into_response(),
         None => (

@@ -260,6 +260,8 @@ impl ByteBudget {
 pub struct ConnInfo {
     /// The Unix peer (none on TCP).
     pub peer: Option<Peer>,
+    /// The TCP peer's address (none on a Unix socket).
+    pub remote: Option<std::net::SocketAddr>,
     pub conn: u64,
     /// `Limits::bytes_per_sec`'s budget of this connection.
     pub budget: Option<Arc<Mutex<ByteBudget>>>,
@@ -291,19 +293,27 @@ impl Throttled {
     }
 }
 
+/// Who is on the other end of a connection.
+#[derive(Clone, Default)]
+struct Remote {
+    peer: Option<Peer>,
+    addr: Option<std::net::SocketAddr>,
+}
+
 /// Serves one HTTP/1 connection with the limits; `refusal` answers every request 403.
 async fn serve_http<I>(
     io: I,
     router: Router,
     slot: Arc<Slot>,
     limits: Limits,
-    peer: Option<Peer>,
+    remote: Remote,
     refusal: Option<String>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let info = ConnInfo {
-        peer,
+        peer: remote.peer,
+        remote: remote.addr,
         conn: slot.id(),
         budget: limits
             .bytes_per_sec
@@ -384,8 +394,8 @@ pub async fn serve_tcp(
             _ = stop.cancelled() => return,
             a = listener.accept() => a,
         };
-        let stream = match accepted {
-            Ok((s, _)) => s,
+        let (stream, addr) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 accept_failed(&name, &e, &warn_gate).await;
                 continue;
@@ -402,7 +412,10 @@ pub async fn serve_tcp(
             router.clone(),
             Arc::new(slot),
             limits,
-            None,
+            Remote {
+                peer: None,
+                addr: Some(addr),
+            },
             None,
         ));
     }
@@ -437,7 +450,8 @@ pub fn http(router: Router, limits: Limits) -> UnixHandler {
                 Access::Root(p) => (Some(p), None),
                 Access::Refused(r) => (socket::peer(&stream).ok(), Some(r)),
             };
-            serve_http(stream, router, slot, limits, peer, refusal).await;
+            let remote = Remote { peer, addr: None };
+            serve_http(stream, router, slot, limits, remote, refusal).await;
         })
     })
 }
