@@ -574,7 +574,12 @@ fn daemonset_rolls_when_its_configmap_changes() {
     assert!(checked > 20, "only {checked} value sets checked");
     let default = checksum(helm.case("default"));
     // A setting the agent reads changes the pod template ...
-    for name in ["ambient-enabled", "repair-delete", "native-nftables", "extra-env"] {
+    for name in [
+        "ambient-enabled",
+        "repair-delete",
+        "native-nftables",
+        "extra-env",
+    ] {
         assert_ne!(checksum(helm.case(name)), default, "{name}");
     }
     // ... values that only touch the DaemonSet itself do not.
@@ -582,7 +587,8 @@ fn daemonset_rolls_when_its_configmap_changes() {
         assert_eq!(checksum(helm.case(name)), default, "{name}");
     }
     // The full set of pod annotations: Istio's, plus the checksum (the reason above).
-    let annotations = &helm.case("default").daemonset()["spec"]["template"]["metadata"]["annotations"];
+    let annotations =
+        &helm.case("default").daemonset()["spec"]["template"]["metadata"]["annotations"];
     assert_eq!(
         annotations,
         &json!({
@@ -594,4 +600,84 @@ fn daemonset_rolls_when_its_configmap_changes() {
             "checksum/config": default,
         })
     );
+}
+
+/// Kubelet probes under Cilium's kube-proxy replacement (its BPF routing drops the pod's reply to
+/// the link-local SNAT address): with `useHostIPForProbeSnat` the chart hands the agent the
+/// node's addresses from the downward API, and the host probe rules the real agent writes SNAT a
+/// probe to the node's own address, whose reply routes back like any node traffic.
+#[test]
+fn probes_are_snated_to_the_node_address_with_use_host_ip_for_probe_snat() {
+    let r = helm().case("ambient-probe-node-ip");
+    let env = r.container_env();
+    let node_ips = format!("{},{}", chart::NODE_IP, chart::NODE_IP6);
+    assert_eq!(env["HOST_PROBE_SNAT_NODE_IPS"], node_ips);
+    assert!(
+        !helm()
+            .case("ambient-profile")
+            .container_env()
+            .contains_key("HOST_PROBE_SNAT_NODE_IPS")
+    );
+    run::while_ready(r, |node| {
+        let v4 = String::from_utf8_lossy(&node.exec("iptables-save", &["-t", "nat"]).stdout)
+            .into_owned();
+        let v6 = String::from_utf8_lossy(&node.exec("ip6tables-save", &["-t", "nat"]).stdout)
+            .into_owned();
+        assert!(
+            v4.contains(&format!("-j SNAT --to-source {}", chart::NODE_IP)),
+            "{v4}"
+        );
+        assert!(!v4.contains("169.254.7.127"), "{v4}");
+        assert!(
+            v6.contains(&format!("-j SNAT --to-source {}", chart::NODE_IP6)),
+            "{v6}"
+        );
+        // A probe: the node's address local to the node netns but on no link the pod shares, the
+        // pod on a veth of another subnet (its reply to the node's address takes the default
+        // route back, as on a real node).
+        node.exec(
+            "ip",
+            &[
+                "addr",
+                "add",
+                &format!("{}/32", chart::NODE_IP),
+                "dev",
+                "lo",
+            ],
+        );
+        let pod = support::Netns::new("probe-pod");
+        support::wire_veth(
+            |p, a| {
+                pod.exec(p, a);
+            },
+            node,
+            ("eth0", "vprobe0"),
+            ("10.250.7.2", "10.250.7.1"),
+        );
+        pod.exec("ip", &["route", "add", "default", "via", "10.250.7.1"]);
+        node.exec(
+            "ipset",
+            &[
+                "add",
+                "-exist",
+                "istio-inpod-probes-v4",
+                "10.250.7.2",
+                "comment",
+                "probe-test",
+            ],
+        );
+        let listener = pod.listen("0.0.0.0:8080");
+        let peer = pod.spawn(move || {
+            listener.set_nonblocking(false).expect("blocking");
+            listener.accept().map(|(_, peer)| peer.ip().to_string())
+        });
+        assert!(node.connect("10.250.7.2:8080"), "probe connect");
+        let peer = peer.join().expect("accept thread").expect("accept");
+        assert_eq!(
+            peer,
+            chart::NODE_IP,
+            "the probe's source as the pod sees it"
+        );
+        node.exec("ipset", &["del", "istio-inpod-probes-v4", "10.250.7.2"]);
+    });
 }

@@ -97,6 +97,11 @@ pub fn all() -> Vec<Case> {
                    "global": {"imagePullPolicy": "Always"}}),
         ),
         ok("platform-top-level-k3s", json!({"platform": "k3s"})),
+        // Probes under Cilium's kube-proxy replacement: SNAT to the node's own addresses.
+        ok(
+            "ambient-probe-node-ip",
+            json!({"profile": "ambient", "useHostIPForProbeSnat": true}),
+        ),
         bad("unknown-profile", json!({"profile": "nope"})),
         bad("unknown-platform", json!({"global": {"platform": "nope"}})),
         bad("unknown-compat", json!({"compatibilityVersion": "1.2"})),

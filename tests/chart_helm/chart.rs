@@ -20,6 +20,10 @@ pub const NAMESPACE: &str = "istio-system";
 /// What the kubelet would fill into the DaemonSet's fieldRefs for one of its pods.
 pub const NODE: &str = "node-1";
 pub const POD: &str = "istio-cni-node-h7x2q";
+/// The node's addresses (`status.hostIP`, `status.hostIPs`); the probe test gives its stand-in
+/// node netns these.
+pub const NODE_IP: &str = "10.250.0.10";
+pub const NODE_IP6: &str = "fd00:250::10";
 /// `resourceFieldRef: limits.memory` without a limit resolves to the node's allocatable memory.
 const NODE_MEMORY: &str = "8589934592";
 
@@ -251,6 +255,8 @@ impl Rendered {
             return match path {
                 "spec.nodeName" => NODE.into(),
                 "metadata.name" => POD.into(),
+                "status.hostIP" => NODE_IP.into(),
+                "status.hostIPs" => format!("{NODE_IP},{NODE_IP6}"),
                 // The pod runs where its DaemonSet is.
                 "metadata.namespace" => self.daemonset()["metadata"]["namespace"]
                     .as_str()

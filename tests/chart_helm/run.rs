@@ -220,21 +220,19 @@ fn port_of(v: &serde_json::Value) -> u16 {
     .unwrap_or_else(|| panic!("not a port: {v}"))
 }
 
-/// The rendered environment must be accepted: ready on the probe, metrics on the scrape target,
-/// everything installed, a clean exit on SIGTERM, and every API call made allowed by the RBAC of
-/// every value set in the group.
-pub fn expect_ready(group: &[&Rendered]) {
-    let r = group[0];
-    let name = &r.name;
+/// Starts the rendered `install-cni` in a node netns of its own, waits for its readiness probe,
+/// hands the node netns to `check`, then stops the agent (SIGTERM) and expects a clean exit.
+pub fn while_ready(r: &Rendered, check: impl FnOnce(&Netns)) {
     let mut node = Node::new();
-    // A sidecar pod on this node that started before the plugin (its validation init container
-    // exited 126): the repair controller acts on it, so its API calls are checked below too.
-    let repair = r.config_data().get("REPAIR_ENABLED").map(String::as_str) == Some("true");
-    node.api
-        .server
-        .add_pod(broken_sidecar_pod())
-        .expect("add pod");
     let mut agent = node.start(r);
+    wait_ready(&node, &mut agent, r);
+    check(&node.ns);
+    let st = agent.terminate(T);
+    assert!(st.success(), "{}: exit {st}:\n{}", r.name, agent.output());
+}
+
+fn wait_ready(node: &Node, agent: &mut Agent, r: &Rendered) {
+    let name = &r.name;
     let probe = &r.container()["readinessProbe"]["httpGet"];
     let (port, path) = (
         port_of(&probe["port"]),
@@ -253,6 +251,24 @@ pub fn expect_ready(group: &[&Rendered]) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The rendered environment must be accepted: ready on the probe, metrics on the scrape target,
+/// everything installed, a clean exit on SIGTERM, and every API call made allowed by the RBAC of
+/// every value set in the group.
+pub fn expect_ready(group: &[&Rendered]) {
+    let r = group[0];
+    let name = &r.name;
+    let mut node = Node::new();
+    // A sidecar pod on this node that started before the plugin (its validation init container
+    // exited 126): the repair controller acts on it, so its API calls are checked below too.
+    let repair = r.config_data().get("REPAIR_ENABLED").map(String::as_str) == Some("true");
+    node.api
+        .server
+        .add_pod(broken_sidecar_pod())
+        .expect("add pod");
+    let mut agent = node.start(r);
+    wait_ready(&node, &mut agent, r);
     let annotations = &r.daemonset()["spec"]["template"]["metadata"]["annotations"];
     let metrics_port = port_of(&annotations["prometheus.io/port"]);
     let metrics_path = annotations["prometheus.io/path"].as_str().expect("path");

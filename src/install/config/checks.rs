@@ -126,6 +126,33 @@ pub(super) fn probe_snat_ip(raw: &Raw, v6: bool) -> Result<IpAddr, ConfigError> 
     }
 }
 
+/// `HOST_PROBE_SNAT_NODE_IPS`: the node's addresses, comma-separated (what the downward API's
+/// `status.hostIPs` gives). Each must be a usable source, like the SNAT addresses themselves; a
+/// family the node has no address of keeps its `HOST_PROBE_SNAT_IP`/`_IPV6`.
+pub(super) fn node_ip_list(raw: &Raw) -> Result<Vec<IpAddr>, ConfigError> {
+    let mut ips = Vec::new();
+    for item in super::values::split_list(&raw.value) {
+        let ip: IpAddr = item
+            .parse()
+            .map_err(|_| invalid(raw, format!("item {item:?}: expected an IP address")))?;
+        if let Some(why) = crate::cli::unusable_source_ip(ip) {
+            return Err(invalid(
+                raw,
+                format!(
+                    "item {item:?}: {why} cannot be the source address of SNATed kubelet probes"
+                ),
+            ));
+        }
+        ips.push(ip);
+    }
+    Ok(ips)
+}
+
+/// The first of `ips` of the family (IPv6 when `v6`), if any.
+pub(super) fn node_ip_of(ips: &[IpAddr], v6: bool) -> Option<IpAddr> {
+    ips.iter().copied().find(|ip| ip.is_ipv6() == v6)
+}
+
 fn family_of(ip: IpAddr) -> &'static str {
     if ip.is_ipv6() { "IPv6" } else { "IPv4" }
 }

@@ -283,3 +283,33 @@ fn host_proc_dir_must_be_a_procfs() {
     let err = procfs("--host-proc-dir", "/nope", Err("ENOENT".into())).unwrap_err();
     assert!(err.to_string().contains("--host-proc-dir") && err.to_string().contains("ENOENT"));
 }
+
+#[test]
+fn the_node_s_addresses_replace_the_probe_snat_address_of_their_family() {
+    // Dual-stack node (`status.hostIPs`): each family gets the node's address.
+    let c = run(
+        &[],
+        &[("HOST_PROBE_SNAT_NODE_IPS", "10.250.0.10,fd00:250::10")],
+    )
+    .unwrap();
+    assert_eq!(c.agent.host_probe_snat_ip.to_string(), "10.250.0.10");
+    assert_eq!(c.agent.host_probe_snat_ipv6.to_string(), "fd00:250::10");
+    // An IPv4-only node: IPv6 keeps its setting.
+    let c = run(
+        &[],
+        &[
+            ("HOST_PROBE_SNAT_NODE_IPS", "10.250.0.10"),
+            ("HOST_PROBE_SNAT_IPV6", "fd16::1"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.agent.host_probe_snat_ip.to_string(), "10.250.0.10");
+    assert_eq!(c.agent.host_probe_snat_ipv6.to_string(), "fd16::1");
+    refused(
+        &[],
+        &[("HOST_PROBE_SNAT_NODE_IPS", "10.0.0.1,127.0.0.1")],
+        "env HOST_PROBE_SNAT_NODE_IPS",
+        "10.0.0.1,127.0.0.1",
+        "loopback",
+    );
+}

@@ -293,6 +293,10 @@ crate::cli::settings::declare_settings! {
             parse: |raw| probe_snat_ip(raw, true), env: "HOST_PROBE_SNAT_IPV6",
             default: "fd16:9254:7127:1337:ffff:ffff:ffff:ffff",
         }
+        /// ambient: the node's own addresses (the chart's `status.hostIPs`); when set, probes are SNATed to the node's address of each family instead (for datapaths that drop replies to the link-local default, e.g. Cilium's kube-proxy replacement)
+        host_probe_snat_node_ips: Vec<IpAddr> {
+            parse: node_ip_list, env: "HOST_PROBE_SNAT_NODE_IPS", default: "",
+        }
         /// ambient: take the xtables lock per pod netns, not host-wide
         ambient_use_scoped_xtables_locking: bool {
             parse: parse_bool, env: "AMBIENT_USE_SCOPED_XTABLES_LOCKING", default: "true",

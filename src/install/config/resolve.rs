@@ -1,6 +1,7 @@
 //! From the declared settings' typed [`Values`] (flag > env > default, `flags`) to the config
 //! sections, with what spans several settings: derived defaults, cross-checks and warnings.
 
+use super::checks::node_ip_of;
 use super::flags::{Flags, Values, decl};
 use super::sections::*;
 use super::values::*;
@@ -136,8 +137,10 @@ pub fn from_flags(f: &Flags, env: &dyn Env) -> Result<Config, ConfigError> {
         system_namespace: v.system_namespace,
         pod_name: v.pod_name.unwrap_or_default(),
         node_name,
-        host_probe_snat_ip: v.host_probe_snat_ip,
-        host_probe_snat_ipv6: v.host_probe_snat_ipv6,
+        host_probe_snat_ip: node_ip_of(&v.host_probe_snat_node_ips, false)
+            .unwrap_or(v.host_probe_snat_ip),
+        host_probe_snat_ipv6: node_ip_of(&v.host_probe_snat_node_ips, true)
+            .unwrap_or(v.host_probe_snat_ipv6),
         scoped_xtables_locking: v.ambient_use_scoped_xtables_locking,
         aws_branch_eni_probe: v.ambient_enable_aws_branch_eni_probe,
         force_iptables_binary: v.force_iptables_binary,
