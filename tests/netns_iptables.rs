@@ -387,3 +387,83 @@ fn cni_mode_with_a_fifo_as_the_namespace_fails_fast_naming_it() {
         "{stderr}"
     );
 }
+
+/// A rule set far larger than a socket's default send buffer (about 98,000 rules: excluded
+/// interfaces, outbound ports and ranges, each list near the kernel's 128 KiB argument limit)
+/// goes out as one nf_tables transaction, with no "Message too long" and no iptables-restore;
+/// a second run reads what is there first and finds it in place, so it never sends a create
+/// that fails with "File exists".
+#[test]
+fn a_large_rule_set_is_one_netlink_transaction_and_a_rerun_writes_nothing() {
+    tools();
+    let env = PodAndServer::new("large");
+    let digits = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let ifaces: Vec<String> = (0..25_000usize)
+        .map(|i| {
+            let d = |n: usize| char::from(digits[n % 36]);
+            format!("e{}{}{}", d(i / 1296), d(i / 36), d(i))
+        })
+        .collect();
+    let ports: Vec<String> = (1000..21_000).map(|p: u32| p.to_string()).collect();
+    let ranges: Vec<String> = (0..8000u32)
+        .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+        .collect();
+    let (ifaces, ports, ranges) = (ifaces.join(","), ports.join(","), ranges.join(","));
+    let args = [
+        bin(),
+        "istio-iptables",
+        "-p",
+        "15001",
+        "-z",
+        "15006",
+        "-u",
+        "1337",
+        "-m",
+        "REDIRECT",
+        "-i",
+        "*",
+        "-b",
+        "*",
+        "-c",
+        &ifaces,
+        "-o",
+        &ports,
+        "-x",
+        &ranges,
+    ];
+    let run = || {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &env.pod.name])
+            .args(args)
+            .env("ISTIO_IPTABLES_LOG", "debug")
+            .output()
+            .expect("run");
+        assert_ok(&out);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let first = run();
+    for refused in [
+        "Message too long",
+        "iptables-restore instead",
+        "File exists",
+    ] {
+        assert!(!first.contains(refused), "{refused}: {first}");
+    }
+    assert!(first.contains("applied over nfnetlink"), "{first}");
+    let rules = env
+        .pod
+        .iptables_state()
+        .lines()
+        .filter(|l| l.starts_with("-A"))
+        .count();
+    assert!(rules > 95_000, "{rules} rules applied");
+    let second = run();
+    for refused in [
+        "File exists",
+        "transaction failed",
+        "applied over nfnetlink",
+    ] {
+        assert!(!second.contains(refused), "{refused}: {second}");
+    }
+    assert!(second.contains("outcome=already applied"), "{second}");
+}

@@ -473,9 +473,24 @@ pub fn apply_sidecar_here(
             bins.push(detect(family, force)?);
         }
     }
-    // The common case — plain apply with the nft flavour — needs no process at all.
+    // Read before writing: which families hold no chain of ours (one chain dump each, no
+    // process). A netns that holds some is compared with the plan below, never sent a
+    // transaction that creates what is already there.
+    let fresh: Fresh = if opts.reconcile {
+        Fresh::new()
+    } else {
+        bins.iter()
+            .filter_map(|b| probe_fresh(b).map(|tables| (b.family, tables)))
+            .collect()
+    };
+    // The common case — plain apply with the nft flavour on a fresh netns — needs no process.
     let plain = !opts.reconcile && !opts.force_apply && !opts.restore_only;
-    if plain && !bins.is_empty() && bins.iter().all(Binaries::is_nft_flavour) {
+    if plain
+        && !bins.is_empty()
+        && bins
+            .iter()
+            .all(|b| b.is_nft_flavour() && fresh.contains_key(&b.family))
+    {
         match apply_nft_netlink_entering(rules, opts.userns.as_ref()) {
             Ok(()) => {
                 tracing::debug!("applied over nfnetlink, encoded as iptables-nft does");
@@ -491,13 +506,6 @@ pub fn apply_sidecar_here(
             ),
         }
     }
-    let fresh: Fresh = if opts.reconcile {
-        Fresh::new()
-    } else {
-        bins.iter()
-            .filter_map(|b| probe_fresh(b).map(|tables| (b.family, tables)))
-            .collect()
-    };
     apply_sidecar_with(
         &mut super::exec::ProcessExecutor::entering(opts.userns.clone()),
         &bins,

@@ -342,6 +342,9 @@ unsafe fn exchange_on(fd: libc::c_int, framed: &[u8], last_seq: u32, buf: &mut V
         {
             return Answer::Io { errno: errno() };
         }
+        if let Err(errno) = fit_send_buffer(fd, framed.len()) {
+            return Answer::Io { errno };
+        }
         let mut kernel: libc::sockaddr_nl = std::mem::zeroed();
         kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
         let sent = libc::sendto(
@@ -373,6 +376,51 @@ unsafe fn exchange_on(fd: libc::c_int, framed: &[u8], last_seq: u32, buf: &mut V
                 Some(answer) => return answer,
                 None => continue,
             }
+        }
+    }
+}
+
+/// Makes the socket's send buffer hold a `len`-byte datagram. The kernel reads an nf_tables
+/// batch from one datagram only (BATCH_BEGIN and BATCH_END in two sends would be two batches,
+/// the first aborted for want of its end), and refuses a datagram longer than the send buffer
+/// (EMSGSIZE): a large rule set needs a larger buffer, not more sends. Raised past the
+/// `wmem_max` cap with SO_SNDBUFFORCE (CAP_NET_ADMIN, which programming rules needs anyway),
+/// else as far as SO_SNDBUF allows. System calls only (a forked child runs it).
+unsafe fn fit_send_buffer(fd: libc::c_int, len: usize) -> Result<(), i32> {
+    /// What the kernel keeps of the buffer for its own accounting.
+    const OVERHEAD: usize = 32;
+    let mut have: libc::c_int = 0;
+    let mut size = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: (for the block) pointers and lengths of live values.
+    unsafe {
+        if libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&raw mut have).cast(),
+            &raw mut size,
+        ) != 0
+        {
+            return Err(errno());
+        }
+        if usize::try_from(have).is_ok_and(|have| len + OVERHEAD <= have) {
+            return Ok(());
+        }
+        // The kernel doubles what it is given.
+        let want = libc::c_int::try_from(len + OVERHEAD).unwrap_or(libc::c_int::MAX / 2);
+        let set = |option| {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                option,
+                (&raw const want).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            ) == 0
+        };
+        if set(libc::SO_SNDBUFFORCE) || set(libc::SO_SNDBUF) {
+            Ok(())
+        } else {
+            Err(errno())
         }
     }
 }
