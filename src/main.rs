@@ -40,14 +40,14 @@ fn main() {
                 println!("istio-cni-rs {}", istio_cni::VERSION);
                 return;
             }
+            // Asked for: the usage and success. No role or an unknown one: a usage error.
+            let asked = args.get(1).is_some_and(|a| a == "--help" || a == "-h");
+            if asked {
+                print!("{USAGE}");
+                std::process::exit(0);
+            }
             eprint!("{USAGE}");
-            std::process::exit(
-                if args.len() > 1 && args[1] != "--help" && args[1] != "-h" {
-                    2
-                } else {
-                    0
-                },
-            );
+            std::process::exit(2);
         }
     };
     let code = match role.as_str() {

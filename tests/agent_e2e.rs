@@ -174,6 +174,9 @@ fn only_a_stale_ztunnel_socket_is_replaced_and_a_regular_file_stops_startup_unto
     let _ = node.agent.child.wait();
     std::fs::remove_file(&node.zds_socket).expect("rm");
     std::fs::write(&node.zds_socket, b"not a socket").expect("regular file");
+    // As on a node's first start: the backend record this start writes goes if the start fails.
+    let record = node.dirs.run.join("ambient-backend");
+    std::fs::remove_file(&record).expect("rm backend record");
     node.relaunch_agent_killed();
     let status = node.agent.wait(Duration::from_secs(30));
     assert!(!status.success(), "started with a file at the ZDS path");
@@ -188,6 +191,13 @@ fn only_a_stale_ztunnel_socket_is_replaced_and_a_regular_file_stops_startup_unto
         std::fs::read(&node.zds_socket).expect("file kept"),
         b"not a socket"
     );
+    // A failed start leaves none of what it made: its sockets and its fresh backend record.
+    for left in ["log.sock", "pluginevent.sock", "ambient-backend"] {
+        assert!(
+            std::fs::symlink_metadata(node.dirs.run.join(left)).is_err(),
+            "{left} left behind by a failed start:\n{out}"
+        );
+    }
 }
 
 #[test]

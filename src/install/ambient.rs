@@ -100,14 +100,16 @@ pub fn agent_settings(cfg: &Config, drift_kick: &Kick) -> Settings {
 }
 
 /// The agent's seams. The annotation patch is always the real one (the API server is reached
-/// through the agent's client); ztunnel is bound late (see [`start`]).
+/// through the agent's client); ztunnel is bound late (see [`start`]). The flag is `Some` with the
+/// real data plane (the ZDS server is then served): `true` when this start wrote the backend
+/// record first.
 async fn deps(
     client: &KubeClient,
     settings: &Settings,
     metrics: &Metrics,
     record: &std::path::Path,
     serving: &Serving,
-) -> Result<(Deps, Arc<LateZtunnel>, bool), StartError> {
+) -> Result<(Deps, Arc<LateZtunnel>, Option<bool>), StartError> {
     let annotator = Arc::new(KubeAnnotator {
         client: client.clone(),
         timeout: settings.timing.kube_call_timeout,
@@ -125,7 +127,7 @@ async fn deps(
             metrics: metrics.clone(),
             serving: serving.clone(),
         };
-        return Ok((deps, ztunnel, false));
+        return Ok((deps, ztunnel, None));
     }
     let recorded = read_record(record)?;
     let (dataplane, decision) = adapters::real_dataplane(settings, recorded).await?;
@@ -138,7 +140,7 @@ async fn deps(
         metrics: metrics.clone(),
         serving: serving.clone(),
     };
-    Ok((deps, ztunnel, true))
+    Ok((deps, ztunnel, Some(recorded.is_none())))
 }
 
 /// Starts the agent on install-cni's client and node pod store ([`NodePods`]): settings checked,
@@ -158,20 +160,29 @@ pub async fn start(
     }
     let client = &node.client;
     info!(node = %settings.config.node_name, "starting the ambient node agent");
-    let (deps, ztunnel, serve_zds) =
-        deps(client, &settings, metrics, &record_path(cfg), serving).await?;
-    let agent = Agent::start(&settings, client, node.pods.clone(), deps, stop).await?;
-    if serve_zds {
-        adapters::serve_ztunnel(
-            &agent,
-            &ztunnel,
-            settings.config.ztunnel_uds_address.clone(),
-            metrics.clone(),
-            stop.clone(),
-        )
-        .await?;
+    let record = record_path(cfg);
+    let (deps, ztunnel, real) = deps(client, &settings, metrics, &record, serving).await?;
+    let started = async {
+        let agent = Agent::start(&settings, client, node.pods.clone(), deps, stop).await?;
+        if real.is_some() {
+            adapters::serve_ztunnel(
+                &agent,
+                &ztunnel,
+                settings.config.ztunnel_uds_address.clone(),
+                metrics.clone(),
+                stop.clone(),
+            )
+            .await?;
+        }
+        Ok(agent)
     }
-    Ok(agent)
+    .await;
+    // A record this failed start wrote first is not a decision the node ran with: the next start
+    // decides afresh. One from an earlier install is kept.
+    if started.is_err() && real == Some(true) {
+        let _ = super::fsutil::remove_if_exists(&record);
+    }
+    started
 }
 
 #[cfg(test)]

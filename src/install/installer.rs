@@ -407,6 +407,29 @@ impl Installer {
     }
 }
 
+/// The plugin's log files in the run dir. They hold pod annotation values, so an uninstall
+/// removes them with the rest; an upgrade (the node's config kept) keeps them.
+pub const PLUGIN_LOGS: [&str; 2] = ["istio-cni.log", "istio-cni.log.1"];
+
+/// What an uninstall leaves in the run dir once every server has stopped: the plugin's log files,
+/// and the pod-facts socket's directory when it is empty (its socket went with its server).
+pub fn remove_run_dir_leftovers(run_dir: &Path) {
+    for name in PLUGIN_LOGS {
+        let path = run_dir.join(name);
+        match fsutil::remove_if_exists(&path) {
+            Ok(true) => info!(path = %path.display(), "removed the plugin log"),
+            Ok(false) => {}
+            Err(e) => warn!("{e}"),
+        }
+    }
+    let sockets = crate::kube::pod_facts::socket_path(run_dir);
+    if let Some(dir) = sockets.parent()
+        && fs::remove_dir(dir).is_ok()
+    {
+        info!(path = %dir.display(), "removed the pod-facts socket directory");
+    }
+}
+
 fn join_paths(p: &[PathBuf]) -> String {
     p.iter()
         .map(|d| d.display().to_string())

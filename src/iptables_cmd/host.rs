@@ -28,6 +28,8 @@ pub fn fill_host_facts(settings: &mut Settings) -> Result<Option<HostIp>, String
     settings.capture.enable_ipv6 = match settings.ipv6 {
         Ipv6Choice::On => true,
         Ipv6Choice::Off => false,
+        // Cleanup needs no address: it removes our IPv6 rules wherever it finds them anyway.
+        Ipv6Choice::Auto if settings.cleanup_only => detected.is_some_and(|d| d.ipv6),
         Ipv6Choice::Auto => detected.ok_or("no valid local IP address found")?.ipv6,
     };
     if settings.capture.redirect_dns && !settings.capture.capture_all_dns {

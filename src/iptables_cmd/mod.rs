@@ -87,6 +87,9 @@ pub fn main(args: Vec<String>) -> i32 {
     run(&flags, &ProcessEnv, &normalised.explicit_false)
 }
 
+/// The scope of this role's log records (Istio's istio-iptables logs under its own scope too).
+const LOG_SCOPE: &str = "iptables";
+
 /// Logs in the shared Istio format (text or, with --log_as_json, JSON lines) to each
 /// --log_target (stdout, stderr or a file; default stderr, so that a dry run's stdout carries only
 /// the transcript). ISTIO_IPTABLES_LOG sets the filter (default info).
@@ -95,7 +98,10 @@ fn init_logging(targets: &[String], json: bool) -> Result<(), String> {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let writer = crate::telemetry::logging::targets_writer(targets)?;
     let _ = tracing_subscriber::fmt()
-        .event_format(crate::telemetry::logging::IstioFormat { json })
+        .event_format(crate::telemetry::logging::IstioFormat {
+            json,
+            scope: LOG_SCOPE,
+        })
         .with_writer(writer)
         .with_env_filter(filter)
         .try_init();

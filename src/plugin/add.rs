@@ -185,7 +185,7 @@ async fn send_ambient_event(conf: &NetConf, env: &CniEnv, args: &CniArgs) -> Res
     let sock = conf.event_socket_path();
     match super::uds::post_once(&sock, "/cmdadd", body, AMBIENT_EVENT_TIMEOUT).await {
         Ok((200, _)) => Ok(()),
-        Ok((status, body)) => Err(agent_failed(format!("status {status}: {body}"))),
+        Ok((status, body)) => Err(agent_refused(status, &body)),
         Err(e) => Err(agent_failed(e.to_string())),
     }
 }
@@ -232,10 +232,19 @@ async fn ask_agent(
             ))),
         },
         Ok((404, _)) => unavailable(false, &"the agent has no such path"),
-        Ok((status, body)) => Err(agent_failed(format!("status {status}: {body}"))),
+        Ok((status, body)) => Err(agent_refused(status, &body)),
         Err(e @ super::uds::UdsError::Connect { .. }) => unavailable(false, &e),
         Err(e) => Err(agent_failed(e.to_string())),
     }
+}
+
+/// The agent was reached and answered with an error: say so, with its status and words (the
+/// pod is not enrolled; the kubelet retries the ADD).
+fn agent_refused(status: u16, body: &str) -> CniError {
+    CniError::internal(format!(
+        "istio-cni cmdAdd: the node Istio CNI agent answered status {status}: {}",
+        body.trim_end()
+    ))
 }
 
 fn agent_failed(detail: String) -> CniError {

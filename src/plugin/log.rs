@@ -20,6 +20,8 @@ use crate::telemetry::logging::rfc3339_micros;
 
 /// Rotate the plugin log file past this size.
 pub const MAX_LOG_FILE: u64 = 10 * 1024 * 1024;
+/// Mode of `<run dir>/istio-cni.log` and its backup: root only.
+pub const LOG_FILE_MODE: u32 = 0o600;
 /// Largest body the agent's log sink accepts.
 const MAX_BATCH_BYTES: usize = crate::telemetry::logsink::MAX_BATCH_BYTES;
 /// How long process exit waits for queued records to reach the agent.
@@ -114,9 +116,25 @@ struct RollingFile {
 }
 
 impl RollingFile {
+    /// Opens (or creates) the log root-only: its records carry pod annotation values. A symlink
+    /// at the path is refused (O_NOFOLLOW) rather than appended through; a file left wider by an
+    /// older version is narrowed.
     fn open(path: &Path) -> std::io::Result<RollingFile> {
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
-        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(LOG_FILE_MODE)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(std::io::Error::other("not a regular file"));
+        }
+        if meta.permissions().mode() & 0o7777 != LOG_FILE_MODE {
+            file.set_permissions(std::fs::Permissions::from_mode(LOG_FILE_MODE))?;
+        }
+        let size = meta.len();
         Ok(RollingFile {
             path: path.to_path_buf(),
             file,
@@ -488,5 +506,31 @@ mod tests {
         f.write_line("after-rotation");
         assert!(dir.path().join("istio-cni.log.1").exists());
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "after-rotation\n");
+    }
+
+    #[test]
+    fn the_log_is_root_only_and_never_written_through_a_symlink() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("istio-cni.log");
+        let mut f = RollingFile::open(&path).unwrap();
+        f.write_line("annotation value");
+        assert_eq!(mode(&path), LOG_FILE_MODE);
+        // A file an older plugin left world-readable is narrowed; the backup it rotates to too.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut f = RollingFile::open(&path).unwrap();
+        assert_eq!(mode(&path), LOG_FILE_MODE);
+        f.size = MAX_LOG_FILE;
+        f.write_line("rotated");
+        assert_eq!(mode(&dir.path().join("istio-cni.log.1")), LOG_FILE_MODE);
+        assert_eq!(mode(&path), LOG_FILE_MODE);
+        // A symlink in its place is refused, its target untouched.
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, b"keep").unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        assert!(RollingFile::open(&path).is_err());
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
     }
 }

@@ -61,7 +61,7 @@ pub fn scope_of(target: &str) -> &'static str {
     if target == PLUGIN_TARGET {
         PLUGIN_TARGET
     } else if target.starts_with("istio_cni") {
-        "cni-agent"
+        AGENT_SCOPE
     } else {
         "default"
     }
@@ -90,6 +90,7 @@ pub fn init(settings: LogSettings) -> Result<LogGuard, String> {
     let layer = tracing_subscriber::fmt::layer()
         .event_format(IstioFormat {
             json: settings.json,
+            scope: AGENT_SCOPE,
         })
         .with_writer(writer)
         .with_ansi(false);
@@ -179,9 +180,15 @@ fn open_targets(targets: &[String]) -> Result<Tee, String> {
     Ok(Tee(std::sync::Arc::new(opened)))
 }
 
+/// The scope this crate's own events are logged under by the node agent.
+pub const AGENT_SCOPE: &str = "cni-agent";
+
 /// The formatter.
 pub struct IstioFormat {
     pub json: bool,
+    /// The scope printed for this crate's own events: each role names its own (the node agent
+    /// [`AGENT_SCOPE`], `istio-iptables` `iptables` as Istio's does).
+    pub scope: &'static str,
 }
 
 #[derive(Default)]
@@ -241,7 +248,10 @@ where
             .filter(|t| !t.is_empty())
             .unwrap_or_else(|| rfc3339_micros(SystemTime::now()));
         let level = level_name(meta.level());
-        let scope = scope_of(meta.target());
+        let scope = match scope_of(meta.target()) {
+            AGENT_SCOPE => self.scope,
+            other => other,
+        };
         let mut extra: Vec<(String, Value)> = c
             .fields
             .into_iter()

@@ -131,10 +131,18 @@ impl SocketFile {
     /// Removes the file if it is still ours (another agent may have bound the path since).
     /// Returns whether it did.
     pub fn remove_if_ours(&self) -> bool {
-        if self.state() != SocketState::Ours {
-            return false;
-        }
-        std::fs::remove_file(&self.path).is_ok()
+        // Ours is the (dev, inode) we bound; nothing else at the path is probed or touched.
+        let ours =
+            std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id);
+        ours && std::fs::remove_file(&self.path).is_ok()
+    }
+}
+
+/// A socket file goes with the listener it belongs to, however the server ends: also when its
+/// task is dropped unfinished (a failed start shuts the runtime down under it).
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        self.remove_if_ours();
     }
 }
 

@@ -195,7 +195,10 @@ proptest! {
         let out = Arc::new(Mutex::new(Vec::new()));
         let sink = out.clone();
         let sub = tracing_subscriber::fmt()
-            .event_format(IstioFormat { json: true })
+            .event_format(IstioFormat {
+                json: true,
+                scope: istio_cni::telemetry::logging::AGENT_SCOPE,
+            })
             .with_writer(move || SharedBuf(sink.clone()))
             .with_max_level(tracing::Level::TRACE)
             .finish();

@@ -74,13 +74,15 @@ fn resolve(f: &StatusFlags, env: &dyn Env) -> Result<StatusRequest, ConfigError>
     let raw = super::resolve::lookup(env)
         .raw_or_default(&decl::health_port, f.health_port.as_ref())
         .expect("HEALTH_PORT has a default");
-    let health_port = port(&raw)?;
-    if health_port == 0 {
-        return Err(invalid(
+    // One range in the check and its message: 0 is a valid HEALTH_PORT for install-cni (any
+    // free port) but names no port to ask.
+    let health_port = port(&raw).ok().filter(|p| *p != 0).ok_or_else(|| {
+        invalid(
             &raw,
-            "0 binds any free port; pass the agent's actual port with --health-port",
-        ));
-    }
+            "expected the agent's port number, 1-65535 (with HEALTH_PORT=0 it bound a free port: \
+             pass the one its \"health server listening\" log line names)",
+        )
+    })?;
     let ip = match &f.address {
         Some(a) => a.parse::<IpAddr>().map_err(|e| {
             invalid(

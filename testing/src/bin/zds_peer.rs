@@ -18,10 +18,21 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
+const USAGE: &str = "usage: zds-peer <ztunnel socket, e.g. /var/run/ztunnel/ztunnel.sock>";
+
 fn main() {
-    let Some(path) = std::env::args().nth(1).map(PathBuf::from) else {
-        eprintln!("usage: zds-peer <ztunnel socket, e.g. /var/run/ztunnel/ztunnel.sock>");
-        std::process::exit(2);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let path = match args.as_slice() {
+        [flag] if flag == "--help" || flag == "-h" => {
+            println!("{USAGE}");
+            return;
+        }
+        // Anything else that looks like a flag is not a socket path: say so instead of waiting.
+        [path] if !path.starts_with('-') => PathBuf::from(path),
+        _ => {
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
     };
     use nix::sys::signal::{SigHandler, Signal, signal};
     for sig in [Signal::SIGINT, Signal::SIGTERM] {
