@@ -356,3 +356,104 @@ fn debug_pods_is_served_only_on_loopback_while_the_probes_answer_everyone() {
         text(&out)
     );
 }
+
+/// A sidecar pod whose ADD the plugin refuses (an unusable annotation: no network, Pending) and
+/// one whose validation init container fails are never called redirected: status names the
+/// failure and its reason. Sidecar-only (no ambient agent, the repair controller's pod store)
+/// status answers too.
+#[test]
+fn status_calls_a_sidecar_pod_redirected_only_when_it_is_and_works_without_ambient() {
+    for ambient in ["true", "false"] {
+        let extra = [
+            ("HEALTH_PORT", HEALTH_PORT),
+            ("AMBIENT_ENABLED", ambient),
+            ("REPAIR_ENABLED", "true"),
+            ("REPAIR_NODE_NAME", NODE),
+            ("REPAIR_LABEL_PODS", "true"),
+            ("REPAIR_REPAIR_PODS", "false"),
+        ];
+        let node = if ambient == "true" {
+            Node::start_with(Backend::Iptables, &extra)
+        } else {
+            Node::start_without_peer(Backend::Iptables, &extra)
+        };
+        let node_ns = node.ns.path();
+        let node_ns = Path::new(&node_ns);
+        node.namespace("web", json!({}));
+        let sidecar = json!({"containers": [{"name": "app"},
+            {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]});
+        let injected = |extra: Value| {
+            let mut a = json!({"sidecar.istio.io/status": "{}"});
+            a.as_object_mut()
+                .expect("object")
+                .extend(extra.as_object().cloned().unwrap_or_default());
+            json!({ "annotations": a })
+        };
+        add_pod(
+            &node,
+            "web",
+            "good",
+            "10.244.9.2",
+            injected(json!({})),
+            sidecar.clone(),
+        );
+        add_pod(
+            &node,
+            "web",
+            "bad",
+            "10.244.9.4",
+            injected(json!({"traffic.sidecar.istio.io/excludeOutboundPorts": "http"})),
+            sidecar.clone(),
+        );
+        // The ADD failed: no network, Pending.
+        let mut bad = node.api.server.pod("web", "bad").expect("bad");
+        let st = bad.status.as_mut().expect("status");
+        st.phase = Some("Pending".into());
+        st.pod_ip = None;
+        st.pod_ips = None;
+        node.api.server.update_pod(bad).expect("update");
+
+        let env = [("HEALTH_PORT", HEALTH_PORT)];
+        let row_of = |report: &Value, name: &str| -> Value {
+            report["not_enrolled"]
+                .as_array()
+                .and_then(|a| a.iter().find(|p| p["name"] == name).cloned())
+                .unwrap_or(Value::Null)
+        };
+        node.wait_until(Duration::from_secs(15), "both pods listed", || {
+            let out = status(Some(node_ns), &env, &["--json"]);
+            out.status.success()
+                && serde_json::from_slice::<Value>(&out.stdout).is_ok_and(|r| {
+                    row_of(&r, "good") != Value::Null
+                        && row_of(&r, "bad")["ips"]
+                            .as_array()
+                            .is_some_and(Vec::is_empty)
+                })
+        });
+        let out = status(Some(node_ns), &env, &["--json"]);
+        let report: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let bad = row_of(&report, "bad");
+        assert_eq!(bad["sidecar"]["redirected"], false, "{ambient}: {bad}");
+        assert_eq!(bad["sidecar"]["state"], "failed", "{ambient}: {bad}");
+        let why = bad["sidecar"]["failed"].as_str().unwrap_or_default();
+        assert!(why.contains("excludeOutboundPorts"), "{ambient}: {bad}");
+        let good = row_of(&report, "good");
+        assert_eq!(good["sidecar"]["redirected"], true, "{ambient}: {good}");
+
+        let out = status(Some(node_ns), &env, &[]);
+        assert!(out.status.success(), "{ambient}: {}", text(&out));
+        let table = String::from_utf8_lossy(&out.stdout).into_owned();
+        let cells = row(&table, "web/bad").join(" | ");
+        assert!(
+            cells.contains("sidecar redirection failed: the plugin's ADD refuses it")
+                && !cells.contains("redirected by the plugin"),
+            "{ambient}: {table}"
+        );
+        assert!(
+            row(&table, "web/good")
+                .join(" ")
+                .contains("redirected by the plugin at ADD"),
+            "{ambient}: {table}"
+        );
+    }
+}

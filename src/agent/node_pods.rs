@@ -12,7 +12,10 @@ use serde::{Deserialize, Serialize};
 use super::machine::{self, EnrolmentPolicy, Exclusion, NotEnrolled};
 use super::pod;
 use crate::kube::selector::enablement::NotSelected;
-use crate::sidecar::{PodInfo, pod::ISTIO_PROXY, redirect::ANN_STATUS, skip_reason};
+use crate::sidecar::{
+    EngineEnv, PodInfo, RedirectError, pod::ISTIO_PROXY, redirect, redirect::ANN_STATUS,
+    skip_reason,
+};
 
 /// How the pod's traffic is meant to be captured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,24 +48,72 @@ pub struct NodePod {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SidecarState {
-    /// Whether the plugin redirects the pod's traffic to its sidecar at ADD.
+    /// Whether its traffic is known to be redirected to its sidecar: the plugin's ADD gave the
+    /// pod a network (it has an IP) from annotations the plugin accepts, and its validation init
+    /// container is not failing. False whenever that is not known.
     pub redirected: bool,
-    /// Why not, when not.
+    /// Why not, when the plugin's own checks leave it alone (a gateway, interception NONE, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
+    /// Why its redirection failed or is not there: the annotation the plugin's ADD refuses, or
+    /// the validation init container's failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
+    /// What is known, in one word: `redirected`, `skipped`, `failed`, or `pending` (no network
+    /// from its ADD yet).
+    #[serde(default)]
+    pub state: String,
 }
 
-/// The sidecar derivation of a pod with an istio-proxy container or the injector's annotation.
+/// The validation init container (Istio's, in CNI mode) failing now: its last exit, when it is
+/// not running to completion. Its failure is the pod's own report that capture is missing.
+fn validation_failure(p: &Pod) -> Option<String> {
+    let statuses = p.status.as_ref()?.init_container_statuses.as_ref()?;
+    let st = statuses.iter().find(|s| s.name == "istio-validation")?;
+    let now = st.state.as_ref().and_then(|s| s.terminated.as_ref());
+    if now.is_some_and(|t| t.exit_code == 0) {
+        return None;
+    }
+    let last = now.or(st.last_state.as_ref().and_then(|s| s.terminated.as_ref()))?;
+    (last.exit_code != 0).then(|| {
+        format!(
+            "init container istio-validation last exited {}: its traffic is not redirected",
+            last.exit_code
+        )
+    })
+}
+
+/// The sidecar derivation of a pod with an istio-proxy container or the injector's annotation,
+/// and what is known of its redirection.
 pub fn sidecar_state(p: &Pod) -> Option<SidecarState> {
     let info = PodInfo::from_pod(p);
     if !info.containers.contains(ISTIO_PROXY) && !info.annotations.contains_key(ANN_STATUS) {
         return None;
     }
-    let skip = skip_reason(&info);
-    Some(SidecarState {
-        redirected: skip.is_none(),
-        skipped: skip.map(|s| s.reason().to_string()),
-    })
+    let state = |state: &str, skipped: Option<String>, failed: Option<String>| SidecarState {
+        redirected: state == "redirected",
+        skipped,
+        failed,
+        state: state.to_string(),
+    };
+    if let Some(skip) = skip_reason(&info) {
+        return Some(state("skipped", Some(skip.reason().to_string()), None));
+    }
+    // The annotations alone decide whether the plugin's ADD refuses the pod.
+    if let Err(RedirectError::Annotation(e)) = redirect(&info, &EngineEnv::default()) {
+        return Some(state(
+            "failed",
+            None,
+            Some(format!("the plugin's ADD refuses it: {e}")),
+        ));
+    }
+    if let Some(why) = validation_failure(p) {
+        return Some(state("failed", None, Some(why)));
+    }
+    if pod::ips(p).is_empty() {
+        return Some(state("pending", None, None));
+    }
+    Some(state("redirected", None, None))
 }
 
 /// One stored pod's row (pure).
@@ -91,6 +142,33 @@ pub fn node_pod(
         reason: why.text().to_string(),
         sidecar,
     }
+}
+
+/// Every pod of the node's store when the ambient agent is off (sidecar-only installs): each
+/// pod's sidecar state, none enrolled. Sorted by namespace and name.
+pub fn without_agent(pods: &[Arc<Pod>]) -> Vec<NodePod> {
+    let mut out: Vec<NodePod> = pods
+        .iter()
+        .map(|p| {
+            let sidecar = sidecar_state(p);
+            NodePod {
+                uid: pod::uid(p).to_string(),
+                namespace: pod::namespace(p).to_string(),
+                name: pod::name(p).to_string(),
+                mode: if sidecar.is_some() {
+                    Mode::Sidecar
+                } else {
+                    Mode::None
+                },
+                ips: pod::ips(p).iter().map(ToString::to_string).collect(),
+                reason_code: "ambient_off".to_string(),
+                reason: "the ambient node agent is off (AMBIENT_ENABLED=false)".to_string(),
+                sidecar,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid)));
+    out
 }
 
 /// Every stored pod whose UID is not cached, sorted by namespace and name.
@@ -210,7 +288,9 @@ mod tests {
             r.sidecar,
             Some(SidecarState {
                 redirected: true,
-                skipped: None
+                skipped: None,
+                failed: None,
+                state: "redirected".into(),
             })
         );
         // A gateway: istio-proxy without injection; not redirected, and why.
@@ -228,5 +308,66 @@ mod tests {
             node_pod(&pod("a", json!({})), None, &policy()).sidecar,
             None
         );
+    }
+
+    #[test]
+    fn a_sidecar_pod_is_redirected_only_when_that_is_known() {
+        let side = |extra: serde_json::Value| {
+            let base = json!({"metadata": {"annotations": {"sidecar.istio.io/status": "{}"}},
+                "spec": {"containers": [{"name": "app"}, {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]}});
+            let p = pod("a", base);
+            let mut v = serde_json::to_value(&*p).unwrap();
+            json_merge(&mut v, extra);
+            sidecar_state(&serde_json::from_value(v).unwrap()).unwrap()
+        };
+        // An annotation the plugin's ADD refuses: failed, naming it, never redirected.
+        let bad = side(json!({"metadata": {"annotations": {
+            "traffic.sidecar.istio.io/excludeOutboundPorts": "http"}}}));
+        assert_eq!((bad.redirected, bad.state.as_str()), (false, "failed"));
+        let why = bad.failed.unwrap();
+        assert!(
+            why.contains("the plugin's ADD refuses it") && why.contains("excludeOutboundPorts"),
+            "{why}"
+        );
+        // The validation container failing: the pod's own report that capture is missing.
+        let broken = side(json!({"status": {"initContainerStatuses": [{
+            "name": "istio-validation", "ready": false, "restartCount": 2, "image": "i", "imageID": "",
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 126}}}]}}));
+        assert_eq!(
+            (broken.redirected, broken.state.as_str()),
+            (false, "failed")
+        );
+        assert!(broken.failed.unwrap().contains("last exited 126"));
+        // No network from its ADD yet.
+        let pending = side(json!({"status": {"podIP": null}}));
+        assert_eq!(
+            (pending.redirected, pending.state.as_str()),
+            (false, "pending")
+        );
+        let good = side(json!({}));
+        assert_eq!((good.redirected, good.state.as_str()), (true, "redirected"));
+    }
+
+    #[test]
+    fn without_the_agent_every_stored_pod_is_listed_with_its_sidecar_state() {
+        let injected = pod(
+            "b",
+            json!({"metadata": {"annotations": {"sidecar.istio.io/status": "{}"}},
+                   "spec": {"containers": [{"name": "istio-proxy", "args": ["proxy", "sidecar"]}]}}),
+        );
+        let rows = without_agent(&[injected, pod("a", json!({}))]);
+        let got: Vec<(&str, Mode, &str)> = rows
+            .iter()
+            .map(|r| (r.namespace.as_str(), r.mode, r.reason_code.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", Mode::None, "ambient_off"),
+                ("b", Mode::Sidecar, "ambient_off")
+            ]
+        );
+        assert!(rows[1].sidecar.as_ref().unwrap().redirected);
     }
 }

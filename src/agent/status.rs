@@ -113,6 +113,17 @@ pub struct NetnsStatus {
     pub inode: u64,
 }
 
+/// The answer of a node without the ambient agent (sidecar-only: the repair controller's pod
+/// store): every pod with its sidecar state, none enrolled, no host rules.
+pub fn debug_pods_without_agent(pods: &crate::kube::stores::PodStore) -> DebugPods {
+    DebugPods {
+        version: DEBUG_PODS_VERSION,
+        host_rules: None,
+        pods: Vec::new(),
+        not_enrolled: super::node_pods::without_agent(&pods.list()),
+    }
+}
+
 /// Builds the answer from the agent's state; read-only.
 pub fn debug_pods(core: &Core) -> DebugPods {
     let zds = core.mesh.ztunnel.workload_states();

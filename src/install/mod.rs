@@ -327,6 +327,14 @@ async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
         (true, Some(node)) => Some(start_agent(cfg, base, node, &debug_pods).await?),
         _ => None,
     };
+    // Sidecar-only (the repair controller's store): `/debug/pods` lists the node's pods from it.
+    if let (None, Some(node)) = (&agent, &node) {
+        let pods = node.pods.clone();
+        debug_pods.bind(std::sync::Arc::new(move || {
+            serde_json::to_value(crate::agent::status::debug_pods_without_agent(&pods))
+                .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+        }));
+    }
     // Istio blocks here until the repair informer synced: a new node's CNI config only appears
     // once broken pods can be seen. With a deadline (an unreachable API server fails startup).
     if let (Some(repair), Some(node)) = (&repair, &node) {

@@ -9,7 +9,7 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 
 use super::config::StatusRequest;
-use crate::agent::node_pods::Mode;
+use crate::agent::node_pods::{Mode, SidecarState};
 use crate::agent::ports::Delivery;
 use crate::agent::status::{Check, CheckResult, DebugPods};
 
@@ -229,13 +229,7 @@ pub fn render(d: &DebugPods, now_ms: u64) -> String {
     }
     for p in &d.not_enrolled {
         let reason = match (&p.sidecar, p.mode) {
-            (Some(s), Mode::Sidecar) if s.redirected => {
-                "sidecar: redirected by the plugin at ADD".to_string()
-            }
-            (Some(s), Mode::Sidecar) => format!(
-                "sidecar not redirected: {}",
-                s.skipped.as_deref().unwrap_or("unknown")
-            ),
+            (Some(s), Mode::Sidecar) => sidecar_cell(s),
             _ => p.reason.clone(),
         };
         rows.push([
@@ -268,6 +262,19 @@ pub fn render(d: &DebugPods, now_ms: u64) -> String {
     out
 }
 
+/// What is known of a sidecar pod's redirection: redirected only when it is known to be.
+fn sidecar_cell(s: &SidecarState) -> String {
+    if s.redirected {
+        return "sidecar: redirected by the plugin at ADD".to_string();
+    }
+    match (&s.failed, &s.skipped, s.state.as_str()) {
+        (Some(why), _, _) => format!("sidecar redirection failed: {why}"),
+        (None, Some(why), _) => format!("sidecar not redirected: {why}"),
+        (None, None, "pending") => "sidecar: waiting for the pod's network (ADD)".to_string(),
+        _ => "sidecar: redirection not known".to_string(),
+    }
+}
+
 fn join_or_dash(v: &[String]) -> String {
     if v.is_empty() {
         "-".into()
@@ -283,29 +290,29 @@ fn table(rows: &[[String; 8]]) -> String {
             *w = (*w).max(cell.chars().count());
         }
     }
-/// The widest a pod's `namespace/name` is printed: Kubernetes allows 317 characters, and every row
-/// is padded to the longest; a longer one is cut with an ellipsis (`--json` has it whole).
-const NAME_WIDTH: usize = 48;
+    /// The widest a pod's `namespace/name` is printed: Kubernetes allows 317 characters, and every row
+    /// is padded to the longest; a longer one is cut with an ellipsis (`--json` has it whole).
+    const NAME_WIDTH: usize = 48;
 
-/// `cell` cut to `max` characters, the last one an ellipsis when anything was cut.
-fn fit(cell: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    if cell.chars().count() <= max {
-        return cell.into();
+    /// `cell` cut to `max` characters, the last one an ellipsis when anything was cut.
+    fn fit(cell: &str, max: usize) -> std::borrow::Cow<'_, str> {
+        if cell.chars().count() <= max {
+            return cell.into();
+        }
+        let mut cut: String = cell.chars().take(max.saturating_sub(1)).collect();
+        cut.push('…');
+        cut.into()
     }
-    let mut cut: String = cell.chars().take(max.saturating_sub(1)).collect();
-    cut.push('…');
-    cut.into()
-}
 
     let line = |cells: [&str; 8]| {
-    let rows: Vec<[String; 8]> = rows
-        .iter()
-        .map(|r| {
-            let mut r = r.clone();
-            r[0] = fit(&r[0], NAME_WIDTH).into_owned();
-            r
-        })
-        .collect();
+        let rows: Vec<[String; 8]> = rows
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                r[0] = fit(&r[0], NAME_WIDTH).into_owned();
+                r
+            })
+            .collect();
         let mut s = String::new();
         for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
             if i + 1 == cells.len() {
