@@ -135,7 +135,8 @@ pub fn normalise_args(args: &[String], shapes: &FlagShapes) -> Result<Normalised
     Ok(assemble(items, help, shapes))
 }
 
-/// `-X`, `-XV` or `-X=V` for a known short letter: its long name and the attached value.
+/// `-X`, `-XV` or `-X=V` for a known short letter: its long name and the attached value. As in
+/// pflag, a lone `=` is the value itself (`-x=` is `-x '='`), not an empty one.
 fn short_flag<'a>(arg: &'a str, shapes: &FlagShapes) -> Option<(String, Option<&'a str>)> {
     let rest = arg.strip_prefix('-')?;
     let letter = rest.chars().next()?;
@@ -143,6 +144,7 @@ fn short_flag<'a>(arg: &'a str, shapes: &FlagShapes) -> Option<(String, Option<&
     let attached = &rest[letter.len_utf8()..];
     let value = match attached {
         "" => None,
+        "=" => Some("="),
         v => Some(v.strip_prefix('=').unwrap_or(v)),
     };
     Some((long.to_string(), value))
@@ -334,6 +336,13 @@ mod tests {
                 "1"
             ]
         );
+    }
+
+    #[test]
+    fn a_lone_equals_after_a_short_letter_is_the_value() {
+        let n = norm(&["-p=", "-z="]).unwrap();
+        assert_eq!(n.args, vec!["--envoy-port", "=", "--capture-port", "="]);
+        assert!(norm(&["-n="]).is_err());
     }
 
     #[test]
