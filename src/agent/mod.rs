@@ -108,7 +108,11 @@ impl Agent {
         )
         .map_err(AgentError::Selectors)?;
         let shutdown = parent.child_token();
-        let backoff = WatchBackoff::default();
+        let backoff = WatchBackoff {
+            max: settings.timing.watch_retry_max,
+            ..WatchBackoff::default()
+        };
+        let readiness = deps.serving.readiness.clone();
         let namespaces = stores::spawn_namespace_store(client, backoff, shutdown.clone());
         let core = Arc::new(Core {
             pods,
@@ -134,12 +138,7 @@ impl Agent {
                 path,
                 source: e.source,
             })?;
-        let synced = async {
-            let deadline = settings.timing.sync_timeout;
-            core.pods.wait_synced(deadline).await?;
-            core.namespaces.wait_synced(deadline).await
-        };
-        if let Err(e) = synced.await {
+        if let Err(e) = wait_for_stores(&core, settings.timing.sync_timeout, &readiness).await {
             shutdown.cancel();
             return Err(e.into());
         }
@@ -192,6 +191,45 @@ impl Agent {
         info!("ambient agent stopped");
     }
 }
+
+/// Waits for the pod and namespace stores' first lists (at most `deadline`), keeping the
+/// `api-server` readiness component on why it still waits; ready once both synced.
+async fn wait_for_stores(
+    core: &Core,
+    deadline: Duration,
+    readiness: &crate::telemetry::health::Readiness,
+) -> Result<(), SyncError> {
+    use crate::telemetry::health::API_SERVER;
+    let report = |why: &str| {
+        warn!("waiting for the API server: {why}; retrying");
+        readiness.set_state(API_SERVER, Err(why.to_string()));
+    };
+    let both = async {
+        core.pods.wait_until_synced(STORE_POLL, report).await;
+        core.namespaces.wait_until_synced(STORE_POLL, report).await;
+    };
+    match tokio::time::timeout(deadline, both).await {
+        Ok(_) => {
+            readiness.set_state(API_SERVER, Ok(()));
+            Ok(())
+        }
+        Err(_) => {
+            let what = if core.pods.is_synced() {
+                "namespace"
+            } else {
+                "pod"
+            };
+            Err(SyncError::Timeout {
+                what,
+                timeout: deadline,
+            })
+        }
+    }
+}
+
+/// How often a store waiting for its first list looks again (the watcher's own retries are
+/// jittered and capped apart from this).
+const STORE_POLL: Duration = Duration::from_millis(200);
 
 /// §3.2 step 3: the pods already enrolled (annotation `enabled`, not terminal, not ztunnel) are
 /// ztunnel's state of the world after a restart. Their IPs go back into the probe set (pruning

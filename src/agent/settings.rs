@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::kube::RetryPolicy;
 use crate::kube::selector::enablement::EnablementSelector;
+use crate::kube::{RetryPolicy, WatchBackoff};
 use crate::retry::periodic::Periodic;
 
 /// Ambient node-agent settings read from env/flags (every one of §3.1).
@@ -66,8 +66,11 @@ pub struct Settings {
 /// The agent's time budgets. Every wait has one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AgentTiming {
-    /// Initial sync of the pod and namespace stores (readiness).
+    /// Initial sync of the pod and namespace stores (readiness); install-cni gives no deadline
+    /// (`Duration::MAX`): it waits for the API server however long it is away.
     pub sync_timeout: Duration,
+    /// The longest wait between retries of the namespace watch (`API_RETRY_MAX_DELAY`).
+    pub watch_retry_max: Duration,
     /// Each Kubernetes call (annotation patches).
     pub kube_call_timeout: Duration,
     /// Retry spacing of failed events (Istio: 5 ms doubling to 5 s per item), jittered.
@@ -87,6 +90,7 @@ impl Default for AgentTiming {
     fn default() -> Self {
         AgentTiming {
             sync_timeout: Duration::from_secs(60),
+            watch_retry_max: WatchBackoff::default().max,
             kube_call_timeout: Duration::from_secs(5),
             retry: RetryPolicy {
                 first: Duration::from_millis(5),

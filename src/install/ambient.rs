@@ -1,5 +1,6 @@
 //! Starting the ambient node agent from install-cni (§2.2 step 8): its settings from the parsed
-//! config, its seams, and the start itself (blocks until the stores synced, with a deadline).
+//! config, its seams, and the start itself (blocks until the stores synced, with no deadline:
+//! install-cni waits for the API server however long it is away).
 //!
 //! The seams are chosen in [`deps`]: the data plane (in-pod rules, probe set, netns finder) and
 //! the ZDS server are joined here. With the `test-hooks` feature, `ISTIO_CNI_RS_TEST_FAKE_DATAPLANE`
@@ -92,7 +93,11 @@ pub fn agent_settings(cfg: &Config, drift_kick: &Kick) -> Settings {
         native_nftables: cfg.install.native_nftables,
         host_proc_dir: cfg.host_proc_dir.clone(),
         pod_namespace: cfg.install.pod_namespace.clone(),
-        timing: AgentTiming::default(),
+        timing: AgentTiming {
+            sync_timeout: std::time::Duration::MAX,
+            watch_retry_max: cfg.api_retry_max_delay,
+            ..AgentTiming::default()
+        },
         drift: cfg
             .drift_verify_interval
             .map(|period| Periodic::new(period, drift_kick.clone())),

@@ -50,8 +50,9 @@ const INSTALLER: &str = "installer";
 const AGENT: &str = "agent";
 /// Readiness component name of the repair controller (node pod store synced).
 const REPAIR: &str = "repair";
-/// How long the repair controller waits for the node pod store's initial list.
-const REPAIR_SYNC_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often the wait for the API server looks at the store again (the watch's own retries are
+/// spaced by `API_RETRY_MAX_DELAY`).
+const API_POLL: Duration = Duration::from_millis(200);
 /// Threads of the runtime's blocking pool (tokio's default is 512).
 const BLOCKING_THREADS: usize = 4;
 
@@ -259,7 +260,17 @@ async fn run(cfg: Config) -> i32 {
         }
     };
     let base = Base::new(&cfg);
-    let started = match start(&cfg, &base).await {
+    // The start may wait long for the API server; a signal meanwhile ends it (nothing was
+    // installed or removed yet: the node's plugin and CNI config stay as they are).
+    let started = tokio::select! {
+        started = start(&cfg, &base) => started,
+        signal = signals.recv() => {
+            info!(signal, "shutting down before the start finished; the node's CNI config is left as it is");
+            base.stop.cancel();
+            return 0;
+        }
+    };
+    let started = match started {
         Ok(started) => started,
         Err(message) => {
             error!("{message}");
@@ -316,6 +327,9 @@ struct Started {
 async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
     let (mut servers, debug_pods) = serve_listeners(cfg, base).await?;
     let node = watch_node(cfg, &base.stop).await?;
+    if let Some(node) = &node {
+        wait_for_api(&node.pods, &base.readiness).await;
+    }
     // §2.2 step 9 (started first so it sees the store's initial list; ready once synced below).
     let repair = match (&node, cfg.repair.enabled) {
         (Some(node), true) => Some(start_repair(cfg, base, node)?),
@@ -335,13 +349,9 @@ async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
                 .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
         }));
     }
-    // Istio blocks here until the repair informer synced: a new node's CNI config only appears
-    // once broken pods can be seen. With a deadline (an unreachable API server fails startup).
+    // Istio blocks until its informers synced: a new node's CNI config only appears once the
+    // agent and the repair controller can see this node's pods. No deadline (wait_for_api).
     if let (Some(repair), Some(node)) = (&repair, &node) {
-        node.pods
-            .wait_synced(REPAIR_SYNC_TIMEOUT)
-            .await
-            .map_err(|e| format!("repair controller: {e}"))?;
         // Fail closed, and say so: the controller runs, but enters no pod's netns.
         base.readiness
             .set_state(REPAIR, refused_state(repair.netns_refused.as_deref()));
@@ -436,7 +446,32 @@ async fn watch_node(cfg: &Config, stop: &CancellationToken) -> Result<Option<Nod
         .await
         .map_err(|e| format!("{}: Kubernetes client: {e}", node_store::features(cfg)))?;
     info!(?source, node, "watching this node's pods");
-    Ok(Some(NodePods::spawn(client, node, stop)))
+    let backoff = crate::kube::WatchBackoff {
+        max: cfg.api_retry_max_delay,
+        ..Default::default()
+    };
+    Ok(Some(NodePods::spawn(client, node, backoff, stop)))
+}
+
+/// Waits for this node's first pod list however long the API server is away (Istio's start-up
+/// blocks on its informers the same way; exiting would only add CrashLoopBackOff's delay to the
+/// outage). Meanwhile `/healthz` answers ok and `/readyz` says why it waits; nothing is installed
+/// or removed, so a node's existing plugin and CNI config stay in place. Refusals that need an
+/// operator (RBAC, token, TLS) are waited out the same way and named in the reason.
+async fn wait_for_api(pods: &crate::kube::stores::PodStore, readiness: &Readiness) {
+    use crate::telemetry::health::API_SERVER;
+    let report = |why: &str| {
+        warn!(
+            "waiting for the API server: {why}; retrying, the node's CNI config is left as it is"
+        );
+        readiness.set_state(API_SERVER, Err(why.to_string()));
+    };
+    pods.wait_until_synced(API_POLL, report).await;
+    readiness.set_state(API_SERVER, Ok(()));
+    info!(
+        pods = pods.len(),
+        "the API server answered: this node's pods are listed"
+    );
 }
 
 fn start_repair(

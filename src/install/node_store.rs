@@ -72,9 +72,15 @@ pub struct NodePods {
 }
 
 impl NodePods {
-    /// Starts the one pod watch. Returns at once; readiness waits for the sync separately.
-    pub fn spawn(client: KubeClient, node: String, stop: &CancellationToken) -> NodePods {
-        let pods = stores::spawn_pod_store(&client, &node, WatchBackoff::default(), stop.clone());
+    /// Starts the one pod watch, its retries spaced by `backoff`. Returns at once; readiness
+    /// waits for the sync separately.
+    pub fn spawn(
+        client: KubeClient,
+        node: String,
+        backoff: WatchBackoff,
+        stop: &CancellationToken,
+    ) -> NodePods {
+        let pods = stores::spawn_pod_store(&client, &node, backoff, stop.clone());
         NodePods { client, node, pods }
     }
 }

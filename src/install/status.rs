@@ -283,36 +283,36 @@ fn join_or_dash(v: &[String]) -> String {
     }
 }
 
+/// The widest a pod's `namespace/name` is printed: Kubernetes allows 317 characters, and every row
+/// is padded to the longest; a longer one is cut with an ellipsis (`--json` has it whole).
+const NAME_WIDTH: usize = 48;
+
+/// `cell` cut to `max` characters, the last one an ellipsis when anything was cut.
+fn fit(cell: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if cell.chars().count() <= max {
+        return cell.into();
+    }
+    let mut cut: String = cell.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut.into()
+}
+
 fn table(rows: &[[String; 8]]) -> String {
+    let rows: Vec<[String; 8]> = rows
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r[0] = fit(&r[0], NAME_WIDTH).into_owned();
+            r
+        })
+        .collect();
     let mut widths = HEADER.map(str::len);
     for r in &rows {
         for (w, cell) in widths.iter_mut().zip(r) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    /// The widest a pod's `namespace/name` is printed: Kubernetes allows 317 characters, and every row
-    /// is padded to the longest; a longer one is cut with an ellipsis (`--json` has it whole).
-    const NAME_WIDTH: usize = 48;
-
-    /// `cell` cut to `max` characters, the last one an ellipsis when anything was cut.
-    fn fit(cell: &str, max: usize) -> std::borrow::Cow<'_, str> {
-        if cell.chars().count() <= max {
-            return cell.into();
-        }
-        let mut cut: String = cell.chars().take(max.saturating_sub(1)).collect();
-        cut.push('…');
-        cut.into()
-    }
-
     let line = |cells: [&str; 8]| {
-        let rows: Vec<[String; 8]> = rows
-            .iter()
-            .map(|r| {
-                let mut r = r.clone();
-                r[0] = fit(&r[0], NAME_WIDTH).into_owned();
-                r
-            })
-            .collect();
         let mut s = String::new();
         for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
             if i + 1 == cells.len() {

@@ -10,7 +10,7 @@ use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Event, EventSource, Namespace, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 
 use super::config::{ConfigSource, config_from_kubeconfig_file, load_config};
 use super::error::{Call, KubeError};
@@ -135,7 +135,9 @@ impl MetadataPatch {
 
 /// Retry spacing for watch streams after an error: doubling from `min` up to `max`, jittered
 /// like every retry ([`RetryPolicy`]: agents on many nodes losing one API server together must
-/// not come back in step), reset after a success.
+/// not come back in step), reset once the watch makes progress (a listed page's end, an event);
+/// the start of a re-list (`Event::Init`) is no progress, so an API server that stays away is
+/// retried at ever longer delays up to `max`, not at `min` forever.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WatchBackoff {
     pub min: Duration,
@@ -161,11 +163,33 @@ impl WatchBackoff {
             max_attempts: None,
         }
     }
+}
 
-    /// kube-runtime's resettable wrapper around the policy's backon builder.
-    fn backoff(&self) -> watcher::ExponentialBackoff {
-        self.policy().builder().into()
-    }
+/// The watcher with [`WatchBackoff`]'s spacing: after an error the next poll waits the next
+/// delay. Not kube-runtime's `StreamBackoff`: it resets on every `Ok`, and the watcher yields
+/// `Ok(Event::Init)` before each list attempt, so a failing first list never backed off.
+fn backed_off<K: Send + 'static>(
+    inner: BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>,
+    backoff: WatchBackoff,
+) -> WatchStream<K> {
+    let policy = backoff.policy();
+    let state = (inner, policy.delays(), None::<Duration>);
+    futures::stream::unfold(state, move |(mut inner, mut delays, pause)| async move {
+        if let Some(pause) = pause {
+            tokio::time::sleep(pause).await;
+        }
+        let item = inner.next().await?;
+        let pause = match &item {
+            Err(_) => Some(delays.next().unwrap_or(policy.max)),
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => None,
+            Ok(_) => {
+                delays = policy.delays();
+                None
+            }
+        };
+        Some((item, (inner, delays, pause)))
+    })
+    .boxed()
 }
 
 /// A stream of watch events that re-lists and re-watches on its own (410 Gone, dropped
@@ -537,9 +561,7 @@ fn watch<K>(api: Api<K>, selectors: &Selectors, backoff: WatchBackoff) -> WatchS
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    watcher(api, selectors.watcher_config())
-        .backoff(backoff.backoff())
-        .boxed()
+    backed_off(watcher(api, selectors.watcher_config()).boxed(), backoff)
 }
 
 #[cfg(test)]

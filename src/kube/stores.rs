@@ -14,7 +14,8 @@
 //! refused for a reason only an operator can fix (403 RBAC, 401 token, a TLS certificate the
 //! kubeconfig's CA does not verify) ends the wait at once with that error, naming the resource
 //! and the verb; transient failures (5xx, refused, reset) keep the watcher's jittered retries
-//! until the deadline.
+//! until the deadline. [`Store::wait_until_synced`] waits with no deadline (install-cni's start:
+//! Istio's blocks on its informers too), telling why it still waits.
 //!
 //! Liveness ([`Store::is_live`]): synced, and no watch error since the last event delivered. A
 //! failed watch means changes may be happening that the store has not seen; it is live again with
@@ -198,6 +199,8 @@ struct Inner<K> {
     changes: tokio::sync::watch::Sender<u64>,
     /// False from a watch error until the next event.
     watch_ok: std::sync::atomic::AtomicBool,
+    /// The last list/watch error, for a waiter to say why it still waits.
+    last_error: Mutex<Option<String>>,
 }
 
 /// A cache of one kind of object, and the subscribers it tells about changes. Cheap to clone.
@@ -238,6 +241,7 @@ impl<K: Stored> Store<K> {
                 synced: tokio::sync::watch::Sender::new(SyncState::Pending),
                 changes: tokio::sync::watch::Sender::new(0),
                 watch_ok: std::sync::atomic::AtomicBool::new(true),
+                last_error: Mutex::new(None),
             }),
         }
     }
@@ -311,6 +315,37 @@ impl<K: Stored> Store<K> {
         self.inner
             .watch_ok
             .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Remembers the last list/watch error (see [`Store::wait_until_synced`]).
+    pub fn note_error(&self, err: String) {
+        *self.inner.last_error.lock() = Some(err);
+    }
+
+    /// Waits for the initial list however long the API server takes, as Istio's start-up
+    /// blocks on its informers' sync; the watcher retries meanwhile with its jittered backoff.
+    /// `report` is told why it still waits whenever that changes: the refusal that needs an
+    /// operator, else the last list/watch error. Cancel by dropping the future.
+    pub async fn wait_until_synced(&self, poll: Duration, mut report: impl FnMut(&str)) {
+        let mut told = String::new();
+        loop {
+            let why = match self.wait_synced(poll).await {
+                Ok(()) => return,
+                Err(e @ SyncError::Refused { .. }) => {
+                    // Settled as refused: wait_synced answers at once until a list succeeds.
+                    tokio::time::sleep(poll).await;
+                    e.to_string()
+                }
+                Err(SyncError::Timeout { .. }) => match self.inner.last_error.lock().clone() {
+                    Some(err) => format!("the {} store's first list failed: {err}", K::WHAT),
+                    None => format!("the {} store's first list has not answered", K::WHAT),
+                },
+            };
+            if why != told {
+                report(&why);
+                told = why;
+            }
+        }
     }
 
     /// A list/watch error before the first sync that retrying cannot fix: waiters stop waiting.
@@ -530,6 +565,10 @@ async fn drive<K: Stored>(store: Store<K>, mut watch: Watch<K>, shutdown: Cancel
                 let err = watch
                     .client
                     .watch_error(K::LIST, K::WATCH, &watch.selectors, e);
+                store.note_error(match &err {
+                    Ok(err) => err.to_string(),
+                    Err(e) => e.to_string(),
+                });
                 match err {
                     Ok(err) if err.needs_operator() => {
                         error!(what = K::WHAT, "watch refused, retrying: {err}");

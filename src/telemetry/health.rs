@@ -18,6 +18,10 @@ use tokio_util::sync::CancellationToken;
 use super::metrics::{self, Metrics};
 use super::serve::{self, ConnInfo, Limits};
 
+/// Readiness component of the API server's first lists (install-cni waits for them however long
+/// the API server is away; the reason says what the last attempt got).
+pub const API_SERVER: &str = "api-server";
+
 /// Readiness of every enabled component; ready = at least one registered and all ready.
 #[derive(Clone, Default)]
 pub struct Readiness {
@@ -98,7 +102,7 @@ pub fn may_read_debug(info: &ConnInfo) -> bool {
 pub const DEBUG_REFUSED: &str = "/debug/pods is answered only on loopback (run `install-cni status` inside the istio-cni-node pod)";
 
 async fn debug_pods(
-    State(d): State<DebugPods>,
+    State((d, r)): State<(DebugPods, Readiness)>,
     Extension(info): Extension<ConnInfo>,
 ) -> axum::response::Response {
     if !may_read_debug(&info) {
@@ -106,11 +110,23 @@ async fn debug_pods(
     }
     match d.inner.get() {
         Some(report) => axum::Json(report()).into_response(),
-        None => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the ambient node agent is not running (AMBIENT_ENABLED=false, or still starting)",
-        )
-            .into_response(),
+        None => {
+            // Why it is still starting, for `install-cni status` (e.g. waiting for the API server).
+            let waiting = r.not_ready();
+            let why = if waiting.is_empty() {
+                String::new()
+            } else {
+                format!("; not ready: {}", waiting.join(", "))
+            };
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the ambient node agent is not running (AMBIENT_ENABLED=false, or still \
+                     starting){why}"
+                ),
+            )
+                .into_response()
+        }
     }
 }
 
@@ -154,7 +170,7 @@ pub async fn serve_health(
 ) -> std::io::Result<SocketAddr> {
     let debug: Router<()> = Router::new()
         .route("/debug/pods", get(debug_pods))
-        .with_state(debug);
+        .with_state((debug, readiness.clone()));
     let app: Router<()> = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

@@ -317,5 +317,9 @@ crate::cli::settings::declare_settings! {
         listener_idle_timeout: Duration {
             parse: idle_timeout, env: "LISTENER_IDLE_TIMEOUT", default: "10s",
         }
+        /// ours: the longest wait between retries of the API server's pod and namespace list/watch, jittered (client-go's reflector: 30s); install-cni waits at start however long the API server is away, and proceeds within this long of its return (a Go duration, 1s to 5m)
+        api_retry_max_delay: Duration {
+            parse: retry_max_delay, env: "API_RETRY_MAX_DELAY", default: "30s",
+        }
     }
 }

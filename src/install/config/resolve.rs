@@ -182,6 +182,7 @@ pub fn from_flags(f: &Flags, env: &dyn Env) -> Result<Config, ConfigError> {
         host_netns_dir: v.host_netns_dir,
         drift_verify_interval: v.drift_verify_interval,
         listener_idle_timeout: v.listener_idle_timeout,
+        api_retry_max_delay: v.api_retry_max_delay,
         warnings,
     })
 }

@@ -209,6 +209,8 @@ pub struct Config {
     /// `LISTENER_IDLE_TIMEOUT`: how long any listener waits for a request's headers (after the
     /// connection opened or the previous answer). Ours.
     pub listener_idle_timeout: std::time::Duration,
+    /// `API_RETRY_MAX_DELAY`: the cap of the list/watch retries' doubling delay. Ours.
+    pub api_retry_max_delay: std::time::Duration,
     /// Warnings found while parsing, logged once logging is up.
     pub warnings: Vec<String>,
 }

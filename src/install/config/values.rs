@@ -216,6 +216,15 @@ pub(super) fn idle_timeout(raw: &Raw) -> Result<Duration, ConfigError> {
     }
 }
 
+/// `API_RETRY_MAX_DELAY`: a Go duration from 1s to 5m.
+pub(super) fn retry_max_delay(raw: &Raw) -> Result<Duration, ConfigError> {
+    match crate::cli::parse_go_duration(raw.value.trim()) {
+        Some(d) if (Duration::from_secs(1)..=Duration::from_secs(300)).contains(&d) => Ok(d),
+        Some(_) => Err(invalid(raw, "expected from 1s to 5m")),
+        None => Err(invalid(raw, "expected a Go duration such as 30s")),
+    }
+}
+
 /// `--log_output_level`, as [`parse_log_levels`].
 pub(super) fn log_levels(raw: &Raw) -> Result<(LogLevel, BTreeMap<String, LogLevel>), ConfigError> {
     parse_log_levels(&raw.value).map_err(|e| invalid(raw, e))

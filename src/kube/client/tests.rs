@@ -142,24 +142,49 @@ fn pod_event_refers_to_the_pod() {
     );
 }
 
-#[test]
-fn watch_backoff_doubles_to_max_jittered_and_resets() {
-    use kube::runtime::utils::Backoff;
+#[tokio::test(start_paused = true)]
+async fn watch_backoff_doubles_to_max_jittered_and_resets_only_on_progress() {
+    use watcher::Event;
     let settings = WatchBackoff {
         min: Duration::from_millis(100),
         max: Duration::from_millis(350),
     };
-    // Equal jitter: each delay in [base/2, base] (a microsecond allowed for f32 arithmetic).
+    // Equal jitter: each delay in [base/2, base] (a millisecond allowed for the clock's steps).
     let in_band = |d: Duration, base: u64| {
-        let (base, slack) = (Duration::from_millis(base), Duration::from_micros(1));
+        let (base, slack) = (Duration::from_millis(base), Duration::from_millis(1));
         d + slack >= base / 2 && d <= base + slack
     };
-    let mut b = settings.backoff();
-    let seen: Vec<Duration> = b.by_ref().take(4).collect();
-    for (d, base) in seen.iter().zip([100, 200, 350, 350]) {
-        assert!(in_band(*d, base), "{d:?} vs {base} ms");
+    let err = || Err(watcher::Error::NoResourceVersion);
+    // A failing first list yields Init before each attempt: no reset. InitDone is progress.
+    let items: Vec<Result<Event<Pod>, watcher::Error>> = vec![
+        Ok(Event::Init),
+        err(),
+        Ok(Event::Init),
+        err(),
+        Ok(Event::Init),
+        err(),
+        Ok(Event::Init),
+        err(),
+        Ok(Event::Init),
+        Ok(Event::InitDone),
+        err(),
+        Ok(Event::Init),
+    ];
+    let mut stream = backed_off(futures::stream::iter(items).boxed(), settings);
+    let mut pauses = Vec::new();
+    let mut last = tokio::time::Instant::now();
+    while let Some(item) = stream.next().await {
+        let now = tokio::time::Instant::now();
+        pauses.push(now - last);
+        last = now;
+        drop(item);
     }
-    b.reset();
-    let first = b.next().expect("a watch never runs out of retries");
-    assert!(in_band(first, 100), "{first:?}");
+    // The pause before each item (an error's delay shows on the item after it).
+    let after_errors: Vec<Duration> = [2, 4, 6, 8, 11].iter().map(|&i| pauses[i]).collect();
+    for (d, base) in after_errors.iter().zip([100, 200, 350, 350, 100]) {
+        assert!(in_band(*d, base), "{d:?} vs {base} ms: {pauses:?}");
+    }
+    for i in [0, 1, 3, 5, 7, 9, 10] {
+        assert_eq!(pauses[i], Duration::ZERO, "item {i}: {pauses:?}");
+    }
 }
