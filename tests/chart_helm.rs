@@ -445,6 +445,15 @@ fn calls_made(data: &BTreeMap<String, String>) -> Vec<(&'static str, ApiCall)> {
         ));
         // The first true mode wins (Istio's precedence).
         if on("REPAIR_REPAIR_PODS") {
+            // A broken pod under restartPolicy Never: deleted (controller) or labelled (bare).
+            calls.push((
+                "repair mode: a pod that cannot restart, with a controller",
+                call("delete", "", "pods", Some("p")),
+            ));
+            calls.push((
+                "repair mode: a bare pod that cannot restart",
+                call("patch", "", "pods/status", Some("p")),
+            ));
         } else if on("REPAIR_DELETE_PODS") {
             calls.push(("repair: delete mode", call("delete", "", "pods", Some("p"))));
         } else if on("REPAIR_LABEL_PODS") {
@@ -471,11 +480,13 @@ fn rbac_grants_every_api_call_the_binary_makes() {
         checked += 1;
     }
     assert!(checked > 20, "only {checked} value sets checked");
-    // And no more than Istio's chart grants for the chosen repair mode.
+    // And no more than the chosen repair mode needs (repair mode: both, for pods that cannot
+    // restart; Istio's chart grants it neither).
     let delete = ApiCall::new("delete", "", "pods", Some("p"));
     let label = ApiCall::new("patch", "", "pods/status", Some("p"));
-    assert!(!helm().case("default").allows(&delete));
-    assert!(!helm().case("default").allows(&label));
+    assert!(helm().case("default").allows(&delete));
+    assert!(helm().case("default").allows(&label));
+    assert!(!helm().case("repair-off").allows(&delete));
     assert!(!helm().case("repair-label").allows(&delete));
     assert!(!helm().case("repair-delete").allows(&label));
 }

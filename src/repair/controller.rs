@@ -134,7 +134,7 @@ fn reason(mode: &Mode) -> &'static str {
     match mode {
         Mode::Delete => "DeleteBrokenPod",
         Mode::Label { .. } => "LabelBrokenPod",
-        Mode::Repair | Mode::Detect => "RepairBrokenPod",
+        Mode::Repair { .. } | Mode::Detect => "RepairBrokenPod",
     }
 }
 
@@ -157,7 +157,10 @@ pub async fn reconcile<E: Effects + ?Sized>(
     }
     let (outcome, message) = match mode {
         Mode::Detect => return Ok(Handled::Skipped("no repair mode set")),
-        Mode::Repair => {
+        Mode::Repair { key, value } if cannot_restart(&pod) => {
+            return replace_or_label(effects, pod, why, key, value).await;
+        }
+        Mode::Repair { .. } => {
             if !effects.repair(pod.clone()).await? {
                 return Ok(Handled::Skipped(
                     "interceptionMode NONE: nothing to program",
@@ -195,7 +198,7 @@ pub async fn reconcile<E: Effects + ?Sized>(
             )
         }
     };
-    let kind = if *mode == Mode::Repair {
+    let kind = if matches!(mode, Mode::Repair { .. }) {
         EventType::Normal
     } else {
         EventType::Warning
@@ -207,6 +210,75 @@ pub async fn reconcile<E: Effects + ?Sized>(
         warn!(pod = %pod_ref(&pod), "recording the repair event failed: {e}");
     }
     Ok(outcome)
+}
+
+/// Whether the kubelet will never run the pod's init containers again (`restartPolicy: Never`):
+/// its failed validation container stays failed and the pod ends `Failed`, so rules programmed in
+/// its netns now would serve nothing.
+pub fn cannot_restart(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) == Some("Never")
+}
+
+/// The controller that owns the pod (`kind name`), if any: it makes a replacement when the pod
+/// is deleted.
+fn controller_of(pod: &Pod) -> Option<String> {
+    let owners = pod.metadata.owner_references.as_deref().unwrap_or_default();
+    owners
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| format!("{} {}", o.kind, o.name))
+}
+
+/// Repair mode for a pod that cannot restart: deleted when a controller (a Job's, a
+/// ReplicaSet's) will make a new one, which starts with the plugin in place; a bare pod would be
+/// gone for good, so it gets the broken-pod label for its owner to act on. A Warning event says
+/// which and why either way.
+async fn replace_or_label<E: Effects + ?Sized>(
+    effects: &E,
+    pod: Arc<Pod>,
+    why: &str,
+    key: &str,
+    value: &str,
+) -> Result<Handled, ActError> {
+    let (reason, message) = match controller_of(&pod) {
+        Some(owner) => {
+            effects.delete(pod.clone()).await?;
+            (
+                "DeleteBrokenPod",
+                format!(
+                    "pod detected as broken ({why}); with restartPolicy Never it cannot run its \
+                     init containers again, so it was deleted for its controller ({owner}) to \
+                     recreate it"
+                ),
+            )
+        }
+        None => {
+            let labelled = pod
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(key));
+            if labelled {
+                return Ok(Handled::Skipped("already labelled"));
+            }
+            effects
+                .label(pod.clone(), key.to_string(), value.to_string())
+                .await?;
+            (
+                "LabelBrokenPod",
+                format!(
+                    "pod detected as broken ({why}); with restartPolicy Never it cannot run its \
+                     init containers again and no controller recreates it: labelled \
+                     {key}={value}, delete and recreate it"
+                ),
+            )
+        }
+    };
+    let record = event(EventType::Warning, reason, message);
+    if let Err(e) = effects.event(pod.clone(), record).await {
+        warn!(pod = %pod_ref(&pod), "recording the repair event failed: {e}");
+    }
+    Ok(Handled::Done)
 }
 
 /// The controller: the store, what counts as broken, what to do, and through what.

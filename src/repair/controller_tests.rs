@@ -198,7 +198,7 @@ pub(crate) fn rt() -> tokio::runtime::Runtime {
 fn a_pod_uid_is_acted_on_once_and_a_new_uid_again() {
     rt().block_on(async {
         let fake = Fake::new(|_| Ok(true));
-        let rig = Rig::start(fake.clone(), Mode::Repair);
+        let rig = Rig::start(fake.clone(), Mode::of(&cfg()));
         rig.store
             .apply(WatchEvent::Apply(broken_pod("p", "u1", "1")));
         settle().await;
@@ -231,7 +231,7 @@ fn a_pod_uid_is_acted_on_once_and_a_new_uid_again() {
 fn transient_failures_back_off_then_give_up_with_one_event() {
     rt().block_on(async {
         let fake = Fake::new(|_| Err(ActError::NoIp));
-        let rig = Rig::start(fake.clone(), Mode::Repair);
+        let rig = Rig::start(fake.clone(), Mode::of(&cfg()));
         rig.store
             .apply(WatchEvent::Apply(broken_pod("p", "u1", "1")));
         // Events while waiting for the retry do not jump the queue.
@@ -262,7 +262,7 @@ fn invalid_annotations_get_one_event_naming_the_annotation_and_no_retry() {
                 },
             ))
         });
-        let rig = Rig::start(fake.clone(), Mode::Repair);
+        let rig = Rig::start(fake.clone(), Mode::of(&cfg()));
         for rv in 1..10 {
             rig.store
                 .apply(WatchEvent::Apply(broken_pod("p", "u1", &rv.to_string())));
@@ -316,7 +316,7 @@ fn modes_follow_istio_precedence_and_the_policy_gives_up_on_permanent_errors() {
         label_pods: true,
         ..cfg()
     };
-    assert_eq!(Mode::of(&all), Mode::Repair);
+    assert!(matches!(Mode::of(&all), Mode::Repair { .. }));
     let delete = RepairConfig {
         repair_pods: false,
         ..all.clone()
@@ -347,7 +347,7 @@ fn a_host_network_pod_is_never_acted_on_in_any_mode() {
     pod.spec.as_mut().unwrap().host_network = Some(true);
     let pod = Arc::new(pod);
     let modes = [
-        Mode::Repair,
+        Mode::of(&cfg()),
         Mode::Delete,
         Mode::Label {
             key: "k".into(),
@@ -442,5 +442,72 @@ fn a_handed_over_pod_outside_the_repair_selectors_is_left_alone() {
         settle().await;
         assert!(fake.calls().is_empty(), "{:?}", fake.calls());
         stop.cancel();
+    });
+}
+
+/// A pod under `restartPolicy: Never` whose validation container failed: it never runs again,
+/// so its status has the failure as the current state and no last state (Istio's detection,
+/// which reads only the last state, never sees it).
+fn never_restarting_pod(name: &str, uid: &str, owner: Option<&str>) -> Pod {
+    let owners = match owner {
+        Some(kind) => {
+            json!([{"apiVersion": "batch/v1", "kind": kind, "name": format!("{name}-owner"),
+                              "uid": "o-1", "controller": true}])
+        }
+        None => json!([]),
+    };
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": "1",
+                     "ownerReferences": owners,
+                     "annotations": {"sidecar.istio.io/status": "{}"}},
+        "spec": {"nodeName": "n1", "restartPolicy": "Never", "containers": [{"name": "app"}]},
+        "status": {"phase": "Failed", "initContainerStatuses": [{
+            "name": "istio-validation", "ready": false, "restartCount": 0, "image": "i",
+            "imageID": "", "state": {"terminated": {"exitCode": 126, "reason": "Error"}}}]}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_pod_that_cannot_restart_is_deleted_for_its_controller_or_labelled_when_bare() {
+    rt().block_on(async {
+        let fake = Fake::new(|_| Ok(true));
+        let rig = Rig::start(fake.clone(), Mode::of(&cfg()));
+        rig.store.apply(WatchEvent::Apply(never_restarting_pod(
+            "job-pod",
+            "u-job",
+            Some("Job"),
+        )));
+        rig.store.apply(WatchEvent::Apply(never_restarting_pod(
+            "bare", "u-bare", None,
+        )));
+        rig.store
+            .apply(WatchEvent::Apply(broken_pod("restarts", "u-ok", "1")));
+        settle().await;
+        let calls = fake.calls();
+        let has = |prefix: &str| calls.iter().filter(|c| c.starts_with(prefix)).count();
+        // Never programmed in place: the kubelet will not run their init containers again.
+        assert_eq!(has("repair u-job") + has("repair u-bare"), 0, "{calls:?}");
+        assert_eq!(has("delete ns/job-pod"), 1, "{calls:?}");
+        let (key, value) = (&cfg().broken_pod_label_key, &cfg().broken_pod_label_value);
+        assert_eq!(has(&format!("label ns/bare {key}={value}")), 1, "{calls:?}");
+        assert_eq!(has("delete ns/bare"), 0, "{calls:?}");
+        assert!(
+            calls
+                .iter()
+                .any(|c| c.starts_with("event Warning DeleteBrokenPod")
+                    && c.contains("restartPolicy Never")
+                    && c.contains("Job job-pod-owner")),
+            "{calls:?}"
+        );
+        assert!(
+            calls
+                .iter()
+                .any(|c| c.starts_with("event Warning LabelBrokenPod")
+                    && c.contains("no controller recreates it")),
+            "{calls:?}"
+        );
+        // A pod that restarts is still repaired in place.
+        assert_eq!(has("repair u-ok"), 1, "{calls:?}");
     });
 }

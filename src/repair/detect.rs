@@ -183,7 +183,11 @@ impl Detection {
             if now.is_some_and(|t| t.reason.as_deref() == Some("Completed") || t.exit_code == 0) {
                 continue;
             }
-            let Some(last) = st.last_state.as_ref().and_then(|s| s.terminated.as_ref()) else {
+            // Under `restartPolicy: Never` the failed run is the current state: the container
+            // never runs again, so there is no last state.
+            let never = super::controller::cannot_restart(pod);
+            let last = st.last_state.as_ref().and_then(|s| s.terminated.as_ref());
+            let Some(last) = last.or(now.filter(|_| never)) else {
                 continue;
             };
             let message_ok =
@@ -228,6 +232,21 @@ mod tests {
 
     fn waiting() -> serde_json::Value {
         json!({"waiting": {"reason": "CrashLoopBackOff"}})
+    }
+
+    #[test]
+    fn a_never_restarting_pod_is_broken_by_its_current_state() {
+        let d = Detection::new(&cfg()).unwrap();
+        let mut never = pod(terminated(126, ""), json!({}));
+        never.spec.as_mut().unwrap().restart_policy = Some("Never".into());
+        assert_eq!(d.broken(&never).map(|b| b.exit_code), Some(126));
+        // A pod that restarts waits for its next run's verdict, as Istio's.
+        let always = pod(terminated(126, ""), json!({}));
+        assert!(d.broken(&always).is_none());
+        // Another exit code stays fine under Never too.
+        let mut other = pod(terminated(1, ""), json!({}));
+        other.spec.as_mut().unwrap().restart_policy = Some("Never".into());
+        assert!(d.broken(&other).is_none());
     }
 
     #[test]

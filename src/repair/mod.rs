@@ -56,8 +56,13 @@ pub struct RepairConfig {
 /// What is done to a broken pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
-    /// Program the sidecar rules in the pod's netns.
-    Repair,
+    /// Program the sidecar rules in the pod's netns. A pod that cannot run its init containers
+    /// again (`restartPolicy: Never`) is deleted for its controller to recreate instead, or, with
+    /// no controller, gets this broken-pod label (`controller::cannot_restart`).
+    Repair {
+        key: String,
+        value: String,
+    },
     Delete,
     Label {
         key: String,
@@ -71,7 +76,10 @@ impl Mode {
     /// Istio's precedence: repair > delete > label.
     pub fn of(cfg: &RepairConfig) -> Mode {
         if cfg.repair_pods {
-            Mode::Repair
+            Mode::Repair {
+                key: cfg.broken_pod_label_key.clone(),
+                value: cfg.broken_pod_label_value.clone(),
+            }
         } else if cfg.delete_pods {
             Mode::Delete
         } else if cfg.label_pods {
@@ -87,7 +95,7 @@ impl Mode {
     /// The metric's `type` label.
     pub fn as_str(&self) -> &'static str {
         match self {
-            Mode::Repair => "repair",
+            Mode::Repair { .. } => "repair",
             Mode::Delete => "delete",
             Mode::Label { .. } => "label",
             Mode::Detect => "detect",
@@ -182,10 +190,10 @@ pub fn start(
     // Only the work that enters pods' netns needs the node's identified.
     let netns_refused = effects
         .netns_refused()
-        .filter(|_| mode == Mode::Repair || drift.is_some());
+        .filter(|_| matches!(mode, Mode::Repair { .. }) || drift.is_some());
     let drift = match &netns_refused {
         Some(why) => {
-            if mode == Mode::Repair {
+            if matches!(mode, Mode::Repair { .. }) {
                 tracing::warn!("repair mode refuses every broken pod (fail closed): {why}");
             }
             if drift.is_some() {
