@@ -35,6 +35,12 @@ const AMBIENT_REDIRECTION: &str = "ambient.istio.io/redirection";
 pub const REASON_REPAIRED: &str = "RedirectionDriftRepaired";
 pub const REASON_UNHEALED: &str = "RedirectionDriftUnhealed";
 
+/// The most rules one pod may have for the pass to verify it. Its rules are read from the kernel
+/// and compared each period; a pod over this (its annotations are in its author's hands) is
+/// reported once and left out, so it cannot take the pass's time from the node's other pods.
+/// Istio's own rule sets are tens of rules.
+pub const MAX_VERIFIED_RULES: usize = 10_000;
+
 /// How the pass is run (install-cni's settings).
 #[derive(Debug, Clone)]
 pub struct DriftSettings {
@@ -118,6 +124,9 @@ pub enum Plan {
     Skip,
     /// Hand it to the controller's policy (first time for this UID).
     HandOff { why: String },
+    /// More rules than [`MAX_VERIFIED_RULES`]: reported (first time for this UID), never
+    /// verified.
+    OverBudget { rules: usize },
 }
 
 /// What became of one verified pod.
@@ -152,6 +161,8 @@ pub struct Ledger {
     handed: HashSet<String>,
     /// UIDs whose failure was reported and not yet cleared.
     reported: HashSet<String>,
+    /// UIDs over the rule budget (their basis does not change, so neither does their count).
+    over_budget: HashSet<String>,
 }
 
 impl Ledger {
@@ -186,7 +197,14 @@ impl Ledger {
             };
         }
         match derived {
-            Derived::Capture(settings) => Plan::Verify(settings),
+            _ if self.over_budget.contains(uid) => Plan::Skip,
+            Derived::Capture(settings) => match settings.planned_rules() {
+                rules if rules > MAX_VERIFIED_RULES => {
+                    self.over_budget.insert(uid.to_string());
+                    Plan::OverBudget { rules }
+                }
+                _ => Plan::Verify(settings),
+            },
             Derived::NoCapture | Derived::Invalid(_) => Plan::Skip,
         }
     }
@@ -217,6 +235,7 @@ impl Ledger {
         self.basis.retain(|uid, _| live.contains(uid));
         self.handed.retain(|uid| live.contains(uid));
         self.reported.retain(|uid| live.contains(uid));
+        self.over_budget.retain(|uid| live.contains(uid));
     }
 
     pub fn len(&self) -> usize {
@@ -235,6 +254,8 @@ pub struct PassStats {
     pub healed: usize,
     pub failed: usize,
     pub handed_over: usize,
+    /// Pods first found over the rule budget in this pass (each reported once, then left out).
+    pub over_budget: usize,
 }
 
 /// The pass over the node pod store, with its memory.
@@ -279,6 +300,10 @@ impl<E: Effects + ?Sized> DriftPass<E> {
                 Plan::HandOff { why } => {
                     stats.handed_over += 1;
                     self.hand_off(pod, uid, why).await;
+                }
+                Plan::OverBudget { rules } => {
+                    stats.over_budget += 1;
+                    self.over_budget(pod, rules).await;
                 }
             }
         }
@@ -325,6 +350,17 @@ impl<E: Effects + ?Sized> DriftPass<E> {
         self.post(pod, event(EventType::Warning, REASON_UNHEALED, message))
             .await;
         let _ = self.handoffs.send(HandOff { key, uid, why });
+    }
+
+    async fn over_budget(&self, pod: Arc<Pod>, rules: usize) {
+        let key = pod.key();
+        let why = format!(
+            "its redirection is {rules} rules, more than the {MAX_VERIFIED_RULES} a drift check reads; it is not verified or healed while it runs"
+        );
+        warn!(pod = %key, "sidecar drift check skips the pod: {why}");
+        self.metrics.drift(KIND, false);
+        self.post(pod, event(EventType::Warning, REASON_UNHEALED, why))
+            .await;
     }
 
     async fn report(&self, pod: Arc<Pod>, outcome: &PodOutcome, report: Report) {
@@ -375,6 +411,7 @@ impl<E: Effects + ?Sized> DriftPass<E> {
                 healed = stats.healed,
                 failed = stats.failed,
                 handed_over = stats.handed_over,
+                over_budget = stats.over_budget,
                 duration_ms = started.elapsed().as_millis() as u64,
                 "sidecar drift pass"
             );

@@ -206,7 +206,8 @@ fn a_pass_heals_drift_reports_failures_once_and_leaves_pods_in_place_alone() {
                 verified: 4,
                 healed: 1,
                 failed: 2,
-                handed_over: 0
+                handed_over: 0,
+                over_budget: 0,
             }
         );
         let calls = rig.take_calls(0);
@@ -276,5 +277,93 @@ fn an_annotation_edited_on_a_running_pod_goes_to_the_policy_once_and_is_not_rewr
         assert!(rig.handed.try_recv().is_err(), "once per UID");
         assert_eq!(rig.fake.calls().len(), seen + 1, "{:?}", rig.fake.calls());
         assert_eq!(rig.counts(), (0, 1));
+    });
+}
+
+/// A pod author's lists cannot make the pass slow for everyone: a port listed 50,000 times is
+/// one rule (verified like any pod); 12,000 distinct ranges are over the budget, reported once
+/// and then left out, while an ordinary pod is verified every pass.
+#[test]
+fn a_pod_over_the_rule_budget_is_reported_once_and_left_out() {
+    let mut ledger = Ledger::default();
+    let repeated = pod(
+        "repeated",
+        "u-rep",
+        json!({"traffic.sidecar.istio.io/excludeOutboundPorts": vec!["80"; 50_000].join(",")}),
+    );
+    let ranges: Vec<String> = (0..12_000u32)
+        .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+        .collect();
+    let wide = pod(
+        "wide",
+        "u-wide",
+        json!({"traffic.sidecar.istio.io/excludeOutboundIPRanges": ranges.join(",")}),
+    );
+    let plain = pod("plain", "u-plain", json!({}));
+    for pass in 0..3 {
+        match plan(&mut ledger, &repeated) {
+            Plan::Verify(settings) => assert!(settings.planned_rules() < 100),
+            other => panic!("{other:?}"),
+        }
+        match (pass, plan(&mut ledger, &wide)) {
+            (0, Plan::OverBudget { rules }) => assert!(rules > MAX_VERIFIED_RULES, "{rules}"),
+            (0, other) => panic!("{other:?}"),
+            (_, later) => assert_eq!(later, Plan::Skip, "reported once, then left out"),
+        }
+        assert!(matches!(plan(&mut ledger, &plain), Plan::Verify(_)));
+    }
+}
+
+/// Next to 50 ordinary pods, a pod whose annotation repeats one port 50,000 times and one with
+/// 12,000 ranges: every pass verifies the ordinary pods (and the repeated one, one rule); the
+/// wide pod is reported once (log, event, `drift_unhealed`) and never read.
+#[test]
+fn hostile_pods_never_keep_a_pass_from_the_ordinary_ones() {
+    rt().block_on(async {
+        let mut rig = Rig::new();
+        for i in 0..50 {
+            rig.add(
+                pod(&format!("p{i}"), &format!("u{i}"), json!({})),
+                Some(NetnsCheck::InPlace),
+            );
+        }
+        let repeated = vec!["80"; 50_000].join(",");
+        rig.add(
+            pod(
+                "repeated",
+                "u-rep",
+                json!({"traffic.sidecar.istio.io/excludeOutboundPorts": repeated}),
+            ),
+            Some(NetnsCheck::InPlace),
+        );
+        let ranges: Vec<String> = (0..12_000u32)
+            .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+            .collect();
+        rig.add(
+            pod(
+                "wide",
+                "u-wide",
+                json!({"traffic.sidecar.istio.io/excludeOutboundIPRanges": ranges.join(",")}),
+            ),
+            None,
+        );
+        for pass in 0..3 {
+            let from = rig.fake.calls().len();
+            let started = std::time::Instant::now();
+            let stats = rig.pass.pass().await;
+            assert!(started.elapsed() < Duration::from_secs(10));
+            assert_eq!(
+                (stats.verified, stats.over_budget),
+                (51, usize::from(pass == 0))
+            );
+            let calls = rig.take_calls(from);
+            assert!(
+                !calls
+                    .iter()
+                    .any(|c| c.contains("u-wide") && !c.starts_with("event")),
+                "{calls:?}"
+            );
+        }
+        assert_eq!(rig.counts(), (0, 1), "the wide pod reported once");
     });
 }

@@ -134,6 +134,19 @@ pub struct CaptureSettings {
     pub warnings: Vec<String>,
 }
 
+impl CaptureSettings {
+    /// How many rules the plugin programs for these settings (both families when the pod may
+    /// have IPv6), counted from the rule model: what a drift check of the pod reads and compares.
+    pub fn planned_rules(&self) -> usize {
+        let config = CaptureConfig {
+            enable_ipv6: self.config.enable_ipv6 || self.dual_stack,
+            ..self.config.clone()
+        };
+        let rules = crate::rules::capture::build(&config);
+        rules.v4.len() + rules.v6.len()
+    }
+}
+
 type Validator = fn(&str) -> Result<(), String>;
 
 /// The items of an annotation list, trimmed as Istio's validator trims ports (we trim every
