@@ -569,7 +569,6 @@ async fn shut_down(cfg: &Config, base: &Base, started: Started) -> i32 {
     )
     .await;
     let uninstall = installer.is_some() && !keep;
-    let uninstall = installer.is_some() && !keep;
     let code = match installer {
         Some(mut inst) if !keep => {
             let _ = tokio::task::spawn_blocking(move || inst.cleanup()).await;
@@ -593,9 +592,6 @@ async fn shut_down(cfg: &Config, base: &Base, started: Started) -> i32 {
     base.stop.cancel();
     // The servers remove their sockets (only those still ours) on the way out.
     let _ = tokio::time::timeout(Duration::from_secs(2), futures::future::join_all(servers)).await;
-    if uninstall {
-        installer::remove_run_dir_leftovers(&cfg.install.run_dir);
-    }
     if uninstall {
         installer::remove_run_dir_leftovers(&cfg.install.run_dir);
     }
