@@ -36,7 +36,8 @@ pub fn canonical(rule: &Rule) -> Rule {
 /// Each chain's rules in the order the kernel lists them once `rules` are applied in order to
 /// chains that held none (an insert at N lands at N), spelt as [`canonical`].
 pub fn as_listed(rules: &[Rule]) -> Listed {
-    let mut by_chain: BTreeMap<(Table, &str), Vec<(Option<usize>, Rule)>> = BTreeMap::new();
+    type Placed = Vec<(Option<usize>, Rule)>;
+    let mut by_chain: BTreeMap<(Table, &str), Placed> = BTreeMap::new();
     for rule in rules {
         let at = match rule.position {
             Position::Append => None,
