@@ -6,7 +6,9 @@
 //! labelled, by mode; a pod on another node, one without the sidecar annotation, one whose init
 //! container failed with another code, and a healthy one are untouched; a pod added while the API
 //! server is down (history compacted) is still found after the watch reconnects; a pod with an
-//! unusable redirect annotation gets one event naming it and is not retried.
+//! unusable redirect annotation gets one event naming it and is not retried. A hostNetwork pod
+//! dressed as broken is never acted on, the node's netns is never taken as a pod's, and where
+//! the node's netns cannot be identified no pod netns is entered and readiness says why.
 
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
