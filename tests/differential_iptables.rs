@@ -123,6 +123,9 @@ fn outcome(out: Output, rules: String, stdout: String, took: Duration) -> Outcom
     }
 }
 
+/// A case no allowlist entry explains: its index and both outcomes.
+type Failure = (u64, Outcome, Outcome);
+
 /// A disagreement: the verdicts differ, or both accept and the rules differ.
 fn differs(istio: &Outcome, ours: &Outcome) -> bool {
     istio.ok != ours.ok || (istio.ok && istio.rules != ours.rules)
@@ -425,7 +428,7 @@ fn rule_tool_matches_istio_on_generated_inputs() {
     let start = Instant::now();
     let next = AtomicUsize::new(0);
     let hits = Mutex::new(vec![0usize; entries.len()]);
-    let failures: Mutex<Vec<(u64, Outcome, Outcome)>> = Mutex::new(Vec::new());
+    let failures: Mutex<Vec<Failure>> = Mutex::new(Vec::new());
     let (accepted, took) = (
         AtomicUsize::new(0),
         Mutex::new((Duration::ZERO, Duration::ZERO)),
