@@ -419,3 +419,64 @@ fn install_cni_fails_naming_the_resource_and_verb_the_chart_does_not_grant() {
         run.agent.output()
     );
 }
+
+/// The plugin's own GETs with the kubeconfig install-cni wrote for it, as the chart's account.
+fn plugin_kubeconfig_gets(cp: &ControlPlane, run: &Run, namespace: &str) -> Result<(), String> {
+    let kubeconfig = run.dirs.run.join("istio-cni-kubeconfig");
+    let ns = namespace.to_string();
+    cp.block_on(async move {
+        let client = istio_cni::kube::KubeClient::from_kubeconfig_file(&kubeconfig).await?;
+        client.get_namespace(&ns, Duration::from_secs(10)).await?;
+        Ok::<_, istio_cni::kube::KubeError>(())
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// Start to ready on the real API server, then the service-account token rotated the way the
+/// kubelet does it (`token -> ..data/token`, `..data` swapped by a rename) with a fresh bound
+/// token each time: the plugin's kubeconfig follows, and the API server accepts what it holds.
+#[test]
+fn the_plugin_kubeconfig_follows_bound_token_rotation() {
+    let cp = controlplane::shared();
+    let r = helm().case("repair-off");
+    let release = install_release(cp, r, |_| {});
+    let mut run = run_install_cni(cp, r, &release);
+    run.wait_ready(r);
+    plugin_kubeconfig_gets(cp, &run, &release.namespace).expect("first token");
+    let sa = run.dirs.sa.clone();
+    let kubeconfig = run.dirs.run.join("istio-cni-kubeconfig");
+    for version in ["v1", "v2"] {
+        let token = cp.token(&release.namespace, "istio-cni", Duration::from_secs(3600));
+        let dir = sa.join(format!("..{version}"));
+        std::fs::create_dir(&dir).expect("version dir");
+        std::fs::write(dir.join("token"), &token).expect("token");
+        std::os::unix::fs::symlink(format!("..{version}"), sa.join("..data_tmp")).expect("link");
+        std::fs::rename(sa.join("..data_tmp"), sa.join("..data")).expect("swap");
+        if version == "v1" {
+            std::fs::remove_file(sa.join("token")).expect("rm token");
+            std::os::unix::fs::symlink("..data/token", sa.join("token")).expect("token link");
+        }
+        wait_until(&format!("rotation {version}"), &run.agent, || {
+            std::fs::read_to_string(&kubeconfig).is_ok_and(|c| c.contains(&token))
+        });
+        plugin_kubeconfig_gets(cp, &run, &release.namespace)
+            .unwrap_or_else(|e| panic!("after rotation {version}: {e}"));
+    }
+    // A token the API server did not issue is refused (401) through the same kubeconfig.
+    let text = std::fs::read_to_string(&kubeconfig).expect("kubeconfig");
+    let bogus = sa.join("..v3");
+    std::fs::create_dir(&bogus).expect("dir");
+    std::fs::write(bogus.join("token"), "not-a-token").expect("token");
+    std::os::unix::fs::symlink("..v3", sa.join("..data_tmp")).expect("link");
+    std::fs::rename(sa.join("..data_tmp"), sa.join("..data")).expect("swap");
+    wait_until("rotation to a bogus token", &run.agent, || {
+        std::fs::read_to_string(&kubeconfig).is_ok_and(|c| c != text && c.contains("not-a-token"))
+    });
+    let refused = plugin_kubeconfig_gets(cp, &run, &release.namespace)
+        .expect_err("a token the API server never issued");
+    assert!(
+        refused.to_lowercase().contains("unauthorized") || refused.contains("401"),
+        "{refused}"
+    );
+    assert!(run.agent.terminate(T).success(), "{}", run.agent.output());
+}
