@@ -3,7 +3,9 @@
 //! ([`capture`]: the sidecar config, whose values [`capture_values`] checks, and the iptables
 //! renderer of the plan; [`nft_capture`], the nftables one; [`ambient`] and [`ambient_nft`]); and the renderers ([`iptables`] restore text, [`nftables`] text, and
 //! [`iptables_nft`]: the nf_tables messages iptables-nft would send, described neutrally with a
-//! [`nla`] attribute tree and the [`xtables`] structs, for the netlink transport to frame; the
+//! [`nla`] attribute tree and the [`xtables`] structs, for the netlink transport to frame;
+//! [`nft_encode`]: our native nftables transactions as typed steps and the nf_tables messages nft
+//! would send for them, described the same way; the
 //! probe sets' ipset and nft set-element messages and their decoding, [`probe_set_msgs`]); and
 //! the inverses, [`iptables_nft_decode`]: a dumped nf_tables rule read back into the model, and
 //! [`nft_decode`]: our native nftables tables as nft lists them (JSON) read back into the
@@ -24,6 +26,7 @@ pub mod model;
 pub mod nft_canon;
 pub mod nft_capture;
 pub mod nft_decode;
+pub mod nft_encode;
 pub mod nft_kernel_decode;
 pub mod nft_model;
 pub mod nftables;
