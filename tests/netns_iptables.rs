@@ -467,3 +467,29 @@ fn a_large_rule_set_is_one_netlink_transaction_and_a_rerun_writes_nothing() {
     }
     assert!(second.contains("outcome=already applied"), "{second}");
 }
+
+/// An iptables-style interface wildcard (`-k tun+`, `-c eth+`) in nftables mode: nft refuses
+/// `tun+`, so it is written as nft's `tun*` (the read-back: tests/netns_verify.rs).
+#[test]
+fn native_nftables_interface_wildcards_apply_and_read_back() {
+    tools();
+    require_tool("nft", "nftables");
+    let env = PodAndServer::new("nftwild");
+    let mut args = vec![bin(), "istio-iptables", "--native-nftables"];
+    args.extend_from_slice(INIT_ARGS);
+    args.extend_from_slice(&["-k", "tun+", "-c", "eth+"]);
+    let run = |env: &PodAndServer| {
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &env.pod.name])
+            .args(&args)
+            .output()
+            .expect("run")
+    };
+    assert_ok(&run(&env));
+    let ruleset =
+        String::from_utf8_lossy(&env.pod.exec("nft", &["list", "ruleset"]).stdout).to_string();
+    assert!(ruleset.contains("iifname \"tun*\""), "{ruleset}");
+    assert!(ruleset.contains("iifname \"eth*\""), "{ruleset}");
+    assert_ok(&run(&env));
+    assert_outbound_redirected(&env);
+}

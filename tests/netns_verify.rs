@@ -157,3 +157,28 @@ fn nftables_in_place_drifted_absent_and_handles_kept() {
     .expect("cleanup");
     assert_eq!(verify(&ns, &o), NetnsCheck::Absent);
 }
+
+/// Interface wildcards (`tun+`, `eth+` from the annotations or flags) are programmed as nft's
+/// `tun*` and read back over netlink as the plan says: in place, not drifted.
+#[test]
+fn nftables_interface_wildcards_read_back_in_place() {
+    require_tool("nft", "nftables");
+    let ns = Netns::new("vfywild");
+    ns.exec("ip", &["addr", "add", "10.254.4.2/24", "dev", "lo"]);
+    let o = opts(Backend::Nftables);
+    let cfg = CaptureConfig {
+        exclude_interfaces: vec!["eth+".into()],
+        reroute_virtual_interfaces: vec!["tun+".into()],
+        ..CaptureConfig::default()
+    };
+    pod::program(Target::Pod(&handle(&ns)), &cfg, &o).expect("program");
+    let listed = stdout(&ns, "nft", &["list", "ruleset"]);
+    assert!(
+        listed.contains("iifname \"tun*\"") && listed.contains("iifname \"eth*\""),
+        "{listed}"
+    );
+    assert_eq!(
+        pod::verify(Target::Pod(&handle(&ns)), &cfg, &o).expect("verify"),
+        NetnsCheck::InPlace
+    );
+}

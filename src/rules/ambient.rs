@@ -422,4 +422,22 @@ mod tests {
             assert!(text.contains(ZTUNNEL_OUTBOUND_PORT), "{text}");
         }
     }
+
+    #[test]
+    fn a_virtual_interface_wildcard_is_an_nft_wildcard_in_pod() {
+        let pod = PodOverrides {
+            virtual_interfaces: vec!["tun+".into()],
+            ..Default::default()
+        };
+        let nft: Vec<String> = inpod_nft_rules(&AmbientConfig::default(), &pod)
+            .rules
+            .iter()
+            .map(|r| r.body())
+            .collect();
+        assert!(
+            nft.iter().any(|b| b.starts_with("iifname tun* ")),
+            "{nft:?}"
+        );
+        assert!(!nft.iter().any(|b| b.contains('+')), "{nft:?}");
+    }
 }

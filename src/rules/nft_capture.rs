@@ -521,3 +521,22 @@ fn build_dns(b: &mut NftRulesBuilder, plan: &CapturePlan, servers: Option<(&[Str
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interface_wildcards_from_flags_are_nft_wildcards() {
+        let cfg = CaptureConfig {
+            exclude_interfaces: vec!["eth+".into()],
+            reroute_virtual_interfaces: vec!["tun+".into()],
+            ..Default::default()
+        };
+        let bodies: Vec<String> = build(&cfg).rules.iter().map(|r| r.body()).collect();
+        let all = bodies.join("\n");
+        assert!(all.contains("iifname eth* counter return"), "{all}");
+        assert!(all.contains("iifname tun* "), "{all}");
+        assert!(!all.contains('+'), "{all}");
+    }
+}

@@ -152,3 +152,14 @@ fn canonical_spells_a_plan_as_nft_lists_it() {
         "a udp port does not hide a tcp match"
     );
 }
+
+#[test]
+fn an_interface_wildcard_reads_back_as_planned() {
+    use crate::rules::nft_model::expr::{iif, oif};
+    let listing = r#"{"nftables": [{"table": {"family": "inet", "name": "istio-proxy-nat", "handle": 1}}, {"chain": {"family": "inet", "table": "istio-proxy-nat", "name": "x", "handle": 1}}, {"rule": {"family": "inet", "table": "istio-proxy-nat", "chain": "x", "handle": 2, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "tun*"}}, {"match": {"op": "!=", "left": {"meta": {"key": "oifname"}}, "right": "eth*"}}, {"counter": {"packets": 0, "bytes": 0}}]}}]}"#;
+    let state = decode_listing(listing, "istio-").unwrap();
+    assert_eq!(
+        state.tables["istio-proxy-nat"].chains["x"].rules,
+        vec![Ok(vec![iif("tun+"), oif("eth+", true), NftExpr::Counter])]
+    );
+}

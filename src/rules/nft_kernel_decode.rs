@@ -303,7 +303,13 @@ fn compare(
             _ => return None,
         })
     };
-    let ifname = |value: &[u8]| (value.len() == 16 && value.ends_with(&[0])).then(|| text(value));
+    // A whole name is compared with its padding (IFNAMSIZ bytes ending in NUL); nft's `eth*`
+    // compares only the prefix's bytes, without a NUL.
+    let ifname = |value: &[u8]| match value.len() {
+        16 if value.ends_with(&[0]) => Some(text(value)),
+        1..16 if !value.contains(&0) => Some(format!("{}*", text(value))),
+        _ => None,
+    };
     let found = match *load {
         Load::Meta(15) if unmasked && !negate => {
             *family = match value {

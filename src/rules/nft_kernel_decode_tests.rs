@@ -110,3 +110,54 @@ fn prefixes_are_read_from_contiguous_masks_only() {
     assert_eq!(prefix_len(&[0xff; 4]), Some(32));
     assert_eq!(prefix_len(&[0xff, 0x01, 0, 0]), None);
 }
+
+/// `iifname <name> counter` as nft compiles it: `cmp` on the name's bytes (`op` 0 is eq, 1 neq).
+fn iifname_rule(data: &[u8], op: u32) -> Vec<Attrs> {
+    vec![
+        expr("meta", Attrs::new().u32(2, 6).u32(1, 1)),
+        expr(
+            "cmp",
+            Attrs::new().u32(1, 1).u32(2, op).nested(3, value(data)),
+        ),
+        expr("counter", Attrs::new()),
+    ]
+}
+
+#[test]
+fn interface_wildcards_read_back_as_nft_spells_them() {
+    let mut padded = *b"tun0\0\0\0\0\0\0\0\0\0\0\0\0";
+    let whole = iifname_rule(&padded, 0);
+    // nft compares a wildcard `tun*` on the prefix's bytes only, without a NUL.
+    let wildcard = iifname_rule(b"tun", 0);
+    let negated = iifname_rule(b"e", 1);
+    padded[15] = b'x';
+    let unterminated = iifname_rule(&padded, 0);
+    let state = decode(&[
+        rule_of(whole),
+        rule_of(wildcard),
+        rule_of(negated),
+        rule_of(unterminated),
+    ]);
+    let rules = &state.tables["istio-ambient-nat"].chains["x"].rules;
+    let shown: Vec<String> = rules[..3]
+        .iter()
+        .map(|r| {
+            let body: Vec<String> = r
+                .as_ref()
+                .unwrap()
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            body.join(" ")
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "iifname tun0 counter",
+            "iifname tun* counter",
+            "iifname != e* counter"
+        ]
+    );
+    assert!(rules[3].is_err(), "{:?}", rules[3]);
+}

@@ -395,15 +395,23 @@ pub mod expr {
     pub fn tcp() -> NftExpr {
         NftExpr::L4Proto(Proto::Tcp)
     }
+    /// An interface name as nft matches it: iptables' trailing `+` (every interface whose
+    /// name starts with the rest) is nft's trailing `*`; nft refuses the `+` spelling.
+    pub fn nft_ifname(name: &str) -> String {
+        match name.strip_suffix('+') {
+            Some(prefix) => format!("{prefix}*"),
+            None => name.to_string(),
+        }
+    }
     pub fn iif(name: &str) -> NftExpr {
         NftExpr::IifName {
-            name: name.into(),
+            name: nft_ifname(name),
             negate: false,
         }
     }
     pub fn oif(name: &str, negate: bool) -> NftExpr {
         NftExpr::OifName {
-            name: name.into(),
+            name: nft_ifname(name),
             negate,
         }
     }
@@ -548,5 +556,15 @@ mod tests {
             ..rule
         };
         assert_eq!(redirect_rule.jump_target(), None);
+    }
+
+    #[test]
+    fn an_iptables_interface_wildcard_is_spelt_as_nft_reads_it() {
+        assert_eq!(
+            text(vec![iif("tun+"), NftExpr::Counter]),
+            "iifname tun* counter"
+        );
+        assert_eq!(text(vec![oif("eth+", true)]), "oifname != eth*");
+        assert_eq!(text(vec![iif("eth0")]), "iifname eth0");
     }
 }
