@@ -186,9 +186,9 @@ crate::cli::settings::declare_settings! {
         log_as_json: bool {
             parse: parse_bool, env: "LOG_AS_JSON", default: "false", marks: [Bool],
         }
-        /// where logs go: stderr, stdout or a file path (appended)
+        /// where logs go: stdout (Istio's default), stderr or a file path (appended)
         log_target: LogTarget {
-            parse: log_target, env: "LOG_TARGET", default: "stderr",
+            parse: log_target, env: "LOG_TARGET", default: "stdout",
         }
     }
 
@@ -203,22 +203,30 @@ crate::cli::settings::declare_settings! {
         cni_network_config_file: Option<String> {
             parse: text, env: "CNI_NETWORK_CONFIG_FILE", marks: [WarnIfSet],
         }
-        /// accepted for compatibility; stack traces are not emitted
-        log_stacktrace_level: Option<String> { parse: text, env: "LOG_STACKTRACE_LEVEL" }
-        /// accepted for compatibility; caller info is not emitted
-        log_caller: Option<String> { parse: text, env: "LOG_CALLER", marks: [Bool] }
-        /// accepted for compatibility; no log rotation
+        /// accepted and ignored (logged once at start); stack traces are not emitted
+        log_stacktrace_level: Option<String> {
+            parse: text, env: "LOG_STACKTRACE_LEVEL", marks: [WarnIfSet],
+        }
+        /// accepted and ignored (logged once at start); caller info is not emitted
+        log_caller: Option<String> { parse: text, env: "LOG_CALLER", marks: [Bool, WarnIfSet] }
+        /// accepted and ignored (logged once at start): no rotated log file is written; LOG_TARGET names the one log file
         log_rotate: Option<String> { parse: text, env: "LOG_ROTATE", marks: [WarnIfSet] }
-        /// accepted for compatibility
-        log_rotate_max_age: Option<String> { parse: text, env: "LOG_ROTATE_MAX_AGE" }
-        /// accepted for compatibility
-        log_rotate_max_backups: Option<String> { parse: text, env: "LOG_ROTATE_MAX_BACKUPS" }
-        /// accepted for compatibility
-        log_rotate_max_size: Option<String> { parse: text, env: "LOG_ROTATE_MAX_SIZE" }
-        /// accepted for compatibility; there is no ControlZ
+        /// accepted and ignored (logged once at start), as LOG_ROTATE is
+        log_rotate_max_age: Option<String> {
+            parse: text, env: "LOG_ROTATE_MAX_AGE", marks: [WarnIfSet],
+        }
+        /// accepted and ignored (logged once at start), as LOG_ROTATE is
+        log_rotate_max_backups: Option<String> {
+            parse: text, env: "LOG_ROTATE_MAX_BACKUPS", marks: [WarnIfSet],
+        }
+        /// accepted and ignored (logged once at start), as LOG_ROTATE is
+        log_rotate_max_size: Option<String> {
+            parse: text, env: "LOG_ROTATE_MAX_SIZE", marks: [WarnIfSet],
+        }
+        /// accepted and ignored (logged once at start): there is no ControlZ
         ctrlz_port: Option<String> { parse: text, env: "CTRLZ_PORT", marks: [WarnIfSet] }
-        /// accepted for compatibility; there is no ControlZ
-        ctrlz_address: Option<String> { parse: text, env: "CTRLZ_ADDRESS" }
+        /// accepted and ignored (logged once at start): there is no ControlZ
+        ctrlz_address: Option<String> { parse: text, env: "CTRLZ_ADDRESS", marks: [WarnIfSet] }
     }
 
     env_only "Environment only" {

@@ -101,7 +101,8 @@ fn defaults_match_istio() {
         PathBuf::from("/var/run/ztunnel/ztunnel.sock")
     );
     assert_eq!(c.host_proc_dir, PathBuf::from("/host/proc"));
-    assert_eq!(c.log.target, LogTarget::Stderr);
+    // Istio logs to stdout unless --log_target says otherwise.
+    assert_eq!(c.log.target, LogTarget::Stdout);
     assert!(c.warnings.is_empty());
 }
 
