@@ -1,6 +1,7 @@
 //! Test-only stand-ins for istio-cni-rs's integration tests, examples and benchmarks, in a crate of
 //! their own so the product's `cargo build` never compiles them (docs/architecture.md, "Test
-//! code"): a Kubernetes API server for pods and namespaces ([`apiserver`], also the
+//! code"): a real node (kubelet + containerd, [`node`]) beside the real control plane
+//! ([`controlplane`]), a Kubernetes API server for pods and namespaces ([`apiserver`], also the
 //! `test-apiserver` binary) and a ztunnel-like ZDS peer ([`zds_peer`] on the SOCK_SEQPACKET
 //! plumbing in [`zds_raw`], also the `zds-peer` binary).
 //!
@@ -10,5 +11,6 @@
 
 pub mod apiserver;
 pub mod controlplane;
+pub mod node;
 pub mod zds_peer;
 pub mod zds_raw;
