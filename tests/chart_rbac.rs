@@ -420,6 +420,65 @@ fn install_cni_fails_naming_the_resource_and_verb_the_chart_does_not_grant() {
     );
 }
 
+/// The chart without `watch` on pods: the first list succeeds, but the store would never see
+/// another change. install-cni must not report ready, its readiness names the store, the verb,
+/// the resource and the ClusterRole; granted `watch` again, it becomes ready and sees new pods.
+#[test]
+fn install_cni_is_not_ready_while_its_pod_watch_is_refused() {
+    let cp = controlplane::shared();
+    let r = helm().case("default");
+    let release = install_release(cp, r, |o| without_verb(o, "pods", "watch"));
+    let mut run = run_install_cni(cp, r, &release);
+    let path = r.container()["readinessProbe"]["httpGet"]["path"]
+        .as_str()
+        .expect("probe path");
+    let mut body = String::new();
+    wait_until("readiness naming the refused watch", &run.agent, || {
+        body = http_get(run.health, path)
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        body.contains("cannot watch pods")
+    });
+    for part in ["pod store", "watch is refused", "forbidden", "ClusterRole"] {
+        assert!(body.contains(part), "{part:?} missing: {body}");
+    }
+    // Still not ready a while later (the watch is retried and probed meanwhile).
+    std::thread::sleep(Duration::from_secs(3));
+    let probe = http_get(run.health, path);
+    assert_eq!(
+        probe.as_ref().map(|(s, _)| *s),
+        Some(503),
+        "ready while its watch is refused ({probe:?}):\n{}",
+        run.agent.output()
+    );
+    assert!(
+        run.agent.output().contains("watch is refused"),
+        "logged:\n{}",
+        run.agent.output()
+    );
+    // `watch` granted again: ready, and a new pod of the node is seen.
+    let sa = r.pod_spec()["serviceAccountName"].as_str().expect("sa");
+    let grant = format!("watch-pods-{}", release.namespace);
+    cp.create(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": grant},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["watch"]}],
+    }));
+    cp.create(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": grant},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": grant},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": release.namespace}],
+    }));
+    run.wait_ready(r);
+    let apps = unique_name("shop");
+    cp.create_namespace(&apps, &[]);
+    cp.create_pod(&pod_on_node(&apps, "late", &release.node));
+    wait_until("the new pod in /debug/pods", &run.agent, || {
+        http_get(run.health, "/debug/pods").is_some_and(|(_, b)| b.contains("late"))
+    });
+}
+
 /// The plugin's own GETs with the kubeconfig install-cni wrote for it, as the chart's account.
 fn plugin_kubeconfig_gets(cp: &ControlPlane, run: &Run, namespace: &str) -> Result<(), String> {
     let kubeconfig = run.dirs.run.join("istio-cni-kubeconfig");

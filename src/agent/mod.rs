@@ -149,7 +149,17 @@ impl Agent {
         );
         restore_enrolled(&core, settings.config.reconcile_pod_rules_on_startup).await;
         let pump = tokio::spawn(reconciler::pump(engine.clone(), shutdown.clone()));
-        let mut tasks = vec![server, pump];
+        let namespaces = core.namespaces.clone();
+        let (stop, ready) = (shutdown.clone(), readiness.clone());
+        // Listed but no longer watched (RBAC without `watch`): not ready, naming the refusal.
+        let refusals = tokio::spawn(async move {
+            namespaces
+                .follow_watch_refusals(stop, |why| {
+                    ready.set_state(NAMESPACE_WATCH, why.map_or(Ok(()), Err));
+                })
+                .await
+        });
+        let mut tasks = vec![server, pump, refusals];
         match settings.drift.clone() {
             Some(schedule) => tasks.push(tokio::spawn(drift::run(
                 engine.clone(),
@@ -226,6 +236,9 @@ async fn wait_for_stores(
         }
     }
 }
+
+/// Readiness component of the namespace watch after its first list (not ready while refused).
+const NAMESPACE_WATCH: &str = "namespace-watch";
 
 /// How often a store waiting for its first list looks again (the watcher's own retries are
 /// jittered and capped apart from this).

@@ -50,6 +50,8 @@ const INSTALLER: &str = "installer";
 const AGENT: &str = "agent";
 /// Readiness component name of the repair controller (node pod store synced).
 const REPAIR: &str = "repair";
+/// Readiness component of the node's pod watch after its first list (not ready while refused).
+const POD_WATCH: &str = "pod-watch";
 /// How often the wait for the API server looks at the store again (the watch's own retries are
 /// spaced by `API_RETRY_MAX_DELAY`).
 const API_POLL: Duration = Duration::from_millis(200);
@@ -328,7 +330,7 @@ async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
     let (mut servers, debug_pods) = serve_listeners(cfg, base).await?;
     let node = watch_node(cfg, &base.stop).await?;
     if let Some(node) = &node {
-        wait_for_api(&node.pods, &base.readiness).await;
+        wait_for_api(&node.pods, &base.readiness, base.stop.clone()).await;
     }
     // §2.2 step 9 (started first so it sees the store's initial list; ready once synced below).
     let repair = match (&node, cfg.repair.enabled) {
@@ -458,7 +460,11 @@ async fn watch_node(cfg: &Config, stop: &CancellationToken) -> Result<Option<Nod
 /// outage). Meanwhile `/healthz` answers ok and `/readyz` says why it waits; nothing is installed
 /// or removed, so a node's existing plugin and CNI config stay in place. Refusals that need an
 /// operator (RBAC, token, TLS) are waited out the same way and named in the reason.
-async fn wait_for_api(pods: &crate::kube::stores::PodStore, readiness: &Readiness) {
+async fn wait_for_api(
+    pods: &crate::kube::stores::PodStore,
+    readiness: &Readiness,
+    stop: CancellationToken,
+) {
     use crate::telemetry::health::API_SERVER;
     let report = |why: &str| {
         warn!(
@@ -472,6 +478,15 @@ async fn wait_for_api(pods: &crate::kube::stores::PodStore, readiness: &Readines
         pods = pods.len(),
         "the API server answered: this node's pods are listed"
     );
+    // Listed but no longer watched (RBAC without `watch`, a revoked token): not ready, naming
+    // the refusal, until the watch is allowed again.
+    let (pods, readiness) = (pods.clone(), readiness.clone());
+    tokio::spawn(async move {
+        pods.follow_watch_refusals(stop, |why| {
+            readiness.set_state(POD_WATCH, why.map_or(Ok(()), Err));
+        })
+        .await
+    });
 }
 
 fn start_repair(

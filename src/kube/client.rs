@@ -165,6 +165,9 @@ impl WatchBackoff {
     }
 }
 
+/// How long [`KubeClient::watch_allowed`] waits for the watch to start.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The watcher with [`WatchBackoff`]'s spacing: after an error the next poll waits the next
 /// delay. Not kube-runtime's `StreamBackoff`: it resets on every `Ok`, and the watcher yields
 /// `Ok(Event::Init)` before each list attempt, so a failing first list never backed off.
@@ -323,6 +326,36 @@ impl KubeClient {
     ) -> WatchStream<Namespace> {
         let api: Api<Namespace> = Api::all(self.client.clone());
         watch(api, selectors, backoff)
+    }
+
+    /// Whether the API server allows a watch of `selectors` now: one is started and dropped at
+    /// once (a store whose watch was refused learns so that it is allowed again).
+    pub async fn watch_allowed<K>(&self, call: Call, selectors: &Selectors) -> Result<(), KubeError>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::all(self.client.clone());
+        let params = kube::api::WatchParams {
+            field_selector: selectors.fields.clone(),
+            label_selector: selectors.labels.clone(),
+            timeout: Some(1),
+            ..Default::default()
+        };
+        let started = tokio::time::timeout(PROBE_TIMEOUT, api.watch(&params, "0")).await;
+        match started {
+            Ok(Ok(_stream)) => Ok(()),
+            Ok(Err(e)) => Err(KubeError::from_call_to(
+                &self.server,
+                call,
+                selectors.describe(),
+                e,
+            )),
+            Err(_) => Err(KubeError::Timeout {
+                call,
+                object: selectors.describe(),
+                timeout: PROBE_TIMEOUT,
+            }),
+        }
     }
 
     /// A watch stream's error as the one call that failed: the list half (`list`) or the watch

@@ -17,6 +17,13 @@
 //! until the deadline. [`Store::wait_until_synced`] waits with no deadline (install-cni's start:
 //! Istio's blocks on its informers too), telling why it still waits.
 //!
+//! A watch refused after the sync (RBAC that grants `list` but not `watch`, a token revoked)
+//! would otherwise go unnoticed: the store keeps its listed objects and kube-runtime retries the
+//! watch for ever, so new pods are never seen. Such a store is marked refused
+//! ([`Store::refused_watch`], followed by [`Store::follow_watch_refusals`] for readiness) until
+//! the watch is allowed again: an event arrives, or a probe watch of the same selection is
+//! accepted (a watch that starts sends nothing until something changes).
+//!
 //! Liveness ([`Store::is_live`]): synced, and no watch error since the last event delivered. A
 //! failed watch means changes may be happening that the store has not seen; it is live again with
 //! the next event of the resumed watch (which replays from the last resourceVersion) or of a
@@ -33,7 +40,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
 
 use super::client::{KubeClient, Selectors, WatchBackoff};
 use super::error::{Call, KubeError};
@@ -201,6 +208,8 @@ struct Inner<K> {
     watch_ok: std::sync::atomic::AtomicBool,
     /// The last list/watch error, for a waiter to say why it still waits.
     last_error: Mutex<Option<String>>,
+    /// After the sync: the refusal of the watch that needs an operator, until it is allowed.
+    refused_watch: tokio::sync::watch::Sender<Option<Arc<KubeError>>>,
 }
 
 /// A cache of one kind of object, and the subscribers it tells about changes. Cheap to clone.
@@ -242,6 +251,7 @@ impl<K: Stored> Store<K> {
                 changes: tokio::sync::watch::Sender::new(0),
                 watch_ok: std::sync::atomic::AtomicBool::new(true),
                 last_error: Mutex::new(None),
+                refused_watch: tokio::sync::watch::Sender::new(None),
             }),
         }
     }
@@ -348,17 +358,63 @@ impl<K: Stored> Store<K> {
         }
     }
 
-    /// A list/watch error before the first sync that retrying cannot fix: waiters stop waiting.
-    /// Ignored once synced (the store keeps its objects and the watcher keeps retrying).
-    pub fn refuse(&self, err: KubeError) {
+    /// A list/watch error that retrying cannot fix. Before the first sync waiters stop waiting;
+    /// after it the store keeps its objects but counts as refused ([`Store::refused_watch`])
+    /// until the watch is allowed again. True when it is a refusal after the sync that was not
+    /// one already (the caller logs it once).
+    pub fn refuse(&self, err: KubeError) -> bool {
         let err = Arc::new(err);
-        self.inner.synced.send_if_modified(|state| match state {
+        let synced = !self.inner.synced.send_if_modified(|state| match state {
             SyncState::Synced => false,
             _ => {
-                *state = SyncState::Refused(err);
+                *state = SyncState::Refused(err.clone());
                 true
             }
         });
+        synced
+            && self.inner.refused_watch.send_if_modified(|refused| {
+                let first = refused.is_none();
+                *refused = Some(err);
+                first
+            })
+    }
+
+    /// The watch is allowed again (an event came, or a probe watch was accepted). True when it
+    /// was refused until now.
+    pub fn watch_allowed(&self) -> bool {
+        self.inner
+            .refused_watch
+            .send_if_modified(|refused| refused.take().is_some())
+    }
+
+    /// Why the store, synced, no longer sees changes: its watch is refused (see the module doc).
+    pub fn refused_watch(&self) -> Option<String> {
+        self.inner
+            .refused_watch
+            .borrow()
+            .as_ref()
+            .map(|err| refused_watch_reason(K::WHAT, err))
+    }
+
+    /// Tells `report` the refusal of the watch after the sync ([`Store::refused_watch`]) each
+    /// time it starts, changes or ends (`None`), until `stop`. A readiness component follows it.
+    pub async fn follow_watch_refusals(
+        &self,
+        stop: CancellationToken,
+        mut report: impl FnMut(Option<String>),
+    ) {
+        let mut rx = self.inner.refused_watch.subscribe();
+        loop {
+            let now = rx
+                .borrow_and_update()
+                .as_ref()
+                .map(|err| refused_watch_reason(K::WHAT, err));
+            report(now);
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                changed = rx.changed() => if changed.is_err() { return },
+            }
+        }
     }
 
     /// Waits for the initial list, at most `timeout`; at once with the error when the list or
@@ -480,6 +536,11 @@ fn index<K: Stored>(
     }
 }
 
+/// What a store whose watch is refused after its sync says (readiness and logs).
+fn refused_watch_reason(what: &str, err: &KubeError) -> String {
+    format!("the {what} store's watch is refused, so it sees no new {what}s or changes: {err}")
+}
+
 /// An update with the same resourceVersion is a replay (re-list) and tells nobody anything.
 fn changed<K: Stored>(old: &K, new: &K) -> bool {
     old.resource_version().is_none() || old.resource_version() != new.resource_version()
@@ -522,6 +583,7 @@ pub fn spawn_pod_store(
         client: client.clone(),
         selectors,
         stream,
+        backoff,
     };
     tokio::spawn(drive(store.clone(), watch, shutdown));
     store
@@ -540,6 +602,7 @@ pub fn spawn_namespace_store(
         client: client.clone(),
         selectors,
         stream,
+        backoff,
     };
     tokio::spawn(drive(store.clone(), watch, shutdown));
     store
@@ -550,16 +613,42 @@ struct Watch<K> {
     client: KubeClient,
     selectors: Selectors,
     stream: super::client::WatchStream<K>,
+    /// The spacing of the probes of a refused watch.
+    backoff: WatchBackoff,
 }
 
-async fn drive<K: Stored>(store: Store<K>, mut watch: Watch<K>, shutdown: CancellationToken) {
+async fn drive<K>(store: Store<K>, mut watch: Watch<K>, shutdown: CancellationToken)
+where
+    K: Stored + kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    // While the watch is refused after the sync: when to probe it next, and the spacing after.
+    let mut probe: Option<(tokio::time::Instant, _)> = None;
     loop {
+        let probe_at = probe.as_ref().map(|(at, _)| *at);
         let next = tokio::select! {
             _ = shutdown.cancelled() => break,
             next = watch.stream.next() => next,
+            _ = sleep_until(probe_at), if probe_at.is_some() => {
+                let (client, selectors) = (&watch.client, &watch.selectors);
+                probe = probe_watch(&store, client, selectors, watch.backoff, probe.take()).await;
+                continue;
+            }
         };
         match next {
-            Some(Ok(event)) => store.apply(event),
+            Some(Ok(event)) => {
+                let proves_watch =
+                    matches!(event, watcher::Event::Apply(_) | watcher::Event::Delete(_));
+                store.apply(event);
+                if proves_watch && store.watch_allowed() {
+                    info!(
+                        what = K::WHAT,
+                        "the watch is allowed again: changes are seen again"
+                    );
+                }
+                if proves_watch {
+                    probe = None;
+                }
+            }
             Some(Err(e)) => {
                 store.mark_watch_failed();
                 let err = watch
@@ -571,8 +660,15 @@ async fn drive<K: Stored>(store: Store<K>, mut watch: Watch<K>, shutdown: Cancel
                 });
                 match err {
                     Ok(err) if err.needs_operator() => {
-                        error!(what = K::WHAT, "watch refused, retrying: {err}");
-                        store.refuse(err);
+                        let text = err.to_string();
+                        if store.refuse(err) {
+                            error!(what = K::WHAT, "{}", store.refused_watch().unwrap_or(text));
+                            let mut delays = watch.backoff.policy().delays();
+                            let first = delays.next().unwrap_or(watch.backoff.max);
+                            probe = Some((tokio::time::Instant::now() + first, delays));
+                        } else {
+                            error!(what = K::WHAT, "watch refused, retrying: {text}");
+                        }
                     }
                     Ok(err) => warn!(what = K::WHAT, "watch failed, retrying: {err}"),
                     Err(e) => warn!(what = K::WHAT, "watch failed, retrying: {e}"),
@@ -582,6 +678,45 @@ async fn drive<K: Stored>(store: Store<K>, mut watch: Watch<K>, shutdown: Cancel
         }
     }
     debug!(what = K::WHAT, "store watcher stopped");
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    if let Some(at) = at {
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+/// Asks the API server whether the refused watch is allowed now (a watch of the same
+/// selection, dropped once it starts): the watcher's own retry starts one without telling.
+/// Returns when to probe next, or `None` once it is allowed.
+async fn probe_watch<K, D>(
+    store: &Store<K>,
+    client: &KubeClient,
+    selectors: &Selectors,
+    backoff: WatchBackoff,
+    probe: Option<(tokio::time::Instant, D)>,
+) -> Option<(tokio::time::Instant, D)>
+where
+    K: Stored + kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned + std::fmt::Debug,
+    D: Iterator<Item = Duration>,
+{
+    let (_, mut delays) = probe?;
+    match client.watch_allowed::<K>(K::WATCH, selectors).await {
+        Ok(()) => {
+            if store.watch_allowed() {
+                info!(
+                    what = K::WHAT,
+                    "the watch is allowed again: changes are seen again"
+                );
+            }
+            None
+        }
+        Err(e) => {
+            debug!(what = K::WHAT, "the watch is still refused: {e}");
+            let next = delays.next().unwrap_or(backoff.max);
+            Some((tokio::time::Instant::now() + next, delays))
+        }
+    }
 }
 
 #[cfg(test)]

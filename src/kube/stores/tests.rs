@@ -197,10 +197,72 @@ fn a_refused_first_list_ends_the_wait_at_once_and_a_later_sync_wins() {
     rt.block_on(store.wait_synced(Duration::from_millis(20)))
         .unwrap();
     // Once synced, a later refusal does not unsync it (the store only goes not-live).
-    store.refuse(forbidden());
+    assert!(
+        store.refuse(forbidden()),
+        "the first refusal after the sync is told"
+    );
     assert!(store.is_synced());
     rt.block_on(store.wait_synced(Duration::from_millis(20)))
         .unwrap();
+}
+
+fn watch_forbidden() -> KubeError {
+    let status = kube::core::Status::failure("pods is forbidden", "Forbidden").with_code(403);
+    KubeError::from_call(
+        Call::WatchPods,
+        "node=n1",
+        kube::Error::Api(Box::new(status)),
+    )
+}
+
+/// A watch refused after the sync is not forgotten: the store says so until an event (or an
+/// accepted probe) shows the watch allowed again, and a follower hears each change.
+#[test]
+fn a_watch_refused_after_the_sync_counts_until_it_is_allowed_again() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = PodStore::new();
+    store.apply(watcher::Event::Init);
+    store.apply(watcher::Event::InitDone);
+    assert_eq!(store.refused_watch(), None);
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let stop = CancellationToken::new();
+    let follower = {
+        let (store, heard, stop) = (store.clone(), heard.clone(), stop.clone());
+        rt.spawn(async move {
+            store
+                .follow_watch_refusals(stop, |why| heard.lock().push(why))
+                .await
+        })
+    };
+    let settle = || rt.block_on(async { tokio::time::sleep(Duration::from_millis(20)).await });
+    settle();
+    assert!(store.refuse(watch_forbidden()));
+    assert!(
+        !store.refuse(watch_forbidden()),
+        "told once, not on every retry"
+    );
+    settle();
+    let why = store.refused_watch().expect("refused");
+    for part in ["pod store", "watch pods", "forbidden", "ClusterRole"] {
+        assert!(why.contains(part), "{part:?} missing: {why}");
+    }
+    assert!(store.is_synced());
+    // An event of the resumed watch ends it.
+    store.apply(watcher::Event::Apply(pod("a", "p", "2")));
+    assert!(store.watch_allowed());
+    assert!(!store.watch_allowed());
+    settle();
+    assert_eq!(store.refused_watch(), None);
+    stop.cancel();
+    rt.block_on(follower).unwrap();
+    let heard = heard.lock().clone();
+    assert_eq!(heard.len(), 3, "{heard:?}");
+    assert_eq!(heard[0], None);
+    assert_eq!(heard[1].as_deref(), Some(why.as_str()));
+    assert_eq!(heard[2], None);
 }
 
 #[test]
