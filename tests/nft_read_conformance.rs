@@ -1,5 +1,5 @@
-//! The native nftables read-back (`apply::nft::read_native`, decoding with
-//! `rules::nft_decode`) against nft itself, the external oracle: every nftables golden Istio
+//! The native nftables read-back (nft's JSON listing, run by this test and decoded with
+//! `rules::nft_decode`, and the netlink read `apply::nft::read_native_netlink`) against nft itself, the external oracle: every nftables golden Istio
 //! ships (the sidecar capture cases, the ambient in-pod and host cases) is applied with `nft -f`
 //! in a fresh netns, and what the reader gives back must be exactly the typed model that
 //! produced the golden (spelt canonically: `rules::nft_decode::expected`). Nothing may read back
@@ -10,8 +10,7 @@ mod support;
 #[path = "support/cases.rs"]
 mod cases;
 
-use istio_cni::apply::ProcessExecutor;
-use istio_cni::apply::nft::{read_native, read_native_netlink};
+use istio_cni::apply::nft::read_native_netlink;
 use istio_cni::apply::probe_set::{NFT_TABLE, nft_set_declarations, nft_sets};
 use istio_cni::rules::ambient;
 use istio_cni::rules::nft_decode::{NativeState, difference, expected};
@@ -108,10 +107,21 @@ fn apply(ns: &Netns, text: &str) -> Result<(), String> {
     }
 }
 
+/// `nft -j -t list ruleset` in `ns`, decoded (the listing the test runs itself; the crate starts
+/// no nft).
 fn read_back(ns: &Netns) -> NativeState {
-    ns.spawn(|| read_native(&mut ProcessExecutor::default(), OURS))
-        .join()
-        .unwrap()
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns", "exec", &ns.name, "nft", "-j", "-t", "list", "ruleset",
+        ])
+        .output()
+        .expect("nft -j");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    istio_cni::rules::nft_decode::decode_listing(&String::from_utf8_lossy(&out.stdout), OURS)
         .expect("read the tables back")
 }
 
@@ -217,7 +227,7 @@ fn a_changed_rule_reads_back_as_a_difference() {
     let rules = ambient::inpod_nft_rules(&cfg, &ambient::PodOverrides::default());
     let want = expected(&rules, &NftTable::AMBIENT_POD, &[]);
     let ns = Netns::new("nftreaddiff");
-    let text = istio_cni::apply::ambient::inpod_nft_transaction(&cfg, &Default::default());
+    let text = istio_cni::apply::ambient::inpod_nft_transaction(&cfg, &Default::default()).render();
     apply(&ns, &text).expect("apply");
     assert_eq!(differs(&ns, &want), None, "as applied");
 
@@ -291,7 +301,7 @@ fn the_native_backend_reads_without_a_process() {
     let ns = Netns::new("nftreadnoproc");
     apply(
         &ns,
-        &istio_cni::apply::ambient::inpod_nft_transaction(&cfg, &pod),
+        &istio_cni::apply::ambient::inpod_nft_transaction(&cfg, &pod).render(),
     )
     .expect("apply");
     let planned = istio_cni::apply::ambient::inpod_nft_expected(&cfg, &pod);

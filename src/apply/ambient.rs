@@ -19,7 +19,7 @@
 //!
 //! nftables: our tables are read back as typed rules and compared with what the plan's
 //! transaction leaves ([`super::rule_backend::NativeNft`]); identical → nothing is written;
-//! otherwise one `nft -f -` transaction replaces our tables (and deletes those this pod no longer
+//! otherwise one nf_tables batch over netlink replaces our tables (and deletes those this pod no longer
 //! needs), so the netns never holds half of them.
 
 use std::collections::BTreeSet;
@@ -39,7 +39,8 @@ use super::state::{State, parse_save};
 use crate::netns::UsernsEntry;
 use crate::rules::ambient::{AmbientConfig, PodOverrides};
 use crate::rules::nft_decode::{NativeState, expected};
-use crate::rules::nftables::{NftTable, render_cleanup, render_transaction};
+use crate::rules::nft_encode::{NftStep, NftTransaction};
+use crate::rules::nftables::NftTable;
 use crate::rules::{Family, Rule, RuleSet, ambient};
 
 /// The chains the in-pod rules own, in every table they use.
@@ -281,11 +282,14 @@ fn apply_iptables_with(
 /// The in-pod nftables transaction: our tables deleted (whatever they hold, a chain someone
 /// added included) and the ones this pod uses created again, in one transaction; so a re-apply
 /// after drift converges to exactly the planned tables.
-pub fn inpod_nft_transaction(cfg: &AmbientConfig, pod: &PodOverrides) -> String {
-    let set = ambient::inpod_nft_rules(cfg, pod);
-    let mut text = render_cleanup(&NftTable::AMBIENT_POD);
-    text.push_str(&render_transaction(&set, &NftTable::AMBIENT_POD));
-    text
+pub fn inpod_nft_transaction(cfg: &AmbientConfig, pod: &PodOverrides) -> NftTransaction {
+    NftTransaction::new(vec![
+        NftStep::Remove(NftTable::AMBIENT_POD.to_vec()),
+        NftStep::Replace {
+            set: ambient::inpod_nft_rules(cfg, pod),
+            tables: NftTable::AMBIENT_POD.to_vec(),
+        },
+    ])
 }
 
 /// Programs the in-pod rules for `pod` in the calling thread's netns (rules, then the policy
@@ -407,7 +411,7 @@ pub fn remove_inpod_here(opts: &AmbientApply) -> Result<(), AmbientError> {
     if opts.nftables {
         apply_transaction(
             &mut ProcessExecutor::entering(opts.userns.clone()),
-            &render_cleanup(&NftTable::AMBIENT_POD),
+            &NftTransaction::new(vec![NftStep::Remove(NftTable::AMBIENT_POD.to_vec())]),
         )?;
     } else {
         apply_iptables_here(&RuleSet::default(), INPOD_CHAINS, opts)?;
@@ -418,18 +422,15 @@ pub fn remove_inpod_here(opts: &AmbientApply) -> Result<(), AmbientError> {
 
 /// The host's nftables transaction: our table's rules replaced, the probe sets declared (their
 /// elements survive: a table flush keeps set elements).
-pub fn host_nft_transaction(cfg: &AmbientConfig, kubelet_uid: &str) -> String {
-    let text = render_transaction(
-        &ambient::host_nft_rules(cfg, kubelet_uid),
-        &[NftTable::AmbientHostNat],
-    );
-    let t = super::probe_set::NFT_TABLE;
-    let head = format!("add table inet {t}\nflush table inet {t}\n");
-    let rest = text.strip_prefix(&head).unwrap_or(&text);
-    format!(
-        "{head}{}{rest}",
-        super::probe_set::nft_set_declarations(cfg.enable_ipv6)
-    )
+pub fn host_nft_transaction(cfg: &AmbientConfig, kubelet_uid: &str) -> NftTransaction {
+    // The sets first: the SNAT rule names them.
+    NftTransaction::new(vec![
+        NftStep::DeclareSets(super::probe_set::nft_named_sets(cfg.enable_ipv6)),
+        NftStep::Replace {
+            set: ambient::host_nft_rules(cfg, kubelet_uid),
+            tables: vec![NftTable::AmbientHostNat],
+        },
+    ])
 }
 
 /// Programs the host side in the calling thread's netns: the probe sets (created, never flushed)
@@ -495,7 +496,8 @@ pub fn remove_host_here(opts: &AmbientApply, ipv6: bool) -> Result<(), AmbientEr
     use crate::rules::ambient::{PROBE_SET_V4, PROBE_SET_V6};
     let mut exec = ProcessExecutor::entering(opts.userns.clone());
     if opts.nftables {
-        apply_transaction(&mut exec, &render_cleanup(&[NftTable::AmbientHostNat]))?;
+        let remove = NftStep::Remove(vec![NftTable::AmbientHostNat]);
+        apply_transaction(&mut exec, &NftTransaction::new(vec![remove]))?;
         return Ok(());
     }
     apply_iptables_with(

@@ -158,13 +158,15 @@ fn removing_is_the_plan_without_rules() {
 
 #[test]
 fn the_nft_transaction_deletes_tables_the_pod_no_longer_uses() {
-    let text = inpod_nft_transaction(&cfg(false), &PodOverrides::default());
+    let text = inpod_nft_transaction(&cfg(false), &PodOverrides::default()).render();
     // Every table of ours goes first (with anything added to it), then the used ones return.
     for t in ["nat", "mangle", "raw"] {
         let delete =
             format!("add table inet istio-ambient-{t}\ndelete table inet istio-ambient-{t}\n");
         assert!(
-            text.starts_with(&render_cleanup(&NftTable::AMBIENT_POD)),
+            text.starts_with(&crate::rules::nftables::render_cleanup(
+                &NftTable::AMBIENT_POD
+            )),
             "{text}"
         );
         assert_eq!(text.matches(&delete).count(), 1, "{text}");
@@ -177,7 +179,7 @@ fn the_nft_transaction_deletes_tables_the_pod_no_longer_uses() {
         text.contains("flush table inet istio-ambient-nat"),
         "{text}"
     );
-    let with_dns = inpod_nft_transaction(&cfg(true), &PodOverrides::default());
+    let with_dns = inpod_nft_transaction(&cfg(true), &PodOverrides::default()).render();
     assert!(
         with_dns.contains("flush table inet istio-ambient-raw"),
         "{with_dns}"

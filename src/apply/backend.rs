@@ -6,8 +6,6 @@
 //! support cannot run the nftables backend. The iptables flavour itself is the sidecar detection
 //! ([`super::iptables::detect`]), run once in the host netns and pinned for every pod.
 
-use std::time::Duration;
-
 use super::iptables::{ForceBinary, detect};
 use super::pod::Backend;
 use crate::rules::Family;
@@ -56,13 +54,14 @@ pub fn decide(req: &BackendRequest) -> Decision {
     }
 }
 
-/// What `nft --json list tables` answered.
+/// What listing the nf_tables tables over netlink answered (where Istio asks `nft --json`; no
+/// nft binary is needed or run here, so nft's build options and version do not matter).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NftJson {
+pub enum NfTables {
     Supported,
-    /// The binary says "JSON support not compiled-in".
-    NotCompiledIn,
-    /// Any other failure (missing binary, timeout...): Istio stays on nftables.
+    /// The kernel has no nf_tables (the subsystem is not there).
+    NotInKernel(String),
+    /// Any other failure: Istio stays on nftables.
     Unknown(String),
 }
 
@@ -70,7 +69,7 @@ pub enum NftJson {
 pub trait HostArtifacts {
     /// Whether the ipset `name` exists in the host netns (Err: could not tell).
     fn ipset_exists(&self, name: &str) -> Result<bool, String>;
-    fn nft_json(&self) -> NftJson;
+    fn nf_tables(&self) -> NfTables;
 }
 
 /// The node agent's decision, in the host netns: the request, then Istio's fallbacks from
@@ -119,22 +118,23 @@ pub fn fallbacks(req: &BackendRequest, ipv6: bool, host: &dyn HostArtifacts) -> 
             }
         }
     }
-    match host.nft_json() {
-        NftJson::Supported => {}
-        NftJson::NotCompiledIn => {
+    match host.nf_tables() {
+        NfTables::Supported => {}
+        NfTables::NotInKernel(e) => {
             return Decision {
-                reason: "native nftables requested, but nft was built without JSON support: \
-                         using iptables"
-                    .into(),
-                warning: Some("nft lacks JSON support; falling back to iptables".into()),
+                reason: format!(
+                    "native nftables requested, but the kernel has no nf_tables ({e}): using \
+                     iptables"
+                ),
+                warning: Some("the kernel lacks nf_tables; falling back to iptables".into()),
                 ..decide(&BackendRequest {
                     native_nftables: false,
                     ..*req
                 })
             };
         }
-        NftJson::Unknown(e) => {
-            decision.reason = format!("{}; nft JSON probe inconclusive ({e})", decision.reason);
+        NfTables::Unknown(e) => {
+            decision.reason = format!("{}; nf_tables probe inconclusive ({e})", decision.reason);
         }
     }
     decision
@@ -153,11 +153,9 @@ fn pinned_flavour() -> Option<ForceBinary> {
     }
 }
 
-/// The real host: `ipset list -n` and `nft --json list tables` (5 s deadline), in the calling
+/// The real host: `ipset list -n` and an nf_tables table listing over netlink, in the calling
 /// thread's netns.
 pub struct ProcessHost;
-
-const NFT_PROBE_DEADLINE: Duration = Duration::from_secs(5);
 
 impl HostArtifacts for ProcessHost {
     fn ipset_exists(&self, name: &str) -> Result<bool, String> {
@@ -176,46 +174,17 @@ impl HostArtifacts for ProcessHost {
         }
     }
 
-    fn nft_json(&self) -> NftJson {
-        match run_with_deadline("nft", &["--json", "list", "tables"], NFT_PROBE_DEADLINE) {
-            Ok(text) if text.contains("JSON support not compiled-in") => NftJson::NotCompiledIn,
-            Ok(_) => NftJson::Supported,
-            Err(e) => NftJson::Unknown(e),
+    fn nf_tables(&self) -> NfTables {
+        match super::nft::read_native_netlink("istio-") {
+            Ok(_) => NfTables::Supported,
+            Err(e) => match e.refused_with() {
+                Some(libc::EOPNOTSUPP | libc::EPROTONOSUPPORT | libc::EAFNOSUPPORT) => {
+                    NfTables::NotInKernel(e.to_string())
+                }
+                _ => NfTables::Unknown(e.to_string()),
+            },
         }
     }
-}
-
-/// Runs a command and returns stdout+stderr, killing it at the deadline.
-fn run_with_deadline(program: &str, args: &[&str], deadline: Duration) -> Result<String, String> {
-    use std::io::Read;
-    let mut child = std::process::Command::new(program)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
-    let start = std::time::Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if start.elapsed() >= deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("{program} did not answer within {deadline:?}"));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    let mut text = String::new();
-    if let Some(mut out) = child.stdout.take() {
-        let _ = out.read_to_string(&mut text);
-    }
-    if let Some(mut err) = child.stderr.take() {
-        let _ = err.read_to_string(&mut text);
-    }
-    Ok(text)
 }
 
 /// The backend decided at a node's first install, as recorded in the agent's run dir: reused by
@@ -330,15 +299,15 @@ mod tests {
 
     struct Fake {
         sets: Vec<&'static str>,
-        json: NftJson,
+        nft: NfTables,
     }
 
     impl HostArtifacts for Fake {
         fn ipset_exists(&self, name: &str) -> Result<bool, String> {
             Ok(self.sets.contains(&name))
         }
-        fn nft_json(&self) -> NftJson {
-            self.json.clone()
+        fn nf_tables(&self) -> NfTables {
+            self.nft.clone()
         }
     }
 
@@ -363,7 +332,7 @@ mod tests {
     fn an_existing_probe_ipset_keeps_the_agent_on_iptables_with_a_warning() {
         let host = Fake {
             sets: vec![PROBE_SET_V6],
-            json: NftJson::Supported,
+            nft: NfTables::Supported,
         };
         // Only the v6 set exists: it counts only when IPv6 is on.
         assert_eq!(fallbacks(&NFT, false, &host).backend, Backend::Nftables);
@@ -374,17 +343,17 @@ mod tests {
     }
 
     #[test]
-    fn nft_without_json_falls_back_and_other_probe_failures_do_not() {
-        let no_json = Fake {
+    fn a_kernel_without_nf_tables_falls_back_and_other_probe_failures_do_not() {
+        let no_nf_tables = Fake {
             sets: vec![],
-            json: NftJson::NotCompiledIn,
+            nft: NfTables::NotInKernel("no nf_tables".into()),
         };
-        let d = fallbacks(&NFT, false, &no_json);
+        let d = fallbacks(&NFT, false, &no_nf_tables);
         assert_eq!(d.backend, Backend::Iptables);
-        assert!(d.reason.contains("JSON"), "{}", d.reason);
+        assert!(d.reason.contains("no nf_tables"), "{}", d.reason);
         let unknown = Fake {
             sets: vec![],
-            json: NftJson::Unknown("timeout".into()),
+            nft: NfTables::Unknown("timeout".into()),
         };
         let d = fallbacks(&NFT, false, &unknown);
         assert_eq!(d.backend, Backend::Nftables);
@@ -398,7 +367,7 @@ mod tests {
             fn ipset_exists(&self, _: &str) -> Result<bool, String> {
                 panic!("probed")
             }
-            fn nft_json(&self) -> NftJson {
+            fn nf_tables(&self) -> NfTables {
                 panic!("probed")
             }
         }
@@ -417,7 +386,7 @@ mod tests {
         // The host now shows a leftover ipset: fresh detection would say iptables.
         let host = Fake {
             sets: vec![PROBE_SET_V4],
-            json: NftJson::Supported,
+            nft: NfTables::Supported,
         };
         assert_eq!(
             decide_for_host(&req, false, &host).backend,

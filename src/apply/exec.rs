@@ -60,6 +60,12 @@ pub struct SpawnError {
 /// Runs commands.
 pub trait Executor {
     fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, SpawnError>;
+
+    /// The user namespace a netlink transaction made for this executor's work must enter too
+    /// (a `hostUsers: false` pod's netns); None for the caller's own.
+    fn userns(&self) -> Option<&UsernsEntry> {
+        None
+    }
 }
 
 /// Runs real processes (in the calling thread's network namespace; with a [`UsernsEntry`], each
@@ -76,6 +82,10 @@ impl ProcessExecutor {
 }
 
 impl Executor for ProcessExecutor {
+    fn userns(&self) -> Option<&UsernsEntry> {
+        self.userns.as_ref()
+    }
+
     fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, SpawnError> {
         let spawn_err = |source| SpawnError {
             command: match &self.userns {

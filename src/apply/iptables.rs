@@ -92,6 +92,8 @@ pub enum ApplyError {
         #[source]
         source: crate::netlink::nft_batch::BatchError,
     },
+    #[error("cannot encode the nftables transaction: {0}")]
+    NftEncode(String),
     #[error("{cause}; undoing the partial apply also failed: {rollback}")]
     RollbackFailed {
         cause: Box<ApplyError>,

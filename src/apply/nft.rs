@@ -1,61 +1,50 @@
-//! Applying an nftables transaction with `nft -f -` (atomic: the whole transaction or nothing),
-//! and reading our tables back as typed rules, compared with what a transaction leaves
-//! ([`crate::rules::nft_decode::expected`]): over nfnetlink ([`read_native_netlink`], no
-//! process, decoded by [`crate::rules::nft_kernel_decode`]), or with `nft -j -t list ruleset`
-//! ([`read_native`], one process, decoded by [`crate::rules::nft_decode`]) when netlink fails.
-//! Both give the same typed form (tests/nft_read_conformance.rs). The ambient in-pod and host
-//! checks and the sidecar verify all go through [`super::rule_backend::NativeNft`].
+//! Applying a native nftables transaction over nfnetlink (atomic: the whole transaction or
+//! nothing), encoded by [`crate::rules::nft_encode`], and reading our tables back as typed rules
+//! over nfnetlink ([`read_native_netlink`], decoded by [`crate::rules::nft_kernel_decode`]),
+//! compared with what a transaction leaves ([`crate::rules::nft_decode::expected`]). No `nft`
+//! process is started: a host or image without nft (or with one that cannot talk to this
+//! kernel) is served the same. The ambient in-pod and host checks and the sidecar verify all go
+//! through [`super::rule_backend::NativeNft`].
 
-use super::exec::{Cmd, Executor};
-use super::iptables::{ApplyError, find_on_path, run_checked};
-use crate::netlink::nft_batch::BatchError;
+use super::exec::Executor;
+use super::iptables::ApplyError;
+use crate::netlink::nft_batch::{BatchError, Transaction};
 use crate::netlink::nft_dump;
-use crate::rules::nft_decode::{NativeState, decode_listing};
+use crate::rules::nft_decode::NativeState;
+use crate::rules::nft_encode::{NFPROTO_INET, NftTransaction, encode};
 use crate::rules::nft_kernel_decode::{
     AnonSets, anonymous_sets, decode_kernel, element_keys, table_names,
 };
 
-/// Runs one transaction through `nft -f -` in the calling thread's network namespace.
-pub fn apply_transaction(exec: &mut dyn Executor, transaction: &str) -> Result<(), ApplyError> {
-    if transaction.is_empty() {
+/// Sends one transaction as one nf_tables batch in the calling thread's network namespace (from a
+/// forked child inside the owning user namespace when `exec` enters one).
+pub fn apply_transaction(exec: &mut dyn Executor, tx: &NftTransaction) -> Result<(), ApplyError> {
+    if tx.is_empty() {
         return Ok(());
     }
-    if find_on_path("nft").is_none() {
-        return Err(ApplyError::NoBinary {
-            family: "nft",
-            reason: "nft not found on PATH (install nftables)".into(),
-        });
+    let messages = encode(tx).map_err(|e| ApplyError::NftEncode(e.to_string()))?;
+    let netlink = |source: BatchError| ApplyError::Netlink {
+        what: "apply the nftables transaction".into(),
+        source,
+    };
+    let mut batch = Transaction::new();
+    for m in messages {
+        batch
+            .push(m.kind, m.flags, NFPROTO_INET, &m.attrs, m.what)
+            .map_err(netlink)?;
     }
-    let cmd = Cmd::new("nft", ["-f", "-"]).with_stdin(transaction.to_string());
-    let out = exec.run(&cmd)?;
-    if out.success {
-        Ok(())
-    } else {
-        Err(ApplyError::Failed {
-            command: cmd.display(),
-            code: out.code,
-            stderr: out.stderr.trim().to_string(),
-        })
+    match exec.userns() {
+        Some(entry) => batch.send_entering(entry),
+        None => batch.send(),
     }
+    .map_err(netlink)
 }
 
-/// Our tables (named `<prefix>*`) in the calling thread's netns as typed rules: one
-/// `nft -j -t list ruleset`. A listing nft prints but we cannot read is an error naming it.
-pub fn read_native(exec: &mut dyn Executor, prefix: &str) -> Result<NativeState, ApplyError> {
-    let cmd = Cmd::new("nft", ["-j", "-t", "list", "ruleset"]);
-    let out = run_checked(exec, &cmd)?;
-    decode_listing(&out.stdout, prefix).map_err(|e| ApplyError::Failed {
-        command: cmd.display(),
-        code: Some(0),
-        stderr: e.to_string(),
-    })
-}
-
-/// [`read_native`] over nfnetlink, no process: one dump each of the tables, chains and sets of
+/// Our tables (named `<prefix>*`) in the calling thread's netns as typed rules, over nfnetlink,
+/// no process: one dump each of the tables, chains and sets of
 /// the `inet` family, one element dump per anonymous set of ours (a rule's `{ 53, 15008 }`) and
 /// one rule dump per table of ours, decoded by [`crate::rules::nft_kernel_decode`].
 pub fn read_native_netlink(prefix: &str) -> Result<NativeState, BatchError> {
-    const NFPROTO_INET: u8 = 1;
     let layout = nft_dump::dump_layout(NFPROTO_INET)?;
     let mut anon = AnonSets::new();
     for (table, set) in anonymous_sets(&layout.sets, prefix) {

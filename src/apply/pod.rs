@@ -16,7 +16,8 @@ use crate::netns::{Netns, NetnsError, UsernsEntry};
 use crate::rules::capture::{self, CaptureConfig};
 use crate::rules::capture_values::InvalidValue;
 use crate::rules::nft_decode::{NativeState, expected};
-use crate::rules::nftables::{NftTable, render_cleanup, render_transaction};
+use crate::rules::nft_encode::{NftStep, NftTransaction};
+use crate::rules::nftables::NftTable;
 use crate::rules::{RuleSet, nft_capture};
 
 /// Where the rules go.
@@ -345,13 +346,16 @@ pub fn cleanup_rules(cfg: &CaptureConfig) -> [RuleSet; 2] {
 }
 
 /// The nftables transaction replacing our sidecar tables.
-pub fn nft_transaction(cfg: &CaptureConfig) -> String {
-    render_transaction(&nft_capture::build(cfg), &NftTable::SIDECAR)
+pub fn nft_transaction(cfg: &CaptureConfig) -> NftTransaction {
+    NftTransaction::new(vec![NftStep::Replace {
+        set: nft_capture::build(cfg),
+        tables: NftTable::SIDECAR.to_vec(),
+    }])
 }
 
 /// The nftables transaction removing our sidecar tables.
-pub fn nft_cleanup_transaction() -> String {
-    render_cleanup(&NftTable::SIDECAR)
+pub fn nft_cleanup_transaction() -> NftTransaction {
+    NftTransaction::new(vec![NftStep::Remove(NftTable::SIDECAR.to_vec())])
 }
 
 enum RouteStep {

@@ -7,9 +7,11 @@
 //! requests over nfnetlink, one per entry (an add replaces the comment, so a reused IP moves to
 //! the new UID in one message), or one nf_tables transaction of set elements (atomic; an owner
 //! change is delete-then-add in it). A removal only touches entries carrying the UID asking for
-//! it. No process on that path; only creating missing sets runs `ipset`/`nft` (rare). The
+//! it. No process on that path; only creating missing ipsets runs `ipset` (rare; nft sets are
+//! created over netlink too). The
 //! messages are described in `rules::probe_set_msgs`.
 
+use crate::rules::nft_encode::{NamedSet, NftStep, NftTransaction, SetKind};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -148,7 +150,7 @@ fn set_name(ip: &IpAddr) -> &'static str {
 /// the change.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeSetError {
-    /// Creating the sets (the rare path, still through `ipset`/`nft`).
+    /// Creating the sets (the rare path; ipsets still through `ipset`).
     #[error(transparent)]
     Create(#[from] ApplyError),
     #[error("{0}")]
@@ -389,20 +391,38 @@ pub fn nft_sets(ipv6: bool) -> Vec<(&'static str, &'static str, &'static str)> {
     sets
 }
 
-/// The nft statements creating the sets (idempotent; existing elements are kept).
-pub fn nft_set_declarations(ipv6: bool) -> String {
+/// The sets the host table declares, typed (creating one is idempotent; existing elements are
+/// kept).
+pub fn nft_named_sets(ipv6: bool) -> Vec<NamedSet> {
     nft_sets(ipv6)
         .into_iter()
-        .map(|(table, name, kind)| {
-            format!("add set inet {table} {name} {{ type {kind} ; comment \"{SET_COMMENT}\" ; }}\n")
+        .map(|(table, name, kind)| NamedSet {
+            table,
+            name,
+            kind: if kind == "ipv6_addr" {
+                SetKind::Ipv6Addr
+            } else {
+                SetKind::Ipv4Addr
+            },
+            comment: SET_COMMENT,
         })
+        .collect()
+}
+
+/// The nft statements creating the sets, as text (for dry runs, logs and tests that apply with
+/// nft itself).
+pub fn nft_set_declarations(ipv6: bool) -> String {
+    crate::rules::nft_encode::render_sets(&nft_named_sets(ipv6))
+        .lines()
+        .filter(|l| l.starts_with("add set "))
+        .map(|l| format!("{l}\n"))
         .collect()
 }
 
 impl ProbeSets for NftSets {
     fn ensure(&self, exec: &mut dyn Executor, ipv6: bool) -> Result<(), ProbeSetError> {
-        let text = format!("add table inet {NFT_TABLE}\n{}", nft_set_declarations(ipv6));
-        super::nft::apply_transaction(exec, &text)?;
+        let tx = NftTransaction::new(vec![NftStep::DeclareSets(nft_named_sets(ipv6))]);
+        super::nft::apply_transaction(exec, &tx)?;
         Ok(())
     }
 

@@ -7,13 +7,13 @@
 //! * [`Iptables`] of iptables-legacy: `*-save` text parsed by [`super::state`] (the only text
 //!   reader left for the read-and-compare step);
 //! * [`NativeNft`]: our own nftables tables dumped over nfnetlink and decoded to the typed
-//!   [`crate::rules::nft_model`] statements ([`super::nft::read_native_netlink`], no process;
-//!   nft's JSON listing, [`super::nft::read_native`], only when that read fails), compared with
+//!   [`crate::rules::nft_model`] statements ([`super::nft::read_native_netlink`], no process),
+//!   compared with
 //!   what the planned transaction leaves ([`crate::rules::nft_decode::expected`]); the ambient
 //!   in-pod and host checks and the sidecar verify go through it.
 //!
 //! Writing is one `*-restore` per family for the iptables backends (the sidecar apply wraps it in
-//! its snapshot and rollback), one `nft -f -` transaction for native nftables.
+//! its snapshot and rollback), one nf_tables batch over netlink for native nftables (encoded by [`crate::rules::nft_encode`]).
 
 use super::exec::Executor;
 use super::iptables::{ApplyError, Binaries, restore_cmd, run_checked, save_cmd};
@@ -21,6 +21,7 @@ use super::nft_read::{KernelSets, OwnedState, holds_any_sidecar, read_owned, sid
 use super::state::{Comparison, Difference, State, compare_with_plan, holds_any_of, parse_save};
 use crate::rules::Rule;
 use crate::rules::nft_decode::{NativeState, difference};
+use crate::rules::nft_encode::NftTransaction;
 
 /// What a family holds, as its backend read it.
 #[derive(Debug, Clone)]
@@ -59,6 +60,8 @@ pub trait RuleBackend {
     type Owned;
     /// How a read differs from its plan.
     type Difference;
+    /// What is written: a family's restore input, or a native nftables transaction.
+    type Input;
 
     /// Reads the tables of ours in the calling thread's netns (or through `exec`).
     fn read_owned(
@@ -74,14 +77,14 @@ pub trait RuleBackend {
     fn apply_atomic(
         &self,
         exec: &mut dyn Executor,
-        input: String,
+        input: Self::Input,
         env: &[(String, String)],
     ) -> Result<(), ApplyError>;
 }
 
 /// The iptables backends, as the sidecar apply and verify hold them.
 pub type IptablesBackend<'a> =
-    dyn RuleBackend<Plan = [Rule], Owned = Owned, Difference = Difference> + 'a;
+    dyn RuleBackend<Plan = [Rule], Owned = Owned, Difference = Difference, Input = String> + 'a;
 
 /// The iptables diff (sidecar semantics: order not compared, as in Istio). Pure.
 fn iptables_diff<'a>(planned: &'a [Rule], owned: &Owned) -> Diff<'a> {
@@ -144,6 +147,7 @@ impl RuleBackend for Iptables<'_, '_> {
     type Plan = [Rule];
     type Owned = Owned;
     type Difference = Difference;
+    type Input = String;
 
     fn read_owned(
         &self,
@@ -171,10 +175,10 @@ impl RuleBackend for Iptables<'_, '_> {
 }
 
 /// Native nftables: our tables named `<prefix>*` (`istio-ambient-`, `istio-proxy-`) read as
-/// typed rules ([`super::nft::read_native`]), the plan being what the transaction leaves
-/// ([`crate::rules::nft_decode::expected`]); written as one `nft -f -` transaction. Rule order is
-/// compared (nft runs a chain in order); the difference names the first table, chain or rule
-/// that differs.
+/// typed rules over nfnetlink ([`super::nft::read_native_netlink`]), the plan being what the
+/// transaction leaves ([`crate::rules::nft_decode::expected`]); written as one nf_tables batch
+/// ([`super::nft::apply_transaction`]). No `nft` process either way. Rule order is compared (nft
+/// runs a chain in order); the difference names the first table, chain or rule that differs.
 pub struct NativeNft {
     pub prefix: &'static str,
 }
@@ -183,21 +187,17 @@ impl RuleBackend for NativeNft {
     type Plan = NativeState;
     type Owned = NativeState;
     type Difference = String;
+    type Input = NftTransaction;
 
-    /// Over nfnetlink, no process ([`super::nft::read_native_netlink`]); `nft -j` only when
-    /// that read fails.
     fn read_owned(
         &self,
-        exec: &mut dyn Executor,
+        _exec: &mut dyn Executor,
         _env: &[(String, String)],
     ) -> Result<NativeState, ApplyError> {
-        match super::nft::read_native_netlink(self.prefix) {
-            Ok(state) => Ok(state),
-            Err(e) => {
-                tracing::debug!(error = %e, "reading our nft tables over netlink failed; listing them with nft -j");
-                super::nft::read_native(exec, self.prefix)
-            }
-        }
+        super::nft::read_native_netlink(self.prefix).map_err(|source| ApplyError::Netlink {
+            what: format!("read the nftables tables {}*", self.prefix),
+            source,
+        })
     }
 
     fn diff<'a>(&self, planned: &'a NativeState, owned: &NativeState) -> Diff<'a, String> {
@@ -210,7 +210,7 @@ impl RuleBackend for NativeNft {
     fn apply_atomic(
         &self,
         exec: &mut dyn Executor,
-        input: String,
+        input: NftTransaction,
         _env: &[(String, String)],
     ) -> Result<(), ApplyError> {
         super::nft::apply_transaction(exec, &input)

@@ -275,8 +275,8 @@ fn emit_dry_run(settings: &Settings, text: String) -> Result<(), String> {
 /// The nftables transaction for the settings: our tables replaced, or removed with --cleanup-only.
 fn nft_transaction(settings: &Settings) -> String {
     if settings.cleanup_only {
-        apply::pod::nft_cleanup_transaction()
+        apply::pod::nft_cleanup_transaction().render()
     } else {
-        apply::pod::nft_transaction(&settings.capture)
+        apply::pod::nft_transaction(&settings.capture).render()
     }
 }

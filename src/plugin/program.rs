@@ -48,7 +48,7 @@ pub struct RedirectDone {
 /// if enabled); for nftables the transaction (Istio has no nft dry run).
 pub fn dry_run_text(cfg: &CaptureConfig, backend: Backend) -> String {
     if backend == Backend::Nftables {
-        return pod::nft_transaction(cfg);
+        return pod::nft_transaction(cfg).render();
     }
     let rules = build(cfg);
     let mut text = render_restore(&rules.v4);
