@@ -1,11 +1,17 @@
 //! The plugin's calls to the node agent over its Unix sockets, with a fake agent: log records
 //! streamed to `log.sock`, and the ambient `/cmdadd` event on `pluginevent.sock`.
+//!
+//! The plugin's own GETs (pod, namespace) go to the real kube-apiserver
+//! (`cni_driver::real_api`) with a kubeconfig as install-cni writes it (bound token, RBAC
+//! enforced); the case where the namespace read fails stays on the test API server, which can
+//! leave one resource unserved.
 
 mod cni_driver;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use cni_driver::real_api::real_api_and_run_dir;
 use cni_driver::*;
 use serde_json::{Value, json};
 
@@ -119,11 +125,11 @@ fn app_pod() -> Value {
         "spec": {"containers": [{"name": "app"}]}})
 }
 
-/// ADD of `amb/app` with the ambient config from `run_dir` and a netns path that is never
-/// entered (the cases fail before any netns work).
-fn add_app_without_netns(run_dir: &Path) -> Run {
+/// ADD of `<namespace>/app` with the ambient config from `run_dir` and a netns path that is
+/// never entered (the cases fail before any netns work).
+fn add_app_without_netns(run_dir: &Path, namespace: &str) -> Run {
     run_plugin(
-        &cni_env("ADD", "/x", "amb", "app"),
+        &cni_env("ADD", "/x", namespace, "app"),
         &ambient_conf(run_dir).to_string(),
     )
 }
@@ -167,7 +173,8 @@ fn a_missing_log_socket_never_fails_add() {
 
 #[test]
 fn ambient_pod_is_handed_to_the_agent() {
-    let (api, dir) = api_and_run_dir();
+    let (api, dir) = real_api_and_run_dir();
+    let amb = api.ns("amb");
     api.put_namespace("amb", json!({"istio.io/dataplane-mode": "ambient"}));
     api.put_pod(app_pod());
     api.put_pod(annotated_pod("amb", "with-sidecar", json!({})));
@@ -176,7 +183,7 @@ fn ambient_pod_is_handed_to_the_agent() {
     let ns_path = netns.path().display().to_string();
 
     let run = run_plugin(
-        &cni_env("ADD", &ns_path, "amb", "app"),
+        &cni_env("ADD", &ns_path, &amb, "app"),
         &ambient_conf(dir.path()).to_string(),
     );
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
@@ -185,7 +192,7 @@ fn ambient_pod_is_handed_to_the_agent() {
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0]["Netns"], ns_path.as_str());
     assert_eq!(events[0]["PodName"], "app");
-    assert_eq!(events[0]["PodNamespace"], "amb");
+    assert_eq!(events[0]["PodNamespace"], amb.as_str());
     assert_eq!(events[0]["IPs"][0]["Address"]["IP"], "10.40.0.7");
     assert!(
         !netns.iptables_save().contains("ISTIO"),
@@ -194,7 +201,7 @@ fn ambient_pod_is_handed_to_the_agent() {
 
     // A sidecar pod in an ambient namespace is not ambient: the sidecar path runs (dry run here).
     let out = dir.path().join("dry.txt");
-    let mut env = cni_env("ADD", &ns_path, "amb", "with-sidecar");
+    let mut env = cni_env("ADD", &ns_path, &amb, "with-sidecar");
     env.push(("DRY_RUN_FILE_PATH", out.display().to_string()));
     let run = run_plugin(&env, &ambient_conf(dir.path()).to_string());
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
@@ -208,11 +215,12 @@ fn ambient_pod_is_handed_to_the_agent() {
 
 #[test]
 fn agent_errors_fail_add_clearly() {
-    let (api, dir) = api_and_run_dir();
+    let (api, dir) = real_api_and_run_dir();
+    let amb = api.ns("amb");
     api.put_namespace("amb", json!({"istio.io/dataplane-mode": "ambient"}));
     api.put_pod(app_pod());
     // No agent at all.
-    let run = add_app_without_netns(dir.path());
+    let run = add_app_without_netns(dir.path(), &amb);
     assert_eq!(run.code, 1);
     assert!(
         run.msg().contains("failed to contact node Istio CNI agent"),
@@ -221,7 +229,7 @@ fn agent_errors_fail_add_clearly() {
     );
     // An agent answering 500.
     let _agent = FakeAgent::start(dir.path(), 500);
-    let run = add_app_without_netns(dir.path());
+    let run = add_app_without_netns(dir.path(), &amb);
     run.assert_failed_saying(&["500", "agent says so"]);
 }
 
@@ -231,21 +239,21 @@ fn failed_ambient_check_does_not_let_a_non_sidecar_pod_start_uncaptured() {
     // sidecar path and start the pod with no redirection (its B5). We fail ADD so it is retried.
     let (api, dir) = api_and_run_dir();
     api.put_pod(app_pod());
-    let run = add_app_without_netns(dir.path());
+    let run = add_app_without_netns(dir.path(), "amb");
     assert_eq!(run.code, 1, "{}", run.stdout);
     assert_eq!(run.json()["code"], 11, "{}", run.stdout);
 }
 
 #[test]
 fn an_agent_without_podadd_is_asked_the_istio_way_when_the_uid_is_given() {
-    let (api, dir) = api_and_run_dir();
+    let (api, dir) = real_api_and_run_dir();
     api.put_namespace("amb", json!({"istio.io/dataplane-mode": "ambient"}));
     api.put_pod(app_pod());
     // Serves /cmdadd only, as Istio's agent does: /podadd is a 404.
     let agent = FakeAgent::start(dir.path(), 200);
     let netns = NetnsGuard::new("ambu");
     let ns_path = netns.path().display().to_string();
-    let mut env = cni_env("ADD", &ns_path, "amb", "app");
+    let mut env = cni_env("ADD", &ns_path, &api.ns("amb"), "app");
     for (key, value) in env.iter_mut() {
         if *key == "CNI_ARGS" {
             value.push_str(";K8S_POD_UID=00000000-0000-4000-8000-00000000a9e1");

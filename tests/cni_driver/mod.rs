@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde_json::{Value, json};
 
+pub mod real_api;
+
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// The binary under test: `$ISTIO_CNI_RS_BIN` (the benchmarks point it at the static release
