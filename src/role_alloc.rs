@@ -28,6 +28,10 @@ unsafe extern "C" {
     /// per-thread clean-up). The static build compiles mimalloc without the constructor that
     /// would call it in every process (.cargo/config.toml): only the node agent does, here.
     fn _mi_auto_process_init();
+    /// Set once mimalloc has started. A build that keeps the constructor (the tests' glibc build)
+    /// has started it before `main`; a second start would flush mimalloc's message buffer, which
+    /// the first left holding a newline, to stderr.
+    static _mi_process_is_initialized: bool;
 }
 
 const UNDECIDED: u8 = 0;
@@ -58,9 +62,14 @@ impl RoleAlloc {
                         // SAFETY: a prctl with plain integer arguments; it only sets a process
                         // flag (inherited by children, harmless for the tools the agent runs).
                         unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-                        // SAFETY: mimalloc's own start-up (what its constructor runs where it
-                        // has one; once only), on the main thread before its first block.
-                        unsafe { _mi_auto_process_init() };
+                        // SAFETY: a plain read of mimalloc's flag, written only by its start-up
+                        // on this thread; then mimalloc's own start-up (what its constructor runs
+                        // where it has one; once only), on the main thread before its first block.
+                        unsafe {
+                            if !std::ptr::addr_of!(_mi_process_is_initialized).read_volatile() {
+                                _mi_auto_process_init();
+                            }
+                        }
                         MIMALLOC
                     }
                     Lifetime::Short if self.arena.reserve() => ARENA,
