@@ -230,6 +230,11 @@ pub const READ_LIMIT: u64 = 1 << 20;
 /// (opened without blocking, so a FIFO cannot hang the caller). A missing file keeps its
 /// `NotFound` kind.
 pub fn read_bounded(path: &Path) -> Result<Vec<u8>, FsError> {
+    read_bounded_to(path, READ_LIMIT)
+}
+
+/// [`read_bounded`] with a smaller `limit` (for many small files, such as a runtime's cache).
+pub fn read_bounded_to(path: &Path, limit: u64) -> Result<Vec<u8>, FsError> {
     use std::os::unix::fs::OpenOptionsExt;
     let fail = |e| FsError::new("reading", path, e);
     let file = OpenOptions::new()
@@ -249,19 +254,17 @@ pub fn read_bounded(path: &Path) -> Result<Vec<u8>, FsError> {
             io::ErrorKind::FileTooLarge,
             format!(
                 "{size} bytes or more, over the {} KiB read limit for files from the node",
-                READ_LIMIT / 1024
+                limit / 1024
             ),
         ))
     };
-    if meta.len() > READ_LIMIT {
+    if meta.len() > limit {
         return Err(too_large(meta.len()));
     }
     // The file may grow between the size check and the read: read one byte past the limit.
     let mut data = Vec::with_capacity(meta.len() as usize);
-    file.take(READ_LIMIT + 1)
-        .read_to_end(&mut data)
-        .map_err(fail)?;
-    if data.len() as u64 > READ_LIMIT {
+    file.take(limit + 1).read_to_end(&mut data).map_err(fail)?;
+    if data.len() as u64 > limit {
         return Err(too_large(data.len() as u64));
     }
     Ok(data)
@@ -388,7 +391,10 @@ fn copy_atomic_in(src: &Path, dst: &Path, mode: u32) -> Result<(), FsError> {
         .prefix(&temp_prefix(&name))
         .tempfile_in(dir)
         .map_err(|e| FsError::new("creating temp file in", dir, e))?;
-    let tmp_path = tmp.path().to_path_buf();
+    // No write handle may outlive the copy: exec of a file open for writing fails (ETXTBSY), and
+    // the runtime may exec the plugin the moment the rename lands.
+    let tmp = tmp.into_temp_path();
+    let tmp_path = tmp.to_path_buf();
     {
         let mut out = OpenOptions::new()
             .write(true)

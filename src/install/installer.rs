@@ -375,7 +375,8 @@ impl Installer {
     }
 
     /// Removes what we installed (§2.10), deleting only files we created (B2) and restoring a
-    /// converted primary `.conf` (L8).
+    /// converted primary `.conf` (L8). The configs go first; the binary only when no network
+    /// attachment on the node still names it (`attachments`).
     pub fn cleanup(&mut self) {
         if let Some(name) = self.last_written.clone() {
             self.cleanup_conf(&name);
@@ -395,6 +396,24 @@ impl Installer {
             Ok(false) => {}
             Err(e) => warn!("{e}"),
         }
+        self.remove_binaries();
+        self.set_restore(None);
+    }
+
+    /// The plugin binaries, unless a network attachment on the node still names the plugin.
+    fn remove_binaries(&self) {
+        // Our entries are gone from every config, so no new sandbox is set up with the plugin;
+        // a sandbox set up earlier still gets its DEL through the runtime's cached config, and
+        // that DEL fails (the pod stays Terminating) if the binary is gone.
+        if let Some(why) =
+            super::attachments::binary_still_needed(&self.cfg.results_dir, self.dir())
+        {
+            info!(
+                "leaving the CNI plugin binary in place ({why}): the runtime still calls it for \
+                 DEL; no CNI config of ours names it any more"
+            );
+            return;
+        }
         for dir in &self.cfg.cni_bin_dirs {
             let bin = dir.join(PLUGIN_BINARY);
             match fsutil::remove_if_exists(&bin) {
@@ -403,7 +422,6 @@ impl Installer {
                 Err(e) => warn!("{e}"),
             }
         }
-        self.set_restore(None);
     }
 }
 

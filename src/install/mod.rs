@@ -5,7 +5,8 @@
 //! Files: `config` (flags/env, pure; split into `flags`, `values` (how each kind of value is read;
 //! selector YAML through serde-saphyr into `kube::selector`), `resolve` (flag > env > default),
 //! `sections`; argv goes through the shared `cli` normaliser), `cniconf` (merge logic, pure), `kubeconfig` (pure render),
-//! `fsutil` (atomic file effects), `installer` (install pass, check, cleanup; split into
+//! `fsutil` (atomic file effects), `attachments` (which cached CNI results and configs still
+//! name the plugin, so an uninstall keeps its binary for their DEL), `installer` (install pass, check, cleanup; split into
 //! `select` (which file), `merge` (writing our entry), `restore` (cleanup and the `.conf` record)),
 //! `guard` (watch loop),
 //! `upgrade` (shutdown keep/clean decision; its API reads go through `kube`), `caps` (capability dropping),
@@ -16,6 +17,7 @@
 //! controller (`crate::repair`) is started here when `REPAIR_ENABLED=true`.
 
 pub mod ambient;
+pub mod attachments;
 pub mod caps;
 pub mod cniconf;
 pub mod config;

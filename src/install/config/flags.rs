@@ -56,6 +56,10 @@ crate::cli::settings::declare_settings! {
             parse: path_list, env: "CNI_BIN_DIRS",
             default: "/host/opt/cni/bin,/host/secondary-bin-dir",
         }
+        /// ours: the container runtime's cache of CNI results (libcni's `<cache dir>/results`) as seen here; while an entry there still names istio-cni, an uninstall leaves the plugin binary in place so the pod's DEL finds it (missing = no cached attachments)
+        cni_results_dir: PathBuf {
+            parse: absolute_path, env: "CNI_RESULTS_DIR", default: "/host/var/lib/cni/results",
+        }
         /// agent run directory (sockets, plugin kubeconfig, plugin log, restore record); same path on host and here
         cni_agent_run_dir: PathBuf {
             parse: |raw| socket_path(raw, LONGEST_RUN_DIR_SOCKET), env: "CNI_AGENT_RUN_DIR",

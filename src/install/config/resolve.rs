@@ -61,6 +61,7 @@ pub fn from_flags(f: &Flags, env: &dyn Env) -> Result<Config, ConfigError> {
         istio_owned_cni_config: v.istio_owned_cni_config,
         owned_filename: v.istio_owned_cni_config_filename,
         cni_bin_dirs: v.cni_bin_dirs,
+        results_dir: v.cni_results_dir,
         run_dir: v.cni_agent_run_dir,
         kubeconfig_mode: v.kubeconfig_mode,
         cni_conf_group_read: v.cni_conf_group_read,

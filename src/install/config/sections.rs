@@ -119,6 +119,8 @@ pub struct InstallConfig {
     pub istio_owned_cni_config: bool,
     pub owned_filename: String,
     pub cni_bin_dirs: Vec<PathBuf>,
+    /// The runtime's cached CNI results (see `install::attachments`).
+    pub results_dir: PathBuf,
     pub run_dir: PathBuf,
     pub kubeconfig_mode: u32,
     pub cni_conf_group_read: bool,
@@ -162,6 +164,7 @@ impl InstallConfig {
             istio_owned_cni_config: false,
             owned_filename: "02-istio-cni.conflist".to_string(),
             cni_bin_dirs: vec![],
+            results_dir: PathBuf::from("/nonexistent/cni/results"),
             run_dir: PathBuf::from("/path/to/kubeconfig"),
             kubeconfig_mode: 0o600,
             cni_conf_group_read: false,
