@@ -1,7 +1,11 @@
-//! The ambient agent in-process against the test API server, with the fake data plane and
-//! ztunnel (`agent::testing`): enrolment through `/cmdadd`, by labelling a namespace, removal by
-//! unlabelling, the node-scoped pod store, and `/cmdadd` refusals that change nothing.
+//! The ambient agent in-process against the real kube-apiserver (`support/real_cluster.rs`:
+//! each test's namespaces and node apart by a suffix, the agent's requests read from the
+//! server's audit log), with the fake data plane and ztunnel (`agent::testing`): enrolment
+//! through `/cmdadd`, by labelling a namespace, removal by unlabelling, the node-scoped pod
+//! store, and `/cmdadd` refusals that change nothing.
 
+#[path = "support/real_cluster.rs"]
+mod real_cluster;
 #[path = "install_support.rs"]
 mod support;
 
@@ -15,8 +19,8 @@ use istio_cni::agent::testing::{FakeDataplane, FakeZtunnel};
 use istio_cni::agent::{Agent, Deps};
 use istio_cni::kube::KubeClient;
 use istio_cni::kube::plugin_event::{EventIp, EventIpNet, PluginAddEvent};
-use istio_cni_testing::apiserver::TestApiServer;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use real_cluster::RealCluster;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -24,7 +28,7 @@ const NODE: &str = "node-1";
 const T: Duration = Duration::from_secs(10);
 
 struct Rig {
-    api: TestApiServer,
+    api: RealCluster,
     agent: Option<Agent>,
     dp: Arc<FakeDataplane>,
     zt: Arc<FakeZtunnel>,
@@ -88,12 +92,12 @@ fn settings(run_dir: PathBuf) -> Settings {
 }
 
 /// Starts the server with `setup` applied first, then the agent.
-async fn rig(setup: impl FnOnce(&TestApiServer)) -> Rig {
+async fn rig(setup: impl FnOnce(&RealCluster)) -> Rig {
     rig_with(setup, false).await
 }
 
-async fn rig_with(setup: impl FnOnce(&TestApiServer), reconcile: bool) -> Rig {
-    let api = TestApiServer::start().await.unwrap();
+async fn rig_with(setup: impl FnOnce(&RealCluster), reconcile: bool) -> Rig {
+    let api = RealCluster::start();
     setup(&api);
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
@@ -103,6 +107,7 @@ async fn rig_with(setup: impl FnOnce(&TestApiServer), reconcile: bool) -> Rig {
     let zt = Arc::new(FakeZtunnel::default());
     let mut s = settings(dir.path().join("run"));
     s.config.reconcile_pod_rules_on_startup = reconcile;
+    s.config.node_name = api.node(NODE);
     let deps = Deps {
         dataplane: dp.clone(),
         ztunnel: zt.clone(),
@@ -199,7 +204,7 @@ async fn cmdadd_enrols_a_pod_of_an_ambient_namespace_and_answers_after_the_annot
     // Istio), which a loaded test machine can exceed, so wait for the store here.
     let core = r.agent.as_ref().unwrap().core().clone();
     r.wait("pod in the store", || core.pods.len() == 1).await;
-    let (status, body) = r.post(event("shop", "web", "10.1.0.5")).await;
+    let (status, body) = r.post(event(&r.api.ns("shop"), "web", "10.1.0.5")).await;
     assert_eq!(status, 200, "{body}");
     // 200 only once everything is done: no waiting needed for any of these.
     assert_eq!(r.annotation("shop", "web").as_deref(), Some("enabled"));
@@ -232,13 +237,16 @@ async fn cmdadd_enrols_a_pod_of_an_ambient_namespace_and_answers_after_the_annot
         r.dp.probes.lock().get(&"10.1.0.5".parse().unwrap()),
         Some(&uid)
     );
-    let patch = r
+    let patches: Vec<_> = r
         .api
         .requests()
         .into_iter()
-        .find(|q| q.method == "PATCH")
-        .expect("a patch");
-    assert_eq!(patch.path, "/api/v1/namespaces/shop/pods/web/status");
+        .filter(|(verb, _)| verb == "patch")
+        .collect();
+    let status = format!("/api/v1/namespaces/{}/pods/web/status", r.api.ns("shop"));
+    assert!(!patches.is_empty(), "a patch");
+    let path = patches[0].1.split('?').next().unwrap_or_default();
+    assert_eq!(path, status, "{patches:?}");
     r.shutdown().await;
 }
 
@@ -308,19 +316,18 @@ async fn pods_of_other_nodes_never_reach_the_store() {
     keys.sort();
     assert_eq!(keys, ["near", "near-2"]);
     // Every pod list and watch asked the server for this node's pods only.
+    let selector = format!("fieldSelector=spec.nodeName%3D{}", r.api.node(NODE));
     let pod_requests: Vec<_> = r
         .api
         .requests()
         .into_iter()
-        .filter(|q| q.method == "GET" && q.path == "/api/v1/pods")
+        .filter(|(verb, uri)| {
+            matches!(verb.as_str(), "list" | "watch") && uri.starts_with("/api/v1/pods?")
+        })
         .collect();
     assert!(!pod_requests.is_empty());
-    for q in pod_requests {
-        assert_eq!(
-            q.query_param("fieldSelector").as_deref(),
-            Some("spec.nodeName=node-1"),
-            "{q:?}"
-        );
+    for (verb, uri) in pod_requests {
+        assert!(uri.contains(&selector), "{verb} {uri}");
     }
     r.shutdown().await;
 }
@@ -347,19 +354,24 @@ async fn refused_cmdadds_change_nothing() {
     assert_eq!(startup_calls, ["probe_sync 0 prune=true"]);
 
     let mut bad: serde_json::Value =
-        serde_json::from_str(&event("shop", "web", "10.1.0.9")).unwrap();
+        serde_json::from_str(&event(&r.api.ns("shop"), "web", "10.1.0.9")).unwrap();
     bad["IPs"][0]["Address"]["IP"] = json!("not-an-ip");
     let (status, body) = r.post(bad.to_string()).await;
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("IPs[0].Address.IP"), "{body}");
-    let (status, body) = r.post("{\"PodNamespace\":\"shop\"}".into()).await;
+    let (status, body) = r
+        .post(json!({"PodNamespace": r.api.ns("shop")}).to_string())
+        .await;
     assert_eq!((status, body.contains("PodName")), (400, true), "{body}");
 
-    let (status, body) = r.post(event("shop", "ghost", "10.1.0.11")).await;
+    let (status, body) = r.post(event(&r.api.ns("shop"), "ghost", "10.1.0.11")).await;
     assert_eq!(status, 500);
-    assert!(body.contains("failed to get pod shop/ghost"), "{body}");
+    let ghost = format!("failed to get pod {}/ghost", r.api.ns("shop"));
+    assert!(body.contains(&ghost), "{body}");
 
-    let (status, body) = r.post(event("plain", "other", "10.1.0.10")).await;
+    let (status, body) = r
+        .post(event(&r.api.ns("plain"), "other", "10.1.0.10"))
+        .await;
     assert_eq!(status, 500);
     assert!(
         body.contains("not eligible for ambient enrollment"),
@@ -368,9 +380,12 @@ async fn refused_cmdadds_change_nothing() {
 
     assert_eq!(r.dp.calls(), startup_calls, "no data-plane work");
     assert_eq!(r.zt.adds.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let requests = r.api.requests();
     assert!(
-        r.api.requests().iter().all(|q| q.method == "GET"),
-        "no writes"
+        requests
+            .iter()
+            .all(|(verb, _)| matches!(verb.as_str(), "get" | "list" | "watch")),
+        "no writes: {requests:?}"
     );
     assert_eq!(r.annotation("shop", "web"), None);
     let core = r.agent.as_ref().unwrap().core().clone();

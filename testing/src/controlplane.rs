@@ -30,6 +30,8 @@ pub use objects::{pod_on_node, unique_name};
 pub const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 /// The cluster IP range services get (its first address is the `kubernetes` service).
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The API server's audit log in the control plane's directory.
+const AUDIT_LOG: &str = "audit.log";
 /// How long start-up may take before it counts as failed (a loaded 2-core machine is slow).
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -240,6 +242,31 @@ impl ControlPlane {
         futures::executor::block_on(task).expect("control plane task panicked")
     }
 
+    /// The requests of `user` the server has answered (from its audit log: one per request,
+    /// a watch counted when it starts), in order: (verb, requestURI). `from` skips the first
+    /// entries of the whole log (take [`ControlPlane::audit_mark`] before the calls of interest).
+    pub fn requests_of(&self, user: &str, from: usize) -> Vec<(String, String)> {
+        let text = std::fs::read_to_string(self.dir.join(AUDIT_LOG)).unwrap_or_default();
+        let mut seen = std::collections::HashSet::new();
+        text.lines()
+            .skip(from)
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|e| e["user"]["username"] == user)
+            .filter(|e| seen.insert(e["auditID"].as_str().unwrap_or_default().to_string()))
+            .map(|e| {
+                let field = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+                (field("verb"), field("requestURI"))
+            })
+            .collect()
+    }
+
+    /// How many audit entries there are now (see [`ControlPlane::requests_of`]).
+    pub fn audit_mark(&self) -> usize {
+        std::fs::read_to_string(self.dir.join(AUDIT_LOG))
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    }
+
     /// The end of kube-apiserver's log, for failure messages.
     pub fn apiserver_log_tail(&self, lines: usize) -> String {
         process::tail(&self.dir.join("kube-apiserver.log"), lines)
@@ -280,6 +307,12 @@ fn start_processes(
 
     let port = process::free_port()?;
     let path = |p: &Path| p.display().to_string();
+    let audit_policy = dir.join("audit-policy.yaml");
+    objects::write(
+        &audit_policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n\
+         rules:\n- level: Metadata\n",
+    )?;
     let mut apiserver = Command::new(apiserver_bin);
     apiserver
         .arg(format!("--etcd-servers={client_url}"))
@@ -304,6 +337,12 @@ fn start_processes(
         // The endpoint reconciler refuses a loopback address for the `kubernetes` service.
         .arg("--endpoint-reconciler-type=none")
         .arg("--profiling=false")
+        // Every request's verb, URI and user, for tests that count or inspect the calls of one
+        // user (the test API server's request log, on the real server).
+        .arg(format!("--audit-policy-file={}", path(&audit_policy)))
+        .arg(format!("--audit-log-path={}", path(&dir.join(AUDIT_LOG))))
+        .arg("--audit-log-mode=blocking")
+        .arg("--audit-log-format=json")
         .arg("--v=0");
     children.push((
         "kube-apiserver",

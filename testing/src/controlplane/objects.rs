@@ -59,7 +59,7 @@ pub(super) fn write_admin_kubeconfig(
     write(path, &config.to_string())
 }
 
-fn write(path: &Path, text: &str) -> Result<(), ControlPlaneError> {
+pub(super) fn write(path: &Path, text: &str) -> Result<(), ControlPlaneError> {
     std::fs::write(path, text).map_err(|source| ControlPlaneError::Write {
         path: path.to_path_buf(),
         source,

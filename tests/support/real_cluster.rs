@@ -1,0 +1,162 @@
+//! The agent tests' API server on the real kube-apiserver (`istio_cni_testing::controlplane`,
+//! one per test binary) behind the calls they make of the test API server: `add_namespace`
+//! (create or replace the labels), `add_pod` (create, then the status through the `status`
+//! subresource as a kubelet writes it), `pod`, `write_kubeconfig`, and the request log
+//! (`requests`, `clear_requests`) read from the server's audit log.
+//!
+//! The server is shared by every test of the binary, so each `RealCluster` keeps its objects
+//! apart: namespace `shop` is `shop-<suffix>` and node `node-1` is `node-1-<suffix>` on the
+//! server ([`RealCluster::ns`], [`RealCluster::node`] name them for the agent's settings and
+//! the assertions). The agent authenticates with a bound token of a ServiceAccount of its own
+//! (bound to `cluster-admin`: the chart's RBAC is `chart_rbac`'s subject), so its requests are
+//! told apart from the test's.
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Duration;
+
+use istio_cni_testing::controlplane::{self, ControlPlane, unique_name};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, PostParams};
+use parking_lot::Mutex;
+use serde_json::json;
+
+pub struct RealCluster {
+    pub cp: &'static ControlPlane,
+    suffix: String,
+    home: String,
+    namespaces: Mutex<HashSet<String>>,
+    accounts: Mutex<HashSet<(String, String)>>,
+    /// Audit entries before this are not the test's concern ([`RealCluster::clear_requests`]).
+    mark: Mutex<usize>,
+}
+
+impl RealCluster {
+    pub fn start() -> RealCluster {
+        // Started off any runtime: its start blocks on one of its own.
+        let cp = std::thread::spawn(controlplane::shared)
+            .join()
+            .expect("the control plane starts");
+        let home = unique_name("agent");
+        let suffix = home.trim_start_matches("agent-").to_string();
+        cp.create_namespace(&home, &[]);
+        cp.create(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "istio-cni", "namespace": home}}));
+        cp.create(&json!({"apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding", "metadata": {"name": format!("agent-{home}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                "name": "cluster-admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": "istio-cni", "namespace": home}]}));
+        let mark = Mutex::new(cp.audit_mark());
+        RealCluster {
+            cp,
+            suffix,
+            home,
+            namespaces: Mutex::new(HashSet::new()),
+            accounts: Mutex::new(HashSet::new()),
+            mark,
+        }
+    }
+
+    /// The server's name of the test's namespace `name`.
+    pub fn ns(&self, name: &str) -> String {
+        format!("{name}-{}", self.suffix)
+    }
+
+    /// The server's name of the test's node `name`.
+    pub fn node(&self, name: &str) -> String {
+        format!("{name}-{}", self.suffix)
+    }
+
+    /// The agent's user name on the server.
+    pub fn user(&self) -> String {
+        format!("system:serviceaccount:{}:istio-cni", self.home)
+    }
+
+    /// Creates the namespace, or replaces its labels when it exists.
+    pub fn add_namespace(&self, ns: Namespace) -> Result<(), String> {
+        let name = self.ns(ns.metadata.name.as_deref().unwrap_or_default());
+        let labels = ns.metadata.labels.clone().unwrap_or_default();
+        if self.namespaces.lock().insert(name.clone()) {
+            let labels: Vec<(&str, &str)> = labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            self.cp.create_namespace(&name, &labels);
+            return Ok(());
+        }
+        let client = self.cp.client();
+        self.cp.block_on(async move {
+            let api = Api::<Namespace>::all(client);
+            let mut current = api.get(&name).await.map_err(|e| e.to_string())?;
+            current.metadata.labels = Some(labels);
+            api.replace(&name, &PostParams::default(), &current)
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("replace namespace {name}: {e}"))
+        })
+    }
+
+    /// Creates the pod in the server's names of its namespace (made when the test did not) and
+    /// node, its ServiceAccount made when missing; then its status, when it has one.
+    pub fn add_pod(&self, mut pod: Pod) -> Result<(), String> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let real = self.ns(&ns);
+        if !self.namespaces.lock().contains(&real) {
+            self.add_namespace(Namespace {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(ns),
+                    ..Default::default()
+                },
+                ..Default::default()
+            })?;
+        }
+        pod.metadata.namespace = Some(real.clone());
+        let spec = pod.spec.as_mut().ok_or("a pod without spec")?;
+        if let Some(node) = spec.node_name.as_mut() {
+            *node = self.node(node);
+        }
+        let sa = spec.service_account_name.clone().unwrap_or_default();
+        if !sa.is_empty()
+            && sa != "default"
+            && self.accounts.lock().insert((real.clone(), sa.clone()))
+        {
+            self.cp
+                .create(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": sa, "namespace": real}}));
+        }
+        let status = pod.status.take();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        self.cp.create_pod(&pod);
+        if let Some(status) = status {
+            let status = serde_json::to_value(status).map_err(|e| e.to_string())?;
+            self.cp.set_pod_status(&real, &name, status);
+        }
+        Ok(())
+    }
+
+    /// The pod `namespace/name` (the test's namespace name) as stored now.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Pod> {
+        self.cp.pod(&self.ns(namespace), name)
+    }
+
+    /// A kubeconfig for the agent: this server, its CA, a bound token of the agent's account.
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<(), String> {
+        let token = self
+            .cp
+            .token(&self.home, "istio-cni", Duration::from_secs(3600));
+        self.cp.write_kubeconfig(path, &token);
+        Ok(())
+    }
+
+    /// The agent's requests since the start or the last [`RealCluster::clear_requests`]:
+    /// (verb, requestURI), from the server's audit log.
+    pub fn requests(&self) -> Vec<(String, String)> {
+        self.cp.requests_of(&self.user(), *self.mark.lock())
+    }
+
+    pub fn clear_requests(&self) {
+        *self.mark.lock() = self.cp.audit_mark();
+    }
+}
