@@ -547,7 +547,8 @@ fn a_restore_record_naming_anything_but_plain_conf_names_is_ignored() {
         RestoreRecord::read(&path)
     };
     assert_eq!(read_back(&good), Some(good.clone()));
-    let bad: [(&str, fn(&mut RestoreRecord)); 9] = [
+    type Spoil = fn(&mut RestoreRecord);
+    let bad: [(&str, Spoil); 9] = [
         ("absolute original", |r| r.original = "/dev/null".into()),
         ("dotdot original", |r| {
             r.original = "../../etc/x.conf".into();
