@@ -89,13 +89,9 @@ fn logs_go_to_stdout_by_default_and_to_stderr_when_asked() {
 
 /// Every setting install-cni accepts for Istio's sake without an effect here.
 /// Given in Istio's underscore spelling; named in the dash spelling of our `--help`.
-const IGNORED: [(&str, &str); 9] = [
+const IGNORED: [(&str, &str); 5] = [
     ("--log_stacktrace_level", "error"),
     ("--log_caller", "default"),
-    ("--log_rotate", "/tmp/never-written.log"),
-    ("--log_rotate_max_age", "30"),
-    ("--log_rotate_max_backups", "1000"),
-    ("--log_rotate_max_size", "104857600"),
     ("--ctrlz_port", "9876"),
     ("--ctrlz_address", "localhost"),
     ("--log_level", "info"),
@@ -128,5 +124,71 @@ fn each_accepted_setting_without_an_effect_is_named_once_at_start() {
             .any(|l| l.contains("CTRLZ_ADDRESS is accepted for compatibility and ignored")),
         "{out:?}"
     );
-    assert!(!std::path::Path::new("/tmp/never-written.log").exists());
+}
+
+/// The backups of `<dir>/agent.log`, sorted (oldest first: the time is in the name).
+fn backups(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("log dir")
+        .map(|e| e.expect("entry").file_name().into_string().expect("name"))
+        .filter(|n| n.starts_with("agent-") && n.ends_with(".log"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn log_rotate_gets_every_record_and_rotates_past_its_size_keeping_the_backup_count() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    let logs = tempfile::tempdir().expect("log dir");
+    let path = logs.path().join("agent.log");
+    // Three old backups, and a current file already at the 1 MB limit: the first record rotates
+    // it, and two backups are kept (the oldest go).
+    for stamp in [
+        "2026-01-01T00-00-00.000",
+        "2026-01-02T00-00-00.000",
+        "2026-01-03T00-00-00.000",
+    ] {
+        std::fs::write(logs.path().join(format!("agent-{stamp}.log")), "old\n").expect("backup");
+    }
+    let full = vec![b'x'; 1 << 20];
+    std::fs::write(&path, &full).expect("full log");
+    let args = [
+        format!("--log_rotate={}", path.display()),
+        "--log_rotate_max_size=1".to_string(),
+        "--log_rotate_max_backups=2".to_string(),
+        // Backups dated 2026-01 are within a year: the age limit keeps them.
+        "--log_rotate_max_age=3650".to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (out, err) = run_split(&d.base_env(), &args);
+    assert!(err.is_empty(), "{err:?}");
+    // The target still gets every record; the rotating file gets them too.
+    assert!(
+        out.iter().any(|l| l.contains("starting install-cni")),
+        "{out:?}"
+    );
+    let current = std::fs::read_to_string(&path).expect("current log");
+    assert!(
+        current.contains("\tinfo\tcni-agent\tstarting install-cni"),
+        "{current}"
+    );
+    assert!(
+        !current.contains("xxxx"),
+        "the full file was not rotated away"
+    );
+    let kept = backups(logs.path());
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert_eq!(kept[0], "agent-2026-01-03T00-00-00.000.log", "{kept:?}");
+    let rotated = std::fs::read(logs.path().join(&kept[1])).expect("rotated");
+    assert_eq!(rotated, full, "the rotated backup holds the full file");
+    for (flag, _) in [("--log_rotate", ""), ("--log_rotate_max_size", "")] {
+        let flag = flag.replace('_', "-");
+        assert!(
+            !out.iter()
+                .any(|l| l.contains(&format!("{flag} is accepted"))),
+            "{flag} is honoured, not ignored: {out:?}"
+        );
+    }
 }

@@ -182,6 +182,7 @@ fn log_settings(cfg: &Config) -> LogSettings {
             _ => None,
         },
         stdout: cfg.log.target == LogTarget::Stdout,
+        rotate: cfg.log.rotate.clone(),
     }
 }
 

@@ -54,6 +54,8 @@ pub struct LogSettings {
     /// `None` = stderr.
     pub file: Option<PathBuf>,
     pub stdout: bool,
+    /// Istio's `--log_rotate`: a rotating file that gets every record besides the target.
+    pub rotate: Option<super::rotate::RotateSettings>,
 }
 
 /// The scope of an event target.
@@ -82,7 +84,12 @@ pub fn init(settings: LogSettings) -> Result<LogGuard, String> {
         None if settings.stdout => "stdout".to_string(),
         None => "stderr".to_string(),
     };
-    let (writer, guard) = non_blocking(open_targets(&[target])?);
+    let mut tee = open_targets(&[target])?;
+    if let Some(rotate) = &settings.rotate {
+        let file = super::rotate::RotatingFile::open(rotate.clone()).map_err(|e| e.to_string())?;
+        tee = tee.with(Target::Rotating(Mutex::new(file)));
+    }
+    let (writer, guard) = non_blocking(tee);
     let levels = settings.levels.clone();
     let filter = tracing_subscriber::filter::filter_fn(move |meta| {
         levels.allows(scope_of(meta.target()), meta.level())
@@ -124,6 +131,7 @@ enum Target {
     Stdout,
     Stderr,
     File(Mutex<std::fs::File>),
+    Rotating(Mutex<super::rotate::RotatingFile>),
 }
 
 /// Writes each record to every target.
@@ -139,6 +147,10 @@ impl io::Write for Tee {
                     .lock()
                     .map_err(|_| io::Error::other("log file lock poisoned"))?
                     .write_all(buf)?,
+                Target::Rotating(f) => f
+                    .lock()
+                    .map_err(|_| io::Error::other("rotating log file lock poisoned"))?
+                    .write_all(buf)?,
             }
         }
         Ok(buf.len())
@@ -146,6 +158,15 @@ impl io::Write for Tee {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+impl Tee {
+    /// These targets and one more (before any writer shares them).
+    fn with(self, extra: Target) -> Tee {
+        let mut targets = std::sync::Arc::into_inner(self.0).unwrap_or_default();
+        targets.push(extra);
+        Tee(std::sync::Arc::new(targets))
     }
 }
 

@@ -8,5 +8,6 @@ pub mod logging;
 pub mod logsink;
 pub mod metrics;
 pub mod process;
+pub mod rotate;
 pub mod serve;
 pub mod socket;

@@ -194,6 +194,22 @@ crate::cli::settings::declare_settings! {
         log_target: LogTarget {
             parse: log_target, env: "LOG_TARGET", default: "stdout",
         }
+        /// a rotating log file that gets every record besides LOG_TARGET's (Istio's lumberjack rules: renamed to `<name>-<UTC time>.<ext>` when the next record would pass the size limit)
+        log_rotate: Option<PathBuf> {
+            parse: log_rotate_path, env: "LOG_ROTATE", unset: "empty = no rotating file",
+        }
+        /// days a rotated backup of LOG_ROTATE is kept (0 = no limit)
+        log_rotate_max_age: i64 {
+            parse: go_int, env: "LOG_ROTATE_MAX_AGE", default: "30",
+        }
+        /// backups of LOG_ROTATE kept, the oldest removed first (0 = no limit)
+        log_rotate_max_backups: i64 {
+            parse: go_int, env: "LOG_ROTATE_MAX_BACKUPS", default: "1000",
+        }
+        /// size in megabytes at which LOG_ROTATE is rotated (0 or less = 100); Istio's default, 104857600, in effect never rotates
+        log_rotate_max_size: i64 {
+            parse: go_int, env: "LOG_ROTATE_MAX_SIZE", default: "104857600",
+        }
     }
 
     section "Accepted for compatibility" {
@@ -213,20 +229,6 @@ crate::cli::settings::declare_settings! {
         }
         /// accepted and ignored (logged once at start); caller info is not emitted
         log_caller: Option<String> { parse: text, env: "LOG_CALLER", marks: [Bool, WarnIfSet] }
-        /// accepted and ignored (logged once at start): no rotated log file is written; LOG_TARGET names the one log file
-        log_rotate: Option<String> { parse: text, env: "LOG_ROTATE", marks: [WarnIfSet] }
-        /// accepted and ignored (logged once at start), as LOG_ROTATE is
-        log_rotate_max_age: Option<String> {
-            parse: text, env: "LOG_ROTATE_MAX_AGE", marks: [WarnIfSet],
-        }
-        /// accepted and ignored (logged once at start), as LOG_ROTATE is
-        log_rotate_max_backups: Option<String> {
-            parse: text, env: "LOG_ROTATE_MAX_BACKUPS", marks: [WarnIfSet],
-        }
-        /// accepted and ignored (logged once at start), as LOG_ROTATE is
-        log_rotate_max_size: Option<String> {
-            parse: text, env: "LOG_ROTATE_MAX_SIZE", marks: [WarnIfSet],
-        }
         /// accepted and ignored (logged once at start): there is no ControlZ
         ctrlz_port: Option<String> { parse: text, env: "CTRLZ_PORT", marks: [WarnIfSet] }
         /// accepted and ignored (logged once at start): there is no ControlZ

@@ -7,6 +7,7 @@ use super::sections::*;
 use super::values::*;
 use crate::cli::Env;
 use crate::cli::settings::{EmptyEnv, Lookup, Mark};
+use crate::telemetry::rotate::RotateSettings;
 
 /// install-cni's env rule: a set-but-empty variable is unset (viper's).
 pub(super) fn lookup(env: &dyn Env) -> Lookup<'_> {
@@ -36,6 +37,15 @@ pub fn from_flags(f: &Flags, env: &dyn Env) -> Result<Config, ConfigError> {
         scopes,
         as_json: v.log_as_json,
         target: v.log_target,
+        rotate: v
+            .log_rotate
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(|path| RotateSettings {
+                path,
+                max_size_mb: v.log_rotate_max_size,
+                max_age_days: v.log_rotate_max_age,
+                max_backups: v.log_rotate_max_backups,
+            }),
     };
 
     if v.monitoring_port

@@ -95,6 +95,8 @@ pub struct LogConfig {
     pub scopes: BTreeMap<String, LogLevel>,
     pub as_json: bool,
     pub target: LogTarget,
+    /// `--log_rotate` and its limits; `None` = no rotating file.
+    pub rotate: Option<crate::telemetry::rotate::RotateSettings>,
 }
 
 impl LogConfig {

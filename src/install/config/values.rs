@@ -230,6 +230,20 @@ pub(super) fn log_levels(raw: &Raw) -> Result<(LogLevel, BTreeMap<String, LogLev
     parse_log_levels(&raw.value).map_err(|e| invalid(raw, e))
 }
 
+/// An integer as Go's flag and viper read it.
+pub(super) fn go_int(raw: &Raw) -> Result<i64, ConfigError> {
+    parse_go_int(&raw.value).ok_or_else(|| invalid(raw, "expected an integer"))
+}
+
+/// `--log_rotate`: a file path; empty = none (left to the caller).
+pub(super) fn log_rotate_path(raw: &Raw) -> Result<PathBuf, ConfigError> {
+    let path = raw.value.trim();
+    if path.ends_with('/') {
+        return Err(invalid(raw, "names a directory, not a log file"));
+    }
+    Ok(PathBuf::from(path))
+}
+
 /// `--log_target`: `stderr`, `stdout` or a file path.
 pub(super) fn log_target(raw: &Raw) -> Result<LogTarget, ConfigError> {
     Ok(match raw.value.as_str() {
