@@ -2,9 +2,9 @@
 //! a host or image without nft (or with an nft that cannot talk to this kernel, or built without
 //! JSON) is served the same. Three checks:
 //! * no code path in `src/` builds a command for `nft` (a source scan);
-//! * `istio-iptables --native-nftables` (the sidecar path the plugin also takes) run with a PATH
-//!   holding no `nft` applies a golden case, heals a flushed chain with `--reconcile` and removes
-//!   everything with `--cleanup-only`;
+//! * `istio-iptables --native-nftables` run with a PATH holding no `nft` applies a golden case,
+//!   heals a flushed chain with `--reconcile` and removes everything with `--cleanup-only`; the
+//!   sidecar plugin with `native_nftables` applies what its dry run says and heals on the next ADD;
 //! * the ambient in-pod and host nftables paths, run by this test binary re-executed inside the
 //!   pod's netns with a PATH holding no `nft`, apply, report and heal drift, and remove.
 //!
@@ -84,7 +84,19 @@ fn no_code_path_in_src_starts_nft() {
 
 /// `nft -j list ruleset` in `ns` without handles and metainfo.
 fn listing(ns: &Netns) -> Value {
-    let out = ns.exec(NFT, &["-j", "list", "ruleset"]);
+    listing_in(&ns.name)
+}
+
+fn listing_in(netns: &str) -> Value {
+    let out = Command::new("ip")
+        .args(["netns", "exec", netns, NFT, "-j", "list", "ruleset"])
+        .output()
+        .expect("nft -j");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut v: Value = serde_json::from_slice(&out.stdout).expect("nft JSON");
     strip(&mut v);
     v
@@ -325,4 +337,50 @@ fn ns_drift(ns: &Netns, table: &str) {
         let _ = ns.try_exec(NFT, &["flush", "chain", "inet", table, chain]);
     }
     assert_ne!(listing(ns), before, "the drift took");
+}
+
+/// The sidecar plugin with `native_nftables`: its ADD, run with no nft on PATH, leaves what `nft
+/// -f` makes of the transaction its dry run writes; a flushed chain is healed by the next ADD.
+#[test]
+fn plugin_native_nftables_without_nft_applies_and_heals() {
+    use support::cni_driver::{
+        NetnsGuard, api_with_sidecar_pod, cni_env, run_plugin, sidecar_conf,
+    };
+    require_tool("nft", "nftables");
+    assert_no_nft_on(NO_NFT_PATH);
+    let (_api, dir) = api_with_sidecar_pod("ns1", "nonft");
+    let mut conf = sidecar_conf(dir.path(), "10.30.0.2/24");
+    conf["native_nftables"] = serde_json::json!(true);
+    let add = |ns: &NetnsGuard, extra: Option<(&'static str, String)>| {
+        let mut env = cni_env("ADD", &ns.path().display().to_string(), "ns1", "nonft");
+        env.push(("PATH", NO_NFT_PATH.to_string()));
+        env.extend(extra);
+        let run = run_plugin(&env, &conf.to_string());
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    };
+    let dry = NetnsGuard::new("nonftdry");
+    let text_file = dir.path().join("nft-dry-run.txt");
+    add(
+        &dry,
+        Some(("DRY_RUN_FILE_PATH", text_file.display().to_string())),
+    );
+    let want = reference(&std::fs::read_to_string(&text_file).expect("dry run text"));
+
+    let pod = NetnsGuard::new("nonftpl");
+    add(&pod, None);
+    let got = listing_in(&pod.name);
+    assert_eq!(got, want, "applied");
+    assert!(
+        serde_json::to_string(&got)
+            .unwrap()
+            .contains("istio-proxy-nat"),
+        "{got}"
+    );
+    pod.exec(
+        NFT,
+        &["flush", "chain", "inet", "istio-proxy-nat", "output"],
+    );
+    add(&pod, None);
+    let healed = listing_in(&pod.name);
+    assert_eq!(healed, want, "healed by the next ADD");
 }
