@@ -1,5 +1,6 @@
 //! End to end, ambient mode (issue 10): the real install-cni with the agent and the real data
-//! plane, in a node netns of its own, the test API server, the test ZDS peer, and the real CNI
+//! plane, in a node netns of its own, the real kube-apiserver (through a relay on the node netns's
+//! loopback: `Node::start_real`), the test ZDS peer, and the real CNI
 //! chain (bridge + host-local + loopback + ours). A pod in an ambient namespace gets ADD success
 //! only after the peer acked; its outbound TCP lands on the peer's 15001 listener opened inside
 //! the pod netns through the fd; it is annotated `enabled`; the node's probe set holds its IP
@@ -50,7 +51,7 @@ fn accepted_quickly(l: &TcpListener) -> bool {
 
 fn main_e2e(backend: Backend) {
     let started = Instant::now();
-    let node = Node::start(backend);
+    let node = Node::start_real(backend);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     node.namespace("plain", json!({}));
     let uid = node.pod("amb", "app", json!({}));
@@ -117,7 +118,7 @@ fn main_e2e(backend: Backend) {
     // DEL (the agent keeps the pod: Istio's DEL is a no-op in ambient), then the pod is deleted.
     node.del(&app, "amb", "app").expect("DEL ambient pod");
     node.del(&srv, "plain", "server").expect("DEL plain pod");
-    node.api.server.delete_pod("amb", "app");
+    node.delete_pod("amb", "app");
     node.wait_until(Duration::from_secs(10), "peer got Del", || {
         node.peer
             .all_requests()
@@ -154,7 +155,7 @@ const ADD_FAILS_WITHIN: Duration = Duration::from_secs(8);
 /// replaced; a regular file there stops startup naming the path, and is left as it was.
 #[test]
 fn only_a_stale_ztunnel_socket_is_replaced_and_a_regular_file_stops_startup_untouched() {
-    let mut node = Node::start(Backend::Iptables);
+    let mut node = Node::start_real(Backend::Iptables);
     // Killed: its socket file stays behind, stale.
     let snapshots = node.peer.snapshots();
     node.relaunch_agent_killed();
@@ -202,7 +203,7 @@ fn only_a_stale_ztunnel_socket_is_replaced_and_a_regular_file_stops_startup_unto
 
 #[test]
 fn add_fails_fast_and_clean_when_the_agent_is_down() {
-    let mut node = Node::start(Backend::Iptables);
+    let mut node = Node::start_real(Backend::Iptables);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     let uid = node.pod("amb", "app", json!({}));
     // The agent dies (no graceful shutdown, so the installed config stays as on a crash) and
@@ -241,7 +242,7 @@ fn add_fails_fast_and_clean_when_the_agent_is_down() {
 /// reconnects; the kubelet's retried ADD then completes the enrolment.
 #[test]
 fn add_fails_within_the_deadline_when_ztunnel_is_slow_and_the_retry_completes() {
-    let node = Node::start(Backend::Iptables);
+    let node = Node::start_real(Backend::Iptables);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     let uid = node.pod("amb", "app", json!({}));
     let app = PodNs::new("slow");
@@ -254,7 +255,11 @@ fn add_fails_within_the_deadline_when_ztunnel_is_slow_and_the_retry_completes() 
     assert!(took < ADD_FAILS_WITHIN, "ADD took {took:?}");
     // The agent's reason, not the plugin's own timeout.
     assert!(
-        err.contains("status 504") && err.contains("pod amb/app not enrolled within"),
+        err.contains("status 504")
+            && err.contains(&format!(
+                "pod {}/app not enrolled within",
+                node.k8s_ns("amb")
+            )),
         "{err}"
     );
     eprintln!("slow ADD failed after {took:?}: {err}");
@@ -285,7 +290,7 @@ fn add_fails_within_the_deadline_when_ztunnel_is_slow_and_the_retry_completes() 
 
     // Deleted before the kubelet ever reported its IP (the pod object has none): its probe
     // entry still goes, found by its UID.
-    node.api.server.delete_pod("amb", "app");
+    node.delete_pod("amb", "app");
     node.wait_until(Duration::from_secs(10), "probe entry removed", || {
         node.probe_members().is_empty()
     });

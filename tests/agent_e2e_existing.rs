@@ -3,6 +3,7 @@
 //! ambient`. The plugin never announced it, so the agent finds its netns by scanning /proc for a
 //! process whose cgroup path names the pod UID and whose netns holds the pod IP. Unlabelling
 //! takes it out again: in-pod rules gone, ztunnel told Del, annotation removed, probe entry gone.
+//! On the real kube-apiserver (`Node::start_real`).
 
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
@@ -19,7 +20,7 @@ use support::zds_peer::Seen;
 #[test]
 fn labelling_the_namespace_enrols_a_running_pod_found_by_the_proc_scan_and_unlabelling_removes_it()
 {
-    let node = Node::start(Backend::Iptables);
+    let node = Node::start_real(Backend::Iptables);
     node.namespace("late", json!({}));
     let uid = node.unique_pod("late", "app");
     let app = PodNs::new("late");

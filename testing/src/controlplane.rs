@@ -13,6 +13,7 @@
 //! die with the test process in any case. Missing binaries are a panic naming the build script:
 //! no test skips silently.
 
+mod forward;
 mod objects;
 mod pki;
 mod process;
@@ -24,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+pub use forward::Forwarder;
 pub use objects::{pod_on_node, unique_name};
 
 /// The service-account issuer and the audience of the tokens the API server accepts.
@@ -258,6 +260,13 @@ impl ControlPlane {
                 (field("verb"), field("requestURI"))
             })
             .collect()
+    }
+
+    /// The API server on the loopback of the network namespace at `netns` too (for processes
+    /// run there, e.g. install-cni in a node netns): see [`Forwarder`]. Call it from a thread in
+    /// the host's netns.
+    pub fn forward_into(&self, netns: &Path) -> Result<Forwarder, ControlPlaneError> {
+        Forwarder::start(netns, self.port)
     }
 
     /// How many audit entries there are now (see [`ControlPlane::requests_of`]).

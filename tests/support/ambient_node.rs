@@ -5,6 +5,12 @@
 //! loopback, then the `istio-cni` entry install-cni added) run from inside the node netns.
 //! Pods are namespaces joined to the node's bridge; addresses are 10.244.0.0/24 inside the node.
 //! Included with `#[path]` next to `mod support;` and `mod install_support;`.
+//!
+//! [`Node::start_real`] puts the node on the real kube-apiserver instead
+//! (`support::real_cluster`, shared by the test binary): a relay on the node netns's loopback
+//! (`ControlPlane::forward_into`) lets install-cni and the plugin reach it at `127.0.0.1` as
+//! they reach the test API server, so both keep running in the node netns where their rules
+//! belong; the test's namespaces and node get a suffix on the server ([`Node::k8s_ns`]).
 #![allow(dead_code)]
 
 use std::fs::File;
@@ -18,6 +24,7 @@ use crate::install_support::{self, Dirs, has_istio_entry};
 use crate::support::Netns;
 use crate::support::cni_driver::{Attachment, Chain, NetnsGuard, require_root, require_tool};
 use crate::support::node_proc::HostProcView;
+use crate::support::real_cluster::RealCluster;
 use crate::support::zds_peer::ZdsPeer;
 
 /// The data-plane backend the agent is started with.
@@ -85,6 +92,8 @@ pub struct Node {
     _kube: tempfile::TempDir,
     /// The node's /proc (`HOST_PROC_DIR`): every process, pid 1 in the node netns.
     pub host_proc: HostProcView,
+    /// On the real API server ([`Node::start_real`]): the cluster, and the relay into the node.
+    pub real: Option<(RealCluster, istio_cni_testing::controlplane::Forwarder)>,
 }
 
 fn require_tools() {
@@ -146,6 +155,21 @@ impl Node {
         peer_up: bool,
         dual_stack: bool,
     ) -> Node {
+        Self::start_on(backend, extra_env, peer_up, dual_stack, false)
+    }
+
+    /// [`Node::start`] on the real kube-apiserver (see the module doc).
+    pub fn start_real(backend: Backend) -> Node {
+        Self::start_on(backend, &[], true, false, true)
+    }
+
+    fn start_on(
+        backend: Backend,
+        extra_env: &[(&str, &str)],
+        peer_up: bool,
+        dual_stack: bool,
+        on_real: bool,
+    ) -> Node {
         require_tools();
         let ns = Netns::new("node");
         let node_path = PathBuf::from(ns.path());
@@ -155,15 +179,34 @@ impl Node {
         });
         let kube = tempfile::tempdir().expect("tempdir");
         let kubeconfig = kube.path().join("kubeconfig");
-        api.server
-            .write_kubeconfig(&kubeconfig)
-            .expect("kubeconfig");
         let dirs = Dirs::new();
+        let real = on_real.then(|| {
+            let cluster = RealCluster::start();
+            let relay = cluster
+                .cp
+                .forward_into(&node_path)
+                .expect("relay into the node");
+            (cluster, relay)
+        });
+        let (token, ca, port) = match &real {
+            Some((cluster, relay)) => {
+                let token = cluster.token();
+                let url = format!("https://127.0.0.1:{}", relay.port());
+                cluster.write_kubeconfig_for(&kubeconfig, &url, &token);
+                (token, Some(cluster.cp.ca_pem().to_string()), relay.port())
+            }
+            None => {
+                api.server
+                    .write_kubeconfig(&kubeconfig)
+                    .expect("kubeconfig");
+                let token = api.server.token().unwrap_or_default();
+                (token, api.server.ca_pem(), api.server.addr().port())
+            }
+        };
         // The plugin's kubeconfig (written by install-cni) carries the SA token.
-        let token = api.server.token().unwrap_or_default();
         std::fs::write(dirs.sa.join("token"), token).expect("token");
         // ...and the API server's CA (the test server speaks TLS, as a cluster does).
-        let protocol = match api.server.ca_pem() {
+        let protocol = match ca {
             Some(ca) => {
                 std::fs::write(dirs.sa.join("ca.crt"), ca).expect("ca.crt");
                 "https"
@@ -192,7 +235,10 @@ impl Node {
 
         let zds_socket = dirs.tmp.path().join("ztunnel.sock");
         let host_proc = HostProcView::with_init_in(&ns.path());
-        let port = api.server.addr().port().to_string();
+        let port = port.to_string();
+        let node_name = real
+            .as_ref()
+            .map_or(NODE.to_string(), |(cluster, _)| cluster.node(NODE));
         // The nftables probe rule matches kubelet's UID, found in /proc as Istio does.
         let kubelet = (backend == Backend::Nftables).then(|| FakeKubelet::start(dirs.tmp.path()));
         let mut env = dirs.base_env();
@@ -203,7 +249,7 @@ impl Node {
         add("KUBERNETES_SERVICE_PROTOCOL", protocol);
         add("KUBECONFIG", kubeconfig.to_str().expect("utf-8"));
         add("AMBIENT_ENABLED", "true");
-        add("NODE_NAME", NODE);
+        add("NODE_NAME", &node_name);
         add("HOST_PROC_DIR", host_proc.dir.to_str().expect("utf-8"));
         add("AMBIENT_ENABLEMENT_SELECTOR", CHART_SELECTORS);
         add("ZTUNNEL_UDS_ADDRESS", zds_socket.to_str().expect("utf-8"));
@@ -237,6 +283,7 @@ impl Node {
             _ipam: ipam,
             _kube: kube,
             host_proc,
+            real,
         };
         node.wait_installed(Duration::from_secs(30), peer_up)
     }
@@ -318,7 +365,42 @@ impl Node {
             "metadata": {"name": name, "labels": labels}
         }))
         .expect("Namespace");
-        self.api.server.add_namespace(ns).expect("add namespace");
+        match &self.real {
+            Some((cluster, _)) => cluster.add_namespace(ns),
+            None => self
+                .api
+                .server
+                .add_namespace(ns)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        }
+        .expect("add namespace");
+    }
+
+    /// The name of the test's namespace `name` on the API server (suffixed on the real one).
+    pub fn k8s_ns(&self, name: &str) -> String {
+        match &self.real {
+            Some((cluster, _)) => cluster.ns(name),
+            None => name.to_string(),
+        }
+    }
+
+    /// The pod as stored now.
+    pub fn get_pod(&self, namespace: &str, name: &str) -> Option<k8s_openapi::api::core::v1::Pod> {
+        match &self.real {
+            Some((cluster, _)) => cluster.pod(namespace, name),
+            None => self.api.server.pod(namespace, name),
+        }
+    }
+
+    /// Deletes the pod from the API server.
+    pub fn delete_pod(&self, namespace: &str, name: &str) {
+        match &self.real {
+            Some((cluster, _)) => cluster.delete_pod(namespace, name),
+            None => {
+                self.api.server.delete_pod(namespace, name);
+            }
+        }
     }
 
     /// Adds a pod scheduled on this node; returns its UID.
@@ -337,19 +419,32 @@ impl Node {
     }
 
     fn pod_meta(&self, metadata: Value, status: Value) -> String {
-        let pod = serde_json::from_value(json!({
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": metadata,
-            "spec": {"nodeName": NODE, "containers": [{"name": "app"}]},
+            "spec": {"nodeName": NODE, "containers": [{"name": "app", "image": "registry.invalid/app:1"}]},
             "status": status
         }))
         .expect("Pod");
-        let stored = self.api.server.add_pod(pod).expect("add pod");
-        stored.metadata.uid.expect("uid")
+        let Some((cluster, _)) = &self.real else {
+            let stored = self.api.server.add_pod(pod).expect("add pod");
+            return stored.metadata.uid.expect("uid");
+        };
+        let (ns, name) = (pod.metadata.namespace.clone(), pod.metadata.name.clone());
+        cluster.add_pod(pod).expect("add pod");
+        let stored = cluster.pod(&ns.unwrap_or_default(), &name.unwrap_or_default());
+        stored.and_then(|p| p.metadata.uid).expect("uid")
     }
 
     /// What the kubelet does after a sandbox started: the pod's IP and phase Running in its status.
     pub fn set_running(&self, namespace: &str, name: &str, ip: &str) {
+        if let Some((cluster, _)) = &self.real {
+            let status = json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]});
+            cluster
+                .cp
+                .set_pod_status(&cluster.ns(namespace), name, status);
+            return;
+        }
         let mut pod = self.api.server.pod(namespace, name).expect("pod exists");
         pod.status = Some(
             serde_json::from_value(
@@ -363,9 +458,7 @@ impl Node {
     /// The pod's `ambient.istio.io/redirection` annotation (None: no annotation; panics when
     /// the pod is gone).
     pub fn redirection(&self, namespace: &str, name: &str) -> Option<String> {
-        self.api
-            .server
-            .pod(namespace, name)
+        self.get_pod(namespace, name)
             .expect("pod exists")
             .metadata
             .annotations
@@ -421,6 +514,7 @@ impl Node {
         };
         let netns = pod.guard.path();
         let id = pod.guard.name.clone();
+        let k8s_ns = self.k8s_ns(k8s_ns);
         let mut args = format!(
             "IgnoreUnknown=1;K8S_POD_NAMESPACE={k8s_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={id}"
         );

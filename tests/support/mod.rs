@@ -14,6 +14,7 @@ use istio_cni::rules::ambient::AmbientConfig;
 use nix::sched::{CloneFlags, setns};
 
 pub mod node_proc;
+pub mod real_cluster;
 pub mod user_state;
 // The ZDS test peer lives in the test-only crate (testing/); re-exported under the old paths.
 #[allow(unused_imports)] // each test binary uses a different part of support

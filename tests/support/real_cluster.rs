@@ -143,11 +143,45 @@ impl RealCluster {
 
     /// A kubeconfig for the agent: this server, its CA, a bound token of the agent's account.
     pub fn write_kubeconfig(&self, path: &Path) -> Result<(), String> {
-        let token = self
-            .cp
-            .token(&self.home, "istio-cni", Duration::from_secs(3600));
-        self.cp.write_kubeconfig(path, &token);
+        self.cp.write_kubeconfig(path, &self.token());
         Ok(())
+    }
+
+    /// A bound token of the agent's account.
+    pub fn token(&self) -> String {
+        self.cp
+            .token(&self.home, "istio-cni", Duration::from_secs(3600))
+    }
+
+    /// A kubeconfig for this server reached at `url` (a relay into a netns), with `token`.
+    pub fn write_kubeconfig_for(&self, path: &Path, url: &str, token: &str) {
+        use base64::Engine as _;
+        let ca = base64::engine::general_purpose::STANDARD.encode(self.cp.ca_pem());
+        let config = json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": url, "certificate-authority-data": ca}}],
+            "users": [{"name": "u", "user": {"token": token}}],
+            "contexts": [{"name": "u", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "u",
+        });
+        std::fs::write(path, config.to_string()).expect("write kubeconfig");
+    }
+
+    /// Deletes the pod `namespace/name` (the test's namespace name) at once.
+    pub fn delete_pod(&self, namespace: &str, name: &str) {
+        let (client, ns, name) = (self.cp.client(), self.ns(namespace), name.to_string());
+        self.cp
+            .block_on(async move {
+                let params = kube::api::DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                };
+                Api::<Pod>::namespaced(client, &ns)
+                    .delete(&name, &params)
+                    .await
+                    .map(|_| ())
+            })
+            .unwrap_or_else(|e| panic!("delete pod: {e}"));
     }
 
     /// The agent's requests since the start or the last [`RealCluster::clear_requests`]:
