@@ -6,7 +6,9 @@
 //! made locally ([`images`]) and imported into containerd.
 //!
 //! Everything listens on loopback or a unix socket under the node's directory; the pods' network is
-//! a bridge of the node's own. Dropping the node stops every process it started (and the pods'),
+//! a bridge of the node's own. No kube-proxy runs: the `kubernetes` Service alone is served, by
+//! DNAT rules of the node's ([`service`]), so in-cluster clients (our agent pod, the plugin's
+//! kubeconfig) reach the API server as on a real cluster. Dropping the node stops every process it started (and the pods'),
 //! unmounts what kubelet and containerd mounted, removes its cgroups, bridge and directory. The
 //! children also die with the test process (PR_SET_PDEATHSIG); a shim or pod left by a killed test
 //! is found by the node directory in its command line or its cgroup root on the next drop.
@@ -18,6 +20,7 @@ mod config;
 pub mod images;
 mod pods;
 mod process;
+mod service;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -31,6 +34,7 @@ use crate::controlplane::ControlPlane;
 
 pub use images::{PAUSE_IMAGE, WORKLOAD_IMAGE};
 pub use pods::in_netns;
+pub use service::KUBERNETES_SERVICE_IP;
 
 /// The pods' subnet on the node's bridge.
 pub const POD_SUBNET: &str = "10.244.237.0/24";
@@ -94,6 +98,7 @@ pub struct Node {
     children: Mutex<Vec<(&'static str, Child)>>,
     host_dirs_made: Vec<PathBuf>,
     started: Duration,
+    service: Option<service::ServiceProxy>,
 }
 
 /// Host directories at fixed paths: the chart's DaemonSet mounts two, containerd puts its shims'
@@ -171,6 +176,7 @@ impl Node {
                 .filter(|p| !p.exists())
                 .collect(),
             started: Duration::ZERO,
+            service: None,
             dir,
         };
         // From here on a failure drops `node`, which cleans up what was made.
@@ -192,6 +198,11 @@ impl Node {
         std::fs::write(&conf, conflist.to_string())
             .map_err(io(format!("write {}", conf.display())))?;
         process::make_cgroup_root(&node.cgroup_root)?;
+        node.service = Some(service::ServiceProxy::start(
+            &node.bridge,
+            cp.port(),
+            &format!("istio-cni-node-{id}"),
+        )?);
 
         node.start_containerd(&runc)?;
         let work = node.dir.join("images");
@@ -394,7 +405,8 @@ impl Node {
 
     /// containerd's directory of pod network namespaces (the chart's `cniNetnsDir`).
     pub fn netns_dir(&self) -> PathBuf {
-        self.dir.join("containerd/state/netns")
+        self.dir
+            .join("containerd/state/io.containerd.grpc.v1.cri/netns")
     }
 
     /// How long [`Node::start`] took.
@@ -454,6 +466,7 @@ impl Drop for Node {
         std::thread::sleep(Duration::from_millis(200));
         process::unmount_under(&self.dir);
         process::remove_cgroup_root(&self.cgroup_root);
+        self.service = None;
         let _ = Command::new("ip")
             .args(["link", "del", &self.bridge])
             .output();

@@ -1,0 +1,220 @@
+//! One real node for a test: the control plane, our image (scripts/image, the image test's
+//! profile), the node with that image imported, and the chart rendered by real Helm and applied
+//! with the node's CNI dirs. Tests take [`serial`] first: the node's bridge and the chart's fixed
+//! host paths are the machine's.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use istio_cni_testing::controlplane::ControlPlane;
+use istio_cni_testing::node::Node;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use serde_json::{Value, json};
+
+use crate::chart::{self, Case};
+use crate::podman;
+
+pub const T: Duration = Duration::from_secs(120);
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub struct Cluster {
+    // Field order is drop order: the node goes before the control plane it talks to.
+    pub node: Node,
+    pub cp: ControlPlane,
+    pub image: String,
+}
+
+impl Cluster {
+    pub fn start() -> Cluster {
+        let t0 = std::time::Instant::now();
+        let built = podman::build();
+        eprintln!("image {} built in {:?}", built.image, built.took);
+        let cp = ControlPlane::start().unwrap_or_else(|e| panic!("control plane: {e}"));
+        let node = Node::start(&cp, &[&built.image]).unwrap_or_else(|e| panic!("node: {e}"));
+        eprintln!(
+            "node {} Ready in {:?} (everything in {:?})",
+            node.name(),
+            node.start_took(),
+            t0.elapsed()
+        );
+        Cluster {
+            node,
+            cp,
+            image: built.image,
+        }
+    }
+
+    /// The chart's values for this node: our image and the node's CNI dirs.
+    pub fn values(&self, extra: Value) -> Value {
+        let mut v = json!({
+            "image": self.image,
+            "cniBinDir": self.node.cni_bin_dir(),
+            "cniConfDir": self.node.cni_conf_dir(),
+            "cniNetnsDir": self.node.netns_dir(),
+        });
+        merge(&mut v, extra);
+        v
+    }
+
+    /// Renders the chart with real Helm and creates every object it rendered (the namespace
+    /// first). Returns the rendered objects.
+    pub fn install_chart(&self, extra: Value) -> Vec<Value> {
+        let case = Case {
+            name: "real-node".into(),
+            values: self.values(extra),
+            lint: false,
+        };
+        let mut helm = chart::render(&[case]);
+        let r = helm.cases.remove("real-node").expect("rendered case");
+        assert!(r.error.is_none(), "render failed: {:?}", r.error);
+        self.create_namespace(chart::NAMESPACE, &[]);
+        let objects: Vec<Value> = r.objects.into_iter().map(|(_, o)| o).collect();
+        for o in &objects {
+            self.cp.create(o);
+        }
+        objects
+    }
+
+    /// A namespace (its `default` ServiceAccount comes from the controller-manager).
+    pub fn create_namespace(&self, name: &str, labels: &[(&str, &str)]) {
+        let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+        let ns = json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": labels}});
+        let exists = {
+            let client = self.cp.client();
+            let n = name.to_string();
+            self.cp.block_on(async move {
+                Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
+                    .get_opt(&n)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some()
+            })
+        };
+        if !exists {
+            self.cp.create(&ns);
+        }
+    }
+
+    /// The pods in `namespace` on the node.
+    pub fn pods(&self, namespace: &str) -> Vec<Pod> {
+        let (client, ns) = (self.cp.client(), namespace.to_string());
+        self.cp
+            .block_on(async move {
+                Api::<Pod>::namespaced(client, &ns)
+                    .list(&ListParams::default())
+                    .await
+            })
+            .map(|l| l.items)
+            .unwrap_or_default()
+    }
+
+    /// Waits for the DaemonSet's pod on the node to be ready; returns it.
+    pub fn wait_agent_ready(&self) -> Pod {
+        let mut name = None;
+        let deadline = std::time::Instant::now() + T;
+        while name.is_none() && std::time::Instant::now() < deadline {
+            name = self
+                .pods(chart::NAMESPACE)
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .find_map(|p| p.metadata.name);
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let name = name.unwrap_or_else(|| {
+            panic!(
+                "no DaemonSet pod created; controller-manager log:\n{}",
+                self.node.log_tail("kube-controller-manager", 20)
+            )
+        });
+        self.node
+            .wait_pod_ready(&self.cp, chart::NAMESPACE, &name, T)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "agent pod: {e}\ncontainerd:\n{}",
+                    self.node.log_tail("containerd", 20)
+                )
+            })
+    }
+
+    /// Creates a pod from its manifest.
+    pub fn create_pod(&self, pod: Value) {
+        self.cp.create(&pod);
+    }
+}
+
+fn merge(into: &mut Value, from: Value) {
+    match (into, from) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+/// A pod running the workload image: each entry of `containers` is (name, args).
+pub fn workload_pod(
+    namespace: &str,
+    name: &str,
+    annotations: Value,
+    containers: &[(&str, &[&str])],
+) -> Value {
+    let containers: Vec<Value> = containers
+        .iter()
+        .map(|(n, args)| {
+            json!({"name": n, "image": istio_cni_testing::node::WORKLOAD_IMAGE,
+                   "imagePullPolicy": "Never", "args": args})
+        })
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        "spec": {"containers": containers, "terminationGracePeriodSeconds": 2,
+                 "automountServiceAccountToken": false}})
+}
+
+/// The pod's IPv4 address.
+pub fn pod_ip(pod: &Pod) -> String {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .expect("pod IP")
+}
+
+/// Connects to `addr` and reads the workload's one-line answer.
+pub fn ask(addr: &str) -> Result<String, String> {
+    use std::io::Read as _;
+    let sock: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let mut s = std::net::TcpStream::connect_timeout(&sock, Duration::from_secs(5))
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    let mut out = String::new();
+    s.read_to_string(&mut out)
+        .map_err(|e| format!("read {addr}: {e}"))?;
+    Ok(out.trim().to_string())
+}
+
+/// `iptables-save` and `nft list ruleset` as seen in process `pid`'s network namespace.
+pub fn netns_rules(pid: u32) -> String {
+    istio_cni_testing::node::in_netns(pid, || {
+        let mut all = String::new();
+        for (prog, args) in [
+            ("iptables-save", &[][..]),
+            ("iptables-legacy-save", &[][..]),
+            ("nft", &["list", "ruleset"][..]),
+        ] {
+            if let Ok(o) = std::process::Command::new(prog).args(args).output() {
+                all.push_str(&String::from_utf8_lossy(&o.stdout));
+            }
+        }
+        all
+    })
+    .expect("enter the pod netns")
+}
