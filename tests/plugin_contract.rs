@@ -115,7 +115,13 @@ fn no_prev_result_gives_an_empty_result_in_each_version() {
     ] {
         let run = excluded_add(&conf(v, dir.path()));
         assert_eq!(run.code, 0, "{v}: {}{}", run.stdout, run.stderr);
-        assert_eq!(run.json(), json!({"cniVersion": v, "dns": {}}), "{v}");
+        // As libcni prints them: its 1.x types leave out an empty DNS block.
+        let want = if v.starts_with("1.") {
+            json!({"cniVersion": v})
+        } else {
+            json!({"cniVersion": v, "dns": {}})
+        };
+        assert_eq!(run.json(), want, "{v}");
     }
 }
 

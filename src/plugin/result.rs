@@ -294,8 +294,10 @@ impl CniResult {
                 }
             }
         }
-        // Go always prints the DNS struct, even when empty.
-        obj.insert("dns".into(), to_value(&self.dns));
+        // libcni's 0.x types always print the DNS struct; its 1.x types leave out an empty one.
+        if layout(version)? != Layout::V1 || self.dns != Dns::default() {
+            obj.insert("dns".into(), to_value(&self.dns));
+        }
         Ok(Value::Object(obj))
     }
 
@@ -416,7 +418,7 @@ mod tests {
     fn empty_results_per_version() {
         assert_eq!(
             pass_through(None, "1.0.0").unwrap(),
-            json!({"cniVersion": "1.0.0", "dns": {}})
+            json!({"cniVersion": "1.0.0"})
         );
         assert_eq!(
             pass_through(None, "0.2.0").unwrap(),
@@ -467,7 +469,7 @@ mod tests {
         let out = pass_through(Some(&prev), "1.0.0").unwrap();
         assert_eq!(
             out,
-            json!({"cniVersion": "1.0.0", "ips": [{"address": "10.1.0.5/16"}], "dns": {}})
+            json!({"cniVersion": "1.0.0", "ips": [{"address": "10.1.0.5/16"}]})
         );
         let out = pass_through(Some(&prev_1()), "0.4.0").unwrap();
         assert_eq!(out["cniVersion"], "0.4.0");
