@@ -69,34 +69,28 @@ fn settings_that_can_never_work_stop_install_cni_before_it_touches_anything() {
             "::",
         ),
         (
-            vec![],
-            vec!["--cni-agent-run-dir=var/run/istio-cni"],
-            "--cni-agent-run-dir",
-            "var/run/istio-cni",
-        ),
-        (
             vec![("CNI_AGENT_RUN_DIR", long_run_dir.as_str())],
             vec![],
             "env CNI_AGENT_RUN_DIR",
             long_run_dir.as_str(),
         ),
         (
-            vec![("MOUNTED_CNI_NET_DIR", "etc/cni/net.d")],
-            vec![],
-            "env MOUNTED_CNI_NET_DIR",
-            "etc/cni/net.d",
-        ),
-        (
-            vec![("KUBECONFIG_MODE", "0644")],
+            vec![("KUBECONFIG_MODE", "0800")],
             vec![],
             "env KUBECONFIG_MODE",
-            "0644",
+            "0800",
         ),
         (
             vec![],
-            vec!["--kubeconfig-mode=04600"],
+            vec!["--kubeconfig-mode=rw-r--r--"],
             "--kubeconfig-mode",
-            "04600",
+            "rw-r--r--",
+        ),
+        (
+            vec![("AMBIENT_ENABLED", "maybe")],
+            vec![],
+            "env AMBIENT_ENABLED",
+            "maybe",
         ),
         (
             vec![("REPAIR_INIT_CONTAINER_EXIT_CODE", "256")],
@@ -172,4 +166,71 @@ fn settings_that_can_never_work_stop_install_cni_before_it_touches_anything() {
             );
         }
     }
+}
+
+/// Values Istio's agent starts with and ours reads more safely: install-cni starts, applies the
+/// safe reading, names each setting, the value and what it applied, and counts each.
+#[test]
+fn lenient_values_start_the_agent_warn_and_count() {
+    let d = Dirs::new();
+    d.put("10-list.conflist", &testdata("list.conflist"));
+    let mut env = d.base_env();
+    let relative_net = d
+        .net
+        .display()
+        .to_string()
+        .trim_start_matches('/')
+        .to_string();
+    let lenient = [
+        ("KUBECONFIG_MODE", "0644".to_string(), "\"0640\""),
+        ("CHAINED_CNI_PLUGIN", "yes".to_string(), "\"true\""),
+        ("CNI_CONF_GROUP_READ", "Off".to_string(), "\"false\""),
+        ("MOUNTED_CNI_NET_DIR", relative_net, "the path from /"),
+    ];
+    env.retain(|(k, _)| !lenient.iter().any(|(e, _, _)| e == k));
+    env.push(("MONITORING_PORT".into(), free_port().to_string()));
+    env.extend(lenient.iter().map(|(k, v, _)| (k.to_string(), v.clone())));
+    let mut agent = start(&env, &[]);
+    let metrics = agent.port("metrics server");
+    agent.wait_line("istio-cni is installed", T);
+    let out = agent.output();
+    for (var, given, _) in &lenient {
+        let line = out
+            .lines()
+            .find(|l| {
+                l.contains("\twarn\t") && l.contains(&format!("env {var}={given:?} is read as"))
+            })
+            .unwrap_or_else(|| panic!("{var}: no warning:\n{out}"));
+        if *var == "MOUNTED_CNI_NET_DIR" {
+            assert!(
+                line.contains(&format!("{:?}", d.net.display().to_string())),
+                "{line}"
+            );
+        }
+    }
+    assert!(out.contains("is read as \"0640\""), "{out}");
+    assert!(out.contains("is read as \"true\""), "{out}");
+    assert!(out.contains("is read as \"false\""), "{out}");
+    // The safe readings are what was applied: the chained entry in the configured (rooted) dir,
+    // the kubeconfig without access for others.
+    let conf = d.read("10-list.conflist").expect("conflist");
+    assert!(has_istio_entry(&conf), "{conf}");
+    let kubeconfig = d.run.join("istio-cni-kubeconfig");
+    assert!(
+        wait_for(T, || kubeconfig.exists().then_some(())).is_some(),
+        "no kubeconfig"
+    );
+    let mode = fs::metadata(&kubeconfig)
+        .expect("kubeconfig")
+        .permissions()
+        .mode()
+        & 0o7777;
+    assert_eq!(mode, 0o640, "{mode:o}");
+    let (_, body) = http_get(metrics, "/metrics").expect("metrics");
+    for (var, _, _) in &lenient {
+        let series = format!("istio_cni_settings_adjusted_total{{setting=\"{var}\"}} 1");
+        assert!(body.contains(&series), "{series}:\n{body}");
+    }
+    let status = agent.terminate(T);
+    assert!(status.success(), "{status:?}\n{}", agent.output());
 }

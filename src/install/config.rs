@@ -16,6 +16,7 @@ mod checks_tests;
 #[cfg(test)]
 mod docs_tests;
 mod flags;
+mod lenient;
 mod resolve;
 mod sections;
 mod status;
@@ -25,6 +26,7 @@ mod values;
 
 pub use checks::{PROC_SUPER_MAGIC, procfs};
 pub use flags::{Flags, decl};
+pub use lenient::Adjustment;
 pub use resolve::from_flags;
 pub use sections::*;
 pub use status::StatusRequest;

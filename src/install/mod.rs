@@ -305,9 +305,13 @@ impl Base {
     fn new(cfg: &Config) -> Base {
         let readiness = Readiness::default();
         readiness.register(INSTALLER);
+        let metrics = Metrics::default();
+        for a in &cfg.adjusted {
+            metrics.setting_adjusted(&a.setting);
+        }
         Base {
             stop: CancellationToken::new(),
-            metrics: Metrics::default(),
+            metrics,
             serving: Serving {
                 readiness: readiness.clone(),
                 idle_timeout: cfg.listener_idle_timeout,

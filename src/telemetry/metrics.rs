@@ -40,6 +40,12 @@ pub struct DriftLabel {
     pub kind: String,
 }
 
+/// `setting` label of `istio_cni_settings_adjusted_total`: the env var (or flag).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SettingLabel {
+    pub setting: String,
+}
+
 /// Handles to every metric; clone-cheap (the metrics are shared).
 #[derive(Clone, Default)]
 pub struct Metrics {
@@ -53,6 +59,8 @@ pub struct Metrics {
     pub drift_repaired: Family<DriftLabel, Counter>,
     /// Ours: drift found and NOT healed (reported with an event; not retried until it changes).
     pub drift_unhealed: Family<DriftLabel, Counter>,
+    /// Ours: settings given a value Istio accepts that was applied in its safe reading.
+    pub settings_adjusted: Family<SettingLabel, Counter>,
 }
 
 impl Metrics {
@@ -75,6 +83,15 @@ impl Metrics {
         family
             .get_or_create(&DriftLabel {
                 kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one setting whose value was given its safe reading at start.
+    pub fn setting_adjusted(&self, setting: &str) {
+        self.settings_adjusted
+            .get_or_create(&SettingLabel {
+                setting: setting.to_string(),
             })
             .inc();
     }
@@ -111,6 +128,11 @@ impl Metrics {
             "istio_cni_repair_pods_repaired",
             "Total number of pods repaired by the repair controller",
             self.pods_repaired.clone(),
+        );
+        r.register(
+            "istio_cni_settings_adjusted",
+            "Total number of settings whose given value was applied in its safe reading at start",
+            self.settings_adjusted.clone(),
         );
         r.register(
             "istio_cni_drift_repaired",

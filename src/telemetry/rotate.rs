@@ -78,7 +78,7 @@ impl RotatingFile {
     fn prune(&self, now: SystemTime) {
         let mut backups = list_backups(&self.settings.path);
         // Newest first, by the time in the name (as lumberjack orders them).
-        backups.sort_by(|a, b| b.0.cmp(&a.0));
+        backups.sort_by_key(|b| std::cmp::Reverse(b.0));
         let keep = usize::try_from(self.settings.max_backups)
             .ok()
             .filter(|n| *n > 0);

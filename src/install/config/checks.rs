@@ -21,14 +21,11 @@ pub const PROC_SUPER_MAGIC: u64 = 0x9fa0;
 /// File name endings the CNI library loads from the conf dir (libcni `ConfFiles`).
 const CNI_CONF_EXTENSIONS: &[&str] = &[".conf", ".conflist", ".json"];
 
-/// A path setting: must be absolute (the installer, the plugin and the host all read these
-/// paths; a relative one would resolve against whichever working directory each process has).
+/// A path setting, made absolute: the installer, the plugin and the host all read these paths,
+/// and a relative one would resolve against whichever working directory each process has. A
+/// relative one is taken from `/` (reported by `lenient`); an empty one has no meaning.
 pub(super) fn absolute_path(raw: &Raw) -> Result<PathBuf, ConfigError> {
-    let v = raw.value.trim();
-    if !v.starts_with('/') {
-        return Err(invalid(raw, "must be an absolute path (starting with '/')"));
-    }
-    Ok(PathBuf::from(v))
+    super::lenient::rooted(&raw.value).ok_or_else(|| invalid(raw, "must be a path"))
 }
 
 /// A path that is (or holds, with `suffix`) a Unix socket: absolute, and short enough to bind.
@@ -64,32 +61,16 @@ pub(super) fn cni_conf_file_name(raw: &Raw, name: &str) -> Result<(), ConfigErro
 }
 
 /// `KUBECONFIG_MODE`: the plugin kubeconfig holds the service-account token, so no bit for
-/// "others" (readable or writable by any local user) and no setuid/setgid/sticky bit.
+/// "others" (readable or writable by any local user) and no setuid/setgid/sticky bit: a mode with
+/// them is applied without them (reported by `lenient`).
 pub(super) fn kubeconfig_mode(raw: &Raw) -> Result<u32, ConfigError> {
-    let mode = match parse_go_int(&raw.value) {
-        Some(m) if (0..=0o7777).contains(&m) => m as u32,
-        _ => {
-            return Err(invalid(
-                raw,
-                "expected a file mode such as 0600 (octal) or 384",
-            ));
-        }
-    };
-    if mode & 0o7000 != 0 {
-        return Err(invalid(
+    match parse_go_int(&raw.value) {
+        Some(m) if (0..=0o7777).contains(&m) => Ok(super::lenient::safe_mode(m as u32)),
+        _ => Err(invalid(
             raw,
-            format!("mode {mode:04o} sets setuid/setgid/sticky bits (use e.g. 0600)"),
-        ));
+            "expected a file mode such as 0600 (octal) or 384",
+        )),
     }
-    if mode & 0o007 != 0 {
-        return Err(invalid(
-            raw,
-            format!(
-                "mode {mode:04o} gives other users access to the service-account token (use e.g. 0600 or 0640)"
-            ),
-        ));
-    }
-    Ok(mode)
 }
 
 /// `REPAIR_INIT_CONTAINER_EXIT_CODE`: a process exit status is 0-255 (0 = any).

@@ -48,10 +48,11 @@ fn probe_snat_addresses_must_be_usable_sources_of_their_family() {
 }
 
 #[test]
-fn path_settings_must_be_absolute() {
+fn relative_path_settings_are_taken_from_the_root_and_said_and_empty_ones_refused() {
     for (var, flag) in [
         ("MOUNTED_CNI_NET_DIR", "--mounted-cni-net-dir"),
         ("CNI_BIN_DIRS", "--cni-bin-dirs"),
+        ("CNI_RESULTS_DIR", "--cni-results-dir"),
         ("CNI_AGENT_RUN_DIR", "--cni-agent-run-dir"),
         ("KUBE_CA_FILE", "--kube-ca-file"),
         ("SERVICE_ACCOUNT_DIR", "--service-account-dir"),
@@ -59,24 +60,35 @@ fn path_settings_must_be_absolute() {
         ("HOST_NETNS_DIR", "--host-netns-dir"),
         ("ZTUNNEL_UDS_ADDRESS", "--ztunnel-uds-address"),
     ] {
-        refused(
-            &[],
-            &[(var, "var/run/x")],
-            &format!("env {var}"),
-            "var/run/x",
-            "absolute",
+        let c = run(&[], &[(var, "var/run/x")]).unwrap_or_else(|e| panic!("{var}: {e}"));
+        assert_eq!(c.adjusted.len(), 1, "{var}: {:?}", c.adjusted);
+        assert_eq!(
+            (
+                c.adjusted[0].setting.as_str(),
+                c.adjusted[0].applied.as_str()
+            ),
+            (var, "/var/run/x")
         );
         let arg = format!("{flag}=./x");
-        refused(&[&arg], &[], flag, "./x", "absolute");
+        let c = run(&[&arg], &[]).unwrap_or_else(|e| panic!("{flag}: {e}"));
+        assert_eq!(c.adjusted[0].name, flag);
+        assert_eq!(c.adjusted[0].applied, "/x");
+        let empty = format!("{flag}= ");
+        assert!(run(&[&empty], &[]).is_err(), "{flag}: an empty path");
     }
-    // One relative item of a list is enough.
-    refused(
-        &[],
-        &[("CNI_BIN_DIRS", "/opt/cni/bin, bin")],
-        "env CNI_BIN_DIRS",
-        "bin",
-        "absolute",
+    // One relative item of a list is enough to say so; the absolute ones stay.
+    let c = run(&[], &[("CNI_BIN_DIRS", "/opt/cni/bin, bin")]).unwrap();
+    assert_eq!(
+        c.install.cni_bin_dirs,
+        vec![
+            std::path::PathBuf::from("/opt/cni/bin"),
+            std::path::PathBuf::from("/bin")
+        ]
     );
+    assert_eq!(c.adjusted[0].applied, "/opt/cni/bin,/bin");
+    // Absolute paths are not adjusted.
+    let c = run(&[], &[("MOUNTED_CNI_NET_DIR", "/etc/cni/net.d")]).unwrap();
+    assert!(c.adjusted.is_empty(), "{:?}", c.adjusted);
 }
 
 #[test]
@@ -103,28 +115,38 @@ fn socket_paths_must_fit_sun_path() {
 
 #[test]
 fn kubeconfig_mode_keeps_the_token_from_other_users_and_has_no_special_bits() {
-    for (value, why) in [
-        ("0644", "other users"),
-        ("0666", "other users"),
-        ("0602", "other users"),
-        ("0601", "other users"),
-        ("04600", "setuid"),
-        ("02600", "setgid"),
-        ("01600", "sticky"),
-        ("420", "other users"),
-        ("010000", "expected a file mode"),
-        ("-1", "expected a file mode"),
+    for (value, applied) in [
+        ("0644", "0640"),
+        ("0666", "0660"),
+        ("0602", "0600"),
+        ("0601", "0600"),
+        ("04600", "0600"),
+        ("02600", "0600"),
+        ("01600", "0600"),
+        ("420", "0640"),
     ] {
+        let c = run(&[], &[("KUBECONFIG_MODE", value)]).unwrap_or_else(|e| panic!("{value}: {e}"));
+        assert_eq!(
+            format!("{:04o}", c.install.kubeconfig_mode),
+            applied,
+            "{value}"
+        );
+        assert_eq!(c.adjusted.len(), 1, "{value}: {:?}", c.adjusted);
+        assert_eq!(c.adjusted[0].applied, applied);
+        assert!(c.warnings[0].contains("env KUBECONFIG_MODE=\"") && c.warnings[0].contains(value));
+    }
+    for value in ["010000", "-1", "rw-r--r--"] {
         refused(
             &[],
             &[("KUBECONFIG_MODE", value)],
             "env KUBECONFIG_MODE",
             value,
-            why,
+            "expected a file mode",
         );
     }
     for ok in ["0600", "0640", "0400", "384"] {
-        assert!(run(&[], &[("KUBECONFIG_MODE", ok)]).is_ok(), "{ok}");
+        let c = run(&[], &[("KUBECONFIG_MODE", ok)]).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        assert!(c.adjusted.is_empty(), "{ok}: {:?}", c.adjusted);
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::checks::node_ip_of;
 use super::flags::{Flags, Values, decl};
+use super::lenient::adjustment;
 use super::sections::*;
 use super::values::*;
 use crate::cli::Env;
@@ -166,6 +167,15 @@ pub fn from_flags(f: &Flags, env: &dyn Env) -> Result<Config, ConfigError> {
         );
     }
 
+    // Values Istio starts with, given their safe reading here: said and counted.
+    let mut adjusted = Vec::new();
+    for s in decl::ALL.iter() {
+        if let Some(a) = l.raw(s, f.given(s)).and_then(|raw| adjustment(s, &raw)) {
+            warnings.push(a.warning());
+            adjusted.push(a);
+        }
+    }
+
     // Read-and-ignored for drop-in compatibility; say so when someone sets them.
     for s in decl::ALL.iter().filter(|s| s.is(Mark::WarnIfSet)) {
         if let Some(raw) = l.raw(s, f.given(s)) {
@@ -195,5 +205,6 @@ pub fn from_flags(f: &Flags, env: &dyn Env) -> Result<Config, ConfigError> {
         listener_idle_timeout: v.listener_idle_timeout,
         api_retry_max_delay: v.api_retry_max_delay,
         warnings,
+        adjusted,
     })
 }

@@ -218,4 +218,6 @@ pub struct Config {
     pub api_retry_max_delay: std::time::Duration,
     /// Warnings found while parsing, logged once logging is up.
     pub warnings: Vec<String>,
+    /// Values given their safe reading (each also among `warnings`), counted once metrics exist.
+    pub adjusted: Vec<super::lenient::Adjustment>,
 }

@@ -26,7 +26,7 @@ fn err_text<T>(r: Result<T, ConfigError>) -> String {
 }
 
 #[test]
-fn unreadable_boolean_variables_are_errors_and_empty_ones_keep_the_default() {
+fn unreadable_boolean_variables_are_errors_plain_words_are_read_and_empty_ones_keep_the_default() {
     for var in [
         "CHAINED_CNI_PLUGIN",
         "ISTIO_OWNED_CNI_CONFIG",
@@ -48,13 +48,30 @@ fn unreadable_boolean_variables_are_errors_and_empty_ones_keep_the_default() {
         "ALLOW_SWITCH_TO_HOST_NS",
         "LOG_AS_JSON",
     ] {
-        for value in ["yes", "on", "enabled"] {
+        for value in ["enabled", "maybe", "2"] {
             match run(&[], &[(var, value)]) {
                 Err(ConfigError::Invalid { name, value: v, .. }) => {
                     assert_eq!((name, v), (format!("env {var}"), value.to_string()))
                 }
                 other => panic!("{var}={value:?} was not refused: {other:?}"),
             }
+        }
+        // Words with a plain meaning are read by it, said and counted (lenient).
+        for (value, meant) in [
+            ("yes", "true"),
+            ("On", "true"),
+            ("no", "false"),
+            ("OFF", "false"),
+        ] {
+            let c = run(&[], &[(var, value)]).unwrap_or_else(|e| panic!("{var}={value}: {e}"));
+            assert_eq!(c.adjusted.len(), 1, "{var}={value}: {:?}", c.adjusted);
+            assert_eq!(c.adjusted[0].setting, var);
+            assert_eq!(c.adjusted[0].applied, meant);
+            assert!(
+                c.warnings
+                    .iter()
+                    .any(|w| w.contains(&format!("env {var}=\"{value}\"")))
+            );
         }
         // viper's rule: an empty variable is unset, so the (safe) default stays.
         assert_eq!(
@@ -171,7 +188,7 @@ fn invalid_values_name_the_variable() {
     assert!(e.contains("env HEALTH_PORT") && e.contains("70000"), "{e}");
     let e = err_text(run(&["--monitoring-port=abc"], &[]));
     assert!(e.contains("--monitoring-port"), "{e}");
-    let e = err_text(run(&[], &[("AMBIENT_ENABLED", "yes")]));
+    let e = err_text(run(&[], &[("AMBIENT_ENABLED", "maybe")]));
     assert!(e.contains("AMBIENT_ENABLED"), "{e}");
     let e = err_text(run(
         &[],

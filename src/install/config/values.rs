@@ -23,9 +23,11 @@ pub(super) fn invalid(raw: &Raw, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Go's strconv.ParseBool, which pflag and viper use.
+/// Go's strconv.ParseBool, which pflag and viper use; words with a plain meaning (`yes`, `off`)
+/// too (reported by `lenient`).
 pub(super) fn parse_bool(raw: &Raw) -> Result<bool, ConfigError> {
     crate::cli::parse_go_bool(raw.value.trim())
+        .or_else(|| super::lenient::lenient_bool(&raw.value))
         .ok_or_else(|| invalid(raw, "expected a boolean (true/false)"))
 }
 
