@@ -92,9 +92,137 @@ impl IstioPlugin {
 
 /// Serializes a merged document: sorted keys, 2-space indent, trailing newline.
 pub fn marshal(v: &Value) -> Vec<u8> {
-    let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
-    s.push('\n');
-    s.into_bytes()
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, GoFloats::default());
+    if v.serialize(&mut ser).is_err() {
+        return b"null\n".to_vec();
+    }
+    out.push(b'\n');
+    out
+}
+
+/// serde_json's pretty output with fractional numbers spelled as Go's encoder spells them
+/// (`1000` for 1e3, `-0`, `1e+23`, `1e-7`), so a primary's floats come back as Istio writes them.
+#[derive(Default)]
+struct GoFloats(serde_json::ser::PrettyFormatter<'static>);
+
+/// Go's float64 text: plain decimal between 1e-6 and 1e21, else exponent form with a sign and no
+/// leading zero in a negative exponent; the shortest digits that read back the same either way.
+pub fn go_float(f: f64) -> String {
+    let abs = f.abs();
+    if abs == 0.0 || (1e-6..1e21).contains(&abs) {
+        return format!("{f}");
+    }
+    let e = format!("{f:e}");
+    match e.split_once('e') {
+        Some((m, exp)) if exp.starts_with('-') => format!("{m}e{exp}"),
+        Some((m, exp)) => format!("{m}e+{exp}"),
+        None => e,
+    }
+}
+
+impl serde_json::ser::Formatter for GoFloats {
+    fn write_f64<W: ?Sized + std::io::Write>(&mut self, w: &mut W, v: f64) -> std::io::Result<()> {
+        w.write_all(go_float(v).as_bytes())
+    }
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_array(w)
+    }
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array(w)
+    }
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.0.begin_array_value(w, first)
+    }
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array_value(w)
+    }
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object(w)
+    }
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object(w)
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.0.begin_object_key(w, first)
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object_value(w)
+    }
+    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object_value(w)
+    }
+}
+
+/// Why a plugin object would not load into libcni's typed plugin config (Go's decoder: field
+/// names matched case-insensitively, `null` fits any field), or None when it loads.
+fn libcni_plugin_error(plugin: &Value) -> Option<String> {
+    let Some(obj) = plugin.as_object() else {
+        return Some("a plugin is not a JSON object".into());
+    };
+    let strings = |v: &Value| match v {
+        Value::Array(a) => a.iter().all(|x| x.is_string() || x.is_null()),
+        other => other.is_null(),
+    };
+    for (key, v) in obj {
+        let k = key.to_ascii_lowercase();
+        let ok = match k.as_str() {
+            "cniversion" | "name" | "type" => v.is_string() || v.is_null(),
+            "capabilities" => match v {
+                Value::Object(m) => m.values().all(|b| b.is_boolean() || b.is_null()),
+                other => other.is_null(),
+            },
+            "ipam" => match v {
+                Value::Object(m) => m
+                    .iter()
+                    .filter(|(f, _)| f.eq_ignore_ascii_case("type"))
+                    .all(|(_, t)| t.is_string() || t.is_null()),
+                other => other.is_null(),
+            },
+            "dns" => match v {
+                Value::Object(m) => m
+                    .iter()
+                    .all(|(f, x)| match f.to_ascii_lowercase().as_str() {
+                        "nameservers" | "search" | "options" => strings(x),
+                        "domain" => x.is_string() || x.is_null(),
+                        _ => true,
+                    }),
+                other => other.is_null(),
+            },
+            "prevresult" => v.is_object() || v.is_null(),
+            _ => true,
+        };
+        if !ok {
+            return Some(format!("plugin field `{key}` has the wrong type"));
+        }
+    }
+    None
+}
+
+/// Why the list-level fields would not load in libcni, or None.
+fn libcni_list_error(obj: &serde_json::Map<String, Value>) -> Option<String> {
+    if obj.get("cniVersion").is_some_and(|v| !v.is_string()) {
+        return Some("`cniVersion` is not a string".into());
+    }
+    for key in ["disableCheck", "disableGC", "loadOnlyInlinedPlugins"] {
+        let ok = match obj.get(key) {
+            None | Some(Value::Bool(_)) => true,
+            Some(Value::String(s)) => matches!(s.to_lowercase().as_str(), "true" | "false"),
+            Some(_) => false,
+        };
+        if !ok {
+            return Some(format!("`{key}` is not a boolean"));
+        }
+    }
+    None
 }
 
 /// Whether a file name is a CNI config candidate (libcni's extensions, incl. `.json` — L7).
@@ -144,8 +272,16 @@ pub fn classify(name: &str, bytes: &[u8]) -> Result<Candidate, ConfError> {
         {
             return Err(shape("network list has no name"));
         }
+        if let Some(reason) = libcni_list_error(obj) {
+            return Err(shape(&reason));
+        }
         match obj.get("plugins") {
-            Some(Value::Array(p)) if !p.is_empty() => Kind::List,
+            Some(Value::Array(p)) if !p.is_empty() => {
+                if let Some(reason) = p.iter().find_map(libcni_plugin_error) {
+                    return Err(shape(&reason));
+                }
+                Kind::List
+            }
             Some(Value::Array(_)) => return Err(shape("network list has no plugins")),
             Some(_) => return Err(shape("`plugins` is not a list")),
             // CNI 1.1 allows plugins in a <dir>/<name>/ sub-directory; we cannot merge into that
@@ -159,6 +295,9 @@ pub fn classify(name: &str, bytes: &[u8]) -> Result<Candidate, ConfError> {
             .is_none_or(str::is_empty)
         {
             return Err(shape("plugin config has no type"));
+        }
+        if let Some(reason) = libcni_plugin_error(&value) {
+            return Err(shape(&reason));
         }
         Kind::Single
     };
@@ -592,5 +731,43 @@ mod tests {
         let owned_b: Value =
             serde_json::from_str(&golden("istio-owned-bridge.conflist.golden")).expect("json");
         assert_eq!(check_owned_copy(&owned_b, &bridge), Ok(()));
+    }
+
+    /// Fractional and huge numbers come back spelled as Go's encoder spells them (Istio's bytes).
+    #[test]
+    fn floats_are_written_as_go_writes_them() {
+        let v: Value =
+            serde_json::from_str(r#"{"a":1e3,"b":-0,"c":1e23,"d":1.5e-7,"e":0.0025,"f":1.0}"#)
+                .expect("json");
+        let text = String::from_utf8(marshal(&v)).expect("utf8");
+        for want in [
+            "\"a\": 1000,",
+            "\"b\": -0,",
+            "\"c\": 1e+23,",
+            "\"d\": 1.5e-7,",
+            "\"e\": 0.0025,",
+            "\"f\": 1\n",
+        ] {
+            assert!(text.contains(want), "{want} in {text}");
+        }
+    }
+
+    /// A plugin whose typed fields libcni cannot load makes the whole file invalid, as for the
+    /// runtime (which then uses the next file).
+    #[test]
+    fn plugins_libcni_cannot_load_are_not_candidates() {
+        for bad in [
+            r#"{"name":"n","plugins":[{"type":"ptp","capabilities":{"x":{}}}]}"#,
+            r#"{"name":"n","plugins":[{"type":"ptp","ipam":{"type":1}}]}"#,
+            r#"{"name":"n","plugins":[{"type":"ptp","dns":{"nameservers":"1.1.1.1"}}]}"#,
+            r#"{"name":"n","plugins":[{"type":"ptp","Name":5}]}"#,
+            r#"{"name":"n","cniVersion":1,"plugins":[{"type":"ptp"}]}"#,
+            r#"{"name":"n","disableCheck":"yes","plugins":[{"type":"ptp"}]}"#,
+        ] {
+            assert!(classify("a.conflist", bad.as_bytes()).is_err(), "{bad}");
+        }
+        assert!(classify("a.conf", br#"{"type":"ptp","capabilities":[]}"#).is_err());
+        let good = r#"{"name":"n","disableCheck":"TRUE","plugins":[{"type":"ptp","capabilities":{"a":true,"b":null},"ipam":{"type":null,"x":{}},"dns":null,"other":{"k":[1]}}]}"#;
+        assert!(classify("a.conflist", good.as_bytes()).is_ok());
     }
 }

@@ -1,0 +1,763 @@
+//! Differential conformance of the installer: Istio's own `install-cni` (built from the
+//! `istio.io/istio` module by scripts/build-istio) and ours run on the same generated CNI config
+//! dir (tests/differential/install_gen.rs), each on its own copy, with the same settings and the
+//! same service-account token and CA of the real kube-apiserver (`istio_cni_testing::
+//! controlplane`). Compared once both are ready (or both gave up waiting): every file in the conf
+//! dir, byte for byte (Istio's merged output is a fixed format — sorted keys, 2-space indent — and
+//! ours promises the same bytes, so a semantic comparison would hide a real difference), with its
+//! mode; the plugin kubeconfig byte for byte with its mode; the installed plugin's presence and
+//! mode (not its content: Istio copies its image's file, ours copies itself). Then SIGTERM and the
+//! same comparison of what each leaves behind, and the exit codes.
+//!
+//! Istio's binary hard-codes its source and target bin dirs and the service-account dir, so it
+//! runs chrooted into a per-case root (it is static) and in a netns of its own (its fixed health
+//! and ControlZ ports). It needs no API server in sidecar mode; ours asks it at shutdown whether
+//! this is an upgrade (the account has no DaemonSet read: 403, clean up, as Istio does).
+//!
+//! Deliberate differences are in tests/differential/install_allowlist.json, each naming the
+//! behaviour, why, and the docs line that tells operators, and a `rule`: how Istio's result is
+//! turned into ours (implemented below). The test fails on a difference no combination of rules
+//! explains, and on an entry no case needed (rules apply in the list's order). ISTIO_DIFF_SEED reproduces a run (the seed is
+//! printed), ISTIO_DIFF_INSTALL_CASES sets the count. A failing case is shrunk before it is shown.
+
+mod support;
+
+#[path = "install_support.rs"]
+mod install;
+
+#[path = "differential/install_gen.rs"]
+mod generator;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use istio_cni_testing::controlplane::{self, unique_name};
+use serde_json::{Value, json};
+
+use generator::{Case, Rng};
+use install::{Agent, free_port, http_get};
+
+const DEFAULT_CASES: u64 = 100;
+/// How long each side may take to become ready before its state is taken as it is (a dir with
+/// no valid primary keeps both waiting).
+const READY_WAIT: Duration = Duration::from_secs(3);
+const STOP_WAIT: Duration = Duration::from_secs(8);
+
+/// A file left by a run: content (or a stand-in) and mode.
+type Files = BTreeMap<String, (String, u32)>;
+
+#[derive(Clone, Debug)]
+struct Outcome {
+    ready: bool,
+    running: Files,
+    after: Files,
+    exit: Option<i32>,
+    /// Its log, shown with a difference (not compared).
+    log: String,
+}
+
+impl PartialEq for Outcome {
+    fn eq(&self, o: &Outcome) -> bool {
+        (self.ready, &self.running, &self.after, self.exit)
+            == (o.ready, &o.running, &o.after, o.exit)
+    }
+}
+
+/// What the two runs share: the API server's address, its CA and a token.
+struct Shared {
+    host: String,
+    port: String,
+    ca: String,
+    token: String,
+    namespace: String,
+    /// A kubeconfig with the token, for ours (its client at shutdown).
+    kubeconfig: PathBuf,
+    /// Istio's binary, copied once next to the case roots so each root can hard-link it.
+    istio: PathBuf,
+    tmp: tempfile::TempDir,
+}
+
+fn shared() -> Shared {
+    let cp = controlplane::shared();
+    let namespace = unique_name("diff-install");
+    cp.create_namespace(&namespace, &[]);
+    cp.create(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "istio-cni", "namespace": namespace}}));
+    let token = cp.token(&namespace, "istio-cni", Duration::from_secs(3600));
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = tmp.path().join("kubeconfig");
+    cp.write_kubeconfig(&kubeconfig, &token);
+    let istio = tmp.path().join("istio-install-cni");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/istio/install-cni");
+    std::fs::copy(&src, &istio)
+        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/build-istio)", src.display()));
+    Shared {
+        host: "127.0.0.1".into(),
+        port: cp.port().to_string(),
+        ca: cp.ca_pem().to_string(),
+        token,
+        namespace,
+        kubeconfig,
+        istio,
+        tmp,
+    }
+}
+
+fn write_mode(path: &Path, content: &[u8], mode: u32) {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).expect("mkdir");
+    }
+    std::fs::write(path, content).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// The state of the dirs that matter, under stable names.
+fn snapshot(net: &Path, run: &Path, bin: &Path) -> Files {
+    let mut files = Files::new();
+    let mut add = |prefix: &str, path: PathBuf, stand_in: Option<&str>| {
+        if let Ok(meta) = std::fs::symlink_metadata(&path) {
+            let name = format!("{prefix}/{}", path.file_name().unwrap().to_string_lossy());
+            let content = match stand_in {
+                Some(s) => s.to_string(),
+                None => String::from_utf8_lossy(&std::fs::read(&path).unwrap_or_default()).into(),
+            };
+            files.insert(name, (content, meta.permissions().mode() & 0o7777));
+        }
+    };
+    for e in std::fs::read_dir(net).into_iter().flatten().flatten() {
+        add("net", e.path(), None);
+    }
+    add("run", run.join("istio-cni-kubeconfig"), None);
+    add("bin", bin.join("istio-cni"), Some("<the plugin>"));
+    files
+}
+
+fn wait_ready(mut ready: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + READY_WAIT;
+    while Instant::now() < deadline {
+        if ready() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// SIGTERM and the exit code; None when it had not exited within [`STOP_WAIT`] (then killed).
+fn terminate(agent: &mut Agent) -> Option<i32> {
+    if let Some(st) = agent.child.try_wait().expect("try_wait") {
+        // It had exited by itself (an error at start): its exit code is the outcome.
+        return st.code();
+    }
+    agent.signal(nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + STOP_WAIT;
+    while Instant::now() < deadline {
+        if let Some(st) = agent.child.try_wait().expect("try_wait") {
+            std::thread::sleep(Duration::from_millis(50));
+            return st.code();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = agent.child.kill();
+    let _ = agent.child.wait();
+    None
+}
+
+fn run_istio(sh: &Shared, case: &Case, slot: &str) -> Outcome {
+    let root = sh.tmp.path().join(format!("istio-{slot}"));
+    let _ = std::fs::remove_dir_all(&root);
+    let (net, run, bin) = (
+        root.join("host/etc/cni/net.d"),
+        root.join("var/run/istio-cni"),
+        root.join("host/opt/cni/bin"),
+    );
+    let sa = root.join("var/run/secrets/kubernetes.io/serviceaccount");
+    for d in [&net, &run, &bin, &sa, &root.join("tmp")] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    write_mode(&root.join("opt/cni/bin/istio-cni"), b"plugin", 0o755);
+    write_mode(&sa.join("token"), sh.token.as_bytes(), 0o644);
+    write_mode(&sa.join("ca.crt"), sh.ca.as_bytes(), 0o644);
+    for f in &case.files {
+        write_mode(&net.join(&f.name), f.text.as_bytes(), f.mode);
+    }
+    std::fs::hard_link(&sh.istio, root.join("install-cni")).expect("link istio's binary");
+    let mut cmd = Command::new("unshare");
+    cmd.arg("-n").arg("chroot").arg(&root).arg("/install-cni");
+    let env = common_env(sh, case);
+    let agent = spawn(cmd, &env);
+    let mut agent = agent;
+    let ready = wait_ready(|| {
+        agent.output().contains("initial installation complete")
+            || agent.child.try_wait().ok().flatten().is_some()
+    }) && agent.child.try_wait().ok().flatten().is_none();
+    let running = snapshot(&net, &run, &bin);
+    let exit = terminate(&mut agent);
+    let after = snapshot(&net, &run, &bin);
+    let _ = std::fs::remove_dir_all(&root);
+    Outcome {
+        ready,
+        running,
+        after,
+        exit,
+        log: agent.output(),
+    }
+}
+
+fn run_ours(sh: &Shared, case: &Case, slot: &str) -> Outcome {
+    let root = sh.tmp.path().join(format!("ours-{slot}"));
+    let _ = std::fs::remove_dir_all(&root);
+    let (net, run, bin, sa) = (
+        root.join("net"),
+        root.join("run"),
+        root.join("bin"),
+        root.join("sa"),
+    );
+    for d in [&net, &bin, &sa] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    write_mode(&sa.join("token"), sh.token.as_bytes(), 0o644);
+    write_mode(&sa.join("ca.crt"), sh.ca.as_bytes(), 0o644);
+    for f in &case.files {
+        write_mode(&net.join(&f.name), f.text.as_bytes(), f.mode);
+    }
+    let health = free_port();
+    let mut env = common_env(sh, case);
+    let path = |p: &Path| p.display().to_string();
+    env.extend([
+        ("MOUNTED_CNI_NET_DIR".to_string(), path(&net)),
+        ("CNI_BIN_DIRS".into(), path(&bin)),
+        ("CNI_AGENT_RUN_DIR".into(), path(&run)),
+        ("SERVICE_ACCOUNT_DIR".into(), path(&sa)),
+        ("KUBECONFIG".into(), path(&sh.kubeconfig)),
+        ("HEALTH_PORT".into(), health.to_string()),
+    ]);
+    let mut agent = install::start(&env, &[]);
+    let ready = wait_ready(|| {
+        http_get(health, "/readyz").is_some_and(|(s, _)| s == 200)
+            || agent.child.try_wait().ok().flatten().is_some()
+    }) && agent.child.try_wait().ok().flatten().is_none();
+    let running = snapshot(&net, &run, &bin);
+    let exit = terminate(&mut agent);
+    let after = snapshot(&net, &run, &bin);
+    let _ = std::fs::remove_dir_all(&root);
+    // Our paths where Istio has its fixed ones: the only legitimate difference in the contents.
+    let (running, after) = (
+        with_istios_paths(running, &root),
+        with_istios_paths(after, &root),
+    );
+    Outcome {
+        ready,
+        running,
+        after,
+        exit,
+        log: agent.output(),
+    }
+}
+
+fn with_istios_paths(files: Files, root: &Path) -> Files {
+    let root = root.display().to_string();
+    files
+        .into_iter()
+        .map(|(name, (content, mode))| {
+            let content = content
+                .replace(&format!("{root}/run"), "/var/run/istio-cni")
+                .replace(&format!("{root}/net"), "/host/etc/cni/net.d")
+                .replace(&format!("{root}/bin"), "/host/opt/cni/bin");
+            (name, (content, mode))
+        })
+        .collect()
+}
+
+/// The settings both get (ours adds its path settings).
+fn common_env(sh: &Shared, case: &Case) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = [
+        ("KUBERNETES_SERVICE_HOST", sh.host.clone()),
+        ("KUBERNETES_SERVICE_PORT", sh.port.clone()),
+        ("POD_NAMESPACE", sh.namespace.clone()),
+        ("REPAIR_ENABLED", "false".into()),
+        ("MONITORING_PORT", "0".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    env.extend(case.env());
+    env
+}
+
+fn spawn(mut cmd: Command, env: &[(String, String)]) -> Agent {
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn istio's install-cni");
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    for stream in [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(stream)
+                .lines()
+                .map_while(Result::ok)
+            {
+                lines.lock().expect("lines").push(l);
+            }
+        });
+    }
+    Agent { child, lines }
+}
+
+/// One allowlisted deliberate difference.
+struct Entry {
+    id: String,
+    rule: String,
+}
+
+fn allowlist() -> Vec<Entry> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("tests/differential/install_allowlist.json"))
+        .expect("tests/differential/install_allowlist.json");
+    let list: Value = serde_json::from_str(&text).expect("install_allowlist.json is JSON");
+    let mut entries = Vec::new();
+    for e in list.as_array().expect("a list") {
+        let id = e["id"].as_str().expect("entry id").to_string();
+        for key in ["behaviour", "why"] {
+            let s = e[key].as_str().unwrap_or_default();
+            assert!(!s.trim().is_empty(), "allowlist entry {id}: no {key}");
+        }
+        let file = e["docs"]["file"].as_str().expect("docs.file");
+        let line = e["docs"]["line"].as_str().expect("docs.line");
+        let doc = std::fs::read_to_string(root.join(file))
+            .unwrap_or_else(|err| panic!("allowlist entry {id}: docs file {file}: {err}"));
+        assert!(
+            !line.trim().is_empty() && doc.contains(line),
+            "allowlist entry {id}: {file} does not contain the cited line {line:?}"
+        );
+        let rule = e["rule"].as_str().expect("rule").to_string();
+        assert!(
+            RULES.iter().any(|(n, _)| *n == rule),
+            "allowlist entry {id}: unknown rule {rule:?}"
+        );
+        entries.push(Entry { id, rule });
+    }
+    entries
+}
+
+/// A rule brings Istio's outcome and ours to common ground for one deliberate difference (it may
+/// change either side; most turn Istio's result into what ours does instead).
+type Rule = fn(&Case, &mut Outcome, &mut Outcome);
+
+const RULES: &[(&str, Rule)] = &[
+    ("go-html-escapes", go_html_escapes),
+    ("float64-integers", float64_integers),
+    ("conf-restored-on-cleanup", conf_restored_on_cleanup),
+    ("binary-kept-while-named", binary_kept_while_named),
+    ("json-files-considered", json_files_considered),
+    ("clean-exit-while-waiting", clean_exit_while_waiting),
+    ("owned-flag-needs-owned-mode", owned_flag_needs_owned_mode),
+    ("named-config-libcni-rejects", named_config_libcni_rejects),
+    (
+        "named-config-unreadable-waits",
+        named_config_unreadable_waits,
+    ),
+];
+
+fn each_file(o: &mut Outcome, f: impl Fn(&str, &mut String)) {
+    for files in [&mut o.running, &mut o.after] {
+        for (name, (content, _)) in files.iter_mut() {
+            f(name, content);
+        }
+    }
+}
+
+/// Go's encoder writes `<`, `>`, `&`, U+2028 and U+2029 as `\u` escapes; ours writes them as
+/// they are.
+fn go_html_escapes(_: &Case, istio: &mut Outcome, ours: &mut Outcome) {
+    // Both sides: a file neither wrote may spell them as escapes too.
+    for o in [istio, ours] {
+        each_file(o, |_, c| {
+            for (esc, ch) in [
+                ("\\u003c", "<"),
+                ("\\u003e", ">"),
+                ("\\u0026", "&"),
+                ("\\u2028", "\u{2028}"),
+                ("\\u2029", "\u{2029}"),
+            ] {
+                *c = c.replace(esc, ch);
+            }
+        });
+    }
+}
+
+/// Go reads every number as a float64, so an integer beyond 2^53 comes back rounded (and from
+/// 1e21 on in exponent form); ours keeps it exact. Both sides' integer-valued numbers of that
+/// size are written as the float64 they round to.
+fn float64_integers(_: &Case, istio: &mut Outcome, ours: &mut Outcome) {
+    for o in [istio, ours] {
+        each_file(o, |name, c| {
+            if name.starts_with("net/") {
+                *c = big_integers_as_f64(c);
+            }
+        });
+    }
+}
+
+fn big_integers_as_f64(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    let chars: Vec<char> = text.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if in_string {
+            out.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        if c == '"' {
+            in_string = true;
+        }
+        if c == '-' || c.is_ascii_digit() {
+            let start = i;
+            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || "+-.".contains(chars[i]))
+            {
+                i += 1;
+            }
+            let token: String = chars[start..i].iter().collect();
+            match token.parse::<f64>() {
+                Ok(v) if v.fract() == 0.0 && v.abs() >= 9_007_199_254_740_992.0 => {
+                    out.push_str(&format!("{v:e}"))
+                }
+                _ => out.push_str(&token),
+            }
+            continue;
+        }
+        out.push(c);
+        i += 1;
+    }
+    out
+}
+
+/// Istio leaves a single-plugin `X.conf` converted to `X.conflist` for good; ours puts the
+/// original file back on cleanup.
+fn conf_restored_on_cleanup(case: &Case, istio: &mut Outcome, ours: &mut Outcome) {
+    for f in case.files.iter().filter(|f| f.name.ends_with(".conf")) {
+        let original = format!("net/{}", f.name);
+        let list = format!("{original}list");
+        let restored = ours.after.get(&original) == Some(&(f.text.clone(), f.mode));
+        if restored
+            && !istio.after.contains_key(&original)
+            && !ours.after.contains_key(&list)
+            && istio.after.remove(&list).is_some()
+        {
+            istio.after.insert(original, (f.text.clone(), f.mode));
+        }
+    }
+}
+
+/// Ours leaves the plugin binary in place while a CNI config it did not write (or could not
+/// clean) still names `istio-cni`; Istio removes it.
+fn binary_kept_while_named(_: &Case, istio: &mut Outcome, ours: &mut Outcome) {
+    let named = ours
+        .after
+        .iter()
+        .any(|(n, (c, _))| n.starts_with("net/") && c.contains("\"istio-cni\""));
+    if named
+        && !istio.after.contains_key("bin/istio-cni")
+        && let Some(bin) = ours.after.get("bin/istio-cni")
+    {
+        istio.after.insert("bin/istio-cni".into(), bin.clone());
+    }
+}
+
+/// Ours counts `.json` files as CNI configs (libcni and containerd load them); Istio ignores
+/// them, so with a valid one first the two pick different primaries. Such a case is taken as
+/// ours when ours wrote into the `.json` file or the list converted from it.
+fn json_files_considered(case: &Case, istio: &mut Outcome, ours: &mut Outcome) {
+    let wrote_json = case.files.iter().any(|f| {
+        let Some(stem) = f.name.strip_suffix(".json") else {
+            return false;
+        };
+        [format!("net/{stem}.json"), format!("net/{stem}.conflist")]
+            .iter()
+            .any(|n| {
+                ours.running
+                    .get(n)
+                    .is_some_and(|(c, _)| c.contains("\"istio-cni\""))
+            })
+    });
+    if wrote_json {
+        *istio = ours.clone();
+    }
+}
+
+/// Terminated while still waiting for a primary config, Istio's install-cni exits 1 (the wait's
+/// cancellation is reported as an install error); ours exits 0, as on any requested stop.
+fn clean_exit_while_waiting(_: &Case, istio: &mut Outcome, ours: &mut Outcome) {
+    if !istio.ready && !ours.ready && istio.exit == Some(1) && ours.exit == Some(0) {
+        istio.exit = Some(0);
+    }
+}
+
+/// With `ISTIO_OWNED_CNI_CONFIG=true` but owned mode not in effect (no ambient), Istio's cleanup
+/// deletes the config it merged into — the primary's own file; ours removes only its entry.
+fn owned_flag_needs_owned_mode(case: &Case, istio: &mut Outcome, ours: &mut Outcome) {
+    if !case.owned_flag || !case.chained {
+        return;
+    }
+    for (name, file) in &ours.after {
+        if name.starts_with("net/") && !istio.after.contains_key(name) {
+            istio.after.insert(name.clone(), file.clone());
+        }
+    }
+}
+
+/// `CNI_CONF_NAME` naming a config libcni cannot load: both write into it, but Istio's check
+/// never finds it valid again, so it rewrites it in a loop and does not stop on SIGTERM (it is
+/// killed, leaving everything); ours checks the file it wrote and exits cleaned up.
+fn named_config_libcni_rejects(case: &Case, istio: &mut Outcome, ours: &mut Outcome) {
+    if case.conf_name.is_some() && istio.exit.is_none() && istio.running == ours.running {
+        istio.after = ours.after.clone();
+        istio.exit = ours.exit;
+    }
+}
+
+/// `CNI_CONF_NAME` naming a file that is not valid JSON: Istio's install pass fails and the
+/// process exits 1 (cleaned up); ours stays up, not ready, waiting for the file to become valid.
+fn named_config_unreadable_waits(case: &Case, istio: &mut Outcome, ours: &mut Outcome) {
+    if case.conf_name.is_some() && istio.exit == Some(1) && !istio.ready && !ours.ready {
+        istio.running = ours.running.clone();
+        istio.exit = ours.exit;
+    }
+}
+
+/// The allowlist entries that explain `ours != istio`: None when no combination does.
+fn explain(entries: &[Entry], case: &Case, istio: &Outcome, ours: &Outcome) -> Option<Vec<String>> {
+    if istio == ours {
+        return Some(Vec::new());
+    }
+    let rules: Vec<(&Entry, Rule)> = entries
+        .iter()
+        .filter_map(|e| {
+            RULES
+                .iter()
+                .find(|(n, _)| *n == e.rule)
+                .map(|(_, r)| (e, *r))
+        })
+        .collect();
+    let apply = |skip: Option<usize>| {
+        let (mut a, mut b) = (istio.clone(), ours.clone());
+        for (i, (_, r)) in rules.iter().enumerate() {
+            if Some(i) != skip {
+                r(case, &mut a, &mut b);
+            }
+        }
+        a == b
+    };
+    if !apply(None) {
+        return None;
+    }
+    // Only the entries the case needs: one that can be left out is not counted.
+    Some(
+        (0..rules.len())
+            .filter(|i| !apply(Some(*i)))
+            .map(|i| rules[i].0.id.clone())
+            .collect(),
+    )
+}
+
+fn diff_text(istio: &Outcome, ours: &Outcome) -> String {
+    let mut s = String::new();
+    if istio.ready != ours.ready {
+        s += &format!("ready: istio {} ours {}\n", istio.ready, ours.ready);
+    }
+    if istio.exit != ours.exit {
+        s += &format!("exit: istio {:?} ours {:?}\n", istio.exit, ours.exit);
+    }
+    for (phase, a, b) in [
+        ("running", &istio.running, &ours.running),
+        ("after SIGTERM", &istio.after, &ours.after),
+    ] {
+        let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+        for n in names {
+            match (a.get(n), b.get(n)) {
+                (Some(x), Some(y)) if x == y => {}
+                (Some((a, ma)), Some((b, mb))) => {
+                    s += &format!(
+                        "{phase} {n}: mode istio {ma:o} ours {mb:o}\n{}",
+                        first_difference(a, b)
+                    );
+                }
+                (x, y) => {
+                    s += &format!("{phase} {n}:\n  istio: {}\n  ours:  {}\n", show(x), show(y));
+                }
+            }
+        }
+    }
+    s
+}
+
+/// Where two texts part: the first differing line, with one line of context.
+fn first_difference(a: &str, b: &str) -> String {
+    let (la, lb): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+    let at = la.iter().zip(&lb).take_while(|(x, y)| x == y).count();
+    let from = at.saturating_sub(1);
+    let part = |l: &[&str]| l[from.min(l.len())..(at + 2).min(l.len())].join("\n    ");
+    format!(
+        "  istio (line {}):\n    {}\n  ours:\n    {}\n",
+        at + 1,
+        part(&la),
+        part(&lb)
+    )
+}
+
+/// The last lines of a log, enough to see why.
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(25)..].join("\n")
+}
+
+fn show(f: Option<&(String, u32)>) -> String {
+    match f {
+        None => "(absent)".into(),
+        Some((c, m)) => format!("mode {m:o} {c:?}"),
+    }
+}
+
+fn fails(sh: &Shared, entries: &[Entry], case: &Case) -> Option<(Outcome, Outcome)> {
+    let istio = run_istio(sh, case, "shrink");
+    let ours = run_ours(sh, case, "shrink");
+    explain(entries, case, &istio, &ours)
+        .is_none()
+        .then_some((istio, ours))
+}
+
+/// Smaller inputs that still show an unexplained difference, a bounded number of tries.
+fn shrink(
+    sh: &Shared,
+    entries: &[Entry],
+    mut case: Case,
+    mut found: (Outcome, Outcome),
+) -> (Case, (Outcome, Outcome)) {
+    let mut tries = 0;
+    'outer: while tries < 30 {
+        for smaller in case.shrinks() {
+            tries += 1;
+            if let Some(f) = fails(sh, entries, &smaller) {
+                case = smaller;
+                found = f;
+                continue 'outer;
+            }
+            if tries >= 30 {
+                break 'outer;
+            }
+        }
+        break;
+    }
+    (case, found)
+}
+
+#[test]
+fn install_cni_agrees_with_istios_install_cni_on_generated_conf_dirs() {
+    support::require_root();
+    let seed = std::env::var("ISTIO_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    let cases: u64 = std::env::var("ISTIO_DIFF_INSTALL_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_CASES);
+    eprintln!(
+        "differential_install: seed {seed} (ISTIO_DIFF_SEED={seed} reproduces), {cases} cases"
+    );
+    let entries = allowlist();
+    let sh = shared();
+    let mut rng = Rng::new(seed);
+    let mut used: BTreeMap<String, u64> = BTreeMap::new();
+    let (mut t_istio, mut t_ours) = (Duration::ZERO, Duration::ZERO);
+    let start = Instant::now();
+    // While working on the list: report every unexplained case instead of stopping at the first.
+    let keep_going = std::env::var_os("ISTIO_DIFF_KEEP_GOING").is_some();
+    let mut unexplained = 0;
+    for i in 0..cases {
+        let case = generator::case(&mut rng);
+        let t = Instant::now();
+        let istio = run_istio(&sh, &case, "case");
+        t_istio += t.elapsed();
+        let t = Instant::now();
+        let ours = run_ours(&sh, &case, "case");
+        t_ours += t.elapsed();
+        match explain(&entries, &case, &istio, &ours) {
+            Some(ids) => {
+                for id in ids {
+                    *used.entry(id).or_default() += 1;
+                }
+            }
+            None => {
+                let (case, (istio, ours)) = if keep_going {
+                    (case, (istio, ours))
+                } else {
+                    shrink(&sh, &entries, case, (istio, ours))
+                };
+                let report = format!(
+                    "case {i} (seed {seed}) differs from Istio's install-cni, shrunk to:\n{}\n{}\nIstio's log:\n{}\nour log:\n{}",
+                    case.describe(),
+                    diff_text(&istio, &ours),
+                    tail(&istio.log),
+                    tail(&ours.log)
+                );
+                if keep_going {
+                    eprintln!("{report}");
+                    unexplained += 1;
+                    continue;
+                }
+                panic!("{report}");
+            }
+        }
+    }
+    eprintln!(
+        "differential_install: {cases} cases in {:?} (istio {:?}, ours {:?}); allowlist used: {used:?}",
+        start.elapsed(),
+        t_istio,
+        t_ours
+    );
+    assert_eq!(unexplained, 0, "unexplained differences (reported above)");
+    let stale: Vec<&str> = entries
+        .iter()
+        .filter(|e| !used.contains_key(&e.id))
+        .map(|e| e.id.as_str())
+        .collect();
+    assert!(
+        cases < 60 || stale.is_empty(),
+        "allowlist entries no case needed (remove them, or the behaviour came back): {stale:?}"
+    );
+}
