@@ -211,6 +211,22 @@ impl Recorded {
         }
     }
 
+    /// The flavour this record pins for every role on the node (none under native nftables or
+    /// when only unflavoured binaries exist).
+    pub fn pinned(&self) -> Option<ForceBinary> {
+        (self.backend != Backend::Nftables)
+            .then_some(self.force_binary)
+            .flatten()
+    }
+
+    /// [`Recorded::pinned`] as the plugin's config spells it (`legacy` | `nft`).
+    pub fn iptables_flavour(&self) -> Option<&'static str> {
+        match self.pinned()? {
+            ForceBinary::Legacy => Some("legacy"),
+            ForceBinary::Nft => Some("nft"),
+        }
+    }
+
     /// `key=value` lines (the file's content).
     pub fn render(&self) -> String {
         let backend = match self.backend {
@@ -256,6 +272,37 @@ impl Recorded {
             _ => Err("backend, flavour and native_nftables are all required".into()),
         }
     }
+}
+
+/// Size limit of the record (three short lines).
+const RECORD_LIMIT: u64 = 4096;
+
+/// Reads a record file as untrusted input: a regular file (opened without blocking) of at most
+/// [`RECORD_LIMIT`] bytes that parses. `Ok(None)` when it does not exist; the error names the file.
+pub fn read_record(path: &std::path::Path) -> Result<Option<Recorded>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |e: String| format!("backend record {}: {e}", path.display());
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(fail(e.to_string())),
+    };
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return Err(fail("not a regular file".into()));
+    }
+    let mut text = String::new();
+    file.take(RECORD_LIMIT + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| fail(e.to_string()))?;
+    if text.len() as u64 > RECORD_LIMIT {
+        return Err(fail(format!("over {RECORD_LIMIT} bytes")));
+    }
+    Recorded::parse(&text).map(Some).map_err(fail)
 }
 
 /// The node agent's decision with a record of the first install: the recorded backend when it was
@@ -415,5 +462,36 @@ mod tests {
         let bad = Recorded::parse("backend=ebpf\n").unwrap_err();
         assert!(bad.contains("backend=ebpf"), "{bad}");
         assert!(Recorded::parse("").is_err());
+    }
+
+    #[test]
+    fn the_record_read_by_every_role_pins_one_flavour_and_is_read_as_untrusted_input() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(RECORD_FILE);
+        assert_eq!(read_record(&path), Ok(None), "missing");
+        std::fs::write(
+            &path,
+            "backend=iptables\nflavour=nft\nnative_nftables=false\n",
+        )
+        .expect("write");
+        let r = read_record(&path).expect("good").expect("present");
+        assert_eq!(r.pinned(), Some(ForceBinary::Nft));
+        assert_eq!(r.iptables_flavour(), Some("nft"));
+        std::fs::write(
+            &path,
+            "backend=nftables\nflavour=auto\nnative_nftables=true\n",
+        )
+        .expect("write");
+        let r = read_record(&path).expect("good").expect("present");
+        assert_eq!(r.pinned(), None, "native nftables pins no iptables flavour");
+        std::fs::write(&path, vec![b'\n'; RECORD_LIMIT as usize + 1]).expect("write");
+        let e = read_record(&path).unwrap_err();
+        assert!(e.contains("over") && e.contains(RECORD_FILE), "{e}");
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+        let e = read_record(&fifo).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        std::fs::write(&path, "flavour=sideways\n").expect("write");
+        assert!(read_record(&path).unwrap_err().contains("sideways"));
     }
 }

@@ -46,6 +46,25 @@ pub fn record_path(cfg: &Config) -> std::path::PathBuf {
     cfg.install.run_dir.join(RECORD_FILE)
 }
 
+/// The iptables flavour every role on this node uses, when one is decided: `FORCE_IPTABLES_BINARY`,
+/// else (ambient) the flavour in the backend record, unless the record says native nftables. None
+/// leaves each role's own detection (sidecar-only nodes, as Istio).
+pub fn node_flavour(cfg: &Config) -> Option<String> {
+    let forced = cfg
+        .agent
+        .force_iptables_binary
+        .as_deref()
+        .filter(|f| !f.is_empty());
+    if let Some(f) = forced {
+        return Some(f.to_string());
+    }
+    if !cfg.install.ambient_enabled {
+        return None;
+    }
+    let recorded = read_record(&record_path(cfg)).ok().flatten()?;
+    recorded.iptables_flavour().map(str::to_string)
+}
+
 /// The recorded backend (None: no record yet, a first install).
 fn read_record(path: &std::path::Path) -> Result<Option<Recorded>, StartError> {
     let bad = |cause: String| StartError::Record {

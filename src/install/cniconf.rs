@@ -45,6 +45,11 @@ pub struct IstioPlugin {
     pub pod_namespace: String,
     pub native_nftables: bool,
     pub enable_ambient_detection_retry: bool,
+    /// Ours: the node's iptables flavour (`legacy` | `nft`), decided once by the agent (its backend
+    /// record) or forced by `FORCE_IPTABLES_BINARY`; the plugin honours it over its own detection.
+    /// Absent (as in Istio's entry) when nothing decided it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub force_iptables_binary: Option<String>,
 }
 
 impl IstioPlugin {
@@ -64,6 +69,7 @@ impl IstioPlugin {
             pod_namespace: c.pod_namespace.clone(),
             native_nftables: c.native_nftables,
             enable_ambient_detection_retry: c.enable_ambient_detection_retry,
+            force_iptables_binary: None,
         }
     }
 

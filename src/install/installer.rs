@@ -139,6 +139,11 @@ impl Installer {
         })
     }
 
+    /// Hands the node's iptables flavour to the plugin through our entry (before the first pass).
+    pub fn set_iptables_flavour(&mut self, flavour: Option<String>) {
+        self.istio.force_iptables_binary = flavour;
+    }
+
     /// The config this installer works with.
     pub fn config(&self) -> &InstallConfig {
         &self.cfg

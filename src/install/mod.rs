@@ -386,8 +386,14 @@ async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
     let check = upgrade::checker(&cfg.install.pod_namespace, &cfg.install.node_name).await;
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find our own executable to install as the plugin: {e}"))?;
-    let installer =
+    let mut installer =
         installer::Installer::new(cfg.install.clone(), exe).map_err(|e| e.to_string())?;
+    // The agent (started above) has decided and recorded the node's flavour by now.
+    let flavour = ambient::node_flavour(cfg);
+    if let Some(f) = &flavour {
+        info!(flavour = %f, "the plugin uses this node's iptables flavour");
+    }
+    installer.set_iptables_flavour(flavour);
     let observer = Observer {
         readiness: base.readiness.clone(),
         metrics: base.metrics.clone(),
@@ -506,6 +512,10 @@ fn start_repair(
         host_proc_dir: cfg.host_proc_dir.clone(),
         native_nftables: cfg.install.native_nftables,
         force_iptables_binary: cfg.agent.force_iptables_binary.clone(),
+        flavour_record: cfg
+            .install
+            .ambient_enabled
+            .then(|| ambient::record_path(cfg)),
     };
     // Sidecar drift self-heal (issue 13) runs with the repair controller only.
     let drift = cfg

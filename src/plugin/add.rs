@@ -488,7 +488,15 @@ async fn redirect_pod<K: KubeReads>(
     let cfg = settings.config;
     // The work runs on a netns worker thread; this task only waits, so the deadline still cuts
     // a programming that hangs (a stuck iptables-restore) and the process may exit past it.
-    let work = super::program::program(&netns, cfg, dual_stack, backend, dry_run.clone());
+    let force_binary = node_flavour(conf)?;
+    let work = super::program::program(
+        &netns,
+        cfg,
+        dual_stack,
+        backend,
+        force_binary,
+        dry_run.clone(),
+    );
     let programmed = tokio::time::timeout(left(deadline), work)
         .await
         .map_err(|_| CniError::internal(format!("pod {pod_ref}: programming the network namespace did not finish before the ADD deadline")))?
@@ -522,3 +530,18 @@ async fn redirect_pod<K: KubeReads>(
 #[cfg(test)]
 #[path = "add_tests.rs"]
 mod tests;
+
+/// The iptables flavour install-cni decided for the node, when its config entry carries one.
+fn node_flavour(conf: &NetConf) -> Result<Option<crate::apply::ForceBinary>, CniError> {
+    match conf.force_iptables_binary.as_deref() {
+        None | Some("") => Ok(None),
+        Some("legacy") => Ok(Some(crate::apply::ForceBinary::Legacy)),
+        Some("nft") => Ok(Some(crate::apply::ForceBinary::Nft)),
+        Some(other) => Err(CniError::new(
+            code::INVALID_NETWORK_CONFIG,
+            format!(
+                "force_iptables_binary {other:?} in the plugin's config: expected legacy or nft"
+            ),
+        )),
+    }
+}

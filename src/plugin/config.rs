@@ -40,6 +40,10 @@ pub struct NetConf {
     pub pod_namespace: String,
     pub native_nftables: bool,
     pub enable_ambient_detection_retry: bool,
+    /// The node's iptables flavour (`legacy` | `nft`) as install-cni decided it (our extension
+    /// key, see docs/plugin.md): honoured over the plugin's own detection in the pod's netns, so
+    /// every role on the node writes one flavour. Checked by ADD only (DEL must always succeed).
+    pub force_iptables_binary: Option<String>,
     /// Our time budget (extension keys; see docs/plugin.md).
     pub add_timeout: Duration,
     pub kube_call_timeout: Duration,
@@ -189,6 +193,7 @@ impl NetConf {
             native_nftables: field(&obj, "native_nftables")?.unwrap_or(false),
             enable_ambient_detection_retry: field(&obj, "enable_ambient_detection_retry")?
                 .unwrap_or(false),
+            force_iptables_binary: field(&obj, "force_iptables_binary")?,
             add_timeout: seconds(&obj, "add_timeout_seconds", DEFAULT_ADD_TIMEOUT)?,
             kube_call_timeout: seconds(
                 &obj,

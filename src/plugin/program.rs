@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::apply::RuleChange;
 use crate::apply::pod::{self, PodError, PodOptions, Target};
+use crate::apply::{ForceBinary, RuleChange};
 use crate::netns::Netns;
 use crate::rules::capture::{CaptureConfig, build};
 use crate::rules::iptables::render_restore;
@@ -65,6 +65,7 @@ pub async fn program(
     cfg: CaptureConfig,
     dual_stack: bool,
     backend: Backend,
+    force_binary: Option<ForceBinary>,
     dry_run: Option<PathBuf>,
 ) -> Result<RedirectDone, ProgramError> {
     if let Some(out) = dry_run {
@@ -74,6 +75,7 @@ pub async fn program(
     pause_after_open();
     let opts = PodOptions {
         backend,
+        force_binary,
         // A repeated ADD with changed settings converges: the pod is not running yet.
         reconcile_on_drift: true,
         detect_ipv6: Some(dual_stack),

@@ -84,6 +84,8 @@ pub struct KubeEffects {
     reserved: Arc<Reserved>,
     backend: Backend,
     force_binary: Option<ForceBinary>,
+    /// The node's backend record, consulted when `force_binary` is unset.
+    flavour_record: Option<std::path::PathBuf>,
     engine: Arc<EngineEnv>,
     timeout: Duration,
 }
@@ -114,6 +116,7 @@ impl KubeEffects {
             reserved,
             backend,
             force_binary,
+            flavour_record: host.flavour_record,
             engine: Arc::new(engine),
             timeout,
         })
@@ -221,10 +224,18 @@ impl KubeEffects {
         self.engine.clone()
     }
 
+    /// The node's flavour: forced, else the agent's record, else each netns's own detection.
+    fn flavour(&self) -> Option<ForceBinary> {
+        self.force_binary.or_else(|| {
+            let record = self.flavour_record.as_deref()?;
+            crate::apply::backend::read_record(record).ok()??.pinned()
+        })
+    }
+
     fn pod_options(&self) -> PodOptions {
         PodOptions {
             backend: self.backend,
-            force_binary: self.force_binary,
+            force_binary: self.flavour(),
             ..PodOptions::default()
         }
     }
@@ -269,7 +280,7 @@ impl Effects for KubeEffects {
     fn repair(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<bool, ActError>> {
         let engine = self.engine.clone();
         let reserved = self.reserved.clone();
-        let (backend, force) = (self.backend, self.force_binary);
+        let (backend, force) = (self.backend, self.flavour());
         async move {
             tokio::task::spawn_blocking(move || {
                 program_pod(&pod, &engine, &reserved, backend, force)

@@ -112,6 +112,10 @@ pub struct HostSettings {
     pub native_nftables: bool,
     /// `FORCE_IPTABLES_BINARY` (`legacy` | `nft`).
     pub force_iptables_binary: Option<String>,
+    /// The node's backend record (ambient): without `FORCE_IPTABLES_BINARY`, its flavour is the
+    /// one every repair and drift heal uses, as the agent and the plugin do. Read at each use:
+    /// the agent may write it after this controller started.
+    pub flavour_record: Option<PathBuf>,
 }
 
 /// The controller's time budgets. Every wait has one.

@@ -23,6 +23,7 @@ fn istio(level: &str, ambient: bool) -> IstioPlugin {
         pod_namespace: "istio-system".into(),
         native_nftables: false,
         enable_ambient_detection_retry: false,
+        force_iptables_binary: None,
     }
 }
 

@@ -104,6 +104,7 @@ fn installer(root: &Path) -> (Installer, PathBuf) {
         istio_owned_cni_config: false,
         owned_filename: "02-istio-cni.conflist".into(),
         cni_bin_dirs: vec![bin],
+        results_dir: root.join("cni-results"),
         run_dir: root.join("run"),
         kubeconfig_mode: 0o600,
         cni_conf_group_read: false,
