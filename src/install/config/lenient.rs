@@ -100,7 +100,10 @@ pub(super) fn adjustment(s: &Setting, raw: &Raw) -> Option<Adjustment> {
         }
         lenient_bool(v)?.to_string()
     } else if PATH_SETTINGS.contains(&s.key) {
-        let items: Vec<&str> = v.split(',').map(str::trim).collect();
+        let items: Vec<&str> = match s.key {
+            "cni_bin_dirs" => v.split(',').map(str::trim).collect(),
+            _ => vec![v],
+        };
         if items.iter().all(|i| i.is_empty() || i.starts_with('/')) {
             return None;
         }
@@ -123,4 +126,37 @@ pub(super) fn adjustment(s: &Setting, raw: &Raw) -> Option<Adjustment> {
         given: raw.value.clone(),
         applied,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::run;
+
+    #[test]
+    fn only_the_list_setting_is_split_at_commas() {
+        let c = run(&[], &[("MOUNTED_CNI_NET_DIR", "etc/a,b")]).unwrap();
+        assert_eq!(c.install.mounted_cni_net_dir.to_str(), Some("/etc/a,b"));
+        assert_eq!(c.adjusted[0].applied, "/etc/a,b");
+        let c = run(&[], &[("CNI_BIN_DIRS", "a, /b")]).unwrap();
+        assert_eq!(c.adjusted[0].applied, "/a,/b");
+    }
+
+    #[test]
+    fn plain_words_and_nothing_else_are_read_as_booleans() {
+        for (w, b) in [
+            ("yes", true),
+            ("Y", true),
+            ("on", true),
+            ("No", false),
+            ("off", false),
+        ] {
+            assert_eq!(super::lenient_bool(w), Some(b), "{w}");
+        }
+        for w in ["enabled", "", "1", "true", "yess"] {
+            assert_eq!(super::lenient_bool(w), None, "{w}");
+        }
+        assert_eq!(super::safe_mode(0o4644), 0o640);
+        assert_eq!(super::rooted("./x").unwrap().to_str(), Some("/x"));
+        assert_eq!(super::rooted("  "), None);
+    }
 }
