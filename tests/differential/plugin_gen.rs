@@ -61,9 +61,8 @@ pub struct PodCase {
     pub native_nftables: bool,
 }
 
-const PORTS: &[&str] = &[
-    "80", "8080", "15020", "9090", "*", "", "1-100", "abc", "0", "70000", " 80",
-];
+const PORTS: &[&str] = &["80", "8080", "15020", "9090", "*", ""];
+const BAD_PORTS: &[&str] = &["abc", "0", "70000", " 80", "1-100"];
 const CIDRS: &[&str] = &[
     "10.0.0.0/8",
     "*",
@@ -72,11 +71,10 @@ const CIDRS: &[&str] = &[
     "10.1.2.3/8",
     "fd00::/8",
     "0.0.0.0/0",
-    "bogus",
-    "10.0.0.1",
-    "10.0.0.0/33",
 ];
-const IFACES: &[&str] = &["eth1", "tun0", "tun+", "veth9", "", "bad/if", "+"];
+const BAD_CIDRS: &[&str] = &["bogus", "10.0.0.1", "10.0.0.0/33"];
+const IFACES: &[&str] = &["eth1", "tun0", "tun+", "veth9", ""];
+const BAD_IFACES: &[&str] = &["bad/if", "+"];
 const MODES: &[&str] = &["REDIRECT", "TPROXY", "NONE", "tproxy", "", "foo"];
 const BOOLS: &[&str] = &["true", "false", "1", "0", "True", "yes", ""];
 const STATUS: &[&str] = &[
@@ -86,13 +84,15 @@ const STATUS: &[&str] = &[
     "{}",
 ];
 
-/// A comma list of 1..=3 items of `pool`.
-fn list(rng: &mut Rng, pool: &[&str]) -> String {
+/// A comma list of 1..=3 items of `good`, now and then one of `bad` among them.
+fn list(rng: &mut Rng, good: &[&str], bad: &[&str]) -> String {
     let n = 1 + rng.below(3);
-    (0..n)
-        .map(|_| rng.pick(pool).to_string())
-        .collect::<Vec<_>>()
-        .join(",")
+    let mut items: Vec<String> = (0..n).map(|_| rng.pick(good).to_string()).collect();
+    if rng.chance(8) {
+        let at = rng.below(items.len() + 1);
+        items.insert(at, rng.pick(bad).to_string());
+    }
+    items.join(",")
 }
 
 fn annotations(rng: &mut Rng) -> Vec<(String, String)> {
@@ -111,22 +111,25 @@ fn annotations(rng: &mut Rng) -> Vec<(String, String)> {
     if rng.chance(15) {
         put("sidecar.istio.io/inject", rng.pick(BOOLS).to_string());
     }
-    for (key, pool) in [
-        ("includeOutboundIPRanges", CIDRS),
-        ("excludeOutboundIPRanges", CIDRS),
-        ("includeInboundPorts", PORTS),
-        ("excludeInboundPorts", PORTS),
-        ("includeOutboundPorts", PORTS),
-        ("excludeOutboundPorts", PORTS),
-        ("excludeInterfaces", IFACES),
-        ("kubevirtInterfaces", IFACES),
+    for (key, good, bad) in [
+        ("includeOutboundIPRanges", CIDRS, BAD_CIDRS),
+        ("excludeOutboundIPRanges", CIDRS, BAD_CIDRS),
+        ("includeInboundPorts", PORTS, BAD_PORTS),
+        ("excludeInboundPorts", PORTS, BAD_PORTS),
+        ("includeOutboundPorts", PORTS, BAD_PORTS),
+        ("excludeOutboundPorts", PORTS, BAD_PORTS),
+        ("excludeInterfaces", IFACES, BAD_IFACES),
+        ("kubevirtInterfaces", IFACES, BAD_IFACES),
     ] {
         if rng.chance(25) {
-            put(&format!("{t}{key}"), list(rng, pool));
+            put(&format!("{t}{key}"), list(rng, good, bad));
         }
     }
     if rng.chance(15) {
-        put("istio.io/reroute-virtual-interfaces", list(rng, IFACES));
+        put(
+            "istio.io/reroute-virtual-interfaces",
+            list(rng, IFACES, BAD_IFACES),
+        );
     }
     if rng.chance(10) {
         put("status.sidecar.istio.io/port", "15020".into());
@@ -134,8 +137,36 @@ fn annotations(rng: &mut Rng) -> Vec<(String, String)> {
     out
 }
 
+/// The first cases of every run: a plain sidecar pod with one of these annotations, so each
+/// deliberate difference shows in every run (the rest are drawn at random).
+const PROBES: &[(&str, &str)] = &[
+    ("traffic.sidecar.istio.io/kubevirtInterfaces", "tun+"),
+    ("traffic.sidecar.istio.io/excludeInboundPorts", "0"),
+    ("sidecar.istio.io/interceptionMode", "NONE"),
+    (
+        "traffic.sidecar.istio.io/excludeOutboundPorts",
+        "80,9090,80",
+    ),
+    ("traffic.sidecar.istio.io/excludeInterfaces", "eth+"),
+];
+
 /// Case `index` of the run seeded with `seed`.
 pub fn case(seed: u64, index: u64) -> PodCase {
+    let mut case = drawn(seed, index);
+    if let Some((key, value)) = PROBES.get(index as usize) {
+        case.annotations = vec![
+            ("sidecar.istio.io/status".into(), STATUS[0].into()),
+            (key.to_string(), value.to_string()),
+        ];
+        (case.labels, case.env, case.args, case.run_as) =
+            (Vec::new(), Vec::new(), Vec::new(), None);
+        (case.proxy, case.istio_init, case.host_network) = (true, false, false);
+        (case.space, case.ambient_enabled) = (Space::Plain, false);
+    }
+    case
+}
+
+fn drawn(seed: u64, index: u64) -> PodCase {
     let mut rng = Rng::new(seed ^ index.wrapping_mul(0x2545_f491_4f6c_dd1d));
     let annotations = annotations(&mut rng);
     let mut labels = Vec::new();
@@ -182,7 +213,7 @@ pub fn case(seed: u64, index: u64) -> PodCase {
         istio_init: rng.chance(5),
         host_network: rng.chance(5),
         space,
-        ambient_enabled: rng.chance(25),
+        ambient_enabled: rng.chance(15),
         native_nftables: rng.chance(30),
     }
 }
