@@ -143,6 +143,16 @@ impl Cluster {
             })
     }
 
+    /// Deletes every object `install_chart` created (`helm uninstall`), the DaemonSet first.
+    pub fn uninstall_chart(&self, objects: &[Value]) {
+        for o in objects.iter().rev() {
+            let (client, o) = (self.cp.client(), o.clone());
+            self.cp
+                .block_on(async move { delete_object(&client, &o).await })
+                .unwrap_or_else(|e| panic!("uninstall: {e}"));
+        }
+    }
+
     /// Creates a pod from its manifest.
     pub fn create_pod(&self, pod: Value) {
         self.cp.create(&pod);
@@ -217,4 +227,28 @@ pub fn netns_rules(pid: u32) -> String {
         all
     })
     .expect("enter the pod netns")
+}
+
+async fn delete_object(client: &kube::Client, object: &Value) -> Result<(), String> {
+    use kube::api::{DeleteParams, DynamicObject};
+    use kube::core::GroupVersionKind;
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
+        .await
+        .map_err(|e| format!("{kind}: {e}"))?;
+    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+        Some(ns) if caps.scope == kube::discovery::Scope::Namespaced => {
+            Api::namespaced_with(client.clone(), ns, &resource)
+        }
+        _ => Api::all_with(client.clone(), &resource),
+    };
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(format!("delete {kind} {name}: {e}")),
+    }
 }
