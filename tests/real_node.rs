@@ -256,10 +256,10 @@ fn agent_log_until_gone(c: &Cluster, agent: &str) -> String {
         );
         let dir = c.node.dir().join("pod-logs");
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if entry.file_name().to_string_lossy().contains(agent) {
-                if let Ok(text) = std::fs::read_to_string(entry.path().join("install-cni/0.log")) {
-                    last = text;
-                }
+            if entry.file_name().to_string_lossy().contains(agent)
+                && let Ok(text) = std::fs::read_to_string(entry.path().join("install-cni/0.log"))
+            {
+                last = text;
             }
         }
         std::thread::sleep(std::time::Duration::from_millis(100));

@@ -466,6 +466,7 @@ impl Drop for Node {
         std::thread::sleep(Duration::from_millis(200));
         process::unmount_under(&self.dir);
         process::remove_cgroup_root(&self.cgroup_root);
+        process::remove_cni_cache_entries(&self.dir);
         self.service = None;
         let _ = Command::new("ip")
             .args(["link", "del", &self.bridge])

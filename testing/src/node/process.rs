@@ -251,3 +251,22 @@ pub(super) fn tail(path: &Path, lines: usize) -> String {
     let last = &all[all.len().saturating_sub(lines)..];
     format!("{}\n...\n{}", errors.join("\n"), last.join("\n"))
 }
+
+/// Removes libcni's cached results (the runtime's `/var/lib/cni/results`, a fixed path) of the
+/// sandboxes this node set up and never tore down: those naming a netns under `dir`.
+pub(super) fn remove_cni_cache_entries(dir: &Path) {
+    let needle = dir.to_string_lossy().into_owned();
+    let Ok(entries) = std::fs::read_dir("/var/lib/cni/results") else {
+        return;
+    };
+    for entry in entries.flatten().take(10_000) {
+        let small = entry.metadata().map(|m| m.is_file() && m.len() < 1 << 20);
+        if !small.unwrap_or(false) {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        if text.contains(&needle) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
