@@ -82,8 +82,9 @@ fn the_image_runs_as_the_daemonset_does_and_enrols_an_ambient_pod() {
     let layout = podman::run_sh(
         &built.image,
         "command -v install-cni; readlink -f /opt/cni/bin/istio-cni; \
-         for t in iptables-legacy-restore iptables-nft-restore ip6tables-legacy-restore nft ipset ip; \
-         do command -v $t >/dev/null || echo missing $t; done; install-cni --version",
+         for t in iptables-legacy-restore iptables-nft-restore ip6tables-legacy-restore ipset ip; \
+         do command -v $t >/dev/null || echo missing $t; done; \
+         command -v nft >/dev/null && echo nft is in the image; install-cni --version",
     );
     assert_eq!(
         layout,
@@ -91,6 +92,7 @@ fn the_image_runs_as_the_daemonset_does_and_enrols_an_ambient_pod() {
         "the image's layout"
     );
     assert!(!layout.contains("missing"), "{layout}");
+    assert!(!layout.contains("nft is in the image"), "{layout}");
 
     let mut host = Host::new();
     let container = host.start_container(&r, &built.image);
