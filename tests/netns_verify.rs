@@ -9,7 +9,7 @@ use std::path::Path;
 
 use istio_cni::apply::pod::{self, Backend, NetnsCheck, PodOptions, SIDECAR_NFT_TABLES, Target};
 use istio_cni::netns::Netns as NetnsHandle;
-use istio_cni::rules::capture::CaptureConfig;
+use istio_cni::rules::capture::{CaptureConfig, IpRanges};
 use support::{Netns, require_tool};
 
 fn handle(ns: &Netns) -> NetnsHandle {
@@ -177,6 +177,25 @@ fn nftables_interface_wildcards_read_back_in_place() {
         listed.contains("iifname \"tun*\"") && listed.contains("iifname \"eth*\""),
         "{listed}"
     );
+    assert_eq!(
+        pod::verify(Target::Pod(&handle(&ns)), &cfg, &o).expect("verify"),
+        NetnsCheck::InPlace
+    );
+}
+
+/// A /0 in the outbound exclusions (`excludeOutboundIPRanges: 0.0.0.0/0`) is written over
+/// netlink as nft writes it (the whole address masked to nothing) and reads back in place.
+#[test]
+fn nftables_zero_prefix_applies_and_reads_back_in_place() {
+    require_tool("nft", "nftables");
+    let ns = Netns::new("vfyzero");
+    ns.exec("ip", &["addr", "add", "10.254.5.2/24", "dev", "lo"]);
+    let o = opts(Backend::Nftables);
+    let mut cfg = CaptureConfig::default();
+    cfg.outbound_ranges_exclude = IpRanges::parse("0.0.0.0/0").expect("ranges");
+    pod::program(Target::Pod(&handle(&ns)), &cfg, &o).expect("program");
+    let listed = stdout(&ns, "nft", &["list", "ruleset"]);
+    assert!(listed.contains("ip daddr 0.0.0.0/0"), "{listed}");
     assert_eq!(
         pod::verify(Target::Pod(&handle(&ns)), &cfg, &o).expect("verify"),
         NetnsCheck::InPlace

@@ -578,10 +578,15 @@ fn address(
     let bits = octets.len() * 8;
     let prefix = match prefix.map(str::parse::<usize>) {
         None => bits,
-        Some(Ok(p)) if (1..=bits).contains(&p) => p,
+        Some(Ok(p)) if p <= bits => p,
         _ => return Err(bad()),
     };
-    let len = prefix.div_ceil(8);
+    // A /0 is compared as nft does it: the whole address, masked to nothing.
+    let len = if prefix == 0 {
+        bits / 8
+    } else {
+        prefix.div_ceil(8)
+    };
     let (offset, _) = addr_field(family, side);
     payload(x, BASE_NETWORK, offset, len as u32);
     let mask: Vec<u8> = (0..len)
@@ -595,7 +600,7 @@ fn address(
         .zip(&mask)
         .map(|(a, m)| a & m)
         .collect();
-    if prefix % 8 != 0 {
+    if prefix % 8 != 0 || prefix == 0 {
         bitwise_len(x, len as u32, &mask, &vec![0; len]);
     }
     cmp(x, negate, &value);
