@@ -206,6 +206,7 @@ fn daemonset_follows_the_values() {
         assert_eq!(paths["cni-net-dir"], net, "{name}");
         assert_eq!(paths["cni-netns-dir"], netns, "{name}");
         assert_eq!(paths["cni-socket-dir"], "/var/run/istio-cni", "{name}");
+        assert_eq!(paths["cni-results-dir"], "/var/lib/cni/results", "{name}");
     }
     for r in with_daemonset() {
         let c = r.container();
@@ -234,7 +235,12 @@ fn daemonset_follows_the_values() {
         let ambient = is_ambient(r);
         let data = r.config_data();
         let mounts = r.mounts();
-        for volume in ["cni-bin-dir", "cni-net-dir", "cni-socket-dir"] {
+        for volume in [
+            "cni-bin-dir",
+            "cni-net-dir",
+            "cni-socket-dir",
+            "cni-results-dir",
+        ] {
             assert!(mounts.contains_key(volume), "{name}: {volume} not mounted");
         }
         for volume in ["cni-netns-dir", "cni-ztunnel-sock-dir"] {
@@ -508,6 +514,7 @@ fn chart_mounts_are_where_install_cni_looks_by_default() {
         bin_dirs.split(',').next()
     );
     assert_eq!(&mounts["cni-socket-dir"], default("CNI_AGENT_RUN_DIR"));
+    assert_eq!(&mounts["cni-results-dir"], default("CNI_RESULTS_DIR"));
     assert_eq!(&mounts["cni-host-procfs"], default("HOST_PROC_DIR"));
     assert_eq!(&mounts["cni-netns-dir"], default("HOST_NETNS_DIR"));
     let zds = std::path::Path::new(default("ZTUNNEL_UDS_ADDRESS"));

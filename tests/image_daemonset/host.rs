@@ -82,6 +82,12 @@ impl Host {
             "cni-bin-dir" => p(&d.bin),
             "cni-net-dir" => p(&d.net),
             "cni-socket-dir" => p(&d.run),
+            // The runtime's result cache: this node's runtime is the test, which caches nothing.
+            "cni-results-dir" => {
+                let dir = d.run.join("cni-results");
+                std::fs::create_dir_all(&dir).expect("the results cache dir");
+                p(&dir)
+            }
             "cni-ztunnel-sock-dir" => p(&self.ztunnel),
             "cni-host-procfs" => p(&self.node_proc.dir),
             // The machine's own: `ip netns add` puts the test's pods there.
