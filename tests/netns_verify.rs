@@ -191,8 +191,10 @@ fn nftables_zero_prefix_applies_and_reads_back_in_place() {
     let ns = Netns::new("vfyzero");
     ns.exec("ip", &["addr", "add", "10.254.5.2/24", "dev", "lo"]);
     let o = opts(Backend::Nftables);
-    let mut cfg = CaptureConfig::default();
-    cfg.outbound_ranges_exclude = IpRanges::parse("0.0.0.0/0").expect("ranges");
+    let cfg = CaptureConfig {
+        outbound_ranges_exclude: IpRanges::parse("0.0.0.0/0").expect("ranges"),
+        ..CaptureConfig::default()
+    };
     pod::program(Target::Pod(&handle(&ns)), &cfg, &o).expect("program");
     let listed = stdout(&ns, "nft", &["list", "ruleset"]);
     assert!(listed.contains("ip daddr 0.0.0.0/0"), "{listed}");
