@@ -17,7 +17,7 @@
 //! Deliberate differences are in tests/differential/install_allowlist.json, each naming the
 //! behaviour, why, and the docs line that tells operators, and a `rule`: how Istio's result is
 //! turned into ours (implemented below). The test fails on a difference no combination of rules
-//! explains, and on an entry no case needed (rules apply in the list's order). ISTIO_DIFF_SEED reproduces a run (the seed is
+//! explains, and on an entry no case needed (rules apply in the list's order). A fixed seed by default; ISTIO_DIFF_SEED picks another (the seed is
 //! printed), ISTIO_DIFF_INSTALL_CASES sets the count. A failing case is shrunk before it is shown.
 
 mod support;
@@ -680,18 +680,18 @@ fn shrink(
     (case, found)
 }
 
+/// The seed of a run without ISTIO_DIFF_SEED; every allowlist entry occurs in its cases.
+const DEFAULT_SEED: u64 = 5;
+
 #[test]
 fn install_cni_agrees_with_istios_install_cni_on_generated_conf_dirs() {
     support::require_root();
     let seed = std::env::var("ISTIO_DIFF_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
+        // Fixed by default, so the stale-entry check cannot flake on a rare entry a random draw
+        // missed; ISTIO_DIFF_SEED explores other draws.
+        .unwrap_or(DEFAULT_SEED);
     let cases: u64 = std::env::var("ISTIO_DIFF_INSTALL_CASES")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -9,7 +9,7 @@
 //! both flavours and families without counters, `nft list ruleset`, policy rules, routes, lo's
 //! IPv6 address), then the same after the chain's DEL.
 //!
-//! Seeded (`ISTIO_PLUGIN_DIFF_SEED` reproduces a run; `ISTIO_PLUGIN_DIFF_CASES`, `_JOBS`);
+//! Seeded (a fixed seed by default, `ISTIO_PLUGIN_DIFF_SEED` picks another; `ISTIO_PLUGIN_DIFF_CASES`, `_JOBS`);
 //! a failing case is shrunk by dropping its items one at a time. Deliberate differences are in
 //! tests/differential/plugin_allowlist.json, each naming the behaviour, why ours differs and the
 //! docs line that tells operators (checked to exist); the test fails on a difference no entry
@@ -195,14 +195,16 @@ fn env_u64(name: &str) -> Option<u64> {
     })
 }
 
+/// The seed of a run without ISTIO_PLUGIN_DIFF_SEED.
+const DEFAULT_SEED: u64 = 42;
+
 #[test]
 fn plugin_matches_istio_on_generated_pods() {
     cni_driver::require_root();
     let entries = allowlist();
-    let seed = env_u64("ISTIO_PLUGIN_DIFF_SEED").unwrap_or_else(|| {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        now.map(|d| d.as_nanos() as u64).unwrap_or(1) ^ u64::from(std::process::id())
-    });
+    // A fixed default seed: the same cases every run, so the suite cannot flake on a draw; the
+    // env var explores other draws.
+    let seed = env_u64("ISTIO_PLUGIN_DIFF_SEED").unwrap_or(DEFAULT_SEED);
     let count = env_u64("ISTIO_PLUGIN_DIFF_CASES").unwrap_or(DEFAULT_CASES);
     let jobs = env_u64("ISTIO_PLUGIN_DIFF_JOBS").unwrap_or(2).max(1) as usize;
     eprintln!(
