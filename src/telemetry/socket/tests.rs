@@ -34,8 +34,9 @@ fn only_a_stale_socket_or_a_dangling_symlink_is_replaced() {
     std::os::unix::fs::symlink(tmp.path().join("nowhere"), &path).unwrap();
     let second = bind(&path, Kind::SeqPacket).unwrap();
     assert_eq!(second.file.state(), SocketState::Ours);
+    // Dropping the bound socket removes its file (it is ours).
     drop(second);
-    std::fs::remove_file(&path).unwrap();
+    assert!(std::fs::symlink_metadata(&path).is_err(), "removed on drop");
 
     let target = tmp.path().join("target");
     std::fs::write(&target, b"x").unwrap();
