@@ -29,8 +29,8 @@ fn only_a_stale_socket_or_a_dangling_symlink_is_replaced() {
     drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
     let first = bind(&path, Kind::Stream).unwrap();
     drop(first);
+    assert!(std::fs::symlink_metadata(&path).is_err(), "removed on drop");
     // A dangling symlink.
-    std::fs::remove_file(&path).unwrap();
     std::os::unix::fs::symlink(tmp.path().join("nowhere"), &path).unwrap();
     let second = bind(&path, Kind::SeqPacket).unwrap();
     assert_eq!(second.file.state(), SocketState::Ours);
