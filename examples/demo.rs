@@ -36,6 +36,11 @@ mod support;
 
 #[path = "demo_parts/ambient.rs"]
 mod ambient;
+// The node's /proc as the agent must see it: a pid 1 whose netns it can read (a node gives the
+// agent that; a machine may not let even root read its own pid 1's netns).
+#[allow(dead_code)]
+#[path = "../tests/support/node_proc.rs"]
+mod node_proc;
 use istio_cni_testing::zds_peer;
 use support::run;
 
@@ -261,7 +266,8 @@ fn main() -> Result<(), String> {
     ];
     // Ambient on as well (the sidecar pods work the same): its agent serves ZDS on zds_socket,
     // where a ztunnel-like peer connects.
-    env.extend(ambient::env(&zds_socket));
+    let host_proc = node_proc::HostProcView::with_init_in(&node.path().display().to_string());
+    env.extend(ambient::env(&zds_socket, &host_proc.dir));
     // The agent's own API client (the plugin's kubeconfig is still made from the service
     // account): outside a pod there is no in-cluster config.
     env.push(("KUBECONFIG", kubeconfig.display().to_string()));

@@ -31,7 +31,7 @@ pub fn fixtures() -> [Value; 2] {
 }
 
 /// install-cni's ambient settings (the chart sets the same).
-pub fn env(zds_socket: &Path) -> Vec<(&'static str, String)> {
+pub fn env(zds_socket: &Path, host_proc: &Path) -> Vec<(&'static str, String)> {
     vec![
         ("AMBIENT_ENABLED", "true".into()),
         (
@@ -39,8 +39,9 @@ pub fn env(zds_socket: &Path) -> Vec<(&'static str, String)> {
             r#"[{"podSelector":{"matchLabels":{"istio.io/dataplane-mode":"ambient"}}},{"podSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]},"namespaceSelector":{"matchLabels":{"istio.io/dataplane-mode":"ambient"}}}]"#.into(),
         ),
         ("ZTUNNEL_UDS_ADDRESS", zds_socket.display().to_string()),
-        // The node's processes are this machine's (the agent finds pod netns through them).
-        ("HOST_PROC_DIR", "/proc".into()),
+        // The node's processes are this machine's (the agent finds pod netns through them), seen
+        // through a procfs whose pid 1 is in the node's netns.
+        ("HOST_PROC_DIR", host_proc.display().to_string()),
     ]
 }
 
