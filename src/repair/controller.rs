@@ -181,12 +181,7 @@ pub async fn reconcile<E: Effects + ?Sized>(
             )
         }
         Mode::Label { key, value } => {
-            let labelled = pod
-                .metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.contains_key(key));
-            if labelled {
+            if carries_label(&pod, key) {
                 return Ok(Handled::Skipped("already labelled"));
             }
             effects
@@ -217,6 +212,14 @@ pub async fn reconcile<E: Effects + ?Sized>(
 /// its netns now would serve nothing.
 pub fn cannot_restart(pod: &Pod) -> bool {
     pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) == Some("Never")
+}
+
+/// Whether the pod already carries the broken-pod label (its value aside): labelling is done.
+fn carries_label(pod: &Pod, key: &str) -> bool {
+    pod.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(key))
 }
 
 /// The controller that owns the pod (`kind name`), if any: it makes a replacement when the pod
@@ -253,12 +256,7 @@ async fn replace_or_label<E: Effects + ?Sized>(
             )
         }
         None => {
-            let labelled = pod
-                .metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.contains_key(key));
-            if labelled {
+            if carries_label(&pod, key) {
                 return Ok(Handled::Skipped("already labelled"));
             }
             effects
