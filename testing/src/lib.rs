@@ -12,5 +12,6 @@
 pub mod apiserver;
 pub mod controlplane;
 pub mod node;
+pub mod tied;
 pub mod zds_peer;
 pub mod zds_raw;

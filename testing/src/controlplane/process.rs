@@ -1,39 +1,25 @@
-//! The control plane's child processes: spawned from one thread that lives as long as the test
-//! process (PR_SET_PDEATHSIG fires when the spawning *thread* ends, and a test's thread ends with
-//! the test), killed by the kernel when the test process dies, killed on drop, and killed at exit
+//! The control plane's child processes: tied to the test process (`crate::tied`: killed by the
+//! kernel when the test process dies), killed on drop, and killed at exit
 //! for the shared instance (statics are never dropped), with its data dir removed.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::sync::mpsc;
 
 use parking_lot::Mutex;
 
 use super::ControlPlaneError;
 
-type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
-
 /// Children and data dirs still to clean up when the process exits.
 static AT_EXIT: Mutex<(Vec<i32>, Vec<PathBuf>)> = Mutex::new((Vec::new(), Vec::new()));
 
-fn keeper() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
-    static KEEPER: std::sync::OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> =
-        std::sync::OnceLock::new();
-    KEEPER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnRequest>();
-        std::thread::Builder::new()
-            .name("controlplane-keeper".into())
-            .spawn(move || {
-                // Ends only with the process: the sender is in a static.
-                for (mut command, reply) in rx {
-                    let _ = reply.send(command.spawn());
-                }
-            })
-            .expect("control plane keeper thread");
-        // SAFETY: registering a plain extern "C" function with libc.
-        unsafe { libc::atexit(clean_up_at_exit) };
-        Mutex::new(tx)
-    })
+/// Registers the exit-time clean-up once, before the first thing is registered for it.
+fn at_exit() -> &'static Mutex<(Vec<i32>, Vec<PathBuf>)> {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registering a plain extern "C" function with libc.
+    REGISTERED.call_once(|| unsafe {
+        libc::atexit(clean_up_at_exit);
+    });
+    &AT_EXIT
 }
 
 extern "C" fn clean_up_at_exit() {
@@ -58,7 +44,7 @@ extern "C" fn clean_up_at_exit() {
 
 /// Cleans `pid` up at process exit unless [`forget`] says it is gone.
 pub(super) fn remember(pid: u32) {
-    AT_EXIT.lock().0.push(pid as i32);
+    at_exit().lock().0.push(pid as i32);
 }
 
 pub(super) fn forget(pid: u32) {
@@ -67,53 +53,19 @@ pub(super) fn forget(pid: u32) {
 
 /// Removes `dir` at process exit.
 pub(super) fn remove_at_exit(dir: &Path) {
-    AT_EXIT.lock().1.push(dir.to_path_buf());
+    at_exit().lock().1.push(dir.to_path_buf());
 }
 
 /// Spawns `command` (stdout and stderr into `log`) so that it dies with the test process.
-pub(super) fn spawn(mut command: Command, log: &Path) -> Result<Child, ControlPlaneError> {
-    use std::os::unix::process::CommandExt as _;
+pub(super) fn spawn(command: Command, log: &Path) -> Result<Child, ControlPlaneError> {
     let program = command.get_program().to_string_lossy().into_owned();
-    let file = std::fs::File::create(log).map_err(|source| ControlPlaneError::Write {
+    let write_error = |source| ControlPlaneError::Write {
         path: log.to_path_buf(),
         source,
-    })?;
-    let err = file
-        .try_clone()
-        .map_err(|source| ControlPlaneError::Write {
-            path: log.to_path_buf(),
-            source,
-        })?;
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    let parent = unsafe { libc::getpid() };
-    unsafe {
-        command
-            .stdin(std::process::Stdio::null())
-            .stdout(file)
-            .stderr(err)
-            .pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The parent died before the prctl took effect.
-                if libc::getppid() != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-    }
-    let (tx, rx) = mpsc::channel();
-    keeper()
-        .lock()
-        .send((command, tx))
-        .map_err(|_| ControlPlaneError::Spawn {
-            program: program.clone(),
-            source: std::io::Error::other("the keeper thread is gone"),
-        })?;
-    let child = rx
-        .recv()
-        .map_err(|_| std::io::Error::other("the keeper thread is gone"))
-        .and_then(|r| r)
+    };
+    let file = std::fs::File::create(log).map_err(write_error)?;
+    let err = file.try_clone().map_err(write_error)?;
+    let child = crate::tied::spawn(command, file, err)
         .map_err(|source| ControlPlaneError::Spawn { program, source })?;
     remember(child.id());
     Ok(child)

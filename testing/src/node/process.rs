@@ -1,86 +1,31 @@
-//! The node's child processes and what they leave on the machine: children spawned from one
-//! thread that lives as long as the test process (PR_SET_PDEATHSIG follows the spawning thread),
-//! stopped with SIGTERM then SIGKILL; the runtime's shims and pod processes (which outlive
-//! containerd by design) found and killed by the node's directory in their command line; the
-//! mounts kubelet and containerd made under the node's directory; the node's cgroups.
+//! The node's child processes and what they leave on the machine: children tied to the test
+//! process (`crate::tied`), stopped with SIGTERM then SIGKILL; the runtime's shims and pod
+//! processes (which outlive containerd by design) found and killed by the node's directory in
+//! their command line; the mounts kubelet and containerd made under the node's directory; the
+//! node's cgroups.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-use parking_lot::Mutex;
 
 use super::NodeError;
 
-type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
-
-fn keeper() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
-    static KEEPER: std::sync::OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> =
-        std::sync::OnceLock::new();
-    KEEPER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnRequest>();
-        std::thread::Builder::new()
-            .name("node-keeper".into())
-            .spawn(move || {
-                for (mut command, reply) in rx {
-                    let _ = reply.send(command.spawn());
-                }
-            })
-            .expect("node keeper thread");
-        Mutex::new(tx)
-    })
-}
-
 /// Spawns `command` (stdout and stderr appended to `log`) so that it dies with the test process.
-pub(super) fn spawn(mut command: Command, log: &Path) -> Result<Child, NodeError> {
-    use std::os::unix::process::CommandExt as _;
+pub(super) fn spawn(command: Command, log: &Path) -> Result<Child, NodeError> {
     let program = command.get_program().to_string_lossy().into_owned();
-    let open = || {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-    };
-    let (out, err) = open()
+    let (out, err) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
         .and_then(|f| Ok((f.try_clone()?, f)))
         .map_err(|source| NodeError::Io {
             what: format!("open {}", log.display()),
             source,
         })?;
-    // SAFETY: getpid is async-signal-safe; the closure below only calls prctl, getppid, _exit.
-    let parent = unsafe { libc::getpid() };
-    unsafe {
-        command
-            .stdin(std::process::Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::getppid() != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-    }
-    let (tx, rx) = mpsc::channel();
-    let gone = || std::io::Error::other("the node keeper thread is gone");
-    keeper()
-        .lock()
-        .send((command, tx))
-        .map_err(|_| NodeError::Io {
-            what: format!("start {program}"),
-            source: gone(),
-        })?;
-    rx.recv()
-        .map_err(|_| gone())
-        .and_then(|r| r)
-        .map_err(|source| NodeError::Io {
-            what: format!("start {program}"),
-            source,
-        })
+    crate::tied::spawn(command, out, err).map_err(|source| NodeError::Io {
+        what: format!("start {program}"),
+        source,
+    })
 }
 
 /// SIGTERM, then SIGKILL after `grace`; reaps the child.
