@@ -6,31 +6,11 @@
 
 use serde_json::{Value, json};
 
-/// A small seeded generator (splitmix64), so a seed reproduces a run on any machine.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    /// True with probability `percent`/100.
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
+// One generator for the three differential tests; each uses part of it.
+#[allow(dead_code)]
+#[path = "rng.rs"]
+mod rng;
+pub use rng::Rng;
 
 /// Which of the run's namespaces the pod is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
