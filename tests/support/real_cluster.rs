@@ -7,20 +7,29 @@
 //! The server is shared by every test of the binary, so each `RealCluster` keeps its objects
 //! apart: namespace `shop` is `shop-<suffix>` and node `node-1` is `node-1-<suffix>` on the
 //! server ([`RealCluster::ns`], [`RealCluster::node`] name them for the agent's settings and
-//! the assertions). The agent authenticates with a bound token of a ServiceAccount of its own
-//! (bound to `cluster-admin`: the chart's RBAC is `chart_rbac`'s subject), so its requests are
-//! told apart from the test's.
+//! the assertions). The agent authenticates with a bound token of a ServiceAccount of its own,
+//! so its requests are told apart from the test's, and may do what the chart grants and nothing
+//! more: the chart rendered by real Helm once per test binary (`chart_helm/chart.rs`) with
+//! ambient and repair on (repair's default mode grants the union of its modes' verbs), its
+//! ClusterRoles and ClusterRoleBindings created under names suffixed with the cluster's own
+//! namespace, the bindings' subject that namespace's `istio-cni` ServiceAccount. A request the
+//! chart does not allow is refused here as in a cluster (`chart_rbac` shows each mode's role on
+//! its own and the missing-verb failures).
 #![allow(dead_code)]
+
+#[path = "../chart_helm/chart.rs"]
+mod chart;
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use istio_cni_testing::controlplane::{self, ControlPlane, unique_name};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
-use serde_json::json;
+use serde_json::{Value, json};
 
 pub struct RealCluster {
     pub cp: &'static ControlPlane,
@@ -43,11 +52,9 @@ impl RealCluster {
         cp.create_namespace(&home, &[]);
         cp.create(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": "istio-cni", "namespace": home}}));
-        cp.create(&json!({"apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding", "metadata": {"name": format!("agent-{home}")},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                "name": "cluster-admin"},
-            "subjects": [{"kind": "ServiceAccount", "name": "istio-cni", "namespace": home}]}));
+        for object in chart_rbac() {
+            cp.create(&for_namespace(object, &home));
+        }
         let mark = Mutex::new(cp.audit_mark());
         RealCluster {
             cp,
@@ -193,4 +200,47 @@ impl RealCluster {
     pub fn clear_requests(&self) {
         *self.mark.lock() = self.cp.audit_mark();
     }
+}
+
+/// The chart's ClusterRoles and ClusterRoleBindings as real Helm renders them with ambient and
+/// repair on (rendered once per test binary).
+fn chart_rbac() -> &'static [Value] {
+    static RBAC: OnceLock<Vec<Value>> = OnceLock::new();
+    RBAC.get_or_init(|| {
+        let case = chart::Case {
+            name: "agent".into(),
+            values: json!({"profile": "ambient", "repair": {"enabled": true}}),
+            lint: false,
+        };
+        let helm = chart::render(&[case]);
+        let rendered = helm.case("agent");
+        let rbac: Vec<Value> = ["ClusterRole", "ClusterRoleBinding"]
+            .into_iter()
+            .flat_map(|kind| rendered.all(kind))
+            .cloned()
+            .collect();
+        assert!(
+            rbac.iter().any(|o| o["kind"] == "ClusterRoleBinding"),
+            "the chart renders no ClusterRoleBinding"
+        );
+        rbac
+    })
+}
+
+/// `object` (a rendered ClusterRole or ClusterRoleBinding) for the agent's account in
+/// `namespace`: its name and the role it binds suffixed with the namespace (every cluster of the
+/// binary has its own), the chart's ServiceAccount subject moved into the namespace.
+fn for_namespace(object: &Value, namespace: &str) -> Value {
+    let mut o = object.clone();
+    let suffixed = |name: &Value| json!(format!("{}-{namespace}", name.as_str().expect("name")));
+    o["metadata"]["name"] = suffixed(&o["metadata"]["name"]);
+    if o["kind"] == "ClusterRoleBinding" {
+        o["roleRef"]["name"] = suffixed(&o["roleRef"]["name"]);
+        for s in o["subjects"].as_array_mut().into_iter().flatten() {
+            if s["kind"] == "ServiceAccount" && s["namespace"] == chart::NAMESPACE {
+                s["namespace"] = json!(namespace);
+            }
+        }
+    }
+    o
 }
