@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use crate::install_support::{self, Dirs, has_istio_entry};
 use crate::support::Netns;
 use crate::support::cni_driver::{Attachment, Chain, NetnsGuard, require_root, require_tool};
+use crate::support::istio_root::IstioRoot;
 use crate::support::node_proc::HostProcView;
 use crate::support::real_cluster::RealCluster;
 use crate::support::zds_peer::ZdsPeer;
@@ -94,6 +95,10 @@ pub struct Node {
     pub host_proc: HostProcView,
     /// On the real API server ([`Node::start_real`]): the cluster, and the relay into the node.
     pub real: Option<(RealCluster, istio_cni_testing::controlplane::Forwarder)>,
+    /// How install-cni is started (ours: `nsenter` into the node netns; Istio's: its chroot).
+    launch: Vec<String>,
+    /// Istio's root when the agent is Istio's own ([`Node::start_istio_on`]).
+    _istio: Option<IstioRoot>,
 }
 
 fn require_tools() {
@@ -113,6 +118,16 @@ fn require_tools() {
             "/usr/lib/cni/{plugin} is required: apt-get install containernetworking-plugins"
         );
     }
+}
+
+std::thread_local! {
+    /// Set by [`Node::start_istio_on`] while it builds the node: the agent is Istio's.
+    static ISTIO_AGENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn launch_agent(launch: &[String], env: &[(String, String)]) -> install_support::Agent {
+    let wrapper: Vec<&str> = launch.iter().map(String::as_str).collect();
+    install_support::start_via(&wrapper, env, &[])
 }
 
 /// Runs `work` on a thread that entered `netns` first (children it spawns inherit the netns).
@@ -155,12 +170,42 @@ impl Node {
         peer_up: bool,
         dual_stack: bool,
     ) -> Node {
-        Self::start_on(backend, extra_env, peer_up, dual_stack, false)
+        Self::start_on(backend, extra_env, peer_up, dual_stack, None)
     }
 
     /// [`Node::start`] on the real kube-apiserver (see the module doc).
     pub fn start_real(backend: Backend) -> Node {
-        Self::start_on(backend, &[], true, false, true)
+        Self::start_on(backend, &[], true, false, Some(RealCluster::start()))
+    }
+
+    /// [`Node::start_with`] on the real kube-apiserver, on `cluster` made by the caller first
+    /// (so settings can carry its names, e.g. `REPAIR_NODE_NAME` = `cluster.node(NODE)`).
+    pub fn start_real_on(
+        cluster: RealCluster,
+        backend: Backend,
+        extra_env: &[(&str, &str)],
+    ) -> Node {
+        Self::start_on(backend, extra_env, true, false, Some(cluster))
+    }
+
+    /// [`Node::start_real_on`] with Istio's own install-cni as the agent
+    /// (tests/support/istio_root.rs), for the differential tests.
+    pub fn start_istio_on(
+        cluster: RealCluster,
+        backend: Backend,
+        extra_env: &[(&str, &str)],
+    ) -> Node {
+        ISTIO_AGENT.with(|i| i.set(true));
+        let node = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Self::start_on(backend, extra_env, true, false, Some(cluster))
+        }));
+        ISTIO_AGENT.with(|i| i.set(false));
+        node.unwrap_or_else(|p| std::panic::resume_unwind(p))
+    }
+
+    /// The real cluster the node is on; panics on the test API server.
+    pub fn cluster(&self) -> &RealCluster {
+        &self.real.as_ref().expect("a node on the real API server").0
     }
 
     fn start_on(
@@ -168,7 +213,7 @@ impl Node {
         extra_env: &[(&str, &str)],
         peer_up: bool,
         dual_stack: bool,
-        on_real: bool,
+        real: Option<RealCluster>,
     ) -> Node {
         require_tools();
         let ns = Netns::new("node");
@@ -180,8 +225,7 @@ impl Node {
         let kube = tempfile::tempdir().expect("tempdir");
         let kubeconfig = kube.path().join("kubeconfig");
         let dirs = Dirs::new();
-        let real = on_real.then(|| {
-            let cluster = RealCluster::start();
+        let real = real.map(|cluster| {
             let relay = cluster
                 .cp
                 .forward_into(&node_path)
@@ -259,8 +303,20 @@ impl Node {
         for (k, v) in extra_env {
             add(k, v);
         }
-        let nsenter = format!("--net={}", ns.path());
-        let agent = install_support::start_via(&["nsenter", &nsenter], &env, &[]);
+        let istio = ISTIO_AGENT.with(|i| i.get()).then(IstioRoot::new);
+        let launch = match &istio {
+            Some(root) => {
+                std::fs::create_dir_all(&dirs.run).expect("mkdir run");
+                root.wrapper(
+                    &ns.path(),
+                    &host_proc.dir,
+                    dirs.tmp.path(),
+                    (&dirs.net, &dirs.bin, &dirs.sa),
+                )
+            }
+            None => vec!["nsenter".to_string(), format!("--net={}", ns.path())],
+        };
+        let agent = launch_agent(&launch, &env);
         let peer = if peer_up {
             ZdsPeer::start(&zds_socket)
         } else {
@@ -284,6 +340,8 @@ impl Node {
             _kube: kube,
             host_proc,
             real,
+            launch,
+            _istio: istio,
         };
         node.wait_installed(Duration::from_secs(30), peer_up)
     }
@@ -337,8 +395,7 @@ impl Node {
 
     /// Starts install-cni again with the same settings; does not wait for anything.
     pub fn start_agent(&mut self) {
-        let nsenter = format!("--net={}", self.ns.path());
-        self.agent = install_support::start_via(&["nsenter", &nsenter], &self.env, &[]);
+        self.agent = launch_agent(&self.launch, &self.env);
     }
 
     /// Sets (or unsets, `None`) one of install-cni's env vars for the next restart.
@@ -354,8 +411,7 @@ impl Node {
     pub fn relaunch_agent_killed(&mut self) {
         let _ = self.agent.child.kill();
         let _ = self.agent.child.wait();
-        let nsenter = format!("--net={}", self.ns.path());
-        self.agent = install_support::start_via(&["nsenter", &nsenter], &self.env, &[]);
+        self.agent = launch_agent(&self.launch, &self.env);
     }
 
     /// Adds a namespace with `labels`.
