@@ -26,7 +26,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use istio_cni_testing::controlplane::{self, ControlPlane, unique_name};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
 use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
@@ -199,6 +199,32 @@ impl RealCluster {
 
     pub fn clear_requests(&self) {
         *self.mark.lock() = self.cp.audit_mark();
+    }
+
+    /// The core/v1 Events stored in the test's namespace `namespace`, oldest first.
+    pub fn events(&self, namespace: &str) -> Vec<Event> {
+        let (client, ns) = (self.cp.client(), self.ns(namespace));
+        self.cp
+            .block_on(async move {
+                Api::<Event>::namespaced(client, &ns)
+                    .list(&Default::default())
+                    .await
+                    .map(|list| list.items)
+            })
+            .unwrap_or_else(|e| panic!("list events: {e}"))
+    }
+
+    /// A JSON merge patch of the pod `namespace/name` (the test's namespace name) by the admin,
+    /// as a user's `kubectl annotate` or `kubectl label` does.
+    pub fn merge_patch_pod(&self, namespace: &str, name: &str, patch: Value) -> Pod {
+        let (client, ns, name) = (self.cp.client(), self.ns(namespace), name.to_string());
+        self.cp
+            .block_on(async move {
+                Api::<Pod>::namespaced(client, &ns)
+                    .patch(&name, &Default::default(), &kube::api::Patch::Merge(patch))
+                    .await
+            })
+            .unwrap_or_else(|e| panic!("patch pod: {e}"))
     }
 }
 
