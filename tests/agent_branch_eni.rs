@@ -3,7 +3,8 @@
 //! "security groups for pods" (the pods' host routes only in an ENI table chosen by an `iif` rule,
 //! `net.ipv4.tcp_early_demux=0`). An agent started on such a node adds the probe routing rules
 //! for an already-enrolled pod (learnt again at startup) and for a new ADD, and removes each pod's
-//! rules when it leaves the mesh.
+//! rules when it leaves the mesh. On the real kube-apiserver (`Node::start_real`): the pods leave
+//! by their deletion there, which the agent learns through its node-scoped pod watch.
 
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
@@ -31,7 +32,7 @@ fn add_running(node: &Node, pod: &PodNs, name: &str) -> String {
 
 #[test]
 fn branch_eni_pods_get_probe_routing_rules_that_leave_with_them() {
-    let mut node = Node::start(Backend::Iptables);
+    let mut node = Node::start_real(Backend::Iptables);
     node.namespace("amb", json!({"istio.io/dataplane-mode": "ambient"}));
     let one = PodNs::new("eni1");
     let ip1 = add_running(&node, &one, "one");
@@ -88,7 +89,7 @@ fn branch_eni_pods_get_probe_routing_rules_that_leave_with_them() {
     // The first pod leaves: its forward rule goes, the second pod's stays, and so does the
     // return rule the second pod still needs (here both share one interface).
     node.del(&one, "amb", "one").expect("DEL one");
-    node.api.server.delete_pod("amb", "one");
+    node.delete_pod("amb", "one");
     node.wait_until(
         Duration::from_secs(10),
         "the first pod's rule removed",
@@ -98,7 +99,7 @@ fn branch_eni_pods_get_probe_routing_rules_that_leave_with_them() {
     assert!(left.contains(&forward2) && left.contains(back), "{left}");
 
     node.del(&two, "amb", "two").expect("DEL two");
-    node.api.server.delete_pod("amb", "two");
+    node.delete_pod("amb", "two");
     node.wait_until(
         Duration::from_secs(10),
         "every rule of ours removed",
@@ -107,4 +108,10 @@ fn branch_eni_pods_get_probe_routing_rules_that_leave_with_them() {
             !r.contains(&forward2) && !r.contains(back)
         },
     );
+    // What told the agent: its watch of this node's pods on the real server.
+    let node_name = node.cluster().node(ambient_node::NODE);
+    let watched = node.cluster().requests().into_iter().any(|(verb, uri)| {
+        verb == "watch" && uri.starts_with("/api/v1/pods?") && uri.contains(&node_name)
+    });
+    assert!(watched, "{:#?}", node.cluster().requests());
 }

@@ -3,7 +3,8 @@
 //! backends. Nothing is flushed or re-written: every pod's in-pod rules keep their packet
 //! counters, a poller reading the host probe set throughout never sees a member missing, the
 //! pods stay annotated `enabled`, and the first snapshot the new agent sends ztunnel holds all
-//! 20 (their netns found again by the /proc scan).
+//! 20 (their netns found again by the /proc scan). On the real kube-apiserver: the new agent
+//! lists the node's pods there again and writes nothing (the annotations stand).
 
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 use ambient_node::{Backend, Node, PodNs, PodProcess, result_ip};
 use serde_json::json;
+use support::real_cluster::RealCluster;
 
 const AMBIENT: &str = "istio.io/dataplane-mode";
 const PODS: usize = 20;
@@ -36,7 +38,8 @@ fn counted_rules(pod: &PodNs, backend: Backend) -> String {
 }
 
 fn restart_keeps_everything(backend: Backend) {
-    let mut node = Node::start_with(
+    let mut node = Node::start_real_on(
+        RealCluster::start(),
         backend,
         &[("AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", "true")],
     );
@@ -93,6 +96,13 @@ fn restart_keeps_everything(backend: Backend) {
             polls
         })
     };
+    // Every annotation is written before the restart, so any write after it is the new agent's.
+    for (name, ..) in &pods {
+        node.wait_until(Duration::from_secs(10), "the enabled annotation", || {
+            node.redirection("amb", name).as_deref() == Some("enabled")
+        });
+    }
+    node.cluster().clear_requests();
     let snapshot = node.restart_agent_killed();
     // The startup work (probe sync, reconcile) has run once the snapshot went out; let the
     // poller look a little longer.
@@ -120,6 +130,23 @@ fn restart_keeps_everything(backend: Backend) {
         );
         assert_eq!(node.redirection("amb", name).as_deref(), Some("enabled"));
     }
+    let after = node.cluster().requests();
+    let node_name = node.cluster().node(ambient_node::NODE);
+    assert!(
+        after.iter().any(|(verb, uri)| verb == "list"
+            && uri.starts_with("/api/v1/pods?")
+            && uri.contains(&node_name)),
+        "the new agent did not list the node's pods: {after:#?}"
+    );
+    let writes: Vec<_> = after
+        .iter()
+        .filter(|(verb, _)| !["get", "list", "watch"].contains(&verb.as_str()))
+        .collect();
+    assert_eq!(
+        writes,
+        Vec::<&(String, String)>::new(),
+        "the new agent wrote"
+    );
     for ((name, ..), before) in pods.iter().zip(&before) {
         let pod = &pods.iter().find(|p| &p.0 == name).expect("pod").3;
         assert_eq!(

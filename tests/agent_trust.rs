@@ -1,11 +1,13 @@
 //! What the ambient agent believes of `/cmdadd` (issue 20 §1-3): the real install-cni with the
-//! real data plane in a node netns of its own, the test API server and the test ZDS peer. A
+//! real data plane in a node netns of its own, the real kube-apiserver (`Node::start_real`) and
+//! the test ZDS peer. A
 //! non-root peer is refused (403) even where the socket's modes would let it in; a netns that is
 //! the node's or the agent's own, one that does not hold the event's IPs, one holding another
 //! pod's IP, or a FIFO (fails in well under a second) are refused and nothing is written —
 //! neither in the machine's netns nor in the node's, nothing to ztunnel, no probe entry; loopback
 //! never reaches the probe set; a re-ADD of an enrolled pod with another live netns is refused and
-//! the pod stays enrolled, with its rules, in ztunnel's next snapshot.
+//! the pod stays enrolled, with its rules, in ztunnel's next snapshot. The server's audit log
+//! shows no write of the agent's for a refused event, and the annotation patch for a good one.
 
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
@@ -23,11 +25,12 @@ use serde_json::json;
 
 const AMBIENT: &str = "istio.io/dataplane-mode";
 
-fn body(netns: &str, pod: &str, ips: &[&str]) -> Vec<u8> {
+/// A `/cmdadd` body for the pod `pod` of the test's namespace `amb` (its name on the server).
+fn body(node: &Node, netns: &str, pod: &str, ips: &[&str]) -> Vec<u8> {
     PluginAddEvent {
         netns: netns.to_string(),
         pod_name: pod.to_string(),
-        pod_namespace: "amb".to_string(),
+        pod_namespace: node.k8s_ns("amb"),
         ips: ips
             .iter()
             .map(|ip| EventIp {
@@ -84,6 +87,14 @@ fn node_state(node: &Node) -> String {
     )
 }
 
+/// The agent's writes on the API server, from its audit log: (verb, requestURI), reads left out.
+fn writes(node: &Node) -> Vec<(String, String)> {
+    let reads = ["get", "list", "watch"];
+    let mut all = node.cluster().requests();
+    all.retain(|(verb, _)| !reads.contains(&verb.as_str()));
+    all
+}
+
 fn adds_of(node: &Node, uid: &str) -> usize {
     node.peer
         .all_requests()
@@ -96,7 +107,7 @@ fn adds_of(node: &Node, uid: &str) -> usize {
 fn a_non_root_peer_is_refused_even_where_the_modes_let_it_in() {
     support::cni_driver::require_tool("setpriv", "util-linux");
     support::cni_driver::require_tool("curl", "curl");
-    let node = Node::start(Backend::Iptables);
+    let node = Node::start_real(Backend::Iptables);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     let uid = node.pod("amb", "app", json!({}));
     let app = PodNs::new("nonroot");
@@ -109,7 +120,7 @@ fn a_non_root_peer_is_refused_even_where_the_modes_let_it_in() {
     ] {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
     }
-    let data = String::from_utf8(body(&app.path_string(), "app", &["10.244.0.50"])).unwrap();
+    let data = String::from_utf8(body(&node, &app.path_string(), "app", &["10.244.0.50"])).unwrap();
     let out = Command::new("setpriv")
         .args([
             "--reuid=65534",
@@ -139,11 +150,12 @@ fn a_non_root_peer_is_refused_even_where_the_modes_let_it_in() {
     assert_eq!(adds_of(&node, &uid), 0);
     assert!(!node.has_inpod_rules(&app));
     assert_eq!(node.redirection("amb", "app"), None);
+    assert_eq!(writes(&node), vec![], "the agent wrote to the API server");
 }
 
 #[test]
 fn the_node_s_and_the_agent_s_netns_and_foreign_addresses_are_refused() {
-    let node = Node::start(Backend::Iptables);
+    let node = Node::start_real(Backend::Iptables);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     let uid = node.pod("amb", "victim", json!({}));
     // The node holds an address a caller could name.
@@ -160,12 +172,12 @@ fn the_node_s_and_the_agent_s_netns_and_foreign_addresses_are_refused() {
         ("/proc/1/ns/net", "/proc/1/ns/net"),
         (agent_netns.as_str(), "the agent's own netns"),
     ] {
-        let (status, text) = cmdadd(&node, body(netns, "victim", &["10.244.0.60"]));
+        let (status, text) = cmdadd(&node, body(&node, netns, "victim", &["10.244.0.60"]));
         assert_eq!(status, 500, "{netns}: {text}");
         assert!(text.contains(words), "{netns}: {text}");
     }
     // The agent's own netns holding the address claimed: still refused by identity.
-    let (status, text) = cmdadd(&node, body(&agent_netns, "victim", &[node_ip]));
+    let (status, text) = cmdadd(&node, body(&node, &agent_netns, "victim", &[node_ip]));
     assert_eq!(status, 500, "{text}");
     assert!(
         text.contains("the agent's own netns, not a pod's"),
@@ -177,7 +189,7 @@ fn the_node_s_and_the_agent_s_netns_and_foreign_addresses_are_refused() {
     other.guard.ip("addr add 10.99.0.5/32 dev lo");
     let (status, text) = cmdadd(
         &node,
-        body(&other.path_string(), "victim", &["10.244.0.61"]),
+        body(&node, &other.path_string(), "victim", &["10.244.0.61"]),
     );
     assert_eq!(status, 500, "{text}");
     assert!(
@@ -188,7 +200,10 @@ fn the_node_s_and_the_agent_s_netns_and_foreign_addresses_are_refused() {
     assert!(!node.has_inpod_rules(&other));
 
     // Loopback is never a pod's address (every netns holds it).
-    let (status, text) = cmdadd(&node, body(&other.path_string(), "victim", &["127.0.0.1"]));
+    let (status, text) = cmdadd(
+        &node,
+        body(&node, &other.path_string(), "victim", &["127.0.0.1"]),
+    );
     assert_eq!(status, 500, "{text}");
     assert!(
         text.contains("127.0.0.1 is not a pod address (loopback)"),
@@ -221,6 +236,7 @@ fn the_node_s_and_the_agent_s_netns_and_foreign_addresses_are_refused() {
         node.probe_members()
     );
     assert_eq!(node.redirection("amb", "victim"), None);
+    assert_eq!(writes(&node), vec![], "the agent wrote to the API server");
     let log = node.agent.output();
     assert!(
         log.contains("/cmdadd failed") && log.contains("caller_uid=0") && log.contains("inode="),
@@ -230,7 +246,7 @@ fn the_node_s_and_the_agent_s_netns_and_foreign_addresses_are_refused() {
 
 #[test]
 fn an_enrolled_pod_keeps_its_netns_and_a_fifo_fails_fast() {
-    let node = Node::start(Backend::Iptables);
+    let node = Node::start_real(Backend::Iptables);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     let uid = node.pod("amb", "app", json!({}));
     let app = PodNs::new("app");
@@ -245,7 +261,7 @@ fn an_enrolled_pod_keeps_its_netns_and_a_fifo_fails_fast() {
     let thief = PodNs::new("thief");
     thief.guard.ip(&format!("addr add {ip}/32 dev lo"));
     let adds = adds_of(&node, &uid);
-    let (status, text) = cmdadd(&node, body(&thief.path_string(), "app", &[&ip]));
+    let (status, text) = cmdadd(&node, body(&node, &thief.path_string(), "app", &[&ip]));
     assert_eq!(status, 500, "{text}");
     assert!(
         text.contains("enrolled with netns") && text.contains("which still exists"),
@@ -253,7 +269,7 @@ fn an_enrolled_pod_keeps_its_netns_and_a_fifo_fails_fast() {
     );
     // And a new pod claiming app's IP is refused too.
     let thief_uid = node.pod("amb", "thief", json!({}));
-    let (status, text) = cmdadd(&node, body(&thief.path_string(), "thief", &[&ip]));
+    let (status, text) = cmdadd(&node, body(&node, &thief.path_string(), "thief", &[&ip]));
     assert_eq!(status, 500, "{text}");
     assert!(text.contains("the IP of another pod"), "{text}");
     assert_eq!(adds_of(&node, &thief_uid), 0);
@@ -262,7 +278,7 @@ fn an_enrolled_pod_keeps_its_netns_and_a_fifo_fails_fast() {
     let fifo = node.dirs.tmp.path().join("netns-fifo");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
     let started = Instant::now();
-    let (status, text) = cmdadd(&node, body(fifo.to_str().unwrap(), "app", &[&ip]));
+    let (status, text) = cmdadd(&node, body(&node, fifo.to_str().unwrap(), "app", &[&ip]));
     let took = started.elapsed();
     assert!(took < Duration::from_secs(1), "the FIFO took {took:?}");
     assert_eq!(status, 500, "{text}");
@@ -300,7 +316,7 @@ fn an_enrolled_pod_keeps_its_netns_and_a_fifo_fails_fast() {
     let started = Instant::now();
     let (status, text) = cmdadd(
         &node,
-        body(fifo.to_str().unwrap(), "late", &["10.244.0.70"]),
+        body(&node, fifo.to_str().unwrap(), "late", &["10.244.0.70"]),
     );
     assert!(started.elapsed() < Duration::from_secs(1));
     assert_eq!(status, 500, "{text}");
@@ -315,5 +331,22 @@ fn an_enrolled_pod_keeps_its_netns_and_a_fifo_fails_fast() {
             .contains(&(late_ip.clone(), late_uid.clone()))
     });
     assert_eq!(node.peer.violations(), Vec::<String>::new());
+    node.wait_until(Duration::from_secs(10), "late annotated", || {
+        node.redirection("amb", "late").as_deref() == Some("enabled")
+    });
+    // On the server: the annotation patches of the enrolled pods, none of the refused thief.
+    let status_of = |pod: &str| {
+        format!(
+            "/api/v1/namespaces/{}/pods/{pod}/status",
+            node.k8s_ns("amb")
+        )
+    };
+    let writes = writes(&node);
+    for (pod, patched) in [("app", true), ("late", true), ("thief", false)] {
+        let found = writes
+            .iter()
+            .any(|(verb, uri)| verb == "patch" && uri.starts_with(&status_of(pod)));
+        assert_eq!(found, patched, "{pod}: {writes:#?}");
+    }
     let _ = Path::new(&fifo);
 }
