@@ -188,6 +188,16 @@ impl Node {
         Self::start_on(backend, extra_env, true, false, Some(cluster))
     }
 
+    /// [`Node::start_dual_stack`] on the real kube-apiserver.
+    pub fn start_real_dual_stack(backend: Backend, extra_env: &[(&str, &str)]) -> Node {
+        Self::start_on(backend, extra_env, true, true, Some(RealCluster::start()))
+    }
+
+    /// [`Node::start_without_peer`] on the real kube-apiserver.
+    pub fn start_real_without_peer(backend: Backend, extra_env: &[(&str, &str)]) -> Node {
+        Self::start_on(backend, extra_env, false, false, Some(RealCluster::start()))
+    }
+
     /// [`Node::start_real_on`] with Istio's own install-cni as the agent
     /// (tests/support/istio_root.rs), for the differential tests.
     pub fn start_istio_on(
@@ -490,6 +500,19 @@ impl Node {
         cluster.add_pod(pod).expect("add pod");
         let stored = cluster.pod(&ns.unwrap_or_default(), &name.unwrap_or_default());
         stored.and_then(|p| p.metadata.uid).expect("uid")
+    }
+
+    /// The pod's status replaced by `status` (JSON of a `PodStatus`), as a kubelet writes it.
+    pub fn set_status(&self, namespace: &str, name: &str, status: Value) {
+        if let Some((cluster, _)) = &self.real {
+            cluster
+                .cp
+                .set_pod_status(&cluster.ns(namespace), name, status);
+            return;
+        }
+        let mut pod = self.api.server.pod(namespace, name).expect("pod exists");
+        pod.status = Some(serde_json::from_value(status).expect("PodStatus"));
+        self.api.server.update_pod(pod).expect("update pod");
     }
 
     /// What the kubelet does after a sandbox started: the pod's IP and phase Running in its status.
