@@ -10,6 +10,11 @@
 //! the whole host table (sets included) deleted. Each is healed within one drift period, counted in
 //! `istio_cni_drift_repaired_total{kind="host_rules"}` with a warning naming what was repaired, and
 //! the probe set holds exactly the enrolled pods again.
+//!
+//! Every node but one is on the real kube-apiserver (`Node::start_real*`, the chart's RBAC); each
+//! such scenario also finds the agent's annotation patches in the server's audit log. The
+//! secondary-address case stays on the test API server: its pod status holds two IPv4
+//! addresses, which a real server refuses (one address per family in `status.podIPs`).
 
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
@@ -24,6 +29,7 @@ use std::time::{Duration, Instant};
 use ambient_node::{Backend, Node, PodNs, PodProcess, in_netns, result_ip};
 use lifecycle::*;
 use serde_json::{Value, json};
+use support::real_cluster::RealCluster;
 
 /// The node's host rules of ours, without counters: what a heal must restore.
 fn host_rules(node: &Node) -> String {
@@ -44,7 +50,8 @@ fn host_rules(node: &Node) -> String {
 }
 
 fn host_rules_are_healed(backend: Backend) {
-    let node = Node::start_with(
+    let node = Node::start_real_on(
+        RealCluster::start(),
         backend,
         &[
             ("DRIFT_VERIFY_INTERVAL", "2s"),
@@ -147,6 +154,7 @@ fn host_rules_are_healed(backend: Backend) {
     });
     assert_eq!(repaired(&node, "host_rules"), breakages.len() as u64);
     assert_eq!(node.peer.violations(), Vec::<String>::new());
+    assert_annotated_by_agent(&node, &pods);
 }
 
 #[test]
@@ -163,7 +171,8 @@ fn flushed_host_rules_and_a_destroyed_probe_set_are_healed_nftables() {
 /// last check and what ztunnel answered on which connection; other methods get 405.
 #[test]
 fn debug_pods_answers_per_pod_and_only_to_get() {
-    let node = Node::start_with(
+    let node = Node::start_real_on(
+        RealCluster::start(),
         Backend::Iptables,
         &[
             ("DRIFT_VERIFY_INTERVAL", "2s"),
@@ -181,7 +190,7 @@ fn debug_pods_answers_per_pod_and_only_to_get() {
     assert_eq!(pod["uid"], p.uid.as_str());
     assert_eq!(
         (&pod["namespace"], &pod["name"]),
-        (&json!("amb"), &json!("a"))
+        (&json!(node.k8s_ns("amb")), &json!("a"))
     );
     assert_eq!(pod["ips"], json!([p.ip]));
     let inode = node.peer.netns_of(&p.uid).expect("proxy").1;
@@ -208,6 +217,7 @@ fn debug_pods_answers_per_pod_and_only_to_get() {
         out
     });
     assert!(status.starts_with("HTTP/1.1 405"), "{status}");
+    assert_annotated_by_agent(&node, &pods);
 }
 
 /// The node's host holds the iptables host rules / the nft host table.
@@ -237,7 +247,8 @@ fn pod_has(p: &Enrolled) -> (bool, bool) {
 /// mesh, one rule set only; uninstall (SIGTERM) deletes the record.
 #[test]
 fn the_backend_is_decided_once_per_node_and_a_native_nftables_change_migrates() {
-    let mut node = Node::start_with(
+    let mut node = Node::start_real_on(
+        RealCluster::start(),
         Backend::Nftables,
         &[
             ("DRIFT_VERIFY_INTERVAL", "1s"),
@@ -292,6 +303,7 @@ fn the_backend_is_decided_once_per_node_and_a_native_nftables_change_migrates() 
             .contains(&(pods[0].ip.clone(), pods[0].uid.clone()))
     });
     assert_in_mesh(&node, &pods);
+    assert_annotated_by_agent(&node, &pods);
 
     // Uninstall: the record goes with it.
     node.agent.terminate(Duration::from_secs(15));
@@ -336,7 +348,7 @@ fn ipv6_off_needs_no_ip6tables_nftables() {
 
 fn ipv6_off(backend: Backend) {
     let bin = path_without_ip6tables();
-    let mut node = Node::start_dual_stack(
+    let mut node = Node::start_real_dual_stack(
         backend,
         &[
             ("PATH", bin.path().to_str().expect("utf-8")),
@@ -347,15 +359,14 @@ fn ipv6_off(backend: Backend) {
     );
     let pods = enrol(&node, &["a"]);
     let v6 = global_ipv6(&pods[0].ns);
-    let mut pod = node.api.server.pod("amb", "a").expect("pod");
-    pod.status = Some(
-        serde_json::from_value(json!({
+    node.set_status(
+        "amb",
+        "a",
+        json!({
             "phase": "Running", "podIP": pods[0].ip,
             "podIPs": [{"ip": pods[0].ip}, {"ip": v6}]
-        }))
-        .expect("PodStatus"),
+        }),
     );
-    node.api.server.update_pod(pod).expect("update pod");
     let verified = |node: &Node| {
         let report = debug_pods(node);
         report["host_rules"]["result"] == "in_place"
@@ -385,11 +396,13 @@ fn ipv6_off(backend: Backend) {
         !log.to_lowercase().contains("ip6tables"),
         "the agent spoke of ip6tables:\n{log}"
     );
+    assert_annotated_by_agent(&node, &pods);
 }
 
 /// Scenario 7 (Istio's #61027), IPv4 half: a pod with a second IPv4 address (on its interface and
 /// in its status) keeps both in the probe set across a killed-and-restarted agent, and stays in
-/// the mesh.
+/// the mesh. On the test API server: a real one refuses a second address of one family in
+/// `status.podIPs`.
 #[test]
 fn a_secondary_address_survives_an_agent_restart() {
     let mut node = Node::start_with(Backend::Iptables, &[("HEALTH_PORT", HEALTH_PORT)]);
@@ -399,15 +412,14 @@ fn a_secondary_address_survives_an_agent_restart() {
         "ip",
         &["addr", "add", &format!("{second}/24"), "dev", "eth0"],
     );
-    let mut pod = node.api.server.pod("amb", "a").expect("pod");
-    pod.status = Some(
-        serde_json::from_value(json!({
+    node.set_status(
+        "amb",
+        "a",
+        json!({
             "phase": "Running", "podIP": pods[0].ip,
             "podIPs": [{"ip": pods[0].ip}, {"ip": second}]
-        }))
-        .expect("PodStatus"),
+        }),
     );
-    node.api.server.update_pod(pod).expect("update pod");
     node.restart_agent_killed();
     let uid = pods[0].uid.clone();
     node.wait_until(
@@ -455,22 +467,21 @@ fn a_dual_stack_pod_keeps_both_families_across_an_agent_restart_nftables() {
 
 fn dual_stack_across_a_restart(backend: Backend) {
     const V6_SET: &str = "istio-inpod-probes-v6";
-    let mut node = Node::start_dual_stack(
+    let mut node = Node::start_real_dual_stack(
         backend,
         &[("HEALTH_PORT", HEALTH_PORT), ("AMBIENT_IPV6", "true")],
     );
     let pods = enrol(&node, &["ds"]);
     let pod = &pods[0];
     let v6 = global_ipv6(&pod.ns);
-    let mut status = node.api.server.pod("amb", "ds").expect("pod");
-    status.status = Some(
-        serde_json::from_value(json!({
+    node.set_status(
+        "amb",
+        "ds",
+        json!({
             "phase": "Running", "podIP": pod.ip,
             "podIPs": [{"ip": pod.ip}, {"ip": v6}]
-        }))
-        .expect("PodStatus"),
+        }),
     );
-    node.api.server.update_pod(status).expect("update pod");
     let v6_member = vec![(v6.clone(), pod.uid.clone())];
     node.wait_until(Duration::from_secs(10), "the IPv6 probe entry", || {
         node.probe_set_members(V6_SET) == v6_member
@@ -490,6 +501,7 @@ fn dual_stack_across_a_restart(backend: Backend) {
     assert_outbound_lands_to(&node, pod, "[fd00:10:244::250]:8080".parse().expect("addr"));
     let from = client(&node);
     assert_inbound_lands_at(&node, &from, pod, &v6);
+    assert_annotated_by_agent(&node, &pods);
 }
 
 /// The pod's global IPv6 address on eth0 (waits out duplicate address detection).
@@ -532,7 +544,7 @@ fn an_agent_killed_mid_burst_enrols_every_pod_exactly_once_nftables() {
 
 fn agent_killed_mid_burst(backend: Backend) {
     const N: usize = 10;
-    let mut node = Node::start(backend);
+    let mut node = Node::start_real(backend);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     let names: Vec<String> = (0..N).map(|i| format!("burst-{i}")).collect();
     let sandboxes: Vec<(String, PodNs)> = names
@@ -634,4 +646,5 @@ fn agent_killed_mid_burst(backend: Backend) {
         );
     }
     assert_in_mesh(&node, &pods);
+    assert_annotated_by_agent(&node, &pods);
 }

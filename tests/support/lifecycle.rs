@@ -202,3 +202,23 @@ pub fn assert_inbound_lands_at(node: &Node, from: &PodNs, pod: &Enrolled, ip: &s
         },
     );
 }
+
+/// On the real kube-apiserver: the audit log holds the agent's own patch of each pod's status
+/// (the `ambient.istio.io/redirection` annotation), made with the chart's RBAC.
+pub fn assert_annotated_by_agent(node: &Node, pods: &[Enrolled]) {
+    let requests = node.cluster().requests();
+    for p in pods {
+        let status = format!(
+            "/api/v1/namespaces/{}/pods/{}/status",
+            node.k8s_ns("amb"),
+            p.name
+        );
+        assert!(
+            requests
+                .iter()
+                .any(|(verb, uri)| verb == "patch" && uri.starts_with(&status)),
+            "{}: no patch of its status by the agent: {requests:#?}",
+            p.name
+        );
+    }
+}
