@@ -1,14 +1,20 @@
-//! The repair controller end to end (issue 12): the real install-cni with REPAIR_ENABLED=true on
-//! an ambient test node (its own netns, the test API server inside it; see
-//! support/ambient_node.rs), sharing the one node pod store with the agent. A sidecar pod whose
-//! `istio-validation` init container last exited 126 is repaired (its netns, found by the /proc
-//! scan, gets the sidecar rules: a real outbound connection lands on 15001), deleted, or
-//! labelled, by mode; a pod on another node, one without the sidecar annotation, one whose init
-//! container failed with another code, and a healthy one are untouched; a pod added while the API
-//! server is down (history compacted) is still found after the watch reconnects; a pod with an
-//! unusable redirect annotation gets one event naming it and is not retried. A hostNetwork pod
-//! dressed as broken is never acted on, the node's netns is never taken as a pod's, and where
-//! the node's netns cannot be identified no pod netns is entered and readiness says why.
+//! The repair controller end to end: the real install-cni with REPAIR_ENABLED=true on an ambient
+//! test node (its own netns; see support/ambient_node.rs) on the real kube-apiserver
+//! (`Node::start_real_on`, the agent on the chart's own RBAC), sharing the one node pod store
+//! with the agent. A sidecar pod whose `istio-validation` init container last exited 126 is
+//! repaired (its netns, found by the /proc scan, gets the sidecar rules: a real outbound
+//! connection lands on 15001), deleted (the server marks it for deletion with its grace period,
+//! as no kubelet confirms it, and the controller deletes it once), or labelled (through
+//! `pods/status`), by mode; what the agent asked of the server is read from its audit log. A pod
+//! on another node, one without the sidecar annotation, one whose init container failed with
+//! another code, and a healthy one are untouched; a pod with an unusable redirect annotation
+//! gets one event naming it and is not retried. A hostNetwork pod dressed as broken is never
+//! acted on, the node's netns is never taken as a pod's, and where the node's netns cannot be
+//! identified no pod netns is entered and readiness says why.
+//!
+//! On the in-repo test API server still: a pod added while the API server is down (its history
+//! compacted) is found after the watch reconnects (a real server is not stopped on demand), and
+//! the RSS benchmark.
 
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
@@ -20,17 +26,20 @@ mod support;
 use std::time::Duration;
 
 use ambient_node::{Backend, NODE, Node, PodProcess, unique_uid};
+use k8s_openapi::api::core::v1::{Event, Pod};
 use lifecycle::HEALTH_PORT;
 use serde_json::{Value, json};
 use support::node_proc::HostProcView;
+use support::real_cluster::RealCluster;
 use support::{PodAndServer, assert_outbound_redirected};
 
 const NS: &str = "shop";
 const LABEL: &str = "cni.istio.io/uninitialized";
 const T: Duration = Duration::from_secs(20);
 
-/// The validation container's status: crash-looping after exit `code`, or completed.
-fn validation(code: Option<i32>) -> Value {
+/// The validation container's status: crash-looping after exit `code` (restarted `restarts`
+/// times), or completed.
+fn validation_after(code: Option<i32>, restarts: i32) -> Value {
     let (state, last) = match code {
         Some(code) => (
             json!({"waiting": {"reason": "CrashLoopBackOff"}}),
@@ -41,8 +50,12 @@ fn validation(code: Option<i32>) -> Value {
             json!({}),
         ),
     };
-    json!([{"name": "istio-validation", "ready": code.is_none(), "restartCount": 3,
+    json!([{"name": "istio-validation", "ready": code.is_none(), "restartCount": restarts,
             "image": "proxyv2", "imageID": "", "state": state, "lastState": last}])
+}
+
+fn validation(code: Option<i32>) -> Value {
+    validation_after(code, 3)
 }
 
 /// A sidecar-injected pod (CNI mode: a validation init container, no istio-init).
@@ -53,6 +66,7 @@ struct PodSpec<'a> {
     exit_code: Option<i32>,
     ip: &'a str,
     extra_annotations: Value,
+    host_network: bool,
 }
 
 impl<'a> PodSpec<'a> {
@@ -64,32 +78,43 @@ impl<'a> PodSpec<'a> {
             exit_code: Some(126),
             ip,
             extra_annotations: json!({}),
+            host_network: false,
         }
     }
 }
 
+/// Adds the pod (scheduled, its status written as a kubelet does); returns the UID it got.
 fn add_pod(node: &Node, p: PodSpec<'_>) -> String {
-    let uid = unique_uid();
     let mut annotations = p.extra_annotations.clone();
     if p.annotated {
         annotations["sidecar.istio.io/status"] =
             json!(r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"]}"#);
     }
-    let pod = serde_json::from_value(json!({
+    // The stand-in keeps the UID given (unique on the machine: the /proc scan sees every
+    // process); the real server assigns its own.
+    let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": p.name, "namespace": NS, "uid": uid, "annotations": annotations},
+        "metadata": {"name": p.name, "namespace": NS, "uid": unique_uid(),
+                     "annotations": annotations},
         "spec": {
-            "nodeName": p.node,
-            "initContainers": [{"name": "istio-validation"}],
-            "containers": [{"name": "app"},
-                           {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]
+            "nodeName": p.node, "hostNetwork": p.host_network,
+            "initContainers": [{"name": "istio-validation", "image": "proxyv2"}],
+            "containers": [{"name": "app", "image": "app:1"},
+                           {"name": "istio-proxy", "image": "proxyv2",
+                            "args": ["proxy", "sidecar"]}]
         },
         "status": {"phase": "Pending", "podIP": p.ip, "podIPs": [{"ip": p.ip}],
                    "initContainerStatuses": validation(p.exit_code)}
     }))
     .expect("Pod");
-    node.api.server.add_pod(pod).expect("add pod");
-    uid
+    let stored = match &node.real {
+        Some((cluster, _)) => {
+            cluster.add_pod(pod).expect("add pod");
+            cluster.pod(NS, p.name).expect("pod stored")
+        }
+        None => node.api.server.add_pod(pod).expect("add pod"),
+    };
+    stored.metadata.uid.expect("uid")
 }
 
 /// The pods no mode may touch; returns their names.
@@ -108,42 +133,66 @@ fn bystanders(node: &Node) -> Vec<&'static str> {
                 node: on,
                 annotated,
                 exit_code,
-                ip: "10.250.0.9",
-                extra_annotations: json!({}),
+                ..PodSpec::broken(name, "10.250.0.9")
             },
         );
     }
     cases.iter().map(|c| c.0).collect()
 }
 
-fn start(mode: &str) -> Node {
-    let node = Node::start_with(
-        Backend::Iptables,
-        &[
-            ("REPAIR_ENABLED", "true"),
-            ("REPAIR_NODE_NAME", NODE),
-            (mode, "true"),
-            (
-                "REPAIR_REPAIR_PODS",
-                if mode == "REPAIR_REPAIR_PODS" {
-                    "true"
-                } else {
-                    "false"
-                },
-            ),
-        ],
-    );
+/// install-cni's repair settings for `mode` on the node the server knows as `node_name`.
+fn repair_env<'a>(mode: &'a str, node_name: &'a str) -> Vec<(&'a str, &'a str)> {
+    let repair = if mode == "REPAIR_REPAIR_PODS" {
+        "true"
+    } else {
+        "false"
+    };
+    vec![
+        ("REPAIR_ENABLED", "true"),
+        ("REPAIR_NODE_NAME", node_name),
+        (mode, "true"),
+        ("REPAIR_REPAIR_PODS", repair),
+    ]
+}
+
+/// A node on the real API server with repair in `mode` (and `extra` settings).
+fn start_real(mode: &str, extra: &[(&str, &str)]) -> Node {
+    let cluster = RealCluster::start();
+    let node_name = cluster.node(NODE);
+    let mut env = repair_env(mode, &node_name);
+    env.extend_from_slice(extra);
+    let node = Node::start_real_on(cluster, Backend::Iptables, &env);
     node.namespace(NS, json!({}));
     node
 }
 
-/// Events the controller recorded about `pod`, as "reason: message".
-fn events_of(node: &Node, pod: &str) -> Vec<String> {
-    node.api
-        .server
-        .events()
+fn start(mode: &str) -> Node {
+    start_real(mode, &[])
+}
+
+/// A node on the in-repo test API server (what a real server cannot do on demand).
+fn start_standin(mode: &str) -> Node {
+    let node = Node::start_with(Backend::Iptables, &repair_env(mode, NODE));
+    node.namespace(NS, json!({}));
+    node
+}
+
+/// The Events about `pod` as the API server stores them.
+fn stored_events(node: &Node, pod: &str) -> Vec<Event> {
+    let events = match &node.real {
+        Some((cluster, _)) => cluster.events(NS),
+        None => node.api.server.events(),
+    };
+    events
         .into_iter()
         .filter(|e| e.involved_object.name.as_deref() == Some(pod))
+        .collect()
+}
+
+/// Events the controller recorded about `pod`, as "reason: message".
+fn events_of(node: &Node, pod: &str) -> Vec<String> {
+    stored_events(node, pod)
+        .into_iter()
         .map(|e| {
             assert_eq!(
                 e.source.and_then(|s| s.component).as_deref(),
@@ -159,17 +208,27 @@ fn events_of(node: &Node, pod: &str) -> Vec<String> {
 }
 
 fn label_of(node: &Node, pod: &str) -> Option<String> {
-    node.api
-        .server
-        .pod(NS, pod)?
-        .metadata
-        .labels?
-        .get(LABEL)
-        .cloned()
+    node.get_pod(NS, pod)?.metadata.labels?.get(LABEL).cloned()
 }
 
-/// Nothing happened to the bystanders: no event, no label, still there, and the controller never
-/// called them broken.
+/// The agent's requests naming pod `name` of the test's namespace on the real server (its
+/// subresources included), as (verb, path after the pod's name).
+fn pod_writes(node: &Node, name: &str) -> Vec<(String, String)> {
+    let cluster = node.cluster();
+    let prefix = format!("/api/v1/namespaces/{}/pods/{name}", cluster.ns(NS));
+    cluster
+        .requests()
+        .into_iter()
+        .filter(|(verb, _)| !matches!(verb.as_str(), "get" | "list" | "watch"))
+        .filter_map(|(verb, uri)| {
+            let rest = uri.split('?').next()?.strip_prefix(&prefix)?;
+            (rest.is_empty() || rest.starts_with('/')).then(|| (verb, rest.to_string()))
+        })
+        .collect()
+}
+
+/// Nothing happened to the bystanders: no event, no label, no write by the agent, still there
+/// (not marked for deletion), and the controller never called them broken.
 fn assert_untouched(node: &Node, names: &[&str]) {
     let log = node.agent.output();
     for name in names {
@@ -182,12 +241,15 @@ fn assert_untouched(node: &Node, names: &[&str]) {
         assert!(
             log.lines()
                 .filter(|l| l.contains("broken pod detected"))
-                .all(|l| !l.contains(&format!("{NS}/{name}"))),
+                .all(|l| !l.contains(&format!("{}/{name}", node.k8s_ns(NS)))),
             "{name} was called broken:\n{log}"
         );
-    }
-    for name in names.iter().filter(|n| **n != "other-node") {
-        assert!(node.api.server.pod(NS, name).is_some(), "{name} deleted");
+        if node.real.is_some() {
+            assert_eq!(pod_writes(node, name), vec![], "{name} written");
+        }
+        let pod = node.get_pod(NS, name);
+        assert!(pod.is_some(), "{name} deleted");
+        assert_eq!(pod.and_then(|p| p.metadata.deletion_timestamp), None);
     }
 }
 
@@ -205,18 +267,23 @@ fn repair_mode_programs_the_broken_pods_netns_and_leaves_the_rest_alone() {
     let events = events_of(&node, "web");
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(events[0].starts_with("RepairBrokenPod: "), "{events:?}");
+    // The event refers to the pod as the server knows it (its UID).
+    let event = &stored_events(&node, "web")[0];
+    assert_eq!(event.involved_object.uid.as_deref(), Some(uid.as_str()));
     assert!(env.pod.iptables_state().contains("ISTIO_OUTPUT"));
     assert_outbound_redirected(&env);
-    let log = node.agent.output();
-    assert!(
-        log.lines().any(|l| l.contains("broken pod handled")
-            && l.contains("shop/web")
-            && l.contains("repair")),
-        "{log}"
-    );
+    let web = format!("{}/web", node.k8s_ns(NS));
+    node.wait_until(T, "the handled line", || {
+        node.agent
+            .output()
+            .lines()
+            .any(|l| l.contains("broken pod handled") && l.contains(&web) && l.contains("repair"))
+    });
+    // Repaired in place: the pod itself was neither patched nor deleted.
+    assert_eq!(pod_writes(&node, "web"), vec![]);
 
     // An unusable annotation: one event naming it, no retries (the pod stays broken and keeps
-    // changing, as a crash-looping pod does).
+    // changing, as a crash-looping pod does: its kubelet writes each restart to its status).
     let bad = add_pod(
         &node,
         PodSpec {
@@ -227,11 +294,10 @@ fn repair_mode_programs_the_broken_pods_netns_and_leaves_the_rest_alone() {
     node.wait_until(T, "the invalid annotation event", || {
         !events_of(&node, "bad").is_empty()
     });
+    let cluster = node.cluster();
     for restarts in 4..8 {
-        let mut pod = node.api.server.pod(NS, "bad").expect("bad");
-        let status = pod.status.as_mut().expect("status");
-        status.init_container_statuses.as_mut().expect("statuses")[0].restart_count = restarts;
-        node.api.server.update_pod(pod).expect("update");
+        let status = json!({"initContainerStatuses": validation_after(Some(126), restarts)});
+        cluster.cp.set_pod_status(&cluster.ns(NS), "bad", status);
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_secs(1));
@@ -244,9 +310,10 @@ fn repair_mode_programs_the_broken_pods_netns_and_leaves_the_rest_alone() {
     let log = node.agent.output();
     let attempts = log
         .lines()
-        .filter(|l| l.contains("broken pod detected") && l.contains("shop/bad"))
+        .filter(|l| l.contains("broken pod detected") && l.contains("/bad"))
         .count();
     assert_eq!(attempts, 1, "retried {bad}:\n{log}");
+    assert_eq!(pod_writes(&node, "bad"), vec![]);
     assert_untouched(&node, &names);
 }
 
@@ -255,19 +322,76 @@ fn delete_mode_deletes_the_broken_pod_only() {
     let node = start("REPAIR_DELETE_PODS");
     let names = bystanders(&node);
     add_pod(&node, PodSpec::broken("web", "10.250.0.5"));
-    node.wait_until(T, "the broken pod's deletion", || {
-        node.api.server.pod(NS, "web").is_none()
+    // No kubelet confirms the deletion: the server keeps the pod, marked for deletion with its
+    // grace period (the controller's delete is graceful, as a user's `kubectl delete`).
+    node.wait_until(T, "the broken pod marked for deletion", || {
+        node.get_pod(NS, "web")
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
     });
+    let web = node
+        .get_pod(NS, "web")
+        .expect("kept until its kubelet confirms");
+    assert_eq!(web.metadata.deletion_grace_period_seconds, Some(30));
     node.wait_until(T, "the delete event", || {
         !events_of(&node, "web").is_empty()
     });
     let events = events_of(&node, "web");
     assert!(events[0].starts_with("DeleteBrokenPod: "), "{events:?}");
+    // The terminating pod keeps changing (its kubelet stops the containers and writes that):
+    // the controller does not delete it again.
+    let cluster = node.cluster();
+    let status = json!({"initContainerStatuses": validation_after(Some(126), 4)});
+    cluster.cp.set_pod_status(&cluster.ns(NS), "web", status);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        pod_writes(&node, "web"),
+        vec![("delete".into(), String::new())]
+    );
+    assert_eq!(events_of(&node, "web").len(), 1);
     assert_untouched(&node, &names);
 }
 
+/// A crash-looping pod's kubelet keeps writing its status, so the copy the controller acted on
+/// is often stale by the time its delete arrives: a resourceVersion precondition would make the
+/// server refuse the delete (409) and the pod would stay broken. The UID is the precondition
+/// that matters (never delete a new pod of the same name).
 #[test]
-fn label_mode_labels_the_broken_pod_and_a_watch_restart_misses_nothing() {
+fn delete_mode_deletes_a_broken_pod_whose_status_keeps_changing() {
+    let node = start("REPAIR_DELETE_PODS");
+    let cluster = node.cluster();
+    add_pod(&node, PodSpec::broken("busy", "10.250.0.5"));
+    let ns = cluster.ns(NS);
+    let marked = || {
+        node.get_pod(NS, "busy")
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+    };
+    // The kubelet: a status write every few milliseconds until the pod is marked for deletion.
+    let deadline = std::time::Instant::now() + T;
+    let mut restarts = 4;
+    while !marked() && std::time::Instant::now() < deadline {
+        restarts += 1;
+        let status = json!({"initContainerStatuses": validation_after(Some(126), restarts)});
+        cluster.cp.set_pod_status(&ns, "busy", status);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        marked(),
+        "not deleted after {restarts} status writes; events {:?}; agent log:\n{}",
+        events_of(&node, "busy"),
+        node.agent.output()
+    );
+    node.wait_until(T, "the delete event", || {
+        !events_of(&node, "busy").is_empty()
+    });
+    let events = events_of(&node, "busy");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(events[0].starts_with("DeleteBrokenPod: "), "{events:?}");
+    let deletes = pod_writes(&node, "busy");
+    assert_eq!(deletes, vec![("delete".into(), String::new())]);
+}
+
+#[test]
+fn label_mode_labels_the_broken_pod_through_its_status() {
     let node = start("REPAIR_LABEL_PODS");
     let names = bystanders(&node);
     add_pod(&node, PodSpec::broken("web", "10.250.0.5"));
@@ -276,7 +400,29 @@ fn label_mode_labels_the_broken_pod_and_a_watch_restart_misses_nothing() {
     });
     node.wait_until(T, "the label event", || !events_of(&node, "web").is_empty());
     assert!(events_of(&node, "web")[0].starts_with("LabelBrokenPod: "));
+    // Through `pods/status` (what the chart grants for labelling), once, the pod not deleted.
+    let cluster = node.cluster();
+    let status = json!({"initContainerStatuses": validation_after(Some(126), 4)});
+    cluster.cp.set_pod_status(&cluster.ns(NS), "web", status);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        pod_writes(&node, "web"),
+        vec![("patch".into(), "/status".into())]
+    );
+    assert_eq!(events_of(&node, "web").len(), 1);
+    assert_untouched(&node, &names);
+}
 
+/// On the test API server: it is stopped and its history compacted, which a real one is not on
+/// demand.
+#[test]
+fn label_mode_a_pod_broken_while_the_api_server_was_down_is_labelled_after_the_watch_restart() {
+    let node = start_standin("REPAIR_LABEL_PODS");
+    let names = bystanders(&node);
+    add_pod(&node, PodSpec::broken("web", "10.250.0.5"));
+    node.wait_until(T, "the broken pod's label", || {
+        label_of(&node, "web").as_deref() == Some("true")
+    });
     // The API server goes away; a pod breaks meanwhile; the watch comes back (re-list).
     node.api.restart(std::path::Path::new(&node.ns.path()), || {
         add_pod(&node, PodSpec::broken("late", "10.250.0.6"));
@@ -297,22 +443,13 @@ fn label_mode_labels_the_broken_pod_and_a_watch_restart_misses_nothing() {
 /// container, the validation container's last exit 126, the node's IP, and a process in its pod
 /// cgroup inside the node's netns (where a hostNetwork pod's processes run).
 fn add_host_network_pod(node: &Node, name: &str, ip: &str) -> (String, PodProcess) {
-    let uid = unique_uid();
-    let pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "uid": uid, "annotations": {
-            "sidecar.istio.io/status":
-                r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"]}"#}},
-        "spec": {
-            "nodeName": NODE, "hostNetwork": true,
-            "initContainers": [{"name": "istio-validation"}],
-            "containers": [{"name": "app"}, {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]
+    let uid = add_pod(
+        node,
+        PodSpec {
+            host_network: true,
+            ..PodSpec::broken(name, ip)
         },
-        "status": {"phase": "Pending", "podIP": ip, "podIPs": [{"ip": ip}],
-                   "initContainerStatuses": validation(Some(126))}
-    }))
-    .expect("Pod");
-    node.api.server.add_pod(pod).expect("add pod");
+    );
     let process = PodProcess::start_in(std::path::Path::new(&node.ns.path()), &uid);
     (uid, process)
 }
@@ -338,10 +475,11 @@ fn a_host_network_pod_is_never_repaired_and_the_node_s_netns_is_never_taken_as_a
     let node = start("REPAIR_REPAIR_PODS");
     give_node_ip(&node, "10.250.9.9");
     let (_, _host_process) = add_host_network_pod(&node, "hostnet", "10.250.9.9");
+    let hostnet = format!("{}/hostnet", node.k8s_ns(NS));
     node.wait_until(T, "the hostNetwork pod skipped", || {
         node.agent.output().lines().any(|l| {
             l.contains("broken pod skipped")
-                && l.contains("shop/hostnet")
+                && l.contains(&hostnet)
                 && l.contains("hostNetwork pod")
         })
     });
@@ -359,24 +497,23 @@ fn a_host_network_pod_is_never_repaired_and_the_node_s_netns_is_never_taken_as_a
     );
     assert!(events_of(&node, "hostnet").is_empty());
     assert_eq!(node_sidecar_chains(&node), Vec::<String>::new());
+    for pod in ["hostnet", "disguised"] {
+        assert_eq!(pod_writes(&node, pod), vec![], "{pod} written");
+    }
 }
 
 #[test]
 fn where_the_node_s_netns_cannot_be_identified_no_pod_netns_is_entered_and_readiness_says_why() {
     let unreadable = HostProcView::pid1_unreadable();
     let dir = unreadable.dir.to_str().expect("utf-8").to_string();
-    let node = Node::start_with(
-        Backend::Iptables,
+    let node = start_real(
+        "REPAIR_REPAIR_PODS",
         &[
-            ("REPAIR_ENABLED", "true"),
-            ("REPAIR_NODE_NAME", NODE),
-            ("REPAIR_REPAIR_PODS", "true"),
             ("DRIFT_VERIFY_INTERVAL", "1s"),
             ("HEALTH_PORT", HEALTH_PORT),
             ("HOST_PROC_DIR", &dir),
         ],
     );
-    node.namespace(NS, json!({}));
     give_node_ip(&node, "10.250.9.9");
     // A hostNetwork pod dressed as broken whose `hostNetwork` the author left out: only its
     // process and IP say where it runs (the node's netns, which is the agent's own here).
@@ -431,7 +568,7 @@ fn install_cni_rss_with_repair_flat_under_churn() {
     let others = env_usize("BENCH_REPAIR_OTHER_PODS", 10_000);
     let churn = env_usize("BENCH_REPAIR_CHURN", 3000).min(others);
     let broken = 10.min(here);
-    let node = start("REPAIR_LABEL_PODS");
+    let node = start_standin("REPAIR_LABEL_PODS");
     node.namespace("elsewhere", json!({}));
     std::thread::sleep(Duration::from_secs(2));
     let idle = rss_mb(&node);

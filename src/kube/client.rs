@@ -545,11 +545,14 @@ impl EventRecord {
 /// preconditions, named for the roles.
 pub type PodPreconditions = Preconditions;
 
-/// The pod as it was read: same UID and same resourceVersion.
+/// The pod as it was read: the same UID, so a new pod of the same name is never the one
+/// deleted. Not the same resourceVersion: a crash-looping pod's kubelet writes its status on
+/// every restart, so the copy read is often stale by the time the delete arrives, and the
+/// server would refuse (409) the delete of a pod that is still the broken one.
 pub fn pod_preconditions(pod: &Pod) -> PodPreconditions {
     Preconditions {
         uid: pod.metadata.uid.clone(),
-        resource_version: pod.metadata.resource_version.clone(),
+        resource_version: None,
     }
 }
 

@@ -40,7 +40,7 @@ pub trait Effects: Send + Sync + 'static {
     /// Programs the sidecar rules in the pod's netns; `false` when the pod wants none
     /// (`interceptionMode: NONE`).
     fn repair(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<bool, ActError>>;
-    /// Deletes the pod as it was read (UID and resourceVersion preconditions).
+    /// Deletes the pod as it was read (a UID precondition: never a new pod of the same name).
     fn delete(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<(), ActError>>;
     /// Sets a label (through `pods/status`, as Istio).
     fn label(

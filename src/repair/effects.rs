@@ -61,7 +61,7 @@ pub enum ActError {
 
 impl ActError {
     /// Waiting will not fix it: bad annotations or settings, an API refusal (403, 404, a 409 from
-    /// the preconditions: the pod changed, and its new state comes as its own event).
+    /// the UID precondition: the name is a new pod's now, and that pod comes as its own event).
     pub fn is_permanent(&self) -> bool {
         match self {
             ActError::Annotation(_)
