@@ -12,8 +12,8 @@ mod cases;
 
 use std::collections::BTreeMap;
 
-use istio_cni::apply::ambient::INPOD_CHAINS;
 use istio_cni::apply::nft_read::{KernelSets, ambient_difference, read_owned};
+use istio_cni::apply::owned::INPOD_CHAINS;
 use istio_cni::rules::iptables_nft_decode::as_listed;
 use istio_cni::rules::{Family, Rule, RuleSet, ambient, capture};
 use support::{Netns, require_tool, restore_iptables_nft};

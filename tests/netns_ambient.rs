@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use istio_cni::agent::dataplane::{Dataplane, PodNet};
-use istio_cni::apply::sidecar::RuleChange;
+use istio_cni::apply::RuleChange;
 use istio_cni::rules::ambient::PodOverrides;
 use support::{FakeHost, Netns as TestNetns, PodAndServer, accept_within, require_dataplane_tools};
 

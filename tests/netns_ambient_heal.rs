@@ -9,12 +9,11 @@ mod support;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use istio_cni::apply::ambient::{
-    AmbientApply, HOST_CHAINS, INPOD_CHAINS, Owned, apply_iptables_reading,
-};
+use istio_cni::apply::RuleChange;
+use istio_cni::apply::ambient::{AmbientApply, apply_iptables_reading};
 use istio_cni::apply::exec::{Cmd, CmdOutput, Executor, SpawnError};
 use istio_cni::apply::iptables::ForceBinary;
-use istio_cni::apply::sidecar::RuleChange;
+use istio_cni::apply::owned::{HOST_CHAINS, INPOD_CHAINS, OwnedChains};
 use istio_cni::rules::RuleSet;
 use istio_cni::rules::ambient::{
     AmbientConfig, PROBE_SET_V4, PodOverrides, host_rules, inpod_rules,
@@ -64,7 +63,7 @@ fn heal(ns: &Netns, rules: &RuleSet) -> RuleChange {
     heal_owned(ns, rules, INPOD_CHAINS)
 }
 
-fn heal_owned(ns: &Netns, rules: &RuleSet, owned: Owned) -> RuleChange {
+fn heal_owned(ns: &Netns, rules: &RuleSet, owned: OwnedChains) -> RuleChange {
     let netns = istio_cni::netns::Netns::open(Path::new(&ns.path())).unwrap();
     let asked = Arc::new(Mutex::new(Vec::new()));
     let mut exec = NoProcess(asked.clone());

@@ -49,7 +49,7 @@ pub use super::dataplane::PodNet;
 pub use super::dataplane::ProbeSynced;
 /// What programming a pod did: `AlreadyApplied` when the netns held exactly the rules (nothing
 /// written), anything else when it had to write (the apply room's one outcome type).
-pub use crate::apply::sidecar::RuleChange;
+pub use crate::apply::RuleChange;
 
 /// In-pod rules, the host probe set and netns lookup. Blocking calls: the agent runs them on
 /// the blocking pool.

@@ -33,8 +33,9 @@ use super::iptables::{
 use super::nft::apply_transaction;
 use super::nft_heal::heal_messages;
 use super::nft_read::OwnedState;
+use super::outcome::{RuleChange, Snapshot, holds_no_tables, restore_snapshots};
+use super::owned::{HOST_CHAINS, INPOD_CHAINS, OwnedChains};
 use super::rule_backend::{Diff, NativeNft, RuleBackend};
-use super::sidecar::{RuleChange, Snapshot, holds_no_tables, restore_snapshots};
 use super::state::{State, parse_save};
 use crate::netns::UsernsEntry;
 use crate::rules::ambient::{AmbientConfig, PodOverrides};
@@ -42,43 +43,6 @@ use crate::rules::nft_decode::{NativeState, expected};
 use crate::rules::nft_encode::{NftStep, NftTransaction};
 use crate::rules::nftables::NftTable;
 use crate::rules::{Family, Rule, RuleSet, ambient};
-
-/// The chains the in-pod rules own, in every table they use.
-pub const INPOD_CHAINS: Owned = Owned {
-    tables: &["mangle", "nat", "raw"],
-    chains: &["ISTIO_PRERT", "ISTIO_OUTPUT"],
-};
-/// The chain the host rules own.
-pub const HOST_CHAINS: Owned = Owned {
-    tables: &["nat"],
-    chains: &["ISTIO_POSTRT"],
-};
-
-/// Which user chains are ours (every named chain in every named table).
-#[derive(Debug, Clone, Copy)]
-pub struct Owned {
-    pub tables: &'static [&'static str],
-    pub chains: &'static [&'static str],
-}
-
-impl Owned {
-    /// The owned chains the `planned` rules use (hold rules, or are jumped to).
-    pub(super) fn planned_chains(&self, planned: &[&Rule]) -> Vec<&'static str> {
-        self.chains
-            .iter()
-            .copied()
-            .filter(|c| {
-                planned
-                    .iter()
-                    .any(|r| r.chain == *c || r.target.jump_chain() == Some(*c))
-            })
-            .collect()
-    }
-
-    fn owns(&self, table: &str, chain: &str) -> bool {
-        self.tables.contains(&table) && self.chains.contains(&chain)
-    }
-}
 
 /// Where and how to apply: the backend decided once ([`super::backend`]).
 #[derive(Debug, Clone, Default)]
@@ -94,7 +58,7 @@ pub struct AmbientApply {
 /// netns. Families: IPv4, and IPv6 when it has rules or holds chains of ours.
 pub fn apply_iptables_here(
     rules: &RuleSet,
-    owned: Owned,
+    owned: OwnedChains,
     opts: &AmbientApply,
 ) -> Result<RuleChange, ApplyError> {
     let mut exec = ProcessExecutor::entering(opts.userns.clone());
@@ -106,7 +70,7 @@ pub fn apply_iptables_here(
 pub fn apply_iptables_reading(
     exec: &mut dyn Executor,
     rules: &RuleSet,
-    owned: Owned,
+    owned: OwnedChains,
     opts: &AmbientApply,
 ) -> Result<RuleChange, ApplyError> {
     apply_iptables_with(exec, rules, owned, opts, &read_kernel)
@@ -130,7 +94,7 @@ enum Known {
 
 /// The real [`Known`] of the calling thread's netns: an nf_tables dump decoded to the rule model
 /// and compared with the plan ([`super::nft_read`]) for the nft flavour.
-fn read_kernel(bins: &Binaries, rules: &[Rule], owned: Owned) -> Known {
+fn read_kernel(bins: &Binaries, rules: &[Rule], owned: OwnedChains) -> Known {
     if !bins.is_nft_flavour() {
         if holds_no_tables(bins) {
             return Known::Empty;
@@ -168,7 +132,7 @@ fn read_kernel(bins: &Binaries, rules: &[Rule], owned: Owned) -> Known {
 pub fn apply_iptables(
     exec: &mut dyn Executor,
     rules: &RuleSet,
-    owned: Owned,
+    owned: OwnedChains,
     opts: &AmbientApply,
 ) -> Result<RuleChange, ApplyError> {
     apply_iptables_with(exec, rules, owned, opts, &|_, _, _| Known::Unknown)
@@ -183,9 +147,9 @@ pub fn apply_iptables(
 fn apply_iptables_with(
     exec: &mut dyn Executor,
     rules: &RuleSet,
-    owned: Owned,
+    owned: OwnedChains,
     opts: &AmbientApply,
-    known: &dyn Fn(&Binaries, &[Rule], Owned) -> Known,
+    known: &dyn Fn(&Binaries, &[Rule], OwnedChains) -> Known,
 ) -> Result<RuleChange, ApplyError> {
     let mut work: Vec<(Binaries, String, State, String)> = Vec::new();
     let mut heal = Vec::new();

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::Owned;
+use crate::apply::owned::OwnedChains;
 use crate::apply::state::{State, jump_target, normalise};
 use crate::rules::Rule;
 use crate::rules::iptables::{rule_args, rule_line};
@@ -12,7 +12,7 @@ use crate::rules::model::is_builtin_chain;
 /// Compares one family's saved state with its planned rules; `None` when they are the same, else
 /// the `--noflush` restore input that makes them the same (only our chains and the jumps into
 /// them change). Pure.
-pub fn plan_family(state: &State, rules: &[Rule], owned: Owned) -> Option<String> {
+pub fn plan_family(state: &State, rules: &[Rule], owned: OwnedChains) -> Option<String> {
     plan_family_with(state, rules, owned, false)
 }
 
@@ -21,7 +21,7 @@ pub fn plan_family(state: &State, rules: &[Rule], owned: Owned) -> Option<String
 pub(super) fn plan_family_with(
     state: &State,
     rules: &[Rule],
-    owned: Owned,
+    owned: OwnedChains,
     force: bool,
 ) -> Option<String> {
     let mut text = String::new();

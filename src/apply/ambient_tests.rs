@@ -239,7 +239,7 @@ fn rules_read_back_as_the_plan_start_no_process_and_a_typed_difference_is_healed
     assert_eq!(outcome, RuleChange::AlreadyApplied);
     assert!(same.0.is_empty(), "{:?}", same.0);
     // The typed read saw a difference the saved text would hide: read, then restored anyway.
-    let differs = |_: &Binaries, _: &[Rule], _: Owned| Known::Differs("foreign rule".into());
+    let differs = |_: &Binaries, _: &[Rule], _: OwnedChains| Known::Differs("foreign rule".into());
     let mut healed = Recorder::default();
     let outcome = apply_iptables_with(&mut healed, &rules, INPOD_CHAINS, &opts, &differs).unwrap();
     assert_eq!(outcome, RuleChange::Applied);
@@ -255,7 +255,7 @@ fn a_typed_difference_without_a_netlink_encoding_is_healed_with_save_and_restore
     // The host's SNAT to a probe set has no netlink encoding: no transaction, the text path.
     let rules = host_rules(&AmbientConfig::default());
     let opts = AmbientApply::default();
-    let drifted = |_: &Binaries, _: &[Rule], _: Owned| Known::Drifted {
+    let drifted = |_: &Binaries, _: &[Rule], _: OwnedChains| Known::Drifted {
         how: "a jump missing".into(),
         state: OwnedState::default(),
     };

@@ -6,6 +6,17 @@
 //! iptables-nft flavour's owned tables are read over netlink as typed rules ([`nft_read`]).
 //! May call: `rules`, `netlink` (nf_tables transactions, rtnetlink routes), `netns` (entering a
 //! pod's user namespace).
+//!
+//! Inside the room files import downward only, never in a circle (the room test holds it):
+//! * leaves: [`exec`] (processes), [`state`] (`*-save` text), [`owned`] (which chains an ambient
+//!   apply owns), [`routes`], [`hostproc`], [`transcript`];
+//! * the kernel's faces: [`iptables`] (binaries, commands, errors), [`nft`] (native nftables),
+//!   [`nft_read`] (iptables-nft tables read as typed rules) and [`nft_heal`] (the heal planned
+//!   from that read), [`probe_set`];
+//! * [`rule_backend`]: read, diff and write per backend, over the above;
+//! * [`outcome`]: what an apply reports and the snapshot it undoes itself from, over the backend;
+//! * the applies: [`cleanup`], [`sidecar`] and [`ambient`], then [`verify`] (read and diff only);
+//! * [`pod`], the one entry for a netns, and [`backend`] (the choice made once) on top.
 
 pub mod ambient;
 pub mod backend;
@@ -16,6 +27,8 @@ pub mod iptables;
 pub mod nft;
 pub mod nft_heal;
 pub mod nft_read;
+pub mod outcome;
+pub mod owned;
 pub mod pod;
 pub mod probe_set;
 pub mod routes;
@@ -28,7 +41,7 @@ pub mod verify;
 pub use cleanup::{CleanupInput, CleanupPlan};
 pub use exec::{Cmd, CmdOutput, Executor, ProcessExecutor};
 pub use iptables::{ApplyError, Binaries, ForceBinary, NftNetlinkError, detect};
+pub use outcome::RuleChange;
 pub use sidecar::{
-    RuleChange, SidecarOptions, apply_sidecar, apply_sidecar_here, cleanup_plan_here,
-    cleanup_sidecar_here,
+    SidecarOptions, apply_sidecar, apply_sidecar_here, cleanup_plan_here, cleanup_sidecar_here,
 };

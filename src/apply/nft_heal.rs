@@ -5,8 +5,8 @@
 
 use std::collections::BTreeSet;
 
-use super::ambient::Owned;
 use super::nft_read::OwnedState;
+use super::owned::OwnedChains;
 use crate::rules::iptables_nft::{
     EncodeError, NftMessage, delete_chain, delete_rule, delete_table, encode_onto, flush_chain,
 };
@@ -27,7 +27,7 @@ pub fn heal_messages(
     family: Family,
     state: &OwnedState,
     rules: &[Rule],
-    owned: Owned,
+    owned: OwnedChains,
 ) -> Result<Vec<NftMessage>, EncodeError> {
     let mut out = Vec::new();
     // Our chains that exist and are kept (flushed): the encoder must not create them again.

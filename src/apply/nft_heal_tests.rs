@@ -3,7 +3,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use netlink_packet_core::{NLM_F_APPEND, NLM_F_EXCL};
 
 use super::*;
-use crate::apply::ambient::{HOST_CHAINS, INPOD_CHAINS};
+use crate::apply::owned::{HOST_CHAINS, INPOD_CHAINS};
 use crate::rules::ambient::{AmbientConfig, PodOverrides, host_rules, inpod_rules};
 use crate::rules::iptables_nft::{
     NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE,
@@ -193,7 +193,12 @@ fn fresh_onto(start: &Kernel, rules: &[Rule]) -> Kernel {
 }
 
 /// Heals `k` towards `rules` and checks the result is `start` with `rules` applied fresh.
-fn assert_heals(mut k: Kernel, rules: &[Rule], owned: Owned, start: &Kernel) -> Vec<NftMessage> {
+fn assert_heals(
+    mut k: Kernel,
+    rules: &[Rule],
+    owned: OwnedChains,
+    start: &Kernel,
+) -> Vec<NftMessage> {
     let messages = heal_messages(Family::V4, &k.read(), rules, owned).unwrap();
     k.apply(&messages);
     assert_eq!(k.seen(), fresh_onto(start, rules).seen());

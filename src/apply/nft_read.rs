@@ -8,8 +8,8 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use super::ambient::Owned;
 use super::iptables::nf_family;
+use super::owned::OwnedChains;
 use super::state::Difference;
 use crate::netlink::nft_batch::BatchError;
 use crate::netlink::nft_dump;
@@ -102,7 +102,11 @@ pub fn read_owned_among(
 /// `*-save` comparison ([`super::ambient::plan_family`]) answers: our chains exist exactly when
 /// planned, hold exactly the planned rules in order, and the built-in chains hold each planned
 /// rule and no other rule jumping into ours. None when nothing differs. Pure.
-pub fn ambient_difference(state: &OwnedState, rules: &[Rule], owned: Owned) -> Option<String> {
+pub fn ambient_difference(
+    state: &OwnedState,
+    rules: &[Rule],
+    owned: OwnedChains,
+) -> Option<String> {
     let listed = as_listed(rules);
     for &table in owned.tables {
         let planned: Vec<&Rule> = rules.iter().filter(|r| r.table.name() == table).collect();

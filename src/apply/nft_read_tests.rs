@@ -1,5 +1,5 @@
 use super::*;
-use crate::apply::ambient::INPOD_CHAINS;
+use crate::apply::owned::INPOD_CHAINS;
 use crate::apply::state::Difference;
 use crate::rules::ambient::{AmbientConfig, PodOverrides, inpod_rules};
 use crate::rules::iptables_nft::{NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, encode};

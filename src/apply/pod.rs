@@ -9,8 +9,10 @@
 
 use super::exec::ProcessExecutor;
 use super::iptables::{ApplyError, ForceBinary};
+use super::outcome::RuleChange;
 use super::rule_backend::{Diff, NativeNft, RuleBackend};
-use super::sidecar::{RuleChange, SidecarOptions, apply_sidecar_here, cleanup_sidecar_here};
+use super::sidecar::{SidecarOptions, apply_sidecar_here, cleanup_sidecar_here};
+pub use super::verify::NetnsCheck;
 use super::{CleanupInput, nft};
 use crate::netns::{Netns, NetnsError, UsernsEntry};
 use crate::rules::capture::{self, CaptureConfig};
@@ -74,17 +76,6 @@ fn nft_difference(cfg: &CaptureConfig, actual: &NativeState) -> Option<String> {
         Diff::Differs(what) => Some(what),
         Diff::Unsure(_) => Some("not compared".to_string()),
     }
-}
-
-/// What [`verify`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NetnsCheck {
-    /// Exactly the rules [`program`] would leave.
-    InPlace,
-    /// Rules of ours, but not those: `what` names the first difference.
-    Drifted { what: String },
-    /// Nothing of ours at all.
-    Absent,
 }
 
 /// What [`program`] did.

@@ -23,21 +23,21 @@ use crate::rules::Rule;
 use crate::rules::nft_decode::{NativeState, difference};
 use crate::rules::nft_encode::NftTransaction;
 
-/// What a family holds, as its backend read it.
+/// What an iptables family holds, as its backend read it back.
 #[derive(Debug, Clone)]
-pub enum Owned {
+pub enum ReadBack {
     /// `*-save` output and its parse (legacy, or iptables-nft when netlink could not tell).
     Saved { text: String, state: State },
     /// The owned tables as typed rules, read over netlink.
     Typed(OwnedState),
 }
 
-impl Owned {
+impl ReadBack {
     /// Whether this holds anything of `planned`: a chain of ours, or a planned built-in rule.
     pub fn holds_any(&self, planned: &[Rule]) -> bool {
         match self {
-            Owned::Saved { state, .. } => holds_any_of(state, planned),
-            Owned::Typed(state) => holds_any_sidecar(state, planned),
+            ReadBack::Saved { state, .. } => holds_any_of(state, planned),
+            ReadBack::Typed(state) => holds_any_sidecar(state, planned),
         }
     }
 }
@@ -84,16 +84,16 @@ pub trait RuleBackend {
 
 /// The iptables backends, as the sidecar apply and verify hold them.
 pub type IptablesBackend<'a> =
-    dyn RuleBackend<Plan = [Rule], Owned = Owned, Difference = Difference, Input = String> + 'a;
+    dyn RuleBackend<Plan = [Rule], Owned = ReadBack, Difference = Difference, Input = String> + 'a;
 
 /// The iptables diff (sidecar semantics: order not compared, as in Istio). Pure.
-fn iptables_diff<'a>(planned: &'a [Rule], owned: &Owned) -> Diff<'a> {
+fn iptables_diff<'a>(planned: &'a [Rule], owned: &ReadBack) -> Diff<'a> {
     match owned {
-        Owned::Typed(state) => match sidecar_difference(state, planned) {
+        ReadBack::Typed(state) => match sidecar_difference(state, planned) {
             None => Diff::Same,
             Some(d) => Diff::Differs(d),
         },
-        Owned::Saved { state, .. } => match compare_with_plan(state, planned) {
+        ReadBack::Saved { state, .. } => match compare_with_plan(state, planned) {
             Comparison::Same => Diff::Same,
             Comparison::Different(d) => Diff::Differs(d),
             Comparison::Unsure(rules) => Diff::Unsure(rules),
@@ -127,8 +127,8 @@ fn saved(
     exec: &mut dyn Executor,
     bins: &Binaries,
     env: &[(String, String)],
-) -> Result<Owned, ApplyError> {
-    read_saved(exec, bins, env).map(|(text, state)| Owned::Saved { text, state })
+) -> Result<ReadBack, ApplyError> {
+    read_saved(exec, bins, env).map(|(text, state)| ReadBack::Saved { text, state })
 }
 
 /// How an iptables-nft family is read as typed rules: the kernel ([`kernel_read`]) or a test's
@@ -145,7 +145,7 @@ pub struct Iptables<'b, 'r> {
 
 impl RuleBackend for Iptables<'_, '_> {
     type Plan = [Rule];
-    type Owned = Owned;
+    type Owned = ReadBack;
     type Difference = Difference;
     type Input = String;
 
@@ -153,14 +153,14 @@ impl RuleBackend for Iptables<'_, '_> {
         &self,
         exec: &mut dyn Executor,
         env: &[(String, String)],
-    ) -> Result<Owned, ApplyError> {
+    ) -> Result<ReadBack, ApplyError> {
         match self.typed.and_then(|read| read(self.bins)) {
-            Some(state) => Ok(Owned::Typed(state)),
+            Some(state) => Ok(ReadBack::Typed(state)),
             None => saved(exec, self.bins, env),
         }
     }
 
-    fn diff<'a>(&self, planned: &'a [Rule], owned: &Owned) -> Diff<'a> {
+    fn diff<'a>(&self, planned: &'a [Rule], owned: &ReadBack) -> Diff<'a> {
         iptables_diff(planned, owned)
     }
 

@@ -13,7 +13,7 @@
 //!
 //! The nf_tables netlink path ([`apply_nft_netlink`]) is one kernel transaction for both families.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use super::cleanup::{
     CleanupInput, CleanupPlan, drop_emptied_tables, family_steps, make_plan, run_commands,
@@ -22,18 +22,15 @@ use super::cleanup::{
 use super::exec::Executor;
 use super::iptables::{
     ApplyError, Binaries, ForceBinary, apply_nft_netlink_entering, detect, drop_created_tables,
-    family_prefix, legacy_has_tables, nf_family, replace_tables_cmd, restore_cmd, run_checked,
-    save_cmd, with_env,
+    family_prefix, nf_family, restore_cmd, run_checked, save_cmd, with_env,
 };
+use super::outcome::{Fresh, RuleChange, Snapshot, probe_fresh, restore_snapshots};
 use super::rule_backend::{
-    Diff, Owned, TypedRead, for_family, kernel_read, no_typed_read, read_saved,
+    Diff, ReadBack, TypedRead, for_family, kernel_read, no_typed_read, read_saved,
 };
-use super::state::{State, table_section};
 use crate::apply::exec::Cmd;
 use crate::netns::UsernsEntry;
-use crate::rules::capture::{is_owned_chain, owned_chains};
 use crate::rules::iptables::{render_restore, rule_args};
-use crate::rules::model::is_builtin_chain;
 use crate::rules::{Family, Rule, RuleSet, Table};
 
 /// How a sidecar apply should treat existing state.
@@ -52,42 +49,6 @@ pub struct SidecarOptions {
     /// Set for a netns owned by another user namespace (`hostUsers: false`): every command and
     /// the nf_tables transaction run in a child that entered it.
     pub userns: Option<UsernsEntry>,
-}
-
-/// What an apply did, for logs and tests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RuleChange {
-    Applied,
-    /// Applied as one nf_tables transaction sent by us (no iptables process).
-    AppliedOverNetlink,
-    AlreadyApplied,
-    Reconciled,
-    CleanedUp,
-}
-
-/// Logs name outcomes in words (`applied`), not Rust syntax (`Some(Applied)`).
-impl std::fmt::Display for RuleChange {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            RuleChange::Applied => "applied",
-            RuleChange::AppliedOverNetlink => "applied over nfnetlink",
-            RuleChange::AlreadyApplied => "already applied",
-            RuleChange::Reconciled => "reconciled",
-            RuleChange::CleanedUp => "cleaned up",
-        })
-    }
-}
-
-/// Families known to hold none of our chains, each with the tables that existed before the apply.
-pub type Fresh = BTreeMap<Family, BTreeSet<String>>;
-
-/// What one family held before anything was written.
-pub(super) struct Snapshot<'a> {
-    pub(super) bins: &'a Binaries,
-    pub(super) text: String,
-    pub(super) state: State,
-    /// With iptables-nft, the chains the kernel held (`*-save` also lists absent built-in chains).
-    pub(super) chains: Option<Vec<(String, String)>>,
 }
 
 /// Applies the sidecar rules for every family that has rules (`bins` lists the families in use),
@@ -140,8 +101,8 @@ fn apply_sidecar_with(
         drifted.push((*b, *family_rules, owned.holds_any(family_rules)));
         // What is about to be written is snapshotted as text: the rollback restores it.
         let (text, state) = match owned {
-            Owned::Saved { text, state } => (text, state),
-            Owned::Typed(_) => read_saved(exec, b, &opts.env)?,
+            ReadBack::Saved { text, state } => (text, state),
+            ReadBack::Typed(_) => read_saved(exec, b, &opts.env)?,
         };
         let chains = b
             .is_nft_flavour()
@@ -305,56 +266,6 @@ fn committed_tables(text: &str, stderr: &str) -> BTreeSet<Table> {
     committed
 }
 
-/// Puts every table that changed since its snapshot back as it was (`*-restore` without
-/// `--noflush` replaces just the tables in its input); a table that did not exist is emptied and,
-/// with iptables-nft, deleted again.
-pub(super) fn restore_snapshots(
-    exec: &mut dyn Executor,
-    snapshots: &[&Snapshot],
-    env: &[(String, String)],
-) -> Result<(), ApplyError> {
-    for snap in snapshots {
-        let (_, now) = read_saved(exec, snap.bins, env)?;
-        let mut text = String::new();
-        let mut created = Vec::new();
-        let tables: BTreeSet<&String> = now.keys().chain(snap.state.keys()).collect();
-        for table in tables {
-            if snap.state.get(table) == now.get(table) {
-                continue;
-            }
-            match table_section(&snap.text, table) {
-                Some(section) => text.push_str(&section),
-                None => {
-                    text.push_str(&format!("*{table}\nCOMMIT\n"));
-                    created.push(table.clone());
-                }
-            }
-        }
-        if !text.is_empty() {
-            run_checked(exec, &replace_tables_cmd(snap.bins, text, env))?;
-        }
-        drop_created_tables(snap.bins, created);
-        if let Some(before) = &snap.chains {
-            drop_created_builtin_chains(snap.bins, before);
-        }
-    }
-    Ok(())
-}
-
-/// Deletes the built-in chains iptables-nft created since `before` (the guardrails', or the ones a
-/// replaced table declares); best effort: a chain that holds rules stays.
-fn drop_created_builtin_chains(bins: &Binaries, before: &[(String, String)]) {
-    let family = nf_family(bins.family);
-    let Ok(now) = crate::netlink::nft_dump::list_chains(family) else {
-        return;
-    };
-    for (table, chain) in now {
-        if is_builtin_chain(&chain) && !before.contains(&(table.clone(), chain.clone())) {
-            let _ = crate::netlink::nft_batch::delete_chain(family, &table, &chain);
-        }
-    }
-}
-
 /// Drops new TCP/UDP traffic in every touched family while the rules are swapped, so nothing slips
 /// through uncaptured.
 fn with_guardrails(
@@ -435,29 +346,6 @@ pub(super) fn first_missing<'a>(
         }
     }
     Ok(None)
-}
-
-/// Whether a family holds none of our chains, learnt without starting a process; Some(tables that
-/// exist) when so. Legacy: no table loaded at all. iptables-nft: an nf_tables chain dump.
-fn probe_fresh(bins: &Binaries) -> Option<BTreeSet<String>> {
-    if bins.legacy {
-        return (!legacy_has_tables(bins.family)).then(BTreeSet::new);
-    }
-    if !bins.is_nft_flavour() {
-        return None;
-    }
-    let chains = crate::netlink::nft_dump::list_chains(nf_family(bins.family)).ok()?;
-    let owned = owned_chains();
-    if chains.iter().any(|(t, c)| is_owned_chain(owned, t, c)) {
-        return None;
-    }
-    Some(chains.into_iter().map(|(table, _)| table).collect())
-}
-
-/// Whether a family holds no table at all in the calling thread's netns (a new pod's), learnt
-/// without a process; then `*-save` would print nothing and need not run.
-pub fn holds_no_tables(bins: &Binaries) -> bool {
-    probe_fresh(bins).is_some_and(|tables| tables.is_empty())
 }
 
 /// Detects the binaries for every family the rule set uses and applies it with real processes in

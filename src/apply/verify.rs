@@ -5,13 +5,23 @@
 
 use super::exec::Executor;
 use super::iptables::{ApplyError, Binaries, ForceBinary, detect, family_prefix};
-use super::pod::NetnsCheck;
 use super::rule_backend::{Diff, TypedRead, for_family, kernel_read, no_typed_read};
 use super::sidecar::first_missing;
 use super::state::Difference;
 use crate::netns::UsernsEntry;
 use crate::rules::iptables::rule_args;
 use crate::rules::{Family, RuleSet};
+
+/// What [`super::pod::verify`] and [`verify_sidecar`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetnsCheck {
+    /// Exactly the rules [`super::pod::program`] would leave.
+    InPlace,
+    /// Rules of ours, but not those: `what` names the first difference.
+    Drifted { what: String },
+    /// Nothing of ours at all.
+    Absent,
+}
 
 /// Whether the calling thread's netns holds exactly `rules`, read once per family in use (one
 /// `*-save`; `iptables -C` only for a rule the kernel re-spelt beyond [`super::state::normalise`]).

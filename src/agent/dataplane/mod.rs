@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
+use crate::apply::RuleChange;
 use crate::apply::ambient::{
     AmbientApply, AmbientError, program_host_here, program_inpod_here, remove_inpod_here,
 };
@@ -24,7 +25,6 @@ use crate::apply::hostproc::{KubeletUidError, kubelet_uid};
 use crate::apply::iptables::ForceBinary;
 use crate::apply::pod::Backend;
 use crate::apply::probe_set::{self, Entries, Ipsets, NftSets, ProbeSetError, ProbeSets, SetOp};
-use crate::apply::sidecar::RuleChange;
 
 use crate::netns::reserved::Reserved;
 use crate::netns::{Netns, NetnsError};
