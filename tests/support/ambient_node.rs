@@ -765,8 +765,9 @@ impl Drop for FakeKubelet {
     }
 }
 
-/// A process inside a pod's netns placed in a cgroup whose path names the pod UID
-/// (`.../pod<uid>`), as the kubelet's containers are: what the agent's /proc scan looks for.
+/// A process inside a pod's netns placed in a cgroup whose path names the pod UID and a
+/// container ID (`.../pod<uid>/<container id>`), as the kubelet's containers are: what the
+/// agent's /proc scan looks for (Istio's only matches a path ending in a container ID).
 /// Killed and its cgroup removed on drop.
 pub struct PodProcess {
     child: std::process::Child,
@@ -786,7 +787,13 @@ impl PodProcess {
             .spawn()
             .expect("start a process in the pod netns");
         // A v1 hierarchy or the v2 one, wherever this machine lets root create a cgroup.
-        let group = format!("icrs-e2e-{}/pod{uid}", std::process::id());
+        let container: String = uid
+            .chars()
+            .filter(char::is_ascii_hexdigit)
+            .cycle()
+            .take(64)
+            .collect();
+        let group = format!("icrs-e2e-{}/pod{uid}/{container}", std::process::id());
         let roots = [
             "/sys/fs/cgroup/pids",
             "/sys/fs/cgroup/unified",
@@ -802,7 +809,9 @@ impl PodProcess {
                 Ok(()) => return PodProcess { child, cgroup: dir },
                 Err(e) => {
                     let _ = std::fs::remove_dir(&dir);
-                    let _ = dir.parent().map(std::fs::remove_dir);
+                    for up in dir.ancestors().skip(1).take(2) {
+                        let _ = std::fs::remove_dir(up);
+                    }
                     tried.push(format!("{root}: {e}"));
                 }
             }
@@ -826,7 +835,9 @@ impl Drop for PodProcess {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        let _ = self.cgroup.parent().map(std::fs::remove_dir);
+        for up in self.cgroup.ancestors().skip(1).take(2) {
+            let _ = std::fs::remove_dir(up);
+        }
     }
 }
 

@@ -13,6 +13,7 @@ use istio_cni::agent::dataplane::DataplaneSettings;
 use istio_cni::rules::ambient::AmbientConfig;
 use nix::sched::{CloneFlags, setns};
 
+pub mod istio_root;
 pub mod node_proc;
 pub mod real_cluster;
 pub mod user_state;
