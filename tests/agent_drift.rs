@@ -1,10 +1,11 @@
-//! End to end, ambient drift self-heal (issue 13 §1): the real install-cni with the agent and the
-//! real data plane in a node netns of its own (tests/support/ambient_node.rs), DRIFT_VERIFY_INTERVAL
-//! 2s. Two pods are enrolled through the real CNI chain; then pod A's in-pod rules are broken in
+//! End to end, ambient drift self-heal: the real install-cni with the agent and the real data
+//! plane in a node netns of its own (tests/support/ambient_node.rs) on the real kube-apiserver
+//! (`Node::start_real_on`, the agent on the chart's own RBAC), DRIFT_VERIFY_INTERVAL 2s. Two pods are enrolled through the real CNI chain; then pod A's in-pod rules are broken in
 //! five ways (its nat table flushed, one rule deleted, the jump into our chain replaced, a rule
 //! added to our chain) and its IP removed from the node's probe set. Each is healed within one
 //! period (+25% jitter, + slack for a loaded machine), counted in /metrics
-//! (`istio_cni_drift_repaired_total{kind=...}`) and recorded as an event on pod A. Pod B, never
+//! (`istio_cni_drift_repaired_total{kind=...}`) and recorded as an event on pod A (stored by the
+//! server against A's UID; the heals write nothing else, by the audit log). Pod B, never
 //! touched, is never rewritten: with iptables its rules' packet counters (`iptables-save -c`,
 //! non-zero from a ping first) keep their values across the passes; with nftables its rules keep
 //! their handles (`nft -a list ruleset`: a rewrite gives new ones). Run once per backend. And
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 use ambient_node::{Backend, Node, PodNs, in_netns, result_ip};
 use install_support::http_get;
 use serde_json::json;
+use support::real_cluster::RealCluster;
 
 const AMBIENT: &str = "istio.io/dataplane-mode";
 const PERIOD: Duration = Duration::from_secs(2);
@@ -108,16 +110,35 @@ fn repaired(node: &Node, kind: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Events recorded by the API server on `pod` with `reason`.
+/// Events stored by the API server on pod `amb/<pod>` with `reason`, each checked to name the
+/// pod's UID as the server gave it.
 fn events(node: &Node, pod: &str, reason: &str) -> usize {
-    node.api
-        .server
-        .events()
+    let uid = node
+        .get_pod("amb", pod)
+        .and_then(|p| p.metadata.uid)
+        .expect("pod uid");
+    node.cluster()
+        .events("amb")
         .iter()
         .filter(|e| {
             e.involved_object.name.as_deref() == Some(pod) && e.reason.as_deref() == Some(reason)
         })
+        .inspect(|e| assert_eq!(e.involved_object.uid.as_deref(), Some(uid.as_str())))
         .count()
+}
+
+/// The agent's writes since the last `clear_requests`, as (verb, path).
+fn writes(node: &Node) -> Vec<(String, String)> {
+    node.cluster()
+        .requests()
+        .into_iter()
+        .filter(|(verb, _)| !matches!(verb.as_str(), "get" | "list" | "watch"))
+        .map(|(verb, uri)| (verb, uri.split('?').next().unwrap_or_default().to_string()))
+        .collect()
+}
+
+fn start(backend: Backend, env: &[(&str, &str)]) -> Node {
+    Node::start_real_on(RealCluster::start(), backend, env)
 }
 
 fn passes(node: &Node) -> usize {
@@ -297,7 +318,7 @@ fn breakages(backend: Backend) -> Vec<Breakage> {
 }
 
 fn drift_is_healed(backend: Backend) {
-    let node = Node::start_with(
+    let node = start(
         backend,
         &[
             ("DRIFT_VERIFY_INTERVAL", "2s"),
@@ -324,6 +345,7 @@ fn drift_is_healed(backend: Backend) {
         });
     }
     let (a, b) = (&pods[0], &pods[1]);
+    node.cluster().clear_requests();
     // Traffic through B's rules, so a rewrite would show as reset counters: TCP connects to its
     // own address from inside it (refused or not, each SYN passes our OUTPUT chains).
     b.2.send_tcp_to(&b.1);
@@ -409,10 +431,17 @@ fn drift_is_healed(backend: Backend) {
         "{line}"
     );
     assert!(
-        log.contains("in-pod redirection rules had drifted") && log.contains("amb/a"),
+        log.contains("in-pod redirection rules had drifted")
+            && log.contains(&format!("{}/a", node.k8s_ns("amb"))),
         "no heal log line naming the pod:\n{log}"
     );
     assert_eq!(node.peer.violations(), Vec::<String>::new());
+    // The heals wrote nothing to the server but their events: one create each.
+    let events_path = format!("/api/v1/namespaces/{}/events", node.k8s_ns("amb"));
+    assert_eq!(
+        writes(&node),
+        vec![("create".to_string(), events_path); cases.len() + 1]
+    );
 }
 
 #[test]
@@ -430,7 +459,7 @@ fn drifted_rules_and_probe_entries_are_healed_untouched_pods_kept_nftables() {
 /// explain the heal). Shows the wiring install-cni guard -> `drift_kick` -> the agent's pass.
 #[test]
 fn the_guard_reinstalling_our_entry_starts_a_pass_at_once() {
-    let node = Node::start_with(Backend::Iptables, &[("DRIFT_VERIFY_INTERVAL", "1h")]);
+    let node = start(Backend::Iptables, &[("DRIFT_VERIFY_INTERVAL", "1h")]);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     node.pod("amb", "a", json!({}));
     let pod = PodNs::new("kick");

@@ -1,12 +1,13 @@
-//! Sidecar drift self-heal end to end (issue 13 §1): the real install-cni with REPAIR_ENABLED=true
-//! and DRIFT_VERIFY_INTERVAL=2s on a test node (support/ambient_node.rs: its own netns, the test
-//! API server, a real CNI chain). Sidecar pods are programmed by the real plugin ADD; their netns
+//! Sidecar drift self-heal end to end: the real install-cni with REPAIR_ENABLED=true and
+//! DRIFT_VERIFY_INTERVAL=2s on a test node (support/ambient_node.rs: its own netns, a real CNI
+//! chain) on the real kube-apiserver (`Node::start_real_on`, the agent on the chart's own RBAC). Sidecar pods are programmed by the real plugin ADD; their netns
 //! is found by the /proc scan. Then, in one pod: the nat table flushed, one rule deleted, the
 //! PREROUTING jump into ISTIO_INBOUND replaced — each healed within one period (+ slack), counted
 //! in `istio_cni_drift_repaired_total{kind="sidecar_rules"}` and posted as an event; a second,
-//! untouched pod keeps its rule counters across several passes. A redirect annotation edited on
-//! a running pod goes to the repair policy (label mode: the pod is labelled) once, and its rules
-//! are not rewritten. The nftables backend once: a flushed chain and a deleted table healed, an
+//! untouched pod keeps its rule counters across several passes; the heals write nothing to the
+//! server but their events (the audit log). A redirect annotation edited on a running pod (a
+//! user's merge patch) goes to the repair policy (label mode: the pod is labelled through
+//! `pods/status`, once) and its rules are not rewritten. The nftables backend once: a flushed chain and a deleted table healed, an
 //! untouched pod's rule handles kept.
 
 #[path = "support/ambient_node.rs"]
@@ -17,7 +18,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use ambient_node::{Backend, NODE, Node, PodNs, PodProcess, in_netns, result_ip, unique_uid};
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
+use support::real_cluster::RealCluster;
 
 const NS: &str = "shop";
 const LABEL: &str = "cni.istio.io/uninitialized";
@@ -29,11 +32,14 @@ fn start() -> Node {
 }
 
 fn start_on(backend: Backend) -> Node {
-    let node = Node::start_with(
+    let cluster = RealCluster::start();
+    let node_name = cluster.node(NODE);
+    let node = Node::start_real_on(
+        cluster,
         backend,
         &[
             ("REPAIR_ENABLED", "true"),
-            ("REPAIR_NODE_NAME", NODE),
+            ("REPAIR_NODE_NAME", &node_name),
             ("REPAIR_REPAIR_PODS", "false"),
             ("REPAIR_LABEL_PODS", "true"),
             ("DRIFT_VERIFY_INTERVAL", "2s"),
@@ -59,18 +65,29 @@ fn sidecar_pod(node: &Node, name: &str, annotations: serde_json::Value) -> Sidec
 }
 
 fn sidecar_pod_programmed(node: &Node, name: &str, annotations: serde_json::Value) -> SidecarPod {
-    let uid = unique_uid();
     let mut ann = annotations;
     ann["sidecar.istio.io/status"] =
         json!(r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"]}"#);
-    let pod = serde_json::from_value(json!({
+    // The stand-in keeps the UID given (unique on the machine: the /proc scan sees every
+    // process); the real server assigns its own.
+    let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "uid": uid, "annotations": ann},
-        "spec": {"nodeName": NODE, "initContainers": [{"name": "istio-validation"}],
-                 "containers": [{"name": "app"}, {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]}
+        "metadata": {"name": name, "namespace": NS, "uid": unique_uid(), "annotations": ann},
+        "spec": {"nodeName": NODE,
+                 "initContainers": [{"name": "istio-validation", "image": "proxyv2"}],
+                 "containers": [{"name": "app", "image": "app:1"},
+                                {"name": "istio-proxy", "image": "proxyv2",
+                                 "args": ["proxy", "sidecar"]}]}
     }))
     .expect("Pod");
-    node.api.server.add_pod(pod).expect("add pod");
+    let stored = match &node.real {
+        Some((cluster, _)) => {
+            cluster.add_pod(pod).expect("add pod");
+            cluster.pod(NS, name).expect("pod stored")
+        }
+        None => node.api.server.add_pod(pod).expect("add pod"),
+    };
+    let uid = stored.metadata.uid.expect("uid");
     let netns = PodNs::new("drift");
     let result = node.add(&netns, NS, name).expect("ADD");
     let ip = result_ip(&result);
@@ -127,16 +144,29 @@ fn metric(node: &Node, port: u16, name: &str) -> u64 {
         .map_or(0, |v| v.trim().parse::<f64>().expect("a number") as u64)
 }
 
-/// Events about `pod` with `reason`.
+/// Events about `pod` with `reason`, as the server stores them.
 fn events(node: &Node, pod: &str, reason: &str) -> Vec<String> {
-    node.api
-        .server
-        .events()
+    node.cluster()
+        .events(NS)
         .into_iter()
         .filter(|e| e.involved_object.name.as_deref() == Some(pod))
         .filter(|e| e.reason.as_deref() == Some(reason))
         .map(|e| e.message.unwrap_or_default())
         .collect()
+}
+
+/// The agent's writes since the last `clear_requests`, as (verb, path).
+fn writes(node: &Node) -> Vec<(String, String)> {
+    node.cluster()
+        .requests()
+        .into_iter()
+        .filter(|(verb, _)| !matches!(verb.as_str(), "get" | "list" | "watch"))
+        .map(|(verb, uri)| (verb, uri.split('?').next().unwrap_or_default().to_string()))
+        .collect()
+}
+
+fn events_path(node: &Node) -> String {
+    format!("/api/v1/namespaces/{}/events", node.k8s_ns(NS))
 }
 
 fn passes(node: &Node) -> usize {
@@ -160,6 +190,7 @@ fn drift_in_a_sidecar_pod_is_healed_and_an_untouched_pod_is_never_rewritten() {
     let metrics = 15014;
     let web = sidecar_pod(&node, "web", json!({}));
     let quiet = sidecar_pod(&node, "quiet", json!({}));
+    node.cluster().clear_requests();
     let programmed = rules(&web);
     node.wait_until(HEAL_WITHIN, "a pass verifying both pods", || {
         node.agent
@@ -250,8 +281,14 @@ fn drift_in_a_sidecar_pod_is_healed_and_an_untouched_pod_is_never_rewritten() {
     let log = node.agent.output();
     assert!(
         !log.lines()
-            .any(|l| l.contains("drift repaired") && l.contains(&format!("{NS}/quiet"))),
+            .any(|l| l.contains("drift repaired")
+                && l.contains(&format!("{}/quiet", node.k8s_ns(NS)))),
         "{log}"
+    );
+    // The heals wrote nothing to the server but their events.
+    assert_eq!(
+        writes(&node),
+        vec![("create".to_string(), events_path(&node)); 3]
     );
     let line = log
         .lines()
@@ -279,20 +316,15 @@ fn an_annotation_edited_on_a_running_pod_goes_to_the_repair_policy_once() {
     });
     let programmed = counters(&web);
 
-    let mut pod = node.api.server.pod(NS, "web").expect("web");
-    pod.metadata
-        .annotations
-        .as_mut()
-        .expect("annotations")
-        .insert(
-            "traffic.sidecar.istio.io/excludeOutboundPorts".into(),
-            "9000".into(),
-        );
-    node.api.server.update_pod(pod).expect("update");
+    node.cluster().clear_requests();
+    node.cluster().merge_patch_pod(
+        NS,
+        "web",
+        json!({"metadata": {"annotations": {
+            "traffic.sidecar.istio.io/excludeOutboundPorts": "9000"}}}),
+    );
     node.wait_until(HEAL_WITHIN, "the label", || {
-        node.api
-            .server
-            .pod(NS, "web")
+        node.get_pod(NS, "web")
             .and_then(|p| p.metadata.labels)
             .is_some_and(|l| l.get(LABEL).map(String::as_str) == Some("true"))
     });
@@ -315,6 +347,15 @@ fn an_annotation_edited_on_a_running_pod_goes_to_the_repair_policy_once() {
     assert_eq!(events(&node, "web", "LabelBrokenPod").len(), 1);
     assert_eq!(metric(&node, metrics, "istio_cni_drift_unhealed_total"), 1);
     assert_eq!(metric(&node, metrics, "istio_cni_drift_repaired_total"), 0);
+    // The label through `pods/status` (what the chart grants), once; the two events.
+    let mut seen = writes(&node);
+    seen.sort();
+    let status = format!("/api/v1/namespaces/{}/pods/web/status", node.k8s_ns(NS));
+    let created = ("create".to_string(), events_path(&node));
+    assert_eq!(
+        seen,
+        vec![created.clone(), created, ("patch".to_string(), status)]
+    );
     let _ = web.uid;
 }
 
@@ -435,7 +476,7 @@ fn pass_durations(node: &Node, n: usize) -> Vec<u64> {
 /// Benchmark (ignored; `scripts/bench` runs it against the release binary): one drift pass over
 /// `BENCH_DRIFT_PODS` (250) sidecar pods programmed by the real plugin, every one in place — the
 /// pass's wall time, install-cni's CPU per pass (its `*-save` children included) and its RSS.
-/// Prints Markdown table rows.
+/// Prints Markdown table rows. On the test API server (a benchmark needs no Go).
 #[test]
 #[ignore]
 fn sidecar_drift_pass_cost() {
