@@ -2,11 +2,15 @@
 //! fallbacks, resolved as flag > env > default, exactly under Istio's names. The environment comes
 //! in through the `cli::Env` seam so tests never touch the process environment.
 //!
-//! Files: `flags` (every setting declared once: flag, env, default, parser, doc; the argh flags
-//! and typed values come from it), `sections` (the resolved config and its sections), `values`
-//! (one setting's raw value and how each kind of value is read), `resolve` (the typed values into
-//! the sections, with cross-checks and warnings), `checks` (values that parse but can never work,
-//! refused), `docs_tests` (docs/configuration.md's generated table).
+//! Files, each importing only those listed before it (no circle; the room test holds it):
+//! `sections` (types only: the resolved config and its sections, the `status` request, the values
+//! given their safe reading, the error), `raw` (one setting's raw value, named for errors, and the
+//! Go readings every parser shares), `lenient` (the safe reading of values Istio reads more
+//! loosely), `checks` (values that parse but can never work, refused), `values` (how each kind of
+//! value is read), `flags` (every setting declared once: flag, env, default, parser, doc; the argh
+//! flags and typed values come from it), `resolve` (the typed values into the sections, with
+//! cross-checks and warnings), `status` (`install-cni status`'s own flags); `docs_tests`
+//! (docs/configuration.md's generated table).
 
 use argh::FromArgs;
 
@@ -17,6 +21,7 @@ mod checks_tests;
 mod docs_tests;
 mod flags;
 mod lenient;
+mod raw;
 mod resolve;
 mod sections;
 mod status;
@@ -25,11 +30,9 @@ mod tests;
 mod values;
 
 pub use checks::{PROC_SUPER_MAGIC, procfs};
-pub use flags::{Flags, decl};
-pub use lenient::Adjustment;
+pub use flags::{DEFAULT_OWNED_FILENAME, Flags, decl};
 pub use resolve::from_flags;
 pub use sections::*;
-pub use status::StatusRequest;
 pub use values::{SelectorsError, parse_log_levels, parse_selectors};
 
 /// Parses `args` (the full argv, program name first) with `env` as the environment.

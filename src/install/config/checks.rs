@@ -7,8 +7,8 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+use super::raw::{Raw, invalid, parse_go_int, split_list};
 use super::sections::ConfigError;
-use super::values::{Raw, invalid, parse_go_int};
 use crate::kube::names::{self, NameRule};
 
 /// Longest Unix socket path the kernel takes (`sun_path` is 108 bytes with its NUL).
@@ -112,7 +112,7 @@ pub(super) fn probe_snat_ip(raw: &Raw, v6: bool) -> Result<IpAddr, ConfigError> 
 /// family the node has no address of keeps its `HOST_PROBE_SNAT_IP`/`_IPV6`.
 pub(super) fn node_ip_list(raw: &Raw) -> Result<Vec<IpAddr>, ConfigError> {
     let mut ips = Vec::new();
-    for item in super::values::split_list(&raw.value) {
+    for item in split_list(&raw.value) {
         let ip: IpAddr = item
             .parse()
             .map_err(|_| invalid(raw, format!("item {item:?}: expected an IP address")))?;
@@ -147,7 +147,7 @@ pub(super) fn kube_name(raw: &Raw, rule: NameRule) -> Result<String, ConfigError
 
 /// A comma-separated list of namespaces (`EXCLUDE_NAMESPACES`), each a DNS-1123 label.
 pub(super) fn namespace_list(raw: &Raw) -> Result<Vec<String>, ConfigError> {
-    let list = super::values::split_list(&raw.value);
+    let list = split_list(&raw.value);
     for ns in &list {
         names::check(ns, NameRule::StrictLabel)
             .map_err(|e| invalid(raw, format!("item {ns:?}: {e}")))?;

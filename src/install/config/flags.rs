@@ -337,3 +337,9 @@ crate::cli::settings::declare_settings! {
         }
     }
 }
+
+/// Default owned conflist name (Istio's), as declared for `ISTIO_OWNED_CNI_CONFIG_FILENAME`.
+pub const DEFAULT_OWNED_FILENAME: &str = match decl::istio_owned_cni_config_filename.default {
+    Some(d) => d,
+    None => panic!("ISTIO_OWNED_CNI_CONFIG_FILENAME has a default"),
+};

@@ -1,6 +1,6 @@
 //! Values Istio's agent starts with that ours reads more strictly, for safety: rather than leave a
 //! node without an agent, each is given its safe reading, and the setting, the value given and
-//! what was applied instead are reported ([`Adjustment`]: logged as a warning and counted in
+//! what was applied instead are reported ([`Adjustment`](super::sections::Adjustment): logged as a warning and counted in
 //! `istio_cni_settings_adjusted_total`). Only values with no meaning at all stop install-cni.
 //!
 //! | given | applied |
@@ -14,42 +14,9 @@
 
 use std::path::PathBuf;
 
-use super::values::{Raw, parse_go_int};
+use super::raw::{Raw, parse_go_int};
+use super::sections::Adjustment;
 use crate::cli::settings::Setting;
-
-/// One value given its safe reading.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Adjustment {
-    /// The env var or flag, as errors name it (`env KUBECONFIG_MODE`, `--kubeconfig-mode`).
-    pub name: String,
-    /// The setting's env var (the metric's label), else its flag.
-    pub setting: String,
-    pub given: String,
-    pub applied: String,
-}
-
-impl Adjustment {
-    pub fn warning(&self) -> String {
-        format!(
-            "{}={:?} is read as {:?} ({}); set {:?} to silence this warning",
-            self.name,
-            self.given,
-            self.applied,
-            self.why(),
-            self.applied
-        )
-    }
-
-    fn why(&self) -> &'static str {
-        if self.setting == "KUBECONFIG_MODE" {
-            "the plugin kubeconfig holds the service-account token: no access for other users, no special bits"
-        } else if self.applied.starts_with('/') {
-            "a relative path is taken from / as in Istio's image"
-        } else {
-            "not a Go boolean; the word's plain meaning is used"
-        }
-    }
-}
 
 /// The settings read with [`rooted`] paths (every item of a list).
 const PATH_SETTINGS: &[&str] = &[

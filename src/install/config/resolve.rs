@@ -4,8 +4,8 @@
 use super::checks::node_ip_of;
 use super::flags::{Flags, Values, decl};
 use super::lenient::adjustment;
+use super::raw::{Raw, invalid};
 use super::sections::*;
-use super::values::*;
 use crate::cli::Env;
 use crate::cli::settings::{EmptyEnv, Lookup, Mark};
 use crate::telemetry::rotate::RotateSettings;

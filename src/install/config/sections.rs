@@ -1,14 +1,10 @@
-//! The resolved configuration, one struct per consumer (install pass, repair, agent, logs).
+//! The resolved configuration, one struct per consumer (install pass, repair, agent, logs), the
+//! `status` command's request, the values given their safe reading, and the error every parser
+//! returns. Types only: the bottom of this folder, it imports no file beside it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-/// Default owned conflist name (Istio's), as declared for `ISTIO_OWNED_CNI_CONFIG_FILENAME`.
-pub const DEFAULT_OWNED_FILENAME: &str =
-    match super::flags::decl::istio_owned_cni_config_filename.default {
-        Some(d) => d,
-        None => panic!("ISTIO_OWNED_CNI_CONFIG_FILENAME has a default"),
-    };
 /// Default standalone config name (Istio's).
 pub const DEFAULT_STANDALONE_FILENAME: &str = "YYY-istio-cni.conf";
 /// Name of the plugin kubeconfig in the run dir.
@@ -38,7 +34,7 @@ pub enum Parsed {
         code: i32,
     },
     /// `install-cni status`: ask the running agent.
-    Status(super::status::StatusRequest),
+    Status(StatusRequest),
 }
 
 /// A minimum log level of one scope.
@@ -219,5 +215,47 @@ pub struct Config {
     /// Warnings found while parsing, logged once logging is up.
     pub warnings: Vec<String>,
     /// Values given their safe reading (each also among `warnings`), counted once metrics exist.
-    pub adjusted: Vec<super::lenient::Adjustment>,
+    pub adjusted: Vec<Adjustment>,
+}
+
+/// One value given its safe reading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adjustment {
+    /// The env var or flag, as errors name it (`env KUBECONFIG_MODE`, `--kubeconfig-mode`).
+    pub name: String,
+    /// The setting's env var (the metric's label), else its flag.
+    pub setting: String,
+    pub given: String,
+    pub applied: String,
+}
+
+impl Adjustment {
+    pub fn warning(&self) -> String {
+        format!(
+            "{}={:?} is read as {:?} ({}); set {:?} to silence this warning",
+            self.name,
+            self.given,
+            self.applied,
+            self.why(),
+            self.applied
+        )
+    }
+
+    fn why(&self) -> &'static str {
+        if self.setting == "KUBECONFIG_MODE" {
+            "the plugin kubeconfig holds the service-account token: no access for other users, no special bits"
+        } else if self.applied.starts_with('/') {
+            "a relative path is taken from / as in Istio's image"
+        } else {
+            "not a Go boolean; the word's plain meaning is used"
+        }
+    }
+}
+
+/// `install-cni status`: where to ask the running agent and how to print its answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusRequest {
+    pub address: std::net::SocketAddr,
+    pub json: bool,
+    pub timeout: std::time::Duration,
 }

@@ -8,8 +8,9 @@ use std::time::Duration;
 use argh::FromArgs;
 
 use super::flags::decl;
-use super::sections::{ConfigError, Parsed};
-use super::values::{Raw, invalid, port};
+use super::raw::{Raw, invalid};
+use super::sections::{ConfigError, Parsed, StatusRequest};
+use super::values::port;
 use crate::cli::Env;
 
 /// install-cni status: asks the running node agent (GET /debug/pods on its health port) for this
@@ -30,14 +31,6 @@ pub struct StatusFlags {
     /// how long to wait for the answer (a Go duration); default 3s
     #[argh(option)]
     pub timeout: Option<String>,
-}
-
-/// Where to ask and how to print.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StatusRequest {
-    pub address: SocketAddr,
-    pub json: bool,
-    pub timeout: Duration,
 }
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);

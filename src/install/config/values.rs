@@ -8,20 +8,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::checks::{absolute_path, cni_conf_file_name, kube_name};
+use super::raw::{Raw, invalid, parse_go_int, split_list};
 use super::sections::*;
 use crate::kube::names::NameRule;
 use crate::kube::selector;
-
-/// One setting's raw value and where it came from (for error messages).
-pub(super) use crate::cli::settings::Raw;
-
-pub(super) fn invalid(raw: &Raw, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        name: raw.name.clone(),
-        value: raw.value.clone(),
-        reason: reason.into(),
-    }
-}
 
 /// Go's strconv.ParseBool, which pflag and viper use; words with a plain meaning (`yes`, `off`)
 /// too (reported by `lenient`).
@@ -31,51 +21,12 @@ pub(super) fn parse_bool(raw: &Raw) -> Result<bool, ConfigError> {
         .ok_or_else(|| invalid(raw, "expected a boolean (true/false)"))
 }
 
-/// Go's strconv.ParseInt with base 0 (viper's cast): `0600` is octal, `0x..` hex, `0o..` octal.
-pub(super) fn parse_go_int(s: &str) -> Option<i64> {
-    let s = s.trim();
-    let (neg, digits) = match s.strip_prefix('-') {
-        Some(d) => (true, d),
-        None => (false, s.strip_prefix('+').unwrap_or(s)),
-    };
-    let digits = digits.replace('_', "");
-    let parsed = if let Some(h) = digits
-        .strip_prefix("0x")
-        .or_else(|| digits.strip_prefix("0X"))
-    {
-        i64::from_str_radix(h, 16).ok()
-    } else if let Some(o) = digits
-        .strip_prefix("0o")
-        .or_else(|| digits.strip_prefix("0O"))
-    {
-        i64::from_str_radix(o, 8).ok()
-    } else if let Some(b) = digits
-        .strip_prefix("0b")
-        .or_else(|| digits.strip_prefix("0B"))
-    {
-        i64::from_str_radix(b, 2).ok()
-    } else if digits.len() > 1 && digits.starts_with('0') {
-        i64::from_str_radix(&digits[1..], 8).ok()
-    } else {
-        digits.parse::<i64>().ok()
-    }?;
-    Some(if neg { -parsed } else { parsed })
-}
-
 pub(super) fn file_name_only(raw: &Raw) -> Result<String, ConfigError> {
     let v = raw.value.trim();
     if v.contains('/') || v == "." || v == ".." {
         return Err(invalid(raw, "must be a file name, not a path"));
     }
     Ok(v.to_string())
-}
-
-pub(super) fn split_list(s: &str) -> Vec<String> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(str::to_string)
-        .collect()
 }
 
 /// Parses `--log_output_level`: `level` or `scope:level,...`. A bare level and `default:` set the
