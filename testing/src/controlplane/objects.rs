@@ -149,8 +149,11 @@ impl ControlPlane {
         .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Writes a pod's status as a kubelet does: a strategic merge patch of the `status`
-    /// subresource (`status` is a PodStatus as JSON: phase, podIP/podIPs, container statuses).
+    /// Writes a pod's status as a kubelet does: a patch of the `status` subresource (`status` is
+    /// a PodStatus as JSON: phase, podIP/podIPs, container statuses) after which each list given
+    /// is the list stored. A JSON merge patch, not a strategic one: that would merge `podIPs` by
+    /// address, so a sandbox's new IP would join the old one where a kubelet's patch replaces it
+    /// (and the server refuses two addresses of one family).
     pub fn set_pod_status(&self, namespace: &str, name: &str, status: Value) -> Pod {
         let (client, namespace, name) = (self.client(), namespace.to_string(), name.to_string());
         self.block_on(async move {
@@ -158,7 +161,7 @@ impl ControlPlane {
                 .patch_status(
                     &name,
                     &PatchParams::default(),
-                    &Patch::Strategic(json!({ "status": status })),
+                    &Patch::Merge(json!({ "status": status })),
                 )
                 .await
                 .map_err(api_error(format!("set pod {namespace}/{name} status")))
