@@ -2,7 +2,9 @@
 //! install-cni with the agent and data plane in a node netns of its own, pods through the real CNI
 //! chain, the test ZDS peer as ztunnel — started late, killed and started again. Each scenario ends
 //! with every pod's outbound TCP on the peer's listener inside the pod's current netns and the
-//! probe set exactly the live pods (tests/support/lifecycle.rs).
+//! probe set exactly the live pods (tests/support/lifecycle.rs). The node is on the real
+//! kube-apiserver (`Node::start_real*`, the chart's RBAC): the agent's annotation patches are in
+//! its audit log, and for an ADD refused for want of ztunnel only the `pending` annotation.
 
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant};
 use ambient_node::{Backend, Node, PodNs, PodProcess, result_ip};
 use lifecycle::*;
 use serde_json::json;
+use support::real_cluster::RealCluster;
 
 /// An ADD refused for want of ztunnel must come back well inside the kubelet's CNI timeout.
 const FAILS_FAST: Duration = Duration::from_secs(3);
@@ -35,7 +38,7 @@ fn ztunnel_late_adds_fail_fast_then_succeed_once_it_connects_nftables() {
 }
 
 fn ztunnel_late(backend: Backend) {
-    let node = Node::start_without_peer(backend, &[("HEALTH_PORT", HEALTH_PORT)]);
+    let node = Node::start_real_without_peer(backend, &[("HEALTH_PORT", HEALTH_PORT)]);
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     let names = ["late-a", "late-b"];
     let sandboxes: Vec<(String, PodNs)> = names
@@ -61,6 +64,28 @@ fn ztunnel_late(backend: Backend) {
         "{:?}",
         node.probe_members()
     );
+    // On the server: the agent's only writes are the refused pods' `pending` annotations.
+    let status_of = |name: &str| {
+        format!(
+            "/api/v1/namespaces/{}/pods/{name}/status",
+            node.k8s_ns("amb")
+        )
+    };
+    let writes: Vec<_> = node
+        .cluster()
+        .requests()
+        .into_iter()
+        .filter(|(verb, _)| !["get", "list", "watch"].contains(&verb.as_str()))
+        .collect();
+    for (verb, uri) in &writes {
+        assert!(
+            verb == "patch" && names.iter().any(|n| uri.starts_with(&status_of(n))),
+            "the agent wrote {verb} {uri} for a refused ADD: {writes:#?}"
+        );
+    }
+    for name in names {
+        assert_eq!(node.redirection("amb", name).as_deref(), Some("pending"));
+    }
 
     // ztunnel arrives: its first snapshot holds the waiting pods.
     node.peer.start_again();
@@ -94,6 +119,7 @@ fn ztunnel_late(backend: Backend) {
     wait_enrolled(&node, &pods);
     assert_in_mesh(&node, &pods);
     assert_eq!(node.peer.violations(), Vec::<String>::new());
+    assert_annotated_by_agent(&node, &pods);
 }
 
 /// What the kubelet does once the sandbox is up: the pod Running with its IP, a process of it.
@@ -131,7 +157,11 @@ fn wait_enrolled(node: &Node, pods: &[Enrolled]) {
 /// kubelet's ADDs arrive as it retries them. The new netns are enrolled, ztunnel is never handed a
 /// netns that no longer exists, and the probe set and ztunnel hold exactly the live pods.
 fn reboot_without_drain(backend: Backend, agent_first: bool) {
-    let mut node = Node::start_with(backend, &[("HEALTH_PORT", HEALTH_PORT)]);
+    let mut node = Node::start_real_on(
+        RealCluster::start(),
+        backend,
+        &[("HEALTH_PORT", HEALTH_PORT)],
+    );
     let names = ["boot-a", "boot-b", "boot-c"];
     let before = enrol(&node, &names);
     assert_in_mesh(&node, &before);
@@ -199,6 +229,7 @@ fn reboot_without_drain(backend: Backend, agent_first: bool) {
         );
     }
     assert_eq!(node.peer.violations(), Vec::<String>::new());
+    assert_annotated_by_agent(&node, &pods);
 }
 
 fn inode(ns: &PodNs) -> u64 {
@@ -248,7 +279,11 @@ fn ztunnel_restarting_during_a_burst_loses_no_pod_nftables() {
 
 fn ztunnel_restarting_during_a_burst(backend: Backend) {
     const N: usize = 20;
-    let node = Node::start_with(backend, &[("HEALTH_PORT", HEALTH_PORT)]);
+    let node = Node::start_real_on(
+        RealCluster::start(),
+        backend,
+        &[("HEALTH_PORT", HEALTH_PORT)],
+    );
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     let (fds_before, rss_before) = (fds(&node), ambient_node::rss_mb(&node));
     let names: Vec<String> = (0..N).map(|i| format!("storm-{i}")).collect();
@@ -330,4 +365,5 @@ fn ztunnel_restarting_during_a_burst(backend: Backend) {
         rss_after < rss_enrolled + 10.0,
         "RSS {rss_enrolled} -> {rss_after} MB"
     );
+    assert_annotated_by_agent(&node, &pods);
 }
