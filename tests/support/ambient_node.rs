@@ -193,9 +193,13 @@ impl Node {
         Self::start_on(backend, extra_env, true, true, Some(RealCluster::start()))
     }
 
-    /// [`Node::start_without_peer`] on the real kube-apiserver.
-    pub fn start_real_without_peer(backend: Backend, extra_env: &[(&str, &str)]) -> Node {
-        Self::start_on(backend, extra_env, false, false, Some(RealCluster::start()))
+    /// [`Node::start_without_peer`] on the real kube-apiserver, on `cluster` made by the caller.
+    pub fn start_real_without_peer(
+        cluster: RealCluster,
+        backend: Backend,
+        extra_env: &[(&str, &str)],
+    ) -> Node {
+        Self::start_on(backend, extra_env, false, false, Some(cluster))
     }
 
     /// [`Node::start_real_on`] with Istio's own install-cni as the agent
