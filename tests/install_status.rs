@@ -1,9 +1,12 @@
 //! `install-cni status` against the real agent (issue 23, "what an operator sees"): install-cni
-//! with ambient on in a node netns of its own (tests/support/ambient_node.rs), the test API server
-//! and the test ZDS peer as ztunnel; one ambient pod enrolled through the real CNI chain, a
-//! sidecar pod and a plain pod in the store. `install-cni status` (the table) and `--json` (the
-//! `/debug/pods` answer) show each pod's mode, enrolment and reason, netns inode, IPs and ZDS
-//! state; with no agent, status exits 1 saying the agent is not running at the address it tried.
+//! with ambient on in a node netns of its own (tests/support/ambient_node.rs), the real
+//! kube-apiserver (`Node::start_real*`, the chart's RBAC; the test's namespaces carry a suffix
+//! there, so every expected `namespace/name` is computed from the server's names) and the test
+//! ZDS peer as ztunnel; one ambient pod enrolled through the real CNI chain, a sidecar pod and a
+//! plain pod on the server. `install-cni status` (the table) and `--json` (the `/debug/pods`
+//! answer) show each pod's mode, enrolment and reason, netns inode, IPs and ZDS state, as the
+//! agent learnt them through its watch of the node's pods there (the audit log shows it); with no
+//! agent, status exits 1 saying the agent is not running at the address it tried.
 
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
@@ -17,6 +20,7 @@ use std::time::Duration;
 use ambient_node::{Backend, NODE, Node, PodNs, PodProcess, in_netns, result_ip};
 use install_support::{bin, free_port};
 use serde_json::{Value, json};
+use support::real_cluster::RealCluster;
 
 const HEALTH_PORT: &str = "15021";
 
@@ -46,8 +50,10 @@ fn text(out: &Output) -> String {
     )
 }
 
-/// A pod of this node from its JSON (metadata, spec), Running with `ip`.
-fn add_pod(node: &Node, namespace: &str, name: &str, ip: &str, meta: Value, spec: Value) {
+/// A pod of this node from its JSON (metadata, spec) on the server: Running with `ip`, or with
+/// `None` Pending without a network (its ADD failed). Containers get an image (the server
+/// requires one).
+fn add_pod(node: &Node, namespace: &str, name: &str, ip: Option<&str>, meta: Value, spec: Value) {
     let mut metadata = json!({"name": name, "namespace": namespace});
     metadata
         .as_object_mut()
@@ -58,12 +64,32 @@ fn add_pod(node: &Node, namespace: &str, name: &str, ip: &str, meta: Value, spec
         .as_object_mut()
         .expect("object")
         .extend(spec.as_object().cloned().unwrap_or_default());
+    for c in full_spec["containers"].as_array_mut().into_iter().flatten() {
+        c["image"] = json!("registry.invalid/app:1");
+    }
+    let status = match ip {
+        Some(ip) => json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}),
+        None => json!({"phase": "Pending"}),
+    };
     let pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": full_spec,
-        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}
+        "status": status
     }))
     .expect("Pod");
-    node.api.server.add_pod(pod).expect("add pod");
+    node.cluster().add_pod(pod).expect("add pod");
+}
+
+/// The agent learnt the node's pods from the real server: its watch of them, by node, is in the
+/// audit log.
+fn assert_watched_on_server(node: &Node) {
+    let node_name = node.cluster().node(NODE);
+    let requests = node.cluster().requests();
+    assert!(
+        requests.iter().any(|(verb, uri)| verb == "watch"
+            && uri.starts_with("/api/v1/pods?")
+            && uri.contains(&node_name)),
+        "no watch of the node's pods by the agent: {requests:#?}"
+    );
 }
 
 /// The table's row of `id` (`namespace/name`), split into its cells.
@@ -81,7 +107,8 @@ fn row(table: &str, id: &str) -> Vec<String> {
 
 #[test]
 fn status_shows_each_pod_of_the_node_from_the_running_agent() {
-    let node = Node::start_with(
+    let node = Node::start_real_on(
+        RealCluster::start(),
         Backend::Iptables,
         &[
             ("DRIFT_VERIFY_INTERVAL", "2s"),
@@ -108,7 +135,7 @@ fn status_shows_each_pod_of_the_node_from_the_running_agent() {
         &node,
         "web",
         "side",
-        "10.244.9.2",
+        Some("10.244.9.2"),
         json!({"annotations": {"sidecar.istio.io/status": "{}"}}),
         json!({"containers": [{"name": "app"},
             {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]}),
@@ -117,7 +144,7 @@ fn status_shows_each_pod_of_the_node_from_the_running_agent() {
         &node,
         "web",
         "plain",
-        "10.244.9.3",
+        Some("10.244.9.3"),
         json!({}),
         json!({"containers": [{"name": "app"}]}),
     );
@@ -145,7 +172,7 @@ fn status_shows_each_pod_of_the_node_from_the_running_agent() {
     let a = &report["pods"][0];
     assert_eq!(
         (&a["namespace"], &a["name"], &a["uid"]),
-        (&json!("amb"), &json!("a"), &json!(uid))
+        (&json!(node.k8s_ns("amb")), &json!("a"), &json!(uid))
     );
     assert_eq!(a["netns"]["inode"], inode, "{report}");
     assert_eq!(a["ips"], json!([ip]));
@@ -179,7 +206,8 @@ fn status_shows_each_pod_of_the_node_from_the_running_agent() {
     let out = status(Some(node_ns), &env, &[]);
     assert!(out.status.success(), "{}", text(&out));
     let table = String::from_utf8_lossy(&out.stdout).into_owned();
-    let a = row(&table, "amb/a");
+    let id = |ns: &str, name: &str| format!("{}/{name}", node.k8s_ns(ns));
+    let a = row(&table, &id("amb", "a"));
     assert_eq!(
         a[1..6],
         ["ambient", "yes", "-", &inode.to_string(), &ip],
@@ -188,7 +216,7 @@ fn status_shows_each_pod_of_the_node_from_the_running_agent() {
     assert!(a[6].starts_with("in_place "), "{table}");
     assert!(a[7].starts_with("add acked (conn "), "{table}");
     assert_eq!(
-        row(&table, "web/side")[1..6],
+        row(&table, &id("web", "side"))[1..6],
         [
             "sidecar",
             "no",
@@ -199,7 +227,7 @@ fn status_shows_each_pod_of_the_node_from_the_running_agent() {
         "{table}"
     );
     assert_eq!(
-        row(&table, "web/plain")[1..6],
+        row(&table, &id("web", "plain"))[1..6],
         [
             "none",
             "no",
@@ -219,6 +247,7 @@ fn status_shows_each_pod_of_the_node_from_the_running_agent() {
         "{}",
         text(&out)
     );
+    assert_watched_on_server(&node);
 }
 
 #[test]
@@ -303,7 +332,11 @@ fn get_from(netns: &Path, addr: &'static str, path: &'static str) -> (u16, Strin
 /// agent's non-loopback address.
 #[test]
 fn debug_pods_is_served_only_on_loopback_while_the_probes_answer_everyone() {
-    let node = Node::start_with(Backend::Iptables, &[("HEALTH_PORT", HEALTH_PORT)]);
+    let node = Node::start_real_on(
+        RealCluster::start(),
+        Backend::Iptables,
+        &[("HEALTH_PORT", HEALTH_PORT)],
+    );
     let node_ns = node.ns.path();
     let node_ns = Path::new(&node_ns);
     // A neighbour netns linked to the node netns: 10.252.0.2 -> 10.252.0.1 (the node's side).
@@ -355,6 +388,7 @@ fn debug_pods_is_served_only_on_loopback_while_the_probes_answer_everyone() {
         "{}",
         text(&out)
     );
+    assert_watched_on_server(&node);
 }
 
 /// A sidecar pod whose ADD the plugin refuses (an unusable annotation: no network, Pending) and
@@ -364,18 +398,20 @@ fn debug_pods_is_served_only_on_loopback_while_the_probes_answer_everyone() {
 #[test]
 fn status_calls_a_sidecar_pod_redirected_only_when_it_is_and_works_without_ambient() {
     for ambient in ["true", "false"] {
+        let cluster = RealCluster::start();
+        let repair_node = cluster.node(NODE);
         let extra = [
             ("HEALTH_PORT", HEALTH_PORT),
             ("AMBIENT_ENABLED", ambient),
             ("REPAIR_ENABLED", "true"),
-            ("REPAIR_NODE_NAME", NODE),
+            ("REPAIR_NODE_NAME", &repair_node),
             ("REPAIR_LABEL_PODS", "true"),
             ("REPAIR_REPAIR_PODS", "false"),
         ];
         let node = if ambient == "true" {
-            Node::start_with(Backend::Iptables, &extra)
+            Node::start_real_on(cluster, Backend::Iptables, &extra)
         } else {
-            Node::start_without_peer(Backend::Iptables, &extra)
+            Node::start_real_without_peer(cluster, Backend::Iptables, &extra)
         };
         let node_ns = node.ns.path();
         let node_ns = Path::new(&node_ns);
@@ -393,7 +429,7 @@ fn status_calls_a_sidecar_pod_redirected_only_when_it_is_and_works_without_ambie
             &node,
             "web",
             "good",
-            "10.244.9.2",
+            Some("10.244.9.2"),
             injected(json!({})),
             sidecar.clone(),
         );
@@ -401,17 +437,11 @@ fn status_calls_a_sidecar_pod_redirected_only_when_it_is_and_works_without_ambie
             &node,
             "web",
             "bad",
-            "10.244.9.4",
+            // The ADD failed: no network, Pending.
+            None,
             injected(json!({"traffic.sidecar.istio.io/excludeOutboundPorts": "http"})),
             sidecar.clone(),
         );
-        // The ADD failed: no network, Pending.
-        let mut bad = node.api.server.pod("web", "bad").expect("bad");
-        let st = bad.status.as_mut().expect("status");
-        st.phase = Some("Pending".into());
-        st.pod_ip = None;
-        st.pod_ips = None;
-        node.api.server.update_pod(bad).expect("update");
 
         let env = [("HEALTH_PORT", HEALTH_PORT)];
         let row_of = |report: &Value, name: &str| -> Value {
@@ -443,17 +473,19 @@ fn status_calls_a_sidecar_pod_redirected_only_when_it_is_and_works_without_ambie
         let out = status(Some(node_ns), &env, &[]);
         assert!(out.status.success(), "{ambient}: {}", text(&out));
         let table = String::from_utf8_lossy(&out.stdout).into_owned();
-        let cells = row(&table, "web/bad").join(" | ");
+        let id = |name: &str| format!("{}/{name}", node.k8s_ns("web"));
+        let cells = row(&table, &id("bad")).join(" | ");
         assert!(
             cells.contains("sidecar redirection failed: the plugin's ADD refuses it")
                 && !cells.contains("redirected by the plugin"),
             "{ambient}: {table}"
         );
         assert!(
-            row(&table, "web/good")
+            row(&table, &id("good"))
                 .join(" ")
                 .contains("redirected by the plugin at ADD"),
             "{ambient}: {table}"
         );
+        assert_watched_on_server(&node);
     }
 }

@@ -38,7 +38,11 @@ fn ztunnel_late_adds_fail_fast_then_succeed_once_it_connects_nftables() {
 }
 
 fn ztunnel_late(backend: Backend) {
-    let node = Node::start_real_without_peer(backend, &[("HEALTH_PORT", HEALTH_PORT)]);
+    let node = Node::start_real_without_peer(
+        RealCluster::start(),
+        backend,
+        &[("HEALTH_PORT", HEALTH_PORT)],
+    );
     node.namespace("amb", json!({AMBIENT: "ambient"}));
     let names = ["late-a", "late-b"];
     let sandboxes: Vec<(String, PodNs)> = names
