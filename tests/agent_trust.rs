@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use ambient_node::{Backend, Node, PodNs, result_ip};
 use istio_cni::kube::plugin_event::{EventIp, EventIpNet, PluginAddEvent};
 use serde_json::json;
+use support::real_cluster::RealCluster;
 
 const AMBIENT: &str = "istio.io/dataplane-mode";
 
@@ -349,4 +350,54 @@ fn an_enrolled_pod_keeps_its_netns_and_a_fifo_fails_fast() {
         assert_eq!(found, patched, "{pod}: {writes:#?}");
     }
     let _ = Path::new(&fifo);
+}
+
+/// The agent's account on the real server holds the chart's ClusterRoles as Helm renders them and
+/// nothing more: what the agent and the repair controller call is allowed, anything else is not
+/// (asked of the server's authorizer with SubjectAccessReviews).
+#[test]
+fn the_agent_account_may_do_what_the_chart_grants_and_nothing_more() {
+    let cluster = RealCluster::start();
+    let allowed = |verb: &str, resource: &str, subresource: &str| {
+        let review = cluster.cp.create(&json!({
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": cluster.user(), "resourceAttributes": {
+                "verb": verb, "resource": resource, "subresource": subresource,
+                "namespace": cluster.ns("amb"), "group": ""}}
+        }));
+        review["status"]["allowed"] == true
+    };
+    // RBAC's authorizer reads the bindings from its informer: give it a moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !allowed("watch", "pods", "") {
+        assert!(
+            Instant::now() < deadline,
+            "the chart's roles never took effect"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (verb, resource, sub) in [
+        ("get", "pods", ""),
+        ("list", "namespaces", ""),
+        ("patch", "pods", "status"),
+        ("delete", "pods", ""),
+        ("create", "events", ""),
+    ] {
+        assert!(
+            allowed(verb, resource, sub),
+            "{verb} {resource}/{sub} refused"
+        );
+    }
+    for (verb, resource, sub) in [
+        ("patch", "pods", ""),
+        ("create", "pods", ""),
+        ("list", "secrets", ""),
+        ("create", "namespaces", ""),
+        ("delete", "nodes", ""),
+    ] {
+        assert!(
+            !allowed(verb, resource, sub),
+            "{verb} {resource}/{sub} allowed"
+        );
+    }
 }
