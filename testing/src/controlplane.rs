@@ -248,6 +248,19 @@ impl ControlPlane {
     /// a watch counted when it starts), in order: (verb, requestURI). `from` skips the first
     /// entries of the whole log (take [`ControlPlane::audit_mark`] before the calls of interest).
     pub fn requests_of(&self, user: &str, from: usize) -> Vec<(String, String)> {
+        self.audit_of(user, from)
+            .into_iter()
+            .map(|e| {
+                let field = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+                (field("verb"), field("requestURI"))
+            })
+            .collect()
+    }
+
+    /// The audit entries behind [`ControlPlane::requests_of`], as the server wrote them: the
+    /// request as its request-info resolver saw it (`verb`, `objectRef`), `responseStatus`, and
+    /// the authorizer's `authorization.k8s.io/decision` and `reason` among the `annotations`.
+    pub fn audit_of(&self, user: &str, from: usize) -> Vec<serde_json::Value> {
         let text = std::fs::read_to_string(self.dir.join(AUDIT_LOG)).unwrap_or_default();
         let mut seen = std::collections::HashSet::new();
         text.lines()
@@ -255,10 +268,6 @@ impl ControlPlane {
             .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
             .filter(|e| e["user"]["username"] == user)
             .filter(|e| seen.insert(e["auditID"].as_str().unwrap_or_default().to_string()))
-            .map(|e| {
-                let field = |k: &str| e[k].as_str().unwrap_or_default().to_string();
-                (field("verb"), field("requestURI"))
-            })
             .collect()
     }
 
