@@ -2,10 +2,13 @@
 //! own engine for every value set docs/deploy.md documents, the rendered objects checked field by
 //! field, the rendered RBAC checked against every API call the binary makes, and the rendered
 //! DaemonSet's environment and args fed to the real `install-cni`, which must become ready on the
-//! chart's probe port (ambient ones with the node agent running).
+//! chart's probe port (ambient ones with the node agent running) against the real kube-apiserver,
+//! its release's objects applied there and its only credential a bound token of the chart's
+//! ServiceAccount: every request it makes must be allowed by the release's own ClusterRoles.
 //!
-//! Needs the venv from `scripts/deps` (helm-python-sdk) and root (each run gets its own netns so
-//! the chart's fixed ports 8000 and 15014 are free).
+//! Needs the venv from `scripts/deps` (helm-python-sdk), the control plane from
+//! `scripts/build-controlplane`, and root (each run gets its own netns so the chart's fixed
+//! ports 8000 and 15014 are free).
 
 mod support;
 
@@ -16,6 +19,8 @@ mod install;
 mod cases;
 #[path = "chart_helm/chart.rs"]
 mod chart;
+#[path = "chart_helm/release.rs"]
+mod release;
 #[path = "chart_helm/run.rs"]
 mod run;
 
@@ -549,8 +554,8 @@ fn install_cni_becomes_ready_with_each_rendered_sidecar_environment() {
 }
 
 /// The ambient value sets become ready exactly like the sidecar ones: the node agent starts (its
-/// stores synced against the test API server, the real data plane in the run's netns, ZDS served
-/// on the redirected socket) before the plugin is installed.
+/// stores synced against the real API server with the chart's RBAC, the real data plane in the
+/// run's netns, ZDS served on the redirected socket) before the plugin is installed.
 #[test]
 fn install_cni_becomes_ready_with_each_rendered_ambient_environment() {
     let t0 = Instant::now();

@@ -1,6 +1,8 @@
 //! The real `install-cni` run with a rendered DaemonSet's command, args and environment (as the
 //! kubelet resolves it), each run in a netns of its own so the chart's fixed ports (probe 8000,
-//! metrics 15014) are used as they are, against the test API server inside that netns. Only what
+//! metrics 15014) are used as they are, against the real kube-apiserver (a release of the chart
+//! of the run's own, `release.rs`; the server reached on the netns's loopback through a relay)
+//! with a bound token of the chart's ServiceAccount. Only what
 //! Kubernetes itself provides is added (the service host, the service-account mount, API access)
 //! and the host mounts are redirected to temp dirs (the chart mounts them where the binary looks
 //! by default: `chart_mounts_are_where_install_cni_looks_by_default`).
@@ -10,10 +12,14 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use istio_cni_testing::apiserver::TestApiServer;
+use std::path::Path;
 
-use crate::chart::{ApiCall, NAMESPACE, NODE, Rendered};
+use istio_cni::kube::KubeClient;
+use istio_cni_testing::controlplane::{self, Forwarder};
+
+use crate::chart::Rendered;
 use crate::install::{Agent, Dirs, bin, has_istio_entry, http_get, start_via, testdata};
+use crate::release::{self, Release};
 use crate::support::Netns;
 use crate::support::node_proc::NodeProc;
 
@@ -96,28 +102,12 @@ pub fn each_in_parallel(groups: &[Vec<&Rendered>], check: fn(&[&Rendered])) {
     );
 }
 
-/// The test API server, listening inside `ns`.
-struct Api {
-    server: TestApiServer,
-    _rt: tokio::runtime::Runtime,
-}
-
-impl Api {
-    fn start_in(ns: &Netns) -> Api {
-        // The listening socket belongs to the netns of the thread that creates it.
-        ns.spawn(|| {
-            let (server, rt) = TestApiServer::start_blocking();
-            Api { server, _rt: rt }
-        })
-        .join()
-        .expect("API server thread")
-    }
-}
-
-/// Everything one run needs: its netns, the API server in it, the temp host dirs.
+/// Everything one run needs: its netns (the node's network), a release of the chart on the real
+/// API server and the relay that puts the server on the netns's loopback, the temp host dirs.
 struct Node {
     ns: Netns,
-    api: Api,
+    release: Release,
+    relay: Forwarder,
     /// Before `dirs`: its mount is under their temp dir and is detached first.
     node_proc: NodeProc,
     dirs: Dirs,
@@ -126,14 +116,21 @@ struct Node {
 }
 
 impl Node {
-    fn new() -> Node {
+    /// A node for `r`, its release applied (`rbac_from`'s RBAC when `r` renders none).
+    fn new(r: &Rendered, rbac_from: Option<&Rendered>) -> Node {
+        let cp = controlplane::shared();
         let ns = Netns::new("chart");
-        let api = Api::start_in(&ns);
+        let relay = cp
+            .forward_into(Path::new(&ns.path()))
+            .expect("relay into the node");
+        let release = release::install(cp, r, rbac_from, |_| {});
         let dirs = Dirs::new();
+        release.write_service_account(&dirs.sa);
         let node_proc = NodeProc::start(&ns.path(), dirs.tmp.path());
         Node {
             ns,
-            api,
+            release,
+            relay,
             node_proc,
             dirs,
             primary: None,
@@ -141,14 +138,12 @@ impl Node {
     }
 
     /// The rendered container environment plus what Kubernetes itself provides, host mounts
-    /// redirected to temp dirs.
+    /// redirected to temp dirs, the fieldRefs resolved for the release.
     fn environment(&self, r: &Rendered) -> BTreeMap<String, String> {
         let d = &self.dirs;
         let kubeconfig = d.tmp.path().join("agent-kubeconfig");
-        self.api
-            .server
-            .write_kubeconfig(&kubeconfig)
-            .expect("kubeconfig");
+        let url = format!("https://127.0.0.1:{}", self.relay.port());
+        self.release.write_kubeconfig(&kubeconfig, &url);
         let (netns_dir, zds_dir) = (d.tmp.path().join("netns"), d.tmp.path().join("ztunnel"));
         for dir in [&netns_dir, &zds_dir] {
             std::fs::create_dir_all(dir).expect("mkdir");
@@ -156,12 +151,13 @@ impl Node {
         let host_proc = self.node_proc.dir.clone();
         let path = |p: &std::path::Path| p.display().to_string();
         let provided = [
-            // Set by the kubelet for every pod.
-            ("KUBERNETES_SERVICE_HOST", "10.96.0.1".to_string()),
-            ("KUBERNETES_SERVICE_PORT", "443".to_string()),
+            // Set by the kubelet for every pod: here the API server on the node's loopback.
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".to_string()),
+            ("KUBERNETES_SERVICE_PORT", self.relay.port().to_string()),
             // The service-account token mount.
             ("SERVICE_ACCOUNT_DIR", path(&d.sa)),
-            // In a pod the agent reaches the API in-cluster (https); here the plain-HTTP server.
+            // In a pod the agent reaches the API in-cluster, which reads the fixed mount path;
+            // here the same server, CA and token through a kubeconfig.
             ("KUBECONFIG", path(&kubeconfig)),
             // The chart's host mounts, redirected.
             ("MOUNTED_CNI_NET_DIR", path(&d.net)),
@@ -181,6 +177,7 @@ impl Node {
             );
             env.insert(k.to_string(), v);
         }
+        self.release.resolve(&mut env);
         env
     }
 
@@ -209,6 +206,28 @@ impl Node {
             .join()
             .expect("http thread")
     }
+
+    /// The plugin's own GETs (the pod being added, its namespace) with the kubeconfig
+    /// install-cni wrote for it, made from the node's network as the runtime runs the plugin.
+    fn plugin_gets(&self, namespace: &str, pod: &str) -> Result<(), String> {
+        let kubeconfig = self.dirs.run.join("istio-cni-kubeconfig");
+        let (namespace, pod) = (namespace.to_string(), pod.to_string());
+        self.ns
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async {
+                    let client = KubeClient::from_kubeconfig_file(&kubeconfig).await?;
+                    client.get_namespace(&namespace, T).await?;
+                    client.get_pod(&namespace, &pod, T).await.map(|_| ())
+                })
+                .map_err(|e| e.to_string())
+            })
+            .join()
+            .expect("plugin thread")
+    }
 }
 
 fn port_of(v: &serde_json::Value) -> u16 {
@@ -223,7 +242,7 @@ fn port_of(v: &serde_json::Value) -> u16 {
 /// Starts the rendered `install-cni` in a node netns of its own, waits for its readiness probe,
 /// hands the node netns to `check`, then stops the agent (SIGTERM) and expects a clean exit.
 pub fn while_ready(r: &Rendered, check: impl FnOnce(&Netns)) {
-    let mut node = Node::new();
+    let mut node = Node::new(r, None);
     let mut agent = node.start(r);
     wait_ready(&node, &mut agent, r);
     check(&node.ns);
@@ -254,19 +273,30 @@ fn wait_ready(node: &Node, agent: &mut Agent, r: &Rendered) {
 }
 
 /// The rendered environment must be accepted: ready on the probe, metrics on the scrape target,
-/// everything installed, a clean exit on SIGTERM, and every API call made allowed by the RBAC of
-/// every value set in the group.
+/// everything installed, the plugin's kubeconfig good for its GETs, a clean exit on SIGTERM, and
+/// every API call made allowed by the release's own RBAC on the real API server (which also
+/// validated the release's objects) and by the rendered RBAC of every value set in the group.
 pub fn expect_ready(group: &[&Rendered]) {
     let r = group[0];
     let name = &r.name;
-    let mut node = Node::new();
+    let with_rbac: Vec<&Rendered> = group
+        .iter()
+        .copied()
+        .filter(|r| !r.all("ClusterRole").is_empty())
+        .collect();
+    // With resourceScope=namespace the RBAC comes from another release (scope cluster).
+    let mut node = Node::new(r, with_rbac.first().copied());
+    assert!(
+        !node.release.bindings.is_empty(),
+        "{name}: no value set of the group renders the RBAC"
+    );
     // A sidecar pod on this node that started before the plugin (its validation init container
     // exited 126): the repair controller acts on it, so its API calls are checked below too.
     let repair = r.config_data().get("REPAIR_ENABLED").map(String::as_str) == Some("true");
-    node.api
-        .server
-        .add_pod(broken_sidecar_pod())
-        .expect("add pod");
+    let cp = node.release.cp;
+    let shop = controlplane::unique_name("shop");
+    cp.create_namespace(&shop, &[]);
+    release::create_broken_sidecar_pod(cp, &shop, &node.release.node);
     let mut agent = node.start(r);
     wait_ready(&node, &mut agent, r);
     let annotations = &r.daemonset()["spec"]["template"]["metadata"]["annotations"];
@@ -275,7 +305,50 @@ pub fn expect_ready(group: &[&Rendered]) {
     let (code, body) = node.get(metrics_port, metrics_path).expect("metrics");
     assert_eq!(code, 200, "{name}");
     assert!(body.contains("istio_cni_install_ready 1"), "{name}: {body}");
+    check_installed(&node, r);
+    node.plugin_gets(&shop, "broken")
+        .unwrap_or_else(|e| panic!("{name}: the plugin's kubeconfig: {e}"));
+    if repair {
+        // Every mode ends in an event (repair mode gives up after its retries: this run's
+        // stand-in /proc holds no pod).
+        let deadline = Instant::now() + T;
+        while release::events_about(cp, &shop, "broken").is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "{name}: the repair controller recorded no event within {T:?}:\n{}",
+                agent.output()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let st = agent.terminate(T);
+    assert!(st.success(), "{name}: exit {st}:\n{}", agent.output());
 
+    let calls = node.release.requests();
+    // The shutdown check looks up the DaemonSet in the pod's namespace (from the fieldRef).
+    let ds = format!(
+        "/apis/apps/v1/namespaces/{}/daemonsets/istio-cni-node",
+        node.release.namespace
+    );
+    assert!(calls.iter().any(|a| a.uri == ds), "{name}: {calls:?}");
+    node.release.assert_all_allowed_by_its_rbac(name, &calls);
+    // The test's reading of the rendered RBAC agrees with the server's, request by request.
+    for r in &with_rbac {
+        for a in &calls {
+            assert!(
+                r.allows(&a.call),
+                "{}: the rendered RBAC does not allow {:?} ({}), which the API server allowed",
+                r.name,
+                a.call,
+                a.uri
+            );
+        }
+    }
+}
+
+/// The plugin, its kubeconfig and the config entry (chained, owned or standalone) are installed.
+fn check_installed(node: &Node, r: &Rendered) {
+    let name = &r.name;
     let d = &node.dirs;
     assert!(
         d.bin.join("istio-cni").is_file(),
@@ -312,67 +385,9 @@ pub fn expect_ready(group: &[&Rendered]) {
         }
         None => {
             // Standalone: our own config, named by CNI_CONF_NAME.
-            let own = r.container_env()["CNI_CONF_NAME"].clone();
+            let own = env["CNI_CONF_NAME"].clone();
             let conf = d.read(&own).unwrap_or_default();
             assert!(conf.contains("\"istio-cni\""), "{name}: {own}: {conf}");
         }
     }
-    if repair {
-        // Every mode ends in an event (repair mode gives up after its retries: this run's
-        // stand-in /proc holds no pod).
-        let deadline = Instant::now() + T;
-        while node.api.server.events().is_empty() {
-            assert!(
-                Instant::now() < deadline,
-                "{name}: the repair controller recorded no event within {T:?}:\n{}",
-                agent.output()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    let st = agent.terminate(T);
-    assert!(st.success(), "{name}: exit {st}:\n{}", agent.output());
-
-    let calls: Vec<(ApiCall, String)> = node
-        .api
-        .server
-        .requests()
-        .iter()
-        .map(|q| {
-            (
-                ApiCall::from_http(&q.method, &q.path, q.is_watch()),
-                q.path.clone(),
-            )
-        })
-        .collect();
-    // The shutdown check looks up the DaemonSet in the pod's namespace (from the fieldRef).
-    let ds = format!("/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/istio-cni-node");
-    assert!(calls.iter().any(|(_, p)| *p == ds), "{name}: {calls:?}");
-    // With resourceScope=namespace the RBAC comes from another release (scope cluster).
-    for r in group.iter().filter(|r| !r.all("ClusterRole").is_empty()) {
-        for (call, path) in &calls {
-            assert!(
-                r.allows(call),
-                "{}: RBAC does not allow {call:?} ({path})",
-                r.name
-            );
-        }
-    }
-}
-
-/// A sidecar pod on [`NODE`] whose `istio-validation` init container last exited 126.
-fn broken_sidecar_pod() -> k8s_openapi::api::core::v1::Pod {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "broken", "namespace": "shop",
-                     "uid": "00000000-0000-4000-8000-0000000000b0",
-                     "annotations": {"sidecar.istio.io/status": "{}"}},
-        "spec": {"nodeName": NODE, "initContainers": [{"name": "istio-validation"}],
-                 "containers": [{"name": "app"}, {"name": "istio-proxy"}]},
-        "status": {"phase": "Pending", "podIP": "10.250.0.3", "initContainerStatuses": [{
-            "name": "istio-validation", "ready": false, "restartCount": 2, "image": "proxyv2",
-            "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-            "lastState": {"terminated": {"exitCode": 126, "reason": "Error"}}}]}
-    }))
-    .expect("Pod")
 }
