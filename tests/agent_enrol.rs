@@ -13,7 +13,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use istio_cni::agent::ports::{ANN_REDIRECTION, KubeAnnotator};
+use istio_cni::agent::pod::ANN_REDIRECTION;
+use istio_cni::agent::ports::KubeAnnotator;
 use istio_cni::agent::settings::{AgentConfig, AgentTiming, Settings};
 use istio_cni::agent::testing::{FakeDataplane, FakeZtunnel};
 use istio_cni::agent::{Agent, Deps};

@@ -21,7 +21,7 @@
 //!
 //! Each pod's and the host's last result is kept in `Core::status` (`/debug/pods`).
 //!
-//! Which outcomes are heals and when to report a failure is decided by [`judge`] and
+//! Which outcomes are heals and when to report a failure is decided by [`judge`] (in `findings`) and
 //! [`Reported`] (pure); the effects go through the agent's ports.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -31,10 +31,10 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::findings::{CheckResult, DriftFinding};
 use super::pod;
-use super::ports::{PortError, ProbeSynced, RuleChange};
+use super::ports::{PortError, ProbeSynced};
 use super::reconciler::{Core, PodEngine, Reconciled};
-use super::status::CheckResult;
 use crate::kube::stores::pod_key;
 use crate::kube::{EventRecord, EventType};
 use crate::retry::periodic::Periodic;
@@ -50,27 +50,6 @@ pub const REASON_UNHEALED: &str = "RedirectionDriftUnhealed";
 pub const KIND_RULES: &str = "ambient_rules";
 pub const KIND_PROBE_SET: &str = "probe_set";
 pub const KIND_HOST_RULES: &str = "host_rules";
-
-/// What one pod's program call means for the pass.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DriftFinding {
-    /// The netns held exactly the planned rules; nothing was written.
-    InPlace,
-    /// The rules differed and were written (how).
-    Healed(RuleChange),
-    /// Programming failed (why).
-    Failed(String),
-}
-
-/// Pure: any outcome but `AlreadyApplied` means the netns differed from the plan and was
-/// rewritten.
-pub fn judge(result: &Result<RuleChange, PortError>) -> DriftFinding {
-    match result {
-        Ok(RuleChange::AlreadyApplied) => DriftFinding::InPlace,
-        Ok(outcome) => DriftFinding::Healed(outcome.clone()),
-        Err(e) => DriftFinding::Failed(e.to_string()),
-    }
-}
 
 /// Which failures were already reported. A pod that cannot be healed is tried again every pass,
 /// but reported (event, unhealed metric) once per failing streak: not an event per period.

@@ -12,8 +12,10 @@ use serde_json::json;
 
 use super::*;
 use crate::agent::cache::PodCache;
+use crate::agent::findings::judge;
 use crate::agent::machine::EnrolmentPolicy;
 use crate::agent::mesh::Mesh;
+use crate::agent::ports::RuleChange;
 use crate::agent::reconciler::{self, Core};
 use crate::agent::settings::AgentTiming;
 use crate::agent::status::CheckResult;

@@ -7,11 +7,15 @@
 //! one engine (`crate::reconcile`), fed by the kube stores, the plugin and the drift pass
 //! (`reconciler`), the plugin-event server (`server`), the startup sequence and ordered
 //! shutdown (here), and the drift pass that verifies enrolled pods' rules and the probe set
-//! periodically and heals them (`drift`), and what that pass last found per pod and for the host
-//! rules, served as `/debug/pods` (`status`) with the node's other pods and why each is not
-//! enrolled (`node_pods`). The in-pod rules, host probe set, netns finder and backend decision are the
+//! periodically and heals them (`drift`), what that pass finds and last found per pod and for the
+//! host rules (`findings`), served as `/debug/pods` (`status`) with the node's other pods and why
+//! each is not enrolled (`node_pods`). The in-pod rules, host probe set, netns finder and backend decision are the
 //! data plane's (`dataplane`), ZDS is the `zds` room's; the agent reaches both and the API server's annotation
 //! patch through the traits in `ports` (fakes in `testing`, test-only).
+//!
+//! Inside the room files import downward only, never in a circle (the room test holds it): `pod`
+//! (over `dataplane`'s types) below `ports`; `findings` below `reconciler`; the drift pass
+//! (`drift`) and the answer (`status`, over `node_pods`) above it.
 //!
 //! May call: `cli`, `kube`, `retry`, `reconcile`, `rules`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`, `zds`.
 
@@ -19,6 +23,7 @@ pub mod adapters;
 pub mod cache;
 pub mod dataplane;
 pub mod drift;
+pub mod findings;
 pub mod machine;
 pub mod mesh;
 pub mod node_pods;

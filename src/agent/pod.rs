@@ -6,9 +6,12 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Pod;
 use tracing::warn;
 
-use super::ports::{ANN_REDIRECTION, PodNet, WorkloadInfo};
+use super::dataplane::PodNet;
 use crate::rules::ambient::{PodDns, PodOverrides};
+use crate::zds::WorkloadInfo;
 
+/// The redirection annotation.
+pub const ANN_REDIRECTION: &str = "ambient.istio.io/redirection";
 pub const ANN_BYPASS_INBOUND: &str = "ambient.istio.io/bypass-inbound-capture";
 pub const ANN_DNS_CAPTURE: &str = "ambient.istio.io/dns-capture";
 pub use crate::rules::ambient::ANN_REROUTE_VIRTUAL_INTERFACES;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 
+use super::pod::ANN_REDIRECTION;
 use crate::kube::{EventRecord, KubeClient, KubeError, MetadataPatch, PodPatchVia};
 use crate::netns::Netns;
 use crate::netns::reserved::Reserved;
@@ -138,9 +139,6 @@ pub trait Annotator: Send + Sync + 'static {
 
 /// The source component of the agent's events.
 pub const EVENT_COMPONENT: &str = "istio-cni-node";
-
-/// The redirection annotation.
-pub const ANN_REDIRECTION: &str = "ambient.istio.io/redirection";
 
 /// The real thing: a JSON merge patch on `pods/status` (needs less privilege than the pod).
 pub struct KubeAnnotator {

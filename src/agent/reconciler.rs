@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::drift::{DriftFinding, judge};
+use super::findings::{DriftFinding, Status, judge};
 use super::machine::{self, Action, EnrolmentPolicy, Held, Now};
 use super::mesh::{Mesh, MeshError, PluginAdd, Via};
 use super::pod;
@@ -42,7 +42,7 @@ pub struct Core {
     /// `istio_cni_plugin_requests_total`, `nodeagent_reconcile_events_total`.
     pub metrics: Metrics,
     /// The drift pass's last results (`/debug/pods`).
-    pub status: super::status::Status,
+    pub status: Status,
     /// What triggers brought that the next run of a key takes.
     pub requests: Requests,
 }

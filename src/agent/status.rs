@@ -1,15 +1,15 @@
-//! "Is this pod in the mesh right now?": what the drift pass last found for each enrolled pod and
-//! for the host rules ([`Status`]), and the `/debug/pods` answer ([`debug_pods`]) that joins it
+//! "Is this pod in the mesh right now?": the `/debug/pods` answer ([`debug_pods`]) that joins it
 //! with the pod cache (netns), the pod store (IPs) and ztunnel's side (what was last sent on
 //! which connection, and the answer). The JSON shape is versioned and documented in
-//! docs/troubleshooting.md; fields are only ever added.
+//! docs/troubleshooting.md; fields are only ever added. What the drift pass last found for each
+//! enrolled pod and for the host rules ([`Status`]) is kept in `findings`, below the reconciler
+//! whose `Core` holds it; its types are named here too, as the answer's.
 
-use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::findings::{Check, CheckResult, Status};
 use super::pod;
 use super::ports::WorkloadState;
 use super::reconciler::Core;
@@ -17,66 +17,6 @@ use crate::kube::stores::pod_key;
 
 /// The shape's version (`version` in the answer): bumped only if a field changes meaning.
 pub const DEBUG_PODS_VERSION: u32 = 1;
-
-/// One check's result.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "result", rename_all = "snake_case")]
-pub enum CheckResult {
-    /// Read and found as planned; nothing written.
-    InPlace,
-    /// Found different and re-applied (what differed).
-    Repaired { what: String },
-    /// Could not be verified or re-applied (why).
-    Failed { error: String },
-}
-
-/// A check and when it finished.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Check {
-    pub at_unix_ms: u64,
-    #[serde(flatten)]
-    pub result: CheckResult,
-}
-
-impl Check {
-    fn now(result: CheckResult) -> Self {
-        let at_unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        Check { at_unix_ms, result }
-    }
-}
-
-/// The drift pass's last results.
-#[derive(Debug, Default)]
-pub struct Status {
-    pods: Mutex<HashMap<String, Check>>,
-    host: Mutex<Option<Check>>,
-}
-
-impl Status {
-    pub fn pod_checked(&self, uid: &str, result: CheckResult) {
-        self.pods.lock().insert(uid.to_string(), Check::now(result));
-    }
-
-    pub fn host_checked(&self, result: CheckResult) {
-        *self.host.lock() = Some(Check::now(result));
-    }
-
-    /// Forgets pods no longer cached.
-    pub fn retain(&self, cached: &HashSet<String>) {
-        self.pods.lock().retain(|uid, _| cached.contains(uid));
-    }
-
-    pub fn pod(&self, uid: &str) -> Option<Check> {
-        self.pods.lock().get(uid).cloned()
-    }
-
-    pub fn host(&self) -> Option<Check> {
-        self.host.lock().clone()
-    }
-}
 
 /// The `/debug/pods` answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
