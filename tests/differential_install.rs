@@ -14,6 +14,14 @@
 //! and ControlZ ports). It needs no API server in sidecar mode; ours asks it at shutdown whether
 //! this is an upgrade (the account has no DaemonSet read: 403, clean up, as Istio does).
 //!
+//! Owned-config mode (`ISTIO_OWNED_CNI_CONFIG` with chained and ambient: the installer writes a
+//! conflist of its own, `ISTIO_OWNED_CNI_CONFIG_FILENAME` or `02-istio-cni.conflist`, instead of
+//! merging into the primary's) needs the node agent, so those cases run each installer as a
+//! node's agent ([`AmbientNode`]): a node netns of its own per run, the real API server relayed
+//! into it with the chart's RBAC (`support::real_cluster`), the node's procfs, a ZDS test peer;
+//! Istio's chrooted as tests/support/istio_root.rs describes. The relay's port, which differs per
+//! run, is written as the API server's in both outcomes.
+//!
 //! Deliberate differences are in tests/differential/install_allowlist.json, each naming the
 //! behaviour, why, and the docs line that tells operators, and a `rule`: how Istio's result is
 //! turned into ours (implemented below). The test fails on a difference no combination of rules
@@ -34,8 +42,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use istio_cni_testing::controlplane::{self, unique_name};
+use istio_cni_testing::controlplane::{self, Forwarder, unique_name};
 use serde_json::{Value, json};
+use support::istio_root::IstioRoot;
+use support::node_proc::HostProcView;
+use support::real_cluster::RealCluster;
+use support::zds_peer::ZdsPeer;
 
 use generator::{Case, Rng};
 use install::{Agent, free_port, http_get};
@@ -78,6 +90,96 @@ struct Shared {
     /// Istio's binary, copied once next to the case roots so each root can hard-link it.
     istio: PathBuf,
     tmp: tempfile::TempDir,
+    /// The cluster with the chart's RBAC and one token of its agent account, made for the first
+    /// owned-mode case.
+    ambient: std::sync::OnceLock<(RealCluster, String)>,
+}
+
+impl Shared {
+    fn cluster(&self) -> &(RealCluster, String) {
+        self.ambient.get_or_init(|| {
+            let cluster = RealCluster::start();
+            let token = cluster.token();
+            (cluster, token)
+        })
+    }
+}
+
+/// A node for an owned-mode case (see the module doc); everything goes on drop.
+struct AmbientNode {
+    _peer: ZdsPeer,
+    _procfs: HostProcView,
+    relay: Forwarder,
+    ns: support::Netns,
+    /// The settings the node gives its agent (ours ignores none of them; Istio's some).
+    env: Vec<(String, String)>,
+}
+
+impl AmbientNode {
+    fn new(sh: &Shared, tmp: &Path) -> AmbientNode {
+        let (cluster, token) = sh.cluster();
+        let ns = support::Netns::new("dinst");
+        let relay = cluster
+            .cp
+            .forward_into(Path::new(&ns.path()))
+            .expect("relay into the node");
+        let procfs = HostProcView::with_init_in(&ns.path());
+        let zds = tmp.join("ztunnel.sock");
+        let kubeconfig = tmp.join("agent-kubeconfig");
+        let url = format!("https://127.0.0.1:{}", relay.port());
+        cluster.write_kubeconfig_for(&kubeconfig, &url, token);
+        let path = |p: &Path| p.display().to_string();
+        let env = vec![
+            (
+                "KUBERNETES_SERVICE_HOST".to_string(),
+                "127.0.0.1".to_string(),
+            ),
+            ("KUBERNETES_SERVICE_PORT".into(), relay.port().to_string()),
+            ("NODE_NAME".into(), cluster.node("node-1")),
+            ("ZTUNNEL_UDS_ADDRESS".into(), path(&zds)),
+            ("HOST_PROC_DIR".into(), path(&procfs.dir)),
+            ("KUBECONFIG".into(), path(&kubeconfig)),
+        ];
+        AmbientNode {
+            _peer: ZdsPeer::start(&zds),
+            _procfs: procfs,
+            relay,
+            ns,
+            env,
+        }
+    }
+
+    /// `env` with the node's settings in place of the same keys.
+    fn settings(&self, mut env: Vec<(String, String)>) -> Vec<(String, String)> {
+        env.retain(|(k, _)| self.env.iter().all(|(n, _)| n != k));
+        env.extend(self.env.iter().cloned());
+        env
+    }
+
+    /// The relay's port written as the API server's, so both runs read the same.
+    fn unrelayed(&self, sh: &Shared, files: Files) -> Files {
+        let (from, to) = (
+            format!("127.0.0.1:{}", self.relay.port()),
+            format!("127.0.0.1:{}", sh.port),
+        );
+        files
+            .into_iter()
+            .map(|(n, (c, m))| (n, (c.replace(&from, &to), m)))
+            .collect()
+    }
+}
+
+/// Runs `f` on a thread inside the netns at `path`.
+fn in_netns<T: Send>(path: &str, f: impl FnOnce() -> T + Send) -> T {
+    let file = std::fs::File::open(path).expect("open netns");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("thread in netns")
+    })
 }
 
 fn shared() -> Shared {
@@ -103,6 +205,7 @@ fn shared() -> Shared {
         kubeconfig,
         istio,
         tmp,
+        ambient: std::sync::OnceLock::new(),
     }
 }
 
@@ -167,6 +270,9 @@ fn terminate(agent: &mut Agent) -> Option<i32> {
 }
 
 fn run_istio(sh: &Shared, case: &Case, slot: &str) -> Outcome {
+    if case.ambient {
+        return run_istio_owned(sh, case, slot);
+    }
     let root = sh.tmp.path().join(format!("istio-{slot}"));
     let _ = std::fs::remove_dir_all(&root);
     let (net, run, bin) = (
@@ -207,7 +313,100 @@ fn run_istio(sh: &Shared, case: &Case, slot: &str) -> Outcome {
     }
 }
 
+/// The dirs of an owned-mode run under `root` (conf, run, bin, SA), made, the SA holding the
+/// cluster's token and CA, the conf dir the case's files.
+fn owned_dirs(sh: &Shared, case: &Case, root: &Path) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
+    let _ = std::fs::remove_dir_all(root);
+    let dirs = (
+        root.join("net"),
+        root.join("run"),
+        root.join("bin"),
+        root.join("sa"),
+    );
+    for d in [&dirs.0, &dirs.1, &dirs.2, &dirs.3] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    write_mode(&dirs.3.join("token"), sh.cluster().1.as_bytes(), 0o644);
+    write_mode(&dirs.3.join("ca.crt"), sh.ca.as_bytes(), 0o644);
+    for f in &case.files {
+        write_mode(&dirs.0.join(&f.name), f.text.as_bytes(), f.mode);
+    }
+    dirs
+}
+
+/// Istio's install-cni in owned-config mode, as a node's agent.
+fn run_istio_owned(sh: &Shared, case: &Case, slot: &str) -> Outcome {
+    let root = sh.tmp.path().join(format!("istio-owned-{slot}"));
+    let (net, run, bin, sa) = owned_dirs(sh, case, &root);
+    let node = AmbientNode::new(sh, &root);
+    let chroot = IstioRoot::new();
+    let wrapper = chroot.wrapper(&node.ns.path(), &node._procfs.dir, &root, (&net, &bin, &sa));
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let mut env = node.settings(common_env(sh, case));
+    env.push(("CNI_AGENT_RUN_DIR".into(), run.display().to_string()));
+    let mut agent = install::start_via(&wrapper, &env, &[]);
+    let ready = wait_ready(|| {
+        agent.output().contains("initial installation complete")
+            || agent.child.try_wait().ok().flatten().is_some()
+    }) && agent.child.try_wait().ok().flatten().is_none();
+    let running = snapshot(&net, &run, &bin);
+    let exit = terminate(&mut agent);
+    let after = snapshot(&net, &run, &bin);
+    let path = |files| with_istios_paths(node.unrelayed(sh, files), &root);
+    let (running, after) = (path(running), path(after));
+    drop(node);
+    let _ = std::fs::remove_dir_all(&root);
+    Outcome {
+        ready,
+        running,
+        after,
+        exit,
+        log: agent.output(),
+    }
+}
+
+/// Ours in owned-config mode, as a node's agent.
+fn run_ours_owned(sh: &Shared, case: &Case, slot: &str) -> Outcome {
+    let root = sh.tmp.path().join(format!("ours-owned-{slot}"));
+    let (net, run, bin, sa) = owned_dirs(sh, case, &root);
+    let node = AmbientNode::new(sh, &root);
+    let health = free_port();
+    let path = |p: &Path| p.display().to_string();
+    let mut env = node.settings(common_env(sh, case));
+    env.extend([
+        ("MOUNTED_CNI_NET_DIR".to_string(), path(&net)),
+        ("CNI_BIN_DIRS".into(), path(&bin)),
+        ("CNI_AGENT_RUN_DIR".into(), path(&run)),
+        ("SERVICE_ACCOUNT_DIR".into(), path(&sa)),
+        ("HEALTH_PORT".into(), health.to_string()),
+    ]);
+    let nsenter = format!("--net={}", node.ns.path());
+    let mut agent = install::start_via(&["nsenter", &nsenter], &env, &[]);
+    let ns = node.ns.path();
+    let ready = wait_ready(|| {
+        in_netns(&ns, || http_get(health, "/readyz")).is_some_and(|(s, _)| s == 200)
+            || agent.child.try_wait().ok().flatten().is_some()
+    }) && agent.child.try_wait().ok().flatten().is_none();
+    let running = snapshot(&net, &run, &bin);
+    let exit = terminate(&mut agent);
+    let after = snapshot(&net, &run, &bin);
+    let path = |files| with_istios_paths(node.unrelayed(sh, files), &root);
+    let (running, after) = (path(running), path(after));
+    drop(node);
+    let _ = std::fs::remove_dir_all(&root);
+    Outcome {
+        ready,
+        running,
+        after,
+        exit,
+        log: agent.output(),
+    }
+}
+
 fn run_ours(sh: &Shared, case: &Case, slot: &str) -> Outcome {
+    if case.ambient {
+        return run_ours_owned(sh, case, slot);
+    }
     let root = sh.tmp.path().join(format!("ours-{slot}"));
     let _ = std::fs::remove_dir_all(&root);
     let (net, run, bin, sa) = (
@@ -377,7 +576,53 @@ const RULES: &[(&str, Rule)] = &[
         "named-config-unreadable-waits",
         named_config_unreadable_waits,
     ),
+    ("node-flavour-in-entry", node_flavour_in_entry),
+    ("owned-conf-primary-loops", owned_conf_primary_loops),
+    ("owned-no-primary-waits", owned_no_primary_waits),
 ];
+
+/// In ambient mode our entry carries `force_iptables_binary`, the node's iptables flavour (the
+/// plugin uses it instead of detecting per netns); Istio's has no such field.
+fn node_flavour_in_entry(case: &Case, _: &mut Outcome, ours: &mut Outcome) {
+    if !case.ambient {
+        return;
+    }
+    each_file(ours, |name, c| {
+        if name.starts_with("net/") {
+            // Keys are sorted, so the field is never an object's last: no comma to mend.
+            *c = c
+                .split_inclusive('\n')
+                .filter(|l| !l.trim_start().starts_with("\"force_iptables_binary\": "))
+                .collect();
+        }
+    });
+}
+
+/// Owned mode with a single-plugin `.conf` primary: Istio's check of its owned copy reads the
+/// primary's plugin list, which a `.conf` does not have, so it finds its copy invalid on every
+/// pass, rewrites it in a loop and does not stop on SIGTERM (killed, leaving everything); ours
+/// compares the primary's one plugin, stays put and cleans up.
+fn owned_conf_primary_loops(case: &Case, istio: &mut Outcome, ours: &mut Outcome) {
+    let conf_primary = case.files.iter().any(|f| f.name.ends_with(".conf"));
+    if case.ambient && conf_primary && istio.exit.is_none() && istio.running == ours.running {
+        istio.after = ours.after.clone();
+        istio.exit = ours.exit;
+    }
+}
+
+/// Owned mode with no valid primary config: Istio's install pass fails at once ("primary CNI
+/// config name is not specified") and install-cni exits 1, cleaned up; ours waits for a primary
+/// as in merge mode, not ready, the plugin and its kubeconfig installed.
+fn owned_no_primary_waits(case: &Case, istio: &mut Outcome, ours: &mut Outcome) {
+    // Istio's exit code may already be mapped (clean-exit-while-waiting): it exited, and its
+    // files were gone while it should have been running.
+    let exited_at_once = istio.exit.is_some() && !istio.running.contains_key("bin/istio-cni");
+    if case.ambient && exited_at_once && !istio.ready && !ours.ready {
+        istio.running = ours.running.clone();
+        istio.after = ours.after.clone();
+        istio.exit = ours.exit;
+    }
+}
 
 fn each_file(o: &mut Outcome, f: impl Fn(&str, &mut String)) {
     for files in [&mut o.running, &mut o.after] {

@@ -25,6 +25,12 @@ pub struct Case {
     pub conf_name: Option<String>,
     /// `ISTIO_OWNED_CNI_CONFIG=true` (owned mode itself also needs ambient).
     pub owned_flag: bool,
+    /// `AMBIENT_ENABLED=true`: with the owned flag and chained, Istio's owned-config mode (a
+    /// conflist of its own instead of merging into the primary's). Both installers then run as
+    /// a node's agent (node netns, the real API server with the chart's RBAC, a ZDS peer).
+    pub ambient: bool,
+    /// `ISTIO_OWNED_CNI_CONFIG_FILENAME` (only drawn in owned-mode cases).
+    pub owned_name: Option<String>,
     pub group_read: bool,
     pub exclude: Option<String>,
 }
@@ -38,6 +44,12 @@ impl Case {
         }
         if self.owned_flag {
             env.push(("ISTIO_OWNED_CNI_CONFIG".into(), "true".into()));
+        }
+        if self.ambient {
+            env.push(("AMBIENT_ENABLED".into(), "true".into()));
+        }
+        if let Some(n) = &self.owned_name {
+            env.push(("ISTIO_OWNED_CNI_CONFIG_FILENAME".into(), n.clone()));
         }
         if self.group_read {
             env.push(("CNI_CONF_GROUP_READ".into(), "true".into()));
@@ -56,8 +68,10 @@ impl Case {
             c.files.remove(i);
             out.push(c);
         }
-        let toggles: [fn(&mut Case) -> bool; 4] = [
+        let toggles: [fn(&mut Case) -> bool; 6] = [
             |c| c.conf_name.take().is_some(),
+            |c| c.owned_name.take().is_some(),
+            |c| std::mem::replace(&mut c.ambient, false),
             |c| std::mem::replace(&mut c.owned_flag, false),
             |c| std::mem::replace(&mut c.group_read, false),
             |c| c.exclude.take().is_some(),
@@ -436,11 +450,25 @@ pub fn case(rng: &mut Rng) -> Case {
     } else {
         None
     };
+    let owned_flag = rng.chance(8);
+    // Drawn only for owned chained cases, so the other cases of a seed stay as they were.
+    let ambient = owned_flag && chained && rng.chance(75);
+    let owned_name = (ambient && rng.chance(40)).then(|| {
+        // Sorting before or after the primary: Istio warns of a bypass when after.
+        rng.word(&[
+            "01-istio-owned.conflist",
+            "zz-istio.conflist",
+            "02-istio-cni.conflist",
+        ])
+        .to_string()
+    });
     Case {
         files,
         chained,
         conf_name,
-        owned_flag: rng.chance(8),
+        owned_flag,
+        ambient,
+        owned_name,
         group_read: rng.chance(25),
         exclude: rng.chance(30).then(|| {
             rng.pick(&["kube-system", "istio-system,kube-system", "a,b,c"])

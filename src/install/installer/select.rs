@@ -111,20 +111,23 @@ impl Installer {
     ) -> Result<(), String> {
         let owned = self.cfg.owned_mode();
         if owned && first.name != self.cfg.owned_filename {
-            if self.cfg.owned_filename > first.name {
-                warn!(
-                    "{} sorts before our owned config {}: pods could bypass istio-cni; \
-                     choose an owned file name that sorts first",
-                    first.name, self.cfg.owned_filename
-                );
+            // Our file's name is fixed, so rewriting it cannot give it priority: a file sorting
+            // first is named once and taken as the primary (a rewrite would only loop). Our
+            // file itself, when missing or stale, is found by the checks that follow.
+            if self.warned_preempted.as_deref() != Some(first.name.as_str()) {
+                if self.cfg.owned_filename > first.name {
+                    warn!(
+                        "{} sorts before our owned config {}: pods could bypass istio-cni; \
+                         choose an owned file name that sorts first",
+                        first.name, self.cfg.owned_filename
+                    );
+                }
+                self.warned_preempted = Some(first.name.clone());
             }
             if self.cfg.cni_conf_name.is_none() {
                 self.primary_hint = Some(first.name.clone());
             }
-            return Err(format!(
-                "{} has priority over {}",
-                first.name, self.cfg.owned_filename
-            ));
+            return Ok(());
         }
         if ours == Some(first.name.as_str()) {
             return Ok(());

@@ -189,6 +189,32 @@ fn owned_mode_writes_a_separate_file_and_deletes_only_it() {
 }
 
 #[test]
+fn owned_mode_with_a_config_sorting_first_validates_instead_of_rewriting() {
+    // The owned file's name is fixed, so a rewrite cannot win priority back: a validation that
+    // failed here made every pass rewrite the file, in a loop, and readiness never came.
+    let e = env();
+    put(&e, "00-list.conflist", "list.conflist");
+    let mut cfg = e.cfg.clone();
+    cfg.istio_owned_cni_config = true;
+    cfg.ambient_enabled = true;
+    let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
+    i.cfg.run_dir = e.net.parent().expect("root").join("run");
+    i.install_all().expect("installs");
+    pretty_assertions::assert_eq!(
+        read(&e, "02-istio-conf.conflist"),
+        golden("istio-owned.conflist.golden")
+    );
+    assert_eq!(i.validate(), Ok(()));
+    // A stale copy is still found, and rewritten from the primary that sorts first.
+    let changed = golden("list.conflist").replace("cni0", "cni1");
+    fs::write(e.net.join("00-list.conflist"), changed).expect("edit");
+    assert!(i.validate().is_err());
+    i.install_all().expect("reinstalls");
+    assert!(read(&e, "02-istio-conf.conflist").contains("cni1"));
+    assert_eq!(i.validate(), Ok(()));
+}
+
+#[test]
 fn owned_flag_without_ambient_never_deletes_the_primary() {
     // Istio bug B2: cleanup deleted the primary here.
     let e = env();
