@@ -207,6 +207,30 @@ impl ControlPlane {
         .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Deletes the object `object`'s manifest names (its kind's resource found by discovery);
+    /// one already gone is fine.
+    pub fn delete(&self, object: &Value) {
+        let client = self.client();
+        let object = object.clone();
+        self.block_on(async move {
+            let name = object["metadata"]["name"].as_str().unwrap_or_default();
+            let what = format!(
+                "delete {} {}/{name}",
+                object["kind"].as_str().unwrap_or("?"),
+                object["metadata"]["namespace"].as_str().unwrap_or(""),
+            );
+            let api = dynamic_api(&client, &object)
+                .await
+                .map_err(api_error(what.clone()))?;
+            match api.delete(name, &Default::default()).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                Err(e) => Err(api_error(what)(e)),
+            }
+        })
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// A bound token (TokenRequest API) for ServiceAccount `namespace/name`, valid `validity`.
     pub fn token(&self, namespace: &str, name: &str, validity: Duration) -> String {
         let (client, namespace, name) = (self.client(), namespace.to_string(), name.to_string());
