@@ -4,15 +4,20 @@
 //! with the ambient values on the host network, and podman given the rendered container's command,
 //! args, env, volume mounts and securityContext (every capability dropped but the chart's, not
 //! privileged, root). Host paths are temp dirs (the netns dir is the machine's, where `ip netns`
-//! puts pods), the node's network is a netns of its own, the service account (token, the test API
-//! server's CA) is mounted where Kubernetes mounts it, and the API server is the TLS test server
-//! inside the node netns. It must turn ready, install the plugin, its kubeconfig and the conflist
-//! entry; a pod in an ambient namespace ADDed through the real CNI chain on the "host" must be
-//! enrolled through the test ZDS peer (its outbound connection lands on the peer's listener in the
-//! pod netns); SIGTERM must clean up.
+//! puts pods), the node's network is a netns of its own, and the API server is the real
+//! kube-apiserver, reached on the node's loopback, holding the release's objects as rendered
+//! (ServiceAccount, ClusterRoles and bindings, ConfigMap, DaemonSet); the service account (a bound
+//! token of the chart's ServiceAccount, the server's CA) is mounted where Kubernetes mounts it and
+//! the agent's client is the in-cluster one. It must turn ready, install the plugin, its
+//! kubeconfig and the conflist entry; a pod in an ambient namespace ADDed through the real CNI
+//! chain on the "host" must be enrolled through the test ZDS peer (its outbound connection lands
+//! on the peer's listener in the pod netns) and annotated on the server; every request the pod
+//! made must have been allowed by the release's own ClusterRoles; after `helm uninstall` (the
+//! server then refuses the pod's token) SIGTERM must clean up.
 //!
-//! Needs root, podman + runc + mmdebstrap (scripts/deps-image, run by scripts/image) and the Helm
-//! venv (scripts/deps). The image's base is cached in target/image-base after the first run.
+//! Needs root, podman + runc + mmdebstrap (scripts/deps-image, run by scripts/image), the Helm
+//! venv (scripts/deps) and the control plane (scripts/build-controlplane). The image's base is
+//! cached in target/image-base after the first run.
 
 mod support;
 
@@ -24,6 +29,8 @@ mod ambient_node;
 
 #[path = "chart_helm/chart.rs"]
 mod chart;
+#[path = "chart_helm/release.rs"]
+mod release;
 
 #[path = "image_daemonset/podman.rs"]
 mod podman;
@@ -36,7 +43,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use ambient_node::{PodNs, result_ip};
-use chart::{Case, NAMESPACE};
+use chart::Case;
 use host::Host;
 use install_support::has_istio_entry;
 
@@ -94,7 +101,7 @@ fn the_image_runs_as_the_daemonset_does_and_enrols_an_ambient_pod() {
     assert!(!layout.contains("missing"), "{layout}");
     assert!(!layout.contains("nft is in the image"), "{layout}");
 
-    let mut host = Host::new();
+    let mut host = Host::new(&r);
     let container = host.start_container(&r, &built.image);
 
     // Ready on the chart's probe, through the node netns.
@@ -131,12 +138,12 @@ fn the_image_runs_as_the_daemonset_does_and_enrols_an_ambient_pod() {
     // Ambient: the ZDS peer connects to the agent's socket on the host.
     let peer = host.peer();
     peer.wait_snapshots(1, T);
-    host.namespace("amb", json!({"istio.io/dataplane-mode": "ambient"}));
-    let uid = host.pod("amb", "app");
+    let amb = host.namespace("amb", &[("istio.io/dataplane-mode", "ambient")]);
+    let uid = host.pod(&amb, "app");
     let app = PodNs::new("img");
     peer.hold_acks();
     let result = std::thread::scope(|s| {
-        let add = s.spawn(|| host.add(&conf, &app, "amb", "app"));
+        let add = s.spawn(|| host.add(&conf, &app, &amb, "app"));
         peer.wait(T, "the agent's Add", |p| {
             add.is_finished() || p.all_requests().iter().any(|(_, q)| q.is_add_of(&uid))
         });
@@ -163,9 +170,49 @@ fn the_image_runs_as_the_daemonset_does_and_enrols_an_ambient_pod() {
         p.accepted(&uid) == Some(1)
     });
     assert_eq!(peer.violations(), Vec::<String>::new());
+    // The enrolment is on the pod as the real server stores it (the agent's patch, applied).
+    let cp = host.release.cp;
+    let deadline = Instant::now() + T;
+    while !cp
+        .pod(&amb, "app")
+        .and_then(|p| p.metadata.annotations)
+        .is_some_and(|a| a.contains_key("ambient.istio.io/redirection"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the pod was not annotated on the server within {T:?}:\n{}",
+            container.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
-    // SIGTERM: the agent exits 0 and takes its config entry, plugin and kubeconfig with it (no
-    // DaemonSet in the API server: an uninstall, not an upgrade).
+    // Everything the pod asked while installed, the real RBAC authorizer allowed through the
+    // release's own bindings.
+    let calls = host.release.requests();
+    let patched = calls
+        .iter()
+        .any(|a| a.call.verb == "patch" && a.call.resource == "pods/status");
+    assert!(patched, "no annotation patch among {calls:?}");
+    host.release
+        .assert_all_allowed_by_its_rbac("the image's agent", &calls);
+
+    // `helm uninstall` (every object of the release, the ServiceAccount last), then the kubelet's
+    // SIGTERM: the server refuses the pod's bound token once its ServiceAccount is gone, the
+    // shutdown's DaemonSet lookup takes that for an uninstall, and the agent exits 0 taking its
+    // config entry, plugin and kubeconfig with it.
+    host.release.uninstall();
+    let token = std::fs::read_to_string(host.dirs.sa.join("token")).expect("token");
+    let deadline = Instant::now() + T;
+    loop {
+        match host.release.ask_with(&token) {
+            Err(istio_cni::kube::KubeError::Unauthorized(_)) => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "the token of a deleted ServiceAccount still answered: {other:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let code = container.stop(Duration::from_secs(30));
     assert_eq!(code, 0, "exit code on SIGTERM:\n{}", container.logs());
     let after = host.dirs.read(host::PRIMARY).unwrap_or_default();
@@ -177,9 +224,11 @@ fn the_image_runs_as_the_daemonset_does_and_enrols_an_ambient_pod() {
         !host.dirs.run.join("istio-cni-kubeconfig").exists(),
         "kubeconfig left after SIGTERM"
     );
-    let calls = host.api_paths();
-    let ds = format!("/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/istio-cni-node");
-    assert!(calls.contains(&ds), "no shutdown check: {calls:?}");
+    let logs = container.logs();
+    assert!(
+        logs.contains("DaemonSet istio-cni-node is gone: uninstall"),
+        "no shutdown check:\n{logs}"
+    );
 }
 
 /// An address in the pod's subnet other than its own: nothing listens there, so only capture

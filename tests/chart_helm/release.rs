@@ -16,15 +16,16 @@ use serde_json::{Value, json};
 
 use crate::chart::{ApiCall, NAMESPACE, Rendered};
 
-/// The kinds applied: what the DaemonSet's pod needs from the release.
-const APPLIED: [&str; 7] = [
-    "ServiceAccount",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "Role",
-    "RoleBinding",
-    "ConfigMap",
+/// The kinds applied (what the DaemonSet's pod needs from the release), in the order
+/// `helm uninstall` deletes them.
+const KINDS: [&str; 7] = [
     "DaemonSet",
+    "RoleBinding",
+    "Role",
+    "ClusterRoleBinding",
+    "ClusterRole",
+    "ConfigMap",
+    "ServiceAccount",
 ];
 
 /// One release on the shared API server.
@@ -38,6 +39,8 @@ pub struct Release {
     pub service_account: String,
     /// The names of the release's ClusterRoleBindings on the server.
     pub bindings: Vec<String>,
+    /// The objects as created (what an uninstall deletes).
+    objects: Vec<Value>,
     /// Audit entries before the release are not its concern.
     mark: usize,
 }
@@ -68,6 +71,7 @@ pub fn install(
     let node = unique_name("node");
     cp.create_namespace(&namespace, &[]);
     cp.create_node(&node, "192.0.2.1");
+    label_as_kubelet(cp, &node);
     let cluster_scoped = |o: &&Value| o["kind"].as_str().is_some_and(|k| k.starts_with("Cluster"));
     let own: Vec<&Value> = r.objects.iter().map(|(_, o)| o).collect();
     let extra: Vec<&Value> = match rbac_from {
@@ -80,9 +84,10 @@ pub fn install(
         _ => Vec::new(),
     };
     let mut bindings = Vec::new();
+    let mut objects = Vec::new();
     for object in own.into_iter().chain(extra) {
         let kind = object["kind"].as_str().unwrap_or_default();
-        if !APPLIED.contains(&kind) {
+        if !KINDS.contains(&kind) {
             continue;
         }
         let mut o = for_release(object, &namespace);
@@ -91,6 +96,7 @@ pub fn install(
             bindings.push(o["metadata"]["name"].as_str().unwrap_or_default().into());
         }
         cp.create(&o);
+        objects.push(o);
     }
     let service_account = r.pod_spec()["serviceAccountName"]
         .as_str()
@@ -102,9 +108,24 @@ pub fn install(
         node,
         service_account,
         bindings,
+        objects,
         mark: 0,
     }
     .marked()
+}
+
+/// The labels a kubelet puts on its node (the chart's DaemonSet selects `kubernetes.io/os`).
+fn label_as_kubelet(cp: &ControlPlane, node: &str) {
+    use k8s_openapi::api::core::v1::Node;
+    let (client, name) = (cp.client(), node.to_string());
+    let labels = json!({"metadata": {"labels": {"kubernetes.io/os": "linux"}}});
+    cp.block_on(async move {
+        kube::api::Api::<Node>::all(client)
+            .patch(&name, &Default::default(), &kube::api::Patch::Merge(labels))
+            .await
+            .map(|_| ())
+    })
+    .unwrap_or_else(|e| panic!("label node {node}: {e}"));
 }
 
 /// `object` moved into the release: namespaced objects into `namespace`, cluster-scoped ones
@@ -189,19 +210,36 @@ impl Release {
         env.insert("POD_NAMESPACE".into(), self.namespace.clone());
     }
 
-    /// Deletes the release's DaemonSet, as `helm uninstall` does before the kubelet stops the
-    /// pods (no controller runs here: the test stops them).
-    pub fn delete_daemonset(&self) {
-        use k8s_openapi::api::apps::v1::DaemonSet;
-        let (client, ns) = (self.cp.client(), self.namespace.clone());
-        self.cp
-            .block_on(async move {
-                kube::api::Api::<DaemonSet>::namespaced(client, &ns)
-                    .delete("istio-cni-node", &Default::default())
-                    .await
-                    .map(|_| ())
-            })
-            .unwrap_or_else(|e| panic!("delete the DaemonSet of {}: {e}", self.namespace));
+    /// `helm uninstall`: every object of the release deleted, in Helm's uninstall order (the
+    /// DaemonSet first, the ServiceAccount last). No controller runs here: the test stops the pod.
+    pub fn uninstall(&self) {
+        let order = |o: &Value| {
+            KINDS
+                .iter()
+                .position(|k| o["kind"] == *k)
+                .unwrap_or(KINDS.len())
+        };
+        let mut objects: Vec<&Value> = self.objects.iter().collect();
+        objects.sort_by_key(|o| order(o));
+        for o in objects {
+            self.cp.delete(o);
+        }
+    }
+
+    /// What the server answers `token` asking for the release's DaemonSet (the shutdown's
+    /// question): whether it exists, or the refusal.
+    pub fn ask_with(&self, token: &str) -> Result<bool, istio_cni::kube::KubeError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("kubeconfig");
+        self.cp.write_kubeconfig(&path, token);
+        let namespace = self.namespace.clone();
+        self.cp.block_on(async move {
+            let client = istio_cni::kube::KubeClient::from_kubeconfig_file(&path).await?;
+            client
+                .get_daemonset(&namespace, "istio-cni-node", Duration::from_secs(10))
+                .await
+                .map(|ds| ds.is_some())
+        })
     }
 
     /// Every request the release's pod made so far, as the server resolved and answered it.

@@ -1,6 +1,9 @@
-//! The "node" the image test's container runs on: a netns of its own (the pod's host network),
-//! the TLS test API server inside it, the chart's host paths as temp dirs, the service account
-//! mount, a procfs of its own holding a kubelet, and the host side of the CNI chain (bridge + loopback +
+//! The "node" the image test's container runs on: a netns of its own (the pod's host network)
+//! where the real kube-apiserver answers on loopback (a relay, `ControlPlane::forward_into`), a
+//! release of the chart there (`chart_helm/release.rs`: its ServiceAccount, RBAC, ConfigMap and
+//! DaemonSet), the chart's host paths as temp dirs, the service account mount (a bound token of the
+//! chart's ServiceAccount), a procfs of its own holding a kubelet, and the host side of the CNI
+//! chain (bridge + loopback +
 //! the plugin install-cni put on the host, run from the node netns in a mount namespace where the
 //! node's /var/run/istio-cni is this test's dir, as on a real node; the machine's is not touched).
 
@@ -9,10 +12,13 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::ambient_node::{NodeApi, PodNs, in_netns};
-use crate::chart::{NODE, Rendered};
+use istio_cni_testing::controlplane::{self, Forwarder, pod_on_node, unique_name};
+
+use crate::ambient_node::{PodNs, in_netns};
+use crate::chart::Rendered;
 use crate::install_support::{Dirs, http_get};
 use crate::podman::{Container, Mount, Spec};
+use crate::release::{self, Release};
 use crate::support::Netns;
 use crate::support::cni_driver::{Attachment, Chain};
 use crate::support::node_proc::NodeProc;
@@ -24,7 +30,9 @@ pub const PRIMARY: &str = "10-image.conflist";
 const SA_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 pub struct Host {
-    pub api: NodeApi,
+    pub release: Release,
+    /// The API server on the node's loopback.
+    relay: Forwarder,
     pub ns: Netns,
     /// Before `dirs`: its mount is under their temp dir and is detached first.
     node_proc: NodeProc,
@@ -34,22 +42,17 @@ pub struct Host {
 }
 
 impl Host {
-    pub fn new() -> Host {
+    /// A node for `r`'s DaemonSet, its release applied to the real API server.
+    pub fn new(r: &Rendered) -> Host {
         let ns = Netns::new("imgnode");
-        let api = in_netns(&PathBuf::from(ns.path()), || {
-            let (server, rt) = istio_cni_testing::apiserver::TestApiServer::start_blocking();
-            NodeApi::new(server, rt)
-        });
+        let cp = controlplane::shared();
+        let relay = cp
+            .forward_into(Path::new(&ns.path()))
+            .expect("relay into the node");
+        let release = release::install(cp, r, None, |_| {});
         let dirs = Dirs::new();
-        // The service account as Kubernetes mounts it: the API server's token and CA.
-        let ca = api.server.ca_pem().expect("the test API server speaks TLS");
-        std::fs::write(dirs.sa.join("ca.crt"), ca).expect("ca.crt");
-        std::fs::write(
-            dirs.sa.join("token"),
-            api.server.token().unwrap_or_default(),
-        )
-        .expect("token");
-        std::fs::write(dirs.sa.join("namespace"), crate::chart::NAMESPACE).expect("namespace");
+        // The service account as Kubernetes mounts it: a bound token, the server's CA.
+        release.write_service_account(&dirs.sa);
         let ipam = tempfile::tempdir().expect("tempdir");
         let conflist = json!({
             "cniVersion": "1.0.0", "name": "image-net",
@@ -65,7 +68,8 @@ impl Host {
         std::fs::create_dir_all(&ztunnel).expect("mkdir");
         let node_proc = NodeProc::start(&ns.path(), dirs.tmp.path());
         Host {
-            api,
+            release,
+            relay,
             ns,
             dirs,
             ztunnel,
@@ -134,9 +138,12 @@ impl Host {
             read_only: true,
             host_to_container: false,
         });
-        let mut env: Vec<(String, String)> = r.container_env().into_iter().collect();
-        // What the kubelet adds for every pod: the API service (here the node-local test server).
-        let port = self.api.server.addr().port().to_string();
+        // The fieldRefs as the kubelet resolves them for the release's pod.
+        let mut env = r.container_env();
+        self.release.resolve(&mut env);
+        let mut env: Vec<(String, String)> = env.into_iter().collect();
+        // What the kubelet adds for every pod: the API service (here on the node's loopback).
+        let port = self.relay.port().to_string();
         env.push(("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()));
         env.push(("KUBERNETES_SERVICE_PORT".into(), port));
         let sc = &c["securityContext"];
@@ -171,23 +178,17 @@ impl Host {
         ZdsPeer::start(&self.ztunnel.join("ztunnel.sock"))
     }
 
-    pub fn namespace(&self, name: &str, labels: Value) {
-        let ns = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}
-        }))
-        .expect("Namespace");
-        self.api.server.add_namespace(ns).expect("add namespace");
+    /// A namespace of a name unique on the server, starting with `name`; returns that name.
+    pub fn namespace(&self, name: &str, labels: &[(&str, &str)]) -> String {
+        let name = unique_name(name);
+        self.release.cp.create_namespace(&name, labels);
+        name
     }
 
-    /// A pod on this node (the API server gives it a random v4 UID); returns the UID.
+    /// A pod on this node (the API server gives it its UID); returns the UID.
     pub fn pod(&self, namespace: &str, name: &str) -> String {
-        let pod = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"nodeName": NODE, "containers": [{"name": "app"}]}
-        }))
-        .expect("Pod");
-        let stored = self.api.server.add_pod(pod).expect("add pod");
+        let pod = pod_on_node(namespace, name, &self.release.node);
+        let stored = self.release.cp.create_pod(&pod);
         stored.metadata.uid.expect("uid")
     }
 
@@ -241,15 +242,5 @@ impl Host {
                 args: &args,
             })
         })
-    }
-
-    /// The paths of every API request the agent made.
-    pub fn api_paths(&self) -> Vec<String> {
-        self.api
-            .server
-            .requests()
-            .iter()
-            .map(|q| q.path.clone())
-            .collect()
     }
 }
