@@ -273,7 +273,8 @@ fn wait_ready(node: &Node, agent: &mut Agent, r: &Rendered) {
 }
 
 /// The rendered environment must be accepted: ready on the probe, metrics on the scrape target,
-/// everything installed, the plugin's kubeconfig good for its GETs, a clean exit on SIGTERM, and
+/// everything installed, the plugin's kubeconfig good for its GETs, a clean exit on SIGTERM that
+/// keeps the installation (the DaemonSet still targets the node: an upgrade or restart), and
 /// every API call made allowed by the release's own RBAC on the real API server (which also
 /// validated the release's objects) and by the rendered RBAC of every value set in the group.
 pub fn expect_ready(group: &[&Rendered]) {
@@ -323,6 +324,9 @@ pub fn expect_ready(group: &[&Rendered]) {
     }
     let st = agent.terminate(T);
     assert!(st.success(), "{name}: exit {st}:\n{}", agent.output());
+    // The DaemonSet as the server stores it still targets the node (labelled as a kubelet
+    // labels it): an upgrade or a restart, so the installation stays for the next agent.
+    check_installed(&node, r);
 
     let calls = node.release.requests();
     // The shutdown check looks up the DaemonSet in the pod's namespace (from the fieldRef).
