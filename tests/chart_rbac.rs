@@ -6,9 +6,9 @@
 //! down cleanly without one request refused. With a verb taken out of the rendered ClusterRole,
 //! install-cni fails naming the resource and the verb.
 //!
-//! Each run is its own release: the namespaced objects go into a namespace of its own, the
-//! cluster-scoped ones get its name as a suffix (the shared API server holds every run), and the
-//! node is a name of its own. install-cni runs in the host netns (the API server listens on host
+//! Each run is its own release (`chart_helm/release.rs`): the namespaced objects go into a
+//! namespace of its own, the cluster-scoped ones get its name as a suffix (the shared API server
+//! holds every run), and the node is a name of its own. install-cni runs in the host netns (the API server listens on host
 //! loopback) on free ports, ambient on the test-only fake data plane: what is checked here is
 //! what the API server allows, not the rules.
 //!
@@ -24,17 +24,18 @@ mod install;
 mod cases;
 #[path = "chart_helm/chart.rs"]
 mod chart;
+#[path = "chart_helm/release.rs"]
+mod release;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use istio_cni_testing::controlplane::{self, ControlPlane, pod_on_node, unique_name};
-use k8s_openapi::api::core::v1::Event;
-use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
-use chart::{Helm, NAMESPACE, Rendered};
+use chart::{Helm, Rendered};
 use install::{Agent, Dirs, free_port, has_istio_entry, http_get, start, testdata};
+use release::{Release, create_broken_sidecar_pod, events_about};
 use support::Netns;
 use support::node_proc::NodeProc;
 
@@ -62,58 +63,6 @@ fn helm() -> &'static Helm {
             .collect();
         chart::render(&wanted)
     })
-}
-
-/// The kinds applied: what the DaemonSet's pod needs from the release.
-const APPLIED: [&str; 7] = [
-    "ServiceAccount",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "Role",
-    "RoleBinding",
-    "ConfigMap",
-    "DaemonSet",
-];
-
-/// One release of the chart on the shared API server.
-struct Release {
-    namespace: String,
-    node: String,
-}
-
-/// Applies `r`'s objects as a release of its own, each passed through `edit` first.
-fn install_release(cp: &ControlPlane, r: &Rendered, edit: impl Fn(&mut Value)) -> Release {
-    let namespace = unique_name("istio-system");
-    let node = unique_name("node");
-    cp.create_namespace(&namespace, &[]);
-    cp.create_node(&node, "192.0.2.1");
-    let suffixed = |name: &Value| json!(format!("{}-{namespace}", name.as_str().expect("name")));
-    for (_, object) in &r.objects {
-        let kind = object["kind"].as_str().unwrap_or_default();
-        if !APPLIED.contains(&kind) {
-            continue;
-        }
-        let mut o = object.clone();
-        if o["metadata"]["namespace"].is_string() {
-            o["metadata"]["namespace"] = json!(namespace);
-        }
-        if kind.starts_with("Cluster") {
-            o["metadata"]["name"] = suffixed(&o["metadata"]["name"]);
-        }
-        if kind.ends_with("Binding") {
-            if o["roleRef"]["kind"] == "ClusterRole" {
-                o["roleRef"]["name"] = suffixed(&o["roleRef"]["name"]);
-            }
-            for s in o["subjects"].as_array_mut().into_iter().flatten() {
-                if s["namespace"] == NAMESPACE {
-                    s["namespace"] = json!(namespace);
-                }
-            }
-        }
-        edit(&mut o);
-        cp.create(&o);
-    }
-    Release { namespace, node }
 }
 
 /// install-cni as the DaemonSet's pod would run it, with a bound token of the chart's service
@@ -235,46 +184,6 @@ fn wait_until(what: &str, agent: &Agent, mut done: impl FnMut() -> bool) {
     }
 }
 
-fn events_about(cp: &ControlPlane, namespace: &str, pod: &str) -> Vec<Event> {
-    let (client, ns, pod) = (cp.client(), namespace.to_string(), pod.to_string());
-    cp.block_on(async move {
-        Api::<Event>::namespaced(client, &ns)
-            .list(&ListParams::default())
-            .await
-            .expect("list events")
-            .items
-            .into_iter()
-            .filter(|e| e.involved_object.name.as_deref() == Some(pod.as_str()))
-            .collect()
-    })
-}
-
-/// A sidecar pod on `node` whose `istio-validation` init container last exited 126, as the
-/// kubelet reports it.
-fn create_broken_sidecar_pod(cp: &ControlPlane, namespace: &str, node: &str) {
-    let mut pod = pod_on_node(namespace, "broken", node);
-    pod.metadata.annotations = Some([("sidecar.istio.io/status".into(), "{}".into())].into());
-    let spec = pod.spec.as_mut().expect("spec");
-    spec.init_containers = Some(vec![
-        serde_json::from_value(json!({"name": "istio-validation", "image": "proxyv2"}))
-            .expect("container"),
-    ]);
-    spec.containers.push(
-        serde_json::from_value(json!({"name": "istio-proxy", "image": "proxyv2"})).expect("c"),
-    );
-    cp.create_pod(&pod);
-    cp.set_pod_status(
-        namespace,
-        "broken",
-        json!({"phase": "Pending", "podIP": "10.250.0.3", "podIPs": [{"ip": "10.250.0.3"}],
-               "initContainerStatuses": [{
-                   "name": "istio-validation", "ready": false, "restartCount": 2,
-                   "image": "proxyv2", "imageID": "",
-                   "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                   "lastState": {"terminated": {"exitCode": 126, "reason": "Error"}}}]}),
-    );
-}
-
 /// What each mode does with the API, checked on the server.
 fn exercise(cp: &ControlPlane, r: &Rendered, release: &Release, run: &Run) {
     let data = r.config_data();
@@ -337,7 +246,7 @@ fn install_cni_works_with_only_the_charts_service_account_in_each_mode() {
     let cp = controlplane::shared();
     for name in MODES {
         let r = helm().case(name);
-        let release = install_release(cp, r, |_| {});
+        let release = release::install(cp, r, None, |_| {});
         let mut run = run_install_cni(cp, r, &release);
         run.wait_ready(r);
         assert!(run.dirs.bin.join("istio-cni").is_file(), "{name}");
@@ -378,7 +287,7 @@ fn without_verb(o: &mut Value, resource: &str, verb: &str) {
 fn install_cni_fails_naming_the_resource_and_verb_the_chart_does_not_grant() {
     let cp = controlplane::shared();
     let r = helm().case("ambient-profile");
-    let release = install_release(cp, r, |o| without_verb(o, "pods", "list"));
+    let release = release::install(cp, r, None, |o| without_verb(o, "pods", "list"));
     let mut run = run_install_cni(cp, r, &release);
     let deadline = Instant::now() + T;
     let refused = loop {
@@ -427,7 +336,7 @@ fn install_cni_fails_naming_the_resource_and_verb_the_chart_does_not_grant() {
 fn install_cni_is_not_ready_while_its_pod_watch_is_refused() {
     let cp = controlplane::shared();
     let r = helm().case("default");
-    let release = install_release(cp, r, |o| without_verb(o, "pods", "watch"));
+    let release = release::install(cp, r, None, |o| without_verb(o, "pods", "watch"));
     let mut run = run_install_cni(cp, r, &release);
     let path = r.container()["readinessProbe"]["httpGet"]["path"]
         .as_str()
@@ -498,7 +407,7 @@ fn plugin_kubeconfig_gets(cp: &ControlPlane, run: &Run, namespace: &str) -> Resu
 fn the_plugin_kubeconfig_follows_bound_token_rotation() {
     let cp = controlplane::shared();
     let r = helm().case("repair-off");
-    let release = install_release(cp, r, |_| {});
+    let release = release::install(cp, r, None, |_| {});
     let mut run = run_install_cni(cp, r, &release);
     run.wait_ready(r);
     plugin_kubeconfig_gets(cp, &run, &release.namespace).expect("first token");
