@@ -1,6 +1,7 @@
 //! Logging setup, the plugin log sink, the health/readiness/metrics servers (with the process
 //! collector's `process_*` series, `process`), and the one binder (`socket`) and server (`serve`)
-//! of every local socket and port of the agent.
+//! of every local socket and port of the agent. Inside the room files import downward only
+//! (`readiness` below `serve` below `health`).
 //! May call: nothing else in this crate.
 
 pub mod health;
@@ -8,6 +9,7 @@ pub mod logging;
 pub mod logsink;
 pub mod metrics;
 pub mod process;
+pub mod readiness;
 pub mod rotate;
 pub mod serve;
 pub mod socket;

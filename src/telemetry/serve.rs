@@ -36,7 +36,7 @@ use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::health::Readiness;
+use super::readiness::Readiness;
 use super::socket::{self, BoundSocket, Kind, Peer, SocketFile, SocketState};
 
 /// Deadline of one request (the slowest, `/cmdadd`, answers within 4.5 s).

@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 
 use super::ZdsError;
 use super::proto::{self, Reply, Request};
-use super::server::{Op, Shared, Update};
+use super::shared::{Op, Shared, Update};
 use super::socket::{Idle, Packet, check_netns};
 
 struct Session {

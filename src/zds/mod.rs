@@ -5,7 +5,8 @@
 //! (`socket`: bind with tight permissions, accept, send with one fd, receive with truncation
 //! detection), the per-connection session (`conn`: hello, snapshot, lock-step updates, liveness),
 //! the connection set and the public handle (`server`), the NACK backoff (`backoff`) and what was
-//! last sent about each pod and its answer (`ledger`, for the agent's debug endpoint).
+//! last sent about each pod and its answer (`ledger`, for the agent's debug endpoint); what the
+//! connections and the handle share sits below both (`shared`), so no file imports in a circle.
 //! It knows nothing of Kubernetes: the agent feeds it pods through [`SnapshotSource`] and
 //! [`ZdsHandle`]. May call: `netns` (the handle whose fd is sent), `retry` (the NACK hold's
 //! spacing) and `telemetry` (metrics).
@@ -15,6 +16,7 @@ mod conn;
 pub mod ledger;
 pub mod proto;
 mod server;
+mod shared;
 mod socket;
 
 use std::path::PathBuf;
@@ -143,12 +145,4 @@ pub enum ZdsError {
         #[source]
         source: std::io::Error,
     },
-}
-
-impl ZdsError {
-    /// Whether trying the same operation again later may succeed: everything but a handle that is
-    /// not a netns (an agent bug) and a socket that cannot be bound (start-up).
-    pub fn is_retryable(&self) -> bool {
-        !matches!(self, ZdsError::NotANetns { .. } | ZdsError::Bind { .. })
-    }
 }

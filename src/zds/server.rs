@@ -12,72 +12,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::backoff::NackBook;
+use super::shared::{Op, Shared, Update};
 use super::socket::{Listener, check_netns};
 use super::{SnapshotSource, WorkloadInfo, ZdsConfig, ZdsError};
 use crate::netns::Netns;
-
-/// A change for one connection, answered once its ack (or failure) is in.
-pub(crate) struct Update {
-    pub op: Op,
-    pub reply: oneshot::Sender<Result<(), ZdsError>>,
-}
-
-pub(crate) enum Op {
-    Add {
-        uid: String,
-        info: WorkloadInfo,
-        netns: Arc<Netns>,
-    },
-    Del {
-        uid: String,
-    },
-}
-
-struct ConnEntry {
-    id: u64,
-    tx: mpsc::Sender<Update>,
-}
-
-/// State shared by the accept loop, the connection tasks and the handles.
-pub(crate) struct Shared {
-    pub cfg: ZdsConfig,
-    pub source: Arc<dyn SnapshotSource>,
-    pub nacks: Mutex<NackBook>,
-    /// What was last sent about each pod, and its answer.
-    pub ledger: Mutex<super::ledger::Ledger>,
-    conns: Mutex<Vec<ConnEntry>>,
-    next_id: AtomicU64,
-}
-
-impl Shared {
-    /// Adds a connection that said hello; it becomes the newest. Returns its update queue.
-    pub(crate) fn register(&self, id: u64) -> mpsc::Receiver<Update> {
-        let (tx, rx) = mpsc::channel(self.cfg.queue_depth.max(1));
-        let mut conns = self.conns.lock();
-        conns.push(ConnEntry { id, tx });
-        self.cfg.metrics.ztunnel_connected.set(conns.len() as i64);
-        rx
-    }
-
-    pub(crate) fn unregister(&self, id: u64) {
-        let mut conns = self.conns.lock();
-        conns.retain(|c| c.id != id);
-        self.cfg.metrics.ztunnel_connected.set(conns.len() as i64);
-        self.ledger.lock().closed(id);
-    }
-
-    fn newest(&self) -> Option<(u64, mpsc::Sender<Update>)> {
-        self.conns.lock().last().map(|c| (c.id, c.tx.clone()))
-    }
-
-    fn all(&self) -> Vec<(u64, mpsc::Sender<Update>)> {
-        self.conns
-            .lock()
-            .iter()
-            .map(|c| (c.id, c.tx.clone()))
-            .collect()
-    }
-}
 
 /// The agent's side of the server. Clone-cheap.
 #[derive(Clone)]
