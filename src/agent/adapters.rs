@@ -1,6 +1,6 @@
 //! The real seams: the agent's traits (`ports`) implemented by its data plane and by the ZDS
-//! server, and the pod cache offered to ZDS as the snapshot source. Only error classes are
-//! decided here (what may succeed later); every behaviour stays in its own module.
+//! server, and the pod cache offered to ZDS as the snapshot source. Errors pass through with
+//! their own types (classified once, in `mesh`); every behaviour stays in its own module.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -12,21 +12,9 @@ use crate::netns::Netns;
 use crate::netns::reserved::Reserved;
 use crate::zds::{SnapshotEntry, SnapshotSource, ZdsError, ZdsHandle};
 
-/// A pod whose netns cannot be opened or entered, or whose rules the kernel refuses, will not
-/// fix itself by waiting (Istio: NonRetryable); the host probe set and host rules may.
-fn dataplane_error(e: DataplaneError) -> PortError {
-    match e {
-        DataplaneError::OpenNetns { .. }
-        | DataplaneError::Enter { .. }
-        | DataplaneError::Addresses { .. }
-        | DataplaneError::Inpod { .. } => PortError::permanent(e),
-        _ => PortError::retryable(e),
-    }
-}
-
 impl ports::DataplanePort for Dataplane {
     fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, PortError> {
-        Dataplane::open_netns(self, cni_netns_path).map_err(dataplane_error)
+        Dataplane::open_netns(self, cni_netns_path).map_err(PortError::from)
     }
 
     fn reserved_netns(&self) -> Reserved {
@@ -34,7 +22,7 @@ impl ports::DataplanePort for Dataplane {
     }
 
     fn netns_addresses(&self, netns: &Netns, pod: &PodNet) -> Result<Vec<IpAddr>, PortError> {
-        Dataplane::netns_addresses(self, netns, pod).map_err(dataplane_error)
+        Dataplane::netns_addresses(self, netns, pod).map_err(PortError::from)
     }
 
     fn netns_alive(&self, netns: &Netns) -> bool {
@@ -46,11 +34,11 @@ impl ports::DataplanePort for Dataplane {
     }
 
     fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<ports::RuleChange, PortError> {
-        Dataplane::program_pod(self, netns, pod).map_err(dataplane_error)
+        Dataplane::program_pod(self, netns, pod).map_err(PortError::from)
     }
 
     fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError> {
-        Dataplane::unprogram_pod(self, netns, pod).map_err(dataplane_error)
+        Dataplane::unprogram_pod(self, netns, pod).map_err(PortError::from)
     }
 
     fn probe_add(
@@ -59,7 +47,7 @@ impl ports::DataplanePort for Dataplane {
         ips: &[IpAddr],
         believed: Option<&ports::ProbeEntries>,
     ) -> Result<(), PortError> {
-        Dataplane::probe_add(self, uid, ips, believed).map_err(dataplane_error)
+        Dataplane::probe_add(self, uid, ips, believed).map_err(PortError::from)
     }
 
     fn probe_remove(
@@ -68,7 +56,7 @@ impl ports::DataplanePort for Dataplane {
         ips: &[IpAddr],
         believed: Option<&ports::ProbeEntries>,
     ) -> Result<(), PortError> {
-        Dataplane::probe_remove(self, uid, ips, believed).map_err(dataplane_error)
+        Dataplane::probe_remove(self, uid, ips, believed).map_err(PortError::from)
     }
 
     fn probe_sync(
@@ -76,19 +64,11 @@ impl ports::DataplanePort for Dataplane {
         members: &[(String, Vec<IpAddr>)],
         prune: bool,
     ) -> Result<ports::ProbeSynced, PortError> {
-        Dataplane::probe_sync(self, members, prune).map_err(dataplane_error)
+        Dataplane::probe_sync(self, members, prune).map_err(PortError::from)
     }
 
     fn verify_host(&self) -> Result<Option<String>, PortError> {
-        Dataplane::verify_host(self).map_err(dataplane_error)
-    }
-}
-
-fn zds_error(e: ZdsError) -> PortError {
-    if e.is_retryable() {
-        PortError::retryable(e)
-    } else {
-        PortError::permanent(e)
+        Dataplane::verify_host(self).map_err(PortError::from)
     }
 }
 
@@ -97,12 +77,16 @@ impl ports::Ztunnel for ZdsHandle {
         Box::pin(async move {
             ZdsHandle::add_workload(self, &uid, &info, &netns)
                 .await
-                .map_err(zds_error)
+                .map_err(PortError::from)
         })
     }
 
     fn del_workload<'a>(&'a self, uid: &'a str) -> PortFuture<'a> {
-        Box::pin(async move { ZdsHandle::del_workload(self, uid).await.map_err(zds_error) })
+        Box::pin(async move {
+            ZdsHandle::del_workload(self, uid)
+                .await
+                .map_err(PortError::from)
+        })
     }
 
     fn workload_states(&self) -> HashMap<String, ports::WorkloadState> {

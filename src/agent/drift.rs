@@ -256,7 +256,7 @@ async fn verify_probe_set(core: &Core, reported: &mut Reported, summary: &mut Pa
     let dp = core.mesh.dataplane.clone();
     let host = tokio::task::spawn_blocking(move || dp.verify_host())
         .await
-        .unwrap_or_else(|e| Err(PortError::retryable(format!("data-plane task failed: {e}"))));
+        .unwrap_or_else(|e| Err(PortError::Task(e)));
     report_host(core, reported, summary, host);
     let result = {
         let _exclusive = core.mesh.probe_gate.lock().await;
@@ -264,7 +264,7 @@ async fn verify_probe_set(core: &Core, reported: &mut Reported, summary: &mut Pa
         let dp = core.mesh.dataplane.clone();
         let synced = tokio::task::spawn_blocking(move || dp.probe_sync(&members, prune))
             .await
-            .unwrap_or_else(|e| Err(PortError::retryable(format!("data-plane task failed: {e}"))));
+            .unwrap_or_else(|e| Err(PortError::Task(e)));
         if synced.is_ok() {
             core.mesh.cache.probe_set_synced(prune);
         }

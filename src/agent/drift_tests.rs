@@ -133,7 +133,10 @@ fn only_a_write_is_a_heal() {
     for written in [Applied, AppliedOverNetlink, Reconciled] {
         assert_eq!(judge(&Ok(written.clone())), DriftFinding::Healed(written));
     }
-    let failed = judge(&Err(PortError::permanent("iptables-restore: exit 2")));
+    let failed = judge(&Err(PortError::Injected {
+        what: "iptables-restore: exit 2",
+        transient: false,
+    }));
     assert_eq!(
         failed,
         DriftFinding::Failed("iptables-restore: exit 2".into())

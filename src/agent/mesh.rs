@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, info, warn};
 
 use super::cache::PodCache;
+use super::dataplane::DataplaneError;
 use super::pod::{self, Redirection};
 use super::ports::{Annotator, DataplanePort, PortError, Ztunnel};
 use super::progress::{self, AddStep, Progress};
@@ -17,6 +18,7 @@ use super::trust;
 use crate::kube::KubeError;
 use crate::netns::Netns;
 use crate::reconcile::{Class, Classify};
+use crate::zds::ZdsError;
 
 /// Which step of an add or remove failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +29,6 @@ pub enum MeshStep {
     ProbeSet,
     Annotate,
     UnprogramPod,
-    Blocking,
 }
 
 /// A failed add/remove; names the pod and the step, keeps the cause.
@@ -61,26 +62,51 @@ pub enum MeshError {
 }
 
 impl Classify for MeshError {
-    /// The one decision of what a failure means for the pod's key. Nothing was written when the
-    /// netns cannot be found, is refused or cannot be programmed: trying again changes nothing
-    /// (the next event or plugin ADD does). A missing namespace waits for the namespace's add,
-    /// which looks at its pods again. The rest is transient as the seam says; an annotation
-    /// patch is retried unless the pod is gone; a data-plane task that panicked is retried.
     fn class(&self) -> Class {
-        match self {
-            MeshError::Port { step, source, .. } => match step {
-                MeshStep::FindNetns | MeshStep::ProgramPod => Class::GiveUp,
-                MeshStep::Blocking => Class::Retry,
-                _ if source.retryable => Class::Retry,
-                _ => Class::GiveUp,
+        classify(self)
+    }
+}
+
+/// The one decision of what a failure means for the pod's key (and for the plugin waiting on
+/// it). Nothing was written when the netns cannot be found, is refused or cannot be programmed:
+/// trying again changes nothing (the next event or plugin ADD does). A missing namespace waits
+/// for the namespace's add, which looks at its pods again. A data-plane task that panicked, an
+/// absent ztunnel, a refused or slow ztunnel, the host probe set and an annotation patch of a
+/// pod that still exists are retried; a handle that is not a netns and a pod whose own netns,
+/// addresses or in-pod rules fail are not (Istio: NonRetryable).
+pub fn classify(e: &MeshError) -> Class {
+    match e {
+        MeshError::Port {
+            source: PortError::Task(_),
+            ..
+        } => Class::Retry,
+        MeshError::Port {
+            step: MeshStep::FindNetns | MeshStep::ProgramPod,
+            ..
+        } => Class::GiveUp,
+        MeshError::Port { source, .. } => match source {
+            PortError::Task(_) | PortError::NotBound => Class::Retry,
+            PortError::Dataplane(
+                DataplaneError::OpenNetns { .. }
+                | DataplaneError::Enter { .. }
+                | DataplaneError::Addresses { .. }
+                | DataplaneError::Inpod { .. },
+            ) => Class::GiveUp,
+            PortError::Dataplane(_) => Class::Retry,
+            PortError::Ztunnel(ZdsError::NotANetns { .. } | ZdsError::Bind { .. }) => Class::GiveUp,
+            PortError::Ztunnel(_) => Class::Retry,
+            #[cfg(any(test, feature = "test-hooks"))]
+            PortError::Injected { transient, .. } => match transient {
+                true => Class::Retry,
+                false => Class::GiveUp,
             },
-            MeshError::Annotate { source, .. } if source.is_not_found() => Class::GiveUp,
-            MeshError::Annotate { .. } => Class::Retry,
-            MeshError::NoNetns { .. }
-            | MeshError::Refused { .. }
-            | MeshError::NotInStore { .. } => Class::GiveUp,
-            MeshError::NamespaceMissing { .. } => Class::WaitFor,
+        },
+        MeshError::Annotate { source, .. } if source.is_not_found() => Class::GiveUp,
+        MeshError::Annotate { .. } => Class::Retry,
+        MeshError::NoNetns { .. } | MeshError::Refused { .. } | MeshError::NotInStore { .. } => {
+            Class::GiveUp
         }
+        MeshError::NamespaceMissing { .. } => Class::WaitFor,
     }
 }
 
@@ -162,10 +188,7 @@ impl Mesh {
         };
         match tokio::task::spawn_blocking(move || work(dp.as_ref())).await {
             Ok(result) => result.map_err(|e| port(step, e)),
-            Err(join) => Err(port(
-                MeshStep::Blocking,
-                PortError::retryable(format!("data-plane task failed: {join}")),
-            )),
+            Err(join) => Err(port(step, PortError::Task(join))),
         }
     }
 

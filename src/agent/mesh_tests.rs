@@ -248,3 +248,144 @@ async fn a_pod_removed_before_its_owed_annotation_is_written_never_gets_it() {
     // Only the remove's clearing patch: a late `enabled` would mark a removed pod enrolled.
     assert_eq!(annotator.patches(), vec![("ns/a".to_string(), None)]);
 }
+
+/// The one classification, as a table: (what failed, what the pod's key does). The step rule
+/// (nothing written when the netns or its rules fail) wins over the cause, except a task that
+/// panicked, which is always retried.
+#[tokio::test]
+async fn every_failure_is_classified_once_by_step_and_cause() {
+    use crate::kube::{Call, Refusal as KubeRefusal};
+    use crate::netns::NetnsError;
+    let cancelled = || {
+        let task = tokio::spawn(std::future::pending::<()>());
+        task.abort();
+        task
+    };
+    let not_netns = || NetnsError::NotNetns {
+        path: "/var/run/netns/x".into(),
+        what: "is a regular file".into(),
+    };
+    let injected = |transient| PortError::Injected {
+        what: "injected",
+        transient,
+    };
+    let port = |step, source| MeshError::Port {
+        pod: "ns/p".into(),
+        step,
+        source,
+    };
+    let kube = |call| KubeError::Timeout {
+        call,
+        object: "ns/p".into(),
+        timeout: std::time::Duration::from_secs(1),
+    };
+    let pod = || "ns/p".to_string();
+    use Class::*;
+    use MeshStep::*;
+    let table: Vec<(MeshError, Class)> = vec![
+        // Nothing written: the next event or ADD tries again, not the backoff.
+        (port(FindNetns, injected(true)), GiveUp),
+        (port(ProgramPod, injected(true)), GiveUp),
+        (
+            port(
+                FindNetns,
+                PortError::Dataplane(DataplaneError::OpenNetns {
+                    path: "/var/run/netns/x".into(),
+                    source: not_netns(),
+                }),
+            ),
+            GiveUp,
+        ),
+        (
+            port(ProgramPod, cancelled().await.unwrap_err().into()),
+            Retry,
+        ),
+        (port(ProbeSet, cancelled().await.unwrap_err().into()), Retry),
+        // ztunnel: absent, refusing or slow is transient; a handle that is not a netns is not.
+        (port(Ztunnel, PortError::NotBound), Retry),
+        (
+            port(Ztunnel, PortError::Ztunnel(ZdsError::NoConnection)),
+            Retry,
+        ),
+        (
+            port(
+                Ztunnel,
+                PortError::Ztunnel(ZdsError::Nack {
+                    uid: "u".into(),
+                    message: "AddrInUse".into(),
+                }),
+            ),
+            Retry,
+        ),
+        (
+            port(
+                Ztunnel,
+                PortError::Ztunnel(ZdsError::NotANetns {
+                    uid: "u".into(),
+                    path: "/x".into(),
+                    reason: "a file".into(),
+                }),
+            ),
+            GiveUp,
+        ),
+        // The data plane: the pod's own netns is permanent, the host's probe set transient.
+        (
+            port(
+                UnprogramPod,
+                PortError::Dataplane(DataplaneError::Enter {
+                    pod: pod(),
+                    source: not_netns(),
+                }),
+            ),
+            GiveUp,
+        ),
+        (
+            port(
+                ProbeSet,
+                PortError::Dataplane(DataplaneError::HostNetns {
+                    path: "/proc/1/ns/net".into(),
+                    source: not_netns(),
+                }),
+            ),
+            Retry,
+        ),
+        (port(ProbeSet, injected(true)), Retry),
+        (port(ProbeSet, injected(false)), GiveUp),
+        // The API server: a pod that is gone is not patched again.
+        (
+            MeshError::Annotate {
+                pod: pod(),
+                source: kube(Call::PatchPod),
+            },
+            Retry,
+        ),
+        (
+            MeshError::Annotate {
+                pod: pod(),
+                source: KubeError::NotFound(KubeRefusal {
+                    call: Call::PatchPod,
+                    object: pod(),
+                    message: "pods \"p\" not found".into(),
+                }),
+            },
+            GiveUp,
+        ),
+        (MeshError::NoNetns { pod: pod() }, GiveUp),
+        (MeshError::NotInStore { pod: pod() }, GiveUp),
+        (
+            MeshError::Refused {
+                pod: pod(),
+                reason: trust::Refusal::Unidentified {
+                    path: "/x".into(),
+                    why: "no reserved netns".into(),
+                },
+            },
+            GiveUp,
+        ),
+        (MeshError::NamespaceMissing { pod: pod() }, WaitFor),
+    ];
+    for (error, class) in &table {
+        assert_eq!(classify(error), *class, "{error}");
+        assert_eq!(error.class(), *class, "{error}");
+    }
+}

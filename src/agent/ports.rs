@@ -4,44 +4,40 @@
 //! the plugin-event server are tested against fakes of these traits.
 
 use std::collections::HashMap;
-use std::error::Error;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 
+use super::dataplane::DataplaneError;
 use super::pod::ANN_REDIRECTION;
 use crate::kube::{EventRecord, KubeClient, KubeError, MetadataPatch, PodPatchVia};
 use crate::netns::Netns;
 use crate::netns::reserved::Reserved;
+use crate::zds::ZdsError;
 
 /// Probe-set entries: IP -> the UID its comment names (the data plane's own type).
 pub use crate::apply::probe_set::Entries as ProbeEntries;
 
-/// A failure of a seam, and whether trying again later may help.
+/// A failure of a seam, its cause kept as the seam's own error. Whether trying again may help is
+/// decided once, by the agent's classification of the step that failed (`mesh::classify`).
 #[derive(Debug, thiserror::Error)]
-#[error("{source}")]
-pub struct PortError {
-    pub retryable: bool,
-    #[source]
-    pub source: Box<dyn Error + Send + Sync>,
-}
-
-impl PortError {
-    pub fn retryable(source: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
-        PortError {
-            retryable: true,
-            source: source.into(),
-        }
-    }
-
-    pub fn permanent(source: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
-        PortError {
-            retryable: false,
-            source: source.into(),
-        }
-    }
+pub enum PortError {
+    #[error(transparent)]
+    Dataplane(#[from] DataplaneError),
+    #[error(transparent)]
+    Ztunnel(#[from] ZdsError),
+    /// The blocking task running a data-plane call panicked or was cancelled.
+    #[error("data-plane task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// An add before the ZDS server was bound ([`LateZtunnel`]).
+    #[error("ztunnel is not connected (no ztunnel connection: the ZDS server is not running yet)")]
+    NotBound,
+    /// A failure the test fakes make on request (`transient`: whether it is one to retry).
+    #[cfg(any(test, feature = "test-hooks"))]
+    #[error("{what}")]
+    Injected { what: &'static str, transient: bool },
 }
 
 /// What the data plane needs to program one pod (the data plane's own type).
@@ -172,8 +168,8 @@ impl Annotator for KubeAnnotator {
 
 /// A ztunnel seam bound after the agent has started: the ZDS server must only accept ztunnel
 /// once the startup snapshot is in the pod cache (a ztunnel drops whatever its first snapshot
-/// lacks), while the agent's add path exists from the start. Until bound, every call fails as
-/// "no ztunnel connection" (retryable).
+/// lacks), while the agent's add path exists from the start. Until bound, an add fails as
+/// [`PortError::NotBound`] (retried).
 #[derive(Default)]
 pub struct LateZtunnel {
     inner: std::sync::OnceLock<Arc<dyn Ztunnel>>,
@@ -186,15 +182,11 @@ impl LateZtunnel {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("ztunnel is not connected (no ztunnel connection: the ZDS server is not running yet)")]
-struct NotBound;
-
 impl Ztunnel for LateZtunnel {
     fn add_workload(&self, uid: String, info: WorkloadInfo, netns: Arc<Netns>) -> PortFuture<'_> {
         match self.inner.get() {
             Some(z) => z.add_workload(uid, info, netns),
-            None => Box::pin(async { Err(PortError::retryable(NotBound)) }),
+            None => Box::pin(async { Err(PortError::NotBound) }),
         }
     }
 

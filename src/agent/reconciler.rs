@@ -284,7 +284,7 @@ impl Core {
         let dp = self.mesh.dataplane.clone();
         let result = tokio::task::spawn_blocking(move || dp.program_pod(&netns, &pod_net))
             .await
-            .unwrap_or_else(|e| Err(PortError::retryable(format!("data-plane task failed: {e}"))));
+            .unwrap_or_else(|e| Err(PortError::Task(e)));
         Reconciled::Verified {
             pod: p,
             verdict: judge(&result),

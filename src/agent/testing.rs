@@ -75,7 +75,10 @@ impl FakeDataplane {
         let left = self.probe_failures.load(Ordering::SeqCst);
         if left > 0 {
             self.probe_failures.store(left - 1, Ordering::SeqCst);
-            return Err(PortError::retryable("injected probe-set failure"));
+            return Err(PortError::Injected {
+                what: "injected probe-set failure",
+                transient: true,
+            });
         }
         Ok(self.probes.lock())
     }
@@ -84,10 +87,16 @@ impl FakeDataplane {
 impl DataplanePort for FakeDataplane {
     fn open_netns(&self, path: &str) -> Result<Netns, PortError> {
         self.record(format!("open {path}"));
-        if std::path::Path::new(path).exists() {
-            return Netns::open(std::path::Path::new(path)).map_err(PortError::permanent);
-        }
-        Netns::current().map_err(PortError::permanent)
+        let opened = match std::path::Path::new(path) {
+            named if named.exists() => Netns::open(named),
+            _ => Netns::current(),
+        };
+        opened.map_err(|source| {
+            PortError::Dataplane(crate::agent::dataplane::DataplaneError::OpenNetns {
+                path: path.into(),
+                source,
+            })
+        })
     }
 
     fn reserved_netns(&self) -> Reserved {
@@ -131,7 +140,10 @@ impl DataplanePort for FakeDataplane {
     fn program_pod(&self, _netns: &Netns, pod: &PodNet) -> Result<RuleChange, PortError> {
         self.record(format!("program {}", pod.uid));
         if self.fail_program.load(Ordering::SeqCst) {
-            return Err(PortError::permanent("injected in-pod programming failure"));
+            return Err(PortError::Injected {
+                what: "injected in-pod programming failure",
+                transient: false,
+            });
         }
         let first = self.programmed.lock().insert(pod.uid.clone());
         let drifted = self.drifted.lock().remove(&pod.uid);
@@ -209,7 +221,10 @@ impl DataplanePort for FakeDataplane {
         let left = self.host_failures.load(Ordering::SeqCst);
         if left > 0 {
             self.host_failures.store(left - 1, Ordering::SeqCst);
-            return Err(PortError::retryable("injected host-rules failure"));
+            return Err(PortError::Injected {
+                what: "injected host-rules failure",
+                transient: true,
+            });
         }
         Ok(self.host_drift.lock().take())
     }
@@ -259,7 +274,7 @@ impl Ztunnel for FakeZtunnel {
             }
             self.adds.fetch_add(1, Ordering::SeqCst);
             if !self.connected.load(Ordering::SeqCst) {
-                return Err(PortError::retryable("no ztunnel connection"));
+                return Err(PortError::Ztunnel(crate::zds::ZdsError::NoConnection));
             }
             self.workloads.lock().insert(uid, info);
             Ok(())
