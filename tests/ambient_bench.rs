@@ -20,6 +20,9 @@
 
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
+/// Bulk pods on the real API server, its CPU (shared with tests/istio_bench.rs).
+#[path = "istio_bench/cluster.rs"]
+mod cluster;
 mod install_support;
 #[path = "support/ambient_bench_records.rs"]
 mod records;
@@ -530,4 +533,241 @@ fn drift_passes(node: &Node, pods: usize, n: usize) -> DriftPasses {
         cpu_own_ms: (own1 - own0) * 1000.0 / n as f64,
         cpu_tools_ms: (tools1 - tools0) * 1000.0 / n as f64,
     }
+}
+
+/// One node of each build on the real API server (Istio's install-cni with AMBIENT_ENABLED and
+/// its plugin, `Node::start_istio_on`; ours, `Node::start_real`), each with its own ZDS test peer.
+fn both_nodes() -> [Node; 2] {
+    let istio = Node::start_istio_on(
+        support::real_cluster::RealCluster::start(),
+        Backend::Iptables,
+        &[],
+    );
+    let ours = Node::start_real(Backend::Iptables);
+    for node in [&istio, &ours] {
+        node.namespace("amb", json!({AMBIENT: "ambient"}));
+    }
+    [istio, ours]
+}
+
+/// CPU of a node's processes: the plugins this process ran (and what they ran), the agent and
+/// the tools it ran, in seconds.
+fn node_cpu(node: &Node) -> f64 {
+    let [_, plugins, agent, tools] = cpu_split(node);
+    plugins + agent + tools
+}
+
+/// Ambient ADDs side by side with Istio's build, on the real API server: one at a time
+/// alternating the builds ADD by ADD (p50, p99, CPU of the node's processes per ADD: plugin,
+/// agent, the tools it ran; the agent's from 10 ms ticks, so summed over all ADDs), then a burst
+/// of each build's ADDs at a concurrency (Istio's first, then ours): ADD/s, p99, failures.
+/// Prints `| what | Istio | ours | ours / Istio |` rows.
+#[test]
+#[ignore]
+fn ambient_add_side_by_side() {
+    let serial_n = env_usize("BENCH_AMBIENT_SERIAL_ADDS", 50);
+    let n = env_usize("BENCH_AMBIENT_ADDS", 1000);
+    let c = env_usize("BENCH_AMBIENT_CONCURRENCY", 100);
+    let nodes = both_nodes();
+    let pods = nodes.each_ref().map(|node| {
+        (
+            node_pods(node, "amb", "s", serial_n, n),
+            node_pods(node, "amb", "p", n, 0),
+        )
+    });
+    let k8s_ns = nodes.each_ref().map(|node| node.k8s_ns("amb"));
+    let mut serial: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    let mut serial_cpu = [0.0f64; 2];
+    let mut serial_failures: [Vec<String>; 2] = [Vec::new(), Vec::new()];
+    let apiserver = cluster::apiserver_pid(nodes[0].cluster().cp).expect("kube-apiserver's pid");
+    let api_cpu = || cluster::proc_cpu(apiserver).as_secs_f64();
+    let mut serial_api = [0.0f64; 2];
+    for i in 0..serial_n {
+        let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        for s in order {
+            let (before, api_before) = (node_cpu(&nodes[s]), api_cpu());
+            let adds = run_adds(&nodes[s], &k8s_ns[s], &pods[s].0[i..i + 1], 1);
+            serial_cpu[s] += node_cpu(&nodes[s]) - before;
+            serial_api[s] += api_cpu() - api_before;
+            serial[s].extend(adds.took);
+            serial_failures[s].extend(adds.failures);
+        }
+    }
+    let mut burst = Vec::new();
+    for s in [0, 1] {
+        let before = node_cpu(&nodes[s]);
+        let wall = Instant::now();
+        let adds = run_adds(&nodes[s], &k8s_ns[s], &pods[s].1, c);
+        let wall = wall.elapsed();
+        let cpu = node_cpu(&nodes[s]) - before;
+        burst.push((adds, wall, cpu));
+    }
+    for s in &mut serial {
+        s.sort();
+    }
+    let row = |what: &str, istio: String, ours: String, ratio: String| {
+        println!("| {what} | {istio} | {ours} | {ratio} |");
+    };
+    let ratio = |ours: f64, istio: f64| {
+        if istio > 0.0 {
+            format!("{:.2}", ours / istio)
+        } else {
+            "n/a".to_string()
+        }
+    };
+    println!(
+        "| ambient ADD, real API server, same ZDS test peer, iptables | Istio | ours | ours / Istio |"
+    );
+    println!("| --- | --- | --- | --- |");
+    for (what, q) in [
+        (
+            format!("one at a time ({serial_n} each, alternating): p50"),
+            0.5,
+        ),
+        ("one at a time: p99".to_string(), 0.99),
+    ] {
+        let v = [0, 1].map(|s| quantile(&serial[s], q));
+        row(
+            &what,
+            ms(v[0]),
+            ms(v[1]),
+            ratio(v[1].as_secs_f64(), v[0].as_secs_f64()),
+        );
+    }
+    let per = [0, 1].map(|s| serial_cpu[s] * 1000.0 / serial[s].len().max(1) as f64);
+    row(
+        "one at a time: node CPU per ADD (plugin + what it ran + agent + what it ran)",
+        format!("{:.1} ms", per[0]),
+        format!("{:.1} ms", per[1]),
+        ratio(per[1], per[0]),
+    );
+    let api = [0, 1].map(|s| serial_api[s] * 1000.0 / serial[s].len().max(1) as f64);
+    row(
+        "one at a time: kube-apiserver CPU per ADD (10 ms ticks, summed over the ADDs)",
+        format!("{:.1} ms", api[0]),
+        format!("{:.1} ms", api[1]),
+        ratio(api[1], api[0]),
+    );
+    let rate = [0, 1].map(|s| n as f64 / burst[s].1.as_secs_f64());
+    row(
+        &format!("{n} ADDs at {c} in flight (Istio's burst first): ADD/s"),
+        format!("{:.0}", rate[0]),
+        format!("{:.0}", rate[1]),
+        ratio(rate[1], rate[0]),
+    );
+    let p99 = [0, 1].map(|s| quantile(&burst[s].0.took, 0.99));
+    row(
+        "same: p99",
+        ms(p99[0]),
+        ms(p99[1]),
+        ratio(p99[1].as_secs_f64(), p99[0].as_secs_f64()),
+    );
+    let cpu = [0, 1].map(|s| burst[s].2 * 1000.0 / n as f64);
+    row(
+        "same: node CPU per ADD",
+        format!("{:.1} ms", cpu[0]),
+        format!("{:.1} ms", cpu[1]),
+        ratio(cpu[1], cpu[0]),
+    );
+    let failed = [0, 1].map(|s| burst[s].0.failures.len() + serial_failures[s].len());
+    row(
+        &format!("failed ADDs (of {n} + {serial_n})"),
+        failed[0].to_string(),
+        failed[1].to_string(),
+        String::new(),
+    );
+    let held = nodes.each_ref().map(|node| node.peer.workloads().len());
+    row(
+        "pods the ZDS peer holds afterwards",
+        held[0].to_string(),
+        held[1].to_string(),
+        String::new(),
+    );
+    for (s, f) in serial_failures
+        .iter()
+        .chain(burst.iter().map(|b| &b.0.failures))
+        .enumerate()
+    {
+        for line in f.iter().take(2) {
+            eprintln!("failed ADD ({s}): {line}");
+        }
+    }
+}
+
+/// The agent's RSS side by side with Istio's, on the real API server (one node of each build
+/// running at once, `ambient_add_side_by_side`'s nodes): before any pod; with this node's pods
+/// enrolled through ADD and many pods of other nodes in the API server; after the other nodes'
+/// pods were deleted and recreated.
+#[test]
+#[ignore]
+fn agent_rss_side_by_side() {
+    let enrolled = env_usize("BENCH_AMBIENT_RSS_PODS", 250);
+    let others = env_usize("BENCH_AMBIENT_OTHER_PODS", 5000);
+    let churn = env_usize("BENCH_AMBIENT_CHURN", 3000).min(others);
+    let nodes = both_nodes();
+    std::thread::sleep(Duration::from_secs(3));
+    let idle = nodes.each_ref().map(rss_mb);
+    let cp = nodes[0].cluster().cp;
+    let elsewhere = istio_cni_testing::controlplane::unique_name("elsewhere");
+    cp.create_namespace(&elsewhere, &[(AMBIENT, "ambient")]);
+    let other = |i: usize, generation: usize| {
+        cluster::pod(
+            &elsewhere,
+            &format!("o{i}-g{generation}"),
+            &format!("{elsewhere}-n{}", i % 50),
+        )
+    };
+    cluster::create_pods(cp, (0..others).map(|i| other(i, 0)).collect());
+    let mut failures = [0usize; 2];
+    // The pods' netns stay until the end (the agents hold them enrolled).
+    let mut kept = Vec::new();
+    for (s, node) in nodes.iter().enumerate() {
+        let pods = node_pods(node, "amb", "p", enrolled, 0);
+        failures[s] = run_adds(node, &node.k8s_ns("amb"), &pods, 10)
+            .failures
+            .len();
+        node.wait_until(
+            Duration::from_secs(60),
+            "all pods held by the ZDS peer",
+            || node.peer.workloads().len() >= enrolled,
+        );
+        kept.push(pods);
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    let loaded = nodes.each_ref().map(rss_mb);
+    cluster::delete_pods(
+        cp,
+        &elsewhere,
+        (0..churn).map(|i| format!("o{i}-g0")).collect(),
+    );
+    cluster::create_pods(cp, (0..churn).map(|i| other(i, 1)).collect());
+    std::thread::sleep(Duration::from_secs(5));
+    let after = nodes.each_ref().map(rss_mb);
+    let ratio = |o: f64, i: f64| format!("{:.2}", o / i);
+    println!(
+        "| agent (install-cni, ambient) RSS, real API server, both running | Istio | ours | ours / Istio |"
+    );
+    println!("| --- | --- | --- | --- |");
+    println!(
+        "| idle | {:.1} MB | {:.1} MB | {} |",
+        idle[0],
+        idle[1],
+        ratio(idle[1], idle[0])
+    );
+    println!(
+        "| {enrolled} enrolled pods on this node, {others} pods of 50 other nodes | {:.1} MB | {:.1} MB | {} |",
+        loaded[0],
+        loaded[1],
+        ratio(loaded[1], loaded[0])
+    );
+    println!(
+        "| after {churn} of the other nodes' pods were deleted and recreated | {:.1} MB | {:.1} MB | {} |",
+        after[0],
+        after[1],
+        ratio(after[1], after[0])
+    );
+    println!(
+        "| ADDs of the enrolled pods that failed | {} | {} | |",
+        failures[0], failures[1]
+    );
 }
