@@ -557,6 +557,39 @@ fn node_cpu(node: &Node) -> f64 {
     plugins + agent + tools
 }
 
+/// What the one-at-a-time ADDs of both nodes showed, per build: each ADD's wall time, the CPU of
+/// the node's processes and kube-apiserver's summed over them, the failures.
+struct Serial {
+    took: [Vec<Duration>; 2],
+    node_cpu: [f64; 2],
+    api_cpu: [f64; 2],
+    failures: [Vec<String>; 2],
+}
+
+/// One ADD at a time, alternating the builds ADD by ADD (which goes first alternates too).
+fn serial_alternating(nodes: &[Node; 2], k8s_ns: &[String; 2], pods: [&[BenchPod]; 2]) -> Serial {
+    let mut out = Serial {
+        took: [Vec::new(), Vec::new()],
+        node_cpu: [0.0; 2],
+        api_cpu: [0.0; 2],
+        failures: [Vec::new(), Vec::new()],
+    };
+    let apiserver = cluster::apiserver_pid(nodes[0].cluster().cp).expect("kube-apiserver's pid");
+    let api_cpu = || cluster::proc_cpu(apiserver).as_secs_f64();
+    for i in 0..pods[0].len().min(pods[1].len()) {
+        let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        for s in order {
+            let (before, api_before) = (node_cpu(&nodes[s]), api_cpu());
+            let adds = run_adds(&nodes[s], &k8s_ns[s], &pods[s][i..i + 1], 1);
+            out.node_cpu[s] += node_cpu(&nodes[s]) - before;
+            out.api_cpu[s] += api_cpu() - api_before;
+            out.took[s].extend(adds.took);
+            out.failures[s].extend(adds.failures);
+        }
+    }
+    out
+}
+
 /// Ambient ADDs side by side with Istio's build, on the real API server: one at a time
 /// alternating the builds ADD by ADD (p50, p99, CPU of the node's processes per ADD: plugin,
 /// agent, the tools it ran; the agent's from 10 ms ticks, so summed over all ADDs), then a burst
@@ -576,45 +609,27 @@ fn ambient_add_side_by_side() {
         )
     });
     let k8s_ns = nodes.each_ref().map(|node| node.k8s_ns("amb"));
-    let mut serial: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
-    let mut serial_cpu = [0.0f64; 2];
-    let mut serial_failures: [Vec<String>; 2] = [Vec::new(), Vec::new()];
-    let apiserver = cluster::apiserver_pid(nodes[0].cluster().cp).expect("kube-apiserver's pid");
-    let api_cpu = || cluster::proc_cpu(apiserver).as_secs_f64();
-    let mut serial_api = [0.0f64; 2];
-    for i in 0..serial_n {
-        let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
-        for s in order {
-            let (before, api_before) = (node_cpu(&nodes[s]), api_cpu());
-            let adds = run_adds(&nodes[s], &k8s_ns[s], &pods[s].0[i..i + 1], 1);
-            serial_cpu[s] += node_cpu(&nodes[s]) - before;
-            serial_api[s] += api_cpu() - api_before;
-            serial[s].extend(adds.took);
-            serial_failures[s].extend(adds.failures);
-        }
-    }
-    let mut burst = Vec::new();
-    for s in [0, 1] {
+    let Serial {
+        mut took,
+        node_cpu: serial_cpu,
+        api_cpu: serial_api,
+        failures: serial_failures,
+    } = serial_alternating(&nodes, &k8s_ns, [&pods[0].0, &pods[1].0]);
+    let serial = &mut took;
+    // Each build's burst alone on the machine, Istio's first: (ADDs, wall, node CPU).
+    let burst = [0, 1].map(|s| {
         let before = node_cpu(&nodes[s]);
         let wall = Instant::now();
         let adds = run_adds(&nodes[s], &k8s_ns[s], &pods[s].1, c);
-        let wall = wall.elapsed();
-        let cpu = node_cpu(&nodes[s]) - before;
-        burst.push((adds, wall, cpu));
-    }
-    for s in &mut serial {
+        (adds, wall.elapsed(), node_cpu(&nodes[s]) - before)
+    });
+    for s in serial.iter_mut() {
         s.sort();
     }
     let row = |what: &str, istio: String, ours: String, ratio: String| {
-        println!("| {what} | {istio} | {ours} | {ratio} |");
+        cluster::row(what, &istio, &ours, &ratio);
     };
-    let ratio = |ours: f64, istio: f64| {
-        if istio > 0.0 {
-            format!("{:.2}", ours / istio)
-        } else {
-            "n/a".to_string()
-        }
-    };
+    let ratio = cluster::ratio;
     println!(
         "| ambient ADD, real API server, same ZDS test peer, iptables | Istio | ours | ours / Istio |"
     );
@@ -683,14 +698,13 @@ fn ambient_add_side_by_side() {
         held[1].to_string(),
         String::new(),
     );
-    for (s, f) in serial_failures
+    for line in serial_failures
         .iter()
         .chain(burst.iter().map(|b| &b.0.failures))
-        .enumerate()
+        .flatten()
+        .take(4)
     {
-        for line in f.iter().take(2) {
-            eprintln!("failed ADD ({s}): {line}");
-        }
+        eprintln!("failed ADD: {line}");
     }
 }
 

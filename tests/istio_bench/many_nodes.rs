@@ -144,7 +144,7 @@ pub fn run_side(
     f
 }
 
-/// Prints the table and the 5,000-node estimate.
+/// Prints the table, then the 5,000-node estimate.
 pub fn report(sizes: &Sizes, f: &[Figures; 2]) {
     let n = |x: &Figures| x.agents.max(1) as f64;
     let per = |x: &Figures, v: f64| v / n(x);
@@ -219,6 +219,12 @@ pub fn report(sizes: &Sizes, f: &[Figures; 2]) {
     );
     line("agent RSS, mean", &|x| x.rss_mb, " MB", 1);
     line("all agents spawned to all ready", &|x| x.ready_s, " s", 1);
+    estimate(sizes, f);
+}
+
+/// The 5,000-node estimate from the per-agent figures, each with its formula.
+fn estimate(sizes: &Sizes, f: &[Figures; 2]) {
+    let per = |x: &Figures, v: f64| v / x.agents.max(1) as f64;
     println!();
     println!("Estimate for 5,000 nodes (N = 5000), from the per-agent figures above:");
     println!();
