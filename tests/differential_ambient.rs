@@ -6,8 +6,9 @@
 //! same ZDS test peer standing in for ztunnel), with the same settings.
 //!
 //! Per run: the pods are created, ADDed through the chain in order (a container process started
-//! in those the case says), and set Running; then the agent is killed and started again; then the
-//! pods the case says are deleted. Compared ([`Facets`]): each ADD's outcome and addresses, the
+//! in those the case says), and set Running; then the agent is killed and started again; then
+//! the pods the case says are labelled out of the mesh; then the pods the case says are torn down
+//! (CNI DEL) and deleted. Compared ([`Facets`]): each ADD's outcome and addresses, the
 //! pods' redirection annotation, each pod's in-pod rules (iptables of both flavours or native
 //! nftables, with the `ip rule`/table-100 routes) after the ADDs and after the restart, the
 //! node's host rules, the probe set members after each step, and every ZDS message the peer got
@@ -208,6 +209,22 @@ fn zds(node: &Node, names: &Names) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
+/// Sets the pod's `istio.io/dataplane-mode` label, as an operator would.
+fn relabel(node: &Node, namespace: &str, name: &str, mode: &str) {
+    let cluster = node.cluster();
+    let (client, ns, pod) = (cluster.cp.client(), cluster.ns(namespace), name.to_string());
+    let patch = json!({"metadata": {"labels": {"istio.io/dataplane-mode": mode}}});
+    cluster
+        .cp
+        .block_on(async move {
+            kube::api::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client, &ns)
+                .patch(&pod, &Default::default(), &kube::api::Patch::Merge(patch))
+                .await
+                .map(|_| ())
+        })
+        .unwrap_or_else(|e| panic!("relabel pod {namespace}/{name}: {e}"));
+}
+
 /// Which pods the peer runs a proxy for, and whether in the pod's own netns (the fd it got).
 fn proxies(node: &Node, pods: &[PodNs], names: &Names) -> Vec<String> {
     use std::os::unix::fs::MetadataExt;
@@ -316,10 +333,33 @@ fn run(case: &Case, istio: bool) -> Outcome {
     facets.insert("restarted: host rules".into(), host_rules(&node, &names));
     facets.insert("restarted: probe set".into(), probes(&node, &names));
 
-    for p in case.pods.iter().filter(|p| p.delete) {
-        node.delete_pod(case.namespace(p), &p.name);
+    for p in case.pods.iter().filter(|p| p.unenrol) {
+        relabel(&node, case.namespace(p), &p.name, "none");
     }
     quiet(&node);
+    for (p, netns) in case.pods.iter().zip(&pods).filter(|(p, _)| p.unenrol) {
+        let rules = inpod_rules(&node, netns);
+        facets.insert(format!("unenrolled: in-pod rules of {}", p.name), rules);
+    }
+    facets.insert("unenrolled: redirection".into(), redirections(&node, case));
+    facets.insert("unenrolled: probe set".into(), probes(&node, &names));
+
+    let mut dels = Vec::new();
+    for (p, netns) in case.pods.iter().zip(&pods).filter(|(p, _)| p.delete) {
+        let del = node.del(netns, case.namespace(p), &p.name);
+        dels.push(format!(
+            "{}: {}",
+            p.name,
+            if del.is_ok() { "ok" } else { "failed" }
+        ));
+        node.delete_pod(case.namespace(p), &p.name);
+    }
+    facets.insert("DEL".into(), dels);
+    quiet(&node);
+    for (p, netns) in case.pods.iter().zip(&pods).filter(|(p, _)| p.delete) {
+        let rules = inpod_rules(&node, netns);
+        facets.insert(format!("deleted: in-pod rules of {}", p.name), rules);
+    }
     facets.insert("deleted: probe set".into(), probes(&node, &names));
     for (name, msgs) in zds(&node, &names) {
         facets.insert(name, msgs);

@@ -2,8 +2,8 @@
 //! namespaces) and a handful of pods in namespaces labelled for ambient or not, each with the
 //! labels and annotations that decide enrolment and shape its in-pod rules (dataplane-mode,
 //! sidecar status, inbound bypass, per-pod DNS capture, reroute interfaces), its service account,
-//! whether a container process runs in it (what a restarted agent's /proc scan finds) and whether
-//! it is deleted at the end. Seeded: the same seed gives the same cases.
+//! whether a container process runs in it (what a restarted agent's /proc scan finds), whether
+//! it is taken out of the mesh by a label later and whether it is torn down and deleted at the end. Seeded: the same seed gives the same cases.
 
 #[allow(dead_code)]
 #[path = "rng.rs"]
@@ -29,7 +29,9 @@ pub struct GenPod {
     pub service_account: Option<String>,
     /// A container process in its netns, in a cgroup naming its UID.
     pub process: bool,
-    /// Deleted from the API server after the agent's restart.
+    /// Relabelled `istio.io/dataplane-mode=none` after the agent's restart (out of the mesh).
+    pub unenrol: bool,
+    /// Torn down (CNI DEL) and deleted from the API server at the end.
     pub delete: bool,
 }
 
@@ -109,10 +111,11 @@ impl Case {
                 c.pods[i].annotations.remove(j);
                 out.push(c);
             }
-            if self.pods[i].process || self.pods[i].delete {
+            if self.pods[i].process || self.pods[i].delete || self.pods[i].unenrol {
                 let mut c = self.clone();
                 c.pods[i].process = false;
                 c.pods[i].delete = false;
+                c.pods[i].unenrol = false;
                 out.push(c);
             }
         }
@@ -131,13 +134,14 @@ impl Case {
         );
         for p in &self.pods {
             s += &format!(
-                "pod {}/{}: labels {:?} annotations {:?} sa {:?} process {} delete {}\n",
+                "pod {}/{}: labels {:?} annotations {:?} sa {:?} process {} unenrol {} delete {}\n",
                 self.namespace(p),
                 p.name,
                 p.labels,
                 p.annotations,
                 p.service_account,
                 p.process,
+                p.unenrol,
                 p.delete
             );
         }
@@ -198,6 +202,7 @@ fn pod(rng: &mut Rng, i: usize) -> GenPod {
         service_account: rng.chance(40).then(|| "app-sa".to_string()),
         process: rng.chance(50),
         delete: rng.chance(30),
+        unenrol: rng.chance(20),
     }
 }
 
