@@ -15,7 +15,8 @@ use cni_driver::real_api::real_api_and_run_dir;
 use cni_driver::*;
 use serde_json::{Value, json};
 
-/// A fake agent serving `/log` and `/cmdadd` on the run dir's sockets, recording request bodies.
+/// A fake agent serving `/log` and `/cmdadd` on the run dir's sockets, recording request bodies;
+/// `/podadd` too when it is given an answer (else a 404, as Istio's agent).
 struct FakeAgent {
     logs: Arc<Mutex<Vec<Value>>>,
     events: Arc<Mutex<Vec<Value>>>,
@@ -25,6 +26,11 @@ struct FakeAgent {
 
 impl FakeAgent {
     fn start(run_dir: &Path, event_status: u16) -> FakeAgent {
+        FakeAgent::start_with(run_dir, event_status, None)
+    }
+
+    /// Also answers `/podadd` with `(status, body)`.
+    fn start_with(run_dir: &Path, event_status: u16, pod_add: Option<(u16, String)>) -> FakeAgent {
         use axum::body::Bytes;
         use axum::http::StatusCode;
         use axum::routing::any;
@@ -51,7 +57,7 @@ impl FakeAgent {
                     }),
                 );
                 let status = StatusCode::from_u16(event_status).unwrap();
-                let event_app: axum::Router = axum::Router::new().route(
+                let mut event_app: axum::Router = axum::Router::new().route(
                     "/cmdadd",
                     any(move |body: Bytes| async move {
                         if let Ok(v) = serde_json::from_slice(&body) {
@@ -60,6 +66,13 @@ impl FakeAgent {
                         (status, "agent says so")
                     }),
                 );
+                if let Some((code, answer)) = pod_add {
+                    let code = StatusCode::from_u16(code).unwrap();
+                    event_app = event_app.route(
+                        "/podadd",
+                        any(move || async move { (code, answer.clone()) }),
+                    );
+                }
                 let log_l = tokio::net::UnixListener::bind(&log_sock).unwrap();
                 let ev_l = tokio::net::UnixListener::bind(&event_sock).unwrap();
                 ready_tx.send(()).unwrap();
@@ -269,4 +282,83 @@ fn an_agent_without_podadd_is_asked_the_istio_way_when_the_uid_is_given() {
         "Istio's body: {}",
         events[0]
     );
+}
+
+/// ADD of `<namespace>/app` with the pod's UID in CNI_ARGS (the plugin asks `/podadd`).
+fn add_app_with_uid(run_dir: &Path, namespace: &str) -> Run {
+    let mut env = cni_env("ADD", "/x", namespace, "app");
+    for (key, value) in env.iter_mut() {
+        if *key == "CNI_ARGS" {
+            value.push_str(";K8S_POD_UID=00000000-0000-4000-8000-00000000a9e2");
+        }
+    }
+    run_plugin(&env, &ambient_conf(run_dir).to_string())
+}
+
+/// The agent's `/podadd` failure answer for `error`, as the agent encodes it.
+fn agent_answer(error: istio_cni::agent::server::AddError) -> String {
+    error.failure("amb/app").to_json()
+}
+
+#[test]
+fn a_transient_agent_failure_reaches_kubelet_naming_the_pod_the_kind_and_the_cause() {
+    use istio_cni::agent::mesh::{MeshError, MeshStep};
+    use istio_cni::agent::ports::PortError;
+    use istio_cni::agent::server::AddError;
+    let (_api, dir) = api_and_run_dir();
+    let refused = AddError::Mesh(Arc::new(MeshError::Port {
+        pod: "amb/app".into(),
+        step: MeshStep::Ztunnel,
+        source: PortError::Ztunnel(istio_cni::zds::ZdsError::NoConnection),
+    }));
+    let _agent = FakeAgent::start_with(dir.path(), 500, Some((500, agent_answer(refused))));
+    let run = add_app_with_uid(dir.path(), "amb");
+    // Istio's plugin reports an agent's refusal as a plain error: its code stays.
+    assert_eq!(run.json()["code"], 999, "{}", run.stdout);
+    run.assert_failed_saying(&[
+        "answered status 500",
+        "pod amb/app not enrolled",
+        "transient: the kubelet's next try of the ADD may succeed",
+        "Ztunnel failed: ztunnel is not connected",
+    ]);
+}
+
+#[test]
+fn a_permanent_agent_failure_reaches_kubelet_naming_the_pod_the_kind_and_the_cause() {
+    use istio_cni::agent::mesh::MeshError;
+    use istio_cni::agent::server::AddError;
+    let (_api, dir) = api_and_run_dir();
+    let refused = AddError::Mesh(Arc::new(MeshError::NoNetns {
+        pod: "amb/app".into(),
+    }));
+    let _agent = FakeAgent::start_with(dir.path(), 500, Some((500, agent_answer(refused))));
+    let run = add_app_with_uid(dir.path(), "amb");
+    assert_eq!(run.json()["code"], 999, "{}", run.stdout);
+    run.assert_failed_saying(&[
+        "answered status 500",
+        "pod amb/app not enrolled",
+        "permanent: each try of the ADD fails so until the cause named is fixed",
+        "no netns found",
+    ]);
+}
+
+#[test]
+fn an_older_agent_s_plain_text_failure_still_fails_add_with_its_words_and_the_pod() {
+    let (_api, dir) = api_and_run_dir();
+    let _agent = FakeAgent::start_with(
+        dir.path(),
+        500,
+        Some((
+            500,
+            "pod amb/app: ProgramPod failed: iptables-restore: exit 2".into(),
+        )),
+    );
+    let run = add_app_with_uid(dir.path(), "amb");
+    assert_eq!(run.json()["code"], 999, "{}", run.stdout);
+    run.assert_failed_saying(&[
+        "answered status 500",
+        "pod amb/app not enrolled",
+        "iptables-restore: exit 2",
+    ]);
+    assert!(!run.msg().contains("transient"), "{}", run.msg());
 }

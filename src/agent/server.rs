@@ -23,14 +23,17 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::mesh::{AddressOwners, PluginAdd};
+use super::mesh::{AddressOwners, MeshError, PluginAdd, classify};
 use super::pod;
 use super::progress::{AddStep, Progress};
 use super::reconciler::{Core, PodEngine, Reconciled};
 use super::settings::PLUGIN_EVENT_SOCKET;
-use crate::kube::plugin_event::{POD_ADD_PATH, PluginAddEvent, PodAddAnswer, PodAddRequest};
-use crate::kube::pod_facts::{self, PodFactsRequest};
+use crate::kube::plugin_event::{
+    AddFailure, FailureKind, POD_ADD_PATH, PluginAddEvent, PodAddAnswer, PodAddRequest,
+};
+use crate::kube::pod_facts::{self, NotYet, PodFactsRequest};
 use crate::kube::stores::{self, PodStore, pod_key};
+use crate::reconcile::{Class, Stopped};
 use crate::telemetry::metrics::ResponseCodeLabel;
 use crate::telemetry::serve::{self, ConnInfo, Limits, Serving, UnixServer};
 use crate::telemetry::socket::{self, Peer, SocketError};
@@ -152,12 +155,83 @@ async fn handle(engine: PodEngine, caller: Peer, body: Bytes) -> (StatusCode, St
                 info!(caller_pid = caller.pid, caller_uid = caller.uid, pod = %pod_key(&event.pod_namespace, &event.pod_name), netns = event.netns, inode, "/cmdadd done: pod enrolled")
             }
             Err(e) => {
-                warn!(caller_pid = caller.pid, caller_uid = caller.uid, pod = %pod_key(&event.pod_namespace, &event.pod_name), netns = event.netns, inode, "/cmdadd failed: {e}")
+                warn!(caller_pid = caller.pid, caller_uid = caller.uid, pod = %pod_key(&event.pod_namespace, &event.pod_name), netns = event.netns, inode, kind = e.kind().as_str(), "/cmdadd failed: {e}")
             }
         }
         result
     });
     answer_within(budget, &pod, &watched, task).await
+}
+
+/// Why a pod a plugin announced was not enrolled (answered 500, or 504 when late); each names
+/// the pod and keeps its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum AddError {
+    #[error("failed to get pod {pod}: not in the agent's pod store")]
+    PodNotStored { pod: String },
+    #[error("failed to get namespace {namespace}: not in the agent's namespace store")]
+    NamespaceNotStored { namespace: String },
+    #[error("pod {pod} unexpectedly not eligible for ambient enrollment")]
+    NotEligible { pod: String },
+    #[error(transparent)]
+    Mesh(Arc<MeshError>),
+    #[error("pod {pod}: {source}")]
+    Stopped {
+        pod: String,
+        #[source]
+        source: Stopped,
+    },
+    #[error("pod {pod}: the add task failed: {source}")]
+    Task {
+        pod: String,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    #[error(
+        "pod {pod} not enrolled within {budget:?} (still {step}); the agent finishes the \
+         enrolment or marks the pod pending"
+    )]
+    Late {
+        pod: String,
+        budget: std::time::Duration,
+        step: AddStep,
+    },
+}
+
+impl AddError {
+    /// What the plugin is told of the failure: an enrolment's failure is what the engine makes
+    /// of it (`mesh::classify`); stores that are behind, an agent stopping, restarting or slow
+    /// may clear by the kubelet's next try, a pod not eligible will not.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            AddError::Mesh(e) => match classify(e) {
+                Class::GiveUp => FailureKind::Permanent,
+                Class::Retry | Class::WaitFor => FailureKind::Transient,
+            },
+            AddError::NotEligible { .. } => FailureKind::Permanent,
+            AddError::PodNotStored { .. }
+            | AddError::NamespaceNotStored { .. }
+            | AddError::Stopped { .. }
+            | AddError::Task { .. }
+            | AddError::Late { .. } => FailureKind::Transient,
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            AddError::Late { .. } => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The `/podadd` answer's body.
+    pub fn failure(&self, pod: &str) -> AddFailure {
+        AddFailure {
+            kind: self.kind(),
+            pod: pod.to_string(),
+            message: self.to_string(),
+        }
+    }
 }
 
 /// The answer to the plugin: the enrolment's outcome, or, when it is not done within `budget`
@@ -169,36 +243,36 @@ async fn answer_within(
     budget: std::time::Duration,
     pod: &str,
     progress: &Progress,
-    task: tokio::task::JoinHandle<Result<(), String>>,
+    task: tokio::task::JoinHandle<Result<(), AddError>>,
 ) -> (StatusCode, String) {
     match outcome_within(budget, pod, progress, task).await {
         Ok(()) => (StatusCode::OK, String::new()),
-        Err(answer) => answer,
+        // Istio's wire: the reason as text.
+        Err(e) => (e.status(), e.to_string()),
     }
 }
 
-/// [`answer_within`] for any outcome: `Ok` is the task's value, `Err` the error answer.
+/// [`answer_within`] for any outcome: `Ok` is the task's value, `Err` why there is none.
 async fn outcome_within<T>(
     budget: std::time::Duration,
     pod: &str,
     progress: &Progress,
-    mut task: tokio::task::JoinHandle<Result<T, String>>,
-) -> Result<T, (StatusCode, String)> {
+    mut task: tokio::task::JoinHandle<Result<T, AddError>>,
+) -> Result<T, AddError> {
     match tokio::time::timeout(budget, &mut task).await {
-        Ok(Ok(Ok(value))) => Ok(value),
-        Ok(Ok(Err(message))) => Err((StatusCode::INTERNAL_SERVER_ERROR, message)),
-        Ok(Err(e)) => Err((
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the add task failed: {e}"),
-        )),
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(source)) => Err(AddError::Task {
+            pod: pod.to_string(),
+            source,
+        }),
         Err(_) => {
-            let message = format!(
-                "pod {pod} not enrolled within {budget:?} (still {}); the agent finishes the \
-                 enrolment or marks the pod pending",
-                progress.step()
-            );
-            warn!("/cmdadd: {message}");
-            Err((StatusCode::GATEWAY_TIMEOUT, message))
+            let late = AddError::Late {
+                pod: pod.to_string(),
+                budget,
+                step: progress.step(),
+            };
+            warn!("/cmdadd: {late}");
+            Err(late)
         }
     }
 }
@@ -207,7 +281,7 @@ async fn enrol(
     engine: &PodEngine,
     event: &PluginAddEvent,
     progress: Arc<Progress>,
-) -> Result<(), String> {
+) -> Result<(), AddError> {
     let core = engine.reconciler();
     let key = pod_key(&event.pod_namespace, &event.pod_name);
     progress.enter(AddStep::WaitingForPodInStore);
@@ -215,25 +289,20 @@ async fn enrol(
     let p = wait_in_stores(core, || {
         core.pods
             .get(&key)
-            .ok_or_else(|| format!("failed to get pod {key}: not in the agent's pod store"))
+            .ok_or_else(|| AddError::PodNotStored { pod: key.clone() })
     })
     .await?;
     let Some(ns_labels) = stores::namespace_labels(&core.namespaces, &event.pod_namespace) else {
-        return Err(format!(
-            "failed to get namespace {}: not in the agent's namespace store",
-            event.pod_namespace
-        ));
+        return Err(AddError::NamespaceNotStored {
+            namespace: event.pod_namespace.clone(),
+        });
     };
     if !core.policy.matches(&p, &ns_labels) {
-        return Err(format!(
-            "pod {key} unexpectedly not eligible for ambient enrollment"
-        ));
+        return Err(AddError::NotEligible { pod: key });
     }
     match add_to_mesh(engine, event, progress, false).await? {
         Reconciled::Enrolled => Ok(()),
-        _ => Err(format!(
-            "pod {key} unexpectedly not eligible for ambient enrollment"
-        )),
+        _ => Err(AddError::NotEligible { pod: key }),
     }
 }
 
@@ -245,7 +314,7 @@ async fn add_to_mesh(
     event: &PluginAddEvent,
     progress: Arc<Progress>,
     annotate_after_answer: bool,
-) -> Result<Reconciled, String> {
+) -> Result<Reconciled, AddError> {
     let core = engine.reconciler();
     let key = pod_key(&event.pod_namespace, &event.pod_name);
     progress.enter(AddStep::WaitingForPodLock);
@@ -259,15 +328,16 @@ async fn add_to_mesh(
     core.requests.offer(&key, add);
     match engine.trigger_and_wait(key.clone()).await {
         Ok(Ok(done)) => Ok(done),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(stopped) => Err(format!("pod {key}: {stopped}")),
+        Ok(Err(e)) => Err(AddError::Mesh(e)),
+        Err(source) => Err(AddError::Stopped { pod: key, source }),
     }
 }
 
 /// `/podadd`: the one request of an ambient ADD (issue 22), answered from the agent's stores:
 /// enrolled (200 `enrolled`), not ambient (200 with the pod for the sidecar path), not known to
 /// the stores (200 `unknown`: the plugin asks the API server), or the enrolment's failure (500,
-/// or 504 naming the step within the budget). The `enabled` annotation is written after the
+/// or 504 naming the step within the budget, with an [`AddFailure`]: its kind, the pod, the
+/// cause). The `enabled` annotation is written after the
 /// answer, retried, and re-asserted by the drift pass while owed.
 async fn handle_pod_add(engine: PodEngine, caller: Peer, body: Bytes) -> (StatusCode, String) {
     let core = engine.reconciler().clone();
@@ -275,7 +345,12 @@ async fn handle_pod_add(engine: PodEngine, caller: Peer, body: Bytes) -> (Status
         Ok(r) => r,
         Err(e) => {
             warn!("{e}");
-            return (StatusCode::BAD_REQUEST, e.to_string());
+            let failure = AddFailure {
+                kind: FailureKind::Permanent,
+                pod: String::new(),
+                message: e.to_string(),
+            };
+            return (StatusCode::BAD_REQUEST, failure.to_json());
         }
     };
     let pod = pod_key(&request.event.pod_namespace, &request.event.pod_name);
@@ -297,7 +372,9 @@ async fn handle_pod_add(engine: PodEngine, caller: Peer, body: Bytes) -> (Status
             Ok(found) => found,
             Err(reason) => {
                 info!(pod = %pod_key(&request.event.pod_namespace, &request.event.pod_name), %reason, "{POD_ADD_PATH}: not answered from the stores");
-                return Ok(PodAddAnswer::Unknown { reason });
+                return Ok(PodAddAnswer::Unknown {
+                    reason: reason.to_string(),
+                });
             }
         };
         if !core.policy.matches(&p, &ns_labels) {
@@ -320,7 +397,7 @@ async fn handle_pod_add(engine: PodEngine, caller: Peer, body: Bytes) -> (Status
             }
             Ok(_) => {}
             Err(e) => {
-                warn!(caller_pid = caller.pid, caller_uid = caller.uid, pod = %name, netns = event.netns, inode, "{POD_ADD_PATH} failed: {e}")
+                warn!(caller_pid = caller.pid, caller_uid = caller.uid, pod = %name, netns = event.netns, inode, kind = e.kind().as_str(), "{POD_ADD_PATH} failed: {e}")
             }
         }
         result.map(|done| match done {
@@ -330,9 +407,14 @@ async fn handle_pod_add(engine: PodEngine, caller: Peer, body: Bytes) -> (Status
             _ => PodAddAnswer::Enrolled,
         })
     });
-    match outcome_within(budget, &pod, &watched, task).await {
+    pod_add_answer(&pod, outcome_within(budget, &pod, &watched, task).await)
+}
+
+/// `/podadd`'s HTTP answer: 200 with the answer, else the failure typed.
+fn pod_add_answer(pod: &str, outcome: Result<PodAddAnswer, AddError>) -> (StatusCode, String) {
+    match outcome {
         Ok(answer) => (StatusCode::OK, answer.to_json()),
-        Err(answer) => answer,
+        Err(e) => (e.status(), e.failure(pod).to_json()),
     }
 }
 
@@ -341,7 +423,7 @@ async fn handle_pod_add(engine: PodEngine, caller: Peer, body: Bytes) -> (Status
 async fn stored_pod(
     core: &Core,
     request: &PodAddRequest,
-) -> Result<(Arc<Pod>, std::collections::BTreeMap<String, String>), String> {
+) -> Result<(Arc<Pod>, std::collections::BTreeMap<String, String>), NotYet> {
     let facts = PodFactsRequest {
         namespace: request.event.pod_namespace.clone(),
         name: request.event.pod_name.clone(),
@@ -351,10 +433,9 @@ async fn stored_pod(
     wait_in_stores(core, || {
         match pod_facts::lookup(&facts, &core.pods, Some(&core.namespaces)) {
             Ok((p, Some(labels))) => Ok((p, labels)),
-            Ok((_, None)) => Err(format!(
-                "namespace {} is not in the agent's namespace store (or its watch failed)",
-                facts.namespace
-            )),
+            Ok((_, None)) => Err(NotYet::NamespaceNotStored {
+                namespace: facts.namespace.clone(),
+            }),
             Err(reason) => Err(reason),
         }
     })
@@ -364,10 +445,7 @@ async fn stored_pod(
 /// `look` until it finds what it wants, for as long as the stale-cache retries allow (the
 /// plugin may be faster than the watch), woken by each change of either store (no polling: the
 /// wait is on the ADD's path). The last look's error when the time is up.
-async fn wait_in_stores<T>(
-    core: &Core,
-    mut look: impl FnMut() -> Result<T, String>,
-) -> Result<T, String> {
+async fn wait_in_stores<T, E>(core: &Core, mut look: impl FnMut() -> Result<T, E>) -> Result<T, E> {
     let wait = core.timing.stale_cache_interval * core.timing.stale_cache_attempts;
     let until = tokio::time::Instant::now() + wait;
     // Taken before the first look, so a change between the look and the wait is not missed.
@@ -484,10 +562,62 @@ mod tests {
                 .0,
             StatusCode::OK
         );
-        let failed = tokio::spawn(async { Err("no netns".to_string()) });
+        let failed = tokio::spawn(async {
+            Err(AddError::Mesh(Arc::new(MeshError::NoNetns {
+                pod: "ns/p".into(),
+            })))
+        });
         assert_eq!(
             answer_within(Duration::from_secs(1), "ns/p", &progress, failed).await,
-            (StatusCode::INTERNAL_SERVER_ERROR, "no netns".to_string())
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "pod ns/p: no netns found (not announced by the plugin and not found in /proc)"
+                    .to_string()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_pod_add_is_answered_typed_with_its_kind_the_pod_and_the_cause() {
+        use crate::agent::ports::PortError;
+        use crate::zds::ZdsError;
+        let answer = |e: AddError| {
+            let (status, body) = pod_add_answer("ns/p", Err(e));
+            (status, AddFailure::read(&body, "?"))
+        };
+        let absent = MeshError::Port {
+            pod: "ns/p".into(),
+            step: crate::agent::mesh::MeshStep::Ztunnel,
+            source: PortError::Ztunnel(ZdsError::NoConnection),
+        };
+        let (status, failure) = answer(AddError::Mesh(Arc::new(absent)));
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(failure.kind, FailureKind::Transient);
+        assert_eq!(failure.pod, "ns/p");
+        assert!(
+            failure.message.contains("ztunnel is not connected"),
+            "{failure:?}"
+        );
+        let (_, failure) = answer(AddError::Mesh(Arc::new(MeshError::NoNetns {
+            pod: "ns/p".into(),
+        })));
+        assert_eq!(failure.kind, FailureKind::Permanent);
+        assert!(
+            failure.message.contains("pod ns/p: no netns found"),
+            "{failure:?}"
+        );
+        let (_, failure) = answer(AddError::NotEligible { pod: "ns/p".into() });
+        assert_eq!(failure.kind, FailureKind::Permanent);
+        let (status, failure) = answer(AddError::Late {
+            pod: "ns/p".into(),
+            budget: Duration::from_millis(10),
+            step: AddStep::WaitingForZtunnelAck,
+        });
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(failure.kind, FailureKind::Transient);
+        assert!(
+            failure.message.contains("waiting for ztunnel"),
+            "{failure:?}"
         );
     }
 }

@@ -171,7 +171,7 @@ impl PodAddRequest {
 }
 
 /// The agent's answer to `/podadd` when it could decide (HTTP 200); a failed or late enrolment
-/// is a 500 or 504 with the reason as text, as for `/cmdadd`.
+/// is a 500 or 504 with an [`AddFailure`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "answer", rename_all = "camelCase")]
 pub enum PodAddAnswer {
@@ -196,6 +196,71 @@ impl PodAddAnswer {
 
     pub fn decode(body: &str) -> Result<Self, serde_json::Error> {
         serde_json::from_str(body)
+    }
+}
+
+/// The agent's answer when it did not enrol the pod (`/podadd`'s 500 or 504, JSON): what kind of
+/// failure, the pod and the cause. An older agent answers plain text, and `/cmdadd` (Istio's
+/// wire) always does: [`AddFailure::read`] takes either.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AddFailure {
+    pub kind: FailureKind,
+    /// `namespace/name`.
+    #[serde(default)]
+    pub pod: String,
+    /// The cause, as the agent words it (it names the pod and the step).
+    #[serde(default)]
+    pub message: String,
+}
+
+/// Whether the kubelet's next try of the ADD may succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FailureKind {
+    /// Something that may clear by itself (ztunnel not connected yet, the stores behind, the
+    /// agent slow): the next try may succeed.
+    Transient,
+    /// Nothing will change by trying the same again (the netns refused or not programmable, the
+    /// pod not eligible): the next try fails the same way until something else changes.
+    Permanent,
+    /// An answer in plain text (an older agent, or `/cmdadd`), or a kind this plugin does not
+    /// know (a newer agent).
+    #[serde(other)]
+    Unknown,
+}
+
+impl FailureKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Transient => "transient",
+            FailureKind::Permanent => "permanent",
+            FailureKind::Unknown => "unclassified",
+        }
+    }
+}
+
+impl AddFailure {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The answer's body as the plugin received it: the typed JSON, or plain text (an older
+    /// agent's, `/cmdadd`'s) taken as the message of an unclassified failure of `pod`.
+    pub fn read(body: &str, pod: &str) -> AddFailure {
+        match serde_json::from_str::<AddFailure>(body) {
+            Ok(mut failure) => {
+                if failure.pod.is_empty() {
+                    failure.pod = pod.to_string();
+                }
+                failure
+            }
+            Err(_) => AddFailure {
+                kind: FailureKind::Unknown,
+                pod: pod.to_string(),
+                message: body.trim_end().to_string(),
+            },
+        }
     }
 }
 
@@ -470,5 +535,27 @@ mod tests {
         );
         assert_eq!(PodAddAnswer::decode(&answer.to_json()).unwrap(), answer);
         assert_eq!(PodAddAnswer::Enrolled.to_json(), r#"{"answer":"enrolled"}"#);
+    }
+
+    #[test]
+    fn an_add_failure_reads_typed_from_a_newer_agent_and_as_text_from_an_older_one() {
+        let typed = AddFailure {
+            kind: FailureKind::Transient,
+            pod: "ns/p".into(),
+            message: "ztunnel is not connected".into(),
+        };
+        assert_eq!(AddFailure::read(&typed.to_json(), "ns/q"), typed);
+        // An older agent (or /cmdadd): plain text, the pod from the plugin's own arguments.
+        let text = AddFailure::read("pod ns/p: no netns found\n", "ns/p");
+        assert_eq!(text.kind, FailureKind::Unknown);
+        assert_eq!(text.pod, "ns/p");
+        assert_eq!(text.message, "pod ns/p: no netns found");
+        // A kind this plugin does not know yet, from a newer agent.
+        let newer = AddFailure::read(
+            r#"{"kind": "quota", "pod": "ns/p", "message": "m", "extra": 1}"#,
+            "ns/p",
+        );
+        assert_eq!(newer.kind, FailureKind::Unknown);
+        assert_eq!(newer.message, "m");
     }
 }

@@ -139,7 +139,7 @@ pub fn answer(
             pod: Box::new(trim_for_plugin(&pod)),
             namespace_labels,
         },
-        Err(reason) => PodFactsAnswer::not_yet(reason),
+        Err(reason) => PodFactsAnswer::not_yet(reason.to_string()),
     }
 }
 
@@ -153,23 +153,24 @@ pub fn lookup(
     request: &PodFactsRequest,
     pods: &PodStore,
     namespaces: Option<&NamespaceStore>,
-) -> Result<Found, String> {
+) -> Result<Found, NotYet> {
     if !pods.is_synced() {
-        return Err("the pod store has not synced".into());
+        return Err(NotYet::NotSynced);
     }
     if !pods.is_live() {
-        return Err("the pod watch failed; the store may be missing changes".into());
+        return Err(NotYet::WatchFailed);
     }
     let key = pod_key(&request.namespace, &request.name);
     let Some(pod) = pods.get(&key) else {
-        return Err(format!("pod {key} is not in the store yet"));
+        return Err(NotYet::NotStored { pod: key });
     };
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     if uid != request.uid {
-        return Err(format!(
-            "the store holds pod {key} with uid {uid:?}, not {:?}",
-            request.uid
-        ));
+        return Err(NotYet::OtherUid {
+            pod: key,
+            stored: uid.to_string(),
+            asked: request.uid.clone(),
+        });
     }
     let namespace_labels = if request.namespace_labels {
         namespaces
@@ -179,6 +180,25 @@ pub fn lookup(
         None
     };
     Ok((pod, namespace_labels))
+}
+
+/// Why the stores cannot answer for a pod yet (the asker falls back to the API server).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotYet {
+    #[error("the pod store has not synced")]
+    NotSynced,
+    #[error("the pod watch failed; the store may be missing changes")]
+    WatchFailed,
+    #[error("pod {pod} is not in the store yet")]
+    NotStored { pod: String },
+    #[error("the store holds pod {pod} with uid {stored:?}, not {asked:?}")]
+    OtherUid {
+        pod: String,
+        stored: String,
+        asked: String,
+    },
+    #[error("namespace {namespace} is not in the agent's namespace store (or its watch failed)")]
+    NamespaceNotStored { namespace: String },
 }
 
 /// The pod with only what the plugin reads (`sidecar::PodInfo`): identity, labels,

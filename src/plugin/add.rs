@@ -185,8 +185,8 @@ async fn send_ambient_event(conf: &NetConf, env: &CniEnv, args: &CniArgs) -> Res
     let sock = conf.event_socket_path();
     match super::uds::post_once(&sock, "/cmdadd", body, AMBIENT_EVENT_TIMEOUT).await {
         Ok((200, _)) => Ok(()),
-        Ok((status, body)) => Err(agent_refused(status, &body)),
-        Err(e) => Err(agent_failed(e.to_string())),
+        Ok((status, body)) => Err(agent_refused(status, &body, args)),
+        Err(e) => Err(agent_failed(&e.to_string(), args)),
     }
 }
 
@@ -227,30 +227,48 @@ async fn ask_agent(
             Ok(PodAddAnswer::Enrolled) => Ok(AgentAnswer::Enrolled),
             Ok(PodAddAnswer::NotAmbient { pod }) => Ok(AgentAnswer::NotAmbient(pod)),
             Ok(PodAddAnswer::Unknown { reason }) => unavailable(true, &reason),
-            Err(e) => Err(agent_failed(format!(
-                "unreadable {POD_ADD_PATH} answer: {e}"
-            ))),
+            Err(e) => Err(agent_failed(
+                &format!("unreadable {POD_ADD_PATH} answer: {e}"),
+                args,
+            )),
         },
         Ok((404, _)) => unavailable(false, &"the agent has no such path"),
-        Ok((status, body)) => Err(agent_refused(status, &body)),
+        Ok((status, body)) => Err(agent_refused(status, &body, args)),
         Err(e @ super::uds::UdsError::Connect { .. }) => unavailable(false, &e),
-        Err(e) => Err(agent_failed(e.to_string())),
+        Err(e) => Err(agent_failed(&e.to_string(), args)),
     }
 }
 
-/// The agent was reached and answered with an error: say so, with its status and words (the
-/// pod is not enrolled; the kubelet retries the ADD).
-fn agent_refused(status: u16, body: &str) -> CniError {
+/// The agent was reached and answered with an error: say so, with its status, the pod, the
+/// kind of failure (when the agent says: an older agent and `/cmdadd` answer text) and its
+/// words. The code stays Istio's for this failure (a plain error, 999): the kind is told in
+/// the message, where the operator reads it.
+fn agent_refused(status: u16, body: &str, args: &CniArgs) -> CniError {
+    use crate::kube::plugin_event::{AddFailure, FailureKind};
+    let failure = AddFailure::read(body, &pod_ref(args));
+    let kind = match failure.kind {
+        FailureKind::Transient => " (transient: the kubelet's next try of the ADD may succeed)",
+        FailureKind::Permanent => {
+            " (permanent: each try of the ADD fails so until the cause named is fixed)"
+        }
+        FailureKind::Unknown => "",
+    };
     CniError::internal(format!(
-        "istio-cni cmdAdd: the node Istio CNI agent answered status {status}: {}",
-        body.trim_end()
+        "istio-cni cmdAdd: the node Istio CNI agent answered status {status}: pod {} not \
+         enrolled{kind}: {}",
+        failure.pod, failure.message
     ))
 }
 
-fn agent_failed(detail: String) -> CniError {
+fn agent_failed(detail: &str, args: &CniArgs) -> CniError {
     CniError::internal(format!(
-        "istio-cni cmdAdd failed to contact node Istio CNI agent: {detail}"
+        "istio-cni cmdAdd failed to contact node Istio CNI agent: pod {} not enrolled: {detail}",
+        pod_ref(args)
     ))
+}
+
+fn pod_ref(args: &CniArgs) -> String {
+    format!("{}/{}", args.pod_namespace, args.pod_name)
 }
 
 /// The `/cmdadd` event: the netns and the addresses of the previous plugin's result.
