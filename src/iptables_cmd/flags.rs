@@ -1,15 +1,15 @@
 //! Every `istio-iptables` setting, declared once under Istio's names (flag, short letter, env
 //! vars, default, parser, doc; `cli::settings::declare_settings!` derives the argh flags, `--help`,
-//! the typed values and docs/istio-iptables.md's table from it), and the typed [`Settings`] they
-//! resolve to (`resolve`).
+//! the typed values and docs/istio-iptables.md's table from it); the typed [`Settings`] they
+//! resolve to and their parsers are in `values`, the resolution in `resolve`.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use super::resolve::*;
+use super::values::*;
 use crate::cli::FlagShapes;
 use crate::cli::settings::Setting;
-use crate::rules::capture::{CaptureConfig, InboundPorts, InterceptionMode, IpRanges};
+use crate::rules::capture::{InboundPorts, InterceptionMode, IpRanges};
 
 crate::cli::settings::declare_settings! {
     /// istio-iptables: set up (or check, or clean up) the traffic-capture rules of an Istio sidecar in
@@ -229,66 +229,6 @@ pub static SHAPES: LazyLock<FlagShapes<'static>> = LazyLock::new(|| {
         positionals: false,
     }
 });
-
-/// Whether IPv6 rules are wanted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ipv6Choice {
-    Auto,
-    On,
-    Off,
-}
-
-/// Where DNS servers come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DnsSource {
-    ResolvConf,
-    Given(Vec<String>),
-}
-
-/// Everything `istio-iptables` needs, resolved and validated, before any host fact is read.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub capture: CaptureConfig,
-    /// UIDs were not given: look up $ENVOY_USER.
-    pub proxy_uid_from_user: Option<String>,
-    pub proxy_gid_given: bool,
-    pub ipv6: Ipv6Choice,
-    pub dual_stack: bool,
-    pub dns: DnsSource,
-    pub dry_run: bool,
-    pub dry_run_file: Option<String>,
-    pub skip_rule_apply: bool,
-    pub run_validation: bool,
-    pub probe_port: u16,
-    pub probe_timeout: Duration,
-    pub network_namespace: Option<String>,
-    pub cni_mode: bool,
-    pub reconcile: bool,
-    pub cleanup_only: bool,
-    pub force_apply: bool,
-    pub native_nftables: bool,
-    pub force_binary: Option<crate::apply::ForceBinary>,
-    /// Always apply through iptables-restore, never by sending its nf_tables messages directly
-    /// [ISTIO_IPTABLES_RESTORE_ONLY].
-    pub restore_only: bool,
-}
-
-/// A flag or variable with a bad value. The message names both.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid value {value:?} for {name}: {reason}")]
-pub struct SettingError {
-    pub name: String,
-    pub value: String,
-    pub reason: String,
-}
-
-pub(super) fn bad(name: &str, value: &str, reason: impl Into<String>) -> SettingError {
-    SettingError {
-        name: name.to_string(),
-        value: value.to_string(),
-        reason: reason.into(),
-    }
-}
 
 #[cfg(test)]
 #[path = "flags_tests.rs"]

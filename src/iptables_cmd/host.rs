@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::flags::{DnsSource, Ipv6Choice, Settings};
+use super::values::{DnsSource, Ipv6Choice, Settings};
 use crate::netlink::{self, HostIp};
 
 /// UID used when the proxy user cannot be looked up.

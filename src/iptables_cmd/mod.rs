@@ -1,4 +1,4 @@
-//! The `istio-iptables` role: flags/env -> [`flags::Settings`] -> host facts (proxy UID, IPv6, DNS
+//! The `istio-iptables` role: flags/env -> [`values::Settings`] -> host facts (proxy UID, IPv6, DNS
 //! servers) -> capture config -> rule model -> dry-run transcript (printed here) or apply/cleanup
 //! through the shared entry [`crate::apply::pod`] (as the plugin does) -> optional validation.
 //! `istio-iptables ambient --dry-run` ([`ambient`]) prints what the ambient node agent programs.
@@ -9,6 +9,7 @@ pub mod flags;
 pub mod host;
 pub mod resolve;
 pub mod validation;
+pub mod values;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -21,7 +22,8 @@ use crate::apply::pod::{Backend, PodOptions, Target};
 use crate::cli::{Env, ProcessEnv, normalise_args};
 use crate::netns::Netns;
 use crate::rules::{self, RuleSet};
-use flags::{Flags, SHAPES, Settings};
+use flags::{Flags, SHAPES};
+use values::Settings;
 
 /// The arguments Istio's sidecar injector passes to the istio-init container (demo, tests, bench).
 pub const INJECTOR_DEFAULT_ARGS: &[&str] = &[

@@ -1,20 +1,16 @@
 //! Resolving `istio-iptables`'s declared settings (`flags`; flag > env > default) into typed
 //! [`Settings`], every value checked before anything is touched, naming the flag or variable a
-//! bad value came from; and the parsers the declarations name. Pure: the environment comes in as
-//! an argument.
+//! bad value came from (the parsers the declarations name are in `values`). Pure: the
+//! environment comes in as an argument.
 
 use std::collections::HashSet;
-use std::net::IpAddr;
-use std::time::Duration;
 
-use super::flags::{DnsSource, Flags, Ipv6Choice, SettingError, Settings, Values, bad, decl};
-use crate::apply::ForceBinary;
-use crate::cli::settings::{EmptyEnv, Lookup, Raw, Setting};
-use crate::cli::{Env, parse_go_bool, parse_go_duration};
-use crate::rules::capture::{
-    CaptureConfig, InboundPorts, InterceptionMode, IpRanges, OwnerGroups, split_list,
-};
-use crate::rules::capture_values::{Field, InvalidValue, parse_port};
+use super::flags::{Flags, Values, decl};
+use super::values::{DnsSource, SettingError, Settings, bad};
+use crate::cli::Env;
+use crate::cli::settings::{EmptyEnv, Lookup, Setting};
+use crate::rules::capture::{CaptureConfig, OwnerGroups, split_list};
+use crate::rules::capture_values::{Field, InvalidValue};
 
 /// istio-iptables's env rule: a set-but-empty variable is the empty value, as upstream, and
 /// errors name a variable bare; `--switch=false` beats the env.
@@ -162,96 +158,4 @@ impl Flags {
         check_capture(self, env, &settings.capture)?;
         Ok(settings)
     }
-}
-
-// The parsers named in `flags`' declarations: one raw value (named by its flag or variable) in,
-// the typed value or a [`SettingError`] naming it out.
-
-pub(super) fn text(raw: &Raw) -> Result<String, SettingError> {
-    Ok(raw.value.clone())
-}
-
-pub(super) fn list(raw: &Raw) -> Result<Vec<String>, SettingError> {
-    Ok(split_list(&raw.value))
-}
-
-/// Unlike Istio, which ignores a value it cannot parse, a variable that is set but is not a Go
-/// boolean (`yes`, `on`, empty) is an error: these switches guard real changes, and a typo must
-/// not turn a dry run into an apply.
-pub(super) fn switch_value(raw: &Raw) -> Result<bool, SettingError> {
-    parse_go_bool(&raw.value).ok_or_else(|| {
-        bad(
-            &raw.name,
-            &raw.value,
-            "not a boolean (use true/false, 1/0, t/f); refusing to guess",
-        )
-    })
-}
-
-pub(super) fn interception_mode(raw: &Raw) -> Result<InterceptionMode, SettingError> {
-    match raw.value.as_str() {
-        "TPROXY" => Ok(InterceptionMode::Tproxy),
-        "" | "REDIRECT" | "NONE" => Ok(InterceptionMode::Redirect),
-        other => Err(bad(&raw.name, other, "expected REDIRECT or TPROXY")),
-    }
-}
-
-pub(super) fn inbound_ports(raw: &Raw) -> Result<InboundPorts, SettingError> {
-    Ok(match raw.value.trim() {
-        "" => InboundPorts::None,
-        "*" => InboundPorts::All,
-        list => InboundPorts::List(split_list(list)),
-    })
-}
-
-pub(super) fn ip_ranges(raw: &Raw) -> Result<IpRanges, SettingError> {
-    IpRanges::parse(&raw.value).map_err(|e| bad(&raw.name, &e.value, e.reason))
-}
-
-pub(super) fn excluded_ip_ranges(raw: &Raw) -> Result<IpRanges, SettingError> {
-    if raw.value.trim() == "*" {
-        return Err(bad(
-            &raw.name,
-            &raw.value,
-            "'*' would exclude everything; list CIDRs",
-        ));
-    }
-    ip_ranges(raw)
-}
-
-pub(super) fn probe_port(raw: &Raw) -> Result<u16, SettingError> {
-    parse_port(&raw.value).map_err(|reason| bad(&raw.name, &raw.value, reason))
-}
-
-pub(super) fn duration(raw: &Raw) -> Result<Duration, SettingError> {
-    parse_go_duration(&raw.value)
-        .ok_or_else(|| bad(&raw.name, &raw.value, "not a duration like 5s"))
-}
-
-pub(super) fn force_binary(raw: &Raw) -> Result<Option<ForceBinary>, SettingError> {
-    match raw.value.as_str() {
-        "" => Ok(None),
-        "legacy" => Ok(Some(ForceBinary::Legacy)),
-        "nft" => Ok(Some(ForceBinary::Nft)),
-        other => Err(bad(&raw.name, other, "expected legacy or nft")),
-    }
-}
-
-pub(super) fn ipv6(raw: &Raw) -> Result<Ipv6Choice, SettingError> {
-    match raw.value.as_str() {
-        "auto" => Ok(Ipv6Choice::Auto),
-        v => match parse_go_bool(v) {
-            Some(true) => Ok(Ipv6Choice::On),
-            Some(false) => Ok(Ipv6Choice::Off),
-            None => Err(bad(&raw.name, v, "expected auto, true or false")),
-        },
-    }
-}
-
-pub(super) fn dns_servers(raw: &Raw) -> Result<Vec<String>, SettingError> {
-    let servers = split_list(&raw.value);
-    if let Some(s) = servers.iter().find(|s| s.parse::<IpAddr>().is_err()) {
-        return Err(bad(&raw.name, s, "not an IP address"));
-    }
-    Ok(servers)
 }

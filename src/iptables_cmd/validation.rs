@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage, sockopt};
 
-use super::flags::Settings;
+use super::values::Settings;
 
 /// Why validation failed.
 #[derive(Debug, thiserror::Error)]
