@@ -21,63 +21,16 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::detect::Detection;
-use super::effects::ActError;
+use super::detect::{Detection, cannot_restart};
+use super::effects::{ActError, Effects};
 use super::{Mode, RepairTiming};
-use crate::apply::pod::NetnsCheck;
 use crate::kube::stores::{PodStore, StoreEvent, Stored};
 use crate::kube::{EventRecord, EventType};
-use crate::netns::Netns;
 use crate::reconcile::{Class, Classify, Engine, EngineConfig, Reconcile};
-use crate::sidecar::redirect::CaptureSettings;
 use crate::telemetry::metrics::{Metrics, RepairLabels};
 
 /// Source component of the controller's events (Istio's).
 pub const EVENT_COMPONENT: &str = "cni-repair";
-
-/// What acting on a pod does (the real one is `effects::KubeEffects`; tests use fakes).
-pub trait Effects: Send + Sync + 'static {
-    /// Programs the sidecar rules in the pod's netns; `false` when the pod wants none
-    /// (`interceptionMode: NONE`).
-    fn repair(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<bool, ActError>>;
-    /// Deletes the pod as it was read (a UID precondition: never a new pod of the same name).
-    fn delete(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<(), ActError>>;
-    /// Sets a label (through `pods/status`, as Istio).
-    fn label(
-        &self,
-        pod: Arc<Pod>,
-        key: String,
-        value: String,
-    ) -> BoxFuture<'static, Result<(), ActError>>;
-    /// Records an event on the pod.
-    fn event(&self, pod: Arc<Pod>, event: EventRecord) -> BoxFuture<'static, Result<(), ActError>>;
-    /// The drift pass's read: one /proc scan for every pod of `batch`, then each netns found
-    /// verified against the pod's expected rules (nothing written).
-    fn verify_pods(&self, batch: Vec<Expected>) -> BoxFuture<'static, Vec<Checked>>;
-    /// Re-programs a drifted pod's netns in place: our rules replaced with the expected ones.
-    fn heal(
-        &self,
-        netns: Arc<Netns>,
-        expected: Expected,
-    ) -> BoxFuture<'static, Result<(), ActError>>;
-}
-
-/// A pod whose rules the drift pass checks, with what they should be.
-#[derive(Debug, Clone)]
-pub struct Expected {
-    pub uid: String,
-    pub ips: Vec<std::net::IpAddr>,
-    pub settings: Arc<CaptureSettings>,
-}
-
-/// What [`Effects::verify_pods`] found for one pod.
-#[derive(Debug)]
-pub struct Checked {
-    pub uid: String,
-    /// The netns (kept for the heal) and the verdict; `ActError::NetnsNotFound` when the scan
-    /// found no netns of the pod.
-    pub result: Result<(Arc<Netns>, NetnsCheck), ActError>,
-}
 
 /// A running pod the drift pass hands to the controller's policy: its redirect derivation changed
 /// since its rules were programmed, so re-programming them is not the drift pass's call.
@@ -205,13 +158,6 @@ pub async fn reconcile<E: Effects + ?Sized>(
         warn!(pod = %pod_ref(&pod), "recording the repair event failed: {e}");
     }
     Ok(outcome)
-}
-
-/// Whether the kubelet will never run the pod's init containers again (`restartPolicy: Never`):
-/// its failed validation container stays failed and the pod ends `Failed`, so rules programmed in
-/// its netns now would serve nothing.
-pub fn cannot_restart(pod: &Pod) -> bool {
-    pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) == Some("Never")
 }
 
 /// Whether the pod already carries the broken-pod label (its value aside): labelling is done.

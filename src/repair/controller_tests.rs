@@ -4,8 +4,11 @@ use futures::FutureExt;
 use serde_json::json;
 
 use super::*;
+use crate::apply::pod::NetnsCheck;
 use crate::kube::WatchEvent;
+use crate::netns::Netns;
 use crate::repair::RepairConfig;
+use crate::repair::effects::{Checked, Expected};
 use crate::retry::RetryPolicy;
 
 type RepairFn = dyn Fn(u32) -> Result<bool, ActError> + Send + Sync;

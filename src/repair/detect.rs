@@ -185,7 +185,7 @@ impl Detection {
             }
             // Under `restartPolicy: Never` the failed run is the current state: the container
             // never runs again, so there is no last state.
-            let never = super::controller::cannot_restart(pod);
+            let never = cannot_restart(pod);
             let last = st.last_state.as_ref().and_then(|s| s.terminated.as_ref());
             let Some(last) = last.or(now.filter(|_| never)) else {
                 continue;
@@ -202,6 +202,13 @@ impl Detection {
         }
         None
     }
+}
+
+/// Whether the kubelet will never run the pod's init containers again (`restartPolicy: Never`):
+/// its failed validation container stays failed and the pod ends `Failed`, so rules programmed in
+/// its netns now would serve nothing.
+pub fn cannot_restart(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) == Some("Never")
 }
 
 #[cfg(test)]

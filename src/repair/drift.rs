@@ -18,7 +18,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::controller::{Effects, Expected, HandOff, event};
+use super::controller::{HandOff, event};
+use super::effects::{Effects, Expected};
 use crate::apply::pod::NetnsCheck;
 use crate::kube::stores::{PodStore, Stored, pod_ips};
 use crate::kube::{EventRecord, EventType};

@@ -13,9 +13,9 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::controller::{Checked, Effects, Expected};
 use super::{HostSettings, RepairError};
 use crate::apply::ForceBinary;
+use crate::apply::pod::NetnsCheck;
 use crate::apply::pod::{self, Backend, PodError, PodOptions, Target};
 use crate::kube::stores::pod_ips;
 use crate::kube::{
@@ -23,8 +23,54 @@ use crate::kube::{
 };
 use crate::netns::Netns;
 use crate::netns::reserved::Reserved;
-use crate::sidecar::redirect::{AnnotationError, EngineEnv, Redirect, RedirectError};
+use crate::sidecar::redirect::{
+    AnnotationError, CaptureSettings, EngineEnv, Redirect, RedirectError,
+};
 use crate::sidecar::{PodInfo, redirect};
+
+/// What acting on a pod does (the real one is [`KubeEffects`]; tests use fakes).
+pub trait Effects: Send + Sync + 'static {
+    /// Programs the sidecar rules in the pod's netns; `false` when the pod wants none
+    /// (`interceptionMode: NONE`).
+    fn repair(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<bool, ActError>>;
+    /// Deletes the pod as it was read (a UID precondition: never a new pod of the same name).
+    fn delete(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<(), ActError>>;
+    /// Sets a label (through `pods/status`, as Istio).
+    fn label(
+        &self,
+        pod: Arc<Pod>,
+        key: String,
+        value: String,
+    ) -> BoxFuture<'static, Result<(), ActError>>;
+    /// Records an event on the pod.
+    fn event(&self, pod: Arc<Pod>, event: EventRecord) -> BoxFuture<'static, Result<(), ActError>>;
+    /// The drift pass's read: one /proc scan for every pod of `batch`, then each netns found
+    /// verified against the pod's expected rules (nothing written).
+    fn verify_pods(&self, batch: Vec<Expected>) -> BoxFuture<'static, Vec<Checked>>;
+    /// Re-programs a drifted pod's netns in place: our rules replaced with the expected ones.
+    fn heal(
+        &self,
+        netns: Arc<Netns>,
+        expected: Expected,
+    ) -> BoxFuture<'static, Result<(), ActError>>;
+}
+
+/// A pod whose rules the drift pass checks, with what they should be.
+#[derive(Debug, Clone)]
+pub struct Expected {
+    pub uid: String,
+    pub ips: Vec<std::net::IpAddr>,
+    pub settings: Arc<CaptureSettings>,
+}
+
+/// What [`Effects::verify_pods`] found for one pod.
+#[derive(Debug)]
+pub struct Checked {
+    pub uid: String,
+    /// The netns (kept for the heal) and the verdict; `ActError::NetnsNotFound` when the scan
+    /// found no netns of the pod.
+    pub result: Result<(Arc<Netns>, NetnsCheck), ActError>,
+}
 
 /// Why acting on a pod failed. [`ActError::is_permanent`] tells the error policy whether waiting
 /// can help.

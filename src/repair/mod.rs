@@ -12,7 +12,9 @@
 //! `drift` (issue 13: the sidecar drift pass — running sidecar pods verified on a jittered period
 //! (`DRIFT_VERIFY_INTERVAL`) and when the guard re-installed our entry, healed in place while
 //! their derivation is unchanged, else handed to the controller's policy; it runs only with the
-//! controller, i.e. with `REPAIR_ENABLED=true`).
+//! controller, i.e. with `REPAIR_ENABLED=true`). Files import downward only, never in a circle:
+//! `detect` and `effects` (with the `Effects` seam the controller acts through) below
+//! `controller`, below `drift`.
 //!
 //! May call: `cli`, `kube`, `retry`, `reconcile`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`.
 
@@ -58,7 +60,7 @@ pub struct RepairConfig {
 pub enum Mode {
     /// Program the sidecar rules in the pod's netns. A pod that cannot run its init containers
     /// again (`restartPolicy: Never`) is deleted for its controller to recreate instead, or, with
-    /// no controller, gets this broken-pod label (`controller::cannot_restart`).
+    /// no controller, gets this broken-pod label (`detect::cannot_restart`).
     Repair {
         key: String,
         value: String,
