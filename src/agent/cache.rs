@@ -1,4 +1,4 @@
-//! The pod cache (§3.7): enrolled pod UID -> workload identity and netns handle. It is the ZDS
+//! The pod cache: enrolled pod UID -> workload identity and netns handle. It is the ZDS
 //! "state of the world": a connecting ztunnel gets a snapshot of it. Handles close when the last
 //! `Arc` goes (no explicit close). Each entry also keeps the IPs the agent put in the host probe
 //! set for the pod: the expected state the drift pass reconciles the set with.

@@ -1,4 +1,4 @@
-//! The drift pass (issue 13 §1): nothing else looks at an enrolled pod once its rules are in, so
+//! The drift pass: nothing else looks at an enrolled pod once its rules are in, so
 //! something that rewrote them (another agent, a debugging session, a node upgrade) would leave
 //! the pod un-redirected silently. Once after the startup snapshot, then every
 //! `DRIFT_VERIFY_INTERVAL` (jittered, `retry::periodic`) and when install-cni's guard (re)installed
@@ -13,7 +13,7 @@
 //!   pass, quietly, until it heals or leaves;
 //! - verifies the host probe SNAT rules (iptables: `ISTIO_POSTRT` and its POSTROUTING jump;
 //!   nftables: the host table) and that the probe sets exist, read and compared with the plan,
-//!   written only where they differ (a firewalld reload flushes them: Istio's #60607). A repair
+//!   written only where they differ (a firewalld reload flushes them). A repair
 //!   counts as `kind="host_rules"` with a warning naming what was missing;
 //! - reconciles the host probe set with the IPs recorded in the pod cache (read fresh from the
 //!   kernel), under the probe gate so no add or remove is half done; every entry put back or

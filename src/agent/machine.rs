@@ -1,4 +1,4 @@
-//! The enrolment state machine (§3.5), pure and level-based: a key's world as it is now (the pod
+//! The enrolment state machine, pure and level-based: a key's world as it is now (the pod
 //! the store has, the pods of the name the agent holds, the last deleted one, the namespace's
 //! labels) and the policy in; the actions that bring it where it should be out. No events (the
 //! reconcile engine coalesces triggers, so nothing may depend on one), no effects, no clock.
@@ -146,7 +146,7 @@ pub enum Action {
     },
 }
 
-/// The §3.5 table, level-based: first every pod of the name that is not the current one is
+/// The state table, level-based: first every pod of the name that is not the current one is
 /// removed (held by the agent, or reported deleted and enrolled or selected), then one action for
 /// the current pod.
 pub fn decide(now: &Now<'_>, policy: &EnrolmentPolicy) -> Vec<Action> {
@@ -389,7 +389,7 @@ pub fn reevaluated_keys(pods: &[Arc<Pod>], policy: &EnrolmentPolicy) -> Vec<Stri
         .collect()
 }
 
-/// The startup snapshot (§3.2): fully enrolled pods, not ztunnel, not terminal.
+/// The startup snapshot: fully enrolled pods, not ztunnel, not terminal.
 pub fn in_snapshot(pod: &Pod, policy: &EnrolmentPolicy) -> bool {
     pod::redirection(pod) == Redirection::Enabled
         && !pod::is_ztunnel(pod, &policy.system_namespace)

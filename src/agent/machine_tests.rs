@@ -1,4 +1,4 @@
-//! One test per row of the §3.5 table, and the informer cases of §3.14.
+//! One test per row of the state table, and the informer cases.
 
 use super::*;
 use crate::kube::selector::testing::{chart_default, labels};

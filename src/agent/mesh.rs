@@ -1,4 +1,4 @@
-//! Adding a pod to the mesh and removing it (§3.6), with Istio's error classes: a pod whose
+//! Adding a pod to the mesh and removing it, with Istio's error classes: a pod whose
 //! netns cannot be found or whose in-pod rules fail is not retried (nothing was written); a
 //! ztunnel that is absent or refuses leaves the pod `pending` and is retried; probe-set and
 //! annotation failures are retried.
@@ -205,7 +205,7 @@ impl Mesh {
         Ok(())
     }
 
-    /// §3.6 AddPodToMesh. `ips`: the pod's status IPs. A failed add of a pod already in the
+    /// Istio's AddPodToMesh. `ips`: the pod's status IPs. A failed add of a pod already in the
     /// cache changes nothing (its entry, netns, probe entries, ztunnel's view and its rules stay
     /// as they were); only a new pod's placeholder is undone.
     pub async fn add_pod(&self, p: &Pod, ips: &[IpAddr], via: Via<'_>) -> Result<(), MeshError> {
@@ -357,7 +357,7 @@ impl Mesh {
         }
     }
 
-    /// §3.6 RemovePodFromMesh. `deleted`: the pod is gone (or terminal) — its netns goes with
+    /// Istio's RemovePodFromMesh. `deleted`: the pod is gone (or terminal) — its netns goes with
     /// it, so no in-pod cleanup; and a deleted pod's annotation is not patched (another pod
     /// may already carry the name).
     /// `ips`: the IPs the pod's probe entries were recorded with.

@@ -1,4 +1,4 @@
-//! The ambient node agent (§3), started by install-cni when `AMBIENT_ENABLED=true`.
+//! The ambient node agent, started by install-cni when `AMBIENT_ENABLED=true`.
 //!
 //! Owns: the agent's settings (`settings`), what it reads from pods (`pod`), the pure enrolment
 //! state machine (`machine`), the pod cache that is ztunnel's state of the world (`cache`), the
@@ -90,9 +90,9 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// §3.2: the namespace store and the plugin-event server first (requests wait for the store
+    /// Startup: the namespace store and the plugin-event server first (requests wait for the store
     /// through the stale-cache retry); then the initial sync (with its deadline), the startup
-    /// snapshot (§3.2 step 3), and the queue. Returns when ready.
+    /// snapshot, and the queue. Returns when ready.
     ///
     /// `pods` is install-cni's one node-scoped pod store (`spec.nodeName=<NODE_NAME>`, shared with
     /// the repair controller); the caller owns its watch, the agent only subscribes.
@@ -249,7 +249,7 @@ const NAMESPACE_WATCH: &str = "namespace-watch";
 /// jittered and capped apart from this).
 const STORE_POLL: Duration = Duration::from_millis(200);
 
-/// §3.2 step 3: the pods already enrolled (annotation `enabled`, not terminal, not ztunnel) are
+/// The pods already enrolled (annotation `enabled`, not terminal, not ztunnel) are
 /// ztunnel's state of the world after a restart. Their IPs go back into the probe set (pruning
 /// strangers only when every one has an IP; the set is never flushed, B8), their netns are found
 /// by one /proc scan, and with `reconcile` their in-pod rules are re-applied (drift repaired;

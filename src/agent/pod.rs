@@ -1,5 +1,5 @@
 //! What the agent reads from a pod object: its enrolment state, addresses, phase, identity and
-//! the in-pod overrides (§3.9 annotations).
+//! the in-pod overrides (annotations).
 
 use std::net::IpAddr;
 

@@ -61,7 +61,7 @@ pub trait DataplanePort: Send + Sync + 'static {
     /// Whether `netns` still exists where it was found ([`Netns::still_named`]); a netns that
     /// does not is gone, and its pod may take another.
     fn netns_alive(&self, netns: &Netns) -> bool;
-    /// The /proc scan (§3.8): pod UID -> its netns, for the wanted pods (UID -> IPs).
+    /// The /proc scan: pod UID -> its netns, for the wanted pods (UID -> IPs).
     fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns>;
     /// In-pod rules and routes; idempotent and atomic. Reads the netns first: an unchanged pod
     /// is not written (`RuleChange::AlreadyApplied`).

@@ -1,8 +1,8 @@
-//! Where a plugin's ADD is (issue 20 §8): the enrolment records each step as it enters it, so a
+//! Where a plugin's ADD is: the enrolment records each step as it enters it, so a
 //! `/cmdadd` answered 504 can say what it was waiting for (the pod's lock, the pod store, the
 //! netns, the rules, ztunnel's ack, ...) instead of blaming ztunnel for every delay. Also keeps
 //! the identity of the netns the ADD opened, for the `/cmdadd` log line, and when each step was
-//! entered: the log line's per-step timings (the latency breakdown of an ADD, issue 22).
+//! entered: the log line's per-step timings (the latency breakdown of an ADD).
 
 use parking_lot::Mutex;
 use std::time::Instant;

@@ -1,5 +1,5 @@
-//! The plugin-event server (§3.3): HTTP over `<run_dir>/pluginevent.sock`, `/cmdadd` (any
-//! method, Istio's) and `/podadd` (ours, issue 22: the plugin's one request, answered from the
+//! The plugin-event server: HTTP over `<run_dir>/pluginevent.sock`, `/cmdadd` (any
+//! method, Istio's) and `/podadd` (ours: the plugin's one request, answered from the
 //! stores with enrolled / not ambient with the pod / unknown; see [`handle_pod_add`]). Only a root peer (SO_PEERCRED uid 0, judged per connection by the listener,
 //! `telemetry::serve`, and again here) is heard; anyone else gets 403 and a log line. The body is not believed: the netns and IPs it names are checked
 //! (`trust`, through `mesh`) before anything is written, and every request is logged with the
@@ -333,7 +333,7 @@ async fn add_to_mesh(
     }
 }
 
-/// `/podadd`: the one request of an ambient ADD (issue 22), answered from the agent's stores:
+/// `/podadd`: the one request of an ambient ADD, answered from the agent's stores:
 /// enrolled (200 `enrolled`), not ambient (200 with the pod for the sidecar path), not known to
 /// the stores (200 `unknown`: the plugin asks the API server), or the enrolment's failure (500,
 /// or 504 naming the step within the budget, with an [`AddFailure`]: its kind, the pod, the

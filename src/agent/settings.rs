@@ -1,4 +1,4 @@
-//! The node agent's settings (§3.1): parsed by install-cni's config (flags and env under Istio's
+//! The node agent's settings: parsed by install-cni's config (flags and env under Istio's
 //! names and defaults, `install::config::resolve`), gathered here for the agent, plus the agent's
 //! own time budgets.
 
@@ -10,7 +10,7 @@ use crate::kube::selector::enablement::EnablementSelector;
 use crate::kube::{RetryPolicy, WatchBackoff};
 use crate::retry::periodic::Periodic;
 
-/// Ambient node-agent settings read from env/flags (every one of §3.1).
+/// Ambient node-agent settings read from env/flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentConfig {
     /// `ZTUNNEL_UDS_ADDRESS` / `--ztunnel-uds-address`, default `/var/run/ztunnel/ztunnel.sock`.

@@ -1,4 +1,4 @@
-//! What the agent believes of a plugin's `/cmdadd` (issue 20 §1): nothing on the caller's word.
+//! What the agent believes of a plugin's `/cmdadd`: nothing on the caller's word.
 //! A netns it is handed is a pod's only when the facts say so — not the agent's own nor the
 //! node's, holding every IP the event and the pod's status name, holding no other known pod's
 //! IP, and not replacing the live netns of an enrolled pod. [`verify`] decides from the facts

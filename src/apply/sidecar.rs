@@ -7,7 +7,7 @@
 //!   that had committed (its error names the failing line) and the earlier families are undone
 //!   from the rule model;
 //! * otherwise the state is read with `*-save` first (the snapshot) and compared with the plan the
-//!   way Istio does (§3.5 of the reference): identical → nothing to do; drifted without
+//!   way Istio does: identical → nothing to do; drifted without
 //!   `--reconcile` → [`ApplyError::Drift`] before anything is written; with it → guardrails,
 //!   cleanup, apply, and on any failure every touched table is put back from the snapshot.
 //!

@@ -328,7 +328,7 @@ fn is_istio_entry(v: &Value) -> bool {
     v.get("type").and_then(Value::as_str) == Some(ISTIO_TYPE)
 }
 
-/// Merges our entry into the primary config (§2.5 step 4): a single plugin becomes a new list
+/// Merges our entry into the primary config: a single plugin becomes a new list
 /// `k8s-pod-network` (its cniVersion dropped); a list loses every istio-cni entry, wherever it
 /// sits (Istio drops only the first), and gets ours appended last, after the primary's plugins.
 pub fn insert(file: &str, primary: &Value, istio: &IstioPlugin) -> Result<Value, ConfError> {

@@ -1,4 +1,4 @@
-//! The guard loop (§2.9): install, then watch the conf dir, the installed binaries, the token dir
+//! The guard loop: install, then watch the conf dir, the installed binaries, the token dir
 //! and the kubeconfig; re-validate on every change (content, and the mode and owner of the files
 //! that are ours alone) and repair what is broken.
 //!

@@ -365,7 +365,7 @@ impl Installer {
         self.check_conf(&cands)
     }
 
-    /// One install pass (§2.3): binaries, kubeconfig, then the CNI config if it is not valid.
+    /// One install pass: binaries, kubeconfig, then the CNI config if it is not valid.
     pub fn install_all(&mut self) -> Result<InstallPass, InstallError> {
         self.copy_binaries()?;
         self.write_kubeconfig()?;
@@ -379,7 +379,7 @@ impl Installer {
         }
     }
 
-    /// Removes what we installed (§2.10), deleting only files we created (B2) and restoring a
+    /// Removes what we installed, deleting only files we created (B2) and restoring a
     /// converted primary `.conf` (L8). The configs go first; the binary only when no network
     /// attachment on the node still names it (`attachments`).
     pub fn cleanup(&mut self) {

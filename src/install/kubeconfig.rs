@@ -1,4 +1,4 @@
-//! The plugin's kubeconfig (§2.7): server from the in-cluster service env, CA embedded (or
+//! The plugin's kubeconfig: server from the in-cluster service env, CA embedded (or
 //! skip-verify), the service-account token embedded. Rendered as the same YAML bytes Istio writes
 //! (keys sorted, as sigs.k8s.io/yaml emits them).
 

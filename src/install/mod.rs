@@ -190,7 +190,7 @@ fn log_settings(cfg: &Config) -> LogSettings {
 struct Observer {
     readiness: Readiness,
     metrics: Metrics,
-    /// Asks the drift verifiers for a pass (issue 13): pods started while our entry was missing
+    /// Asks the drift verifiers for a pass: pods started while our entry was missing
     /// ran without the plugin.
     drift: Kick,
 }
@@ -330,7 +330,7 @@ struct Started {
     check: Box<dyn upgrade::UpgradeCheck>,
 }
 
-/// §2.2 in order: the listeners, the node's pod watch with the repair controller and the ambient
+/// In order: the listeners, the node's pod watch with the repair controller and the ambient
 /// agent (both ready before the plugin is installed), the pod-facts socket, then the guard that
 /// installs and watches the plugin. An error names what failed to start.
 async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
@@ -339,12 +339,12 @@ async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
     if let Some(node) = &node {
         wait_for_api(&node.pods, &base.readiness, base.stop.clone()).await;
     }
-    // §2.2 step 9 (started first so it sees the store's initial list; ready once synced below).
+    // The repair controller (started first so it sees the store's initial list; ready once synced below).
     let repair = match (&node, cfg.repair.enabled) {
         (Some(node), true) => Some(start_repair(cfg, base, node)?),
         _ => None,
     };
-    // §2.2 step 8: the agent is ready (stores synced) before the plugin is installed, so a new
+    // The agent is ready (stores synced) before the plugin is installed, so a new
     // node's CNI config only appears once ambient pods can be served.
     let agent = match (cfg.install.ambient_enabled, &node) {
         (true, Some(node)) => Some(start_agent(cfg, base, node, &debug_pods).await?),
@@ -366,7 +366,7 @@ async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
             .set_state(REPAIR, refused_state(repair.netns_refused.as_deref()));
         info!(pods = node.pods.len(), "repair controller ready");
     }
-    // Pod facts (issue 14): the plugin reads its pod from the node pod store instead of the API
+    // Pod facts: the plugin reads its pod from the node pod store instead of the API
     // server; the namespace labels for its ambient check come from the agent's store.
     if let Some(node) = &node {
         let namespaces = agent.as_ref().map(|a| a.core().namespaces.clone());
@@ -517,7 +517,7 @@ fn start_repair(
             .ambient_enabled
             .then(|| ambient::record_path(cfg)),
     };
-    // Sidecar drift self-heal (issue 13) runs with the repair controller only.
+    // Sidecar drift self-heal runs with the repair controller only.
     let drift = cfg
         .drift_verify_interval
         .map(|period| crate::repair::drift::DriftSettings {

@@ -1,5 +1,5 @@
 //! The pod-facts socket: install-cni answers the plugin's "what is pod ns/name?" from the node
-//! pod store, so a sidecar ADD needs no API round trip (issue 14). The request, the answer and
+//! pod store, so a sidecar ADD needs no API round trip. The request, the answer and
 //! when a pod may be answered are `kube::pod_facts`'s; this is the socket around it.
 //!
 //! Root only: the directory is 0700 and the socket 0600 (the plugin runs as root, as the

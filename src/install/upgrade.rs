@@ -1,4 +1,4 @@
-//! "Is this shutdown an upgrade or a reboot?" (§2.10). When the DaemonSet still exists and still
+//! "Is this shutdown an upgrade or a reboot?". When the DaemonSet still exists and still
 //! targets this node, the node keeps our plugin, config and kubeconfig so pods keep starting
 //! captured while the new agent comes up. Istio only asks in ambient mode; we ask in sidecar mode
 //! too (L10), retry failures that may pass (timeouts, refused connections, 5xx) a few times,

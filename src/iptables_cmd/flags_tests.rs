@@ -309,7 +309,7 @@ fn unreadable_booleans_fail_closed() {
     );
 }
 
-/// `istio-iptables ambient` (issue 20 §10): what the usage shows is what is accepted, and nothing
+/// `istio-iptables ambient`: what the usage shows is what is accepted, and nothing
 /// given is silently ignored.
 mod ambient_flags {
     use crate::iptables_cmd::ambient::tests::parse;

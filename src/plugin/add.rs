@@ -312,7 +312,7 @@ where
         info!(pod = %pod_ref, outcome = %done, "nothing to do for this pod");
         return Ok(done);
     }
-    // Ambient: one request to the node agent, answered from its stores (issue 22).
+    // Ambient: one request to the node agent, answered from its stores.
     let mut stores_asked = false;
     if conf.ambient_enabled && !args.pod_uid.is_empty() {
         let asked = Instant::now();

@@ -224,7 +224,7 @@ fn cmd_add(
     let runtime = runtime::get()
         .map_err(|e| CniError::internal(format!("cannot start the async runtime: {e}")))?;
     let kubeconfig = conf.kubeconfig_path();
-    // On the heap from the start: the ADD's future is about 12 KiB (the API client's path is in
+    // On the heap from the start: the ADD's future is large (the API client's path is in
     // it), and every move of it by value (into the timeout, into block_on) took fresh stack pages.
     let flow = Box::pin(add::cmd_add(
         env,

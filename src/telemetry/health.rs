@@ -1,4 +1,4 @@
-//! `/healthz`, `/readyz` and `/metrics` over HTTP (§2.11), and the read-only `/debug/pods` on the
+//! `/healthz`, `/readyz` and `/metrics` over HTTP, and the read-only `/debug/pods` on the
 //! health port (the agent's per-pod answer to "is this pod in the mesh right now?", bound once the
 //! agent runs; GET only, other methods get 405), answered only to loopback peers: it names every
 //! pod of the node, which no pod may read.

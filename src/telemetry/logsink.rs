@@ -1,4 +1,4 @@
-//! The plugin log sink (§2.13): HTTP over a Unix socket at `<run_dir>/log.sock`. The plugin POSTs
+//! The plugin log sink: HTTP over a Unix socket at `<run_dir>/log.sock`. The plugin POSTs
 //! a JSON array of strings to `/log`, each string one JSON log record; every record is re-emitted
 //! under the `cni-plugin` scope with its own level, time and extra keys. A batch is emitted under
 //! one lock, so lines of two plugin processes never interleave. The `cni-plugin` scope keeps its

@@ -1,4 +1,4 @@
-//! Istio's CNI metrics (§2.12) in one registry, served as OpenMetrics text or Prometheus' classic
+//! Istio's CNI metrics in one registry, served as OpenMetrics text or Prometheus' classic
 //! text format 0.0.4 (what Istio serves), chosen by the scraper's `Accept` header. Counters are
 //! registered without `_total`; the encoder appends it, giving Istio's exact names. The
 //! `process_*` series of the Prometheus process collector come with every scrape (`process`).

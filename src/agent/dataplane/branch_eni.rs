@@ -1,4 +1,4 @@
-//! The AWS "security groups for pods" probe workaround (§3.10, `AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE`).
+//! The AWS "security groups for pods" probe workaround (`AMBIENT_ENABLE_AWS_BRANCH_ENI_PROBE`).
 //!
 //! With aws-vpc-cni's branch ENIs a pod's host route lives only in a per-ENI routing table, chosen
 //! by an `iif <veth>` rule for the pod's replies; the host's own traffic to the pod (the kubelet's

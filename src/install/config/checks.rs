@@ -1,4 +1,4 @@
-//! Settings that parse but can never work, refused before anything is touched (issue 20 §9).
+//! Settings that parse but can never work, refused before anything is touched.
 //! Each check takes one raw value (named by its flag or env var) and returns the typed value or a
 //! [`ConfigError::Invalid`] naming the setting, the value and why. Pure: the one check that needs
 //! the host (`HOST_PROC_DIR` is a procfs) is split into [`procfs`] (pure, on the filesystem type)

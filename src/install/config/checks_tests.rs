@@ -1,5 +1,5 @@
-//! Settings that parse but can never work are refused naming the setting and the value (issue 20
-//! §9); the values Istio's chart and defaults use still pass.
+//! Settings that parse but can never work are refused naming the setting and the value;
+//! the values Istio's chart and defaults use still pass.
 
 use super::tests::run;
 use super::*;

@@ -1,4 +1,4 @@
-//! Writing our entry: finding the primary and merging into it (§2.5).
+//! Writing our entry: finding the primary and merging into it.
 
 use std::fs;
 

@@ -1,4 +1,4 @@
-//! Which file is the primary, and is what we wrote still valid (§2.4)?
+//! Which file is the primary, and is what we wrote still valid?
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -102,7 +102,7 @@ impl Installer {
         })
     }
 
-    /// §2.4 steps 1-3: is the highest-priority file ours? Remembers the primary when it is not.
+    /// Is the highest-priority file ours? Remembers the primary when it is not.
     pub(super) fn check_priority(
         &mut self,
         cands: &[Candidate],
@@ -154,7 +154,7 @@ impl Installer {
         ))
     }
 
-    /// §2.4 check. Remembers the primary when the answer is "invalid".
+    /// Is what we wrote still valid? Remembers the primary when the answer is "invalid".
     pub(super) fn check_conf(&mut self, cands: &[Candidate]) -> Result<(), String> {
         let owned = self.cfg.owned_mode();
         let ours = self.last_written.clone();

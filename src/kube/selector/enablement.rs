@@ -1,4 +1,4 @@
-//! Ambient enablement selectors (§1.6): pairs of pod and namespace label selectors. One
+//! Ambient enablement selectors: pairs of pod and namespace label selectors. One
 //! implementation for the plugin (is this new pod ambient?), the installer (the setting it parses
 //! and hands to the plugin) and the node agent (enrolment, namespace re-evaluation).
 
