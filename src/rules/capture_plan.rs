@@ -2,7 +2,7 @@
 //! captured, whose traffic is the proxy's own, which loopback ports it keeps, whether loopback is
 //! captured, and what DNS is redirected. Backends render a plan; they do not re-derive it.
 
-use super::capture::{CaptureConfig, InboundPorts};
+use super::capture::config::{CaptureConfig, InboundPorts};
 use super::model::Family;
 use super::model::well_known::DNS_PORT;
 

@@ -10,7 +10,7 @@ use super::capture_plan::{CapturePlan, OwnerKind};
 use super::model::parts::{TCP, dport, in_iface, jump, out_iface, redirect};
 use super::model::{CtState, Match, RuleSet, RuleSetBuilder, Table, Target, is_builtin_chain};
 
-mod config;
+pub(super) mod config;
 mod dns;
 mod inbound;
 mod outbound;
