@@ -27,8 +27,8 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Level;
 
-use super::health::Readiness;
 use super::logging::PLUGIN_TARGET;
+use super::readiness::Readiness;
 use super::serve::{self, ConnInfo, Limits, UnixServer};
 use super::socket::{SocketError, SocketFile};
 
