@@ -111,9 +111,9 @@ where
     let core = engine.reconciler().clone();
     let (status, text) = match socket::root_only(peer) {
         Ok(caller) => answer(engine, caller).await,
-        Err(message) => {
-            warn!("{route} {message}");
-            (StatusCode::FORBIDDEN, message)
+        Err(refused) => {
+            warn!("{route} {refused}");
+            (StatusCode::FORBIDDEN, refused.to_string())
         }
     };
     core.metrics

@@ -68,7 +68,7 @@ pub enum NfTables {
 /// The host facts Istio's fallbacks look at (a seam: tests feed them).
 pub trait HostArtifacts {
     /// Whether the ipset `name` exists in the host netns (Err: could not tell).
-    fn ipset_exists(&self, name: &str) -> Result<bool, String>;
+    fn ipset_exists(&self, name: &str) -> std::io::Result<bool>;
     fn nf_tables(&self) -> NfTables;
 }
 
@@ -158,11 +158,11 @@ fn pinned_flavour() -> Option<ForceBinary> {
 pub struct ProcessHost;
 
 impl HostArtifacts for ProcessHost {
-    fn ipset_exists(&self, name: &str) -> Result<bool, String> {
+    fn ipset_exists(&self, name: &str) -> std::io::Result<bool> {
         let out = std::process::Command::new("ipset")
             .args(["list", "-n", name])
             .output()
-            .map_err(|e| format!("cannot run ipset: {e}"))?;
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot run ipset: {e}")))?;
         if out.status.success() {
             return Ok(true);
         }
@@ -170,7 +170,10 @@ impl HostArtifacts for ProcessHost {
         if stderr.contains("does not exist") {
             Ok(false)
         } else {
-            Err(stderr.trim().to_string())
+            Err(std::io::Error::other(format!(
+                "ipset list -n {name}: {}",
+                stderr.trim()
+            )))
         }
     }
 
@@ -246,10 +249,10 @@ impl Recorded {
     }
 
     /// Parses [`Recorded::render`]'s text; an error names the bad line.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, RecordError> {
         let (mut backend, mut flavour, mut native) = (None, None, None);
         for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-            let bad = || format!("unexpected line {line:?}");
+            let bad = || RecordError::Line(line.to_string());
             let (key, value) = line.split_once('=').ok_or_else(bad)?;
             match (key, value) {
                 ("backend", "iptables") => backend = Some(Backend::Iptables),
@@ -269,9 +272,23 @@ impl Recorded {
                 force_binary,
                 native_nftables,
             }),
-            _ => Err("backend, flavour and native_nftables are all required".into()),
+            _ => Err(RecordError::Incomplete),
         }
     }
+}
+
+/// Why a backend record cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("unexpected line {0:?}")]
+    Line(String),
+    #[error("backend, flavour and native_nftables are all required")]
+    Incomplete,
+    #[error("backend record {path}: {why}")]
+    File {
+        path: std::path::PathBuf,
+        why: String,
+    },
 }
 
 /// Size limit of the record (three short lines).
@@ -279,10 +296,13 @@ const RECORD_LIMIT: u64 = 4096;
 
 /// Reads a record file as untrusted input: a regular file (opened without blocking) of at most
 /// [`RECORD_LIMIT`] bytes that parses. `Ok(None)` when it does not exist; the error names the file.
-pub fn read_record(path: &std::path::Path) -> Result<Option<Recorded>, String> {
+pub fn read_record(path: &std::path::Path) -> Result<Option<Recorded>, RecordError> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    let fail = |e: String| format!("backend record {}: {e}", path.display());
+    let fail = |why: String| RecordError::File {
+        path: path.to_path_buf(),
+        why,
+    };
     let file = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
@@ -302,7 +322,9 @@ pub fn read_record(path: &std::path::Path) -> Result<Option<Recorded>, String> {
     if text.len() as u64 > RECORD_LIMIT {
         return Err(fail(format!("over {RECORD_LIMIT} bytes")));
     }
-    Recorded::parse(&text).map(Some).map_err(fail)
+    Recorded::parse(&text)
+        .map(Some)
+        .map_err(|e| fail(e.to_string()))
 }
 
 /// The node agent's decision with a record of the first install: the recorded backend when it was
@@ -350,7 +372,7 @@ mod tests {
     }
 
     impl HostArtifacts for Fake {
-        fn ipset_exists(&self, name: &str) -> Result<bool, String> {
+        fn ipset_exists(&self, name: &str) -> std::io::Result<bool> {
             Ok(self.sets.contains(&name))
         }
         fn nf_tables(&self) -> NfTables {
@@ -411,7 +433,7 @@ mod tests {
     fn iptables_requests_never_probe_the_host() {
         struct Panics;
         impl HostArtifacts for Panics {
-            fn ipset_exists(&self, _: &str) -> Result<bool, String> {
+            fn ipset_exists(&self, _: &str) -> std::io::Result<bool> {
                 panic!("probed")
             }
             fn nf_tables(&self) -> NfTables {
@@ -460,7 +482,7 @@ mod tests {
         };
         assert_eq!(Recorded::parse(&legacy.render()), Ok(legacy));
         let bad = Recorded::parse("backend=ebpf\n").unwrap_err();
-        assert!(bad.contains("backend=ebpf"), "{bad}");
+        assert!(bad.to_string().contains("backend=ebpf"), "{bad}");
         assert!(Recorded::parse("").is_err());
     }
 
@@ -485,13 +507,14 @@ mod tests {
         let r = read_record(&path).expect("good").expect("present");
         assert_eq!(r.pinned(), None, "native nftables pins no iptables flavour");
         std::fs::write(&path, vec![b'\n'; RECORD_LIMIT as usize + 1]).expect("write");
-        let e = read_record(&path).unwrap_err();
+        let e = read_record(&path).unwrap_err().to_string();
         assert!(e.contains("over") && e.contains(RECORD_FILE), "{e}");
         let fifo = dir.path().join("fifo");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
-        let e = read_record(&fifo).unwrap_err();
+        let e = read_record(&fifo).unwrap_err().to_string();
         assert!(e.contains("not a regular file"), "{e}");
         std::fs::write(&path, "flavour=sideways\n").expect("write");
-        assert!(read_record(&path).unwrap_err().contains("sideways"));
+        let e = read_record(&path).unwrap_err();
+        assert!(e.to_string().contains("sideways"), "{e}");
     }
 }

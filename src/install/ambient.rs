@@ -74,7 +74,7 @@ fn read_record(path: &std::path::Path) -> Result<Option<Recorded>, StartError> {
     match super::fsutil::read_bounded(path) {
         Ok(bytes) => std::str::from_utf8(&bytes)
             .map_err(|_| "not UTF-8 text".to_string())
-            .and_then(Recorded::parse)
+            .and_then(|text| Recorded::parse(text).map_err(|e| e.to_string()))
             .map(Some)
             .map_err(bad),
         Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => Ok(None),

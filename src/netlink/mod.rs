@@ -78,11 +78,14 @@ pub struct AddressProbe;
 
 impl crate::netns::procfs::NetnsProbe for AddressProbe {
     type Handle = crate::netns::Netns;
-    fn open(&self, path: &std::path::Path) -> Result<crate::netns::Netns, String> {
-        crate::netns::Netns::open(path).map_err(|e| e.to_string())
+    fn open(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<crate::netns::Netns, crate::netns::NetnsError> {
+        crate::netns::Netns::open(path)
     }
-    fn has_any_ip(&self, netns: &crate::netns::Netns, ips: &[IpAddr]) -> Result<bool, String> {
-        let addrs = addresses_in(netns).map_err(|e| e.to_string())?;
+    fn has_any_ip(&self, netns: &crate::netns::Netns, ips: &[IpAddr]) -> std::io::Result<bool> {
+        let addrs = addresses_in(netns)?;
         Ok(addrs
             .iter()
             .any(|a| ips.iter().any(|b| crate::netns::procfs::same_ip(*a, *b))))

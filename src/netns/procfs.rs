@@ -131,9 +131,9 @@ pub fn start_time(stat: &str) -> Option<u64> {
 /// The effects of a scan: opening a process's netns and checking whose it is.
 pub trait NetnsProbe {
     type Handle;
-    fn open(&self, path: &Path) -> Result<Self::Handle, String>;
+    fn open(&self, path: &Path) -> Result<Self::Handle, super::NetnsError>;
     /// Whether an interface address in the netns equals one of `ips` (v4-mapped v6 unmapped).
-    fn has_any_ip(&self, handle: &Self::Handle, ips: &[IpAddr]) -> Result<bool, String>;
+    fn has_any_ip(&self, handle: &Self::Handle, ips: &[IpAddr]) -> std::io::Result<bool>;
 }
 
 /// Compares addresses as Istio does (v4-in-v6 unmapped).

@@ -55,12 +55,12 @@ impl Drop for Handle {
 
 impl NetnsProbe for Fake {
     type Handle = Handle;
-    fn open(&self, path: &Path) -> Result<Handle, String> {
+    fn open(&self, path: &Path) -> Result<Handle, crate::netns::NetnsError> {
         Ok(Handle(path.to_path_buf(), self.dropped.clone()))
     }
-    fn has_any_ip(&self, h: &Handle, ips: &[IpAddr]) -> Result<bool, String> {
+    fn has_any_ip(&self, h: &Handle, ips: &[IpAddr]) -> std::io::Result<bool> {
         if self.fail.as_deref() == Some(h.0.as_path()) {
-            return Err("boom".into());
+            return Err(std::io::Error::other("boom"));
         }
         let have = self.addrs.get(&h.0).cloned().unwrap_or_default();
         Ok(have.iter().any(|a| ips.iter().any(|b| same_ip(*a, *b))))

@@ -78,7 +78,7 @@ pub struct LogGuard(#[allow(dead_code)] tracing_appender::non_blocking::WorkerGu
 /// logging thread and written by a writer thread of their own (tracing-appender): a slow stderr
 /// or log file never blocks the async runtime's workers. The queue is bounded (4096 records);
 /// when it is full the logging thread waits rather than dropping a record.
-pub fn init(settings: LogSettings) -> Result<LogGuard, String> {
+pub fn init(settings: LogSettings) -> Result<LogGuard, LogError> {
     let target = match &settings.file {
         Some(path) => path.to_string_lossy().into_owned(),
         None if settings.stdout => "stdout".to_string(),
@@ -86,7 +86,11 @@ pub fn init(settings: LogSettings) -> Result<LogGuard, String> {
     };
     let mut tee = open_targets(&[target])?;
     if let Some(rotate) = &settings.rotate {
-        let file = super::rotate::RotatingFile::open(rotate.clone()).map_err(|e| e.to_string())?;
+        let file =
+            super::rotate::RotatingFile::open(rotate.clone()).map_err(|source| LogError::Open {
+                path: rotate.path.display().to_string(),
+                source,
+            })?;
         tee = tee.with(Target::Rotating(Mutex::new(file)));
     }
     let (writer, guard) = non_blocking(tee);
@@ -104,8 +108,21 @@ pub fn init(settings: LogSettings) -> Result<LogGuard, String> {
     tracing_subscriber::registry()
         .with(tracing_subscriber::Layer::with_filter(layer, filter))
         .try_init()
-        .map_err(|e| format!("setting up logging: {e}"))?;
+        .map_err(LogError::Init)?;
     Ok(LogGuard(guard))
+}
+
+/// Why logging could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("opening log file {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("setting up logging: {0}")]
+    Init(#[source] tracing_subscriber::util::TryInitError),
 }
 
 /// Records the log writer may hold before a logging thread waits for it.
@@ -173,13 +190,13 @@ impl Tee {
 /// A writer for `--log_target` values: `stdout`, `stderr` or a file path (opened for append);
 /// several targets each get every record; none means stderr. Blocking: for the short-lived
 /// `istio-iptables` (the agent uses [`init`]'s non-blocking writer over the same targets).
-pub fn targets_writer(targets: &[String]) -> Result<BoxMakeWriter, String> {
+pub fn targets_writer(targets: &[String]) -> Result<BoxMakeWriter, LogError> {
     let tee = open_targets(targets)?;
     Ok(BoxMakeWriter::new(move || Tee(tee.0.clone())))
 }
 
 /// The targets opened, as one writer.
-fn open_targets(targets: &[String]) -> Result<Tee, String> {
+fn open_targets(targets: &[String]) -> Result<Tee, LogError> {
     let mut opened = Vec::new();
     for target in targets {
         opened.push(match target.as_str() {
@@ -190,7 +207,10 @@ fn open_targets(targets: &[String]) -> Result<Tee, String> {
                     .create(true)
                     .append(true)
                     .open(path)
-                    .map_err(|e| format!("opening log file {path}: {e}"))?;
+                    .map_err(|source| LogError::Open {
+                        path: path.to_string(),
+                        source,
+                    })?;
                 Target::File(Mutex::new(f))
             }
         });
@@ -479,5 +499,12 @@ mod tests {
         assert!(!l.allows("default", &Level::ERROR));
         assert_eq!(scope_of("istio_cni::install::guard"), "cni-agent");
         assert_eq!(scope_of("notify::inotify"), "default");
+    }
+}
+
+// `istio-iptables` reports its set-up failures as text (its room converts at its boundary).
+impl From<LogError> for String {
+    fn from(e: LogError) -> String {
+        e.to_string()
     }
 }

@@ -528,7 +528,7 @@ impl UnixServer {
                     if let Some(held) = warn_gate.allow() {
                         warn!(socket = %file.path().display(), held_back = held, "{reason}");
                     }
-                    Access::Refused(reason)
+                    Access::Refused(reason.to_string())
                 }
             };
             let Some(slot) = slots.admit() else {

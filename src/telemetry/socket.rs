@@ -324,24 +324,35 @@ pub fn peer(stream: &impl AsFd) -> io::Result<Peer> {
 }
 
 /// Whether `peer` may use a root-only socket; the refusal names the peer.
-pub fn root_only(peer: io::Result<Peer>) -> Result<Peer, String> {
+pub fn root_only(peer: io::Result<Peer>) -> Result<Peer, PeerRefused> {
     match peer {
         Ok(p) if p.uid == 0 => Ok(p),
-        Ok(p) => Err(format!("refused: peer {p} is not root")),
-        Err(e) => Err(format!("refused: cannot read peer credentials: {e}")),
+        Ok(p) => Err(PeerRefused::NotRoot(p)),
+        Err(e) => Err(PeerRefused::Unknown(e)),
     }
+}
+
+/// Why a peer may not use a root-only socket.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerRefused {
+    #[error("refused: peer {0} is not root")]
+    NotRoot(Peer),
+    #[error("refused: cannot read peer credentials: {0}")]
+    Unknown(#[source] io::Error),
 }
 
 /// Raises RLIMIT_NOFILE's soft limit to its hard limit; returns the resulting soft limit and
 /// whether it leaves `needed` descriptors (the listeners' bounds plus a reserve for the agent's
 /// own files, netns handles and netlink sockets).
-pub fn raise_fd_limit(needed: u64) -> Result<FdLimit, String> {
+pub fn raise_fd_limit(needed: u64) -> Result<FdLimit, FdLimitError> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let (soft, hard) =
-        getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| format!("getrlimit(RLIMIT_NOFILE): {e}"))?;
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(FdLimitError::Read)?;
     if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
-            .map_err(|e| format!("raising RLIMIT_NOFILE from {soft} to {hard}: {e}"))?;
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(|source| FdLimitError::Raise {
+            soft,
+            hard,
+            source,
+        })?;
     }
     let now = soft.max(hard);
     Ok(FdLimit {
@@ -349,6 +360,20 @@ pub fn raise_fd_limit(needed: u64) -> Result<FdLimit, String> {
         now,
         enough: now >= needed,
     })
+}
+
+/// Why the open-file limit could not be read or raised.
+#[derive(Debug, thiserror::Error)]
+pub enum FdLimitError {
+    #[error("getrlimit(RLIMIT_NOFILE): {0}")]
+    Read(#[source] nix::Error),
+    #[error("raising RLIMIT_NOFILE from {soft} to {hard}: {source}")]
+    Raise {
+        soft: u64,
+        hard: u64,
+        #[source]
+        source: nix::Error,
+    },
 }
 
 /// The outcome of [`raise_fd_limit`].

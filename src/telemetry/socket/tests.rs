@@ -106,9 +106,9 @@ fn only_root_peers_pass() {
         uid: 0,
         gid: 0,
     };
-    assert_eq!(root_only(Ok(me)), Ok(me));
+    assert_eq!(root_only(Ok(me)).unwrap(), me);
     let e = root_only(Ok(Peer { uid: 1000, ..me })).unwrap_err();
-    assert!(e.contains("pid 1 uid 1000 is not root"), "{e}");
+    assert!(e.to_string().contains("pid 1 uid 1000 is not root"), "{e}");
     assert!(root_only(Err(io::Error::other("x"))).is_err());
 }
 
