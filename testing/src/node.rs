@@ -18,6 +18,7 @@
 
 mod config;
 pub mod images;
+mod pidns;
 mod pods;
 mod process;
 mod service;
@@ -36,6 +37,9 @@ pub use images::{PAUSE_IMAGE, WORKLOAD_IMAGE};
 pub use pods::in_netns;
 pub use service::KUBERNETES_SERVICE_IP;
 
+/// Where the node's processes see the pods' network namespaces (the chart's `cniNetnsDir`):
+/// [`Node::netns_dir`] bound there in the node's mount namespace.
+pub const NETNS_DIR_ON_NODE: &str = "/var/run/netns";
 /// The pods' subnet on the node's bridge.
 pub const POD_SUBNET: &str = "10.244.237.0/24";
 /// How long the node may take to register and turn Ready.
@@ -99,6 +103,8 @@ pub struct Node {
     host_dirs_made: Vec<PathBuf>,
     started: Duration,
     service: Option<service::ServiceProxy>,
+    /// The PID and mount namespaces containerd and kubelet (and so the pods) run in.
+    namespaces: Option<pidns::NodeNamespaces>,
 }
 
 /// Host directories at fixed paths: the chart's DaemonSet mounts two, containerd puts its shims'
@@ -177,6 +183,7 @@ impl Node {
                 .collect(),
             started: Duration::ZERO,
             service: None,
+            namespaces: None,
             dir,
         };
         // From here on a failure drops `node`, which cleans up what was made.
@@ -204,6 +211,11 @@ impl Node {
             &format!("istio-cni-node-{id}"),
         )?);
 
+        node.namespaces = Some(pidns::NodeNamespaces::start(
+            &bins.join("pause"),
+            &node.netns_dir(),
+            &node.dir.join("init.log"),
+        )?);
         node.start_containerd(&runc)?;
         let work = node.dir.join("images");
         std::fs::create_dir_all(&work).map_err(io(format!("create {}", work.display())))?;
@@ -218,8 +230,14 @@ impl Node {
         Ok(node)
     }
 
+    /// Starts a node process: containerd and kubelet inside the node's namespaces, the
+    /// controllers beside the control plane.
     fn spawn(&self, what: &'static str, command: Command) -> Result<(), NodeError> {
-        let child = process::spawn(command, &self.dir.join(format!("{what}.log")))?;
+        let log = self.dir.join(format!("{what}.log"));
+        let child = match (&self.namespaces, what) {
+            (Some(ns), "containerd" | "kubelet") => ns.spawn(command, &log)?,
+            _ => process::spawn(command, &log)?,
+        };
         self.children.lock().push((what, child));
         Ok(())
     }
@@ -403,10 +421,10 @@ impl Node {
         &self.cni_bin
     }
 
-    /// containerd's directory of pod network namespaces (the chart's `cniNetnsDir`).
+    /// The directory of pod network namespaces, as the test sees it: the node's
+    /// `/var/run/netns` ([`NETNS_DIR_ON_NODE`]), where containerd puts them.
     pub fn netns_dir(&self) -> PathBuf {
-        self.dir
-            .join("containerd/state/io.containerd.grpc.v1.cri/netns")
+        self.dir.join("netns")
     }
 
     /// How long [`Node::start`] took.
@@ -463,6 +481,8 @@ impl Drop for Node {
         }
         // Shims a stopping containerd had still been starting.
         process::kill_leftovers(&self.dir, &self.cgroup_root);
+        // Its pid 1 gone, whatever else runs in the node's namespaces dies.
+        self.namespaces = None;
         std::thread::sleep(Duration::from_millis(200));
         process::unmount_under(&self.dir);
         process::remove_cgroup_root(&self.cgroup_root);

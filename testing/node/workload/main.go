@@ -4,6 +4,9 @@
 // HTTP 200 on the -http ports (kubelet's probes).
 //
 //	workload -tcp 15001,15006,8080 -http 8081 -name istio-proxy
+//
+// With -connect host:port it dials once and exits 0 when the connection was accepted (an init
+// container showing that its pod's traffic was captured before its containers started).
 package main
 
 import (
@@ -15,6 +18,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -62,7 +66,18 @@ func main() {
 	tcp := flag.String("tcp", "", "comma-separated TCP ports answered with the original destination")
 	httpPorts := flag.String("http", "", "comma-separated ports serving HTTP 200")
 	name := flag.String("name", "workload", "the name each answer starts with")
+	connect := flag.String("connect", "", "connect once to this host:port and exit: 0 when the connection was accepted (an init container proving its pod's traffic is captured)")
 	flag.Parse()
+	if *connect != "" {
+		c, err := net.DialTimeout("tcp", *connect, 5*time.Second)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "connect %s: %v\n", *connect, err)
+			os.Exit(1)
+		}
+		fmt.Printf("connected to %s from %s\n", *connect, c.LocalAddr())
+		c.Close()
+		return
+	}
 	for _, p := range strings.Split(*tcp, ",") {
 		if p != "" {
 			go serveTCP(*name, p)

@@ -18,7 +18,8 @@ pub(super) struct Layout<'a> {
 
 impl Layout<'_> {
     /// containerd's config: its own root, state and sockets; the CRI plugin with the test's CNI
-    /// dirs, the sandbox image of ours, runc with cgroupfs, pod netns mounts under its state dir.
+    /// dirs, the sandbox image of ours, runc with cgroupfs; pod netns under /var/run/netns, which is
+    /// the node's own (`super::pidns`).
     pub fn containerd_toml(&self) -> String {
         let d = self.dir.display();
         let q = |p: &Path| toml_string(&p.display().to_string());
@@ -46,7 +47,6 @@ disabled_plugins = ["io.containerd.tracing.processor.v1.otlp", "io.containerd.in
   # parent's ("nsexec: failed to update /proc/self/oom_score_adj: Permission denied") and kubelet
   # asks -998 for every sandbox. Clamp to containerd's own instead.
   restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = [{bin}]
     conf_dir = {conf}

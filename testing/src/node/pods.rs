@@ -134,6 +134,23 @@ impl Node {
                 what: format!("task of container {id}"),
                 source: std::io::Error::other(format!("not in ctr tasks ls:\n{tasks}")),
             })
+            .and_then(|pid| self.host_pid(pid))
+    }
+
+    /// The host pid of the process containerd (in the node's PID namespace) calls `pid`.
+    pub fn host_pid(&self, pid: u32) -> Result<u32, NodeError> {
+        match &self.namespaces {
+            None => Ok(pid),
+            Some(ns) => ns.host_pid(pid).ok_or_else(|| NodeError::Io {
+                what: format!("the host pid of the node's pid {pid}"),
+                source: std::io::Error::other("no such process in the node's PID namespace"),
+            }),
+        }
+    }
+
+    /// The host pid of the node's pid 1 (the pid 1 the agent's hostPath /proc shows).
+    pub fn init_pid(&self) -> Option<u32> {
+        self.namespaces.as_ref().map(|ns| ns.init_pid())
     }
 
     /// Deletes the pod and waits until the API server no longer has it (kubelet confirmed the
