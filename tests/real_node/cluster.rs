@@ -31,11 +31,25 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start() -> Cluster {
+        Self::start_with_tags(&[])
+    }
+
+    /// A node that also has our image under each of `tags` (podman tags of the built image).
+    pub fn start_with_tags(tags: &[&str]) -> Cluster {
         let t0 = std::time::Instant::now();
         let built = podman::build();
         eprintln!("image {} built in {:?}", built.image, built.took);
+        let mut images = vec![built.image.as_str()];
+        for tag in tags {
+            let ok = std::process::Command::new("podman")
+                .args(["tag", &built.image, tag])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "podman tag {} {tag}", built.image);
+            images.push(tag);
+        }
         let cp = ControlPlane::start().unwrap_or_else(|e| panic!("control plane: {e}"));
-        let node = Node::start(&cp, &[&built.image]).unwrap_or_else(|e| panic!("node: {e}"));
+        let node = Node::start(&cp, &images).unwrap_or_else(|e| panic!("node: {e}"));
         eprintln!(
             "node {} Ready in {:?} (everything in {:?})",
             node.name(),
@@ -55,7 +69,7 @@ impl Cluster {
             "image": self.image,
             "cniBinDir": self.node.cni_bin_dir(),
             "cniConfDir": self.node.cni_conf_dir(),
-            "cniNetnsDir": self.node.netns_dir(),
+            "cniNetnsDir": istio_cni_testing::node::NETNS_DIR_ON_NODE,
         });
         merge(&mut v, extra);
         v
@@ -100,6 +114,53 @@ impl Cluster {
         if !exists {
             self.cp.create(&ns);
         }
+    }
+
+    /// Sets (`Some`) or removes (`None`) one label of a namespace.
+    pub fn label_namespace(&self, name: &str, key: &str, value: Option<&str>) {
+        use kube::api::{Patch, PatchParams};
+        let (client, n) = (self.cp.client(), name.to_string());
+        let patch = json!({"metadata": {"labels": {key: value}}});
+        self.cp
+            .block_on(async move {
+                Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
+                    .patch(&n, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+            })
+            .unwrap_or_else(|e| panic!("label namespace {name}: {e}"));
+    }
+
+    /// Sets the image of the DaemonSet's container (a strategic merge by container name).
+    pub fn set_daemonset_image(&self, image: &str) {
+        use k8s_openapi::api::apps::v1::DaemonSet;
+        use kube::api::{Patch, PatchParams};
+        let client = self.cp.client();
+        let patch = json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "install-cni", "image": image}]}}}});
+        self.cp
+            .block_on(async move {
+                Api::<DaemonSet>::namespaced(client, chart::NAMESPACE)
+                    .patch(
+                        "istio-cni-node",
+                        &PatchParams::default(),
+                        &Patch::Strategic(&patch),
+                    )
+                    .await
+            })
+            .unwrap_or_else(|e| panic!("patch the DaemonSet's image: {e}"));
+    }
+
+    /// Deletes a pod without waiting for it to go.
+    pub fn delete_pod_nowait(&self, namespace: &str, name: &str) {
+        use kube::api::DeleteParams;
+        let (client, ns, n) = (self.cp.client(), namespace.to_string(), name.to_string());
+        self.cp
+            .block_on(async move {
+                Api::<Pod>::namespaced(client, &ns)
+                    .delete(&n, &DeleteParams::default())
+                    .await
+            })
+            .unwrap_or_else(|e| panic!("delete pod {namespace}/{name}: {e}"));
     }
 
     /// The pods in `namespace` on the node.
@@ -156,6 +217,19 @@ impl Cluster {
     /// Creates a pod from its manifest.
     pub fn create_pod(&self, pod: Value) {
         self.cp.create(&pod);
+    }
+
+    /// The `type` of every plugin in the node's conflist, in order.
+    pub fn conflist_types(&self) -> Vec<String> {
+        let path = self.node.cni_conf_dir().join("10-bridge.conflist");
+        let text = std::fs::read_to_string(&path).expect("the node's conflist");
+        let conflist: Value = serde_json::from_str(&text).expect("conflist JSON");
+        conflist["plugins"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no plugins in {text}"))
+            .iter()
+            .filter_map(|p| p["type"].as_str().map(str::to_string))
+            .collect()
     }
 }
 
