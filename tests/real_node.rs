@@ -23,6 +23,9 @@ mod cluster;
 #[path = "real_node/ambient.rs"]
 mod ambient;
 
+#[path = "real_node/repair.rs"]
+mod repair;
+
 use serde_json::json;
 
 use cluster::{Cluster, T, ask, netns_rules, pod_ip, serial, workload_pod};
