@@ -51,9 +51,11 @@ fn ours(pod: &PodNs, backend: Backend) -> String {
             .map(|l| l.split(" [").next().unwrap_or(l))
             .collect::<Vec<_>>()
             .join("\n"),
-        Backend::Nftables => {
-            istio_cni::apply::ambient::normalise_nft_listing(&run(pod, "nft", &["list", "ruleset"]))
-        }
+        Backend::Nftables => istio_cni_testing::listings::normalise_ambient_nft_listing(&run(
+            pod,
+            "nft",
+            &["list", "ruleset"],
+        )),
     }
 }
 

@@ -160,8 +160,9 @@ fn restart_keeps_everything(backend: Backend) {
 /// The probe set's IPv4 members as the test poller reads them (with the product's parsers of the
 /// two listings), from a thread of its own.
 fn node_probe_reader(node: &Node) -> impl Fn() -> BTreeSet<String> + Send + 'static {
-    use istio_cni::apply::probe_set::{NFT_TABLE, parse_ipset_save, parse_nft_set};
+    use istio_cni::apply::probe_set::NFT_TABLE;
     use istio_cni::rules::ambient::PROBE_SET_V4;
+    use istio_cni_testing::listings::{parse_ipset_save, parse_nft_set};
     let (net, backend) = (format!("--net={}", node.ns.path()), node.backend);
     move || {
         let list: &[&str] = match backend {

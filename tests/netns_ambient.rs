@@ -315,7 +315,7 @@ fn host_rules_are_programmed_in_the_host_netns() {
 }
 
 fn ipset_entries(ns: &TestNetns) -> HashMap<IpAddr, String> {
-    istio_cni::apply::probe_set::parse_ipset_save(&text(ns.try_exec("ipset", &["save"])))
+    istio_cni_testing::listings::parse_ipset_save(&text(ns.try_exec("ipset", &["save"])))
         .into_iter()
         .collect()
 }
@@ -331,7 +331,7 @@ fn nft_entries(ns: &TestNetns) -> HashMap<IpAddr, String> {
             "istio-inpod-probes-v4",
         ],
     );
-    istio_cni::apply::probe_set::parse_nft_set(&text(out))
+    istio_cni_testing::listings::parse_nft_set(&text(out))
         .into_iter()
         .collect()
 }

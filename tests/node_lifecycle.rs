@@ -11,10 +11,8 @@
 //! `istio_cni_drift_repaired_total{kind="host_rules"}` with a warning naming what was repaired, and
 //! the probe set holds exactly the enrolled pods again.
 //!
-//! Every node but one is on the real kube-apiserver (`Node::start_real*`, the chart's RBAC); each
-//! such scenario also finds the agent's annotation patches in the server's audit log. The
-//! secondary-address case stays on the test API server: its pod status holds two IPv4
-//! addresses, which a real server refuses (one address per family in `status.podIPs`).
+//! Every node is on the real kube-apiserver (`Node::start_real*`, the chart's RBAC); each
+//! scenario also finds the agent's annotation patches in the server's audit log.
 
 #[path = "support/ambient_node.rs"]
 mod ambient_node;
@@ -45,7 +43,9 @@ fn host_rules(node: &Node) -> String {
             .map(|l| l.split(" [").next().unwrap_or(l))
             .collect::<Vec<_>>()
             .join("\n"),
-        Backend::Nftables => istio_cni::apply::nft::normalise_listing(&text, "istio-ambient-nat"),
+        Backend::Nftables => {
+            istio_cni_testing::listings::normalise_nft_listing(&text, "istio-ambient-nat")
+        }
     }
 }
 
@@ -399,57 +399,73 @@ fn ipv6_off(backend: Backend) {
     assert_annotated_by_agent(&node, &pods);
 }
 
-/// Scenario 7 (Istio's #61027), IPv4 half: a pod with a second IPv4 address (on its interface and
-/// in its status) keeps both in the probe set across a killed-and-restarted agent, and stays in
-/// the mesh. On the test API server: a real one refuses a second address of one family in
-/// `status.podIPs`.
+/// Scenario 7 (Istio's #61027), IPv4 half, on the real kube-apiserver: the chain gives the pod a
+/// second IPv4 address on eth0, named in the CNI result at ADD and in no status (the server keeps
+/// one address per family). Across a killed-and-restarted agent both stay in the probe set (the
+/// restarted agent learns the second from its record of the ADD, checked against the pod's
+/// netns), and inbound TCP to either lands on ztunnel inside the pod.
 #[test]
 fn a_secondary_address_survives_an_agent_restart() {
-    let mut node = Node::start_with(Backend::Iptables, &[("HEALTH_PORT", HEALTH_PORT)]);
+    let mut node = Node::start_real_two_v4(
+        Backend::Iptables,
+        &[
+            ("HEALTH_PORT", HEALTH_PORT),
+            ("DRIFT_VERIFY_INTERVAL", "1s"),
+        ],
+    );
     let pods = enrol(&node, &["a"]);
-    let second = "10.244.0.201";
-    pods[0].ns.guard.exec(
-        "ip",
-        &["addr", "add", &format!("{second}/24"), "dev", "eth0"],
-    );
-    node.set_status(
-        "amb",
-        "a",
-        json!({
-            "phase": "Running", "podIP": pods[0].ip,
-            "podIPs": [{"ip": pods[0].ip}, {"ip": second}]
-        }),
-    );
-    node.restart_agent_killed();
-    let uid = pods[0].uid.clone();
+    let (first, uid) = (pods[0].ip.clone(), pods[0].uid.clone());
+    let second = second_v4(&pods[0].ns, &first);
+    let stored = node.get_pod("amb", "a").expect("the pod on the server");
+    let status_ips: Vec<String> = stored
+        .status
+        .and_then(|s| s.pod_ips)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|ip| ip.ip)
+        .collect();
+    assert_eq!(status_ips, vec![first.clone()], "the server's status");
+    let both = vec![(first.clone(), uid.clone()), (second.clone(), uid.clone())];
     node.wait_until(
         Duration::from_secs(10),
-        "both addresses in the probe set",
-        || {
-            let members = node.probe_members();
-            members.contains(&(pods[0].ip.clone(), uid.clone()))
-                && members.contains(&(second.to_string(), uid.clone()))
-        },
+        "both addresses after the ADD",
+        || node.probe_members_sorted() == both,
+    );
+    node.restart_agent_killed();
+    node.wait_until(
+        Duration::from_secs(10),
+        "both addresses in the probe set after the restart",
+        || node.probe_members_sorted() == both,
     );
     let report = debug_pods(&node);
-    assert_eq!(
-        report["pods"][0]["ips"],
-        json!([pods[0].ip, second]),
-        "{report}"
+    assert_eq!(report["pods"][0]["ips"], json!([first, second]), "{report}");
+    // A drift pass (which prunes entries the agent does not expect) leaves both.
+    node.wait_until(
+        Duration::from_secs(10),
+        "a drift pass after the restart",
+        || debug_pods(&node)["host_rules"]["result"] == "in_place",
     );
-    // Exactly the pod's two addresses.
-    let first = pods[0].ip.clone();
-    let mut members = node.probe_members();
-    members.sort();
-    assert_eq!(
-        members,
-        vec![(first, uid.clone()), (second.to_string(), uid.clone())]
-    );
+    assert_eq!(node.probe_members_sorted(), both);
     assert_outbound_lands(&node, &pods);
     // Both addresses take inbound traffic into the mesh (#61027: the secondary was blackholed).
     let from = client(&node);
-    assert_inbound_lands_at(&node, &from, &pods[0], &pods[0].ip);
-    assert_inbound_lands_at(&node, &from, &pods[0], second);
+    assert_inbound_lands_at(&node, &from, &pods[0], &first);
+    assert_inbound_lands_at(&node, &from, &pods[0], &second);
+    assert_annotated_by_agent(&node, &pods);
+}
+
+/// The pod's IPv4 address on eth0 other than `first`.
+fn second_v4(pod: &PodNs, first: &str) -> String {
+    let out = pod
+        .guard
+        .exec("ip", &["-4", "-o", "addr", "show", "dev", "eth0"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .filter_map(|l| l.split_whitespace().skip_while(|w| *w != "inet").nth(1))
+        .filter_map(|a| a.split('/').next())
+        .find(|a| *a != first)
+        .unwrap_or_else(|| panic!("no second IPv4 address on eth0:\n{text}"))
+        .to_string()
 }
 
 /// Scenario 7, dual-stack: a pod with an IPv4 and an IPv6 address (the chain gives both and the

@@ -11,8 +11,9 @@ use std::time::Instant;
 
 use istio_cni::agent::dataplane::Dataplane;
 use istio_cni::apply::exec::ProcessExecutor;
-use istio_cni::apply::probe_set::{Entries, Ipsets, NftSets, ProbeSets, SetOp, parse_ipset_save};
+use istio_cni::apply::probe_set::{Entries, Ipsets, NftSets, ProbeSets, SetOp};
 use istio_cni::rules::ambient::{PROBE_SET_V4, PROBE_SET_V6};
+use istio_cni_testing::listings::parse_ipset_save;
 use support::{FakeHost, Netns, require_dataplane_tools};
 
 /// CPU time (user + system) of this process and its reaped children, in ms.

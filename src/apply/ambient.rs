@@ -336,11 +336,6 @@ fn nft_already_holds(
     }
 }
 
-/// Our tables only ([`super::nft::normalise_listing`] for `istio-ambient-*`).
-pub fn normalise_nft_listing(text: &str) -> String {
-    super::nft::normalise_listing(text, OUR_NFT_TABLES)
-}
-
 /// A new pod's netns (no table in any family) with the iptables-nft flavour gets the rules as one
 /// nf_tables transaction encoded as iptables-nft-restore would send it: no process at all. False
 /// when that does not apply or did not work (nothing changed then; the caller restores).

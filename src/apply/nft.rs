@@ -118,34 +118,6 @@ pub fn read_native_netlink(prefix: &str) -> Result<NativeState, BatchError> {
     ))
 }
 
-/// The `table <family> <prefix>*` blocks of an `nft list ruleset` text only, without rule
-/// handles and counter values, which differ between two identical rule sets (for tests and
-/// logs that compare what an operator sees; the checks compare typed rules).
-pub fn normalise_listing(text: &str, prefix: &str) -> String {
-    let mut out = String::new();
-    let mut ours = false;
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("table ") {
-            ours = rest
-                .split_whitespace()
-                .nth(1)
-                .is_some_and(|name| name.starts_with(prefix));
-        }
-        if !ours {
-            continue;
-        }
-        let line = line.split(" # handle ").next().unwrap_or(line);
-        let mut words: Vec<&str> = line.split(' ').collect();
-        while let Some(i) = words.iter().position(|w| *w == "packets") {
-            // `counter packets N bytes M` -> `counter`
-            words.drain(i..(i + 4).min(words.len()));
-        }
-        out.push_str(&words.join(" "));
-        out.push('\n');
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,26 +152,5 @@ mod tests {
             err.contains("group no-such-group-x does not exist"),
             "{err}"
         );
-    }
-
-    fn listing(handle: u32, packets: u32, verdict: &str) -> String {
-        format!(
-            "table inet other {{\n}}\ntable inet istio-proxy-nat {{\n\tchain output {{\n\t\tmeta l4proto tcp counter packets {packets} bytes {packets} {verdict} # handle {handle}\n\t}}\n}}\n"
-        )
-    }
-
-    #[test]
-    fn listings_compare_without_handles_counters_and_other_tables() {
-        let a = normalise_listing(&listing(1, 0, "accept"), "istio-proxy-");
-        assert_eq!(
-            a,
-            normalise_listing(&listing(7, 42, "accept"), "istio-proxy-")
-        );
-        assert!(!a.contains("other"));
-        assert_eq!(
-            normalise_listing(&listing(1, 0, "accept"), "istio-ambient-"),
-            ""
-        );
-        assert_ne!(a, normalise_listing(&listing(1, 0, "drop"), "istio-proxy-"));
     }
 }

@@ -470,44 +470,6 @@ impl ProbeSets for NftSets {
     }
 }
 
-/// `ipset save` lines `add SET IP comment "UID"`.
-pub fn parse_ipset_save(text: &str) -> Entries {
-    text.lines()
-        .filter_map(|line| {
-            let rest = line.strip_prefix("add ")?;
-            let mut words = rest.splitn(3, ' ');
-            let (_set, ip) = (words.next()?, words.next()?.parse().ok()?);
-            let uid = words
-                .next()
-                .and_then(|tail| tail.split("comment \"").nth(1))
-                .and_then(|c| c.split('"').next())
-                .unwrap_or_default();
-            Some((ip, uid.to_string()))
-        })
-        .collect()
-}
-
-/// `nft list set` output: `elements = { IP comment "UID", ... }` (possibly over several lines).
-pub fn parse_nft_set(text: &str) -> Entries {
-    let Some(start) = text.find("elements = {") else {
-        return Entries::new();
-    };
-    let body = &text[start + "elements = {".len()..];
-    let body = &body[..body.find('}').unwrap_or(body.len())];
-    body.split(',')
-        .filter_map(|item| {
-            let item = item.trim();
-            let ip = item.split_whitespace().next()?.parse().ok()?;
-            let uid = item
-                .split("comment \"")
-                .nth(1)
-                .and_then(|c| c.split('"').next())
-                .unwrap_or_default();
-            Some((ip, uid.to_string()))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -671,21 +633,6 @@ mod tests {
         let pruned = plan_sync(&current, &members, true);
         assert_eq!(pruned[0], SetOp::Del { ip: ip("10.0.0.9") });
         assert!(!pruned.contains(&SetOp::Del { ip: ip("10.0.0.1") }));
-    }
-
-    #[test]
-    fn parses_both_listings() {
-        let saved = "create istio-inpod-probes-v4 hash:ip family inet hashsize 1024 maxelem 65536 comment bucketsize 12 initval 0x1\nadd istio-inpod-probes-v4 10.0.0.1 comment \"uid-1\"\nadd istio-inpod-probes-v4 10.0.0.2\n";
-        assert_eq!(
-            parse_ipset_save(saved),
-            entries(&[("10.0.0.1", "uid-1"), ("10.0.0.2", "")])
-        );
-        let listed = "table inet istio-ambient-nat {\n\tset istio-inpod-probes-v4 {\n\t\ttype ipv4_addr\n\t\tcomment \"UUID of the pods\"\n\t\telements = { 10.0.0.1 comment \"u1\",\n\t\t\t     10.0.0.2 comment \"u2\" }\n\t}\n}\n";
-        assert_eq!(
-            parse_nft_set(listed),
-            entries(&[("10.0.0.1", "u1"), ("10.0.0.2", "u2")])
-        );
-        assert!(parse_nft_set("table inet x {\n\tset s {\n\t}\n}\n").is_empty());
     }
 
     #[test]

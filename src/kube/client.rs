@@ -227,14 +227,6 @@ impl KubeClient {
         Ok(KubeClient { client, server })
     }
 
-    /// Wraps an existing client (e.g. one built on a mock service in unit tests).
-    pub fn from_client(client: kube::Client, server: &str) -> Self {
-        KubeClient {
-            client,
-            server: server.into(),
-        }
-    }
-
     /// The API server's URL.
     pub fn server(&self) -> &str {
         &self.server

@@ -22,6 +22,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+#[cfg(test)]
 use nix::sched::CloneFlags;
 
 /// Why work could not run inside a namespace.
@@ -276,8 +277,9 @@ impl Netns {
 
 /// Runs `work` on a fresh thread inside a new, empty network namespace that exists only as long
 /// as `work` runs (children it spawns inherit it). For learning how the kernel stores something
-/// without touching any real namespace.
-pub fn run_in_scratch<T, F>(work: F) -> Result<T, NetnsError>
+/// without touching any real namespace (tests only).
+#[cfg(test)]
+pub(crate) fn run_in_scratch<T, F>(work: F) -> Result<T, NetnsError>
 where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,

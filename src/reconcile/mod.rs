@@ -178,7 +178,8 @@ impl<R: Reconcile> Engine<R> {
     }
 
     /// Whether `key` is queued, running or resting.
-    pub fn is_pending(&self, key: &R::Key) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_pending(&self, key: &R::Key) -> bool {
         self.shared.keys.lock().contains_key(key)
     }
 

@@ -11,6 +11,7 @@
 
 pub mod apiserver;
 pub mod controlplane;
+pub mod listings;
 pub mod node;
 pub mod tied;
 pub mod zds_peer;
