@@ -54,35 +54,40 @@ impl Arm64 {
     }
 }
 
+/// The build, once per test binary: a failed one is reported by every test that needs it,
+/// without building again.
 fn arm64() -> &'static Arm64 {
-    static BUILT: OnceLock<Arm64> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        cni_driver::require_tool(QEMU, "qemu-user-static");
-        let t0 = std::time::Instant::now();
-        let out = script(
-            "build-static",
-            &[("STATIC_ARCH", "arm64"), ("STATIC_PROFILE", "static-test")],
-        );
-        assert!(
-            out.status.success(),
+    static BUILT: OnceLock<Result<Arm64, String>> = OnceLock::new();
+    match BUILT.get_or_init(build_arm64) {
+        Ok(built) => built,
+        Err(why) => panic!("{why}"),
+    }
+}
+
+fn build_arm64() -> Result<Arm64, String> {
+    cni_driver::require_tool(QEMU, "qemu-user-static");
+    let t0 = std::time::Instant::now();
+    let out = script(
+        "build-static",
+        &[("STATIC_ARCH", "arm64"), ("STATIC_PROFILE", "static-test")],
+    );
+    if !out.status.success() {
+        return Err(format!(
             "scripts/build-static STATIC_ARCH=arm64 failed ({}):\n{}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
-        );
-        eprintln!("arm64 static-test build: {:?}", t0.elapsed());
-        let bin = repo().join("target/static/istio-cni-rs-static-test-arm64");
-        assert_eq!(
-            elf_machine(&bin),
-            0xb7,
-            "{} is not an aarch64 ELF",
-            bin.display()
-        );
-        let roles = tempfile::tempdir().expect("temp dir");
-        for role in ROLES {
-            std::os::unix::fs::symlink(&bin, roles.path().join(role)).expect("role symlink");
-        }
-        Arm64 { roles }
-    })
+        ));
+    }
+    eprintln!("arm64 static-test build: {:?}", t0.elapsed());
+    let bin = repo().join("target/static/istio-cni-rs-static-test-arm64");
+    if elf_machine(&bin) != 0xb7 {
+        return Err(format!("{} is not an aarch64 ELF", bin.display()));
+    }
+    let roles = tempfile::tempdir().expect("temp dir");
+    for role in ROLES {
+        std::os::unix::fs::symlink(&bin, roles.path().join(role)).expect("role symlink");
+    }
+    Ok(Arm64 { roles })
 }
 
 /// The ELF header's e_machine (0xb7 is aarch64, 0x3e x86-64).
