@@ -26,6 +26,9 @@ mod ambient;
 #[path = "real_node/repair.rs"]
 mod repair;
 
+#[path = "real_node/rollout.rs"]
+mod rollout;
+
 use serde_json::json;
 
 use cluster::{Cluster, T, ask, netns_rules, pod_ip, serial, workload_pod};
