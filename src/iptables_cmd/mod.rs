@@ -95,7 +95,7 @@ const LOG_SCOPE: &str = "iptables";
 /// Logs in the shared Istio format (text or, with --log_as_json, JSON lines) to each
 /// --log_target (stdout, stderr or a file; default stderr, so that a dry run's stdout carries only
 /// the transcript). ISTIO_IPTABLES_LOG sets the filter (default info).
-fn init_logging(targets: &[String], json: bool) -> Result<(), String> {
+fn init_logging(targets: &[String], json: bool) -> Result<(), crate::telemetry::logging::LogError> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ISTIO_IPTABLES_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let writer = crate::telemetry::logging::targets_writer(targets)?;

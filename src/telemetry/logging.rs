@@ -501,10 +501,3 @@ mod tests {
         assert_eq!(scope_of("notify::inotify"), "default");
     }
 }
-
-// `istio-iptables` reports its set-up failures as text (its room converts at its boundary).
-impl From<LogError> for String {
-    fn from(e: LogError) -> String {
-        e.to_string()
-    }
-}
