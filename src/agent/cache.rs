@@ -24,6 +24,9 @@ pub struct CachedPod {
     pub annotation_owed: bool,
     /// Programmed, but ztunnel has not taken it yet (the add is to be tried again).
     pub awaiting_ztunnel: bool,
+    /// The addresses verified at the pod's ADD when they hold one no status can (see
+    /// [`super::cni_ips`]); kept in the record, so a restarted agent can learn them again.
+    pub cni_ips: Vec<IpAddr>,
 }
 
 #[derive(Debug, Default)]
@@ -34,6 +37,10 @@ pub struct PodCache {
     /// agent may find entries an earlier one wrote for pods it does not know) a change is
     /// planned against the kernel's entries, not the belief.
     belief_complete: std::sync::atomic::AtomicBool,
+    /// Where the pods' [`CachedPod::cni_ips`] are recorded (unset: not recorded), and the lock
+    /// one rewrite of that record holds.
+    record_dir: std::sync::OnceLock<std::path::PathBuf>,
+    record_lock: parking_lot::Mutex<()>,
 }
 
 /// The entries by UID, and the UIDs by `namespace/name` (a run of a pod's key asks for the
@@ -117,6 +124,7 @@ impl PodCache {
                 probe_ips: Some(vec![]),
                 annotation_owed: false,
                 awaiting_ztunnel: false,
+                cni_ips: vec![],
             },
         );
     }
@@ -137,6 +145,7 @@ impl PodCache {
             probe_ips: Some(vec![]),
             annotation_owed: false,
             awaiting_ztunnel: false,
+            cni_ips: vec![],
         });
         entry.info = info;
         let kept = match &entry.netns {
@@ -261,12 +270,58 @@ impl PodCache {
 
     /// Removes and returns the entry (a second take finds nothing).
     pub fn take(&self, uid: &str) -> Option<CachedPod> {
-        self.write().remove(uid)
+        let taken = self.write().remove(uid);
+        if taken.as_ref().is_some_and(|p| !p.cni_ips.is_empty()) {
+            self.persist_cni_ips();
+        }
+        taken
     }
 
     /// Puts a taken entry back (a failed removal will be retried).
     pub fn restore(&self, uid: &str, pod: CachedPod) {
+        let recorded = !pod.cni_ips.is_empty();
         self.write().insert(uid, pod);
+        if recorded {
+            self.persist_cni_ips();
+        }
+    }
+
+    /// Records the pod's [`CachedPod::cni_ips`] (a pod not cached is left out) and rewrites the
+    /// record when they changed.
+    pub fn set_cni_ips(&self, uid: &str, ips: Vec<IpAddr>) {
+        let changed = match Self::entry_mut(&mut self.write(), uid) {
+            Some(pod) if pod.cni_ips != ips => {
+                pod.cni_ips = ips;
+                true
+            }
+            _ => false,
+        };
+        if changed {
+            self.persist_cni_ips();
+        }
+    }
+
+    /// Records the pods' [`CachedPod::cni_ips`] in `dir` from now on (set once, at startup).
+    pub fn record_cni_ips_in(&self, dir: std::path::PathBuf) {
+        let _ = self.record_dir.set(dir);
+    }
+
+    /// Rewrites the record from the cache; a failure is logged (the pods stay enrolled, only a
+    /// restart would not learn their second addresses again).
+    pub fn persist_cni_ips(&self) {
+        let Some(dir) = self.record_dir.get() else {
+            return;
+        };
+        let _one_at_a_time = self.record_lock.lock();
+        let record: super::cni_ips::Record = self
+            .read()
+            .iter()
+            .filter(|(_, p)| !p.cni_ips.is_empty())
+            .map(|(uid, p)| (uid.clone(), p.cni_ips.clone()))
+            .collect();
+        if let Err(e) = super::cni_ips::write(dir, &record) {
+            tracing::warn!("{e}; after a restart these pods' second addresses are not known");
+        }
     }
 
     /// The entries of pods named `namespace/name` (UID, entry): more than one only while a

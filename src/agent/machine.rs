@@ -100,6 +100,9 @@ pub struct Held {
     pub annotation_owed: bool,
     /// Programmed, but not taken by ztunnel yet (to be added again, as a `pending` pod).
     pub awaiting_ztunnel: bool,
+    /// The addresses its ADD verified beyond what a status holds ([`super::cni_ips`]): its
+    /// probe entries are these with the status IPs.
+    pub cni_ips: Vec<IpAddr>,
 }
 
 /// One key's world now, as the reconcile reads it: the pod the store has under the name, the
@@ -233,7 +236,8 @@ fn decide_current(
             pod: current.clone(),
         };
     }
-    let ips = pod::ips(current);
+    let recorded = mine.map(|h| h.cni_ips.as_slice()).unwrap_or_default();
+    let ips = super::cni_ips::union(&pod::ips(current), recorded);
     let moved = mine.is_some_and(|h| h.probe_ips.as_deref() != Some(ips.as_slice()));
     if in_mesh && should && !partial && !ips.is_empty() && moved {
         return Action::ReassertProbes {

@@ -72,6 +72,7 @@ fn held(p: &Arc<Pod>) -> Vec<Held> {
         probe_ips: Some(pod::ips(p)),
         annotation_owed: false,
         awaiting_ztunnel: false,
+        cni_ips: vec![],
     }]
 }
 
@@ -163,6 +164,41 @@ fn probe_ips_reasserted_only_when_ips_change() {
     let new = pod("shop", moved);
     match run(&update(&old, &new), Some(&new), Some(&ns)) {
         Action::ReassertProbes { ips, .. } => assert_eq!(ips.len(), 2),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A second address the ADD verified (in no status) stays among the pod's probe entries: a status
+/// holding only the first is no change, and a moved status keeps the second.
+#[test]
+fn a_recorded_cni_address_stays_in_the_probe_entries() {
+    let ns = labels(&[AMBIENT]);
+    let p = pod("shop", annotated("enabled"));
+    let first = pod::ips(&p);
+    let second: std::net::IpAddr = "10.0.0.201".parse().unwrap();
+    let mut held = held(&p);
+    held[0].cni_ips = vec![first[0], second];
+    held[0].probe_ips = Some(vec![first[0], second]);
+    let now = |current: &Arc<Pod>, held: &[Held]| {
+        let now = Now {
+            current: Some(current),
+            held,
+            gone: None,
+            namespace_labels: Some(&ns),
+        };
+        decide(&now, &policy())
+    };
+    assert_eq!(kind(&now(&p, &held)[0]), "skip");
+    let mut moved = annotated("enabled");
+    merge(
+        &mut moved,
+        json!({"status": {"podIPs": [{"ip": "10.0.0.6"}]}}),
+    );
+    let q = pod("shop", moved);
+    match &now(&q, &held)[0] {
+        Action::ReassertProbes { ips, .. } => {
+            assert_eq!(ips, &vec!["10.0.0.6".parse().unwrap(), first[0], second])
+        }
         other => panic!("{other:?}"),
     }
 }

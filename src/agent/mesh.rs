@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, info, warn};
 
 use super::cache::PodCache;
+use super::cni_ips;
 use super::dataplane::DataplaneError;
 use super::pod::{self, Redirection};
 use super::ports::{Annotator, DataplanePort, PortError, Ztunnel};
@@ -230,6 +231,16 @@ impl Mesh {
         .await
         .map_err(undo)?;
         let netns = self.cache.upsert(&uid, info.clone(), netns);
+        if let Via::Plugin(_) = via {
+            // The ADD's own addresses, verified: the only evidence of one no status can hold
+            // (kept for a pending pod too: its later add comes through the watch).
+            let recorded = if cni_ips::beyond_status(&ips) {
+                ips.clone()
+            } else {
+                vec![]
+            };
+            self.cache.set_cni_ips(&uid, recorded);
+        }
         progress::enter(progress, AddStep::WaitingForZtunnelAck);
         if let Err(source) = self.ztunnel.add_workload(uid.clone(), info, netns).await {
             self.cache.set_awaiting_ztunnel(&uid, true);

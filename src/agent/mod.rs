@@ -2,6 +2,8 @@
 //!
 //! Owns: the agent's settings (`settings`), what it reads from pods (`pod`), the pure enrolment
 //! state machine (`machine`), the pod cache that is ztunnel's state of the world (`cache`), the
+//! record of the addresses a pod's ADD verified that no status holds, and what a restarted agent
+//! believes of it (`cni_ips`: only what the pod's netns still holds; not the netns alone), the
 //! add/remove steps and their error classes (`mesh`), what it believes of a plugin's `/cmdadd`
 //! (`trust`, pure) and where an add is (`progress`, named in a 504), the reconcile of one pod over the
 //! one engine (`crate::reconcile`), fed by the kube stores, the plugin and the drift pass
@@ -21,6 +23,7 @@
 
 pub mod adapters;
 pub mod cache;
+pub mod cni_ips;
 pub mod dataplane;
 pub mod drift;
 pub mod findings;
@@ -113,6 +116,8 @@ impl Agent {
         )
         .map_err(AgentError::Selectors)?;
         let shutdown = parent.child_token();
+        let cache = PodCache::default();
+        cache.record_cni_ips_in(settings.run_dir.clone());
         let backoff = WatchBackoff {
             max: settings.timing.watch_retry_max,
             ..WatchBackoff::default()
@@ -127,7 +132,7 @@ impl Agent {
                 dataplane: deps.dataplane,
                 ztunnel: deps.ztunnel,
                 annotator: deps.annotator,
-                cache: Arc::new(PodCache::default()),
+                cache: Arc::new(cache),
                 probe_gate: Default::default(),
             },
             timing: settings.timing,
@@ -152,7 +157,12 @@ impl Agent {
             namespaces = core.namespaces.len(),
             "pod and namespace stores synced"
         );
-        restore_enrolled(&core, settings.config.reconcile_pod_rules_on_startup).await;
+        restore_enrolled(
+            &core,
+            settings.config.reconcile_pod_rules_on_startup,
+            &settings.run_dir,
+        )
+        .await;
         let pump = tokio::spawn(reconciler::pump(engine.clone(), shutdown.clone()));
         let namespaces = core.namespaces.clone();
         let (stop, ready) = (shutdown.clone(), readiness.clone());
@@ -250,53 +260,37 @@ const NAMESPACE_WATCH: &str = "namespace-watch";
 const STORE_POLL: Duration = Duration::from_millis(200);
 
 /// The pods already enrolled (annotation `enabled`, not terminal, not ztunnel) are
-/// ztunnel's state of the world after a restart. Their IPs go back into the probe set (pruning
-/// strangers only when every one has an IP; the set is never flushed, B8), their netns are found
-/// by one /proc scan, and with `reconcile` their in-pod rules are re-applied (drift repaired;
-/// errors only logged). A probe-set failure is logged, not fatal: unplugging every pod (B17) would
-/// be worse than a stale set.
-async fn restore_enrolled(core: &Arc<Core>, reconcile: bool) {
+/// ztunnel's state of the world after a restart. Their netns are found by one /proc scan, the
+/// second addresses recorded at their ADD are believed again where that netns still holds them
+/// (`cni_ips`), and their IPs go back into the probe set (pruning strangers only when every one
+/// has an IP; the set is never flushed, B8); with `reconcile` their in-pod rules are re-applied
+/// (drift repaired; errors only logged). A probe-set failure is logged, not fatal: unplugging
+/// every pod (B17) would be worse than a stale set.
+async fn restore_enrolled(core: &Arc<Core>, reconcile: bool, run_dir: &std::path::Path) {
     let snapshot: Vec<_> = core
         .pods
         .list()
         .into_iter()
         .filter(|p| machine::in_snapshot(p, &core.policy))
         .collect();
-    let members: Vec<(String, Vec<std::net::IpAddr>)> = snapshot
-        .iter()
-        .map(|p| (pod::uid(p).to_string(), pod::ips(p)))
-        .collect();
-    let prune = members.iter().all(|(_, ips)| !ips.is_empty());
-    if !prune {
-        warn!("an enrolled pod has no IP yet; the probe set is not pruned this time");
-    }
     let cache = &core.mesh.cache;
-    for (p, (uid, ips)) in snapshot.iter().zip(&members) {
-        cache.ensure(uid, pod::workload_info(p));
-        // What the sync below puts in the set: the drift pass's expected entries (unknown
-        // without an IP, and then it does not prune either).
-        cache.set_probe_ips(uid, (!ips.is_empty()).then(|| ips.clone()));
-    }
+    let wanted: HashMap<String, Vec<std::net::IpAddr>> = snapshot
+        .iter()
+        .map(|p| {
+            cache.ensure(pod::uid(p), pod::workload_info(p));
+            (pod::uid(p).to_string(), pod::ips(p))
+        })
+        .collect();
     let dp = core.mesh.dataplane.clone();
-    let wanted: HashMap<String, Vec<std::net::IpAddr>> = members.iter().cloned().collect();
-    let work = tokio::task::spawn_blocking(move || {
-        let synced = dp.probe_sync(&members, prune);
-        let found = if wanted.is_empty() {
+    let found = if wanted.is_empty() {
+        HashMap::new()
+    } else {
+        let scan = tokio::task::spawn_blocking(move || dp.find_netns(&wanted)).await;
+        scan.unwrap_or_else(|_| {
+            warn!("the startup /proc scan failed");
             HashMap::new()
-        } else {
-            dp.find_netns(&wanted)
-        };
-        (synced, found)
-    })
-    .await;
-    let Ok((synced, found)) = work else {
-        warn!("the startup snapshot task failed");
-        return;
+        })
     };
-    match synced {
-        Ok(_) => cache.probe_set_synced(prune),
-        Err(e) => warn!("syncing the host probe set at startup failed (kept as it was): {e}"),
-    }
     let mut found = found;
     let mut to_reconcile = Vec::new();
     for p in &snapshot {
@@ -310,6 +304,39 @@ async fn restore_enrolled(core: &Arc<Core>, reconcile: bool) {
                 warn!(pod = %format!("{}/{}", pod::namespace(p), pod::name(p)), "enrolled pod's netns not found; ztunnel keeps it without a netns")
             }
         }
+    }
+    let learnt = relearn_cni_ips(core, &snapshot, run_dir).await;
+    let members: Vec<(String, Vec<std::net::IpAddr>)> = snapshot
+        .iter()
+        .map(|p| {
+            let recorded = learnt
+                .get(pod::uid(p))
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let ips = cni_ips::union(&pod::ips(p), recorded);
+            (pod::uid(p).to_string(), ips)
+        })
+        .collect();
+    let prune = members.iter().all(|(_, ips)| !ips.is_empty());
+    if !prune {
+        warn!("an enrolled pod has no IP yet; the probe set is not pruned this time");
+    }
+    for (uid, ips) in &members {
+        // What the sync below puts in the set: the drift pass's expected entries (unknown
+        // without an IP, and then it does not prune either).
+        cache.set_probe_ips(uid, (!ips.is_empty()).then(|| ips.clone()));
+        if let Some(recorded) = learnt.get(uid) {
+            cache.set_cni_ips(uid, recorded.clone());
+        }
+    }
+    // The record now holds exactly the pods believed (gone ones and refused addresses left out).
+    cache.persist_cni_ips();
+    let dp = core.mesh.dataplane.clone();
+    let synced = tokio::task::spawn_blocking(move || dp.probe_sync(&members, prune)).await;
+    match synced {
+        Ok(Ok(_)) => cache.probe_set_synced(prune),
+        Ok(Err(e)) => warn!("syncing the host probe set at startup failed (kept as it was): {e}"),
+        Err(_) => warn!("the startup probe-set sync task failed"),
     }
     info!(
         enrolled = snapshot.len(),
@@ -327,4 +354,69 @@ async fn restore_enrolled(core: &Arc<Core>, reconcile: bool) {
         })
         .await;
     }
+}
+
+/// The second addresses recorded at the ADD of each enrolled pod (`cni_ips`), each believed only
+/// when the netns the /proc scan found for the pod by its status IP still holds it, it is a pod
+/// address, and no other pod of the node has it. UID -> the addresses believed.
+async fn relearn_cni_ips(
+    core: &Arc<Core>,
+    snapshot: &[Arc<k8s_openapi::api::core::v1::Pod>],
+    run_dir: &std::path::Path,
+) -> HashMap<String, Vec<std::net::IpAddr>> {
+    let record = cni_ips::read(run_dir).unwrap_or_else(|e| {
+        warn!("{e}; no pod's second address is learnt again");
+        cni_ips::Record::new()
+    });
+    let mut learnt = HashMap::new();
+    if record.is_empty() {
+        return learnt;
+    }
+    let owners: HashMap<std::net::IpAddr, (String, String)> = core
+        .pods
+        .list()
+        .iter()
+        .flat_map(|p| {
+            let owner = (
+                pod::uid(p).to_string(),
+                format!("{}/{}", pod::namespace(p), pod::name(p)),
+            );
+            pod::ips(p)
+                .into_iter()
+                .map(move |ip| (ip.to_canonical(), owner.clone()))
+        })
+        .collect();
+    for p in snapshot {
+        let (uid, who) = (
+            pod::uid(p),
+            format!("{}/{}", pod::namespace(p), pod::name(p)),
+        );
+        let (Some(recorded), Some(ns)) = (record.get(uid), core.mesh.cache.netns(uid)) else {
+            continue;
+        };
+        let (dp, pod_net) = (core.mesh.dataplane.clone(), pod::pod_net(p, &[]));
+        let held = tokio::task::spawn_blocking(move || dp.netns_addresses(&ns, &pod_net)).await;
+        let held = match held {
+            Ok(Ok(held)) => held,
+            Ok(Err(e)) => {
+                warn!(pod = %who, "its recorded second addresses are not believed: {e}");
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let owner_of = |ip: std::net::IpAddr| {
+            owners
+                .get(&ip)
+                .filter(|(other, _)| other != uid)
+                .map(|(_, name)| name.clone())
+        };
+        let (kept, dropped) = cni_ips::validate(recorded, &held, owner_of);
+        for d in dropped {
+            warn!(pod = %who, ip = %d.ip, "a recorded address is not believed: {}", d.why);
+        }
+        if !kept.is_empty() {
+            learnt.insert(uid.to_string(), kept);
+        }
+    }
+    learnt
 }

@@ -224,6 +224,7 @@ impl Core {
                 probe_ips: entry.probe_ips,
                 annotation_owed: entry.annotation_owed,
                 awaiting_ztunnel: entry.awaiting_ztunnel,
+                cni_ips: entry.cni_ips,
             })
             .collect()
     }

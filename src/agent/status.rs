@@ -39,7 +39,8 @@ pub struct PodStatus {
     pub name: String,
     /// The netns handle the agent holds (null: not found; ztunnel then gets a Keep).
     pub netns: Option<NetnsStatus>,
-    /// The pod's IPs (the store's pod, else — when the store lists none yet — what the agent verified and put in the probe set).
+    /// The pod's IPs (the store's pod with the second addresses its ADD verified, else — when the
+    /// store lists none yet — what the agent verified and put in the probe set).
     pub ips: Vec<String>,
     /// The drift pass's last check of the pod's in-pod rules (null before the first).
     pub last_verified: Option<Check>,
@@ -77,8 +78,9 @@ pub fn debug_pods(core: &Core) -> DebugPods {
             let stored = core.pods.get(&key).filter(|p| pod::uid(p) == uid);
             // The store's pod may not list its IPs yet (the kubelet reports them after ADD);
             // then the IPs the agent verified and put in the probe set.
+            // A second address the ADD verified is in no status: listed after the store's.
             let ips = match stored.as_ref().map(|p| pod::ips(p)) {
-                Some(ips) if !ips.is_empty() => ips,
+                Some(ips) if !ips.is_empty() => super::cni_ips::union(&ips, &entry.cni_ips),
                 _ => entry.probe_ips.clone().unwrap_or_default(),
             };
             PodStatus {

@@ -86,7 +86,7 @@ pub enum Refusal {
 
 /// Why `ip` can never be a pod's own address, if it cannot: every netns holds loopback, and the
 /// others would point the node's probe SNAT at everyone.
-fn not_pod_address(ip: IpAddr) -> Option<&'static str> {
+pub(crate) fn not_pod_address(ip: IpAddr) -> Option<&'static str> {
     let ip = ip.to_canonical();
     if ip.is_loopback() {
         return Some("loopback");
