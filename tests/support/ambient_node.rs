@@ -141,6 +141,14 @@ pub fn in_netns<T: Send + 'static>(netns: &Path, work: impl FnOnce() -> T + Send
     .expect("thread in netns")
 }
 
+/// The addresses the node's chain gives each sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Addressing {
+    V4,
+    DualStack,
+    TwoV4,
+}
+
 impl Node {
     /// Starts everything and waits until the agent installed the plugin and the peer took the
     /// first snapshot.
@@ -149,33 +157,39 @@ impl Node {
     }
 
     pub fn start_with(backend: Backend, extra_env: &[(&str, &str)]) -> Node {
-        Self::start_full(backend, extra_env, true, false)
+        Self::start_full(backend, extra_env, true, Addressing::V4)
     }
 
     /// Like [`start_with`](Self::start_with) on a dual-stack pod network: the chain gives every
     /// sandbox an IPv4 and an IPv6 address (`fd00:10:244::/64`).
     pub fn start_dual_stack(backend: Backend, extra_env: &[(&str, &str)]) -> Node {
-        Self::start_full(backend, extra_env, true, true)
+        Self::start_full(backend, extra_env, true, Addressing::DualStack)
     }
 
     /// Like [`start_with`](Self::start_with) with ztunnel not running (a new node): the peer
     /// connects after `node.peer.start_again()`.
     pub fn start_without_peer(backend: Backend, extra_env: &[(&str, &str)]) -> Node {
-        Self::start_full(backend, extra_env, false, false)
+        Self::start_full(backend, extra_env, false, Addressing::V4)
     }
 
     fn start_full(
         backend: Backend,
         extra_env: &[(&str, &str)],
         peer_up: bool,
-        dual_stack: bool,
+        addressing: Addressing,
     ) -> Node {
-        Self::start_on(backend, extra_env, peer_up, dual_stack, None)
+        Self::start_on(backend, extra_env, peer_up, addressing, None)
     }
 
     /// [`Node::start`] on the real kube-apiserver (see the module doc).
     pub fn start_real(backend: Backend) -> Node {
-        Self::start_on(backend, &[], true, false, Some(RealCluster::start()))
+        Self::start_on(
+            backend,
+            &[],
+            true,
+            Addressing::V4,
+            Some(RealCluster::start()),
+        )
     }
 
     /// [`Node::start_with`] on the real kube-apiserver, on `cluster` made by the caller first
@@ -185,12 +199,30 @@ impl Node {
         backend: Backend,
         extra_env: &[(&str, &str)],
     ) -> Node {
-        Self::start_on(backend, extra_env, true, false, Some(cluster))
+        Self::start_on(backend, extra_env, true, Addressing::V4, Some(cluster))
+    }
+
+    /// [`Node::start_real_on`] with a chain that gives every sandbox two IPv4 addresses on eth0
+    /// (`10.244.0.2-199` first, `10.244.0.200-250` second), both in the CNI result.
+    pub fn start_real_two_v4(backend: Backend, extra_env: &[(&str, &str)]) -> Node {
+        Self::start_on(
+            backend,
+            extra_env,
+            true,
+            Addressing::TwoV4,
+            Some(RealCluster::start()),
+        )
     }
 
     /// [`Node::start_dual_stack`] on the real kube-apiserver.
     pub fn start_real_dual_stack(backend: Backend, extra_env: &[(&str, &str)]) -> Node {
-        Self::start_on(backend, extra_env, true, true, Some(RealCluster::start()))
+        Self::start_on(
+            backend,
+            extra_env,
+            true,
+            Addressing::DualStack,
+            Some(RealCluster::start()),
+        )
     }
 
     /// [`Node::start_without_peer`] on the real kube-apiserver, on `cluster` made by the caller.
@@ -199,7 +231,7 @@ impl Node {
         backend: Backend,
         extra_env: &[(&str, &str)],
     ) -> Node {
-        Self::start_on(backend, extra_env, false, false, Some(cluster))
+        Self::start_on(backend, extra_env, false, Addressing::V4, Some(cluster))
     }
 
     /// [`Node::start_real_on`] with Istio's own install-cni as the agent
@@ -211,7 +243,7 @@ impl Node {
     ) -> Node {
         ISTIO_AGENT.with(|i| i.set(true));
         let node = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            Self::start_on(backend, extra_env, true, false, Some(cluster))
+            Self::start_on(backend, extra_env, true, Addressing::V4, Some(cluster))
         }));
         ISTIO_AGENT.with(|i| i.set(false));
         node.unwrap_or_else(|p| std::panic::resume_unwind(p))
@@ -226,7 +258,7 @@ impl Node {
         backend: Backend,
         extra_env: &[(&str, &str)],
         peer_up: bool,
-        dual_stack: bool,
+        addressing: Addressing,
         real: Option<RealCluster>,
     ) -> Node {
         require_tools();
@@ -273,10 +305,21 @@ impl Node {
         };
 
         let ipam = tempfile::tempdir().expect("tempdir");
-        let mut ranges = vec![json!([{"subnet": "10.244.0.0/24"}])];
-        if dual_stack {
-            ranges.push(json!([{"subnet": "fd00:10:244::/64"}]));
-        }
+        let ranges = match addressing {
+            Addressing::V4 => vec![json!([{"subnet": "10.244.0.0/24"}])],
+            Addressing::DualStack => vec![
+                json!([{"subnet": "10.244.0.0/24"}]),
+                json!([{"subnet": "fd00:10:244::/64"}]),
+            ],
+            // Two range sets of one family: host-local gives each sandbox an address from
+            // each, and the bridge puts both on eth0 (as a multi-IP primary plugin would).
+            Addressing::TwoV4 => vec![
+                json!([{"subnet": "10.244.0.0/24",
+                        "rangeStart": "10.244.0.2", "rangeEnd": "10.244.0.199"}]),
+                json!([{"subnet": "10.244.0.0/24",
+                        "rangeStart": "10.244.0.200", "rangeEnd": "10.244.0.250"}]),
+            ],
+        };
         let conflist = json!({
             "cniVersion": "1.0.0",
             "name": "e2e-net",
