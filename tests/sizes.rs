@@ -11,7 +11,6 @@ const NOT_YET_SPLIT: &[&str] = &[
     "src/install/config/resolve.rs fn from_flags",
     "src/plugin/add.rs fn cmd_add",
     "src/rules/iptables_nft_decode.rs fn decode_exprs",
-    "src/rules/nft_capture.rs fn build",
     "src/rules/nft_encode.rs fn statement",
     "src/rules/nft_kernel_decode.rs fn compare",
     "src/sidecar/redirect.rs fn redirect",

@@ -47,16 +47,34 @@ fn mark_set(value: &str) -> NftExpr {
 
 /// Builds the nftables sidecar capture rules.
 pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
-    use chain::*;
     let cfg = &*cfg.without_repeats();
     let mut b = NftRulesBuilder::new(cfg.enable_ipv6);
     let plan = CapturePlan::new(cfg);
-    let tproxy = plan.tproxy;
-    let dns = plan.dns.is_on();
-    let loopback = (cfg.loopback_v4.as_str(), LOOPBACK_V6);
-    let passthrough = (INBOUND_PASSTHROUGH_V4, INBOUND_PASSTHROUGH_V6);
-    let tunnel = cfg.inbound_tunnel_port.as_str();
-    let tproxy_mark = cfg.tproxy_mark.as_str();
+    build_exclusions(&mut b, cfg, plan.tproxy);
+    build_redirect_chains(&mut b, cfg);
+    if plan.inbound != InboundPlan::Off {
+        build_inbound(&mut b, cfg, &plan);
+    }
+    build_output_owners(&mut b, cfg, &plan);
+    match plan.dns {
+        DnsPlan::Off => {}
+        DnsPlan::All => build_dns(&mut b, &plan, None),
+        DnsPlan::Servers { v4, v6 } => build_dns(&mut b, &plan, Some((v4, v6))),
+    }
+    build_output_destinations(&mut b, cfg);
+    if plan.tproxy {
+        build_tproxy_marks(&mut b, cfg, &plan);
+    }
+    b.finish()
+}
+
+fn tcp_dport(port: &str) -> NftExpr {
+    dport(Proto::Tcp, port, false)
+}
+
+/// Excluded and rerouted interfaces return early; invalid packets drop when asked.
+fn build_exclusions(b: &mut NftRulesBuilder, cfg: &CaptureConfig, tproxy: bool) {
+    use chain::*;
     let iface_return = |iface: &str, inbound: bool| {
         let m = if inbound {
             iif(iface)
@@ -88,7 +106,12 @@ pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
         );
         b.add(MANGLE, DROP, vec![Counter, NftExpr::Drop]);
     }
-    let tcp_dport = |port: &str| dport(Proto::Tcp, port, false);
+}
+
+/// The inbound tunnel port's return and the two redirect chains.
+fn build_redirect_chains(b: &mut NftRulesBuilder, cfg: &CaptureConfig) {
+    use chain::*;
+    let tunnel = cfg.inbound_tunnel_port.as_str();
     b.add(
         NAT,
         INBOUND,
@@ -104,79 +127,91 @@ pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
         IN_REDIRECT,
         vec![tcp(), Counter, redirect(&cfg.inbound_capture_port)],
     );
+}
 
-    if plan.inbound != InboundPlan::Off {
-        let inbound_table = if tproxy { MANGLE } else { NAT };
-        let capture = cfg.inbound_capture_port.as_str();
-        if tproxy {
-            b.add(MANGLE, DIVERT, vec![Counter, mark_set(tproxy_mark)]);
-            b.add(MANGLE, DIVERT, vec![Counter, Accept]);
-            b.add_both(MANGLE, TPROXY, loopback, |family, lo| {
-                vec![
-                    tcp(),
-                    daddr(family, lo, true),
-                    NftExpr::Tproxy {
-                        family,
-                        port: capture.into(),
-                    },
-                    mark_set(tproxy_mark),
-                    Counter,
-                    Accept,
-                ]
-            });
+/// Inbound capture: REDIRECT in nat, or TPROXY in mangle, for all ports but some or only some.
+fn build_inbound(b: &mut NftRulesBuilder, cfg: &CaptureConfig, plan: &CapturePlan) {
+    use chain::*;
+    let tproxy = plan.tproxy;
+    let tproxy_mark = cfg.tproxy_mark.as_str();
+    let loopback = (cfg.loopback_v4.as_str(), LOOPBACK_V6);
+    let inbound_table = if tproxy { MANGLE } else { NAT };
+    let capture = cfg.inbound_capture_port.as_str();
+    if tproxy {
+        b.add(MANGLE, DIVERT, vec![Counter, mark_set(tproxy_mark)]);
+        b.add(MANGLE, DIVERT, vec![Counter, Accept]);
+        b.add_both(MANGLE, TPROXY, loopback, |family, lo| {
+            vec![
+                tcp(),
+                daddr(family, lo, true),
+                NftExpr::Tproxy {
+                    family,
+                    port: capture.into(),
+                },
+                mark_set(tproxy_mark),
+                Counter,
+                Accept,
+            ]
+        });
+    }
+    b.add(
+        inbound_table,
+        PREROUTING,
+        vec![tcp(), Counter, jump(INBOUND)],
+    );
+    let established = || NftExpr::CtState(vec![NftCtState::Related, NftCtState::Established]);
+    match plan.inbound {
+        InboundPlan::AllExcept(excluded) => {
+            for port in excluded {
+                b.add(
+                    inbound_table,
+                    INBOUND,
+                    vec![tcp(), tcp_dport(port), Counter, Return],
+                );
+            }
+            if tproxy {
+                b.add(
+                    MANGLE,
+                    INBOUND,
+                    vec![tcp(), established(), Counter, jump(DIVERT)],
+                );
+                b.add(MANGLE, INBOUND, vec![tcp(), Counter, jump(TPROXY)]);
+            } else {
+                b.add(NAT, INBOUND, vec![tcp(), Counter, jump(IN_REDIRECT)]);
+            }
         }
-        b.add(
-            inbound_table,
-            PREROUTING,
-            vec![tcp(), Counter, jump(INBOUND)],
-        );
-        let established = || NftExpr::CtState(vec![NftCtState::Related, NftCtState::Established]);
-        match plan.inbound {
-            InboundPlan::AllExcept(excluded) => {
-                for port in excluded {
-                    b.add(
-                        inbound_table,
-                        INBOUND,
-                        vec![tcp(), tcp_dport(port), Counter, Return],
-                    );
-                }
+        InboundPlan::Only(ports) => {
+            for port in ports {
                 if tproxy {
                     b.add(
                         MANGLE,
                         INBOUND,
-                        vec![tcp(), established(), Counter, jump(DIVERT)],
+                        vec![tcp(), established(), tcp_dport(port), Counter, jump(DIVERT)],
                     );
-                    b.add(MANGLE, INBOUND, vec![tcp(), Counter, jump(TPROXY)]);
+                    b.add(
+                        MANGLE,
+                        INBOUND,
+                        vec![tcp(), tcp_dport(port), Counter, jump(TPROXY)],
+                    );
                 } else {
-                    b.add(NAT, INBOUND, vec![tcp(), Counter, jump(IN_REDIRECT)]);
+                    b.add(
+                        NAT,
+                        INBOUND,
+                        vec![tcp(), tcp_dport(port), Counter, jump(IN_REDIRECT)],
+                    );
                 }
             }
-            InboundPlan::Only(ports) => {
-                for port in ports {
-                    if tproxy {
-                        b.add(
-                            MANGLE,
-                            INBOUND,
-                            vec![tcp(), established(), tcp_dport(port), Counter, jump(DIVERT)],
-                        );
-                        b.add(
-                            MANGLE,
-                            INBOUND,
-                            vec![tcp(), tcp_dport(port), Counter, jump(TPROXY)],
-                        );
-                    } else {
-                        b.add(
-                            NAT,
-                            INBOUND,
-                            vec![tcp(), tcp_dport(port), Counter, jump(IN_REDIRECT)],
-                        );
-                    }
-                }
-            }
-            InboundPlan::Off => {}
         }
+        InboundPlan::Off => {}
     }
+}
 
+/// ISTIO_OUTPUT's first part: excluded ports, passthrough, the proxy's own and excluded owners.
+fn build_output_owners(b: &mut NftRulesBuilder, cfg: &CaptureConfig, plan: &CapturePlan) {
+    use chain::*;
+    let dns = plan.dns.is_on();
+    let loopback = (cfg.loopback_v4.as_str(), LOOPBACK_V6);
+    let passthrough = (INBOUND_PASSTHROUGH_V4, INBOUND_PASSTHROUGH_V6);
     b.add(NAT, OUTPUT, vec![Counter, jump(ISTIO_OUTPUT)]);
     for port in &cfg.outbound_ports_exclude {
         for proto in [Proto::Tcp, Proto::Udp] {
@@ -237,11 +272,12 @@ pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
             b.add(NAT, ISTIO_OUTPUT, exprs);
         }
     }
-    match plan.dns {
-        DnsPlan::Off => {}
-        DnsPlan::All => build_dns(&mut b, &plan, None),
-        DnsPlan::Servers { v4, v6 } => build_dns(&mut b, &plan, Some((v4, v6))),
-    }
+}
+
+/// ISTIO_OUTPUT's last part: loopback and excluded destinations return, included ones redirect.
+fn build_output_destinations(b: &mut NftRulesBuilder, cfg: &CaptureConfig) {
+    use chain::*;
+    let loopback = (cfg.loopback_v4.as_str(), LOOPBACK_V6);
     b.add_both(NAT, ISTIO_OUTPUT, loopback, |family, lo| {
         vec![daddr(family, lo, false), Counter, Return]
     });
@@ -305,10 +341,6 @@ pub fn build(cfg: &CaptureConfig) -> NftRuleSet {
             }
         }
     }
-    if tproxy {
-        build_tproxy_marks(&mut b, cfg, &plan);
-    }
-    b.finish()
 }
 
 /// TPROXY: connection marks, and the loop prevention for the proxy's own loopback traffic.
