@@ -8,7 +8,6 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const MAX_FN_LINES: usize = 120;
 /// Functions still over the limit, by `file fn name`; each is split along its steps, then leaves.
 const NOT_YET_SPLIT: &[&str] = &[
-    "src/install/config/resolve.rs fn from_flags",
     "src/plugin/add.rs fn cmd_add",
     "src/rules/iptables_nft_decode.rs fn decode_exprs",
     "src/rules/nft_encode.rs fn statement",

@@ -32,36 +32,8 @@ pub fn from_flags(f: &Flags, env: &dyn Env) -> Result<Config, ConfigError> {
         warnings.extend(l.legacy_warning(s, f.given(s)));
     }
 
-    let (default_level, scopes) = v.log_output_level;
-    let log = LogConfig {
-        default_level,
-        scopes,
-        as_json: v.log_as_json,
-        target: v.log_target,
-        rotate: v
-            .log_rotate
-            .filter(|p| !p.as_os_str().is_empty())
-            .map(|path| RotateSettings {
-                path,
-                max_size_mb: v.log_rotate_max_size,
-                max_age_days: v.log_rotate_max_age,
-                max_backups: v.log_rotate_max_backups,
-            }),
-    };
-
-    if v.monitoring_port
-        .is_some_and(|p| p != 0 && p == v.health_port)
-    {
-        let s = &decl::monitoring_port;
-        let raw = l.raw_or_default(s, f.given(s)).expect("has a default");
-        return Err(invalid(
-            &raw,
-            format!(
-                "the health server already listens on port {} (HEALTH_PORT)",
-                v.health_port
-            ),
-        ));
-    }
+    let log = log_config(&v);
+    check_ports(&v, &l, f)?;
 
     let node_name = v.node_name.unwrap_or_default();
     let install = InstallConfig {
@@ -95,24 +67,6 @@ pub fn from_flags(f: &Flags, env: &dyn Env) -> Result<Config, ConfigError> {
         ambient_disable_safe_upgrade: v.ambient_disable_safe_upgrade,
         node_name: node_name.clone(),
     };
-    if install.ambient_enabled && install.enablement_selectors.is_empty() {
-        // The chart always sets it; run by hand it is easy to miss, and then every ADD just says
-        // the pod is not ambient.
-        warnings.push(
-            "AMBIENT_ENABLED=true but AMBIENT_ENABLEMENT_SELECTOR is unset or empty: no pod will \
-             ever be enrolled in ambient; set it as the chart does, e.g. \
-             [{\"podSelector\":{\"matchLabels\":{\"istio.io/dataplane-mode\":\"ambient\"}}}]"
-                .to_string(),
-        );
-    }
-    if install.istio_owned_cni_config && !install.owned_mode() {
-        warnings.push(format!(
-            "ISTIO_OWNED_CNI_CONFIG is set but has no effect: it needs CHAINED_CNI_PLUGIN=true (is {}) \
-             and AMBIENT_ENABLED=true (is {}); merging into the primary config instead",
-            install.chained, install.ambient_enabled
-        ));
-    }
-
     let repair = RepairConfig {
         enabled: v.repair_enabled,
         delete_pods: v.repair_delete_pods,
@@ -128,18 +82,7 @@ pub fn from_flags(f: &Flags, env: &dyn Env) -> Result<Config, ConfigError> {
         label_selectors: v.repair_label_selectors,
         field_selectors: v.repair_field_selectors,
     };
-    // The selectors compile here, not when the controller starts (after sockets are bound).
-    if let Err(e) = crate::repair::detect::Detection::new(&repair) {
-        let s = match e {
-            crate::repair::detect::FilterError::Labels(_) => &decl::repair_label_selectors,
-            crate::repair::detect::FilterError::Field { .. } => &decl::repair_field_selectors,
-        };
-        let raw = l.raw(s, f.given(s)).unwrap_or(Raw {
-            name: s.env.unwrap_or(s.key).to_string(),
-            value: String::new(),
-        });
-        return Err(invalid(&raw, e.to_string()));
-    }
+    check_repair_selectors(&repair, &l, f)?;
 
     let agent = AgentConfig {
         ztunnel_uds_address: v.ztunnel_uds_address,
@@ -159,32 +102,8 @@ pub fn from_flags(f: &Flags, env: &dyn Env) -> Result<Config, ConfigError> {
         allow_switch_to_host_ns: v.allow_switch_to_host_ns,
     };
 
-    if install.ambient_enabled && install.native_nftables && agent.force_iptables_binary.is_some() {
-        warnings.push(
-            "NATIVE_NFTABLES is set together with FORCE_IPTABLES_BINARY; the iptables binary choice \
-             has no effect with the nftables backend"
-                .to_string(),
-        );
-    }
-
-    // Values Istio starts with, given their safe reading here: said and counted.
-    let mut adjusted = Vec::new();
-    for s in decl::ALL.iter() {
-        if let Some(a) = l.raw(s, f.given(s)).and_then(|raw| adjustment(s, &raw)) {
-            warnings.push(a.warning());
-            adjusted.push(a);
-        }
-    }
-
-    // Read-and-ignored for drop-in compatibility; say so when someone sets them.
-    for s in decl::ALL.iter().filter(|s| s.is(Mark::WarnIfSet)) {
-        if let Some(raw) = l.raw(s, f.given(s)) {
-            warnings.push(format!(
-                "{} is accepted for compatibility and ignored",
-                raw.name
-            ));
-        }
-    }
+    warnings.extend(section_warnings(&install, &agent));
+    let adjusted = setting_warnings(&l, f, &mut warnings);
 
     let host_proc_setting = {
         let s = &decl::host_proc_dir;
@@ -207,4 +126,118 @@ pub fn from_flags(f: &Flags, env: &dyn Env) -> Result<Config, ConfigError> {
         warnings,
         adjusted,
     })
+}
+
+/// The log section; read before the other sections take their values.
+fn log_config(v: &Values) -> LogConfig {
+    let (default_level, scopes) = v.log_output_level.clone();
+    LogConfig {
+        default_level,
+        scopes,
+        as_json: v.log_as_json,
+        target: v.log_target.clone(),
+        rotate: v
+            .log_rotate
+            .clone()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(|path| RotateSettings {
+                path,
+                max_size_mb: v.log_rotate_max_size,
+                max_age_days: v.log_rotate_max_age,
+                max_backups: v.log_rotate_max_backups,
+            }),
+    }
+}
+
+/// The monitoring server may not take the health server's port.
+fn check_ports(v: &Values, l: &Lookup<'_>, f: &Flags) -> Result<(), ConfigError> {
+    if v.monitoring_port
+        .is_some_and(|p| p != 0 && p == v.health_port)
+    {
+        let s = &decl::monitoring_port;
+        let raw = l.raw_or_default(s, f.given(s)).expect("has a default");
+        return Err(invalid(
+            &raw,
+            format!(
+                "the health server already listens on port {} (HEALTH_PORT)",
+                v.health_port
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The repair selectors compile here, not when the controller starts (after sockets are bound).
+fn check_repair_selectors(
+    repair: &RepairConfig,
+    l: &Lookup<'_>,
+    f: &Flags,
+) -> Result<(), ConfigError> {
+    if let Err(e) = crate::repair::detect::Detection::new(repair) {
+        let s = match e {
+            crate::repair::detect::FilterError::Labels(_) => &decl::repair_label_selectors,
+            crate::repair::detect::FilterError::Field { .. } => &decl::repair_field_selectors,
+        };
+        let raw = l.raw(s, f.given(s)).unwrap_or(Raw {
+            name: s.env.unwrap_or(s.key).to_string(),
+            value: String::new(),
+        });
+        return Err(invalid(&raw, e.to_string()));
+    }
+    Ok(())
+}
+
+/// Settings that contradict each other across sections: said, not refused.
+fn section_warnings(install: &InstallConfig, agent: &AgentConfig) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if install.ambient_enabled && install.enablement_selectors.is_empty() {
+        // The chart always sets it; run by hand it is easy to miss, and then every ADD just says
+        // the pod is not ambient.
+        warnings.push(
+            "AMBIENT_ENABLED=true but AMBIENT_ENABLEMENT_SELECTOR is unset or empty: no pod will \
+             ever be enrolled in ambient; set it as the chart does, e.g. \
+             [{\"podSelector\":{\"matchLabels\":{\"istio.io/dataplane-mode\":\"ambient\"}}}]"
+                .to_string(),
+        );
+    }
+    if install.istio_owned_cni_config && !install.owned_mode() {
+        warnings.push(format!(
+            "ISTIO_OWNED_CNI_CONFIG is set but has no effect: it needs CHAINED_CNI_PLUGIN=true (is {}) \
+             and AMBIENT_ENABLED=true (is {}); merging into the primary config instead",
+            install.chained, install.ambient_enabled
+        ));
+    }
+    if install.ambient_enabled && install.native_nftables && agent.force_iptables_binary.is_some() {
+        warnings.push(
+            "NATIVE_NFTABLES is set together with FORCE_IPTABLES_BINARY; the iptables binary choice \
+             has no effect with the nftables backend"
+                .to_string(),
+        );
+    }
+    warnings
+}
+
+/// Per-setting warnings: values adjusted to their safe reading (returned, and counted) and
+/// settings accepted only for compatibility.
+fn setting_warnings(l: &Lookup<'_>, f: &Flags, warnings: &mut Vec<String>) -> Vec<Adjustment> {
+    // Values Istio starts with, given their safe reading here: said and counted.
+    let mut adjusted = Vec::new();
+    for s in decl::ALL.iter() {
+        if let Some(a) = l.raw(s, f.given(s)).and_then(|raw| adjustment(s, &raw)) {
+            warnings.push(a.warning());
+            adjusted.push(a);
+        }
+    }
+
+    // Read-and-ignored for drop-in compatibility; say so when someone sets them.
+    for s in decl::ALL.iter().filter(|s| s.is(Mark::WarnIfSet)) {
+        if let Some(raw) = l.raw(s, f.given(s)) {
+            warnings.push(format!(
+                "{} is accepted for compatibility and ignored",
+                raw.name
+            ));
+        }
+    }
+
+    adjusted
 }
