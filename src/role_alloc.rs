@@ -1,19 +1,18 @@
 //! The allocator, chosen per role before the first allocation. The node agent (`install-cni`) is
 //! long-lived and many-threaded: musl's allocator (the static binary's) serialises its threads on
-//! one lock and hands memory back and forth with the kernel on every burst; mimalloc cut the
-//! agent's CPU per ambient ADD and per drift pass by a third (docs/benchmarks.md). The plugin and
-//! `istio-iptables` live a few milliseconds and allocate little: they take their memory from one
-//! [`Arena`] in address order and never give it back. musl's allocator spreads a process's first
-//! blocks of each size over fresh pages (a plugin ADD faulted about 80 pages in, 40% of all its
-//! page faults), and mimalloc's start-up cost more than it saved there.
+//! one lock and hands memory back and forth with the kernel on every burst, so the agent uses
+//! mimalloc (docs/benchmarks.md). The plugin and `istio-iptables` live a few milliseconds and
+//! allocate little: they take their memory from one [`Arena`] in address order and never give it
+//! back. musl's allocator spreads a process's first blocks of each size over fresh pages, and
+//! mimalloc's heaps are more than such a process needs.
 //!
-//! mimalloc is started by the agent's first allocation, not by a C constructor in every process
-//! (the static build leaves it out: it cost the plugin about 5% of an ADD's CPU).
+//! mimalloc starts itself in every process through its own C constructor (its public, documented
+//! behaviour); only the agent then allocates with it.
 //!
 //! Transparent huge pages are refused for the agent before mimalloc's first block (`prctl`, and
 //! mimalloc built with `no_thp`): mimalloc asks for them by default, and a node whose THP setting
-//! is `madvise` or `always` then backs its arenas with 2 MiB pages, which made the agent's RSS 68 MB
-//! where it is about 15 MB without them.
+//! is `madvise` or `always` then backs its arenas with 2 MiB pages, which multiplies the agent's
+//! RSS.
 //!
 //! The role is read from `/proc/self/cmdline` on the first allocation, with raw system calls into
 //! a stack buffer (nothing may allocate yet), by the rule `main` dispatches with ([`role_source`]:
@@ -22,17 +21,6 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-
-unsafe extern "C" {
-    /// mimalloc's process start-up (reads its options, sets up the main thread's heap and the
-    /// per-thread clean-up). The static build compiles mimalloc without the constructor that
-    /// would call it in every process (.cargo/config.toml): only the node agent does, here.
-    fn _mi_auto_process_init();
-    /// Set once mimalloc has started. A build that keeps the constructor (the tests' glibc build)
-    /// has started it before `main`; a second start would flush mimalloc's message buffer, which
-    /// the first left holding a newline, to stderr.
-    static _mi_process_is_initialized: bool;
-}
 
 const UNDECIDED: u8 = 0;
 const SYSTEM: u8 = 1;
@@ -62,14 +50,6 @@ impl RoleAlloc {
                         // SAFETY: a prctl with plain integer arguments; it only sets a process
                         // flag (inherited by children, harmless for the tools the agent runs).
                         unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-                        // SAFETY: a plain read of mimalloc's flag, written only by its start-up
-                        // on this thread; then mimalloc's own start-up (what its constructor runs
-                        // where it has one; once only), on the main thread before its first block.
-                        unsafe {
-                            if !std::ptr::addr_of!(_mi_process_is_initialized).read_volatile() {
-                                _mi_auto_process_init();
-                            }
-                        }
                         MIMALLOC
                     }
                     Lifetime::Short if self.arena.reserve() => ARENA,
@@ -207,7 +187,7 @@ impl Arena {
         }
         // SAFETY: advice on the range just mapped. A node with THP `always` would back the first
         // touch with a 2 MiB page to zero. The start is backed at once, in one call instead of a
-        // page fault per page: what a CNI call uses (about 200 KiB). A kernel before 5.14 refuses
+        // page fault per page: about what a CNI call uses. A kernel before 5.14 refuses
         // MADV_POPULATE_WRITE, and the pages then come by faults as before.
         unsafe {
             libc::madvise(base, ARENA_BYTES, libc::MADV_NOHUGEPAGE);

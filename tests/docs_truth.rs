@@ -196,3 +196,67 @@ fn the_checks_catch_what_they_are_for() {
     );
     assert!(declared(&code()).iter().any(|d| chart.contains(d.as_str())));
 }
+
+/// The build tricks table in docs/benchmarks.md (what each trick was measured to save) says what
+/// the build does: a trick marked removed is gone from the build files, one marked kept is there.
+#[test]
+fn the_build_tricks_table_matches_the_build() {
+    let read = |p: &str| std::fs::read_to_string(Path::new(ROOT).join(p)).unwrap();
+    let doc = read("docs/benchmarks.md");
+    let release = read("Cargo.toml");
+    let release = release
+        .split("[profile.release]")
+        .nth(1)
+        .and_then(|r| r.split("\n[").next())
+        .unwrap_or_default()
+        .to_string();
+    // (the trick's key in the table's first column, where it would live, the text that shows it)
+    let tricks: [(&str, String, &str); 5] = [
+        (
+            "symbol-ordering-file",
+            read("scripts/static-rustflags"),
+            "symbol-ordering-file",
+        ),
+        ("gcc-ld", read("scripts/static-rustflags"), "gcc-ld"),
+        (
+            "Debian's lld",
+            read("scripts/static-rustflags"),
+            "-fuse-ld=lld",
+        ),
+        (
+            "MI_PRIM_HAS_PROCESS_ATTACH",
+            read(".cargo/config.toml") + &read("src/role_alloc.rs"),
+            "MI_PRIM_HAS_PROCESS_ATTACH",
+        ),
+        ("strip = false", release, "strip = false"),
+    ];
+    let mut rows = 0;
+    for line in doc.lines().filter(|l| l.starts_with("| ")) {
+        let Some((key, place, shows)) = tricks.iter().find(|(k, _, _)| {
+            line.split('|')
+                .nth(1)
+                .is_some_and(|first| first.contains(k))
+        }) else {
+            continue;
+        };
+        rows += 1;
+        let verdict = line.trim_end().trim_end_matches('|');
+        let kept = verdict
+            .rsplit('|')
+            .next()
+            .is_some_and(|v| v.trim().starts_with("kept"));
+        assert_eq!(
+            place.contains(shows),
+            kept,
+            "docs/benchmarks.md says the `{key}` trick is {}, the build says otherwise",
+            if kept { "kept" } else { "removed" }
+        );
+    }
+    assert_eq!(
+        rows,
+        tricks.len(),
+        "one row per trick in the build tricks table"
+    );
+    // Private symbols of a dependency are never called, kept or not.
+    assert!(!read("src/role_alloc.rs").contains("_mi_"));
+}

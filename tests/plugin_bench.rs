@@ -211,7 +211,7 @@ fn sidecar_add_vs_bare_restore() {
         m_down.as_secs_f64() / m_bare.as_secs_f64()
     );
     println!(
-        "| plugin CPU per sidecar ADD (user + system), agent up / agent down (target <= 1.5 ms up) | {} / {} |",
+        "| plugin CPU per sidecar ADD (user + system), agent up / agent down | {} / {} |",
         ms(median(cpu_up)),
         ms(median(cpu_down))
     );
