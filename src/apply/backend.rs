@@ -192,8 +192,8 @@ impl HostArtifacts for ProcessHost {
 
 /// The backend decided at a node's first install, as recorded in the agent's run dir: reused by
 /// every later start, so detection inputs that change under a running node (the other flavour's
-/// tables appearing, an ipset left behind) cannot flip it and leave two rule sets (Istio's
-/// #61020). Only a change of `NATIVE_NFTABLES` itself decides again (and migrates).
+/// tables appearing, an ipset left behind) cannot flip it and leave two rule sets (a
+/// known Istio failure). Only a change of `NATIVE_NFTABLES` itself decides again (and migrates).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recorded {
     pub backend: Backend,

@@ -1,4 +1,4 @@
-//! Starting the ambient node agent from install-cni (§2.2 step 8): its settings from the parsed
+//! Starting the ambient node agent from install-cni: its settings from the parsed
 //! config, its seams, and the start itself (blocks until the stores synced, with no deadline:
 //! install-cni waits for the API server however long it is away).
 //!

@@ -1,4 +1,4 @@
-//! The sidecar drift pass (issue 13): every running sidecar pod the plugin would have programmed
+//! The sidecar drift pass: every running sidecar pod the plugin would have programmed
 //! is checked, on a jittered period and when the CNI config guard re-installed our entry, for
 //! exactly the rules its derivation gives; drift is healed in place or handed to the repair
 //! policy, and reported once when it cannot be healed.

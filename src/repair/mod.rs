@@ -1,4 +1,4 @@
-//! The repair controller (§4): a sidecar pod that started before the CNI plugin was installed on
+//! The repair controller: a sidecar pod that started before the CNI plugin was installed on
 //! its node has no redirection, so its `istio-validation` init container fails (exit 126) and
 //! crash-loops. The controller finds such pods in install-cni's node pod store and acts once per
 //! pod UID: programs the sidecar rules in the pod's netns (`REPAIR_REPAIR_PODS`, so the
@@ -9,7 +9,7 @@
 //! subscription on the one engine: per-pod keyed, once per UID, the error policy with jittered backoff), `effects`
 //! (what acting does: the API calls, and the netns programming through the SAME derivation
 //! (`sidecar`) and entry (`apply::pod`) as the plugin; the netns is found with `netns::procfs`),
-//! `drift` (issue 13: the sidecar drift pass — running sidecar pods verified on a jittered period
+//! `drift` (the sidecar drift pass — running sidecar pods verified on a jittered period
 //! (`DRIFT_VERIFY_INTERVAL`) and when the guard re-installed our entry, healed in place while
 //! their derivation is unchanged, else handed to the controller's policy; it runs only with the
 //! controller, i.e. with `REPAIR_ENABLED=true`). Files import downward only, never in a circle:

@@ -136,7 +136,7 @@ fn non_blocking<W: io::Write + Send + 'static>(
     tracing_appender::non_blocking::WorkerGuard,
 ) {
     tracing_appender::non_blocking::NonBlockingBuilder::default()
-        // The queue's slots are allocated up front: the default 128k lines cost ~4 MB of RSS.
+        // The queue's slots are allocated up front: the default queue length costs megabytes of RSS.
         .buffered_lines_limit(LOG_QUEUE_LINES)
         .lossy(false)
         .thread_name("log-writer")
