@@ -577,7 +577,7 @@ const RULES: &[(&str, Rule)] = &[
         named_config_unreadable_waits,
     ),
     ("node-flavour-in-entry", node_flavour_in_entry),
-    ("owned-conf-primary-loops", owned_conf_primary_loops),
+    ("owned-rewrite-loops", owned_rewrite_loops),
     ("owned-no-primary-waits", owned_no_primary_waits),
 ];
 
@@ -598,13 +598,20 @@ fn node_flavour_in_entry(case: &Case, _: &mut Outcome, ours: &mut Outcome) {
     });
 }
 
-/// Owned mode with a single-plugin `.conf` primary: Istio's check of its owned copy reads the
-/// primary's plugin list, which a `.conf` does not have, so it finds its copy invalid on every
-/// pass, rewrites it in a loop and does not stop on SIGTERM (killed, leaving everything); ours
-/// compares the primary's one plugin, stays put and cleans up.
-fn owned_conf_primary_loops(case: &Case, istio: &mut Outcome, ours: &mut Outcome) {
-    let conf_primary = case.files.iter().any(|f| f.name.ends_with(".conf"));
-    if case.ambient && conf_primary && istio.exit.is_none() && istio.running == ours.running {
+/// Owned mode with a config sorting before the owned file, or a single-plugin `.conf` primary:
+/// Istio finds its file invalid on every pass ("not first", which a rewrite cannot change; or
+/// no plugin list in the primary to compare) and rewrites it in a loop that SIGTERM does not
+/// stop (killed, leaving everything); ours takes the first file as the primary, compares a
+/// `.conf`'s one plugin, stays put and cleans up.
+fn owned_rewrite_loops(case: &Case, istio: &mut Outcome, ours: &mut Outcome) {
+    let owned = case
+        .owned_name
+        .as_deref()
+        .unwrap_or("02-istio-cni.conflist");
+    let looping = case.files.iter().any(|f| {
+        f.name.ends_with(".conf") || f.name.as_str() < owned && f.name.ends_with(".conflist")
+    });
+    if case.ambient && looping && istio.exit.is_none() && istio.running == ours.running {
         istio.after = ours.after.clone();
         istio.exit = ours.exit;
     }
@@ -746,13 +753,23 @@ fn json_files_considered(case: &Case, istio: &mut Outcome, ours: &mut Outcome) {
         let Some(stem) = f.name.strip_suffix(".json") else {
             return false;
         };
-        [format!("net/{stem}.json"), format!("net/{stem}.conflist")]
-            .iter()
-            .any(|n| {
-                ours.running
-                    .get(n)
-                    .is_some_and(|(c, _)| c.contains("\"istio-cni\""))
-            })
+        // Written by ours: changed (an old istio-cni entry in the file itself says nothing), or
+        // converted to a list the case did not have.
+        let names_us = |name: &str| {
+            ours.running
+                .get(&format!("net/{name}"))
+                .filter(|(c, _)| c.contains("\"istio-cni\""))
+                .map(|(c, _)| c.clone())
+        };
+        let list = format!("{stem}.conflist");
+        // Istio never writes a .json file: ours did when the two differ.
+        let istios = istio
+            .running
+            .get(&format!("net/{}", f.name))
+            .map(|(c, _)| c);
+        let changed = names_us(&f.name).is_some_and(|c| Some(&c) != istios);
+        let converted = !case.files.iter().any(|g| g.name == list) && names_us(&list).is_some();
+        changed || converted
     });
     if wrote_json {
         *istio = ours.clone();
@@ -832,6 +849,17 @@ fn explain(entries: &[Entry], case: &Case, istio: &Outcome, ours: &Outcome) -> O
             .map(|i| rules[i].0.id.clone())
             .collect(),
     )
+}
+
+/// Both outcomes with every listed rule applied: what no entry explains.
+fn after_rules(entries: &[Entry], case: &Case, istio: &Outcome, ours: &Outcome) -> String {
+    let (mut a, mut b) = (istio.clone(), ours.clone());
+    for e in entries {
+        if let Some((_, r)) = RULES.iter().find(|(n, _)| *n == e.rule) {
+            r(case, &mut a, &mut b);
+        }
+    }
+    diff_text(&a, &b)
 }
 
 fn diff_text(istio: &Outcome, ours: &Outcome) -> String {
@@ -953,8 +981,15 @@ fn install_cni_agrees_with_istios_install_cni_on_generated_conf_dirs() {
     // While working on the list: report every unexplained case instead of stopping at the first.
     let keep_going = std::env::var_os("ISTIO_DIFF_KEEP_GOING").is_some();
     let mut unexplained = 0;
+    // ISTIO_DIFF_CASE=N runs only case N of the seed (to look at one reported case again).
+    let only: Option<u64> = std::env::var("ISTIO_DIFF_CASE")
+        .ok()
+        .and_then(|s| s.parse().ok());
     for i in 0..cases {
         let case = generator::case(&mut rng);
+        if only.is_some_and(|n| n != i) {
+            continue;
+        }
         let t = Instant::now();
         let istio = run_istio(&sh, &case, "case");
         t_istio += t.elapsed();
@@ -974,9 +1009,10 @@ fn install_cni_agrees_with_istios_install_cni_on_generated_conf_dirs() {
                     shrink(&sh, &entries, case, (istio, ours))
                 };
                 let report = format!(
-                    "case {i} (seed {seed}) differs from Istio's install-cni, shrunk to:\n{}\n{}\nIstio's log:\n{}\nour log:\n{}",
+                    "case {i} (seed {seed}) differs from Istio's install-cni, shrunk to:\n{}\n{}\nleft after the listed rules:\n{}\nIstio's log:\n{}\nour log:\n{}",
                     case.describe(),
                     diff_text(&istio, &ours),
+                    after_rules(&entries, &case, &istio, &ours),
                     tail(&istio.log),
                     tail(&ours.log)
                 );
@@ -1002,7 +1038,7 @@ fn install_cni_agrees_with_istios_install_cni_on_generated_conf_dirs() {
         .map(|e| e.id.as_str())
         .collect();
     assert!(
-        cases < 60 || stale.is_empty(),
+        cases < 60 || only.is_some() || stale.is_empty(),
         "allowlist entries no case needed (remove them, or the behaviour came back): {stale:?}"
     );
 }

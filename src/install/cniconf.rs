@@ -445,13 +445,16 @@ pub fn primary_plugins(primary: &Candidate) -> Vec<Value> {
 }
 
 /// Owned mode (L9): our file must carry the primary's plugins with identical content, in order.
+/// Compared as written: our copy went through [`marshal`], which spells some numbers otherwise
+/// (`1.0` as `1`, `1e3` as `1000`) and so reads back as another JSON number kind; comparing the
+/// parsed values would call a fresh copy stale and rewrite it forever.
 pub fn check_owned_copy(ours: &Value, primary: &Candidate) -> Result<(), String> {
     let ours: Vec<Value> = ours
         .get("plugins")
         .and_then(Value::as_array)
         .map(|p| p.iter().filter(|x| !is_istio_entry(x)).cloned().collect())
         .unwrap_or_default();
-    if ours == primary_plugins(primary) {
+    if marshal(&Value::Array(ours)) == marshal(&Value::Array(primary_plugins(primary))) {
         Ok(())
     } else {
         Err(format!(
@@ -737,6 +740,20 @@ mod tests {
         let owned_b: Value =
             serde_json::from_str(&golden("istio-owned-bridge.conflist.golden")).expect("json");
         assert_eq!(check_owned_copy(&owned_b, &bridge), Ok(()));
+    }
+
+    /// A primary whose numbers our writer spells otherwise (`1.0`, `1e3`, `2.5E-3`): the copy we
+    /// wrote, read back, still matches it (a mismatch here made owned mode rewrite in a loop),
+    /// and a real change is still seen.
+    #[test]
+    fn owned_copy_of_numbers_spelled_otherwise_still_matches() {
+        let text = r#"{"cniVersion":"0.3.1","name":"n","plugins":[{"type":"bridge","a":1.0,"b":1e3,"c":2.5E-3,"d":[1.0,-0.0]}]}"#;
+        let primary = classify("00-a.conflist", text.as_bytes()).expect("valid");
+        let copy = serde_json::json!({"plugins": primary_plugins(&primary)});
+        let written: Value = serde_json::from_slice(&marshal(&copy)).expect("json");
+        assert_eq!(check_owned_copy(&written, &primary), Ok(()));
+        let changed = classify("00-a.conflist", text.replace("1e3", "1e4").as_bytes()).expect("ok");
+        assert!(check_owned_copy(&written, &changed).is_err());
     }
 
     /// Fractional and huge numbers come back spelled as Go's encoder spells them (Istio's bytes).

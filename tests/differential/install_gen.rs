@@ -450,7 +450,7 @@ pub fn case(rng: &mut Rng) -> Case {
     } else {
         None
     };
-    let owned_flag = rng.chance(8);
+    let owned_flag = rng.chance(14);
     // Drawn only for owned chained cases, so the other cases of a seed stay as they were.
     let ambient = owned_flag && chained && rng.chance(75);
     let owned_name = (ambient && rng.chance(40)).then(|| {
