@@ -9,7 +9,6 @@ const MAX_FN_LINES: usize = 120;
 /// Functions still over the limit, by `file fn name`; each is split along its steps, then leaves.
 const NOT_YET_SPLIT: &[&str] = &[
     "src/plugin/add.rs fn cmd_add",
-    "src/rules/iptables_nft_decode.rs fn decode_exprs",
     "src/rules/nft_encode.rs fn statement",
     "src/rules/nft_kernel_decode.rs fn compare",
     "src/sidecar/redirect.rs fn redirect",

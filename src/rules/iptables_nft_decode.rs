@@ -229,21 +229,6 @@ fn decode_exprs(
     let mut proto = None;
     let mut target = None;
     let mut i = 0;
-    // The compare (after an optional mask) that completes a load.
-    let compare = |i: &mut usize| -> Result<Compare, Foreign> {
-        let mask = match exprs.get(*i + 1) {
-            Some(Expr::Mask { mask }) => {
-                *i += 1;
-                Some(*mask)
-            }
-            _ => None,
-        };
-        *i += 1;
-        match exprs.get(*i) {
-            Some(Expr::Cmp { negate, value }) => Ok((mask, *negate, *value)),
-            _ => Err(Foreign("a load without its compare".into())),
-        }
-    };
     while i < exprs.len() {
         if target.is_some() {
             return Err(Foreign("expressions after the verdict".into()));
@@ -251,79 +236,18 @@ fn decode_exprs(
         match &exprs[i] {
             Expr::Meta { key } => {
                 let key = *key;
-                let (mask, negate, value) = compare(&mut i)?;
-                let unmasked = |m: Match| mask.is_none().then_some(m);
-                let decoded = match key {
-                    META_IIFNAME => {
-                        iface_name(value).and_then(|name| unmasked(Match::InIface { name, negate }))
-                    }
-                    META_OIFNAME => iface_name(value)
-                        .and_then(|name| unmasked(Match::OutIface { name, negate })),
-                    META_L4PROTO if !negate && mask.is_none() && proto.is_none() => {
-                        let p = match value {
-                            [6] => Some(Proto::Tcp),
-                            [17] => Some(Proto::Udp),
-                            _ => None,
-                        };
-                        proto = p;
-                        p.map(Match::Proto)
-                    }
-                    META_MARK => {
-                        let ne = |b: &[u8]| Some(u32::from_ne_bytes(b.try_into().ok()?));
-                        let mask = match mask {
-                            Some(m) => ne(m),
-                            None => Some(u32::MAX),
-                        };
-                        ne(value).zip(mask).map(|(v, m)| Match::Mark {
-                            value: mark_text(v, m),
-                            negate,
-                        })
-                    }
-                    _ => None,
-                };
+                let decoded = meta_match(key, compare_at(&exprs, &mut i)?, &mut proto);
                 matches.push(decoded.ok_or_else(|| Foreign(format!("meta key {key} match")))?);
             }
             Expr::Payload { base, offset, len } => {
                 let (base, offset, len) = (*base, *offset, *len);
-                let (mask, negate, value) = compare(&mut i)?;
-                let decoded = match base {
-                    BASE_NETWORK => address(family, offset, len, mask, value).map(|(src, addr)| {
-                        if src {
-                            Match::Src { addr, negate }
-                        } else {
-                            Match::Dst { addr, negate }
-                        }
-                    }),
-                    BASE_TRANSPORT if proto.is_some() && len == 2 && mask.is_none() => {
-                        let port = u16::from_be_bytes(value.try_into().unwrap_or([0, 0]));
-                        let port = (value.len() == 2).then(|| port.to_string());
-                        match offset {
-                            0 => port.map(|port| Match::SrcPort {
-                                port,
-                                negate,
-                                module: None,
-                            }),
-                            2 => port.map(|port| Match::DstPort {
-                                port,
-                                negate,
-                                module: None,
-                            }),
-                            _ => None,
-                        }
-                    }
-                    _ => None,
-                };
+                let compare = compare_at(&exprs, &mut i)?;
+                let decoded = payload_match(family, (base, offset, len), compare, proto);
                 matches.push(decoded.ok_or_else(|| Foreign(format!("payload @{base}+{offset}")))?);
             }
             Expr::Counter => {}
             Expr::Verdict { code, chain } => {
-                target = Some(match (code, chain) {
-                    (&NFT_RETURN, None) => Target::Return,
-                    (&NF_ACCEPT, None) => Target::Accept,
-                    (&NF_DROP, None) => Target::Drop,
-                    (&NFT_JUMP, Some(chain)) => Target::Jump(chain.clone()),
-                    _ => return Err(Foreign(format!("verdict {code}"))),
-                });
+                target = Some(verdict(*code, chain.as_ref())?);
             }
             Expr::Xt {
                 target: false,
@@ -358,6 +282,108 @@ fn decode_exprs(
         matches,
         target: target.ok_or_else(|| Foreign("no verdict".into()))?,
     })
+}
+
+/// A meta load's match (`iifname`, `oifname`, `l4proto`, `mark`); the protocol match also sets
+/// `proto` for the port matches after it.
+fn meta_match(
+    key: u32,
+    (mask, negate, value): Compare,
+    proto: &mut Option<Proto>,
+) -> Option<Match> {
+    let unmasked = |m: Match| mask.is_none().then_some(m);
+    match key {
+        META_IIFNAME => {
+            iface_name(value).and_then(|name| unmasked(Match::InIface { name, negate }))
+        }
+        META_OIFNAME => {
+            iface_name(value).and_then(|name| unmasked(Match::OutIface { name, negate }))
+        }
+        META_L4PROTO if !negate && mask.is_none() && proto.is_none() => {
+            let p = match value {
+                [6] => Some(Proto::Tcp),
+                [17] => Some(Proto::Udp),
+                _ => None,
+            };
+            *proto = p;
+            p.map(Match::Proto)
+        }
+        META_MARK => {
+            let ne = |b: &[u8]| Some(u32::from_ne_bytes(b.try_into().ok()?));
+            let mask = match mask {
+                Some(m) => ne(m),
+                None => Some(u32::MAX),
+            };
+            ne(value).zip(mask).map(|(v, m)| Match::Mark {
+                value: mark_text(v, m),
+                negate,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// A payload load's match: a network-header address, or a transport port once the protocol is known.
+fn payload_match(
+    family: Family,
+    (base, offset, len): (u32, u32, u32),
+    (mask, negate, value): Compare,
+    proto: Option<Proto>,
+) -> Option<Match> {
+    match base {
+        BASE_NETWORK => address(family, offset, len, mask, value).map(|(src, addr)| {
+            if src {
+                Match::Src { addr, negate }
+            } else {
+                Match::Dst { addr, negate }
+            }
+        }),
+        BASE_TRANSPORT if proto.is_some() && len == 2 && mask.is_none() => {
+            let port = u16::from_be_bytes(value.try_into().unwrap_or([0, 0]));
+            let port = (value.len() == 2).then(|| port.to_string());
+            match offset {
+                0 => port.map(|port| Match::SrcPort {
+                    port,
+                    negate,
+                    module: None,
+                }),
+                2 => port.map(|port| Match::DstPort {
+                    port,
+                    negate,
+                    module: None,
+                }),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The target of a verdict expression.
+fn verdict(code: i32, chain: Option<&String>) -> Result<Target, Foreign> {
+    Ok(match (code, chain) {
+        (NFT_RETURN, None) => Target::Return,
+        (NF_ACCEPT, None) => Target::Accept,
+        (NF_DROP, None) => Target::Drop,
+        (NFT_JUMP, Some(chain)) => Target::Jump(chain.clone()),
+        _ => return Err(Foreign(format!("verdict {code}"))),
+    })
+}
+
+/// The compare (after an optional mask) that completes the load at `i`; `i` moves onto it.
+fn compare_at<'a>(exprs: &[Expr<'a>], i: &mut usize) -> Result<Compare<'a>, Foreign> {
+    let mask = match exprs.get(*i + 1) {
+        Some(Expr::Mask { mask }) => {
+            *i += 1;
+            Some(*mask)
+        }
+        _ => None,
+    };
+    *i += 1;
+    match exprs.get(*i) {
+        Some(Expr::Cmp { negate, value }) => Ok((mask, *negate, *value)),
+        _ => Err(Foreign("a load without its compare".into())),
+    }
 }
 
 /// An interface compare: the name with its NUL (exact), or a prefix (`name+`).
