@@ -283,33 +283,6 @@ fn compare(
     family: &mut Option<Family>,
 ) -> Option<Option<NftExpr>> {
     let unmasked = mask.is_none();
-    let mark = |key: MarkKey| -> Option<NftExpr> {
-        let v = ne32(value)?;
-        Some(match mask {
-            None => NftExpr::Mark {
-                key,
-                value: v.to_string(),
-                negate,
-            },
-            Some((m, x)) if ne32(x)? == 0 => NftExpr::MarkMasked {
-                key,
-                mark: MaskedMark {
-                    value: v,
-                    mask: ne32(m)?,
-                },
-                negate,
-                spelling: MaskSpelling::Ampersand,
-            },
-            _ => return None,
-        })
-    };
-    // A whole name is compared with its padding (IFNAMSIZ bytes ending in NUL); nft's `eth*`
-    // compares only the prefix's bytes, without a NUL.
-    let ifname = |value: &[u8]| match value.len() {
-        16 if value.ends_with(&[0]) => Some(text(value)),
-        1..16 if !value.contains(&0) => Some(format!("{}*", text(value))),
-        _ => None,
-    };
     let found = match *load {
         Load::Meta(15) if unmasked && !negate => {
             *family = match value {
@@ -346,59 +319,14 @@ fn compare(
             negate,
             with_meta: false,
         },
-        Load::Meta(3) => mark(MarkKey::Meta)?,
-        Load::Ct(3) => mark(MarkKey::Ct)?,
-        Load::Ct(0) if negate && ne32(value)? == 0 => {
-            let (m, x) = mask?;
-            if ne32(x)? != 0 {
-                return None;
-            }
-            let bits = ne32(m)?;
-            let mut states = Vec::new();
-            for (bit, state) in [
-                (1, NftCtState::Invalid),
-                (2, NftCtState::Established),
-                (4, NftCtState::Related),
-            ] {
-                if bits & bit != 0 {
-                    states.push(state);
-                }
-            }
-            if bits & !7 != 0 {
-                return None;
-            }
-            states.sort();
-            NftExpr::CtState(states)
-        }
+        Load::Meta(3) => mark(MarkKey::Meta, mask, negate, value)?,
+        Load::Ct(3) => mark(MarkKey::Ct, mask, negate, value)?,
+        Load::Ct(0) if negate && ne32(value)? == 0 => ct_state(mask)?,
         Load::Payload {
             base: 1,
             offset,
             len,
-        } => {
-            // A prefix loads only the bytes it needs (`10.0.0.0/8`: one byte), masked when it
-            // does not end on a byte.
-            let (family, side) = addr_field((*family)?, offset, len)?;
-            let prefix = match mask {
-                None => value.len() * 8,
-                Some((m, x)) if x.iter().all(|b| *b == 0) => prefix_len(m)?,
-                _ => return None,
-            };
-            let full = if family == Family::V4 { 4 } else { 16 };
-            if value.len() > full || prefix > full * 8 {
-                return None;
-            }
-            let mut bytes = value.to_vec();
-            bytes.resize(full, 0);
-            NftExpr::Addr {
-                family,
-                side,
-                value: AddrValue::Prefix(super::nft_canon::canonical_addr(&format!(
-                    "{}/{prefix}",
-                    addr_of(&bytes)?
-                ))),
-                negate,
-            }
-        }
+        } => addr_compare((*family)?, offset, len, mask, negate, value)?,
         Load::Payload {
             base: 2,
             offset,
@@ -412,6 +340,96 @@ fn compare(
         _ => return None,
     };
     Some(Some(found))
+}
+
+/// A mark compare, plain or under a mask.
+fn mark(key: MarkKey, mask: Option<(&[u8], &[u8])>, negate: bool, value: &[u8]) -> Option<NftExpr> {
+    let v = ne32(value)?;
+    Some(match mask {
+        None => NftExpr::Mark {
+            key,
+            value: v.to_string(),
+            negate,
+        },
+        Some((m, x)) if ne32(x)? == 0 => NftExpr::MarkMasked {
+            key,
+            mark: MaskedMark {
+                value: v,
+                mask: ne32(m)?,
+            },
+            negate,
+            spelling: MaskSpelling::Ampersand,
+        },
+        _ => return None,
+    })
+}
+
+/// A whole name is compared with its padding (IFNAMSIZ bytes ending in NUL); nft's `eth*`
+/// compares only the prefix's bytes, without a NUL.
+fn ifname(value: &[u8]) -> Option<String> {
+    match value.len() {
+        16 if value.ends_with(&[0]) => Some(text(value)),
+        1..16 if !value.contains(&0) => Some(format!("{}*", text(value))),
+        _ => None,
+    }
+}
+
+/// `ct state` compares the masked state bits against zero, negated.
+fn ct_state(mask: Option<(&[u8], &[u8])>) -> Option<NftExpr> {
+    let (m, x) = mask?;
+    if ne32(x)? != 0 {
+        return None;
+    }
+    let bits = ne32(m)?;
+    let mut states = Vec::new();
+    for (bit, state) in [
+        (1, NftCtState::Invalid),
+        (2, NftCtState::Established),
+        (4, NftCtState::Related),
+    ] {
+        if bits & bit != 0 {
+            states.push(state);
+        }
+    }
+    if bits & !7 != 0 {
+        return None;
+    }
+    states.sort();
+    Some(NftExpr::CtState(states))
+}
+
+/// A network-header address compare.
+fn addr_compare(
+    family: Family,
+    offset: u32,
+    len: u32,
+    mask: Option<(&[u8], &[u8])>,
+    negate: bool,
+    value: &[u8],
+) -> Option<NftExpr> {
+    // A prefix loads only the bytes it needs (`10.0.0.0/8`: one byte), masked when it
+    // does not end on a byte.
+    let (family, side) = addr_field(family, offset, len)?;
+    let prefix = match mask {
+        None => value.len() * 8,
+        Some((m, x)) if x.iter().all(|b| *b == 0) => prefix_len(m)?,
+        _ => return None,
+    };
+    let full = if family == Family::V4 { 4 } else { 16 };
+    if value.len() > full || prefix > full * 8 {
+        return None;
+    }
+    let mut bytes = value.to_vec();
+    bytes.resize(full, 0);
+    Some(NftExpr::Addr {
+        family,
+        side,
+        value: AddrValue::Prefix(super::nft_canon::canonical_addr(&format!(
+            "{}/{prefix}",
+            addr_of(&bytes)?
+        ))),
+        negate,
+    })
 }
 
 /// The address field a network-header load reads (its first `len` bytes).
