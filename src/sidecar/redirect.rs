@@ -295,7 +295,6 @@ impl EngineEnv {
 
 /// Builds the redirect for a selected pod.
 pub fn redirect(pod: &PodInfo, engine: &EngineEnv) -> Result<Redirect, RedirectError> {
-    use crate::rules::capture::OwnerGroups;
     let an = &pod.annotations;
     let (_, mode) = annotation(an, ANN_INTERCEPTION_MODE, "REDIRECT", |m| match m {
         "REDIRECT" | "TPROXY" | "NONE" => Ok(()),
@@ -339,32 +338,8 @@ pub fn redirect(pod: &PodInfo, engine: &EngineEnv) -> Result<Redirect, RedirectE
     )?;
     let exclude_in = exclude_inbound_ports(&exclude_in);
     let (_, exclude_ifaces) = annotation(an, ANN_EXCLUDE_INTERFACES, "", validate_interfaces)?;
-    // The deprecated kubevirt key counts only when the new one is absent. Istio takes any value
-    // here and lets iptables fail on a bad name; we check names as for excludeInterfaces.
-    let (found, mut reroute) =
-        annotation(an, ANN_REROUTE_VIRTUAL_INTERFACES, "", validate_interfaces)?;
-    let reroute_key = if found {
-        ANN_REROUTE_VIRTUAL_INTERFACES
-    } else {
-        reroute = annotation(an, ANN_KUBEVIRT_INTERFACES, "", validate_interfaces)?.1;
-        ANN_KUBEVIRT_INTERFACES
-    };
-
-    let mut warnings = Vec::new();
-    let mut env_bool = |name: &str| {
-        match pod.proxy_env.get(name) {
-        None => false,
-        Some(v) => parse_go_bool(v).unwrap_or_else(|| {
-            warnings.push(format!(
-                "cannot parse istio-proxy environment variable {name}={v:?} as a boolean; using false"
-            ));
-            false
-        }),
-    }
-    };
-    let dns = env_bool(ENV_DNS_CAPTURE);
-    let dual_stack = env_bool(ENV_DUAL_STACK);
-    let drop_invalid = env_bool(ENV_INVALID_DROP);
+    let (reroute_key, reroute) = reroute_interfaces(an)?;
+    let (dns, dual_stack, drop_invalid, warnings) = proxy_env_flags(pod);
 
     let range_err = |key: &'static str, value: &str| {
         let value = value.to_string();
@@ -401,40 +376,93 @@ pub fn redirect(pod: &PodInfo, engine: &EngineEnv) -> Result<Redirect, RedirectE
         drop_invalid,
         ..CaptureConfig::default()
     };
-    let include_groups = engine.owner_groups_include.as_deref().unwrap_or("*");
-    config.owner_groups = if include_groups == "*" {
-        OwnerGroups::AllExcept(split_list(
-            engine.owner_groups_exclude.as_deref().unwrap_or(""),
-        ))
-    } else {
-        OwnerGroups::Only(split_list(include_groups))
-    };
+    config.owner_groups = owner_groups(engine);
     if let Some(lo) = &engine.loopback_v4 {
         config.loopback_v4 = lo.clone();
     }
     // Values the annotation validators let through (e.g. `*` where only a port can go) and the
     // plugin's own environment: refused here, before the pod's netns is touched.
-    config.validate().map_err(|e| {
-        let key = match e.field {
-            Field::InboundPorts => ANN_INCLUDE_INBOUND_PORTS,
-            Field::InboundPortsExclude => ANN_EXCLUDE_INBOUND_PORTS,
-            Field::OutboundPortsInclude => ANN_INCLUDE_OUTBOUND_PORTS,
-            Field::OutboundPortsExclude => ANN_EXCLUDE_OUTBOUND_PORTS,
-            Field::ExcludeInterfaces => ANN_EXCLUDE_INTERFACES,
-            Field::RerouteVirtualInterfaces => reroute_key,
-            _ => return RedirectError::Value(e),
-        };
-        RedirectError::Annotation(AnnotationError {
-            annotation: key,
-            value: an.get(key).cloned().unwrap_or_default(),
-            reason: e.to_string(),
-        })
-    })?;
+    config
+        .validate()
+        .map_err(|e| validation_error(e, reroute_key, an))?;
     Ok(Redirect::Capture(Box::new(CaptureSettings {
         config,
         dual_stack,
         warnings,
     })))
+}
+
+/// The rerouted interfaces and the key they came from. The deprecated kubevirt key counts only
+/// when the new one is absent. Istio takes any value here and lets iptables fail on a bad name;
+/// we check names as for excludeInterfaces.
+fn reroute_interfaces(
+    an: &BTreeMap<String, String>,
+) -> Result<(&'static str, String), AnnotationError> {
+    let (found, mut reroute) =
+        annotation(an, ANN_REROUTE_VIRTUAL_INTERFACES, "", validate_interfaces)?;
+    let reroute_key = if found {
+        ANN_REROUTE_VIRTUAL_INTERFACES
+    } else {
+        reroute = annotation(an, ANN_KUBEVIRT_INTERFACES, "", validate_interfaces)?.1;
+        ANN_KUBEVIRT_INTERFACES
+    };
+    Ok((reroute_key, reroute))
+}
+
+/// The istio-proxy environment's DNS capture, dual stack and invalid-drop switches; a value that
+/// is no boolean counts as false, with a warning.
+fn proxy_env_flags(pod: &PodInfo) -> (bool, bool, bool, Vec<String>) {
+    let mut warnings = Vec::new();
+    let mut env_bool = |name: &str| {
+        match pod.proxy_env.get(name) {
+        None => false,
+        Some(v) => parse_go_bool(v).unwrap_or_else(|| {
+            warnings.push(format!(
+                "cannot parse istio-proxy environment variable {name}={v:?} as a boolean; using false"
+            ));
+            false
+        }),
+    }
+    };
+    let dns = env_bool(ENV_DNS_CAPTURE);
+    let dual_stack = env_bool(ENV_DUAL_STACK);
+    let drop_invalid = env_bool(ENV_INVALID_DROP);
+    (dns, dual_stack, drop_invalid, warnings)
+}
+
+/// The owner groups the engine's environment includes or excludes.
+fn owner_groups(engine: &EngineEnv) -> crate::rules::capture::OwnerGroups {
+    use crate::rules::capture::OwnerGroups;
+    let include_groups = engine.owner_groups_include.as_deref().unwrap_or("*");
+    if include_groups == "*" {
+        OwnerGroups::AllExcept(split_list(
+            engine.owner_groups_exclude.as_deref().unwrap_or(""),
+        ))
+    } else {
+        OwnerGroups::Only(split_list(include_groups))
+    }
+}
+
+/// The capture config's refusal, named by its annotation when the value came from one.
+fn validation_error(
+    e: InvalidValue,
+    reroute_key: &'static str,
+    an: &BTreeMap<String, String>,
+) -> RedirectError {
+    let key = match e.field {
+        Field::InboundPorts => ANN_INCLUDE_INBOUND_PORTS,
+        Field::InboundPortsExclude => ANN_EXCLUDE_INBOUND_PORTS,
+        Field::OutboundPortsInclude => ANN_INCLUDE_OUTBOUND_PORTS,
+        Field::OutboundPortsExclude => ANN_EXCLUDE_OUTBOUND_PORTS,
+        Field::ExcludeInterfaces => ANN_EXCLUDE_INTERFACES,
+        Field::RerouteVirtualInterfaces => reroute_key,
+        _ => return RedirectError::Value(e),
+    };
+    RedirectError::Annotation(AnnotationError {
+        annotation: key,
+        value: an.get(key).cloned().unwrap_or_default(),
+        reason: e.to_string(),
+    })
 }
 
 #[cfg(test)]
