@@ -9,7 +9,6 @@ const MAX_FN_LINES: usize = 120;
 /// Functions still over the limit, by `file fn name`; each is split along its steps, then leaves.
 const NOT_YET_SPLIT: &[&str] = &[
     "src/plugin/add.rs fn cmd_add",
-    "src/rules/nft_encode.rs fn statement",
 ];
 
 /// Every `.rs` file below `dir`, test files (`tests.rs`, `*_tests.rs`) left out.

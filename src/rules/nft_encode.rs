@@ -366,25 +366,7 @@ impl Encoder {
                 side,
                 ports,
                 negate,
-            } => {
-                if ctx.l4 != Some(*proto) {
-                    ctx.l4proto(x, *proto);
-                }
-                let ports = ports
-                    .iter()
-                    .map(|p| parse_num(p).and_then(|v| u16::try_from(v).ok()))
-                    .collect::<Option<Vec<u16>>>()
-                    .ok_or_else(|| unsupported(format!("{what}: port {}", ports.join(","))))?;
-                let offset = if *side == Side::Src { 0 } else { 2 };
-                if let [one] = ports.as_slice() {
-                    payload(x, BASE_TRANSPORT, offset, 2);
-                    cmp(x, *negate, &one.to_be_bytes());
-                } else {
-                    let id = self.port_set(table, &ports, what)?;
-                    payload(x, BASE_TRANSPORT, offset, 2);
-                    lookup(x, Attrs::new().string(1, ANON_SET).u32(4, id), *negate);
-                }
-            }
+            } => self.port_match(x, ctx, table, (*proto, *side, *negate), ports, what)?,
             NftExpr::Owner {
                 key, id, negate, ..
             } => {
@@ -397,18 +379,7 @@ impl Encoder {
                 meta_load(x, k);
                 cmp(x, *negate, &value.to_ne_bytes());
             }
-            NftExpr::CtState(states) => {
-                let bits = states.iter().fold(0u32, |acc, s| {
-                    acc | match s {
-                        NftCtState::Invalid => 1,
-                        NftCtState::Established => 2,
-                        NftCtState::Related => 4,
-                    }
-                });
-                ct_load(x, CT_STATE);
-                bitwise(x, &bits.to_ne_bytes(), &[0; 4]);
-                cmp(x, true, &[0; 4]);
-            }
+            NftExpr::CtState(states) => ct_state(x, states),
             NftExpr::Mark { key, value, negate } => {
                 let v =
                     parse_num(value).ok_or_else(|| unsupported(format!("{what}: mark {value}")))?;
@@ -440,22 +411,7 @@ impl Encoder {
                 let data = Attrs::new().u32(1, nfproto(*family)).u32(3, REG_1);
                 expr(x, "tproxy", data);
             }
-            NftExpr::SnatTo(addr) => {
-                let ip: IpAddr = addr
-                    .parse()
-                    .map_err(|_| unsupported(format!("{what}: address {addr}")))?;
-                let (family, bytes) = match ip {
-                    IpAddr::V4(a) => (Family::V4, a.octets().to_vec()),
-                    IpAddr::V6(a) => (Family::V6, a.octets().to_vec()),
-                };
-                immediate(x, &bytes);
-                let data = Attrs::new()
-                    .u32(1, NAT_SNAT)
-                    .u32(2, nfproto(family))
-                    .u32(3, REG_1)
-                    .u32(7, RANGE_MAP_IPS);
-                expr(x, "nat", data);
-            }
+            NftExpr::SnatTo(addr) => snat(x, addr, what)?,
             NftExpr::MetaMarkSet(src) => {
                 mark_source(x, src, MarkKey::Ct, what)?;
                 expr(x, "meta", Attrs::new().u32(2, META_MARK).u32(3, REG_1));
@@ -471,6 +427,69 @@ impl Encoder {
         }
         Ok(())
     }
+
+    /// A port match: one port compared, several looked up in an anonymous set.
+    fn port_match(
+        &mut self,
+        x: &mut Attrs,
+        ctx: &mut Context,
+        table: &str,
+        (proto, side, negate): (Proto, Side, bool),
+        ports: &[String],
+        what: &str,
+    ) -> Result<(), EncodeError> {
+        if ctx.l4 != Some(proto) {
+            ctx.l4proto(x, proto);
+        }
+        let ports = ports
+            .iter()
+            .map(|p| parse_num(p).and_then(|v| u16::try_from(v).ok()))
+            .collect::<Option<Vec<u16>>>()
+            .ok_or_else(|| unsupported(format!("{what}: port {}", ports.join(","))))?;
+        let offset = if side == Side::Src { 0 } else { 2 };
+        if let [one] = ports.as_slice() {
+            payload(x, BASE_TRANSPORT, offset, 2);
+            cmp(x, negate, &one.to_be_bytes());
+        } else {
+            let id = self.port_set(table, &ports, what)?;
+            payload(x, BASE_TRANSPORT, offset, 2);
+            lookup(x, Attrs::new().string(1, ANON_SET).u32(4, id), negate);
+        }
+        Ok(())
+    }
+}
+
+/// `ct state`: the state bits masked, compared against zero, negated.
+fn ct_state(x: &mut Attrs, states: &[NftCtState]) {
+    let bits = states.iter().fold(0u32, |acc, s| {
+        acc | match s {
+            NftCtState::Invalid => 1,
+            NftCtState::Established => 2,
+            NftCtState::Related => 4,
+        }
+    });
+    ct_load(x, CT_STATE);
+    bitwise(x, &bits.to_ne_bytes(), &[0; 4]);
+    cmp(x, true, &[0; 4]);
+}
+
+/// `snat to` an address.
+fn snat(x: &mut Attrs, addr: &str, what: &str) -> Result<(), EncodeError> {
+    let ip: IpAddr = addr
+        .parse()
+        .map_err(|_| unsupported(format!("{what}: address {addr}")))?;
+    let (family, bytes) = match ip {
+        IpAddr::V4(a) => (Family::V4, a.octets().to_vec()),
+        IpAddr::V6(a) => (Family::V6, a.octets().to_vec()),
+    };
+    immediate(x, &bytes);
+    let data = Attrs::new()
+        .u32(1, NAT_SNAT)
+        .u32(2, nfproto(family))
+        .u32(3, REG_1)
+        .u32(7, RANGE_MAP_IPS);
+    expr(x, "nat", data);
+    Ok(())
 }
 
 /// What earlier matches of a rule established: nft adds a dependency only when it is missing.
