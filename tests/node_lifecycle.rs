@@ -310,6 +310,111 @@ fn the_backend_is_decided_once_per_node_and_a_native_nftables_change_migrates() 
     assert!(!record.exists(), "the record outlived the uninstall");
 }
 
+/// Our host objects still in the node netns, by name: the iptables chain and its jump (both
+/// families, either flavour), the probe ipsets, the nft host table.
+fn host_leftovers(node: &Node) -> Vec<String> {
+    let mut found = Vec::new();
+    for tool in [
+        "iptables-nft-save",
+        "iptables-legacy-save",
+        "ip6tables-nft-save",
+        "ip6tables-legacy-save",
+    ] {
+        let out = node.ns.try_exec(tool, &["-t", "nat"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        for l in text.lines() {
+            if l.starts_with(":ISTIO_POSTRT") || l.contains("-j ISTIO_POSTRT") {
+                found.push(format!("{tool}: {l}"));
+            }
+        }
+    }
+    let sets = node.ns.try_exec("ipset", &["list", "-n"]);
+    for set in String::from_utf8_lossy(&sets.stdout).lines() {
+        if set.starts_with("istio-inpod-probes") {
+            found.push(format!("ipset {set}"));
+        }
+    }
+    let tables = node.ns.try_exec("nft", &["list", "tables"]);
+    for t in String::from_utf8_lossy(&tables.stdout).lines() {
+        if t.contains("istio-ambient-nat") {
+            found.push(t.to_string());
+        }
+    }
+    found
+}
+
+/// Shutdown as Istio's agent does it: SIGTERM while the DaemonSet still targets the node (an
+/// upgrade) keeps the host probe SNAT rules and probe sets for the next agent; SIGTERM once the
+/// DaemonSet is gone (an uninstall) removes them — iptables: `ISTIO_POSTRT` and its POSTROUTING
+/// jump in both families and the probe ipsets; nftables: the host table with its sets — along
+/// with the backend record.
+fn shutdown_keeps_host_rules_on_upgrade_and_removes_them_on_uninstall(backend: Backend) {
+    let home = istio_cni_testing::controlplane::unique_name("cni-home");
+    let daemonset = json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "istio-cni-node", "namespace": home},
+        "spec": {
+            "selector": {"matchLabels": {"k8s-app": "istio-cni-node"}},
+            "template": {
+                "metadata": {"labels": {"k8s-app": "istio-cni-node"}},
+                "spec": {"containers": [{"name": "install-cni", "image": "istio/install-cni"}]}
+            }
+        }
+    });
+    let mut node = Node::start_real_dual_stack(
+        backend,
+        &[
+            ("POD_NAMESPACE", &home),
+            ("HEALTH_PORT", HEALTH_PORT),
+            ("AMBIENT_IPV6", "true"),
+        ],
+    );
+    node.cluster().cp.create_namespace(&home, &[]);
+    let pods = enrol(&node, &["a"]);
+    node.wait_until(Duration::from_secs(10), "the probe set filled", || {
+        node.probe_members()
+            .contains(&(pods[0].ip.clone(), pods[0].uid.clone()))
+    });
+    let installed = host_leftovers(&node);
+    // Dual stack: the chain and its jump in both families and both ipsets; or the nft table.
+    let expected = match backend {
+        Backend::Iptables => 6,
+        Backend::Nftables => 1,
+    };
+    assert_eq!(installed.len(), expected, "{installed:#?}");
+    let record = node.dirs.run.join("ambient-backend");
+
+    // Upgrade: the DaemonSet still targets the node.
+    node.cluster().cp.create(&daemonset);
+    node.agent.terminate(Duration::from_secs(20));
+    assert_eq!(
+        host_leftovers(&node),
+        installed,
+        "an upgrade removed host rules"
+    );
+    assert!(record.exists(), "an upgrade removed the backend record");
+
+    // Uninstall: the DaemonSet is gone.
+    node.start_agent();
+    node.agent
+        .wait_line("ambient node agent ready", Duration::from_secs(30));
+    node.cluster().cp.delete(&daemonset);
+    node.agent.terminate(Duration::from_secs(20));
+    let log = node.agent.output();
+    assert_eq!(host_leftovers(&node), Vec::<String>::new(), "{log}");
+    assert!(!record.exists(), "the record outlived the uninstall");
+}
+
+#[test]
+fn shutdown_keeps_host_rules_on_upgrade_and_removes_them_on_uninstall_iptables() {
+    shutdown_keeps_host_rules_on_upgrade_and_removes_them_on_uninstall(Backend::Iptables);
+}
+
+#[test]
+fn shutdown_keeps_host_rules_on_upgrade_and_removes_them_on_uninstall_nftables() {
+    shutdown_keeps_host_rules_on_upgrade_and_removes_them_on_uninstall(Backend::Nftables);
+}
+
 /// A PATH directory with every tool of this machine's PATH except ip6tables (and its
 /// -save/-restore/-legacy/-nft variants): a node without IPv6 tooling.
 fn path_without_ip6tables() -> tempfile::TempDir {

@@ -70,6 +70,10 @@ impl ports::DataplanePort for Dataplane {
     fn verify_host(&self) -> Result<Option<String>, PortError> {
         Dataplane::verify_host(self).map_err(PortError::from)
     }
+
+    fn uninstall_host(&self) -> Result<(), PortError> {
+        Dataplane::uninstall_host(self).map_err(PortError::from)
+    }
 }
 
 impl ports::Ztunnel for ZdsHandle {

@@ -97,6 +97,11 @@ pub trait DataplanePort: Send + Sync + 'static {
     fn verify_host(&self) -> Result<Option<String>, PortError> {
         Ok(None)
     }
+    /// Removes the host probe SNAT rules and the probe sets (an uninstall, after the agent
+    /// stopped). A data plane without host rules has nothing to remove (the default).
+    fn uninstall_host(&self) -> Result<(), PortError> {
+        Ok(())
+    }
 }
 
 /// Workload identity sent to ztunnel (the ZDS room's own type).

@@ -449,7 +449,7 @@ pub fn program_host_here(
 
 /// Removes the host probe SNAT rules and the probe sets of one backend (`opts.nftables`) from the
 /// calling thread's netns: a `NATIVE_NFTABLES` migration, before the other backend's are
-/// programmed. Absent objects are fine.
+/// programmed, or an uninstall. Absent objects are fine.
 pub fn remove_host_here(opts: &AmbientApply, ipv6: bool) -> Result<(), AmbientError> {
     use super::probe_set::Ipsets;
     use crate::rules::ambient::{PROBE_SET_V4, PROBE_SET_V6};

@@ -566,6 +566,16 @@ async fn start_agent(
     Ok(agent)
 }
 
+/// An uninstall removes the agent's host probe SNAT rules and probe sets (an upgrade keeps them
+/// for the next agent); a failure is logged, the rest of the uninstall goes on.
+async fn uninstall_host_rules(dataplane: std::sync::Arc<dyn crate::agent::ports::DataplanePort>) {
+    match tokio::task::spawn_blocking(move || dataplane.uninstall_host()).await {
+        Ok(Ok(())) => info!("ambient host rules and probe sets removed"),
+        Ok(Err(e)) => warn!("removing the ambient host rules and probe sets: {e}"),
+        Err(e) => warn!("removing the ambient host rules and probe sets: {e}"),
+    }
+}
+
 /// A component's readiness when the node's netns could not be identified: not ready, saying why
 /// no pod's netns is entered.
 fn refused_state(refused: Option<&str>) -> Result<(), String> {
@@ -577,7 +587,8 @@ fn refused_state(refused: Option<&str>) -> Result<(), String> {
 
 /// Ordered shutdown: the agent first (its socket disappears, so plugins fail ADD at once and the
 /// kubelet retries, instead of waiting on a half-stopped agent), then the guard, then the
-/// installer's cleanup unless an upgrade keeps the node's config, then the servers.
+/// installer's cleanup and the agent's host rules unless an upgrade keeps the node's config,
+/// then the servers.
 async fn shut_down(cfg: &Config, base: &Base, started: Started) -> i32 {
     let Started {
         servers,
@@ -586,8 +597,10 @@ async fn shut_down(cfg: &Config, base: &Base, started: Started) -> i32 {
         check,
     } = started;
     base.readiness.set(INSTALLER, false);
+    let mut host_rules = None;
     if let Some(agent) = agent {
         base.readiness.set(AGENT, false);
+        host_rules = Some(agent.core().mesh.dataplane.clone());
         agent.stop(Duration::from_secs(5)).await;
     }
     let installer = tokio::task::spawn_blocking(move || guard.stop())
@@ -604,6 +617,9 @@ async fn shut_down(cfg: &Config, base: &Base, started: Started) -> i32 {
     let code = match installer {
         Some(mut inst) if !keep => {
             let _ = tokio::task::spawn_blocking(move || inst.cleanup()).await;
+            if let Some(dataplane) = host_rules {
+                uninstall_host_rules(dataplane).await;
+            }
             // Uninstalled: a later install decides the backend afresh.
             let record = ambient::record_path(cfg);
             match std::fs::remove_file(&record) {

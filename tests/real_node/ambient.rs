@@ -186,14 +186,18 @@ fn ambient_pods_on_a_real_node_are_enrolled_before_they_start_probed_released_an
             .unwrap_or_else(|e| panic!("{e}"));
     }
     c.uninstall_chart(&objects);
-    crate::agent_log_until_gone(&c, agent.metadata.name.as_deref().unwrap());
-    // The agent leaves its host rules and probe sets behind on uninstall (docs/real-node.md);
-    // this node's host is the machine's, so the test takes them out.
-    eprintln!("host rules left after uninstall:\n{}", remove_host_rules());
+    let log = crate::agent_log_until_gone(&c, agent.metadata.name.as_deref().unwrap());
+    // An uninstall takes the agent's host rules and probe sets out of the node's network
+    // namespace (this machine's); anything left is removed here too, so a failure leaves none.
+    let left = remove_host_rules();
+    assert!(
+        left.is_empty(),
+        "host rules left after uninstall:\n{left}\nagent log tail:\n{log}"
+    );
 }
 
 /// Removes the ambient host rules (the SNAT chain and its jump) and probe sets from this
-/// machine's network namespace; returns what was found.
+/// machine's network namespace; returns what was found (empty after an uninstall).
 pub fn remove_host_rules() -> String {
     let run = |prog: &str, args: &[&str]| {
         std::process::Command::new(prog)

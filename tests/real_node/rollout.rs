@@ -99,7 +99,9 @@ fn a_rollout_of_the_daemonset_while_pods_come_and_go_leaves_none_stuck_or_uncapt
     while !c.pods(crate::chart::NAMESPACE).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
     }
-    remove_host_rules();
+    // The uninstall took the host rules out (anything left is removed, then reported).
+    let left = remove_host_rules();
+    assert!(left.is_empty(), "host rules left after uninstall:\n{left}");
 }
 
 /// Whether an agent pod other than `old` runs the second tag and is ready (and `old` is gone).

@@ -299,8 +299,21 @@ impl Dataplane {
         let mut opts = self.apply_opts(None);
         opts.nftables = old.backend == Backend::Nftables;
         opts.force_binary = old.force_binary;
-        let ipv6 = self.settings.ambient.enable_ipv6;
         info!(from = ?old.backend, to = ?self.decision.backend, "NATIVE_NFTABLES changed: removing the old backend's host rules");
+        self.remove_host_with(opts)
+    }
+
+    /// This backend's host probe SNAT rules and probe sets removed, in the host netns: an
+    /// uninstall (not an upgrade), after which nothing on the node may keep naming them.
+    pub fn uninstall_host(&self) -> Result<(), DataplaneError> {
+        if self.settings.skip_host_rules {
+            return Ok(());
+        }
+        self.remove_host_with(self.apply_opts(None))
+    }
+
+    fn remove_host_with(&self, opts: AmbientApply) -> Result<(), DataplaneError> {
+        let ipv6 = self.settings.ambient.enable_ipv6;
         in_host(&self.host_netns, move || {
             crate::apply::ambient::remove_host_here(&opts, ipv6)
         })?
