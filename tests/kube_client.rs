@@ -331,6 +331,51 @@ async fn watcher_with_field_selector_sees_added_modified_deleted() {
     );
 }
 
+// Lists ask for gzip (a node's pod list shrinks to a few percent); watch streams ask for none
+// (a server gzips them one member per event, which kube's decoder does not read); each watch
+// stream asks for a timeoutSeconds of its own in 300-600 s.
+#[tokio::test]
+async fn lists_ask_for_gzip_and_watches_for_identity_with_a_drawn_timeout() {
+    let f = fixture().await;
+    f.server.add_pod(pod("ns1", "p", "n1")).expect("pod");
+    let (pods, _) = f
+        .client
+        .list_pods(&Selectors::on_node("n1"), CALL)
+        .await
+        .expect("list");
+    assert_eq!(pods.len(), 1);
+    let mut stream = f.client.watch_pods(&Selectors::on_node("n1"), FAST_BACKOFF);
+    assert_eq!(initial_sync(&mut stream).await, ["p"]);
+    // The watch request goes out on the next poll.
+    let polling = tokio::spawn(async move { while stream.next().await.is_some() {} });
+    let watch = f
+        .server
+        .wait_for_request(PATIENCE, |r| r.is_watch())
+        .await
+        .expect("a watch request");
+    polling.abort();
+    let lists: Vec<_> = f
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path == "/api/v1/pods" && !r.is_watch())
+        .collect();
+    assert_eq!(lists.len(), 2, "{lists:?}");
+    for list in &lists {
+        assert_eq!(list.accept_encoding.as_deref(), Some("gzip"), "{list:?}");
+    }
+    assert_eq!(
+        watch.accept_encoding.as_deref(),
+        Some("identity"),
+        "{watch:?}"
+    );
+    let timeout: u32 = watch
+        .query_param("timeoutSeconds")
+        .and_then(|t| t.parse().ok())
+        .expect("timeoutSeconds");
+    assert!((300..=600).contains(&timeout), "{watch:?}");
+}
+
 #[tokio::test]
 async fn watcher_relists_after_410_expired() {
     let f = fixture().await;

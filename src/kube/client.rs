@@ -57,6 +57,7 @@ impl Selectors {
         watcher::Config {
             field_selector: self.fields.clone(),
             label_selector: self.labels.clone(),
+            timeout: Some(watch_timeout_secs()),
             ..watcher::Config::default()
         }
     }
@@ -163,6 +164,21 @@ impl WatchBackoff {
             max_attempts: None,
         }
     }
+}
+
+/// The shortest `timeoutSeconds` a watch asks for; each watch stream draws its own from
+/// `[WATCH_TIMEOUT_MIN, 2 * WATCH_TIMEOUT_MIN]`, as client-go's reflector does, so the agents of
+/// many nodes started together do not all re-open their watches in the same second.
+pub const WATCH_TIMEOUT_MIN: Duration = Duration::from_secs(300);
+
+/// One watch stream's `timeoutSeconds`, drawn at random from the range above.
+fn watch_timeout_secs() -> u32 {
+    let band = RetryPolicy {
+        first: 2 * WATCH_TIMEOUT_MIN,
+        max: 2 * WATCH_TIMEOUT_MIN,
+        max_attempts: None,
+    };
+    u32::try_from(band.jittered_delay(0).as_secs()).unwrap_or(u32::MAX)
 }
 
 /// How long [`KubeClient::watch_allowed`] waits for the watch to start.

@@ -93,6 +93,8 @@ pub struct RequestRecord {
     pub query: String,
     /// The bearer token sent, if any.
     pub token: Option<String>,
+    /// The `Accept-Encoding` header sent, if any (the server itself never compresses).
+    pub accept_encoding: Option<String>,
 }
 
 impl RequestRecord {

@@ -103,6 +103,26 @@ fn selectors_join_terms_and_skip_empty_ones() {
     assert_eq!(Selectors::default().and_fields(",").fields, None);
 }
 
+// Each watch stream asks for its own timeoutSeconds in [min, 2 * min], so the agents of many
+// nodes do not re-open their watches in step (kube-runtime's default is one fixed 290 s).
+#[test]
+fn watch_timeouts_are_drawn_from_the_band_and_vary() {
+    let min = WATCH_TIMEOUT_MIN.as_secs() as u32;
+    let drawn: Vec<u32> = (0..64)
+        .map(|_| {
+            Selectors::on_node("n1")
+                .watcher_config()
+                .timeout
+                .expect("a timeout is set")
+        })
+        .collect();
+    assert!(
+        drawn.iter().all(|t| (min..=2 * min).contains(t)),
+        "{drawn:?}"
+    );
+    assert!(drawn.iter().any(|t| *t != drawn[0]), "{drawn:?}");
+}
+
 #[test]
 fn metadata_patch_sets_and_removes_keys() {
     let patch = MetadataPatch::default()

@@ -90,6 +90,11 @@ async fn front_door(State(shared): AppState, request: Request, next: Next) -> Re
             path: path.clone(),
             query: request.uri().query().unwrap_or_default().to_string(),
             token: sent_token.clone(),
+            accept_encoding: request
+                .headers()
+                .get(header::ACCEPT_ENCODING)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
         });
     }
     shared.activity.send_modify(|count| *count += 1);
