@@ -211,9 +211,17 @@ pub fn apiserver_pid(cp: &ControlPlane) -> Option<u32> {
 /// Sizes of one node's pod list as the server sends it for each encoding a client may ask for
 /// (JSON, protobuf; each plain and gzip), for the many-nodes report's explanation.
 pub fn list_sizes(cp: &ControlPlane, node: &str) -> Vec<(String, usize)> {
-    let client = cp.client();
     let uri = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{node}");
+    let kubeconfig = cp.admin_kubeconfig().to_path_buf();
     cp.block_on(async move {
+        // A client that leaves the body as sent: the shared one decodes gzip and drops the
+        // Content-Encoding header, which would measure the decoded size.
+        let kubeconfig = kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig");
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("config");
+        config.disable_compression = true;
+        let client = kube::Client::try_from(config).expect("client");
         let mut out = Vec::new();
         for (accept, gzip) in [
             ("application/json", false),
