@@ -81,7 +81,7 @@ async fn test_apiserver_binary_serves_fixtures_until_sigterm() {
     assert_eq!(
         log[0],
         json!({"method": "GET", "path": "/api/v1/namespaces/ns1/pods/fx", "query": "",
-               "token": "istio-cni-test-token"})
+               "token": "istio-cni-test-token", "accept_encoding": "gzip"})
     );
     control(
         "POST",
