@@ -24,7 +24,8 @@ mod generator;
 mod sandbox;
 
 use generator::{Case, Token};
-use sandbox::{Sandbox, istio_bin};
+use istio_cni_testing::istio::istio_bin;
+use sandbox::Sandbox;
 
 const DEFAULT_CASES: u64 = 5000;
 /// Below this many cases an allowlist entry may go unused by chance, so stale entries are only

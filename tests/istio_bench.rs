@@ -22,10 +22,11 @@ mod many_nodes;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agent::{BenchAgent, Shared, Side, istio_bin, our_bin, proc_cpu};
+use agent::{BenchAgent, Shared, Side, our_bin, proc_cpu};
 use cluster::{env_usize, mean, ms, quantile, ratio, row};
 use cni_driver::{NetnsGuard, Run, cni_env, run_cni};
 use istio_cni_testing::controlplane::{self, ControlPlane, unique_name};
+use istio_cni_testing::istio::istio_bin;
 use serde_json::json;
 
 /// The node's primary CNI network (what both install-cnis chain onto).

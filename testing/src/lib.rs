@@ -2,7 +2,7 @@
 //! their own so the product's `cargo build` never compiles them (docs/architecture.md, "Test
 //! code"): a real node (kubelet + containerd, [`node`]) beside the real control plane
 //! ([`controlplane`]), a Kubernetes API server for pods and namespaces ([`apiserver`], also the
-//! `test-apiserver` binary) and a ztunnel-like ZDS peer ([`zds_peer`] on the SOCK_SEQPACKET
+//! `test-apiserver` binary), where Istio's own binaries are ([`istio`]) and a ztunnel-like ZDS peer ([`zds_peer`] on the SOCK_SEQPACKET
 //! plumbing in [`zds_raw`], also the `zds-peer` binary).
 //!
 //! Depends on the product (its selector model, ZDS messages); the product's src/ never depends on
@@ -11,6 +11,7 @@
 
 pub mod apiserver;
 pub mod controlplane;
+pub mod istio;
 pub mod listings;
 pub mod node;
 pub mod tied;

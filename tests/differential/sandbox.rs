@@ -170,17 +170,3 @@ fn ip(args: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
-
-/// Where Istio's binaries are (scripts/build-istio builds them).
-pub fn istio_bin(name: &str) -> PathBuf {
-    let dir = std::env::var_os("ISTIO_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/istio"));
-    let bin = dir.join(name);
-    assert!(
-        bin.exists(),
-        "{} is missing: run scripts/build-istio (scripts/test does) to build Istio's binaries",
-        bin.display()
-    );
-    bin
-}

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use istio_cni_testing::controlplane::{ControlPlane, Forwarder};
+use istio_cni_testing::istio::istio_bin;
 
 pub use crate::cluster::{apiserver_pid, proc_cpu};
 use serde_json::json;
@@ -43,20 +44,6 @@ impl Side {
 
 /// The readiness port inside every agent's own netns (Istio's is fixed there).
 pub const READY_PORT: u16 = 8000;
-
-/// Where Istio's binaries are.
-pub fn istio_bin(name: &str) -> PathBuf {
-    let dir = std::env::var_os("ISTIO_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/istio"));
-    let bin = dir.join(name);
-    assert!(
-        bin.is_file(),
-        "{} is missing: run scripts/build-istio",
-        bin.display()
-    );
-    bin
-}
 
 /// The binary under test for our side.
 pub fn our_bin() -> PathBuf {

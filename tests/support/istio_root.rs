@@ -18,6 +18,7 @@
 //! [`HostProcView`]: super::node_proc::HostProcView
 #![allow(dead_code)]
 
+use istio_cni_testing::istio::istio_bin;
 use std::path::{Path, PathBuf};
 
 /// Mounts made inside the agent's own mount namespace, then `chroot` and exec. The root is a
@@ -117,18 +118,4 @@ impl IstioRoot {
             s(&istio_bin("istio-cni")),
         ]
     }
-}
-
-/// Where Istio's binaries are (scripts/build-istio builds them).
-pub fn istio_bin(name: &str) -> PathBuf {
-    let dir = std::env::var_os("ISTIO_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/istio"));
-    let bin = dir.join(name);
-    assert!(
-        bin.exists(),
-        "{} is missing: run scripts/build-istio (scripts/test does) to build Istio's binaries",
-        bin.display()
-    );
-    bin
 }
