@@ -107,6 +107,20 @@ impl FakeAgent {
             })
             .collect()
     }
+
+    /// The records once `done` holds for them, or as they are after 10 s. The plugin's last batch
+    /// is written without waiting for the agent's answer, so it may be served after the plugin
+    /// has exited.
+    fn records_when(&self, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let records = self.records();
+            if done(&records) || std::time::Instant::now() > deadline {
+                return records;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for FakeAgent {
@@ -160,15 +174,12 @@ fn log_records_reach_the_agent_socket() {
         &conf.to_string(),
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let records = agent.records();
-    assert!(
-        records
-            .iter()
-            .any(|r| r["pod"] == "kube-system/logged-pod" && r["level"] == "info"),
-        "{records:?}"
-    );
+    let pod_info = |r: &Value| r["pod"] == "kube-system/logged-pod" && r["level"] == "info";
+    let debug = |r: &Value| r["level"] == "debug";
+    let records = agent.records_when(|rs| rs.iter().any(pod_info) && rs.iter().any(debug));
+    assert!(records.iter().any(pod_info), "{records:?}");
     // plugin_log_level debug is honoured for the forwarded records.
-    assert!(records.iter().any(|r| r["level"] == "debug"), "{records:?}");
+    assert!(records.iter().any(debug), "{records:?}");
     for r in &records {
         assert!(r["time"].as_str().is_some_and(|t| t.ends_with('Z')), "{r}");
     }
