@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const MAX_FN_LINES: usize = 120;
 /// Functions still over the limit, by `file fn name`; each is split along its steps, then leaves.
-const NOT_YET_SPLIT: &[&str] = &["src/plugin/add.rs fn cmd_add"];
+const NOT_YET_SPLIT: &[&str] = &[];
 
 /// Every `.rs` file below `dir`, test files (`tests.rs`, `*_tests.rs`) left out.
 fn source_files(dir: &Path) -> Vec<PathBuf> {

@@ -290,9 +290,29 @@ fn event_for(
     ))
 }
 
+/// One ADD's inputs, carried down its steps.
+struct Add<'a> {
+    env: &'a CniEnv,
+    conf: &'a NetConf,
+    engine_env: &'a EngineEnv,
+    args: &'a CniArgs,
+    started: Instant,
+    deadline: Instant,
+}
+
+/// What the API server said about ambient.
+enum ApiAmbient {
+    /// Ambient, and handed to the node agent.
+    Enrolled,
+    NotAmbient(PodInfo),
+    /// The check failed; the sidecar path checks again before it lets the pod start uncaptured.
+    Undecided,
+}
+
 /// Runs ADD after the config, args and logging are set up. `engine_env` is what the plugin's
 /// environment says (read by the caller through the injected `Env`); `connect` builds the API
-/// client (only called when a pod really needs a lookup).
+/// client (only called when a pod really needs a lookup). The pod is decided by the first source
+/// that can: the node agent, then the node pod store, then the API server.
 pub async fn cmd_add<K, F, Fut>(
     env: &CniEnv,
     conf: &NetConf,
@@ -306,47 +326,65 @@ where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<K, KubeCallError>>,
 {
-    let started = Instant::now();
-    let pod_ref = format!("{}/{}", args.pod_namespace, args.pod_name);
+    let add = Add {
+        env,
+        conf,
+        engine_env,
+        args,
+        started: Instant::now(),
+        deadline,
+    };
     if let Some(done) = precheck(conf, args)? {
-        info!(pod = %pod_ref, outcome = %done, "nothing to do for this pod");
+        info!(pod = %pod_ref(args), outcome = %done, "nothing to do for this pod");
         return Ok(done);
     }
     // Ambient: one request to the node agent, answered from its stores.
     let mut stores_asked = false;
     if conf.ambient_enabled && !args.pod_uid.is_empty() {
+        match add.by_agent::<K>().await? {
+            Ok(done) => return Ok(done),
+            Err(asked) => stores_asked = asked,
+        }
+    }
+    // Not when the agent just said its stores cannot answer: the pod-facts socket reads the same.
+    if !stores_asked && let Some(done) = add.by_node_store::<K>().await? {
+        return Ok(done);
+    }
+    add.by_api(connect).await
+}
+
+impl Add<'_> {
+    /// The node agent's answer to `/podadd`: the outcome when it decided the pod, else whether
+    /// it asked its stores (`Err(stores_asked)`) and the ADD goes on without it.
+    async fn by_agent<K: KubeReads>(&self) -> Result<Result<AddOutcome, bool>, CniError> {
         let asked = Instant::now();
-        match ask_agent(conf, env, args, deadline).await? {
+        match ask_agent(self.conf, self.env, self.args, self.deadline).await? {
             AgentAnswer::Enrolled => {
                 let (took_us, agent_us) = (
-                    started.elapsed().as_micros() as u64,
+                    self.started.elapsed().as_micros() as u64,
                     asked.elapsed().as_micros() as u64,
                 );
-                info!(pod = %pod_ref, took_us, agent_us, "pod is ambient; enrolled by the node agent");
-                return Ok(AddOutcome::Ambient);
+                info!(pod = %pod_ref(self.args), took_us, agent_us, "pod is ambient; enrolled by the node agent");
+                Ok(Ok(AddOutcome::Ambient))
             }
             AgentAnswer::NotAmbient(pod) => {
                 debug!(
-                    took_ms = started.elapsed().as_millis() as u64,
+                    took_ms = self.started.elapsed().as_millis() as u64,
                     "pod not ambient (node agent); taking the sidecar path"
                 );
                 let pod = PodInfo::from_pod(&pod);
-                return redirect_pod::<K>(
-                    env, conf, engine_env, args, pod, None, started, deadline,
-                )
-                .await;
+                self.redirect_pod::<K>(pod, None).await.map(Ok)
             }
-            AgentAnswer::Unavailable {
-                stores_asked: asked,
-            } => stores_asked = asked,
+            AgentAnswer::Unavailable { stores_asked } => Ok(Err(stores_asked)),
         }
     }
-    // The node pod store first (no client, no TLS handshake, no API request); see k8s::cached_pod.
-    // Not when the agent just said its stores cannot answer: the pod-facts socket reads the same.
-    let cached = if stores_asked {
-        None
-    } else {
-        super::k8s::cached_pod(
+
+    /// The node pod store (no client, no TLS handshake, no API request; see k8s::cached_pod).
+    /// `None`: it does not know the pod, or the enablement selectors do not compile, and the API
+    /// path decides as it always has.
+    async fn by_node_store<K: KubeReads>(&self) -> Result<Option<AddOutcome>, CniError> {
+        let (conf, args) = (self.conf, self.args);
+        let Some(cached) = super::k8s::cached_pod(
             &conf.cni_agent_run_dir,
             &args.pod_namespace,
             &args.pod_name,
@@ -355,10 +393,11 @@ where
             conf.pod_facts_timeout,
         )
         .await
-    };
-    if let Some(cached) = cached {
+        else {
+            return Ok(None);
+        };
         debug!(
-            took_ms = started.elapsed().as_millis() as u64,
+            took_ms = self.started.elapsed().as_millis() as u64,
             "pod read from the node pod store"
         );
         let pod = PodInfo::from_pod(&cached.pod);
@@ -369,180 +408,209 @@ where
             Some(false)
         };
         match ambient {
-            Some(true) => {
-                info!(pod = %pod_ref, "pod is ambient; handing it to the node agent");
-                send_ambient_event(conf, env, args).await?;
-                return Ok(AddOutcome::Ambient);
+            Some(true) => self.hand_to_agent().await.map(Some),
+            Some(false) => self.redirect_pod::<K>(pod, None).await.map(Some),
+            None => {
+                debug!("enablement selectors invalid; taking the API path");
+                Ok(None)
             }
-            Some(false) => {
-                return redirect_pod::<K>(
-                    env, conf, engine_env, args, pod, None, started, deadline,
-                )
-                .await;
-            }
-            // A selector that does not compile: the API path below decides as it always has.
-            None => debug!("enablement selectors invalid; taking the API path"),
         }
     }
-    let kube = tokio::time::timeout(conf.kube_call_timeout.min(left(deadline)), connect())
-        .await
-        .map_err(|_| CniError::internal("building the Kubernetes client timed out"))?
-        .map_err(internal)?;
-    debug!(
-        took_ms = started.elapsed().as_millis() as u64,
-        "Kubernetes client ready"
-    );
 
-    let mut known_pod: Option<PodInfo> = None;
-    let mut ambient_decided = false;
-    if conf.ambient_enabled {
-        match ambient_check(&kube, conf, args, deadline).await {
+    /// The API server decides: the ambient check, then the pod itself when that did not read it.
+    async fn by_api<K, F, Fut>(&self, connect: F) -> Result<AddOutcome, CniError>
+    where
+        K: KubeReads,
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<K, KubeCallError>>,
+    {
+        let timeout = self.conf.kube_call_timeout.min(left(self.deadline));
+        let kube = tokio::time::timeout(timeout, connect())
+            .await
+            .map_err(|_| CniError::internal("building the Kubernetes client timed out"))?
+            .map_err(internal)?;
+        debug!(
+            took_ms = self.started.elapsed().as_millis() as u64,
+            "Kubernetes client ready"
+        );
+        let known_pod = if self.conf.ambient_enabled {
+            match self.ambient_by_api(&kube).await? {
+                ApiAmbient::Enrolled => return Ok(AddOutcome::Ambient),
+                ApiAmbient::NotAmbient(pod) => Some(pod),
+                ApiAmbient::Undecided => None,
+            }
+        } else {
+            None
+        };
+        let ambient_decided = known_pod.is_some();
+        let pod = match known_pod {
+            Some(pod) => pod,
+            None => match self.read_pod(&kube).await? {
+                Some(pod) => pod,
+                None => return Ok(AddOutcome::OwnPod),
+            },
+        };
+        debug!(
+            took_ms = self.started.elapsed().as_millis() as u64,
+            "pod read"
+        );
+        let recheck = (self.conf.ambient_enabled && !ambient_decided).then_some(&kube);
+        self.redirect_pod(pod, recheck).await
+    }
+
+    /// The ambient check through the API. A failure ends the ADD with "try again later" under
+    /// `enable_ambient_detection_retry`; otherwise the ADD goes on undecided.
+    async fn ambient_by_api<K: KubeReads>(&self, kube: &K) -> Result<ApiAmbient, CniError> {
+        match ambient_check(kube, self.conf, self.args, self.deadline).await {
             Ok((_, true)) => {
-                info!(pod = %pod_ref, "pod is ambient; handing it to the node agent");
-                send_ambient_event(conf, env, args).await?;
-                return Ok(AddOutcome::Ambient);
+                self.hand_to_agent().await?;
+                Ok(ApiAmbient::Enrolled)
             }
-            Ok((pod, false)) => {
-                known_pod = Some(pod);
-                ambient_decided = true;
-            }
-            Err(e) if conf.enable_ambient_detection_retry => {
-                return Err(CniError::new(
-                    code::TRY_AGAIN_LATER,
-                    format!("cannot tell whether pod {pod_ref} is ambient: {e}"),
-                ));
-            }
+            Ok((pod, false)) => Ok(ApiAmbient::NotAmbient(pod)),
+            Err(e) if self.conf.enable_ambient_detection_retry => Err(CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!(
+                    "cannot tell whether pod {} is ambient: {e}",
+                    pod_ref(self.args)
+                ),
+            )),
             Err(e) => {
                 // Istio falls through to the sidecar path here; we do too, but re-check ambient
-                // below before letting a non-sidecar pod start uncaptured.
-                warn!(pod = %pod_ref, error = %e, "ambient check failed; trying the sidecar path");
+                // before letting a non-sidecar pod start uncaptured.
+                warn!(pod = %pod_ref(self.args), error = %e, "ambient check failed; trying the sidecar path");
+                Ok(ApiAmbient::Undecided)
             }
         }
     }
 
-    let pod = match known_pod.take() {
-        Some(p) => p,
-        None => {
-            let lookup_until = (Instant::now() + conf.pod_lookup_timeout).min(deadline);
-            match get_pod_with_retries(&kube, conf, args, lookup_until).await {
-                Ok(Some(p)) => p,
-                Ok(None) => return Ok(AddOutcome::OwnPod),
-                Err(e) => {
-                    return Err(CniError::internal(format!(
-                        "cannot read pod {pod_ref} from the Kubernetes API: {e}"
-                    )));
-                }
-            }
-        }
-    };
+    /// GET pod with retries until `pod_lookup_timeout`; `None` is our own agent pod (degraded).
+    async fn read_pod<K: KubeReads>(&self, kube: &K) -> Result<Option<PodInfo>, CniError> {
+        let lookup_until = (Instant::now() + self.conf.pod_lookup_timeout).min(self.deadline);
+        get_pod_with_retries(kube, self.conf, self.args, lookup_until)
+            .await
+            .map_err(|e| {
+                CniError::internal(format!(
+                    "cannot read pod {} from the Kubernetes API: {e}",
+                    pod_ref(self.args)
+                ))
+            })
+    }
 
-    debug!(took_ms = started.elapsed().as_millis() as u64, "pod read");
-    let recheck = (conf.ambient_enabled && !ambient_decided).then_some(&kube);
-    redirect_pod(env, conf, engine_env, args, pod, recheck, started, deadline).await
-}
+    /// An ambient pod: the `/cmdadd` event to the node agent, which enrols it.
+    async fn hand_to_agent(&self) -> Result<AddOutcome, CniError> {
+        info!(pod = %pod_ref(self.args), "pod is ambient; handing it to the node agent");
+        send_ambient_event(self.conf, self.env, self.args).await?;
+        Ok(AddOutcome::Ambient)
+    }
 
-/// The sidecar part of ADD once the pod is known: skip, no redirection, or program the netns.
-/// `ambient_recheck` is the client when the ambient check failed earlier: a pod the sidecar path
-/// skips is then checked for ambient again before it may start uncaptured.
-#[allow(clippy::too_many_arguments)]
-async fn redirect_pod<K: KubeReads>(
-    env: &CniEnv,
-    conf: &NetConf,
-    engine_env: &EngineEnv,
-    args: &CniArgs,
-    pod: PodInfo,
-    ambient_recheck: Option<&K>,
-    started: Instant,
-    deadline: Instant,
-) -> Result<AddOutcome, CniError> {
-    let pod_ref = format!("{}/{}", args.pod_namespace, args.pod_name);
-    let dry_run = engine_env.dry_run.clone();
-    if let Some(skip) = sidecar::skip_reason(&pod) {
-        if let Some(kube) = ambient_recheck {
-            // Reached after a failed ambient check: decide ambient with the pod we now have.
-            let t = conf.kube_call_timeout.min(left(deadline));
-            let ns = kube
-                .get_namespace(&args.pod_namespace, t)
-                .await
-                .map_err(|e| {
-                    CniError::new(
-                        code::TRY_AGAIN_LATER,
-                        format!("cannot tell whether pod {pod_ref} is ambient: {e}"),
-                    )
-                })?;
-            let ns_labels = ns.metadata.labels.unwrap_or_default();
-            if ambient::is_ambient(&conf.enablement_selectors, &pod, &ns_labels)
-                .map_err(internal)?
+    /// The sidecar part of ADD once the pod is known: skip, no redirection, or program the
+    /// netns. `ambient_recheck` is the client when the ambient check failed earlier: a pod the
+    /// sidecar path skips is then checked for ambient again before it may start uncaptured.
+    async fn redirect_pod<K: KubeReads>(
+        &self,
+        pod: PodInfo,
+        ambient_recheck: Option<&K>,
+    ) -> Result<AddOutcome, CniError> {
+        let pod_ref = pod_ref(self.args);
+        if let Some(skip) = sidecar::skip_reason(&pod) {
+            if let Some(kube) = ambient_recheck
+                && self.ambient_after_all(kube, &pod).await?
             {
-                send_ambient_event(conf, env, args).await?;
+                send_ambient_event(self.conf, self.env, self.args).await?;
                 return Ok(AddOutcome::Ambient);
             }
+            info!(pod = %pod_ref, reason = skip.reason(), "pod not redirected");
+            return Ok(AddOutcome::Skipped(skip.reason()));
         }
-        info!(pod = %pod_ref, reason = skip.reason(), "pod not redirected");
-        return Ok(AddOutcome::Skipped(skip.reason()));
+        match sidecar::redirect(&pod, self.engine_env) {
+            Ok(Redirect::None) => {
+                info!(pod = %pod_ref, "interceptionMode NONE: no redirection");
+                Ok(AddOutcome::NoRedirection)
+            }
+            Ok(Redirect::Capture(settings)) => self.program_netns(settings).await,
+            Err(e) => Err(CniError::internal(format!("pod {pod_ref}: {e}"))),
+        }
     }
 
-    let settings = match sidecar::redirect(&pod, engine_env) {
-        Ok(Redirect::None) => {
-            info!(pod = %pod_ref, "interceptionMode NONE: no redirection");
-            return Ok(AddOutcome::NoRedirection);
-        }
-        Ok(Redirect::Capture(s)) => s,
-        Err(e) => {
-            return Err(CniError::internal(format!("pod {pod_ref}: {e}")));
-        }
-    };
-    for w in &settings.warnings {
-        warn!(pod = %pod_ref, "{w}");
+    /// Reached after a failed ambient check with a pod the sidecar path skips: decide ambient
+    /// with the pod we now have.
+    async fn ambient_after_all<K: KubeReads>(
+        &self,
+        kube: &K,
+        pod: &PodInfo,
+    ) -> Result<bool, CniError> {
+        let (conf, args) = (self.conf, self.args);
+        let t = conf.kube_call_timeout.min(left(self.deadline));
+        let ns = kube
+            .get_namespace(&args.pod_namespace, t)
+            .await
+            .map_err(|e| {
+                CniError::new(
+                    code::TRY_AGAIN_LATER,
+                    format!("cannot tell whether pod {} is ambient: {e}", pod_ref(args)),
+                )
+            })?;
+        let ns_labels = ns.metadata.labels.unwrap_or_default();
+        ambient::is_ambient(&conf.enablement_selectors, pod, &ns_labels).map_err(internal)
     }
-    let netns = PathBuf::from(&env.netns);
-    let dual_stack = settings.dual_stack;
-    let backend = crate::apply::backend::decide(&crate::apply::backend::BackendRequest {
-        native_nftables: conf.native_nftables,
-        restore_only: engine_env.restore_only,
-        force_binary: None,
-    })
-    .backend;
-    let cfg = settings.config;
-    // The work runs on a netns worker thread; this task only waits, so the deadline still cuts
-    // a programming that hangs (a stuck iptables-restore) and the process may exit past it.
-    let force_binary = node_flavour(conf)?;
-    let work = super::program::program(
-        &netns,
-        cfg,
-        dual_stack,
-        backend,
-        force_binary,
-        dry_run.clone(),
-    );
-    let programmed = tokio::time::timeout(left(deadline), work)
-        .await
-        .map_err(|_| CniError::internal(format!("pod {pod_ref}: programming the network namespace did not finish before the ADD deadline")))?
-        .map_err(|e| CniError::internal(format!("pod {pod_ref}: {e}")))?;
-    for w in &programmed.warnings {
-        warn!(pod = %pod_ref, "{w}");
+
+    /// Programs the pod's netns with its capture settings (or writes the rules, in a dry run).
+    async fn program_netns(
+        &self,
+        settings: Box<sidecar::CaptureSettings>,
+    ) -> Result<AddOutcome, CniError> {
+        let pod_ref = pod_ref(self.args);
+        for w in &settings.warnings {
+            warn!(pod = %pod_ref, "{w}");
+        }
+        let dry_run = self.engine_env.dry_run.clone();
+        let backend = crate::apply::backend::decide(&crate::apply::backend::BackendRequest {
+            native_nftables: self.conf.native_nftables,
+            restore_only: self.engine_env.restore_only,
+            force_binary: None,
+        })
+        .backend;
+        // The work runs on a netns worker thread; this task only waits, so the deadline still
+        // cuts a programming that hangs (a stuck iptables-restore) and the process may exit past
+        // it.
+        let netns = PathBuf::from(&self.env.netns);
+        let work = super::program::program(
+            &netns,
+            settings.config,
+            settings.dual_stack,
+            backend,
+            node_flavour(self.conf)?,
+            dry_run.clone(),
+        );
+        let programmed = tokio::time::timeout(left(self.deadline), work)
+            .await
+            .map_err(|_| CniError::internal(format!("pod {pod_ref}: programming the network namespace did not finish before the ADD deadline")))?
+            .map_err(|e| CniError::internal(format!("pod {pod_ref}: {e}")))?;
+        for w in &programmed.warnings {
+            warn!(pod = %pod_ref, "{w}");
+        }
+        Ok(match dry_run {
+            Some(path) => {
+                info!(pod = %pod_ref, path = %path.display(), "dry run: rules written");
+                AddOutcome::DryRun {
+                    path,
+                    ipv6: programmed.ipv6,
+                }
+            }
+            None => {
+                info!(
+                    pod = %pod_ref,
+                    ipv6 = programmed.ipv6,
+                    outcome = %programmed.outcome.as_ref().map_or_else(|| "unknown".to_string(), ToString::to_string),
+                    took_ms = self.started.elapsed().as_millis() as u64,
+                    "sidecar redirection programmed"
+                );
+                AddOutcome::Redirected {
+                    ipv6: programmed.ipv6,
+                }
+            }
+        })
     }
-    Ok(match dry_run {
-        Some(path) => {
-            info!(pod = %pod_ref, path = %path.display(), "dry run: rules written");
-            AddOutcome::DryRun {
-                path,
-                ipv6: programmed.ipv6,
-            }
-        }
-        None => {
-            info!(
-                pod = %pod_ref,
-                ipv6 = programmed.ipv6,
-                outcome = %programmed.outcome.as_ref().map_or_else(|| "unknown".to_string(), ToString::to_string),
-                took_ms = started.elapsed().as_millis() as u64,
-                "sidecar redirection programmed"
-            );
-            AddOutcome::Redirected {
-                ipv6: programmed.ipv6,
-            }
-        }
-    })
 }
 
 #[cfg(test)]
