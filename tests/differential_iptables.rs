@@ -528,3 +528,42 @@ fn rule_tool_matches_istio_on_generated_inputs() {
         problems.join("\n")
     );
 }
+
+/// Istio's nftables path programs the namespace even with --dry-run, and a jump to a chain it
+/// does not create (an IPv6 DNS server on an IPv4-only host) only succeeds where an earlier case
+/// left that chain: each case must see the namespace as the first case did.
+#[test]
+fn a_case_is_not_changed_by_the_cases_run_before_it() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the differential test runs both tools in network namespaces: run as root"
+    );
+    let sb = Sandbox::new(1);
+    let nft_dns = |resolv| Case {
+        tokens: ["--native-nftables", "--dry-run", "--redirect-dns"]
+            .map(|w| Token::Arg(vec![w.into()]))
+            .to_vec(),
+        host: 0,
+        resolv,
+        pinned: false,
+    };
+    // Only an IPv6 server (no chain of DNS rules on this host); then an IPv4 one (both chains).
+    let (v6_dns, v4_dns) = (nft_dns(4), nft_dns(0));
+    assert_eq!(sandbox::RESOLV[4].1, ["fd00::1"]);
+    assert_eq!(sandbox::RESOLV[0].1, ["10.96.0.10"]);
+    let first = run_istio(&sb, &v6_dns, 0);
+    let before = run_istio(&sb, &v4_dns, 0);
+    assert!(
+        before.ok,
+        "Istio refused the IPv4 DNS case: {}",
+        before.stdout
+    );
+    let again = run_istio(&sb, &v6_dns, 0);
+    assert_eq!(
+        (again.ok, &again.rules),
+        (first.ok, &first.rules),
+        "the same case, run after another, came out differently:\nfirst: {}\nagain: {}",
+        first.stdout,
+        again.stdout
+    );
+}

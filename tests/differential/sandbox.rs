@@ -2,13 +2,19 @@
 //! namespace with known interface addresses (IPv6 detection) and a private mount namespace whose
 //! /etc/resolv.conf is one of a few known files (DNS servers). Istio's tool has no flags for these
 //! facts, so the host itself is made the same for both; the namespaces are removed on drop.
+//!
+//! Each run starts from an empty nftables ruleset: Istio's nftables path ignores --dry-run and
+//! programs the namespace, and its `flush table` keeps the chains an earlier case made. A jump
+//! to a chain Istio does not create then succeeds or fails by which cases the same worker ran
+//! there before, so a namespace reused with its leftovers makes the verdict depend on scheduling.
 
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// One kind of host: its interface addresses and what Istio derives from them.
 pub struct HostKind {
@@ -84,6 +90,9 @@ impl Sandbox {
             dir,
             ours,
         };
+        // Two sandboxes of one test process must not share a namespace name.
+        static SANDBOXES: AtomicUsize = AtomicUsize::new(0);
+        let nth = SANDBOXES.fetch_add(1, Ordering::Relaxed);
         for (i, (text, _)) in RESOLV.iter().enumerate() {
             let path = sandbox.dir.path().join(format!("resolv-{i}.conf"));
             std::fs::write(&path, text).expect("write resolv.conf");
@@ -92,7 +101,7 @@ impl Sandbox {
         let kinds =
             (0..workers).flat_map(|w| HOSTS.iter().enumerate().map(move |(i, h)| (w, i, h)));
         for (w, i, host) in kinds {
-            let name = format!("idiff-{}-{w}-{i}", std::process::id());
+            let name = format!("idiff-{}-{nth}-{w}-{i}", std::process::id());
             ip(&["netns", "add", &name]);
             // Pushed before it is configured, so a failure below still removes it on drop.
             let file = File::open(format!("/run/netns/{name}")).expect("open netns");
@@ -115,9 +124,11 @@ impl Sandbox {
         sandbox
     }
 
-    /// Runs `cmd` for worker `slot` inside host `host` with resolv.conf variant `resolv`.
+    /// Runs `cmd` for worker `slot` inside host `host` with resolv.conf variant `resolv`, in a
+    /// namespace emptied of nftables rules first (see the module doc).
     pub fn run(&self, mut cmd: Command, slot: usize, host: usize, resolv: usize) -> Output {
         let netns = self.netns[slot * HOSTS.len() + host].1.as_raw_fd();
+        flush_ruleset(netns);
         let source = self.resolv[resolv].clone();
         let target = c"/etc/resolv.conf";
         // SAFETY: only async-signal-safe system calls run between fork and exec; every argument
@@ -148,6 +159,25 @@ impl Sandbox {
         }
         cmd.output().expect("run a rule tool in the sandbox")
     }
+}
+
+/// Empties the nftables ruleset of the namespace behind `netns`.
+fn flush_ruleset(netns: libc::c_int) {
+    let mut nft = Command::new("nft");
+    nft.args(["flush", "ruleset"]).stdin(Stdio::null());
+    // SAFETY: as in `run`: one system call between fork and exec.
+    unsafe {
+        nft.pre_exec(move || match libc::setns(netns, libc::CLONE_NEWNET) {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        });
+    }
+    let out = nft.output().expect("run nft flush ruleset");
+    assert!(
+        out.status.success(),
+        "nft flush ruleset in a sandbox namespace: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 impl Drop for Sandbox {
