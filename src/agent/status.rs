@@ -2,14 +2,15 @@
 //! with the pod cache (netns), the pod store (IPs) and ztunnel's side (what was last sent on
 //! which connection, and the answer). The JSON shape is versioned and documented in
 //! docs/troubleshooting.md; fields are only ever added. What the drift pass last found for each
-//! enrolled pod and for the host rules ([`Status`]) is kept in `findings`, below the reconciler
-//! whose `Core` holds it; its types are named here too, as the answer's.
+//! enrolled pod and for the host rules ([`Status`](super::findings::Status)) is kept in
+//! `findings`, below the reconciler whose `Core` holds it; the check types are named here too, as
+//! the answer's.
 
 use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-pub use super::findings::{Check, CheckResult, Status};
+pub use super::findings::{Check, CheckResult};
 use super::pod;
 use super::ports::WorkloadState;
 use super::reconciler::Core;

@@ -23,7 +23,8 @@ use crate::telemetry::metrics::Metrics;
 use crate::telemetry::serve::Serving;
 
 /// Env var (test-hooks builds only) that selects the fake data plane and ztunnel.
-pub const FAKE_DATAPLANE_ENV: &str = "ISTIO_CNI_RS_TEST_FAKE_DATAPLANE";
+#[cfg(feature = "test-hooks")]
+const FAKE_DATAPLANE_ENV: &str = "ISTIO_CNI_RS_TEST_FAKE_DATAPLANE";
 
 /// Why the agent did not start; install-cni exits 1 before installing anything.
 #[derive(Debug, thiserror::Error)]

@@ -67,7 +67,6 @@ pub fn features(cfg: &Config) -> String {
 #[derive(Clone)]
 pub struct NodePods {
     pub client: KubeClient,
-    pub node: String,
     pub pods: PodStore,
 }
 
@@ -81,7 +80,7 @@ impl NodePods {
         stop: &CancellationToken,
     ) -> NodePods {
         let pods = stores::spawn_pod_store(&client, &node, backoff, stop.clone());
-        NodePods { client, node, pods }
+        NodePods { client, pods }
     }
 }
 

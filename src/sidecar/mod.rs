@@ -14,4 +14,4 @@ pub mod pod;
 pub mod redirect;
 
 pub use pod::PodInfo;
-pub use redirect::{EngineEnv, Redirect, RedirectError, redirect, skip_reason};
+pub use redirect::{EngineEnv, RedirectError, redirect, skip_reason};
