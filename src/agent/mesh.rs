@@ -28,7 +28,6 @@ pub enum MeshStep {
     ProgramPod,
     Ztunnel,
     ProbeSet,
-    Annotate,
     UnprogramPod,
 }
 
