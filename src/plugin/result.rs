@@ -300,14 +300,6 @@ impl CniResult {
         }
         Ok(Value::Object(obj))
     }
-
-    /// The pod addresses (without prefix length), for the ambient event.
-    pub fn addresses(&self) -> Vec<String> {
-        self.ips
-            .iter()
-            .map(|ip| ip.address.split('/').next().unwrap_or_default().to_string())
-            .collect()
-    }
 }
 
 /// Serialising these plain structs to a `Value` cannot fail; keep the conversion in one place.
@@ -460,7 +452,8 @@ mod tests {
             })
         );
         let back = CniResult::parse(&out, "0.2.0").unwrap();
-        assert_eq!(back.addresses(), vec!["10.0.0.2", "fd00::2"]);
+        let addresses: Vec<&str> = back.ips.iter().map(|ip| ip.address.as_str()).collect();
+        assert_eq!(addresses, ["10.0.0.2/24", "fd00::2/64"]);
     }
 
     #[test]
