@@ -12,7 +12,8 @@ mod cases;
 
 use std::collections::BTreeMap;
 
-use istio_cni::apply::nft_read::{KernelSets, ambient_difference, read_owned};
+use istio_cni::apply::diff::ambient_difference;
+use istio_cni::apply::nft_read::{KernelSets, read_owned};
 use istio_cni::apply::owned::INPOD_CHAINS;
 use istio_cni::rules::iptables_nft_decode::as_listed;
 use istio_cni::rules::{Family, Rule, RuleSet, ambient, capture};
@@ -63,7 +64,7 @@ fn read_back(ns: &Netns, family: Family) -> Result<BTreeMap<(String, String), Ve
     for r in state.rules {
         match r.rule {
             Ok(rule) => chains.entry((r.table, r.chain)).or_default().push(rule),
-            Err(e) => foreign.push(format!("{}/{} handle {}: {e}", r.table, r.chain, r.handle)),
+            Err(e) => foreign.push(format!("{}/{} at {:?}: {e}", r.table, r.chain, r.at)),
         }
     }
     if foreign.is_empty() {

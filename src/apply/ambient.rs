@@ -1,6 +1,9 @@
 //! Ambient rules in one netns, all or nothing and idempotent: the in-pod redirect to ztunnel (and
 //! its policy routing) and the host's probe SNAT rules.
 //!
+//! Every family is read through its [`Iptables`] backend and compared by the one
+//! [`super::diff::ambient_difference`], whichever read answered.
+//!
 //! iptables-nft: each family's owned tables are read over netlink as typed rules
 //! ([`super::nft_read`]) and compared with the plan; identical → nothing is written (counters
 //! kept), no process. A new netns gets the encoded rules as one nf_tables transaction; a netns
@@ -11,7 +14,8 @@
 //!
 //! The `*-save` text path (iptables-legacy, and iptables-nft when the read failed or the netlink
 //! encoding cannot say a rule, e.g. the host's SNAT to a set): each family's state is read with
-//! `*-save` and compared with the plan ([`plan_family`]); identical → nothing is written;
+//! `*-save`, decoded into the same typed rules and compared with the plan ([`plan_family`]);
+//! identical → nothing is written;
 //! otherwise one `*-restore --noflush` per family replaces exactly our chains and jumps
 //! (declaring a chain flushes it; stale jumps are deleted, chains no longer planned removed). If a
 //! later restore (or the heal transaction) fails, every touched table is put back from the
@@ -25,20 +29,21 @@
 use std::collections::BTreeSet;
 
 use super::cleanup::drop_emptied_tables;
+use super::diff::ambient_difference;
 use super::exec::{Executor, ProcessExecutor};
-use super::iptables::{
-    ApplyError, Binaries, ForceBinary, detect, restore_cmd, run_checked, save_cmd,
-    send_nft_messages,
-};
+use super::iptables::{ApplyError, Binaries, ForceBinary, detect, run_checked, send_nft_messages};
 use super::nft::apply_transaction;
 use super::nft_heal::heal_messages;
-use super::nft_read::OwnedState;
 use super::outcome::{RuleChange, Snapshot, holds_no_tables, restore_snapshots};
 use super::owned::{HOST_CHAINS, INPOD_CHAINS, OwnedChains};
-use super::rule_backend::{Diff, NativeNft, RuleBackend};
-use super::state::{State, parse_save};
+use super::rule_backend::{
+    Diff, Iptables, NativeNft, ReadBack, RuleBackend, TypedRead, kernel_read_tables, no_typed_read,
+    read_saved,
+};
 use crate::netns::UsernsEntry;
 use crate::rules::ambient::{AmbientConfig, PodOverrides};
+use crate::rules::iptables_nft::NftMessage;
+use crate::rules::iptables_state::IptablesState;
 use crate::rules::nft_decode::{NativeState, expected};
 use crate::rules::nft_encode::{NftStep, NftTransaction};
 use crate::rules::nftables::NftTable;
@@ -73,85 +78,40 @@ pub fn apply_iptables_reading(
     owned: OwnedChains,
     opts: &AmbientApply,
 ) -> Result<RuleChange, ApplyError> {
-    apply_iptables_with(exec, rules, owned, opts, &read_kernel)
+    apply_iptables_with(exec, rules, owned, opts, &|b| {
+        kernel_read_tables(b, owned.tables)
+    })
 }
 
-/// What a family holds, learnt from the kernel without a process where it can be.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Known {
-    /// No table at all (a new pod's netns): `*-save` would print nothing.
-    Empty,
-    /// iptables-nft, read over netlink as typed rules: exactly the plan.
-    Same,
-    /// iptables-nft, read over netlink as typed rules: differs (how, for the log), healed from
-    /// what was read in one nf_tables transaction.
-    Drifted { how: String, state: OwnedState },
-    /// Differs (how, for the log), to be healed from `*-save`.
-    Differs(String),
-    /// Only `*-save` can tell (legacy, or the read failed).
-    Unknown,
-}
-
-/// The real [`Known`] of the calling thread's netns: an nf_tables dump decoded to the rule model
-/// and compared with the plan ([`super::nft_read`]) for the nft flavour.
-fn read_kernel(bins: &Binaries, rules: &[Rule], owned: OwnedChains) -> Known {
-    if !bins.is_nft_flavour() {
-        if holds_no_tables(bins) {
-            return Known::Empty;
-        }
-        tracing::debug!(family = ?bins.family, "not the iptables-nft binaries (legacy): reading and healing with *-save and *-restore");
-        return Known::Unknown;
-    }
-    // One chain dump answers both questions: is there any table, and which of ours exist.
-    let chains = match crate::netlink::nft_dump::list_chains_with_policy(
-        super::iptables::nf_family(bins.family),
-    ) {
-        Ok(chains) => chains,
-        Err(e) => {
-            tracing::debug!(error = %e, "listing the chains over netlink failed; reading *-save");
-            return Known::Unknown;
-        }
-    };
-    if chains.is_empty() {
-        return Known::Empty;
-    }
-    let sets = super::nft_read::KernelSets;
-    match super::nft_read::read_owned_among(bins.family, owned.tables, &sets, chains) {
-        Ok(state) => match super::nft_read::ambient_difference(&state, rules, owned) {
-            None => Known::Same,
-            Some(how) => Known::Drifted { how, state },
-        },
-        Err(e) => {
-            tracing::debug!(error = %e, "reading the rules over netlink failed; reading *-save");
-            Known::Unknown
-        }
-    }
-}
-
-/// [`apply_iptables_here`] with any executor (tests script it).
+/// [`apply_iptables_here`] with any executor (tests script it): every family read with `*-save`.
 pub fn apply_iptables(
     exec: &mut dyn Executor,
     rules: &RuleSet,
     owned: OwnedChains,
     opts: &AmbientApply,
 ) -> Result<RuleChange, ApplyError> {
-    apply_iptables_with(exec, rules, owned, opts, &|_, _, _| Known::Unknown)
+    apply_iptables_with(exec, rules, owned, opts, &no_typed_read)
 }
 
-/// `known`: what the kernel says of a family before any `*-save` ([`read_kernel`]): an empty
-/// netns or an iptables-nft one holding exactly the plan needs no process at all (a drift
-/// check's common case); one read over netlink that differs is healed by one nf_tables
-/// transaction planned from that read ([`heal_messages`]: both families in one batch, each message
-/// carrying its own nfgen family), still no process. `*-save`/`*-restore` remain for legacy, a read
-/// that failed, and rules the netlink encoding cannot say.
+/// What one family needs written to hold its plan: the `*-save` text it was read from (the
+/// snapshot), that text's decoding, and the restore input.
+type RestoreWork = (String, IptablesState, String);
+
+/// `read`: a family's tables as typed rules without a process where the kernel can say
+/// ([`kernel_read_tables`]), read through the family's [`Iptables`] backend: an empty netns or an
+/// iptables-nft one holding exactly the plan needs no process at all (a drift check's common
+/// case); one read over netlink that differs is healed by one nf_tables transaction planned from
+/// that read ([`heal_messages`]: both families in one batch, each message carrying its own nfgen
+/// family), still no process. `*-save`/`*-restore` remain for legacy, a read that failed, and
+/// rules the netlink encoding cannot say.
 fn apply_iptables_with(
     exec: &mut dyn Executor,
     rules: &RuleSet,
     owned: OwnedChains,
     opts: &AmbientApply,
-    known: &dyn Fn(&Binaries, &[Rule], OwnedChains) -> Known,
+    read: TypedRead<'_>,
 ) -> Result<RuleChange, ApplyError> {
-    let mut work: Vec<(Binaries, String, State, String)> = Vec::new();
+    let mut work: Vec<(Binaries, RestoreWork)> = Vec::new();
     let mut heal = Vec::new();
     for family in Family::ALL {
         let family_rules = rules.family(family);
@@ -161,35 +121,13 @@ fn apply_iptables_with(
             Err(_) if family == Family::V6 && family_rules.is_empty() => continue,
             Err(e) => return Err(e),
         };
-        let save = |exec: &mut dyn Executor| run_checked(exec, &save_cmd(&bins, &opts.env));
-        let known = match known(&bins, family_rules, owned) {
-            Known::Drifted { how, state } => {
-                match heal_messages(family, &state, family_rules, owned) {
-                    Ok(messages) => {
-                        tracing::debug!(family = ?family, %how, "rules differ from the plan; healing them in one nf_tables transaction");
-                        heal.extend(messages);
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::debug!(family = ?family, reason = %e, "no netlink encoding for the heal; healing with *-save and *-restore");
-                        Known::Differs(how)
-                    }
-                }
-            }
-            other => other,
+        let backend = Iptables {
+            bins: &bins,
+            typed: Some(read),
         };
-        let (text, force) = match known {
-            Known::Same => continue,
-            Known::Empty => (String::new(), false),
-            Known::Differs(how) | Known::Drifted { how, .. } => {
-                tracing::debug!(family = ?family, %how, "rules differ from the plan");
-                (save(exec)?.stdout, true)
-            }
-            Known::Unknown => (save(exec)?.stdout, false),
-        };
-        let state = parse_save(&text);
-        if let Some(restore) = plan_family_with(&state, family_rules, owned, force) {
-            work.push((bins, text, state, restore));
+        let planned = plan_family_change(exec, &backend, family_rules, owned, opts, &mut heal)?;
+        if let Some(restore) = planned {
+            work.push((bins, restore));
         }
     }
     if work.is_empty() && heal.is_empty() {
@@ -199,7 +137,7 @@ fn apply_iptables_with(
     let undo = |exec: &mut dyn Executor, upto: usize, cause: ApplyError| {
         let snapshots: Vec<Snapshot> = work[..upto]
             .iter()
-            .map(|(bins, text, state, _)| Snapshot {
+            .map(|(bins, (text, state, _))| Snapshot {
                 bins,
                 text: text.clone(),
                 state: state.clone(),
@@ -215,8 +153,9 @@ fn apply_iptables_with(
             },
         }
     };
-    for (i, (bins, _, _, restore)) in work.iter().enumerate() {
-        if let Err(cause) = run_checked(exec, &restore_cmd(bins, restore.clone(), &opts.env)) {
+    for (i, (bins, (_, _, restore))) in work.iter().enumerate() {
+        let backend = Iptables { bins, typed: None };
+        if let Err(cause) = backend.apply_atomic(exec, restore.clone(), &opts.env) {
             return Err(undo(exec, i + 1, cause));
         }
     }
@@ -231,16 +170,53 @@ fn apply_iptables_with(
     }
     // With iptables-nft, a table we emptied (e.g. raw once DNS capture is off) would stay behind
     // with idle built-in chains: dropped, so the netns ends as a fresh apply leaves it.
-    for (bins, _, _, restore) in work.iter().filter(|w| w.3.contains("\n-X ")) {
+    for (bins, (_, _, restore)) in work.iter().filter(|w| w.1.2.contains("\n-X ")) {
         let touched: BTreeSet<String> = restore
             .lines()
             .filter_map(|l| l.strip_prefix('*'))
             .map(String::from)
             .collect();
-        let text = run_checked(exec, &save_cmd(bins, &opts.env))?.stdout;
-        drop_emptied_tables(bins, &text, &touched);
+        let (_, now) = read_saved(exec, bins, &opts.env)?;
+        drop_emptied_tables(bins, &now, &touched);
     }
     Ok(RuleChange::Applied)
+}
+
+/// One family, read through its backend and compared with its plan
+/// ([`super::diff::ambient_difference`], whichever read): None when it holds the plan or when a
+/// heal over netlink was added to `heal`; else what a restore must write.
+fn plan_family_change(
+    exec: &mut dyn Executor,
+    backend: &Iptables,
+    rules: &[Rule],
+    owned: OwnedChains,
+    opts: &AmbientApply,
+    heal: &mut Vec<NftMessage>,
+) -> Result<Option<RestoreWork>, ApplyError> {
+    let family = backend.bins.family;
+    let (text, state, force) = match backend.read_owned(exec, &opts.env)? {
+        // No table at all (a new pod's netns): `*-save` would print nothing.
+        ReadBack::Typed(state) if state.chains.is_empty() => (String::new(), state, false),
+        ReadBack::Typed(state) => {
+            let Some(how) = ambient_difference(&state, rules, owned) else {
+                return Ok(None);
+            };
+            match heal_messages(family, &state, rules, owned) {
+                Ok(messages) => {
+                    tracing::debug!(family = ?family, %how, "rules differ from the plan; healing them in one nf_tables transaction");
+                    heal.extend(messages);
+                    return Ok(None);
+                }
+                Err(e) => {
+                    tracing::debug!(family = ?family, %how, reason = %e, "rules differ from the plan; no netlink encoding for the heal, healing with *-save and *-restore");
+                    let (text, state) = read_saved(exec, backend.bins, &opts.env)?;
+                    (text, state, true)
+                }
+            }
+        }
+        ReadBack::Saved { text, state } => (text, state, false),
+    };
+    Ok(plan_family_with(&state, rules, owned, force).map(|restore| (text, state, restore)))
 }
 
 /// The in-pod nftables transaction: our tables deleted (whatever they hold, a chain someone
@@ -430,13 +406,7 @@ pub fn program_host_here(
     if !missing.is_empty() {
         Ipsets.ensure(&mut exec, cfg.enable_ipv6)?;
     }
-    let rules = apply_iptables_with(
-        &mut exec,
-        &ambient::host_rules(cfg),
-        HOST_CHAINS,
-        opts,
-        &read_kernel,
-    )?;
+    let rules = apply_iptables_reading(&mut exec, &ambient::host_rules(cfg), HOST_CHAINS, opts)?;
     let mut what: Vec<String> = missing
         .iter()
         .map(|s| format!("ipset {s} missing"))
@@ -459,13 +429,7 @@ pub fn remove_host_here(opts: &AmbientApply, ipv6: bool) -> Result<(), AmbientEr
         apply_transaction(&mut exec, &NftTransaction::new(vec![remove]))?;
         return Ok(());
     }
-    apply_iptables_with(
-        &mut exec,
-        &RuleSet::default(),
-        HOST_CHAINS,
-        opts,
-        &read_kernel,
-    )?;
+    apply_iptables_reading(&mut exec, &RuleSet::default(), HOST_CHAINS, opts)?;
     // The SNAT rule named the sets; with it gone they can go.
     let sets: &[&str] = if ipv6 {
         &[PROBE_SET_V4, PROBE_SET_V6]

@@ -1,83 +1,76 @@
 //! The `*-save` text path of the ambient iptables apply: iptables-legacy, and iptables-nft when
-//! the typed read failed or the netlink encoding cannot say a rule. Pure.
+//! the typed read failed or the netlink encoding cannot say a rule. The read is decoded into the
+//! typed model and compared by [`super::diff::ambient_difference`], as the netlink read is; what
+//! differs is rewritten with one `--noflush` restore. Pure.
 
 use std::collections::BTreeSet;
 
+use crate::apply::diff::ambient_difference;
 use crate::apply::owned::OwnedChains;
-use crate::apply::state::{State, jump_target, normalise};
 use crate::rules::Rule;
 use crate::rules::iptables::{rule_args, rule_line};
+use crate::rules::iptables_state::{DecodedRule, IptablesState, RuleAt};
 use crate::rules::model::is_builtin_chain;
 
-/// Compares one family's saved state with its planned rules; `None` when they are the same, else
+/// Compares one family's state with its planned rules; `None` when they are the same, else
 /// the `--noflush` restore input that makes them the same (only our chains and the jumps into
 /// them change). Pure.
-pub fn plan_family(state: &State, rules: &[Rule], owned: OwnedChains) -> Option<String> {
+pub fn plan_family(state: &IptablesState, rules: &[Rule], owned: OwnedChains) -> Option<String> {
     plan_family_with(state, rules, owned, false)
 }
 
-/// [`plan_family`]; `force`: the restore input even when the text compares equal (the typed read
-/// found a difference the text does not show, e.g. a rule the decoder calls foreign).
+/// [`plan_family`]; `force`: the restore input even when the read compares equal (a typed read
+/// found a difference this one does not show).
 pub(super) fn plan_family_with(
-    state: &State,
+    state: &IptablesState,
     rules: &[Rule],
     owned: OwnedChains,
     force: bool,
 ) -> Option<String> {
+    (force || ambient_difference(state, rules, owned).is_some())
+        .then(|| restore_text(state, rules, owned))
+}
+
+/// A read rule's arguments for `-D`: as saved, or (a dumped rule) as the model renders it.
+fn delete_args(rule: &DecodedRule) -> Option<String> {
+    match &rule.at {
+        RuleAt::SavedArgs(args) => Some(args.clone()),
+        RuleAt::Handle(_) => rule.rule.as_ref().ok().map(|r| rule_args(r).join(" ")),
+    }
+}
+
+/// The restore input that replaces our chains and the jumps into them with `rules`: per table we
+/// plan rules in or that holds something of ours, our chains declared (which flushes them), every
+/// built-in chain's jump into them deleted, the plan appended, our chains no longer planned
+/// deleted.
+fn restore_text(state: &IptablesState, rules: &[Rule], owned: OwnedChains) -> String {
+    let jumps_into_ours = |r: &DecodedRule| {
+        r.jumps_to
+            .as_deref()
+            .is_some_and(|t| owned.owns(&r.table, t))
+    };
+    let tables = owned.tables.iter().copied().filter(|table| {
+        rules.iter().any(|r| r.table.name() == *table)
+            || state
+                .chains
+                .iter()
+                .any(|(t, c)| t == table && owned.owns(table, c))
+            || state
+                .rules
+                .iter()
+                .any(|r| r.table == *table && jumps_into_ours(r))
+    });
+    let by_chain = state.by_chain();
     let mut text = String::new();
-    let mut same = true;
-    // Tables we plan rules in, or that hold a chain of ours or a jump into one.
-    let tables: Vec<&str> = owned
-        .tables
-        .iter()
-        .copied()
-        .filter(|table| {
-            rules.iter().any(|r| r.table.name() == *table)
-                || state.get(*table).is_some_and(|chains| {
-                    chains.iter().any(|(chain, saved)| {
-                        owned.owns(table, chain)
-                            || saved
-                                .iter()
-                                .any(|r| jump_target(r).is_some_and(|t| owned.owns(table, t)))
-                    })
-                })
-        })
-        .collect();
     for table in tables {
         let planned: Vec<&Rule> = rules.iter().filter(|r| r.table.name() == table).collect();
-        let current = state.get(table);
         let planned_chains = owned.planned_chains(&planned);
         let existing_chains: Vec<&str> = owned
             .chains
             .iter()
             .copied()
-            .filter(|c| current.is_some_and(|t| t.contains_key(*c)))
+            .filter(|c| state.chains.contains(&(table.to_string(), c.to_string())))
             .collect();
-        // Stale jumps into our chains from built-in chains (any copy).
-        let mut deletes = Vec::new();
-        let mut builtin_saved: Vec<(&str, String)> = Vec::new();
-        if let Some(current) = current {
-            for (chain, saved) in current {
-                if !is_builtin_chain(chain) {
-                    continue;
-                }
-                for rule in saved {
-                    if jump_target(rule).is_some_and(|t| owned.owns(table, t)) {
-                        deletes.push(format!("-D {chain} {rule}"));
-                        builtin_saved.push((chain, normalise(rule)));
-                    }
-                }
-            }
-        }
-        if same {
-            same = table_is_same(
-                &planned,
-                current,
-                &planned_chains,
-                &existing_chains,
-                &builtin_saved,
-            );
-        }
         text.push_str(&format!("*{table}\n"));
         let declared: BTreeSet<&str> = planned_chains
             .iter()
@@ -87,9 +80,16 @@ pub(super) fn plan_family_with(
         for chain in owned.chains.iter().filter(|c| declared.contains(*c)) {
             text.push_str(&format!(":{chain} - [0:0]\n"));
         }
-        for d in deletes {
-            text.push_str(&d);
-            text.push('\n');
+        // Stale jumps into our chains from built-in chains (any copy).
+        for ((_, chain), found) in by_chain
+            .iter()
+            .filter(|((t, c), _)| *t == table && is_builtin_chain(c))
+        {
+            for rule in found.iter().filter(|r| jumps_into_ours(r)) {
+                if let Some(args) = delete_args(rule) {
+                    text.push_str(&format!("-D {chain} {args}\n"));
+                }
+            }
         }
         for rule in &planned {
             text.push_str(&rule_line(rule));
@@ -103,42 +103,5 @@ pub(super) fn plan_family_with(
         }
         text.push_str("COMMIT\n");
     }
-    (!same || force).then_some(text)
-}
-
-fn table_is_same(
-    planned: &[&Rule],
-    current: Option<&std::collections::BTreeMap<String, Vec<String>>>,
-    planned_chains: &[&str],
-    existing_chains: &[&str],
-    builtin_saved: &[(&str, String)],
-) -> bool {
-    if planned_chains != existing_chains {
-        return false;
-    }
-    let key = |r: &Rule| normalise(&rule_args(r).join(" "));
-    for chain in planned_chains {
-        let want: Vec<String> = planned
-            .iter()
-            .filter(|r| r.chain == *chain)
-            .map(|r| key(r))
-            .collect();
-        let have: Vec<String> = current
-            .and_then(|t| t.get(*chain))
-            .map(|rules| rules.iter().map(|r| normalise(r)).collect())
-            .unwrap_or_default();
-        if want != have {
-            return false;
-        }
-    }
-    // Each planned built-in rule exactly once, and no other jump into our chains.
-    let mut want: Vec<(&str, String)> = planned
-        .iter()
-        .filter(|r| is_builtin_chain(&r.chain))
-        .map(|r| (r.chain.as_str(), key(r)))
-        .collect();
-    let mut have = builtin_saved.to_vec();
-    want.sort();
-    have.sort();
-    want == have
+    text
 }

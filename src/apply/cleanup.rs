@@ -16,18 +16,18 @@
 //! Commands run one by one and a failing one is not fatal (as in Istio: a rule of the plan that is
 //! not there cannot be deleted); the final `*-save` then tells whether any chain of ours is left.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
+use super::diff::{has_owned_chains, holds_any_of};
 use super::exec::{Cmd, Executor};
 use super::iptables::{
     ApplyError, Binaries, drop_created_tables, family_prefix, nf_family, run_checked, with_env,
 };
-use super::state::{
-    State, has_owned_chains, holds_any_of, jump_target, normalise, parse_save, rule_words,
-    table_section,
-};
 use crate::rules::capture::{is_owned_chain, owned_chains};
 use crate::rules::iptables::rule_args;
+use crate::rules::iptables_nft_decode::canonical;
+use crate::rules::iptables_save_decode::{decode_save, rule_words};
+use crate::rules::iptables_state::{IptablesState, RuleAt};
 use crate::rules::model::is_builtin_chain;
 use crate::rules::{Family, Rule, Table};
 
@@ -94,13 +94,12 @@ pub fn family_steps(
     family: Family,
     planned: &[Rule],
     also: &[Rule],
-    state: Option<&State>,
+    state: Option<&IptablesState>,
 ) -> Vec<CleanupStep> {
-    let owned = owned_chains();
     let mut steps = Vec::new();
-    // Normalised rules the plan already deletes, per (table, chain), so the state pass below does
-    // not delete them twice.
-    let mut deleted: BTreeMap<(&str, &str), Vec<String>> = BTreeMap::new();
+    // The rules the plan already deletes, per (table, chain), spelt as they read back, so the
+    // state pass below does not delete them twice.
+    let mut deleted: BTreeMap<(&str, &str), Vec<Rule>> = BTreeMap::new();
     for rule in planned.iter().rev() {
         let in_ours = !is_builtin_chain(&rule.chain);
         let jumps_to_ours = rule
@@ -110,57 +109,16 @@ pub fn family_steps(
         if in_ours && !jumps_to_ours {
             continue;
         }
-        let args = rule_args(rule);
         deleted
             .entry((rule.table.name(), rule.chain.as_str()))
             .or_default()
-            .push(normalise(&args.join(" ")));
+            .push(canonical(rule));
         let mut cmd = vec!["-D".to_string(), rule.chain.clone()];
-        cmd.extend(args);
+        cmd.extend(rule_args(rule));
         steps.push(CleanupStep::command(family, rule.table.name(), cmd));
     }
-    // Planned rules of built-in chains, by their saved form: extra copies in the state (a rule
-    // applied twice) go too.
-    let mut planned_builtin: BTreeSet<(&str, &str, String)> = deleted
-        .iter()
-        .filter(|((_, chain), _)| is_builtin_chain(chain))
-        .flat_map(|((table, chain), rules)| rules.iter().map(|r| (*table, *chain, r.clone())))
-        .collect();
-    planned_builtin.extend(also.iter().filter(|r| is_builtin_chain(&r.chain)).map(|r| {
-        (
-            r.table.name(),
-            r.chain.as_str(),
-            normalise(&rule_args(r).join(" ")),
-        )
-    }));
     if let Some(state) = state {
-        for (table, chains) in state {
-            for (chain, rules) in chains {
-                for rule in rules {
-                    let jumps_to_ours =
-                        jump_target(rule).is_some_and(|t| is_owned_chain(owned, table, t));
-                    let planned_here = planned_builtin.contains(&(
-                        table.as_str(),
-                        chain.as_str(),
-                        normalise(rule),
-                    ));
-                    if !jumps_to_ours && !planned_here {
-                        continue;
-                    }
-                    let already = deleted.get_mut(&(table.as_str(), chain.as_str()));
-                    let key = normalise(rule);
-                    if let Some(list) = already
-                        && let Some(i) = list.iter().position(|r| *r == key)
-                    {
-                        list.swap_remove(i);
-                        continue;
-                    }
-                    let mut cmd = vec!["-D".to_string(), chain.clone()];
-                    cmd.extend(rule_words(rule));
-                    steps.push(CleanupStep::command(family, table, cmd));
-                }
-            }
-        }
+        steps.extend(leftover_deletes(family, state, &mut deleted, also));
     }
     let mut seen: BTreeSet<(Table, &str)> = BTreeSet::new();
     let flush_and_delete = |steps: &mut Vec<CleanupStep>, table: &str, chain: &str| {
@@ -181,13 +139,67 @@ pub fn family_steps(
         }
     }
     if let Some(state) = state {
-        for (table, chains) in state {
-            for chain in chains.keys() {
-                let planned_here = seen.iter().any(|(t, c)| t.name() == table && c == chain);
-                if is_owned_chain(owned, table, chain) && !planned_here {
-                    flush_and_delete(&mut steps, table, chain);
-                }
+        let owned = owned_chains();
+        for (table, chain) in &state.chains {
+            let planned_here = seen.iter().any(|(t, c)| t.name() == table && c == chain);
+            if is_owned_chain(owned, table, chain) && !planned_here {
+                flush_and_delete(&mut steps, table, chain);
             }
+        }
+    }
+    steps
+}
+
+/// The state pass: every rule (in any chain) still jumping into one of our chains, and further
+/// copies of planned built-in-chain rules (and of `also`'s), each `-D` by its saved arguments;
+/// one already in `deleted` is taken off that list instead.
+fn leftover_deletes<'a>(
+    family: Family,
+    state: &'a IptablesState,
+    deleted: &mut BTreeMap<(&'a str, &'a str), Vec<Rule>>,
+    also: &'a [Rule],
+) -> Vec<CleanupStep> {
+    let owned = owned_chains();
+    // Planned rules of built-in chains, as they read back: extra copies in the state go too.
+    let mut planned_builtin: HashSet<(&str, &str, Rule)> = deleted
+        .iter()
+        .filter(|((_, chain), _)| is_builtin_chain(chain))
+        .flat_map(|((table, chain), rules)| rules.iter().map(|r| (*table, *chain, r.clone())))
+        .collect();
+    planned_builtin.extend(
+        also.iter()
+            .filter(|r| is_builtin_chain(&r.chain))
+            .map(|r| (r.table.name(), r.chain.as_str(), canonical(r))),
+    );
+    let mut steps = Vec::new();
+    for ((table, chain), rules) in state.by_chain() {
+        for rule in rules {
+            let jumps_to_ours = rule
+                .jumps_to
+                .as_deref()
+                .is_some_and(|t| is_owned_chain(owned, table, t));
+            let read = rule.rule.as_ref().ok();
+            let planned_here =
+                read.is_some_and(|r| planned_builtin.contains(&(table, chain, r.clone())));
+            if !jumps_to_ours && !planned_here {
+                continue;
+            }
+            if let Some(list) = deleted.get_mut(&(table, chain))
+                && let Some(r) = read
+                && let Some(i) = list.iter().position(|p| p == r)
+            {
+                list.swap_remove(i);
+                continue;
+            }
+            let mut cmd = vec!["-D".to_string(), chain.to_string()];
+            match &rule.at {
+                RuleAt::SavedArgs(args) => cmd.extend(rule_words(args)),
+                RuleAt::Handle(_) => match read {
+                    Some(r) => cmd.extend(rule_args(r)),
+                    None => continue,
+                },
+            }
+            steps.push(CleanupStep::command(family, table, cmd));
         }
     }
     steps
@@ -252,14 +264,17 @@ pub fn make_plan(
     for b in bins.iter().flatten() {
         tracing::debug!(command = %CleanupStep::Save(b.family).display(), "cleanup");
         let out = exec.run(&CleanupStep::Save(b.family).to_cmd(b, env))?;
-        states.push((b.family, out.success.then(|| parse_save(&out.stdout))));
+        states.push((b.family, out.success.then(|| decode_save(&out.stdout))));
     }
     Ok(plan_from_states(&states, input))
 }
 
 /// The plan for the states read (None: unreadable, planned as empty). Pure. Without any state it
 /// is Istio's dry-run list: both saves, the IPv4 (and, when enabled, IPv6) commands, final saves.
-pub fn plan_from_states(states: &[(Family, Option<State>)], input: &CleanupInput) -> CleanupPlan {
+pub fn plan_from_states(
+    states: &[(Family, Option<IptablesState>)],
+    input: &CleanupInput,
+) -> CleanupPlan {
     let mut steps: Vec<CleanupStep> = states.iter().map(|(f, _)| CleanupStep::Save(*f)).collect();
     let mut families = Vec::new();
     for (family, state) in states {
@@ -305,12 +320,11 @@ pub fn run_plan(
         tracing::debug!(command = %step.display(), "cleanup");
         match step {
             CleanupStep::Save(family) => {
-                let text = run_checked(exec, &cmd)?.stdout;
-                let state = parse_save(&text);
+                let state = decode_save(&run_checked(exec, &cmd)?.stdout);
                 if has_owned_chains(&state) {
                     left.push(family_prefix(*family));
                 }
-                drop_emptied_tables(b, &text, &plan.tables_of(*family));
+                drop_emptied_tables(b, &state, &plan.tables_of(*family));
             }
             CleanupStep::Command { .. } => run_command(exec, &cmd)?,
         }
@@ -329,7 +343,11 @@ pub fn run_plan(
 /// netlink requests, not commands (they do not show in the dry run), and change no packet's fate.
 /// Anything with a rule, a user chain, another policy or a native nft chain stays. Legacy tables
 /// and chains cannot be unloaded and stay.
-pub(super) fn drop_emptied_tables(bins: &Binaries, save: &str, touched: &BTreeSet<String>) {
+pub(super) fn drop_emptied_tables(
+    bins: &Binaries,
+    state: &IptablesState,
+    touched: &BTreeSet<String>,
+) {
     if !bins.is_nft_flavour() {
         return;
     }
@@ -338,33 +356,29 @@ pub(super) fn drop_emptied_tables(bins: &Binaries, save: &str, touched: &BTreeSe
     };
     let mut empty_tables = Vec::new();
     for table in touched {
-        let Some(section) = table_section(save, table) else {
+        let declared: Vec<&str> = state
+            .chains
+            .iter()
+            .filter(|(t, _)| t == table)
+            .map(|(_, c)| c.as_str())
+            .collect();
+        if declared.is_empty() {
             continue;
-        };
-        let mut idle = Vec::new();
-        let mut busy = false;
-        for line in section.lines() {
-            if line.starts_with('*') || line == "COMMIT" {
-                continue;
-            }
-            let declared = line.strip_prefix(':').map(|decl| {
-                let mut words = decl.split_whitespace();
-                (words.next().unwrap_or(""), words.next())
-            });
-            match declared {
-                Some((chain, Some("ACCEPT"))) if is_builtin_chain(chain) => idle.push(chain),
-                Some((chain, _)) => {
-                    busy = true;
-                    idle.retain(|c| *c != chain);
-                }
-                // A rule: its chain is not idle.
-                None => {
-                    busy = true;
-                    let chain = line.split_whitespace().nth(1).unwrap_or("");
-                    idle.retain(|c| *c != chain);
-                }
-            }
         }
+        let holds_rules = |chain: &str| state.chain(table, chain).next().is_some();
+        // Idle: a built-in chain without rules whose policy accepts.
+        let idle: Vec<&str> = declared
+            .iter()
+            .copied()
+            .filter(|c| {
+                is_builtin_chain(c)
+                    && !holds_rules(c)
+                    && !state
+                        .not_accepting
+                        .contains(&(table.clone(), c.to_string()))
+            })
+            .collect();
+        let busy = idle.len() < declared.len();
         let in_kernel: Vec<&str> = chains
             .iter()
             .filter(|(t, _)| t == table)
@@ -372,7 +386,7 @@ pub(super) fn drop_emptied_tables(bins: &Binaries, save: &str, touched: &BTreeSe
             .collect();
         let native = in_kernel
             .iter()
-            .any(|c| !is_builtin_chain(c) && !section.contains(&format!(":{c} ")));
+            .any(|c| !is_builtin_chain(c) && !declared.contains(c));
         if !busy && !native {
             empty_tables.push(table.clone());
             continue;

@@ -43,7 +43,7 @@ fn without_state_the_plan_is_istios_list_and_keeps_builtin_rules_of_any_target()
 
 #[test]
 fn with_state_leftover_jumps_and_our_other_chains_go_but_user_chains_stay() {
-    let state = parse_save(
+    let state = crate::rules::iptables_save_decode::decode_save(
         "*nat\n:OUTPUT ACCEPT [0:0]\n:ISTIO_OUTPUT - [0:0]\n:ISTIO_OUTPUT_DNS - [0:0]\n-A OUTPUT -j ISTIO_OUTPUT\n-A OUTPUT -o lo -j ISTIO_OUTPUT_DNS\n-A ISTIO_OUTPUT -j ISTIO_OUTPUT_DNS\nCOMMIT\n*filter\n:ISTIO_FW - [0:0]\n:INPUT ACCEPT [0:0]\n-A INPUT -j ISTIO_FW\nCOMMIT\n",
     );
     let rules = build(&CaptureConfig::default());

@@ -8,8 +8,9 @@
 //! pod's user namespace).
 //!
 //! Inside the room files import downward only, never in a circle (the room test holds it):
-//! * leaves: [`exec`] (processes), [`state`] (`*-save` text), [`owned`] (which chains an ambient
-//!   apply owns), [`routes`], [`hostproc`], [`transcript`];
+//! * leaves: [`exec`] (processes), [`owned`] (which chains an ambient apply owns), [`routes`],
+//!   [`hostproc`], [`transcript`]; [`diff`], the one comparison of an iptables read (typed
+//!   rules, from a dump or from `*-save` text alike) with a plan;
 //! * the kernel's faces: [`iptables`] (binaries, commands, errors), [`nft`] (native nftables),
 //!   [`nft_read`] (iptables-nft tables read as typed rules) and [`nft_heal`] (the heal planned
 //!   from that read), [`probe_set`];
@@ -21,6 +22,7 @@
 pub mod ambient;
 pub mod backend;
 pub mod cleanup;
+pub mod diff;
 pub mod exec;
 pub mod hostproc;
 pub mod iptables;
@@ -34,7 +36,6 @@ pub mod probe_set;
 pub mod routes;
 pub mod rule_backend;
 pub mod sidecar;
-pub mod state;
 pub mod transcript;
 pub mod verify;
 

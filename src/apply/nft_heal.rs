@@ -1,16 +1,16 @@
 //! The iptables-nft drift heal as one nf_tables transaction, planned from the typed read
 //! ([`super::nft_read::read_owned`]) instead of `*-save` text: what `iptables-restore --noflush`
-//! of [`super::ambient::plan_family`]'s text, followed by `drop_emptied_tables`, would leave, with
+//! of the `*-save` plan's text ([`super::ambient`]), followed by `drop_emptied_tables`, would leave, with
 //! no process. Pure: the messages are sent by the caller.
 
 use std::collections::BTreeSet;
 
-use super::nft_read::OwnedState;
 use super::owned::OwnedChains;
 use crate::rules::iptables_nft::{
-    EncodeError, NftMessage, delete_chain, delete_rule, delete_table, encode_onto, flush_chain,
+    EncodeError, NftMessage, Unsupported, delete_chain, delete_rule, delete_table, encode_onto,
+    flush_chain,
 };
-use crate::rules::iptables_nft_decode::DecodedRule;
+use crate::rules::iptables_state::{DecodedRule, IptablesState, RuleAt};
 use crate::rules::model::is_builtin_chain;
 use crate::rules::{Family, Rule};
 
@@ -25,7 +25,7 @@ use crate::rules::{Family, Rule};
 /// built-in chains is deleted instead. Rules and chains that are not ours are never named.
 pub fn heal_messages(
     family: Family,
-    state: &OwnedState,
+    state: &IptablesState,
     rules: &[Rule],
     owned: OwnedChains,
 ) -> Result<Vec<NftMessage>, EncodeError> {
@@ -78,7 +78,13 @@ pub fn heal_messages(
             continue;
         }
         for rule in &jumps {
-            out.push(delete_rule(family, table, &rule.chain, rule.handle)?);
+            let RuleAt::Handle(handle) = rule.at else {
+                return Err(EncodeError::Unsupported(Unsupported(format!(
+                    "{table} chain {}: a rule read from *-save has no handle",
+                    rule.chain
+                ))));
+            };
+            out.push(delete_rule(family, table, &rule.chain, handle)?);
         }
         for &chain in &ours_present {
             out.push(flush_chain(family, table, chain)?);

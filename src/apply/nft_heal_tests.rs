@@ -9,8 +9,9 @@ use crate::rules::iptables_nft::{
     NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE,
     NFT_MSG_NEWTABLE, encode,
 };
-use crate::rules::iptables_nft_decode::{Foreign, NoSets, decode_rule};
-use crate::rules::model::RuleSetBuilder;
+use crate::rules::iptables_nft_decode::{NoSets, decode_rule};
+use crate::rules::iptables_state::{IptablesState, RuleAt};
+use crate::rules::model::{ForeignRule, RuleSetBuilder};
 use crate::rules::nla::{AttrValue, to_bytes};
 use crate::rules::{Table, Target};
 
@@ -23,7 +24,7 @@ struct Kernel {
 }
 
 /// Table, chain and its rules as the model says them.
-type SeenChain = (String, String, Vec<Result<Rule, Foreign>>);
+type SeenChain = (String, String, Vec<Result<Rule, ForeignRule>>);
 
 fn text_attr(m: &NftMessage, kind: u16) -> Option<String> {
     m.attrs
@@ -56,7 +57,7 @@ impl Kernel {
 
     fn add_rule(&mut self, mut rule: DecodedRule, append: bool) {
         self.next_handle += 1;
-        rule.handle = self.next_handle;
+        rule.at = RuleAt::Handle(self.next_handle);
         let (table, chain) = (rule.table.clone(), rule.chain.clone());
         let rules = self.chain_mut(&table, &chain);
         if append {
@@ -72,9 +73,9 @@ impl Kernel {
         let rule = DecodedRule {
             table: table.into(),
             chain: chain.into(),
-            handle: 0,
+            at: RuleAt::Handle(0),
             jumps_to: jumps_to.map(String::from),
-            rule: Err(Foreign(format!("a user's rule in {chain}"))),
+            rule: Err(ForeignRule(format!("a user's rule in {chain}"))),
         };
         self.add_rule(rule, true);
     }
@@ -122,7 +123,7 @@ impl Kernel {
                     let rules = self.chain_mut(&table, &chain);
                     match handle {
                         Some(h) => {
-                            let at = rules.iter().position(|r| r.handle == h);
+                            let at = rules.iter().position(|r| r.at == RuleAt::Handle(h));
                             rules.remove(at.unwrap_or_else(|| panic!("ENOENT: {}", m.what)));
                         }
                         None => rules.clear(),
@@ -146,10 +147,10 @@ impl Kernel {
     }
 
     /// What the typed read gives back.
-    fn read(&self) -> OwnedState {
-        let mut state = OwnedState {
+    fn read(&self) -> IptablesState {
+        let mut state = IptablesState {
             not_accepting: self.not_accepting.clone(),
-            ..OwnedState::default()
+            ..IptablesState::default()
         };
         for (table, chains) in &self.tables {
             for (chain, rules) in chains {
@@ -213,7 +214,7 @@ fn assert_heals(
 fn nothing_there_is_the_fresh_encoding() {
     let rules = plan(true);
     assert_eq!(
-        heal_messages(Family::V4, &OwnedState::default(), &rules, INPOD_CHAINS).unwrap(),
+        heal_messages(Family::V4, &IptablesState::default(), &rules, INPOD_CHAINS).unwrap(),
         encode(Family::V4, &rules).unwrap()
     );
 }
@@ -312,7 +313,7 @@ fn the_host_rule_is_inserted_before_a_users_postrouting_rules() {
     assert!(
         heal_messages(
             Family::V4,
-            &OwnedState::default(),
+            &IptablesState::default(),
             &host_rules(&AmbientConfig::default()).v4,
             HOST_CHAINS
         )

@@ -12,9 +12,10 @@ use super::iptables::{
     run_checked,
 };
 use super::rule_backend::read_saved;
-use super::state::{State, table_section};
 use crate::rules::Family;
 use crate::rules::capture::{is_owned_chain, owned_chains};
+use crate::rules::iptables_save_decode::table_section;
+use crate::rules::iptables_state::IptablesState;
 use crate::rules::model::is_builtin_chain;
 
 /// What an apply did, for logs and tests.
@@ -48,7 +49,7 @@ pub type Fresh = BTreeMap<Family, BTreeSet<String>>;
 pub(super) struct Snapshot<'a> {
     pub(super) bins: &'a Binaries,
     pub(super) text: String,
-    pub(super) state: State,
+    pub(super) state: IptablesState,
     /// With iptables-nft, the chains the kernel held (`*-save` also lists absent built-in chains).
     pub(super) chains: Option<Vec<(String, String)>>,
 }
@@ -65,16 +66,16 @@ pub(super) fn restore_snapshots(
         let (_, now) = read_saved(exec, snap.bins, env)?;
         let mut text = String::new();
         let mut created = Vec::new();
-        let tables: BTreeSet<&String> = now.keys().chain(snap.state.keys()).collect();
+        let tables: BTreeSet<&str> = now.tables().union(&snap.state.tables()).copied().collect();
         for table in tables {
-            if snap.state.get(table) == now.get(table) {
+            if snap.state.same_table(&now, table) {
                 continue;
             }
             match table_section(&snap.text, table) {
                 Some(section) => text.push_str(&section),
                 None => {
                     text.push_str(&format!("*{table}\nCOMMIT\n"));
-                    created.push(table.clone());
+                    created.push(table.to_string());
                 }
             }
         }

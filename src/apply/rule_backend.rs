@@ -1,11 +1,12 @@
 //! The one rule backend trait: how a family's owned rules are read back ([`RuleBackend::read_owned`]),
 //! compared with a plan ([`RuleBackend::diff`], pure) and written ([`RuleBackend::apply_atomic`]).
-//! The sidecar apply and its drift check both go through it, so there is one diff per read kind:
+//! The sidecar apply, its drift check and the ambient iptables apply all read through it, and
+//! every read is compared by the one [`super::diff`]:
 //! * [`Iptables`] of the nft flavour: the owned tables dumped over nfnetlink and decoded to the
 //!   typed rule model ([`super::nft_read`]), no process; `*-save` only when that read fails (or in
 //!   tests that script the executor);
-//! * [`Iptables`] of iptables-legacy: `*-save` text parsed by [`super::state`] (the only text
-//!   reader left for the read-and-compare step);
+//! * [`Iptables`] of iptables-legacy: `*-save` text decoded into the same typed rules
+//!   ([`crate::rules::iptables_save_decode`]);
 //! * [`NativeNft`]: our own nftables tables dumped over nfnetlink and decoded to the typed
 //!   [`crate::rules::nft_model`] statements ([`super::nft::read_native_netlink`], no process),
 //!   compared with
@@ -15,40 +16,46 @@
 //! Writing is one `*-restore` per family for the iptables backends (the sidecar apply wraps it in
 //! its snapshot and rollback), one nf_tables batch over netlink for native nftables (encoded by [`crate::rules::nft_encode`]).
 
+pub use super::diff::Diff;
+use super::diff::{Difference, ReadKind, holds_any_of, sidecar_diff};
 use super::exec::Executor;
 use super::iptables::{ApplyError, Binaries, restore_cmd, run_checked, save_cmd};
-use super::nft_read::{KernelSets, OwnedState, holds_any_sidecar, read_owned, sidecar_difference};
-use super::state::{Comparison, Difference, State, compare_with_plan, holds_any_of, parse_save};
+use super::nft_read::{KernelSets, read_owned};
 use crate::rules::Rule;
+use crate::rules::iptables_save_decode::decode_save;
+use crate::rules::iptables_state::IptablesState;
 use crate::rules::nft_decode::{NativeState, difference};
 use crate::rules::nft_encode::NftTransaction;
 
-/// What an iptables family holds, as its backend read it back.
+/// What an iptables family holds, as its backend read it back: typed rules either way.
 #[derive(Debug, Clone)]
 pub enum ReadBack {
-    /// `*-save` output and its parse (legacy, or iptables-nft when netlink could not tell).
-    Saved { text: String, state: State },
-    /// The owned tables as typed rules, read over netlink.
-    Typed(OwnedState),
+    /// `*-save` output and its decoding (legacy, or iptables-nft when netlink could not tell).
+    Saved { text: String, state: IptablesState },
+    /// The tables as typed rules, read over netlink (or known empty without a process).
+    Typed(IptablesState),
 }
 
 impl ReadBack {
-    /// Whether this holds anything of `planned`: a chain of ours, or a planned built-in rule.
-    pub fn holds_any(&self, planned: &[Rule]) -> bool {
+    /// The typed rules read.
+    pub fn state(&self) -> &IptablesState {
         match self {
-            ReadBack::Saved { state, .. } => holds_any_of(state, planned),
-            ReadBack::Typed(state) => holds_any_sidecar(state, planned),
+            ReadBack::Saved { state, .. } | ReadBack::Typed(state) => state,
         }
     }
-}
 
-/// How what a backend read compares with its plan.
-#[derive(Debug)]
-pub enum Diff<'a, D = Difference> {
-    Same,
-    Differs(D),
-    /// Text only (iptables `*-save`): these rules did not match as saved; `iptables -C` decides.
-    Unsure(Vec<&'a Rule>),
+    /// How exactly the read says what the kernel holds.
+    pub fn kind(&self) -> ReadKind {
+        match self {
+            ReadBack::Saved { .. } => ReadKind::Saved,
+            ReadBack::Typed(_) => ReadKind::Dumped,
+        }
+    }
+
+    /// Whether this holds anything of `planned`: a chain of ours, or a planned built-in rule.
+    pub fn holds_any(&self, planned: &[Rule]) -> bool {
+        holds_any_of(self.state(), planned)
+    }
 }
 
 /// One rule backend: how its owned rules are read, compared with a plan and written.
@@ -86,21 +93,6 @@ pub trait RuleBackend {
 pub type IptablesBackend<'a> =
     dyn RuleBackend<Plan = [Rule], Owned = ReadBack, Difference = Difference, Input = String> + 'a;
 
-/// The iptables diff (sidecar semantics: order not compared, as in Istio). Pure.
-fn iptables_diff<'a>(planned: &'a [Rule], owned: &ReadBack) -> Diff<'a> {
-    match owned {
-        ReadBack::Typed(state) => match sidecar_difference(state, planned) {
-            None => Diff::Same,
-            Some(d) => Diff::Differs(d),
-        },
-        ReadBack::Saved { state, .. } => match compare_with_plan(state, planned) {
-            Comparison::Same => Diff::Same,
-            Comparison::Different(d) => Diff::Differs(d),
-            Comparison::Unsure(rules) => Diff::Unsure(rules),
-        },
-    }
-}
-
 /// One family's restore input as one `*-restore --noflush`.
 fn restore(
     exec: &mut dyn Executor,
@@ -111,15 +103,15 @@ fn restore(
     run_checked(exec, &restore_cmd(bins, input, env)).map(|_| ())
 }
 
-/// Reads a family's `*-save` text and its parse (the legacy read, and the sidecar apply's
-/// snapshot of a family it is about to write).
+/// Reads a family's `*-save` text and its decoding (the legacy read, and the snapshot of a
+/// family an apply is about to write).
 pub fn read_saved(
     exec: &mut dyn Executor,
     bins: &Binaries,
     env: &[(String, String)],
-) -> Result<(String, State), ApplyError> {
+) -> Result<(String, IptablesState), ApplyError> {
     let text = run_checked(exec, &save_cmd(bins, env))?.stdout;
-    let state = parse_save(&text);
+    let state = decode_save(&text);
     Ok((text, state))
 }
 
@@ -133,7 +125,7 @@ fn saved(
 
 /// How an iptables-nft family is read as typed rules: the kernel ([`kernel_read`]) or a test's
 /// answer; None falls back to `*-save`.
-pub type TypedRead<'r> = &'r dyn Fn(&Binaries) -> Option<OwnedState>;
+pub type TypedRead<'r> = &'r dyn Fn(&Binaries) -> Option<IptablesState>;
 
 /// An iptables family, written with one `*-restore`: iptables-legacy reads `*-save` text
 /// (`typed: None`); the nft flavour reads over netlink as typed rules first, `*-save` when that
@@ -160,8 +152,9 @@ impl RuleBackend for Iptables<'_, '_> {
         }
     }
 
+    /// The sidecar question (order not compared, as in Istio).
     fn diff<'a>(&self, planned: &'a [Rule], owned: &ReadBack) -> Diff<'a> {
-        iptables_diff(planned, owned)
+        sidecar_diff(owned.state(), planned, owned.kind())
     }
 
     fn apply_atomic(
@@ -224,18 +217,39 @@ pub fn for_family<'a>(bins: &'a Binaries, read: TypedRead<'a>) -> Box<IptablesBa
 }
 
 /// Never reads typed (scripted executors answer `*-save`).
-pub fn no_typed_read(_: &Binaries) -> Option<OwnedState> {
+pub fn no_typed_read(_: &Binaries) -> Option<IptablesState> {
     None
 }
 
 /// The nft flavour's tables of the calling thread's netns as typed rules, read over netlink; None
 /// (read `*-save`) for legacy or when the read fails.
-pub fn kernel_read(bins: &Binaries) -> Option<OwnedState> {
+pub fn kernel_read(bins: &Binaries) -> Option<IptablesState> {
     const TABLES: &[&str] = &["filter", "mangle", "nat", "raw"];
     if !bins.is_nft_flavour() {
         return None;
     }
     read_owned(bins.family, TABLES, &KernelSets)
         .inspect_err(|e| tracing::debug!(error = %e, "reading the rules over netlink failed"))
+        .ok()
+}
+
+/// What a family's `tables` hold, learnt without a process where the kernel can say: a netns
+/// without any table (either flavour) holds nothing; the nft flavour's tables are read over
+/// netlink (one chain dump, then one rule dump per table that exists). None: only `*-save` can
+/// tell (legacy with tables, or the read failed).
+pub fn kernel_read_tables(bins: &Binaries, tables: &[&str]) -> Option<IptablesState> {
+    if bins.legacy && !super::iptables::legacy_has_tables(bins.family) {
+        return Some(IptablesState::default());
+    }
+    if !bins.is_nft_flavour() {
+        tracing::debug!(family = ?bins.family, "not the iptables-nft binaries (legacy): reading with *-save");
+        return None;
+    }
+    let family = super::iptables::nf_family(bins.family);
+    let listed = crate::netlink::nft_dump::list_chains_with_policy(family)
+        .inspect_err(|e| tracing::debug!(error = %e, "listing the chains over netlink failed; reading *-save"))
+        .ok()?;
+    super::nft_read::read_owned_among(bins.family, tables, &KernelSets, listed)
+        .inspect_err(|e| tracing::debug!(error = %e, "reading the rules over netlink failed; reading *-save"))
         .ok()
 }

@@ -22,7 +22,7 @@ use super::cleanup::{
 use super::exec::Executor;
 use super::iptables::{
     ApplyError, Binaries, ForceBinary, apply_nft_netlink_entering, detect, drop_created_tables,
-    family_prefix, nf_family, restore_cmd, run_checked, save_cmd, with_env,
+    family_prefix, nf_family, restore_cmd, run_checked, with_env,
 };
 use super::outcome::{Fresh, RuleChange, Snapshot, probe_fresh, restore_snapshots};
 use super::rule_backend::{
@@ -141,8 +141,8 @@ fn apply_sidecar_with(
                 run_commands(exec, b, &steps, &opts.env)?;
                 // What the old rules' restore created implicitly goes before the new restore, so
                 // the namespace ends as a fresh apply leaves it (same tables, same chain order).
-                let text = run_checked(exec, &save_cmd(b, &opts.env))?.stdout;
-                drop_emptied_tables(b, &text, &steps_tables(&steps));
+                let (_, now) = read_saved(exec, b, &opts.env)?;
+                drop_emptied_tables(b, &now, &steps_tables(&steps));
                 cleaned.push(*b);
             }
             for_family(b, read).apply_atomic(exec, render_restore(family_rules), &opts.env)?;
@@ -169,12 +169,8 @@ fn apply_sidecar_with(
         });
     }
     for b in cleaned {
-        let text = run_checked(exec, &save_cmd(b, &opts.env))?.stdout;
-        drop_emptied_tables(
-            b,
-            &text,
-            &BTreeSet::from([Table::Filter.name().to_string()]),
-        );
+        let (_, now) = read_saved(exec, b, &opts.env)?;
+        drop_emptied_tables(b, &now, &BTreeSet::from([Table::Filter.name().to_string()]));
     }
     Ok(if residue {
         RuleChange::Reconciled

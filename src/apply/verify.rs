@@ -3,11 +3,11 @@
 //! tables read over netlink as typed rules (no process); with legacy one `*-save` per family in
 //! use; either way naming the first difference. The drift verification calls it through [`super::pod::verify`].
 
+use super::diff::Difference;
 use super::exec::Executor;
 use super::iptables::{ApplyError, Binaries, ForceBinary, detect, family_prefix};
 use super::rule_backend::{Diff, TypedRead, for_family, kernel_read, no_typed_read};
 use super::sidecar::first_missing;
-use super::state::Difference;
 use crate::netns::UsernsEntry;
 use crate::rules::iptables::rule_args;
 use crate::rules::{Family, RuleSet};
@@ -24,7 +24,7 @@ pub enum NetnsCheck {
 }
 
 /// Whether the calling thread's netns holds exactly `rules`, read once per family in use (one
-/// `*-save`; `iptables -C` only for a rule the kernel re-spelt beyond [`super::state::normalise`]).
+/// `*-save`; `iptables -C` only for a rule the kernel re-spelt beyond the typed decoding of `*-save`).
 /// Writes nothing. `Absent`: no family holds anything of ours.
 pub fn verify_sidecar(
     exec: &mut dyn Executor,

@@ -6,12 +6,7 @@ use super::capture::config::{CaptureConfig, InboundPorts};
 use super::model::Family;
 use super::model::well_known::DNS_PORT;
 
-/// Which socket owner a match looks at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OwnerKind {
-    Uid,
-    Gid,
-}
+use super::model::OwnerKind;
 
 /// One identity of the proxy (a uid or gid from `PROXY_UID`/`PROXY_GID`).
 #[derive(Debug, Clone, PartialEq, Eq)]

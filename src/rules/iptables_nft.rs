@@ -18,9 +18,9 @@ use std::net::IpAddr;
 
 use netlink_packet_core::{NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL};
 
-use super::model::{Family, Match, Position, Proto, Rule, Table, Target};
+use super::model::{Family, Match, OwnerKind, Position, Proto, Rule, Table, Target};
 pub use super::nla::{Attr, AttrTooLong, Attrs};
-use super::xtables::{self, OwnerKind};
+use super::xtables;
 
 /// A rule list the encoder does not cover; names what.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -2,7 +2,7 @@
 //! (`NFT_MSG_NEWRULE` attributes) read back into the typed rule model, for the rules
 //! iptables-nft writes — what our encoder sends and what iptables-nft-restore sends for the rules
 //! the encoder leaves to it. A rule that holds anything the model cannot say exactly (another
-//! expression, register, operator, range, flag, user data) is [`Foreign`], never a near match:
+//! expression, register, operator, range, flag, user data) is a [`ForeignRule`], never a near match:
 //! drift checks count it as a difference.
 //!
 //! The model keeps values as the operator wrote them (`1337` or `0x539`, `10.0.0.1` or
@@ -13,28 +13,12 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::model::{CtState, Family, Match, Position, Proto, Rule, SetDir, Table, Target};
+pub use super::iptables_state::{DecodedRule, RuleAt};
+use super::model::{
+    CtState, Family, ForeignRule, Match, OwnerKind, Position, Proto, Rule, SetDir, Table, Target,
+};
 use super::nla::read::{attrs, be32, get, text};
-use super::xtables::OwnerKind;
 use super::xtables::read::{self, Connmark, Owner};
-
-/// A rule the model cannot say; names the first part that did not decode.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("foreign rule: {0}")]
-pub struct Foreign(pub String);
-
-/// One rule as dumped: where it is, and what it says when the model can say it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DecodedRule {
-    pub table: String,
-    pub chain: String,
-    pub handle: u64,
-    /// The chain its verdict jumps or goes to, read even when the rest is foreign (a foreign
-    /// rule jumping into a chain of ours is ours to replace).
-    pub jumps_to: Option<String>,
-    /// Appended, matches in the kernel's order.
-    pub rule: Result<Rule, Foreign>,
-}
 
 /// The set names behind `-m set` matches: the kernel keeps the set's index, not its name.
 pub trait SetNames {
@@ -94,8 +78,8 @@ enum Expr<'a> {
 }
 
 /// One `NFTA_LIST_ELEM`; Err names what is not an iptables-nft expression on register 1.
-fn expr(elem: &[u8]) -> Result<Expr<'_>, Foreign> {
-    let bad = |what: &str| Foreign(what.to_string());
+fn expr(elem: &[u8]) -> Result<Expr<'_>, ForeignRule> {
+    let bad = |what: &str| ForeignRule(what.to_string());
     let list = attrs(elem).ok_or_else(|| bad("malformed expression"))?;
     let name = get(&list, EXPR_NAME).map(text).unwrap_or_default();
     let data = attrs(get(&list, EXPR_DATA).unwrap_or_default())
@@ -152,7 +136,7 @@ fn expr(elem: &[u8]) -> Result<Expr<'_>, Foreign> {
         },
         _ => None,
     };
-    parsed.ok_or_else(|| Foreign(format!("{name} expression")))
+    parsed.ok_or_else(|| ForeignRule(format!("{name} expression")))
 }
 
 /// `meta` keys and `payload` bases iptables-nft loads.
@@ -177,13 +161,13 @@ pub fn decode_rule(family: Family, record: &[u8], sets: &dyn SetNames) -> Decode
     let handle = get(&list, RULE_HANDLE)
         .and_then(|v| Some(u64::from_be_bytes(v.try_into().ok()?)))
         .unwrap_or(0);
-    let exprs: Vec<Result<Expr, Foreign>> = get(&list, RULE_EXPRESSIONS)
+    let exprs: Vec<Result<Expr, ForeignRule>> = get(&list, RULE_EXPRESSIONS)
         .and_then(attrs)
         .unwrap_or_default()
         .into_iter()
         .map(|(kind, elem)| match kind {
             LIST_ELEM => expr(elem),
-            _ => Err(Foreign("expression list".into())),
+            _ => Err(ForeignRule("expression list".into())),
         })
         .collect();
     let jumps_to = exprs.iter().rev().find_map(|e| match e {
@@ -194,14 +178,14 @@ pub fn decode_rule(family: Family, record: &[u8], sets: &dyn SetNames) -> Decode
         _ => None,
     });
     let rule = if get(&list, RULE_USERDATA).is_some() {
-        Err(Foreign("user data (a comment?)".into()))
+        Err(ForeignRule("user data (a comment?)".into()))
     } else {
         decode_exprs(family, &table, &chain, exprs, sets)
     };
     DecodedRule {
         table,
         chain,
-        handle,
+        at: RuleAt::Handle(handle),
         jumps_to,
         rule,
     }
@@ -214,36 +198,39 @@ fn decode_exprs(
     family: Family,
     table: &str,
     chain: &str,
-    exprs: Vec<Result<Expr, Foreign>>,
+    exprs: Vec<Result<Expr, ForeignRule>>,
     sets: &dyn SetNames,
-) -> Result<Rule, Foreign> {
+) -> Result<Rule, ForeignRule> {
     let table = match table {
         "filter" => Table::Filter,
         "mangle" => Table::Mangle,
         "nat" => Table::Nat,
         "raw" => Table::Raw,
-        other => return Err(Foreign(format!("table {other}"))),
+        other => return Err(ForeignRule(format!("table {other}"))),
     };
-    let exprs = exprs.into_iter().collect::<Result<Vec<Expr>, Foreign>>()?;
+    let exprs = exprs
+        .into_iter()
+        .collect::<Result<Vec<Expr>, ForeignRule>>()?;
     let mut matches = Vec::new();
     let mut proto = None;
     let mut target = None;
     let mut i = 0;
     while i < exprs.len() {
         if target.is_some() {
-            return Err(Foreign("expressions after the verdict".into()));
+            return Err(ForeignRule("expressions after the verdict".into()));
         }
         match &exprs[i] {
             Expr::Meta { key } => {
                 let key = *key;
                 let decoded = meta_match(key, compare_at(&exprs, &mut i)?, &mut proto);
-                matches.push(decoded.ok_or_else(|| Foreign(format!("meta key {key} match")))?);
+                matches.push(decoded.ok_or_else(|| ForeignRule(format!("meta key {key} match")))?);
             }
             Expr::Payload { base, offset, len } => {
                 let (base, offset, len) = (*base, *offset, *len);
                 let compare = compare_at(&exprs, &mut i)?;
                 let decoded = payload_match(family, (base, offset, len), compare, proto);
-                matches.push(decoded.ok_or_else(|| Foreign(format!("payload @{base}+{offset}")))?);
+                matches
+                    .push(decoded.ok_or_else(|| ForeignRule(format!("payload @{base}+{offset}")))?);
             }
             Expr::Counter => {}
             Expr::Verdict { code, chain } => {
@@ -256,7 +243,7 @@ fn decode_exprs(
                 info,
             } => matches.push(
                 xt_match(name, *rev, info, proto, sets)
-                    .ok_or_else(|| Foreign(format!("xt match {name} rev {rev}")))?,
+                    .ok_or_else(|| ForeignRule(format!("xt match {name} rev {rev}")))?,
             ),
             Expr::Xt {
                 target: true,
@@ -266,11 +253,11 @@ fn decode_exprs(
             } => {
                 target = Some(
                     xt_target(family, name, *rev, info)
-                        .ok_or_else(|| Foreign(format!("xt target {name} rev {rev}")))?,
+                        .ok_or_else(|| ForeignRule(format!("xt target {name} rev {rev}")))?,
                 )
             }
             Expr::Cmp { .. } | Expr::Mask { .. } => {
-                return Err(Foreign("a compare without its load".into()));
+                return Err(ForeignRule("a compare without its load".into()));
             }
         }
         i += 1;
@@ -280,7 +267,7 @@ fn decode_exprs(
         chain: chain.to_string(),
         position: Position::Append,
         matches,
-        target: target.ok_or_else(|| Foreign("no verdict".into()))?,
+        target: target.ok_or_else(|| ForeignRule("no verdict".into()))?,
     })
 }
 
@@ -360,18 +347,18 @@ fn payload_match(
 }
 
 /// The target of a verdict expression.
-fn verdict(code: i32, chain: Option<&String>) -> Result<Target, Foreign> {
+fn verdict(code: i32, chain: Option<&String>) -> Result<Target, ForeignRule> {
     Ok(match (code, chain) {
         (NFT_RETURN, None) => Target::Return,
         (NF_ACCEPT, None) => Target::Accept,
         (NF_DROP, None) => Target::Drop,
         (NFT_JUMP, Some(chain)) => Target::Jump(chain.clone()),
-        _ => return Err(Foreign(format!("verdict {code}"))),
+        _ => return Err(ForeignRule(format!("verdict {code}"))),
     })
 }
 
 /// The compare (after an optional mask) that completes the load at `i`; `i` moves onto it.
-fn compare_at<'a>(exprs: &[Expr<'a>], i: &mut usize) -> Result<Compare<'a>, Foreign> {
+fn compare_at<'a>(exprs: &[Expr<'a>], i: &mut usize) -> Result<Compare<'a>, ForeignRule> {
     let mask = match exprs.get(*i + 1) {
         Some(Expr::Mask { mask }) => {
             *i += 1;
@@ -382,7 +369,7 @@ fn compare_at<'a>(exprs: &[Expr<'a>], i: &mut usize) -> Result<Compare<'a>, Fore
     *i += 1;
     match exprs.get(*i) {
         Some(Expr::Cmp { negate, value }) => Ok((mask, *negate, *value)),
-        _ => Err(Foreign("a load without its compare".into())),
+        _ => Err(ForeignRule("a load without its compare".into())),
     }
 }
 

@@ -182,7 +182,7 @@ fn what_the_model_cannot_say_is_foreign() {
     // A native nft expression iptables-nft never writes (a limit), in front of the verdict.
     let limit = elem(Attrs::new(), "limit", Attrs::new().u64(1, 10));
     let decoded = decode_rule(Family::V4, &record(accept(limit)), &NoSets);
-    assert_eq!(decoded.handle, 7);
+    assert_eq!(decoded.at, RuleAt::Handle(7));
     let err = decoded.rule.unwrap_err();
     assert!(err.to_string().contains("limit"), "{err}");
     // A compare on another register, a load with no compare.

@@ -7,7 +7,9 @@
 //! [`nft_encode`]: our native nftables transactions as typed steps and the nf_tables messages nft
 //! would send for them, described the same way; the
 //! probe sets' ipset and nft set-element messages and their decoding, [`probe_set_msgs`]); and
-//! the inverses, [`iptables_nft_decode`]: a dumped nf_tables rule read back into the model, and
+//! the inverses, [`iptables_nft_decode`]: a dumped nf_tables rule read back into the model,
+//! [`iptables_save_decode`]: `*-save` text read back the same way, both into one
+//! [`iptables_state::IptablesState`]; and
 //! [`nft_decode`]: our native nftables tables as nft lists them (JSON) read back into the
 //! [`nft_model`] statements, and [`nft_kernel_decode`]: the same from the kernel's dumped
 //! records; both compared with a plan spelt as it reads back ([`nft_canon`]).
@@ -22,6 +24,8 @@ pub mod capture_values;
 pub mod iptables;
 pub mod iptables_nft;
 pub mod iptables_nft_decode;
+pub mod iptables_save_decode;
+pub mod iptables_state;
 pub mod model;
 pub mod nft_canon;
 pub mod nft_capture;

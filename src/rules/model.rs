@@ -133,6 +133,19 @@ pub fn is_builtin_chain(chain: &str) -> bool {
     )
 }
 
+/// A rule (or statement) a model cannot say, read back from the kernel or a listing; names the
+/// first part that did not decode. It equals no planned rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("foreign rule: {0}")]
+pub struct ForeignRule(pub String);
+
+/// Which socket owner id a match looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OwnerKind {
+    Uid,
+    Gid,
+}
+
 /// Transport protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Proto {

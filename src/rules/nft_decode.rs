@@ -2,7 +2,7 @@
 //! (`nft -j list ruleset`, JSON) read back into the typed [`super::nft_model`] statements, and
 //! what a transaction leaves ([`expected`]) in the same form, so a drift check compares typed
 //! rules ([`difference`]), not listing text. A statement the model cannot say exactly (another
-//! expression, operator, range, flag) makes its rule [`Foreign`]: a difference, never a near
+//! expression, operator, range, flag) makes its rule [`ForeignRule`]: a difference, never a near
 //! match.
 //!
 //! The model keeps a golden's spelling and the kernel one meaning; [`canonical`]
@@ -14,19 +14,14 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::model::{Family, Proto};
+use super::model::{Family, ForeignRule, Proto};
 pub use super::nft_canon::{canonical, canonical_addr, difference, expected};
 use super::nft_model::{
     AddrValue, MarkKey, MarkSource, MaskSpelling, MaskedMark, NftCtState, NftExpr, OwnerKind, Side,
 };
 
-/// A rule (or statement) the model cannot say; names the first part that did not decode.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("foreign rule: {0}")]
-pub struct Foreign(pub String);
-
 /// One rule as listed: its statements, or why the model cannot say it.
-pub type ListedRule = Result<Vec<NftExpr>, Foreign>;
+pub type ListedRule = Result<Vec<NftExpr>, ForeignRule>;
 
 /// A base chain's hook: `type nat hook output priority -100`, and its policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,14 +148,14 @@ fn str_of(o: &Value, field: &str) -> Option<String> {
 pub fn decode_rule(exprs: Option<&Value>) -> ListedRule {
     let exprs = exprs
         .and_then(Value::as_array)
-        .ok_or_else(|| Foreign("rule without statements".into()))?;
+        .ok_or_else(|| ForeignRule("rule without statements".into()))?;
     exprs.iter().map(decode_statement).collect()
 }
 
-fn foreign<T>(what: &Value) -> Result<T, Foreign> {
+fn foreign<T>(what: &Value) -> Result<T, ForeignRule> {
     let mut text = what.to_string();
     text.truncate(120);
-    Err(Foreign(text))
+    Err(ForeignRule(text))
 }
 
 /// A JSON object with exactly one key: (key, value).
@@ -205,7 +200,7 @@ fn only(v: &Value, fields: &[&str]) -> bool {
         .is_some_and(|m| m.keys().all(|k| fields.contains(&k.as_str())))
 }
 
-fn decode_statement(stmt: &Value) -> Result<NftExpr, Foreign> {
+fn decode_statement(stmt: &Value) -> Result<NftExpr, ForeignRule> {
     let Some((kind, body)) = single(stmt) else {
         return foreign(stmt);
     };

@@ -2,16 +2,16 @@
 //! `NEWCHAIN`, `NEWSET`, `NEWRULE` records, and the elements of a rule's anonymous sets) read
 //! into the same typed form as nft's JSON listing ([`super::nft_decode::NativeState`]), so no
 //! process is needed. A rule holding anything our statements do not compile to is
-//! [`Foreign`]. Dependencies nft adds on its own (`meta nfproto` before an address match,
+//! [`ForeignRule`]. Dependencies nft adds on its own (`meta nfproto` before an address match,
 //! `meta l4proto` before a port match) are dropped as nft's listing drops them
 //! ([`super::nft_canon::canonical`]). Pure: bytes in, rules out.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::model::{Family, Proto};
+use super::model::{Family, ForeignRule, Proto};
 use super::nft_canon::canonical;
-use super::nft_decode::{Foreign, Hook, ListedRule, NativeState};
+use super::nft_decode::{Hook, ListedRule, NativeState};
 use super::nft_model::{
     AddrValue, MarkKey, MarkSource, MaskSpelling, MaskedMark, NftCtState, NftExpr, OwnerKind, Side,
 };
@@ -131,7 +131,7 @@ pub fn decode_kernel(
             continue;
         };
         let rule = if get(&list, 7).is_some() {
-            Err(Foreign("user data (a comment?)".into()))
+            Err(ForeignRule("user data (a comment?)".into()))
         } else {
             decode_rule(get(&list, 4).unwrap_or_default(), &t, anon)
         };
@@ -154,7 +154,7 @@ impl Expr<'_> {
 }
 
 fn decode_rule(exprs: &[u8], table: &str, anon: &AnonSets) -> ListedRule {
-    let bad = |what: &str| Foreign(what.to_string());
+    let bad = |what: &str| ForeignRule(what.to_string());
     let list = attrs(exprs).ok_or_else(|| bad("malformed expressions"))?;
     let mut parsed = Vec::new();
     for (_, elem) in list {
@@ -169,7 +169,7 @@ fn decode_rule(exprs: &[u8], table: &str, anon: &AnonSets) -> ListedRule {
     let mut family: Option<Family> = None;
     while i < parsed.len() {
         let (expr, used) = statement(&parsed[i..], &mut l4, &mut family, table, anon)
-            .ok_or_else(|| Foreign(format!("{} expression", parsed[i].name)))?;
+            .ok_or_else(|| ForeignRule(format!("{} expression", parsed[i].name)))?;
         out.extend(expr);
         i += used;
     }

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-pub use super::capture_plan::OwnerKind;
+pub use super::model::OwnerKind;
 use super::model::{Family, Proto};
 use super::nftables::NftTable;
 

@@ -4,11 +4,14 @@
 
 use super::model::Family;
 
-/// `XT_OWNER_UID` / `XT_OWNER_GID`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OwnerKind {
-    Uid = 1,
-    Gid = 2,
+use super::model::OwnerKind;
+
+/// The `XT_OWNER_UID` / `XT_OWNER_GID` flag of an owner kind.
+fn owner_flag(kind: OwnerKind) -> u8 {
+    match kind {
+        OwnerKind::Uid => 1,
+        OwnerKind::Gid => 2,
+    }
 }
 
 /// `-m owner --uid-owner`/`--gid-owner ID`, revision 1: `struct xt_owner_match_info`
@@ -22,8 +25,8 @@ pub fn owner_info(kind: OwnerKind, id: u32, negate: bool) -> Vec<u8> {
     for v in [uid_range, uid_range, gid_range, gid_range] {
         info.extend_from_slice(&v.to_ne_bytes());
     }
-    info.push(kind as u8);
-    info.push(if negate { kind as u8 } else { 0 });
+    info.push(owner_flag(kind));
+    info.push(if negate { owner_flag(kind) } else { 0 });
     info.resize(24, 0);
     info
 }

@@ -6,7 +6,8 @@
 
 use std::collections::BTreeSet;
 
-use super::capture_plan::{CapturePlan, OwnerKind};
+use super::capture_plan::CapturePlan;
+use super::model::OwnerKind;
 use super::model::parts::{TCP, dport, in_iface, jump, out_iface, redirect};
 use super::model::{CtState, Match, RuleSet, RuleSetBuilder, Table, Target, is_builtin_chain};
 

@@ -2,7 +2,8 @@
 //! ports, inbound passthrough, the proxy's own traffic, owner groups, loopback and excluded
 //! destinations), DNS at its place in that order, and what is sent to the proxy.
 
-use super::super::capture_plan::{CapturePlan, OwnerKind};
+use super::super::capture_plan::CapturePlan;
+use super::super::model::OwnerKind;
 use super::super::model::parts::{TCP, UDP, dport, dst, in_iface, jump, out_iface, src};
 use super::super::model::well_known::{DNS_PORT, LOOPBACK_IFACE as LO};
 use super::super::model::{Family, Match, RuleSetBuilder, Table, Target};
