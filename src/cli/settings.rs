@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use super::Env;
 
 mod macros;
+pub mod shared;
 pub(crate) use macros::{declare_settings, opt_literal, setting_value};
 
 /// One setting, as declared (the generated `decl` module holds one const per setting).

@@ -5,83 +5,16 @@
 //! Pure resolution ([`resolve`]) and rendering ([`render`]); only the kubelet lookup reads files.
 
 use std::collections::HashSet;
-use std::net::IpAddr;
 use std::path::PathBuf;
 
 use argh::FromArgs;
 
+use super::ambient_flags::AmbientValues;
+pub use super::ambient_flags::{AmbientFlags, SHAPES};
 use crate::apply;
-use crate::cli::{Env, FlagShapes, normalise_args, parse_go_bool};
-use crate::rules::ambient::{self, AmbientConfig, PodDns, PodOverrides};
+use crate::cli::{Env, normalise_args};
+use crate::rules::ambient::{self, AmbientConfig, PodOverrides};
 use crate::rules::nftables::{NftTable, render_transaction};
-
-/// istio-iptables ambient: print the rules the ambient node agent programs inside a pod's network
-/// namespace (or, with --host, on the node), in Istio's dry-run format. Nothing is changed.
-#[derive(FromArgs, Debug, Default)]
-#[argh(
-    help_triggers("-h", "--help"),
-    note = "A boolean flag is set by its name alone or --flag=true/false (also 1/0/t/f); `--flag true` with a space is refused, as pflag would read `--ipv6 false` as --ipv6 plus a stray argument. Pod-only flags (--ingress, --pod-dns, --reroute-virtual-interfaces, --redirect-dns) are refused with --host, and --kubelet-uid/--host-proc without --host --native-nftables: nothing given is ignored. Without --native-nftables the output is the iptables transcript (iptables-save, ip6tables-save, then the restore input per family); with it, the one nftables transaction. With --host and --native-nftables the kubelet UID is read from the host /proc (--host-proc, default /host/proc) unless --kubelet-uid is given."
-)]
-pub struct AmbientFlags {
-    /// print the rules instead of applying them (required: the node agent applies them)
-    #[argh(switch)]
-    pub dry_run: bool,
-    /// also IPv6 rules; --ipv6=false turns them off [AMBIENT_IPV6] (default false)
-    #[argh(switch)]
-    pub ipv6: bool,
-    /// capture DNS to ztunnel's DNS proxy (in-pod rules only); --redirect-dns=false turns it off
-    /// [AMBIENT_DNS_CAPTURE] (default false)
-    #[argh(switch)]
-    pub redirect_dns: bool,
-    /// the pod's DNS override (ambient.istio.io/dns-capture): enabled, disabled or unset (default)
-    #[argh(option)]
-    pub pod_dns: Option<String>,
-    /// the pod bypasses inbound capture (ambient.istio.io/bypass-inbound-capture)
-    #[argh(switch)]
-    pub ingress: bool,
-    /// comma-separated interfaces whose inbound TCP is treated as outbound
-    /// (istio.io/reroute-virtual-interfaces); an empty item is refused
-    #[argh(option)]
-    pub reroute_virtual_interfaces: Option<String>,
-    /// IPv4 source address of SNATed kubelet probes [HOST_PROBE_SNAT_IP] (default 169.254.7.127)
-    #[argh(option)]
-    pub host_probe_snat_ip: Option<String>,
-    /// IPv6 source address of SNATed kubelet probes [HOST_PROBE_SNAT_IPV6]
-    /// (default fd16:9254:7127:1337:ffff:ffff:ffff:ffff)
-    #[argh(option)]
-    pub host_probe_snat_ipv6: Option<String>,
-    /// the nftables backend instead of iptables [NATIVE_NFTABLES]
-    #[argh(switch)]
-    pub native_nftables: bool,
-    /// the host-side rules (probe SNAT) instead of the in-pod rules
-    #[argh(switch)]
-    pub host: bool,
-    /// kubelet's UID for the nftables host rule, 0-4294967294 (only with --host --native-nftables;
-    /// default: found under --host-proc)
-    #[argh(option)]
-    pub kubelet_uid: Option<String>,
-    /// where the host's /proc is mounted, to find kubelet's UID (only with --host
-    /// --native-nftables; default /host/proc)
-    #[argh(option)]
-    pub host_proc: Option<String>,
-}
-
-pub const SHAPES: FlagShapes = FlagShapes {
-    switches: &[
-        "dry-run",
-        "ingress",
-        "native-nftables",
-        "host",
-        "ipv6",
-        "redirect-dns",
-    ],
-    shorts: &[],
-    underscore_longs: &[],
-    all_underscores: true,
-    bool_options: &[],
-    repeatable: &[],
-    positionals: false,
-};
 
 /// Where the kubelet UID comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,28 +31,6 @@ pub struct AmbientCommand {
     pub nftables: bool,
     pub host: bool,
     pub kubelet_uid: KubeletUid,
-}
-
-/// A boolean switch: set (`--flag`, `--flag=true`), explicitly off (`--flag=false`), else its
-/// env var, else false.
-fn switch_value(
-    flag: &str,
-    on: bool,
-    env_name: &str,
-    env: &dyn Env,
-    explicit_false: &HashSet<String>,
-) -> Result<bool, String> {
-    if on {
-        return Ok(true);
-    }
-    if explicit_false.contains(flag) {
-        return Ok(false);
-    }
-    match env.get(env_name) {
-        Some(raw) => parse_go_bool(&raw)
-            .ok_or_else(|| format!("invalid value {raw:?} for {env_name}: expected true or false")),
-        None => Ok(false),
-    }
 }
 
 /// Whether `flag` (a switch) was written on the command line at all, on or off.
@@ -167,61 +78,6 @@ fn meaningless_flags(
     Ok(())
 }
 
-/// `--reroute-virtual-interfaces`: the agent reads the pod annotation as Istio does (empty items
-/// dropped), but on the command line an empty item is a typo that would silently lose a name.
-fn virtual_interfaces(list: Option<&str>) -> Result<Vec<String>, String> {
-    let Some(list) = list else {
-        return Ok(Vec::new());
-    };
-    if list.trim().is_empty() {
-        return Ok(Vec::new());
-    }
-    if let Some(at) = list.split(',').position(|item| item.trim().is_empty()) {
-        return Err(format!(
-            "invalid value {list:?} for --reroute-virtual-interfaces: item {} is empty",
-            at + 1
-        ));
-    }
-    Ok(ambient::split_interfaces(list))
-}
-
-/// `--kubelet-uid`: a uid_t, but not 4294967295 ((uid_t)-1, "no uid", never a process's).
-fn kubelet_uid(raw: &str) -> Result<String, String> {
-    match raw.trim().parse::<u32>() {
-        Ok(uid) if uid != u32::MAX => Ok(uid.to_string()),
-        _ => Err(format!(
-            "invalid value {raw:?} for --kubelet-uid: expected a numeric UID 0-4294967294"
-        )),
-    }
-}
-
-fn address(
-    flag: &str,
-    value: &Option<String>,
-    env_name: &str,
-    env: &dyn Env,
-    default: &str,
-    v6: bool,
-) -> Result<String, String> {
-    let (source, raw) = match (value, env.get(env_name)) {
-        (Some(v), _) => (format!("--{flag}"), v.clone()),
-        (None, Some(v)) => (env_name.to_string(), v),
-        (None, None) => return Ok(default.to_string()),
-    };
-    let family = if v6 { "IPv6" } else { "IPv4" };
-    match raw.trim().parse::<IpAddr>() {
-        Ok(ip) if ip.is_ipv6() == v6 => match crate::cli::unusable_source_ip(ip) {
-            None => Ok(ip.to_string()),
-            Some(why) => Err(format!(
-                "invalid value {raw:?} for {source}: {why} cannot be the source of SNATed kubelet probes"
-            )),
-        },
-        _ => Err(format!(
-            "invalid value {raw:?} for {source}: expected an {family} address"
-        )),
-    }
-}
-
 /// Flags (then env, then Istio's defaults) into a command. Every value is checked here.
 pub fn resolve(
     flags: &AmbientFlags,
@@ -235,54 +91,19 @@ pub fn resolve(
                 .into(),
         );
     }
-    let nftables = switch_value(
-        "native-nftables",
-        flags.native_nftables,
-        "NATIVE_NFTABLES",
-        env,
-        explicit_false,
-    )?;
-    meaningless_flags(flags, explicit_false, nftables)?;
+    let v = AmbientValues::resolve(flags, &super::resolve::lookup(env, Some(explicit_false)))
+        .map_err(|e| e.to_string())?;
+    meaningless_flags(flags, explicit_false, v.native_nftables)?;
     let config = AmbientConfig {
-        probe_snat_v4: address(
-            "host-probe-snat-ip",
-            &flags.host_probe_snat_ip,
-            "HOST_PROBE_SNAT_IP",
-            env,
-            ambient::DEFAULT_PROBE_SNAT_V4,
-            false,
-        )?,
-        probe_snat_v6: address(
-            "host-probe-snat-ipv6",
-            &flags.host_probe_snat_ipv6,
-            "HOST_PROBE_SNAT_IPV6",
-            env,
-            ambient::DEFAULT_PROBE_SNAT_V6,
-            true,
-        )?,
-        enable_ipv6: switch_value("ipv6", flags.ipv6, "AMBIENT_IPV6", env, explicit_false)?,
-        redirect_dns: switch_value(
-            "redirect-dns",
-            flags.redirect_dns,
-            "AMBIENT_DNS_CAPTURE",
-            env,
-            explicit_false,
-        )?,
-    };
-    let dns = match flags.pod_dns.as_deref().map(str::trim) {
-        None | Some("unset") => PodDns::Unset,
-        Some("enabled") => PodDns::Enabled,
-        Some("disabled") => PodDns::Disabled,
-        Some(other) => {
-            return Err(format!(
-                "invalid value {other:?} for --pod-dns: expected enabled, disabled or unset"
-            ));
-        }
+        probe_snat_v4: v.host_probe_snat_ip,
+        probe_snat_v6: v.host_probe_snat_ipv6,
+        enable_ipv6: v.ipv6,
+        redirect_dns: v.redirect_dns,
     };
     let pod = PodOverrides {
-        ingress: flags.ingress,
-        virtual_interfaces: virtual_interfaces(flags.reroute_virtual_interfaces.as_deref())?,
-        dns,
+        ingress: v.ingress,
+        virtual_interfaces: v.reroute_virtual_interfaces,
+        dns: v.pod_dns,
     };
     // As the sidecar path checks --kube-virt-interfaces: refused before anything is rendered.
     pod.validate().map_err(|e| {
@@ -294,17 +115,15 @@ pub fn resolve(
                 .unwrap_or_default()
         )
     })?;
-    let kubelet_uid = match &flags.kubelet_uid {
-        Some(uid) => KubeletUid::Given(kubelet_uid(uid)?),
-        None => KubeletUid::FromProc(PathBuf::from(
-            flags.host_proc.as_deref().unwrap_or("/host/proc"),
-        )),
+    let kubelet_uid = match v.kubelet_uid {
+        Some(uid) => KubeletUid::Given(uid),
+        None => KubeletUid::FromProc(v.host_proc),
     };
     Ok(AmbientCommand {
         config,
         pod,
-        nftables,
-        host: flags.host,
+        nftables: v.native_nftables,
+        host: v.host,
         kubelet_uid,
     })
 }
@@ -381,6 +200,7 @@ pub fn main(args: &[String], env: &dyn Env) -> i32 {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::rules::ambient::PodDns;
     use std::collections::HashMap;
 
     /// `istio-iptables ambient` argv and env as `main` parses them (shared with `flags_tests`).

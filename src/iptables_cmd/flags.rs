@@ -172,28 +172,17 @@ crate::cli::settings::declare_settings! {
     }
 
     env_only "Environment only" {
-        /// groups whose outbound traffic is captured: `*`, or a comma list of GIDs or names (at most 64)
-        istio_outbound_owner_groups: String {
-            parse: text, env: "ISTIO_OUTBOUND_OWNER_GROUPS", default: "*",
-        }
-        /// with `*` above: groups whose outbound traffic is not captured
-        istio_outbound_owner_groups_exclude: String {
-            parse: text, env: "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", default: "",
-        }
-        /// the IPv4 loopback range of the pod
-        istio_outbound_ipv4_loopback_cidr: String {
-            parse: text, env: "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", default: "127.0.0.1/32",
-        }
         /// user whose uid is the proxy's when --proxy-uid is not given
         envoy_user: String { parse: text, env: "ENVOY_USER", default: "istio-proxy" }
-        /// a file the dry run's output is also written to
-        dry_run_file_path: Option<String> { parse: text, env: "DRY_RUN_FILE_PATH", unset: "none" }
-        /// ours: the log filter (tracing `EnvFilter` syntax); read by the logger itself
+        /// ours: the log filter (tracing `EnvFilter` syntax), read before anything is logged
         istio_iptables_log: String { parse: text, env: "ISTIO_IPTABLES_LOG", default: "info" }
-        /// `true`: always apply through iptables-restore, never by sending its nf_tables messages directly
-        istio_iptables_restore_only: bool {
-            parse: switch_value, env: "ISTIO_IPTABLES_RESTORE_ONLY", default: "false",
-        }
+    }
+    shared "Environment only" {
+        istio_outbound_owner_groups: String { parse: text }
+        istio_outbound_owner_groups_exclude: String { parse: text }
+        istio_outbound_ipv4_loopback_cidr: String { parse: text }
+        dry_run_file_path: String { parse: text }
+        istio_iptables_restore_only: bool { parse: switch_value }
     }
 }
 

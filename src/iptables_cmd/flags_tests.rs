@@ -312,8 +312,11 @@ fn unreadable_booleans_fail_closed() {
 /// `istio-iptables ambient`: what the usage shows is what is accepted, and nothing
 /// given is silently ignored.
 mod ambient_flags {
+    use std::collections::BTreeSet;
+
     use crate::iptables_cmd::ambient::tests::parse;
-    use crate::iptables_cmd::ambient::{AmbientFlags, KubeletUid};
+    use crate::iptables_cmd::ambient::{AmbientCommand, AmbientFlags, KubeletUid};
+    use crate::iptables_cmd::ambient_flags::decl;
     use argh::FromArgs;
 
     #[test]
@@ -460,6 +463,38 @@ mod ambient_flags {
         }
         let cmd = parse(&["--dry-run", "--reroute-virtual-interfaces= tun+ ,x"], &[]).unwrap();
         assert_eq!(cmd.pod.virtual_interfaces, ["tun+", "x"]);
+    }
+
+    /// Each env fallback the declaration names, fed through the env seam, changes what is
+    /// printed; a declared env var without a row here fails, so none goes unchecked.
+    #[test]
+    fn every_declared_env_fallback_is_honoured() {
+        type Row = (&'static str, &'static str, fn(&AmbientCommand) -> bool);
+        let rows: [Row; 5] = [
+            ("AMBIENT_IPV6", "true", |c| c.config.enable_ipv6),
+            ("AMBIENT_DNS_CAPTURE", "1", |c| c.config.redirect_dns),
+            ("NATIVE_NFTABLES", "t", |c| c.nftables),
+            ("HOST_PROBE_SNAT_IP", "169.254.9.9", |c| {
+                c.config.probe_snat_v4 == "169.254.9.9"
+            }),
+            ("HOST_PROBE_SNAT_IPV6", "fd00::9", |c| {
+                c.config.probe_snat_v6 == "fd00::9"
+            }),
+        ];
+        let declared: BTreeSet<&str> = decl::ALL
+            .iter()
+            .flat_map(|s| s.env.iter().chain(s.also_env).copied())
+            .collect();
+        let tested: BTreeSet<&str> = rows.iter().map(|(env, _, _)| *env).collect();
+        assert_eq!(declared, tested, "every declared env fallback has a row");
+        for (env, value, honoured) in rows {
+            assert!(
+                !honoured(&parse(&["--dry-run"], &[]).unwrap()),
+                "{env} unset"
+            );
+            let cmd = parse(&["--dry-run"], &[(env, value)]).unwrap();
+            assert!(honoured(&cmd), "{env}={value} is not honoured: {cmd:?}");
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! May call: `cli`, `rules`, `apply`, `netns`, `netlink`.
 
 pub mod ambient;
+pub mod ambient_flags;
 pub mod flags;
 pub mod host;
 pub mod resolve;
@@ -18,7 +19,7 @@ use argh::FromArgs;
 use tracing::{error, info, warn};
 
 use crate::apply;
-use crate::apply::pod::{Backend, PodOptions, Target};
+use crate::apply::pod::{Backend, PodOptions, WhichNetns};
 use crate::cli::{Env, ProcessEnv, normalise_args};
 use crate::netns::Netns;
 use crate::rules::{self, RuleSet};
@@ -82,7 +83,7 @@ pub fn main(args: Vec<String>) -> i32 {
         println!("istio-iptables (istio-cni-rs) {}", crate::VERSION);
         return 0;
     }
-    if let Err(e) = init_logging(&flags.log_target, flags.log_as_json) {
+    if let Err(e) = init_logging(&flags.log_target, flags.log_as_json, &ProcessEnv) {
         eprintln!("istio-iptables: --log_target: {e}");
         return EXIT_FAILURE;
     }
@@ -94,10 +95,14 @@ const LOG_SCOPE: &str = "iptables";
 
 /// Logs in the shared Istio format (text or, with --log_as_json, JSON lines) to each
 /// --log_target (stdout, stderr or a file; default stderr, so that a dry run's stdout carries only
-/// the transcript). ISTIO_IPTABLES_LOG sets the filter (default info).
-fn init_logging(targets: &[String], json: bool) -> Result<(), crate::telemetry::logging::LogError> {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ISTIO_IPTABLES_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// the transcript). ISTIO_IPTABLES_LOG sets the filter; one it cannot parse means its default.
+fn init_logging(
+    targets: &[String],
+    json: bool,
+    env: &dyn Env,
+) -> Result<(), crate::telemetry::logging::LogError> {
+    let filter = tracing_subscriber::EnvFilter::try_new(log_filter(env))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_log_filter()));
     let writer = crate::telemetry::logging::targets_writer(targets)?;
     let _ = tracing_subscriber::fmt()
         .event_format(crate::telemetry::logging::IstioFormat {
@@ -108,6 +113,21 @@ fn init_logging(targets: &[String], json: bool) -> Result<(), crate::telemetry::
         .with_env_filter(filter)
         .try_init();
     Ok(())
+}
+
+/// The log filter: `ISTIO_IPTABLES_LOG` as declared, read before the other settings so that
+/// their errors are logged.
+fn log_filter(env: &dyn Env) -> String {
+    resolve::lookup(env, None)
+        .raw(&flags::decl::istio_iptables_log, None)
+        .map_or_else(default_log_filter, |raw| raw.value)
+}
+
+fn default_log_filter() -> String {
+    flags::decl::istio_iptables_log
+        .default
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn run(flags: &Flags, env: &dyn Env, explicit_false: &HashSet<String>) -> i32 {
@@ -174,8 +194,8 @@ fn open_target(settings: &Settings) -> Result<Option<Netns>, String> {
     }
 }
 
-fn target(netns: &Option<Netns>) -> Target<'_> {
-    netns.as_ref().map_or(Target::Here, Target::Pod)
+fn target(netns: &Option<Netns>) -> WhichNetns<'_> {
+    netns.as_ref().map_or(WhichNetns::Here, WhichNetns::Pod)
 }
 
 /// The shared entry's backend for these settings.

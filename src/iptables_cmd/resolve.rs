@@ -14,7 +14,10 @@ use crate::rules::capture_values::{Field, InvalidValue};
 
 /// istio-iptables's env rule: a set-but-empty variable is the empty value, as upstream, and
 /// errors name a variable bare; `--switch=false` beats the env.
-fn lookup<'a>(env: &'a dyn Env, explicit_false: Option<&'a HashSet<String>>) -> Lookup<'a> {
+pub(super) fn lookup<'a>(
+    env: &'a dyn Env,
+    explicit_false: Option<&'a HashSet<String>>,
+) -> Lookup<'a> {
     Lookup {
         env,
         empty_env: EmptyEnv::Empty,
@@ -140,7 +143,7 @@ impl Flags {
                 .dns_servers
                 .map_or(DnsSource::ResolvConf, DnsSource::Given),
             dry_run: v.dry_run,
-            dry_run_file: v.dry_run_file_path.filter(|s| !s.is_empty()),
+            dry_run_file: Some(v.dry_run_file_path).filter(|s| !s.is_empty()),
             skip_rule_apply: v.skip_rule_apply,
             run_validation: v.run_validation,
             probe_port: v.iptables_probe_port,

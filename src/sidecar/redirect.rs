@@ -9,6 +9,8 @@ use crate::rules::capture::{CaptureConfig, InboundPorts, InterceptionMode, IpRan
 use crate::rules::capture_values::{Field, InvalidValue, check_interface, parse_port};
 
 use crate::cli::Env;
+use crate::cli::settings::shared::decl as shared;
+use crate::cli::settings::{EmptyEnv, Lookup, Setting};
 
 use super::pod::{ISTIO_INIT, ISTIO_PROXY, PodInfo};
 
@@ -278,17 +280,25 @@ pub struct EngineEnv {
 }
 
 impl EngineEnv {
-    /// Empty values count as unset.
+    /// The settings `istio-iptables` shares with the plugin, under their one declaration
+    /// ([`crate::cli::settings::shared`]). Empty values count as unset; a restore-only value that
+    /// is not a Go boolean counts as false (ADD must not fail on it).
     pub fn from_env(env: &dyn Env) -> EngineEnv {
-        let get = |k: &str| env.get(k).filter(|v| !v.is_empty());
+        let lookup = Lookup {
+            env,
+            empty_env: EmptyEnv::Unset,
+            env_label: "",
+            switched_off: None,
+        };
+        let get = |s: &Setting| lookup.raw(s, None).map(|raw| raw.value);
         EngineEnv {
-            owner_groups_include: get("ISTIO_OUTBOUND_OWNER_GROUPS"),
-            owner_groups_exclude: get("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE"),
-            loopback_v4: get("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"),
-            restore_only: get("ISTIO_IPTABLES_RESTORE_ONLY")
+            owner_groups_include: get(&shared::istio_outbound_owner_groups),
+            owner_groups_exclude: get(&shared::istio_outbound_owner_groups_exclude),
+            loopback_v4: get(&shared::istio_outbound_ipv4_loopback_cidr),
+            restore_only: get(&shared::istio_iptables_restore_only)
                 .and_then(|v| crate::cli::parse_go_bool(&v))
                 .unwrap_or(false),
-            dry_run: get("DRY_RUN_FILE_PATH").map(PathBuf::from),
+            dry_run: get(&shared::dry_run_file_path).map(PathBuf::from),
         }
     }
 }

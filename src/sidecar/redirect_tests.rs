@@ -268,4 +268,13 @@ fn engine_env_is_read_through_the_injected_env() {
     assert_eq!(e.dry_run, Some(PathBuf::from("/tmp/out")));
     let none = EngineEnv::from_env(&std::collections::HashMap::<String, String>::new());
     assert!(none.dry_run.is_none() && !none.restore_only);
+    // The plugin reads every setting it shares with istio-iptables, each under its declaration.
+    let mut fed: Vec<&str> = env.keys().map(String::as_str).collect();
+    let mut shared: Vec<&str> = crate::cli::settings::shared::decl::ALL
+        .iter()
+        .filter_map(|s| s.env)
+        .collect();
+    fed.sort_unstable();
+    shared.sort_unstable();
+    assert_eq!(fed, shared);
 }

@@ -14,7 +14,10 @@ use super::{Raw, Setting};
 /// [legacy: "OLD",] [default: "v" | unset: "what then",] [marks: [Bool, WarnIfSet]] }`. `f`
 /// takes a [`Raw`]; with a default, `f` also parses the default and `Type` is its output, else
 /// `Type` is `Option<output>`. A switch is on when given, off when given `=false`, else each set
-/// env var in turn (the later winning), else its default; its `Type` is `f`'s output.
+/// env var in turn (the later winning), else its default; its `Type` is `f`'s output. A last
+/// `shared "Section" { key: Type { parse: f } }` block lists env-only settings declared once in
+/// [`super::shared`] under the same key (env var, default and doc from there; `Type` is `f`'s
+/// output).
 macro_rules! declare_settings {
     (
         $(#[$fattr:meta])*
@@ -67,6 +70,13 @@ macro_rules! declare_settings {
                 }
             )*
         }
+        $(
+            shared $shsection:literal {
+                $(
+                    $shkey:ident : $shty:ty { parse: $shparse:expr $(,)? }
+                )*
+            }
+        )?
     ) => {
         #[derive(::argh::FromArgs, Debug, Default)]
         $(#[$fattr])*
@@ -112,6 +122,7 @@ macro_rules! declare_settings {
             $($( pub $key: $ty, )*)*
             $($( pub $skey: $sty, )*)*
             $( pub $ekey: $ety, )*
+            $($( pub $shkey: $shty, )*)?
         }
 
         impl $Values {
@@ -138,6 +149,11 @@ macro_rules! declare_settings {
                             env, lookup, $decl::$ekey, None, $eparse $(, default $edefault)?
                         ),
                     )*
+                    $($(
+                        $shkey: $crate::cli::settings::setting_value!(
+                            shared, lookup, $decl::$shkey, $shparse
+                        ),
+                    )*)?
                 })
             }
         }
@@ -195,8 +211,17 @@ macro_rules! declare_settings {
                     marks: &[],
                 };
             )*
+            $($(
+                /// Declared once in [`crate::cli::settings::shared`], shown in this list too.
+                pub const $shkey: Setting = Setting {
+                    section: $shsection,
+                    ..$crate::cli::settings::shared::decl::$shkey
+                };
+                const _: () = assert!($shkey.default.is_some(), "a shared setting has a default");
+            )*)?
             /// Every setting, in declaration order.
-            pub const ALL: &[Setting] = &[$($($key,)*)* $($($skey,)*)* $($ekey,)*];
+            pub const ALL: &[Setting] =
+                &[$($($key,)*)* $($($skey,)*)* $($ekey,)* $($($shkey,)*)?];
         }
     };
 }
@@ -227,6 +252,15 @@ macro_rules! setting_value {
         match $lookup.raw(&$s, $flag) {
             Some(raw) => ($parse)(&raw)?,
             None => ($parse)(&$crate::cli::settings::default_raw(&$s, $default))?,
+        }
+    };
+    (shared, $lookup:expr, $s:expr, $parse:expr) => {
+        match $lookup.raw(&$s, None) {
+            Some(raw) => ($parse)(&raw)?,
+            None => ($parse)(&$crate::cli::settings::default_raw(
+                &$s,
+                $s.default.unwrap_or_default(),
+            ))?,
         }
     };
     (env, $lookup:expr, $s:expr, $flag:expr, $parse:expr) => {

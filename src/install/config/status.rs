@@ -1,6 +1,6 @@
 //! `install-cni status`: its own flags (argh, through the shared normaliser) and where the agent's
-//! health port is, read from the same setting (`--health-port` > env `HEALTH_PORT` > 8000) the
-//! running install-cni bound it from.
+//! health port is, read through install-cni's own declaration of the setting (`--health-port` >
+//! env `HEALTH_PORT` > its declared default) that the running install-cni bound it from.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -22,7 +22,8 @@ pub struct StatusFlags {
     /// print the agent's /debug/pods answer as JSON (docs/troubleshooting.md) instead of a table
     #[argh(switch)]
     pub json: bool,
-    /// the agent's health port; default the env HEALTH_PORT install-cni reads, else 8000
+    /// the agent's health port; default install-cni's own setting: its env HEALTH_PORT, else its
+    /// default (install-cni --help)
     #[argh(option)]
     pub health_port: Option<String>,
     /// address the health server is reached at; default 127.0.0.1
