@@ -253,6 +253,23 @@ fn assert_untouched(node: &Node, names: &[&str]) {
     }
 }
 
+/// The broken `pod` keeps changing after the controller acted (its kubelet writes each restart
+/// to its status): the controller does not act again. Its one write to the pod, per the audit
+/// log, is `write` (verb, subresource); one event; the bystanders untouched.
+fn assert_acted_once(node: &Node, pod: &str, write: (&str, &str), names: &[&str]) {
+    let cluster = node.cluster();
+    let status = json!({"initContainerStatuses": validation_after(Some(126), 4)});
+    cluster.cp.set_pod_status(&cluster.ns(NS), pod, status);
+    std::thread::sleep(Duration::from_secs(2));
+    let (verb, subresource) = write;
+    assert_eq!(
+        pod_writes(node, pod),
+        vec![(verb.to_string(), subresource.to_string())]
+    );
+    assert_eq!(events_of(node, pod).len(), 1);
+    assert_untouched(node, names);
+}
+
 #[test]
 fn repair_mode_programs_the_broken_pods_netns_and_leaves_the_rest_alone() {
     let node = start("REPAIR_REPAIR_PODS");
@@ -339,16 +356,7 @@ fn delete_mode_deletes_the_broken_pod_only() {
     assert!(events[0].starts_with("DeleteBrokenPod: "), "{events:?}");
     // The terminating pod keeps changing (its kubelet stops the containers and writes that):
     // the controller does not delete it again.
-    let cluster = node.cluster();
-    let status = json!({"initContainerStatuses": validation_after(Some(126), 4)});
-    cluster.cp.set_pod_status(&cluster.ns(NS), "web", status);
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(
-        pod_writes(&node, "web"),
-        vec![("delete".into(), String::new())]
-    );
-    assert_eq!(events_of(&node, "web").len(), 1);
-    assert_untouched(&node, &names);
+    assert_acted_once(&node, "web", ("delete", ""), &names);
 }
 
 /// A crash-looping pod's kubelet keeps writing its status, so the copy the controller acted on
@@ -401,16 +409,7 @@ fn label_mode_labels_the_broken_pod_through_its_status() {
     node.wait_until(T, "the label event", || !events_of(&node, "web").is_empty());
     assert!(events_of(&node, "web")[0].starts_with("LabelBrokenPod: "));
     // Through `pods/status` (what the chart grants for labelling), once, the pod not deleted.
-    let cluster = node.cluster();
-    let status = json!({"initContainerStatuses": validation_after(Some(126), 4)});
-    cluster.cp.set_pod_status(&cluster.ns(NS), "web", status);
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(
-        pod_writes(&node, "web"),
-        vec![("patch".into(), "/status".into())]
-    );
-    assert_eq!(events_of(&node, "web").len(), 1);
-    assert_untouched(&node, &names);
+    assert_acted_once(&node, "web", ("patch", "/status"), &names);
 }
 
 /// On the test API server: it is stopped and its history compacted, which a real one is not on
