@@ -7,7 +7,9 @@ mod support;
 
 use std::path::Path;
 
-use istio_cni::apply::pod::{self, Backend, NetnsCheck, PodOptions, SIDECAR_NFT_TABLES, Target};
+use istio_cni::apply::pod::{
+    self, Backend, NetnsCheck, PodOptions, SIDECAR_NFT_TABLES, WhichNetns,
+};
 use istio_cni::netns::Netns as NetnsHandle;
 use istio_cni::rules::capture::{CaptureConfig, IpRanges};
 use support::{Netns, require_tool};
@@ -26,7 +28,7 @@ fn opts(backend: Backend) -> PodOptions {
 }
 
 fn verify(ns: &Netns, o: &PodOptions) -> NetnsCheck {
-    pod::verify(Target::Pod(&handle(ns)), &CaptureConfig::default(), o).expect("verify")
+    pod::verify(WhichNetns::Pod(&handle(ns)), &CaptureConfig::default(), o).expect("verify")
 }
 
 fn stdout(ns: &Netns, program: &str, args: &[&str]) -> String {
@@ -44,7 +46,7 @@ fn iptables_in_place_drifted_absent_and_nothing_written() {
     ns.exec("ip", &["addr", "add", "10.254.1.2/24", "dev", "lo"]);
     let o = opts(Backend::Iptables);
     assert_eq!(verify(&ns, &o), NetnsCheck::Absent);
-    pod::program(Target::Pod(&handle(&ns)), &CaptureConfig::default(), &o).expect("program");
+    pod::program(WhichNetns::Pod(&handle(&ns)), &CaptureConfig::default(), &o).expect("program");
     let before = stdout(&ns, "iptables-save", &["-c"]);
     assert_eq!(verify(&ns, &o), NetnsCheck::InPlace);
     assert_eq!(
@@ -82,7 +84,7 @@ fn iptables_in_place_drifted_absent_and_nothing_written() {
     );
     assert!(matches!(verify(&ns, &o), NetnsCheck::Drifted { .. }));
     pod::cleanup(
-        Target::Pod(&handle(&ns)),
+        WhichNetns::Pod(&handle(&ns)),
         &CaptureConfig::default(),
         Backend::Iptables,
         None,
@@ -102,7 +104,7 @@ fn ip6tables_is_read_when_the_pod_has_ipv6() {
         &["addr", "add", "fd00:254:2::2/64", "dev", "lo", "nodad"],
     );
     let o = opts(Backend::Iptables);
-    pod::program(Target::Pod(&handle(&ns)), &CaptureConfig::default(), &o).expect("program");
+    pod::program(WhichNetns::Pod(&handle(&ns)), &CaptureConfig::default(), &o).expect("program");
     assert!(stdout(&ns, "ip6tables-save", &[]).contains("ISTIO_OUTPUT"));
     assert_eq!(verify(&ns, &o), NetnsCheck::InPlace);
     ns.exec("ip6tables", &["-t", "nat", "-F", "ISTIO_REDIRECT"]);
@@ -124,7 +126,7 @@ fn nftables_in_place_drifted_absent_and_handles_kept() {
     ns.exec("ip", &["addr", "add", "10.254.3.2/24", "dev", "lo"]);
     let o = opts(Backend::Nftables);
     assert_eq!(verify(&ns, &o), NetnsCheck::Absent);
-    pod::program(Target::Pod(&handle(&ns)), &CaptureConfig::default(), &o).expect("program");
+    pod::program(WhichNetns::Pod(&handle(&ns)), &CaptureConfig::default(), &o).expect("program");
     let before = stdout(&ns, "nft", &["-a", "list", "ruleset"]);
     assert_eq!(verify(&ns, &o), NetnsCheck::InPlace);
     // Asked again (nothing is learnt or cached: the plan's typed rules): same answer.
@@ -149,7 +151,7 @@ fn nftables_in_place_drifted_absent_and_handles_kept() {
         other => panic!("{other:?}"),
     }
     pod::cleanup(
-        Target::Pod(&handle(&ns)),
+        WhichNetns::Pod(&handle(&ns)),
         &CaptureConfig::default(),
         Backend::Nftables,
         None,
@@ -171,14 +173,14 @@ fn nftables_interface_wildcards_read_back_in_place() {
         reroute_virtual_interfaces: vec!["tun+".into()],
         ..CaptureConfig::default()
     };
-    pod::program(Target::Pod(&handle(&ns)), &cfg, &o).expect("program");
+    pod::program(WhichNetns::Pod(&handle(&ns)), &cfg, &o).expect("program");
     let listed = stdout(&ns, "nft", &["list", "ruleset"]);
     assert!(
         listed.contains("iifname \"tun*\"") && listed.contains("iifname \"eth*\""),
         "{listed}"
     );
     assert_eq!(
-        pod::verify(Target::Pod(&handle(&ns)), &cfg, &o).expect("verify"),
+        pod::verify(WhichNetns::Pod(&handle(&ns)), &cfg, &o).expect("verify"),
         NetnsCheck::InPlace
     );
 }
@@ -195,11 +197,11 @@ fn nftables_zero_prefix_applies_and_reads_back_in_place() {
         outbound_ranges_exclude: IpRanges::parse("0.0.0.0/0").expect("ranges"),
         ..CaptureConfig::default()
     };
-    pod::program(Target::Pod(&handle(&ns)), &cfg, &o).expect("program");
+    pod::program(WhichNetns::Pod(&handle(&ns)), &cfg, &o).expect("program");
     let listed = stdout(&ns, "nft", &["list", "ruleset"]);
     assert!(listed.contains("ip daddr 0.0.0.0/0"), "{listed}");
     assert_eq!(
-        pod::verify(Target::Pod(&handle(&ns)), &cfg, &o).expect("verify"),
+        pod::verify(WhichNetns::Pod(&handle(&ns)), &cfg, &o).expect("verify"),
         NetnsCheck::InPlace
     );
 }

@@ -22,9 +22,9 @@ use crate::rules::nft_encode::{NftStep, NftTransaction};
 use crate::rules::nftables::NftTable;
 use crate::rules::{RuleSet, nft_capture};
 
-/// Where the rules go.
+/// Which network namespace the rules go in.
 #[derive(Debug, Clone, Copy)]
-pub enum Target<'a> {
+pub enum WhichNetns<'a> {
     /// A pod's netns: entered on a fresh thread; its path scopes the xtables lock.
     Pod(&'a Netns),
     /// The netns this process runs in (istio-iptables in an init container).
@@ -104,7 +104,7 @@ pub enum PodError {
 /// Applies the sidecar capture for `cfg` in `target`, then its routes (`::6` on lo, TPROXY
 /// policy routing). Blocking: a pod's netns is entered on a dedicated thread.
 pub fn program(
-    target: Target<'_>,
+    target: WhichNetns<'_>,
     cfg: &CaptureConfig,
     opts: &PodOptions,
 ) -> Result<Programmed, PodError> {
@@ -118,14 +118,14 @@ pub async fn program_pod(
     cfg: &CaptureConfig,
     opts: &PodOptions,
 ) -> Result<Programmed, PodError> {
-    let work = program_work(Target::Pod(netns), cfg, opts)?;
+    let work = program_work(WhichNetns::Pod(netns), cfg, opts)?;
     let userns = netns.userns_entry().cloned();
     netns.run_async(move || work(userns)).await?
 }
 
 /// What [`program`] runs where the rules live, once `cfg` is valid.
 fn program_work(
-    target: Target<'_>,
+    target: WhichNetns<'_>,
     cfg: &CaptureConfig,
     opts: &PodOptions,
 ) -> Result<
@@ -173,7 +173,7 @@ fn program_work(
 /// typed rules ([`NativeNft`]) and compared with what the transaction leaves. Writes nothing.
 /// Blocking, like [`program`].
 pub fn verify(
-    target: Target<'_>,
+    target: WhichNetns<'_>,
     cfg: &CaptureConfig,
     opts: &PodOptions,
 ) -> Result<NetnsCheck, PodError> {
@@ -244,7 +244,7 @@ fn apply_iptables(
 /// Removes what `cfg` creates from `target`: our rules and chains (in every family that holds
 /// any, in either interception mode) or our nftables tables, then its TPROXY routes and `::6`.
 pub fn cleanup(
-    target: Target<'_>,
+    target: WhichNetns<'_>,
     cfg: &CaptureConfig,
     backend: Backend,
     force_binary: Option<ForceBinary>,
@@ -282,15 +282,15 @@ pub fn cleanup(
 /// user namespace (`hostUsers: false` pods). Our own netns is only inspected: without procfs we
 /// work as before.
 pub fn in_target<T: Send + 'static>(
-    target: Target<'_>,
+    target: WhichNetns<'_>,
     work: impl FnOnce(Option<UsernsEntry>) -> T + Send + 'static,
 ) -> Result<T, NetnsError> {
     match target {
-        Target::Pod(netns) => {
+        WhichNetns::Pod(netns) => {
             let userns = netns.userns_entry().cloned();
             netns.run(move || work(userns))
         }
-        Target::Here => {
+        WhichNetns::Here => {
             let here = Netns::current().ok();
             Ok(work(here.and_then(|ns| ns.userns_entry().cloned())))
         }
@@ -298,13 +298,13 @@ pub fn in_target<T: Send + 'static>(
 }
 
 /// A pod-scoped xtables lock: concurrent pods never wait on each other's lock.
-fn lock_env(target: Target<'_>) -> Vec<(String, String)> {
+fn lock_env(target: WhichNetns<'_>) -> Vec<(String, String)> {
     match target {
-        Target::Pod(netns) => vec![(
+        WhichNetns::Pod(netns) => vec![(
             "XTABLES_LOCKFILE".to_string(),
             netns.path().display().to_string(),
         )],
-        Target::Here => Vec::new(),
+        WhichNetns::Here => Vec::new(),
     }
 }
 
@@ -376,10 +376,10 @@ mod tests {
             loopback_v4: "10.0.0.0/8".into(),
             ..CaptureConfig::default()
         };
-        let err = program(Target::Here, &cfg, &PodOptions::default()).unwrap_err();
+        let err = program(WhichNetns::Here, &cfg, &PodOptions::default()).unwrap_err();
         assert!(matches!(err, PodError::Invalid(_)), "{err}");
         assert!(err.to_string().contains("10.0.0.0/8"), "{err}");
-        let err = cleanup(Target::Here, &cfg, Backend::Nftables, None).unwrap_err();
+        let err = cleanup(WhichNetns::Here, &cfg, Backend::Nftables, None).unwrap_err();
         assert!(matches!(err, PodError::Invalid(_)), "{err}");
     }
 
@@ -387,13 +387,13 @@ mod tests {
     fn only_a_pod_target_scopes_the_xtables_lock() {
         let here = Netns::current().unwrap();
         assert_eq!(
-            lock_env(Target::Pod(&here)),
+            lock_env(WhichNetns::Pod(&here)),
             vec![(
                 "XTABLES_LOCKFILE".to_string(),
                 "/proc/thread-self/ns/net".to_string()
             )]
         );
-        assert!(lock_env(Target::Here).is_empty());
+        assert!(lock_env(WhichNetns::Here).is_empty());
     }
 
     #[test]

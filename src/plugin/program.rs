@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::apply::pod::{self, PodError, PodOptions, Target};
+use crate::apply::pod::{self, PodError, PodOptions, WhichNetns};
 use crate::apply::{ForceBinary, RuleChange};
 use crate::netns::Netns;
 use crate::rules::capture::{CaptureConfig, build};
@@ -132,7 +132,7 @@ fn write_dry_run(
 ) -> Result<RedirectDone, ProgramError> {
     let mut warnings = Vec::new();
     let detected = Netns::open(netns).and_then(|ns| {
-        pod::in_target(Target::Pod(&ns), move |_| {
+        pod::in_target(WhichNetns::Pod(&ns), move |_| {
             let mut w = Vec::new();
             (pod::detect_ipv6(dual_stack, &mut w), w)
         })

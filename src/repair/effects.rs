@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::{HostSettings, RepairError};
 use crate::apply::ForceBinary;
 use crate::apply::pod::NetnsCheck;
-use crate::apply::pod::{self, Backend, PodError, PodOptions, Target};
+use crate::apply::pod::{self, Backend, PodError, PodOptions, WhichNetns};
 use crate::kube::stores::pod_ips;
 use crate::kube::{
     EventRecord, KubeClient, KubeError, MetadataPatch, PodPatchVia, pod_preconditions,
@@ -204,7 +204,7 @@ fn program_pod(
         detect_ipv6: Some(settings.dual_stack),
         ..PodOptions::default()
     };
-    pod::program(Target::Pod(&netns), &settings.config, &opts).map_err(ActError::Program)?;
+    pod::program(WhichNetns::Pod(&netns), &settings.config, &opts).map_err(ActError::Program)?;
     Ok(true)
 }
 
@@ -249,7 +249,7 @@ fn verify_batch(batch: Vec<Expected>, reserved: &Reserved, opts: &PodOptions) ->
                         detect_ipv6: Some(e.settings.dual_stack),
                         ..opts.clone()
                     };
-                    pod::verify(Target::Pod(&netns), &e.settings.config, &opts)
+                    pod::verify(WhichNetns::Pod(&netns), &e.settings.config, &opts)
                         .map(|verdict| (Arc::new(netns), verdict))
                         .map_err(ActError::Verify)
                 }
@@ -313,7 +313,7 @@ impl Effects for KubeEffects {
         };
         async move {
             tokio::task::spawn_blocking(move || {
-                pod::program(Target::Pod(&netns), &expected.settings.config, &opts)
+                pod::program(WhichNetns::Pod(&netns), &expected.settings.config, &opts)
                     .map(|_| ())
                     .map_err(ActError::Program)
             })
