@@ -484,6 +484,24 @@ fn a_setting_two_roles_read_has_the_same_name_and_default_in_both() {
         }
     }
     assert_eq!(shared, 5, "the ambient command's env fallbacks");
+    // Any env var two declaration lists name: one default (istio-iptables' own and install-cni's
+    // agent both read NATIVE_NFTABLES and FORCE_IPTABLES_BINARY).
+    use istio_cni::iptables_cmd::flags::decl as iptables;
+    for s in iptables::ALL {
+        let Some(env) = s.env else { continue };
+        let Some(i) = install::ALL.iter().find(|i| i.env == Some(env)) else {
+            continue;
+        };
+        match env {
+            // install-cni: no default (detect); istio-iptables: empty, which its parser reads as
+            // detect too.
+            "FORCE_IPTABLES_BINARY" => assert_eq!((i.default, s.default), (None, Some(""))),
+            _ => assert_eq!(
+                i.default, s.default,
+                "{env}: the two roles' defaults differ"
+            ),
+        }
+    }
     assert_eq!(ambient::host_proc.default, install::host_proc_dir.default);
     let model = istio_cni::rules::ambient::AmbientConfig::default();
     assert_eq!(
