@@ -15,14 +15,15 @@
 //! | [`netlink`] | the netlink transport: wire format (headers, batch framing, sequence numbers, replies), addresses (and the /proc scan's address probe), ip rules and routes via rtnetlink with plain parameters, nf_tables transactions via nfnetlink, single nfnetlink requests and dumps (ipset, nf_tables reads) | `netns` |
 //! | [`reconcile`] | the one keyed reconcile engine for pod work: a key never worked twice at once, triggers coalesced, bounded concurrency, the error's class deciding retry (jittered backoff) / give up / wait, a caller awaiting the run after its trigger | `retry` |
 //! | [`retry`] | retry spacing (doubling, equal jitter, through backon) and the loop retrying only transient failures under a deadline; the periodic pass schedule (jittered period, early kick) of the drift verifiers | — |
-//! | [`kube`] | the one Kubernetes client module (kubeconfig/in-cluster, typed helpers), the node stores, the pod-facts request/answer, and the test API server | `retry` |
+//! | [`kube`] | the one Kubernetes client module (kubeconfig/in-cluster, typed helpers), the node stores and when a stored pod may be answered for (`lookup`) | `retry` |
 //! | [`sidecar`] | the sidecar redirect derivation, pure: pod facts from the API object, Istio's selection checks, annotations -> capture config; shared by the plugin and the repair controller | `cli`, `rules` |
-//! | [`plugin`] | the `istio-cni` CNI plugin role | `cli`, `rules`, `sidecar`, `apply`, `netns`, `kube`, `retry`, `telemetry` |
-//! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup; the one node pod store and the pod-facts socket; starts the ambient agent and the repair controller | `cli`, `kube`, `retry`, `telemetry`, `agent`, `repair` |
+//! | [`plugin`] | the `istio-cni` CNI plugin role | `cli`, `rules`, `sidecar`, `apply`, `netns`, `kube`, `retry`, `telemetry`, `wire` |
+//! | [`install`] | the `install-cni` role: binary + conflist + kubeconfig install, guard loop, cleanup; the one node pod store and the pod-facts socket; starts the ambient agent and the repair controller | `cli`, `kube`, `retry`, `telemetry`, `agent`, `repair`, `wire` |
 //! | [`repair`] | the repair controller: is a sidecar pod broken (pure), the reconcile over the node pod store on the one engine (once per UID, jittered backoff), repair/delete/label; the sidecar drift pass (verify, heal in place, or hand to the controller's policy) | `cli`, `kube`, `retry`, `reconcile`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry` |
-//! | [`agent`] | the ambient node agent: settings, the pure enrolment state machine, pod cache, add/remove steps, the reconcile of one pod over the one engine (fed by the kube stores, the plugin and the drift pass), plugin-event server, startup and shutdown, the periodic drift pass (verify and heal enrolled pods' rules and the probe set); its data plane (`dataplane`: in-pod and host rules, probe sets); ZDS through `zds` | `cli`, `kube`, `retry`, `reconcile`, `rules`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`, `zds` |
-//! | [`telemetry`] | logging setup, plugin log sink, health/readiness and metrics servers; the one binder (`socket`) and server (`serve`) of every local socket and port | — |
+//! | [`agent`] | the ambient node agent: settings, the pure enrolment state machine, pod cache, add/remove steps, the reconcile of one pod over the one engine (fed by the kube stores, the plugin and the drift pass), plugin-event server, startup and shutdown, the periodic drift pass (verify and heal enrolled pods' rules and the probe set); its data plane (`dataplane`: in-pod and host rules, probe sets); ZDS through `zds` | `cli`, `kube`, `retry`, `reconcile`, `rules`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`, `zds`, `wire` |
+//! | [`telemetry`] | logging setup, plugin log sink, health/readiness and metrics servers; the one binder (`socket`) and server (`serve`) of every local socket and port | `wire` |
 //! | [`zds`] | the ZDS server handing enrolled pods' netns fds to ztunnel: protocol messages, the SOCK_SEQPACKET socket, per-connection snapshot and lock-step updates, NACK backoff | `netns`, `retry`, `telemetry` |
+//! | [`wire`] | the one plugin <-> node protocol, pure data: `/cmdadd` and `/podadd` on `pluginevent.sock` (the event, the answer, the typed `AddFailure`), the pod-facts socket's request and answer, a pod trimmed to what the plugin reads, the log sink's records | — |
 
 pub mod agent;
 pub mod apply;
@@ -39,6 +40,7 @@ pub mod retry;
 pub mod rules;
 pub mod sidecar;
 pub mod telemetry;
+pub mod wire;
 pub mod zds;
 
 /// The version printed by `--version` on every role.

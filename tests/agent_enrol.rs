@@ -19,7 +19,7 @@ use istio_cni::agent::settings::{AgentConfig, AgentTiming, Settings};
 use istio_cni::agent::testing::{FakeDataplane, FakeZtunnel};
 use istio_cni::agent::{Agent, Deps};
 use istio_cni::kube::KubeClient;
-use istio_cni::kube::plugin_event::{EventIp, EventIpNet, PluginAddEvent};
+use istio_cni::wire::event::{EventIp, EventIpNet, PluginAddEvent};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use real_cluster::RealCluster;
 use serde_json::json;
@@ -438,8 +438,7 @@ async fn a_restart_restores_enrolled_pods_without_flushing() {
         )
         .await;
         let agent = r.agent.as_ref().unwrap();
-        let cache = agent.pod_cache();
-        let snapshot = cache.snapshot();
+        let snapshot = agent.core().mesh.cache.snapshot();
         assert!(snapshot.len() >= 20, "{}", snapshot.len());
         let web: Vec<_> = snapshot
             .iter()

@@ -20,7 +20,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ambient_node::{Backend, Node, PodNs, result_ip};
-use istio_cni::kube::plugin_event::{EventIp, EventIpNet, PluginAddEvent};
+use istio_cni::wire::event::{EventIp, EventIpNet, PluginAddEvent};
 use serde_json::json;
 use support::real_cluster::RealCluster;
 

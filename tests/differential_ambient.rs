@@ -12,7 +12,7 @@
 //! pods' redirection annotation, each pod's in-pod rules (iptables of both flavours or native
 //! nftables, with the `ip rule`/table-100 routes) after the ADDs and after the restart, the
 //! node's host rules, the probe set members after each step, and every ZDS message the peer got
-//! on each connection (WorkloadInfo fields, fd count; a snapshot's order is not the protocol's,
+//! on each connection (PodWorkload fields, fd count; a snapshot's order is not the protocol's,
 //! so it is sorted). Normalised, because they must differ: pod UIDs (shown as the pod's name) and
 //! the server's per-run suffix of namespace and node names.
 //!

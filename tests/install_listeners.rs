@@ -13,7 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use istio_cni::kube::pod_facts::{PodFactsAnswer, PodFactsRequest};
+use istio_cni::wire::pod_facts::{PodFactsAnswer, PodFactsRequest};
 use support::*;
 
 const T: Duration = Duration::from_secs(30);

@@ -59,7 +59,7 @@ impl Node {
             // The ambient agent's namespace store (for the ambient check's labels).
             let namespaces = spawn_namespace_store(&client, backoff, stop.clone());
             namespaces.wait_synced(PATIENCE).await.expect("synced");
-            let path = istio_cni::kube::pod_facts::socket_path(dir.path());
+            let path = istio_cni::wire::pod_facts::socket_path(dir.path());
             let serving = istio_cni::telemetry::serve::Serving::default();
             pod_facts::start(
                 &path,
@@ -292,7 +292,7 @@ fn a_hung_agent_costs_the_budget_then_a_get() {
         hung.path().join("istio-cni-kubeconfig"),
     )
     .unwrap();
-    let path: PathBuf = istio_cni::kube::pod_facts::socket_path(hung.path());
+    let path: PathBuf = istio_cni::wire::pod_facts::socket_path(hung.path());
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     // Bound, never accepted: connect and write succeed, no answer ever comes.
     let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use istio_cni::netns::Netns as NetnsHandle;
-use istio_cni::zds::{self, SnapshotEntry, SnapshotSource, WorkloadInfo, ZdsConfig, ZdsError};
+use istio_cni::zds::{self, PodWorkload, SnapshotEntry, SnapshotSource, ZdsConfig, ZdsError};
 use support::zds_peer::{Seen, ZdsPeer};
 use support::zds_raw::RawConn;
 use support::{Netns, PodAndServer};
@@ -39,8 +39,8 @@ impl Pods {
     }
 }
 
-fn info(uid: &str) -> WorkloadInfo {
-    WorkloadInfo {
+fn info(uid: &str) -> PodWorkload {
+    PodWorkload {
         name: format!("pod-{uid}"),
         namespace: "default".into(),
         service_account: "sa".into(),

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::dataplane::{Dataplane, DataplaneError};
-use super::ports::{self, PodNet, PortError, PortFuture, WorkloadInfo};
+use super::ports::{self, PodNet, PodWorkload, PortError, PortFuture};
 use crate::netns::Netns;
 use crate::netns::reserved::Reserved;
 use crate::zds::{SnapshotEntry, SnapshotSource, ZdsError, ZdsHandle};
@@ -77,7 +77,7 @@ impl ports::DataplanePort for Dataplane {
 }
 
 impl ports::Ztunnel for ZdsHandle {
-    fn add_workload(&self, uid: String, info: WorkloadInfo, netns: Arc<Netns>) -> PortFuture<'_> {
+    fn add_workload(&self, uid: String, info: PodWorkload, netns: Arc<Netns>) -> PortFuture<'_> {
         Box::pin(async move {
             ZdsHandle::add_workload(self, &uid, &info, &netns)
                 .await

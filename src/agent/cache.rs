@@ -8,12 +8,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::ports::WorkloadInfo;
+use super::ports::PodWorkload;
 use crate::netns::Netns;
 
 #[derive(Debug, Clone)]
 pub struct CachedPod {
-    pub info: WorkloadInfo,
+    pub info: PodWorkload,
     pub netns: Option<Arc<Netns>>,
     /// The pod's probe-set entries: `Some(ips)` as the agent wrote them (empty: none expected,
     /// e.g. a pod ztunnel has not taken yet), `None` when unknown (restored at startup without
@@ -52,18 +52,18 @@ struct Pods {
 }
 
 impl Pods {
-    fn name_of(info: &WorkloadInfo) -> (String, String) {
+    fn name_of(info: &PodWorkload) -> (String, String) {
         (info.namespace.clone(), info.name.clone())
     }
 
-    fn index(&mut self, uid: &str, info: &WorkloadInfo) {
+    fn index(&mut self, uid: &str, info: &PodWorkload) {
         let uids = self.by_name.entry(Self::name_of(info)).or_default();
         if !uids.iter().any(|u| u == uid) {
             uids.push(uid.to_string());
         }
     }
 
-    fn unindex(&mut self, uid: &str, info: &WorkloadInfo) {
+    fn unindex(&mut self, uid: &str, info: &PodWorkload) {
         let name = Self::name_of(info);
         if let Some(uids) = self.by_name.get_mut(&name) {
             uids.retain(|u| u != uid);
@@ -111,7 +111,7 @@ impl PodCache {
     }
 
     /// A placeholder without a netns, unless the pod is already there.
-    pub fn ensure(&self, uid: &str, info: WorkloadInfo) {
+    pub fn ensure(&self, uid: &str, info: PodWorkload) {
         let mut pods = self.write();
         if pods.contains_key(uid) {
             return;
@@ -131,12 +131,7 @@ impl PodCache {
 
     /// Records the pod's netns. An entry holding the same namespace (dev, inode) keeps its
     /// handle (the new one is dropped); identity is refreshed either way. Returns the kept one.
-    pub fn upsert(
-        &self,
-        uid: &str,
-        info: WorkloadInfo,
-        netns: impl Into<Arc<Netns>>,
-    ) -> Arc<Netns> {
+    pub fn upsert(&self, uid: &str, info: PodWorkload, netns: impl Into<Arc<Netns>>) -> Arc<Netns> {
         let netns = netns.into();
         let mut pods = self.write();
         let mut entry = pods.remove(uid).unwrap_or(CachedPod {
@@ -345,11 +340,13 @@ impl PodCache {
             .collect()
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.read().len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
@@ -358,8 +355,8 @@ impl PodCache {
 mod tests {
     use super::*;
 
-    fn info(name: &str) -> WorkloadInfo {
-        WorkloadInfo {
+    fn info(name: &str) -> PodWorkload {
+        PodWorkload {
             name: name.into(),
             ..Default::default()
         }
@@ -402,7 +399,7 @@ mod tests {
             uids.sort();
             uids
         };
-        let at = |ns: &str, name: &str| WorkloadInfo {
+        let at = |ns: &str, name: &str| PodWorkload {
             namespace: ns.into(),
             name: name.into(),
             ..Default::default()

@@ -50,7 +50,22 @@ pub enum RecordError {
     #[error("CNI address record {path} is larger than {MAX_RECORD_BYTES} bytes")]
     TooLarge { path: String },
     #[error("CNI address record {path} does not parse: {why}")]
-    Malformed { path: String, why: String },
+    Malformed {
+        path: String,
+        #[source]
+        why: Unparsable,
+    },
+}
+
+/// What is wrong with a record's text.
+#[derive(Debug, thiserror::Error)]
+pub enum Unparsable {
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error("version {0} is not 1")]
+    Version(serde_json::Value),
+    #[error("no \"pods\" object")]
+    NoPods,
 }
 
 /// Whether the verified ADD addresses hold one no status can: a second address of a family.
@@ -117,14 +132,12 @@ pub fn encode(record: &Record) -> String {
 
 /// Parses a record; entries past the bounds, with a UID too long or an address that does not
 /// parse, are left out.
-pub fn decode(text: &str) -> Result<Record, String> {
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+pub fn decode(text: &str) -> Result<Record, Unparsable> {
+    let value: serde_json::Value = serde_json::from_str(text)?;
     if value["version"] != 1 {
-        return Err(format!("version {} is not 1", value["version"]));
+        return Err(Unparsable::Version(value["version"].clone()));
     }
-    let pods = value["pods"]
-        .as_object()
-        .ok_or_else(|| "no \"pods\" object".to_string())?;
+    let pods = value["pods"].as_object().ok_or(Unparsable::NoPods)?;
     let mut record = Record::new();
     for (uid, ips) in pods.iter().take(MAX_PODS) {
         if uid.is_empty() || uid.len() > MAX_UID_LEN {

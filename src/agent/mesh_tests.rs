@@ -254,7 +254,7 @@ async fn a_pod_removed_before_its_owed_annotation_is_written_never_gets_it() {
 /// panicked, which is always retried.
 #[tokio::test]
 async fn every_failure_is_classified_once_by_step_and_cause() {
-    use crate::kube::{Call, Refusal as KubeRefusal};
+    use crate::kube::{ApiRefusal, Call};
     use crate::netns::NetnsError;
     let cancelled = || {
         let task = tokio::spawn(std::future::pending::<()>());
@@ -323,7 +323,7 @@ async fn every_failure_is_classified_once_by_step_and_cause() {
                 PortError::Ztunnel(ZdsError::NotANetns {
                     uid: "u".into(),
                     path: "/x".into(),
-                    reason: "a file".into(),
+                    reason: crate::zds::NotANetns::OtherType(0),
                 }),
             ),
             GiveUp,
@@ -362,7 +362,7 @@ async fn every_failure_is_classified_once_by_step_and_cause() {
         (
             MeshError::Annotate {
                 pod: pod(),
-                source: KubeError::NotFound(KubeRefusal {
+                source: KubeError::NotFound(ApiRefusal {
                     call: Call::PatchPod,
                     object: pod(),
                     message: "pods \"p\" not found".into(),

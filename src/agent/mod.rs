@@ -19,7 +19,7 @@
 //! (over `dataplane`'s types) below `ports`; `findings` below `reconciler`; the drift pass
 //! (`drift`) and the answer (`status`, over `node_pods`) above it.
 //!
-//! May call: `cli`, `kube`, `retry`, `reconcile`, `rules`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`, `zds`.
+//! May call: `cli`, `kube`, `retry`, `reconcile`, `rules`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`, `zds`, `wire`.
 
 pub mod adapters;
 pub mod cache;
@@ -50,6 +50,7 @@ use tracing::{info, warn};
 
 use crate::kube::stores::{self, PodStore, SyncError};
 use crate::kube::{KubeClient, WatchBackoff};
+use crate::telemetry::health::NotReady;
 use cache::PodCache;
 use machine::EnrolmentPolicy;
 use mesh::Mesh;
@@ -170,7 +171,10 @@ impl Agent {
         let refusals = tokio::spawn(async move {
             namespaces
                 .follow_watch_refusals(stop, |why| {
-                    ready.set_state(NAMESPACE_WATCH, why.map_or(Ok(()), Err));
+                    ready.set_state(
+                        NAMESPACE_WATCH,
+                        why.map_or(Ok(()), |why| Err(NotReady::WatchRefused(why))),
+                    );
                 })
                 .await
         });
@@ -227,7 +231,7 @@ async fn wait_for_stores(
     use crate::telemetry::health::API_SERVER;
     let report = |why: &str| {
         warn!("waiting for the API server: {why}; retrying");
-        readiness.set_state(API_SERVER, Err(why.to_string()));
+        readiness.set_state(API_SERVER, Err(NotReady::ApiServer(why.to_string())));
     };
     let both = async {
         core.pods.wait_until_synced(STORE_POLL, report).await;

@@ -8,7 +8,7 @@ use tracing::warn;
 
 use super::dataplane::PodNet;
 use crate::rules::ambient::{PodDns, PodOverrides};
-use crate::zds::WorkloadInfo;
+use crate::zds::PodWorkload;
 
 /// The redirection annotation.
 pub const ANN_REDIRECTION: &str = "ambient.istio.io/redirection";
@@ -92,8 +92,8 @@ pub fn is_ztunnel(pod: &Pod, system_namespace: &str) -> bool {
             .is_some_and(|v| v == "ztunnel")
 }
 
-pub fn workload_info(pod: &Pod) -> WorkloadInfo {
-    WorkloadInfo {
+pub fn workload_info(pod: &Pod) -> PodWorkload {
+    PodWorkload {
         name: name(pod).to_string(),
         namespace: namespace(pod).to_string(),
         service_account: pod

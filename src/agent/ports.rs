@@ -105,7 +105,7 @@ pub trait DataplanePort: Send + Sync + 'static {
 }
 
 /// Workload identity sent to ztunnel (the ZDS room's own type).
-pub use crate::zds::WorkloadInfo;
+pub use crate::zds::PodWorkload;
 
 /// What a ztunnel seam call returns.
 pub type PortFuture<'a> = BoxFuture<'a, Result<(), PortError>>;
@@ -114,7 +114,7 @@ pub type PortFuture<'a> = BoxFuture<'a, Result<(), PortError>>;
 /// outlive the caller's borrows, and every implementation states one short signature.
 pub trait Ztunnel: Send + Sync + 'static {
     /// Sends the pod to the newest ztunnel connection; returns after its ack.
-    fn add_workload(&self, uid: String, info: WorkloadInfo, netns: Arc<Netns>) -> PortFuture<'_>;
+    fn add_workload(&self, uid: String, info: PodWorkload, netns: Arc<Netns>) -> PortFuture<'_>;
     /// Tells every connection the pod is gone (no connection: Ok).
     fn del_workload<'a>(&'a self, uid: &'a str) -> PortFuture<'a>;
     /// What was last sent about each pod (UID), on which connection, and ztunnel's answer
@@ -188,7 +188,7 @@ impl LateZtunnel {
 }
 
 impl Ztunnel for LateZtunnel {
-    fn add_workload(&self, uid: String, info: WorkloadInfo, netns: Arc<Netns>) -> PortFuture<'_> {
+    fn add_workload(&self, uid: String, info: PodWorkload, netns: Arc<Netns>) -> PortFuture<'_> {
         match self.inner.get() {
             Some(z) => z.add_workload(uid, info, netns),
             None => Box::pin(async { Err(PortError::NotBound) }),

@@ -27,16 +27,15 @@ use super::mesh::{AddressOwners, MeshError, PluginAdd, classify};
 use super::pod;
 use super::progress::{AddStep, Progress};
 use super::reconciler::{Core, PodEngine, Reconciled};
-use super::settings::PLUGIN_EVENT_SOCKET;
-use crate::kube::plugin_event::{
-    AddFailure, FailureKind, POD_ADD_PATH, PluginAddEvent, PodAddAnswer, PodAddRequest,
-};
-use crate::kube::pod_facts::{self, NotYet, PodFactsRequest};
+use crate::kube::lookup::{self, NotYet, Query};
 use crate::kube::stores::{self, PodStore, pod_key};
 use crate::reconcile::{Class, Stopped};
 use crate::telemetry::metrics::ResponseCodeLabel;
 use crate::telemetry::serve::{self, ConnInfo, Limits, Serving, UnixServer};
 use crate::telemetry::socket::{self, Peer, SocketError};
+use crate::wire::event::{CMD_ADD_PATH, PLUGIN_EVENT_SOCKET, PluginAddEvent};
+use crate::wire::pod::trim_for_plugin;
+use crate::wire::pod_add::{AddFailure, FailureKind, POD_ADD_PATH, PodAddAnswer, PodAddRequest};
 
 /// Largest body accepted (an event is a few hundred bytes).
 const MAX_BODY: usize = 64 * 1024;
@@ -52,7 +51,7 @@ pub async fn serve(
 ) -> Result<tokio::task::JoinHandle<()>, SocketError> {
     let bound = serve::bind_unix(&path)?;
     let app = Router::new()
-        .route("/cmdadd", any(cmd_add))
+        .route(CMD_ADD_PATH, any(cmd_add))
         .route(POD_ADD_PATH, any(pod_add))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(engine);
@@ -75,7 +74,7 @@ async fn cmd_add(
     Extension(conn): Extension<ConnInfo>,
     body: Bytes,
 ) -> (StatusCode, String) {
-    root_only(engine, conn, "/cmdadd", |engine, caller| {
+    root_only(engine, conn, CMD_ADD_PATH, |engine, caller| {
         handle(engine, caller, body)
     })
     .await
@@ -379,7 +378,7 @@ async fn handle_pod_add(engine: PodEngine, caller: Peer, body: Bytes) -> (Status
         };
         if !core.policy.matches(&p, &ns_labels) {
             return Ok(PodAddAnswer::NotAmbient {
-                pod: Box::new(pod_facts::trim_for_plugin(&p)),
+                pod: Box::new(trim_for_plugin(&p)),
             });
         }
         let event = &request.event;
@@ -402,7 +401,7 @@ async fn handle_pod_add(engine: PodEngine, caller: Peer, body: Bytes) -> (Status
         }
         result.map(|done| match done {
             Reconciled::NotAmbient(p) => PodAddAnswer::NotAmbient {
-                pod: Box::new(pod_facts::trim_for_plugin(&p)),
+                pod: Box::new(trim_for_plugin(&p)),
             },
             _ => PodAddAnswer::Enrolled,
         })
@@ -424,17 +423,17 @@ async fn stored_pod(
     core: &Core,
     request: &PodAddRequest,
 ) -> Result<(Arc<Pod>, std::collections::BTreeMap<String, String>), NotYet> {
-    let facts = PodFactsRequest {
-        namespace: request.event.pod_namespace.clone(),
-        name: request.event.pod_name.clone(),
-        uid: request.uid.clone(),
+    let facts = Query {
+        namespace: &request.event.pod_namespace,
+        name: &request.event.pod_name,
+        uid: &request.uid,
         namespace_labels: true,
     };
     wait_in_stores(core, || {
-        match pod_facts::lookup(&facts, &core.pods, Some(&core.namespaces)) {
+        match lookup::stored_pod(&facts, &core.pods, Some(&core.namespaces)) {
             Ok((p, Some(labels))) => Ok((p, labels)),
             Ok((_, None)) => Err(NotYet::NamespaceNotStored {
-                namespace: facts.namespace.clone(),
+                namespace: facts.namespace.to_string(),
             }),
             Err(reason) => Err(reason),
         }

@@ -108,9 +108,6 @@ impl Default for AgentTiming {
 impl Settings {
     /// Path of the plugin-event socket.
     pub fn plugin_event_socket(&self) -> PathBuf {
-        self.run_dir.join(PLUGIN_EVENT_SOCKET)
+        self.run_dir.join(crate::wire::event::PLUGIN_EVENT_SOCKET)
     }
 }
-
-/// File name of the plugin-event socket in the run dir.
-pub const PLUGIN_EVENT_SOCKET: &str = "pluginevent.sock";

@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::Notify;
 
 use super::ports::{
-    Annotator, DataplanePort, KubeFuture, PodNet, PortError, PortFuture, ProbeSynced, RuleChange,
-    WorkloadInfo, Ztunnel,
+    Annotator, DataplanePort, KubeFuture, PodNet, PodWorkload, PortError, PortFuture, ProbeSynced,
+    RuleChange, Ztunnel,
 };
 use crate::kube::EventRecord;
 use crate::netns::reserved::Reserved;
@@ -234,7 +234,7 @@ impl DataplanePort for FakeDataplane {
 /// named in `gates` wait until its `Notify` is notified (a slow ztunnel for that pod).
 pub struct FakeZtunnel {
     pub connected: AtomicBool,
-    pub workloads: Mutex<BTreeMap<String, WorkloadInfo>>,
+    pub workloads: Mutex<BTreeMap<String, PodWorkload>>,
     pub adds: AtomicU32,
     pub dels: AtomicU32,
     pub gates: Mutex<BTreeMap<String, Arc<Notify>>>,
@@ -266,7 +266,7 @@ impl FakeZtunnel {
 }
 
 impl Ztunnel for FakeZtunnel {
-    fn add_workload(&self, uid: String, info: WorkloadInfo, _netns: Arc<Netns>) -> PortFuture<'_> {
+    fn add_workload(&self, uid: String, info: PodWorkload, _netns: Arc<Netns>) -> PortFuture<'_> {
         Box::pin(async move {
             let gate = self.gates.lock().get(&info.name).cloned();
             if let Some(gate) = gate {

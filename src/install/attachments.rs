@@ -47,7 +47,7 @@ pub fn binary_still_needed(results_dir: &Path, conf_dir: &Path) -> Option<String
 
 /// How many cached results name the plugin. A missing directory is none (the runtime has cached
 /// nothing); anything that cannot be judged is an error saying what.
-pub fn cached_attachments(dir: &Path) -> Result<usize, String> {
+fn cached_attachments(dir: &Path) -> Result<usize, String> {
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
@@ -79,7 +79,7 @@ pub fn cached_attachments(dir: &Path) -> Result<usize, String> {
 
 /// Whether one cached result (libcni's `cniCacheV1`: the network config, base64, under
 /// `config`) was set up with a config naming the plugin.
-pub fn entry_names_plugin(bytes: &[u8]) -> Result<bool, String> {
+fn entry_names_plugin(bytes: &[u8]) -> Result<bool, String> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON ({e})"))?;
     let encoded = value
         .get("config")

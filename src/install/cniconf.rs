@@ -394,31 +394,51 @@ pub fn remove(file: &str, list: &Value) -> Result<Option<Value>, ConfError> {
     Ok(Some(Value::Object(out)))
 }
 
+/// Why the config file we wrote is not what we would write now (the guard writes it again).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Stale {
+    #[error("our config has no plugins list")]
+    NoPlugins,
+    #[error("a plugin in our config has no string type")]
+    UntypedPlugin,
+    #[error("istio-cni entry is missing")]
+    MissingEntry,
+    #[error("{0} istio-cni entries (exactly one expected)")]
+    ManyEntries(usize),
+    #[error("the istio-cni entry is not the last plugin")]
+    EntryNotLast,
+    #[error("istio-cni entry differs from the expected one")]
+    EntryDiffers,
+    /// Owned mode: the primary's plugins changed (names the primary's file).
+    #[error("owned config no longer matches the plugins of {0}")]
+    OwnedCopyDiffers(String),
+    #[error("standalone config type is not istio-cni")]
+    NotStandalone,
+    #[error("standalone config differs from the expected one")]
+    StandaloneDiffers,
+}
+
 /// Checks a chained file we wrote: every plugin an object with a string type, exactly one
 /// istio-cni entry, last (after the primary's plugins, where `insert` puts it), and equal to what
 /// we would write now.
-pub fn check_chained(ours: &Value, istio: &IstioPlugin) -> Result<(), String> {
+pub fn check_chained(ours: &Value, istio: &IstioPlugin) -> Result<(), Stale> {
     let plugins = ours
         .get("plugins")
         .and_then(Value::as_array)
-        .ok_or("our config has no plugins list")?;
+        .ok_or(Stale::NoPlugins)?;
     for p in plugins {
         if p.get("type").and_then(Value::as_str).is_none() {
-            return Err("a plugin in our config has no string type".to_string());
+            return Err(Stale::UntypedPlugin);
         }
     }
     match plugins.iter().filter(|p| is_istio_entry(p)).count() {
-        0 => return Err("istio-cni entry is missing".to_string()),
+        0 => return Err(Stale::MissingEntry),
         1 => {}
-        n => return Err(format!("{n} istio-cni entries (exactly one expected)")),
+        n => return Err(Stale::ManyEntries(n)),
     }
     match plugins.last() {
-        Some(p) if !is_istio_entry(p) => {
-            Err("the istio-cni entry is not the last plugin".to_string())
-        }
-        Some(p) if *p != istio.list_entry() => {
-            Err("istio-cni entry differs from the expected one".to_string())
-        }
+        Some(p) if !is_istio_entry(p) => Err(Stale::EntryNotLast),
+        Some(p) if *p != istio.list_entry() => Err(Stale::EntryDiffers),
         _ => Ok(()),
     }
 }
@@ -448,7 +468,7 @@ pub fn primary_plugins(primary: &Candidate) -> Vec<Value> {
 /// Compared as written: our copy went through [`marshal`], which spells some numbers otherwise
 /// (`1.0` as `1`, `1e3` as `1000`) and so reads back as another JSON number kind; comparing the
 /// parsed values would call a fresh copy stale and rewrite it forever.
-pub fn check_owned_copy(ours: &Value, primary: &Candidate) -> Result<(), String> {
+pub fn check_owned_copy(ours: &Value, primary: &Candidate) -> Result<(), Stale> {
     let ours: Vec<Value> = ours
         .get("plugins")
         .and_then(Value::as_array)
@@ -457,20 +477,17 @@ pub fn check_owned_copy(ours: &Value, primary: &Candidate) -> Result<(), String>
     if marshal(&Value::Array(ours)) == marshal(&Value::Array(primary_plugins(primary))) {
         Ok(())
     } else {
-        Err(format!(
-            "owned config no longer matches the plugins of {}",
-            primary.name
-        ))
+        Err(Stale::OwnedCopyDiffers(primary.name.clone()))
     }
 }
 
 /// Standalone: our file's top-level type must be istio-cni and its content what we would write.
-pub fn check_standalone(ours: &Value, istio: &IstioPlugin) -> Result<(), String> {
+pub fn check_standalone(ours: &Value, istio: &IstioPlugin) -> Result<(), Stale> {
     if ours.get("type").and_then(Value::as_str) != Some(ISTIO_TYPE) {
-        return Err("standalone config type is not istio-cni".to_string());
+        return Err(Stale::NotStandalone);
     }
     if *ours != istio.to_value() {
-        return Err("standalone config differs from the expected one".to_string());
+        return Err(Stale::StandaloneDiffers);
     }
     Ok(())
 }

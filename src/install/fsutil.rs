@@ -272,7 +272,7 @@ pub fn read_bounded_to(path: &Path, limit: u64) -> Result<Vec<u8>, FsError> {
 
 /// Checks that a name read back from disk (a record in the run dir) is a plain file name: joined
 /// to its directory it stays inside it. Empty, `.`, `..`, a `/` or a NUL are refused.
-pub fn plain_name(name: &str) -> Result<&str, String> {
+pub(super) fn plain_name(name: &str) -> Result<&str, String> {
     if name.is_empty() || name == "." || name == ".." || name.len() > 255 {
         return Err(format!("{name:?} is not a file name"));
     }

@@ -144,11 +144,6 @@ impl Installer {
         self.istio.force_iptables_binary = flavour;
     }
 
-    /// The config this installer works with.
-    pub fn config(&self) -> &InstallConfig {
-        &self.cfg
-    }
-
     /// Full path of the config file we manage (last written), for messages.
     pub fn conf_path(&self) -> Option<PathBuf> {
         self.last_written
@@ -351,7 +346,7 @@ impl Installer {
     // ---- passes ----
 
     /// Checks everything without writing. `Err` says what is wrong.
-    pub fn validate(&mut self) -> Result<(), String> {
+    pub(super) fn validate(&mut self) -> Result<(), String> {
         for target in self.bin_targets() {
             if !self.binary_ok(&target) {
                 return Err(format!("{} is missing or differs", target.display()));
@@ -445,7 +440,7 @@ pub fn remove_run_dir_leftovers(run_dir: &Path) {
             Err(e) => warn!("{e}"),
         }
     }
-    let sockets = crate::kube::pod_facts::socket_path(run_dir);
+    let sockets = crate::wire::pod_facts::socket_path(run_dir);
     if let Some(dir) = sockets.parent()
         && fs::remove_dir(dir).is_ok()
     {

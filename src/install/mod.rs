@@ -1,6 +1,6 @@
 //! The `install-cni` role: installs this binary as the CNI plugin, merges our entry into the node's
 //! CNI config, writes the plugin kubeconfig, guards all of it, and cleans up on shutdown.
-//! May call: `cli`, `kube`, `retry`, `telemetry`, `agent`, `repair`.
+//! May call: `cli`, `kube`, `retry`, `telemetry`, `agent`, `repair`, `wire`.
 //!
 //! Files: `config` (flags/env, pure; split into `flags`, `values` (how each kind of value is read;
 //! selector YAML through serde-saphyr into `kube::selector`), `resolve` (flag > env > default),
@@ -38,7 +38,7 @@ use tracing::{error, info, warn};
 
 use crate::kube::KubeClient;
 use crate::retry::periodic::Kick;
-use crate::telemetry::health::{self, Readiness};
+use crate::telemetry::health::{self, NotReady, Readiness};
 use crate::telemetry::logging::{self, LogSettings, ScopeLevels};
 use crate::telemetry::logsink;
 use crate::telemetry::metrics::Metrics;
@@ -277,8 +277,8 @@ async fn run(cfg: Config) -> i32 {
     };
     let started = match started {
         Ok(started) => started,
-        Err(message) => {
-            error!("{message}");
+        Err(failure) => {
+            error!("{failure}");
             base.stop.cancel();
             return 1;
         }
@@ -330,10 +330,41 @@ struct Started {
     check: Box<dyn upgrade::UpgradeCheck>,
 }
 
+/// Why install-cni did not start; it exits 1 (before installing anything, but for the guard).
+#[derive(Debug, thiserror::Error)]
+enum StartFailure {
+    #[error("plugin log sink failed to start: {0}")]
+    LogSink(#[source] crate::telemetry::socket::SocketError),
+    #[error("health server on port {port} failed to start: {source}")]
+    Health {
+        port: u16,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Node(#[from] node_store::NodeError),
+    #[error("{features}: Kubernetes client: {source}")]
+    Client {
+        features: String,
+        #[source]
+        source: Box<crate::kube::KubeError>,
+    },
+    #[error(transparent)]
+    Repair(#[from] crate::repair::RepairError),
+    #[error(transparent)]
+    Agent(#[from] ambient::StartError),
+    #[error("cannot find our own executable to install as the plugin: {0}")]
+    OwnExe(#[source] std::io::Error),
+    #[error(transparent)]
+    Installer(#[from] installer::InstallError),
+    #[error("starting the guard thread: {0}")]
+    Guard(#[source] std::io::Error),
+}
+
 /// In order: the listeners, the node's pod watch with the repair controller and the ambient
 /// agent (both ready before the plugin is installed), the pod-facts socket, then the guard that
 /// installs and watches the plugin. An error names what failed to start.
-async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
+async fn start(cfg: &Config, base: &Base) -> Result<Started, StartFailure> {
     let (mut servers, debug_pods) = serve_listeners(cfg, base).await?;
     let node = watch_node(cfg, &base.stop).await?;
     if let Some(node) = &node {
@@ -370,7 +401,7 @@ async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
     // server; the namespace labels for its ambient check come from the agent's store.
     if let Some(node) = &node {
         let namespaces = agent.as_ref().map(|a| a.core().namespaces.clone());
-        let path = crate::kube::pod_facts::socket_path(&cfg.install.run_dir);
+        let path = crate::wire::pod_facts::socket_path(&cfg.install.run_dir);
         match pod_facts::start(
             &path,
             node.pods.clone(),
@@ -384,10 +415,8 @@ async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
         }
     }
     let check = upgrade::checker(&cfg.install.pod_namespace, &cfg.install.node_name).await;
-    let exe = std::env::current_exe()
-        .map_err(|e| format!("cannot find our own executable to install as the plugin: {e}"))?;
-    let mut installer =
-        installer::Installer::new(cfg.install.clone(), exe).map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(StartFailure::OwnExe)?;
+    let mut installer = installer::Installer::new(cfg.install.clone(), exe)?;
     // The agent (started above) has decided and recorded the node's flavour by now.
     let flavour = ambient::node_flavour(cfg);
     if let Some(f) = &flavour {
@@ -399,8 +428,7 @@ async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
         metrics: base.metrics.clone(),
         drift: base.drift_kick.clone(),
     };
-    let guard =
-        guard::spawn(installer, observer).map_err(|e| format!("starting the guard thread: {e}"))?;
+    let guard = guard::spawn(installer, observer).map_err(StartFailure::Guard)?;
     Ok(Started {
         servers,
         agent,
@@ -414,7 +442,7 @@ async fn start(cfg: &Config, base: &Base) -> Result<Started, String> {
 async fn serve_listeners(
     cfg: &Config,
     base: &Base,
-) -> Result<(Vec<tokio::task::JoinHandle<()>>, health::DebugPods), String> {
+) -> Result<(Vec<tokio::task::JoinHandle<()>>, health::DebugPods), StartFailure> {
     let idle = base.serving.idle_timeout;
     if let Some(port) = cfg.monitoring_port {
         match health::serve_metrics(port, base.metrics.clone(), idle, base.stop.clone()).await {
@@ -424,7 +452,7 @@ async fn serve_listeners(
         }
     }
     let sock = logsink::socket_path(&cfg.install.run_dir);
-    let sink = logsink::bind(&sock).map_err(|e| format!("plugin log sink failed to start: {e}"))?;
+    let sink = logsink::bind(&sock).map_err(StartFailure::LogSink)?;
     let servers = vec![tokio::spawn(logsink::serve(
         sink,
         base.readiness.clone(),
@@ -441,11 +469,9 @@ async fn serve_listeners(
         base.stop.clone(),
     )
     .await
-    .map_err(|e| {
-        format!(
-            "health server on port {} failed to start: {e}",
-            cfg.health_port
-        )
+    .map_err(|source| StartFailure::Health {
+        port: cfg.health_port,
+        source,
     })?;
     info!(addr = %addr, "health server listening");
     Ok((servers, debug_pods))
@@ -453,13 +479,20 @@ async fn serve_listeners(
 
 /// The one watch of this node's pods, shared by the agent and the repair controller (none when
 /// neither runs).
-async fn watch_node(cfg: &Config, stop: &CancellationToken) -> Result<Option<NodePods>, String> {
-    let Some(node) = node_store::store_node(cfg).map_err(|e| e.to_string())? else {
+async fn watch_node(
+    cfg: &Config,
+    stop: &CancellationToken,
+) -> Result<Option<NodePods>, StartFailure> {
+    let Some(node) = node_store::store_node(cfg)? else {
         return Ok(None);
     };
-    let (client, source) = KubeClient::for_agent(None)
-        .await
-        .map_err(|e| format!("{}: Kubernetes client: {e}", node_store::features(cfg)))?;
+    let (client, source) =
+        KubeClient::for_agent(None)
+            .await
+            .map_err(|source| StartFailure::Client {
+                features: node_store::features(cfg),
+                source: Box::new(source),
+            })?;
     info!(?source, node, "watching this node's pods");
     let backoff = crate::kube::WatchBackoff {
         max: cfg.api_retry_max_delay,
@@ -483,7 +516,7 @@ async fn wait_for_api(
         warn!(
             "waiting for the API server: {why}; retrying, the node's CNI config is left as it is"
         );
-        readiness.set_state(API_SERVER, Err(why.to_string()));
+        readiness.set_state(API_SERVER, Err(NotReady::ApiServer(why.to_string())));
     };
     pods.wait_until_synced(API_POLL, report).await;
     readiness.set_state(API_SERVER, Ok(()));
@@ -496,7 +529,10 @@ async fn wait_for_api(
     let (pods, readiness) = (pods.clone(), readiness.clone());
     tokio::spawn(async move {
         pods.follow_watch_refusals(stop, |why| {
-            readiness.set_state(POD_WATCH, why.map_or(Ok(()), Err));
+            readiness.set_state(
+                POD_WATCH,
+                why.map_or(Ok(()), |why| Err(NotReady::WatchRefused(why))),
+            );
         })
         .await
     });
@@ -506,7 +542,7 @@ fn start_repair(
     cfg: &Config,
     base: &Base,
     node: &NodePods,
-) -> Result<crate::repair::Repair, String> {
+) -> Result<crate::repair::Repair, StartFailure> {
     base.readiness.register(REPAIR);
     let host = crate::repair::HostSettings {
         host_proc_dir: cfg.host_proc_dir.clone(),
@@ -534,7 +570,7 @@ fn start_repair(
         drift,
         &base.stop,
     )
-    .map_err(|e| e.to_string())
+    .map_err(StartFailure::from)
 }
 
 async fn start_agent(
@@ -542,7 +578,7 @@ async fn start_agent(
     base: &Base,
     node: &NodePods,
     debug_pods: &health::DebugPods,
-) -> Result<crate::agent::Agent, String> {
+) -> Result<crate::agent::Agent, StartFailure> {
     base.readiness.register(AGENT);
     let agent = ambient::start(
         cfg,
@@ -552,8 +588,7 @@ async fn start_agent(
         &base.drift_kick,
         &base.stop,
     )
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let core = agent.core().clone();
     debug_pods.bind(std::sync::Arc::new(move || {
         serde_json::to_value(crate::agent::status::debug_pods(&core))
@@ -578,10 +613,10 @@ async fn uninstall_host_rules(dataplane: std::sync::Arc<dyn crate::agent::ports:
 
 /// A component's readiness when the node's netns could not be identified: not ready, saying why
 /// no pod's netns is entered.
-fn refused_state(refused: Option<&str>) -> Result<(), String> {
+fn refused_state(refused: Option<&str>) -> Result<(), NotReady> {
     match refused {
         None => Ok(()),
-        Some(why) => Err(format!("refusing to enter pod network namespaces: {why}")),
+        Some(why) => Err(NotReady::NetnsRefused(why.to_string())),
     }
 }
 

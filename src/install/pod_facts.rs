@@ -1,6 +1,6 @@
 //! The pod-facts socket: install-cni answers the plugin's "what is pod ns/name?" from the node
 //! pod store, so a sidecar ADD needs no API round trip. The request, the answer and
-//! when a pod may be answered are `kube::pod_facts`'s; this is the socket around it.
+//! when a pod may be answered are `wire::pod_facts`'s; this is the socket around it.
 //!
 //! Root only: the directory is 0700 and the socket 0600 (the plugin runs as root, as the
 //! kubelet does), and every connection's peer credentials (SO_PEERCRED) must say uid 0 (the one
@@ -18,10 +18,16 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-use crate::kube::pod_facts::{MAX_REQUEST_BYTES, PodFactsAnswer, answer_line};
+use crate::kube::InvalidName;
+use crate::kube::lookup::{self, Query};
+use crate::kube::names;
 use crate::kube::stores::{NamespaceStore, PodStore};
 use crate::telemetry::serve::{self, Access, Limits, Serving, UnixHandler, UnixServer};
 use crate::telemetry::socket::{SocketError, SocketFile};
+use crate::wire::pod::trim_for_plugin;
+use crate::wire::pod_facts::{
+    MAX_REQUEST_BYTES, PodFactsAnswer, PodFactsRequest, RequestError, SOCKET_NAME,
+};
 
 /// A client gets this long to send its request line.
 const READ_TIMEOUT: Duration = Duration::from_secs(1);
@@ -33,9 +39,6 @@ const LINGER_BYTES: u64 = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 #[error("cannot serve pod facts: {0}")]
 pub struct PodFactsError(#[from] pub SocketError);
-
-/// File name of the socket (also its readiness component).
-pub const SOCKET_NAME: &str = "pod.sock";
 
 /// Binds `path` with the one binder (`telemetry::socket`: directory 0700 or tightened, only a
 /// stale socket replaced, the socket 0600).
@@ -98,6 +101,55 @@ async fn answer_connection(
     let mut rest = (&mut stream).take(LINGER_BYTES);
     let _ = tokio::time::timeout(LINGER, tokio::io::copy(&mut rest, &mut tokio::io::sink())).await;
     Ok(())
+}
+
+/// Why a request line got an error answer: not a request, or it names no pod.
+#[derive(Debug, thiserror::Error)]
+enum Unanswerable {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error("request names no pod: {0}")]
+    InvalidName(#[from] InvalidName),
+}
+
+/// Answers one request line from the stores (pure apart from reading them): the stored pod
+/// trimmed to what the plugin reads when `kube::lookup` allows it, else why not yet; a line that
+/// is not a request, or names no valid pod, gets an error answer and nothing is looked up.
+pub fn answer_line(
+    line: &[u8],
+    pods: &PodStore,
+    namespaces: Option<&NamespaceStore>,
+) -> PodFactsAnswer {
+    let checked = PodFactsRequest::decode(line)
+        .map_err(Unanswerable::from)
+        .and_then(|request| {
+            names::check_namespace(&request.namespace)?;
+            names::check_pod_name(&request.name)?;
+            Ok(request)
+        });
+    let request = match checked {
+        Ok(request) => request,
+        Err(e) => {
+            return PodFactsAnswer::Error {
+                message: e.to_string(),
+            };
+        }
+    };
+    let query = Query {
+        namespace: &request.namespace,
+        name: &request.name,
+        uid: &request.uid,
+        namespace_labels: request.namespace_labels,
+    };
+    match lookup::stored_pod(&query, pods, namespaces) {
+        Ok((pod, namespace_labels)) => PodFactsAnswer::Pod {
+            pod: Box::new(trim_for_plugin(&pod)),
+            namespace_labels,
+        },
+        Err(reason) => PodFactsAnswer::NotYet {
+            reason: reason.to_string(),
+        },
+    }
 }
 
 #[cfg(test)]

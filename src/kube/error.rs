@@ -86,7 +86,7 @@ impl fmt::Display for Call {
 /// A call the API server refused with a status callers decide on (404, 403, 401, 409): the call,
 /// its object and the server's message.
 #[derive(Debug)]
-pub struct Refusal {
+pub struct ApiRefusal {
     pub call: Call,
     pub object: String,
     pub message: String,
@@ -136,7 +136,7 @@ pub enum KubeError {
         timeout: Duration,
     },
     #[error("{} {}: not found: {}", .0.call, .0.object, .0.message)]
-    NotFound(Refusal),
+    NotFound(ApiRefusal),
     #[error(
         "{} {}: forbidden: the service account in the kubeconfig cannot {verb} {resource}{scope}; \
          grant it in the istio-cni ClusterRole (API server: {})",
@@ -147,11 +147,11 @@ pub enum KubeError {
         resource = .0.call.permission().1,
         scope = scope_of(.0.call, &.0.object)
     )]
-    Forbidden(Refusal),
+    Forbidden(ApiRefusal),
     #[error("{} {}: unauthorized (bad or expired token): {}", .0.call, .0.object, .0.message)]
-    Unauthorized(Refusal),
+    Unauthorized(ApiRefusal),
     #[error("{} {}: conflict: {}", .0.call, .0.object, .0.message)]
-    Conflict(Refusal),
+    Conflict(ApiRefusal),
     #[error("{call} {object}: API server answered {code} {reason}: {message}")]
     Api {
         call: Call,
@@ -216,7 +216,7 @@ impl KubeError {
         let object = object.into();
         match err {
             kube::Error::Api(status) => {
-                let refusal = Refusal {
+                let refusal = ApiRefusal {
                     call,
                     object,
                     message: status.message.clone(),

@@ -6,9 +6,9 @@
 //! errors that name the call, the object and the cause; names checked before they become
 //! request paths ([`names`]); label selectors, one model for every role ([`selector`]); which
 //! failures are worth retrying, and how ([`retry`]); ambient enablement selectors
-//! ([`selector::enablement`]); the plugin's `/cmdadd` body ([`plugin_event`]); the pod-facts
-//! request and answer between the plugin and install-cni's pod store ([`pod_facts`]); the node agent's
-//! node-scoped pod store and namespace store with change subscriptions ([`stores`]). The test API
+//! ([`selector::enablement`]); when a stored pod may be answered for instead of the API server
+//! being asked ([`lookup`], for the plugin's pod-facts and `/podadd` askers, whose wire is
+//! `wire`'s); the node agent's node-scoped pod store and namespace store with change subscriptions ([`stores`]). The test API
 //! server is not here: it is test-only and lives in the `istio-cni-testing` crate (`testing/`).
 //!
 //! May call: `retry` (the one retry policy and loop, re-exported as [`retry`]).
@@ -17,9 +17,8 @@ mod client;
 mod cluster;
 mod config;
 mod error;
+pub mod lookup;
 pub mod names;
-pub mod plugin_event;
-pub mod pod_facts;
 pub mod selector;
 pub mod stores;
 
@@ -29,7 +28,7 @@ pub use client::{
     WatchBackoff, WatchStream, pod_preconditions,
 };
 pub use config::{ConfigSource, config_from_kubeconfig_file, load_config, load_config_with};
-pub use error::{Call, KubeError, Refusal, TlsDetail};
+pub use error::{ApiRefusal, Call, KubeError, TlsDetail};
 pub use names::InvalidName;
 
 /// Watch events and errors, re-exported so callers need no direct kube-runtime import.

@@ -106,7 +106,10 @@ pub fn addresses_in(netns: &crate::netns::Netns) -> std::io::Result<Vec<IpAddr>>
 pub fn find_pod_netns(
     reserved: &crate::netns::reserved::Reserved,
     wanted: &std::collections::HashMap<String, Vec<IpAddr>>,
-) -> Result<std::collections::HashMap<String, crate::netns::Netns>, String> {
+) -> Result<
+    std::collections::HashMap<String, crate::netns::Netns>,
+    crate::netns::reserved::Unidentified,
+> {
     crate::netns::procfs::scan(reserved, wanted, &AddressProbe)
 }
 

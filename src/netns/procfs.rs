@@ -16,7 +16,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use super::NetnsId;
-use super::reserved::Reserved;
+use super::reserved::{Reserved, Unidentified};
 
 /// What a cgroup file says about a process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,9 +150,9 @@ pub fn scan<P: NetnsProbe>(
     reserved: &Reserved,
     wanted: &HashMap<String, Vec<IpAddr>>,
     probe: &P,
-) -> Result<HashMap<String, P::Handle>, String> {
+) -> Result<HashMap<String, P::Handle>, Unidentified> {
     if let Some(why) = reserved.unidentified() {
-        return Err(why.to_string());
+        return Err(Unidentified(why.to_string()));
     }
     let proc_root = reserved.host_proc();
     let Ok(dir) = std::fs::read_dir(proc_root) else {

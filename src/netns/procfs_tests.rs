@@ -272,6 +272,6 @@ fn with_the_node_s_netns_unidentified_nothing_is_scanned_or_opened() {
     let probe = fake(p, &[(60, "10.0.0.5")]);
     let closed = Reserved::new(p, vec![], Some("cannot identify the node's netns".into()));
     let err = scan(&closed, &wanted(&[(POD, &["10.0.0.5"])]), &probe).unwrap_err();
-    assert_eq!(err, "cannot identify the node's netns");
+    assert_eq!(err.to_string(), "cannot identify the node's netns");
     assert!(probe.dropped.borrow().is_empty(), "nothing was opened");
 }

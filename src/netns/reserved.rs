@@ -32,6 +32,12 @@ impl Default for Reserved {
     }
 }
 
+/// The reserved namespaces could not be identified, so no netns is anyone's (fail closed); says
+/// which could not be opened and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unidentified(pub String);
+
 /// Why a netns cannot be a pod's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
@@ -73,6 +79,7 @@ impl Reserved {
     }
 
     /// Reserved namespaces given as facts (fakes and fixtures); `unidentified` refuses every netns.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn new(
         host_proc: &Path,
         known: Vec<(String, NetnsId)>,
@@ -96,7 +103,8 @@ impl Reserved {
     }
 
     /// The identified namespaces with their labels.
-    pub fn known(&self) -> &[(String, NetnsId)] {
+    #[cfg(test)]
+    pub(crate) fn known(&self) -> &[(String, NetnsId)] {
         &self.known
     }
 

@@ -183,7 +183,14 @@ async fn ambient_check<K: KubeReads>(
 async fn send_ambient_event(conf: &NetConf, env: &CniEnv, args: &CniArgs) -> Result<(), CniError> {
     let body = event_for(conf, env, args)?.to_json();
     let sock = conf.event_socket_path();
-    match super::uds::post_once(&sock, "/cmdadd", body, AMBIENT_EVENT_TIMEOUT).await {
+    match super::uds::post_once(
+        &sock,
+        crate::wire::event::CMD_ADD_PATH,
+        body,
+        AMBIENT_EVENT_TIMEOUT,
+    )
+    .await
+    {
         Ok((200, _)) => Ok(()),
         Ok((status, body)) => Err(agent_refused(status, &body, args)),
         Err(e) => Err(agent_failed(&e.to_string(), args)),
@@ -211,7 +218,7 @@ async fn ask_agent(
     args: &CniArgs,
     deadline: Instant,
 ) -> Result<AgentAnswer, CniError> {
-    use crate::kube::plugin_event::{POD_ADD_PATH, PodAddAnswer, PodAddRequest};
+    use crate::wire::pod_add::{POD_ADD_PATH, PodAddAnswer, PodAddRequest};
     let request = PodAddRequest {
         event: event_for(conf, env, args)?,
         uid: args.pod_uid.clone(),
@@ -244,7 +251,7 @@ async fn ask_agent(
 /// words. The code stays Istio's for this failure (a plain error, 999): the kind is told in
 /// the message, where the operator reads it.
 fn agent_refused(status: u16, body: &str, args: &CniArgs) -> CniError {
-    use crate::kube::plugin_event::{AddFailure, FailureKind};
+    use crate::wire::pod_add::{AddFailure, FailureKind};
     let failure = AddFailure::read(body, &pod_ref(args));
     let kind = match failure.kind {
         FailureKind::Transient => " (transient: the kubelet's next try of the ADD may succeed)",
@@ -276,7 +283,7 @@ fn event_for(
     conf: &NetConf,
     env: &CniEnv,
     args: &CniArgs,
-) -> Result<crate::kube::plugin_event::PluginAddEvent, CniError> {
+) -> Result<crate::wire::event::PluginAddEvent, CniError> {
     let prev = conf
         .prev_result
         .as_ref()

@@ -1,13 +1,13 @@
 //! Ambient mode, pure part: enablement-selector matching (the one implementation in
-//! `kube::selector::enablement`) and the event sent to the node agent (`kube::plugin_event`).
+//! `kube::selector::enablement`) and the event sent to the node agent (`wire::event`).
 
 use std::collections::BTreeMap;
 
 use super::config::EnablementSelector;
 use super::result::CniResult;
-use crate::kube::plugin_event::{EventIp, EventIpNet, PluginAddEvent};
 use crate::kube::selector::enablement::{Enablement, PodFacts};
 use crate::sidecar::PodInfo;
+use crate::wire::event::{EventIp, EventIpNet, PluginAddEvent};
 
 pub use crate::kube::selector::SelectorError;
 

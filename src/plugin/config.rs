@@ -77,7 +77,7 @@ fn parse_object(stdin: &[u8]) -> Result<Map<String, Value>, CniError> {
     }
 }
 
-use crate::kube::plugin_event::kind;
+use crate::wire::event::kind;
 
 /// A key's value; like Go's decoder, an exact match first, then any case-insensitive one.
 fn get<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
@@ -218,11 +218,12 @@ impl NetConf {
     }
 
     pub fn log_socket_path(&self) -> PathBuf {
-        self.cni_agent_run_dir.join("log.sock")
+        self.cni_agent_run_dir.join(crate::wire::log::SOCKET_NAME)
     }
 
     pub fn event_socket_path(&self) -> PathBuf {
-        self.cni_agent_run_dir.join("pluginevent.sock")
+        self.cni_agent_run_dir
+            .join(crate::wire::event::PLUGIN_EVENT_SOCKET)
     }
 
     pub fn log_file_path(&self) -> PathBuf {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 
 use crate::kube::KubeError;
-use crate::kube::pod_facts::{PodFactsAnswer, PodFactsRequest};
+use crate::wire::pod_facts::{PodFactsAnswer, PodFactsRequest};
 
 /// Why a read failed; the shared client's error is kept as the source.
 #[derive(Debug, thiserror::Error)]
@@ -130,7 +130,7 @@ pub enum FactsError {
     },
 }
 
-/// One request to install-cni's pod store over its socket (`kube::pod_facts`), all of it —
+/// One request to install-cni's pod store over its socket (`wire::pod_facts`), all of it —
 /// connect, write, read — within `budget`.
 pub async fn ask_pod_facts(
     path: &Path,
@@ -194,7 +194,7 @@ pub async fn cached_pod(
         uid: uid.to_string(),
         namespace_labels: need_namespace_labels,
     };
-    let path = crate::kube::pod_facts::socket_path(run_dir);
+    let path = crate::wire::pod_facts::socket_path(run_dir);
     let reason = match ask_pod_facts(&path, &request, budget).await {
         Ok(PodFactsAnswer::Pod {
             pod,

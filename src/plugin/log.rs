@@ -23,7 +23,7 @@ pub const MAX_LOG_FILE: u64 = 10 * 1024 * 1024;
 /// Mode of `<run dir>/istio-cni.log` and its backup: root only.
 pub const LOG_FILE_MODE: u32 = 0o600;
 /// Largest body the agent's log sink accepts.
-const MAX_BATCH_BYTES: usize = crate::telemetry::logsink::MAX_BATCH_BYTES;
+const MAX_BATCH_BYTES: usize = crate::wire::log::MAX_BATCH_BYTES;
 /// How long process exit waits for queued records to reach the agent.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -89,19 +89,19 @@ pub fn format_record(
     msg: &str,
     fields: &serde_json::Map<String, serde_json::Value>,
 ) -> String {
-    let mut obj = serde_json::Map::new();
     let name = match *level {
         Level::ERROR => "error",
         Level::WARN => "warn",
         Level::INFO => "info",
         _ => "debug",
     };
-    obj.insert("level".into(), name.into());
-    obj.insert("time".into(), rfc3339_micros(time).into());
-    obj.insert("msg".into(), msg.into());
-    for (k, v) in fields {
-        obj.entry(k.clone()).or_insert_with(|| v.clone());
+    let obj = crate::wire::log::Record {
+        level: name.into(),
+        time: rfc3339_micros(time),
+        msg: msg.into(),
+        fields: fields.clone(),
     }
+    .to_object();
     // JSON escapes C0 controls (newline, ESC); DEL and C1 are escaped as in the agent's logs,
     // in the values (escaping the serialized line would make it invalid JSON, and the sink
     // would drop the record).
@@ -246,7 +246,11 @@ impl Shipper {
                         // Agent gone: drop records rather than stall the plugin.
                         break;
                     };
-                    let sent = tokio::time::timeout(FLUSH_TIMEOUT, c.post_json("/log", body)).await;
+                    let sent = tokio::time::timeout(
+                        FLUSH_TIMEOUT,
+                        c.post_json(crate::wire::log::PATH, body),
+                    )
+                    .await;
                     if !matches!(sent, Ok(Ok(_))) {
                         conn = None;
                     }
@@ -254,7 +258,7 @@ impl Shipper {
                 if let Some(body) = unanswered {
                     let _ = tokio::time::timeout(
                         FLUSH_TIMEOUT,
-                        super::uds::post_unanswered(&socket, "/log", &body),
+                        super::uds::post_unanswered(&socket, crate::wire::log::PATH, &body),
                     )
                     .await;
                     return;

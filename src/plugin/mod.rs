@@ -1,5 +1,5 @@
 //! The `istio-cni` CNI plugin role (ADD/DEL/CHECK/VERSION/STATUS/GC).
-//! May call: `cli`, `rules`, `sidecar`, `apply`, `netns`, `kube`, `retry`, `telemetry`.
+//! May call: `cli`, `rules`, `sidecar`, `apply`, `netns`, `kube`, `retry`, `telemetry`, `wire`.
 //!
 //! Layout: pure parts — [`cni`] (env, versions, errors), [`config`] (stdin JSON), [`args`]
 //! (`CNI_ARGS`), [`result`] (prevResult conversion), [`ambient`] (selectors, event); the pod facts,

@@ -193,7 +193,10 @@ fn program_pod(
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let wanted = HashMap::from([(uid.clone(), ips.clone())]);
     let found = crate::netlink::find_pod_netns(reserved, &wanted);
-    let Some(netns) = found.map_err(ActError::NodeNetnsUnknown)?.remove(&uid) else {
+    let Some(netns) = found
+        .map_err(|why| ActError::NodeNetnsUnknown(why.0))?
+        .remove(&uid)
+    else {
         return Err(not_found(uid, &ips, reserved.host_proc()));
     };
     let opts = PodOptions {
@@ -234,7 +237,7 @@ fn verify_batch(batch: Vec<Expected>, reserved: &Reserved, opts: &PodOptions) ->
                 .into_iter()
                 .map(|e| Checked {
                     uid: e.uid,
-                    result: Err(ActError::NodeNetnsUnknown(why.clone())),
+                    result: Err(ActError::NodeNetnsUnknown(why.0.clone())),
                 })
                 .collect();
         }

@@ -15,7 +15,7 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::{self, Metrics};
-pub use super::readiness::Readiness;
+pub use super::readiness::{NotReady, Readiness};
 use super::serve::{self, ConnInfo, Limits};
 
 /// Readiness component of the API server's first lists (install-cni waits for them however long
@@ -172,8 +172,18 @@ mod tests {
         assert!(!r.is_ready());
         assert_eq!(r.not_ready(), vec!["agent".to_string()]);
         r.set("agent", true);
-        r.set_state("log.sock", Err("/run/log.sock: removed".into()));
+        r.set_state(
+            "log.sock",
+            Err(NotReady::Socket {
+                path: "/run/log.sock".into(),
+                why: "removed".into(),
+                rebinding: true,
+            }),
+        );
         assert!(!r.is_ready());
-        assert_eq!(r.not_ready(), vec!["log.sock (/run/log.sock: removed)"]);
+        assert_eq!(
+            r.not_ready(),
+            vec!["log.sock (/run/log.sock: removed; binding it again)"]
+        );
     }
 }

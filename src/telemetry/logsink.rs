@@ -1,5 +1,5 @@
 //! The plugin log sink: HTTP over a Unix socket at `<run_dir>/log.sock`. The plugin POSTs
-//! a JSON array of strings to `/log`, each string one JSON log record; every record is re-emitted
+//! a JSON array of strings to `/log`, each string one JSON log record (the wire: `wire::log`); every record is re-emitted
 //! under the `cni-plugin` scope with its own level, time and extra keys. A batch is emitted under
 //! one lock, so lines of two plugin processes never interleave. The `cni-plugin` scope keeps its
 //! own level (Istio bug B16 forced it to the agent's). Control characters in forwarded records are
@@ -22,7 +22,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::routing::any;
 use axum::{Extension, Router};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Level;
@@ -31,9 +31,7 @@ use super::logging::PLUGIN_TARGET;
 use super::readiness::Readiness;
 use super::serve::{self, ConnInfo, Limits, UnixServer};
 use super::socket::{SocketError, SocketFile};
-
-/// Largest `/log` body accepted (the plugin splits its batches below this).
-pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
+use crate::wire::log::{MAX_BATCH_BYTES, Record, SOCKET_NAME};
 
 static EMIT: Mutex<()> = Mutex::new(());
 
@@ -59,7 +57,7 @@ pub async fn serve(
     let mut limits = Limits::new(serve::MAX_LOG_SINK_CONNECTIONS, idle_timeout);
     limits.bytes_per_sec = Some((RECORD_BYTES_PER_SEC, RECORD_BURST_BYTES));
     let app: Router<()> = Router::new()
-        .route("/log", any(handle))
+        .route(crate::wire::log::PATH, any(handle))
         .layer(DefaultBodyLimit::max(MAX_BATCH_BYTES));
     let server = UnixServer {
         name: SOCKET_NAME.to_string(),
@@ -77,7 +75,7 @@ async fn handle(
     match body {
         Ok(body) => {
             // 200 for anything readable, as Istio: unparsable batches are dropped.
-            if let Ok(lines) = serde_json::from_slice::<Vec<String>>(&body) {
+            if let Some(lines) = crate::wire::log::decode_batch(&body) {
                 let kept = within_budget(conn.as_ref().map(|c| &c.0), lines);
                 emit_batch(&kept);
             }
@@ -140,22 +138,16 @@ pub fn emit_batch(lines: &[String]) {
 }
 
 fn emit(line: &str) {
-    let Ok(Value::Object(mut rec)) = serde_json::from_str::<Value>(line) else {
+    let Some(Record {
+        level,
+        time,
+        msg,
+        fields,
+    }) = Record::parse(line)
+    else {
         return;
     };
-    let text = |v: Option<Value>| match v {
-        Some(Value::String(s)) => s,
-        Some(other) => other.to_string(),
-        None => String::new(),
-    };
-    let level = text(rec.remove("level"));
-    let time = text(rec.remove("time"));
-    let msg = text(rec.remove("msg"));
-    rec.remove("scope");
-    let fields = serde_json::to_string(&Value::Object(
-        std::mem::take(&mut rec) as Map<String, Value>
-    ))
-    .unwrap_or_default();
+    let fields = serde_json::to_string(&Value::Object(fields)).unwrap_or_default();
     let level = match level.as_str() {
         "debug" => Level::DEBUG,
         "info" => Level::INFO,
@@ -174,9 +166,6 @@ fn emit(line: &str) {
         tracing::event!(target: PLUGIN_TARGET, Level::ERROR, orig_time = %time, orig_fields = %fields, "{msg}");
     }
 }
-
-/// File name of the sink socket (also its readiness component).
-pub const SOCKET_NAME: &str = "log.sock";
 
 /// Path of the sink socket in a run dir.
 pub fn socket_path(run_dir: &Path) -> PathBuf {

@@ -2,7 +2,7 @@
 //! collector's `process_*` series, `process`), and the one binder (`socket`) and server (`serve`)
 //! of every local socket and port of the agent. Inside the room files import downward only
 //! (`readiness` below `serve` below `health`).
-//! May call: nothing else in this crate.
+//! May call: `wire` (the log sink reads the plugin's records as the wire defines them).
 
 pub mod health;
 pub mod logging;

@@ -36,7 +36,7 @@ use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::readiness::Readiness;
+use super::readiness::{NotReady, Readiness};
 use super::socket::{self, BoundSocket, Kind, Peer, SocketFile, SocketState};
 
 /// Deadline of one request (the slowest, `/cmdadd`, answers within 4.5 s).
@@ -169,7 +169,8 @@ impl Slots {
     }
 
     /// Connections open now.
-    pub fn open(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn open(&self) -> usize {
         self.open.lock().1.len()
     }
 }
@@ -183,10 +184,6 @@ impl Slot {
     /// Resolves when the listener closed this connection to make room.
     pub fn evicted(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
         self.evict.clone().cancelled_owned()
-    }
-
-    pub fn id(&self) -> u64 {
-        self.id
     }
 }
 
@@ -262,7 +259,6 @@ pub struct ConnInfo {
     pub peer: Option<Peer>,
     /// The TCP peer's address (none on a Unix socket).
     pub remote: Option<std::net::SocketAddr>,
-    pub conn: u64,
     /// `Limits::bytes_per_sec`'s budget of this connection.
     pub budget: Option<Arc<Mutex<ByteBudget>>>,
 }
@@ -314,7 +310,6 @@ async fn serve_http<I>(
     let info = ConnInfo {
         peer: remote.peer,
         remote: remote.addr,
-        conn: slot.id(),
         budget: limits
             .bytes_per_sec
             .map(|(rate, burst)| Arc::new(Mutex::new(ByteBudget::new(rate, burst)))),
@@ -551,7 +546,7 @@ impl UnixServer {
         file.remove_if_ours();
     }
 
-    fn ready(&self, state: Result<(), String>) {
+    fn ready(&self, state: Result<(), NotReady>) {
         if let Some(r) = &self.readiness {
             r.set_state(&self.name, state);
         }
@@ -570,7 +565,11 @@ impl UnixServer {
                 return None;
             }
             SocketState::Taken(why) => {
-                let reason = format!("{}: {why}; not serving it", path.display());
+                let reason = NotReady::Socket {
+                    path: path.to_path_buf(),
+                    why: why.to_string(),
+                    rebinding: false,
+                };
                 if *healthy {
                     warn!("socket {reason}");
                 }
@@ -581,7 +580,11 @@ impl UnixServer {
             SocketState::Gone(why) => why,
         };
         let first = std::mem::replace(healthy, false);
-        self.ready(Err(format!("{}: {why}; binding it again", path.display())));
+        self.ready(Err(NotReady::Socket {
+            path: path.to_path_buf(),
+            why: why.to_string(),
+            rebinding: true,
+        }));
         if first {
             warn!(socket = %path.display(), "socket {why}; binding it again");
         }
@@ -589,10 +592,10 @@ impl UnixServer {
             // Readiness comes back at the next check, once the new file is seen to be ours.
             Ok(bound) => Some(bound),
             Err(e) => {
-                self.ready(Err(e.to_string()));
                 if first {
                     warn!("{e}");
                 }
+                self.ready(Err(NotReady::Bind(e)));
                 None
             }
         }

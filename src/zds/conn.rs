@@ -156,7 +156,7 @@ impl Session {
                 && let Err(reason) = check_netns(ns.as_fd())
             {
                 // An agent bug; a Keep still spares whatever ztunnel runs for the pod.
-                warn!(conn = self.id, uid, path = %ns.path().display(), reason,
+                warn!(conn = self.id, uid, path = %ns.path().display(), %reason,
                     "not a network namespace: sending Keep instead of Add");
                 refused += 1;
                 netns = None;

@@ -27,11 +27,12 @@ use crate::netns::Netns;
 use crate::telemetry::metrics::Metrics;
 
 pub use server::{ZdsHandle, serve};
+pub use socket::NotANetns;
 
 /// What ztunnel needs to find a pod's workload: `metadata.name`, `metadata.namespace`,
 /// `spec.serviceAccountName`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WorkloadInfo {
+pub struct PodWorkload {
     pub name: String,
     pub namespace: String,
     pub service_account: String,
@@ -42,7 +43,7 @@ pub struct WorkloadInfo {
 #[derive(Debug, Clone)]
 pub struct SnapshotEntry {
     pub uid: String,
-    pub info: WorkloadInfo,
+    pub info: PodWorkload,
     pub netns: Option<Arc<Netns>>,
 }
 
@@ -137,7 +138,8 @@ pub enum ZdsError {
     NotANetns {
         uid: String,
         path: PathBuf,
-        reason: String,
+        #[source]
+        reason: NotANetns,
     },
     #[error("cannot listen on ZDS socket {path}: {source}")]
     Bind {

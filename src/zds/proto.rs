@@ -16,21 +16,14 @@ pub use pb::{
     WorkloadResponse, ZdsHello,
 };
 
-use super::WorkloadInfo;
+use super::PodWorkload;
 
 /// The one request kind per variant the agent sends; `encode` always yields a payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request<'a> {
-    Add {
-        uid: &'a str,
-        info: &'a WorkloadInfo,
-    },
-    Keep {
-        uid: &'a str,
-    },
-    Del {
-        uid: &'a str,
-    },
+    Add { uid: &'a str, info: &'a PodWorkload },
+    Keep { uid: &'a str },
+    Del { uid: &'a str },
     SnapshotSent,
 }
 
@@ -183,8 +176,8 @@ fn partial_error_text(bytes: &[u8]) -> Option<String> {
 mod tests {
     use super::*;
 
-    fn info() -> WorkloadInfo {
-        WorkloadInfo {
+    fn info() -> PodWorkload {
+        PodWorkload {
             name: "n".into(),
             namespace: "ns".into(),
             service_account: "sa".into(),
@@ -243,7 +236,7 @@ mod tests {
 
     #[test]
     fn no_request_encodes_to_nothing() {
-        let info = WorkloadInfo::default();
+        let info = PodWorkload::default();
         for request in [
             Request::Add {
                 uid: "",

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::backoff::NackBook;
 use super::shared::{Op, Shared, Update};
 use super::socket::{Listener, check_netns};
-use super::{SnapshotSource, WorkloadInfo, ZdsConfig, ZdsError};
+use super::{PodWorkload, SnapshotSource, ZdsConfig, ZdsError};
 use crate::netns::Netns;
 
 /// The agent's side of the server. Clone-cheap.
@@ -92,7 +92,7 @@ impl ZdsHandle {
     pub async fn add_workload(
         &self,
         uid: &str,
-        info: &WorkloadInfo,
+        info: &PodWorkload,
         netns: &Arc<Netns>,
     ) -> Result<(), ZdsError> {
         if let Err(reason) = check_netns(netns.as_fd()) {

@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicU64;
 use tokio::sync::{mpsc, oneshot};
 
 use super::backoff::NackBook;
-use super::{SnapshotSource, WorkloadInfo, ZdsConfig, ZdsError};
+use super::{PodWorkload, SnapshotSource, ZdsConfig, ZdsError};
 use crate::netns::Netns;
 
 /// A change for one connection, answered once its ack (or failure) is in.
@@ -21,7 +21,7 @@ pub(crate) struct Update {
 pub(crate) enum Op {
     Add {
         uid: String,
-        info: WorkloadInfo,
+        info: PodWorkload,
         netns: Arc<Netns>,
     },
     Del {

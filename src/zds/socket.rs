@@ -200,21 +200,26 @@ fn recv_now(fd: RawFd, buf: &mut [u8], extra: MsgFlags) -> io::Result<Received> 
     })
 }
 
+/// Why a handle is not a network namespace.
+#[derive(Debug, thiserror::Error)]
+pub enum NotANetns {
+    /// Not a namespace at all (a regular file), or the kernel would not say.
+    #[error("NS_GET_NSTYPE failed: {0}")]
+    Unknown(#[source] io::Error),
+    #[error("it is a namespace of type {0:#x}, not CLONE_NEWNET")]
+    OtherType(i32),
+}
+
 /// Whether `fd` is a network namespace: NS_GET_NSTYPE answers CLONE_NEWNET for those only (a
 /// regular file or another namespace type answers differently).
-pub(crate) fn check_netns(fd: BorrowedFd<'_>) -> Result<(), String> {
+pub(super) fn check_netns(fd: BorrowedFd<'_>) -> Result<(), NotANetns> {
     // SAFETY: NS_GET_NSTYPE takes no argument and only returns a number.
     let kind = unsafe { libc::ioctl(fd.as_raw_fd(), libc::NS_GET_NSTYPE) };
     if kind < 0 {
-        return Err(format!(
-            "NS_GET_NSTYPE failed: {}",
-            io::Error::last_os_error()
-        ));
+        return Err(NotANetns::Unknown(io::Error::last_os_error()));
     }
     if kind != libc::CLONE_NEWNET {
-        return Err(format!(
-            "it is a namespace of type {kind:#x}, not CLONE_NEWNET"
-        ));
+        return Err(NotANetns::OtherType(kind));
     }
     Ok(())
 }
@@ -228,10 +233,10 @@ mod tests {
     #[test]
     fn only_network_namespaces_pass_the_check() {
         let net = File::open("/proc/thread-self/ns/net").unwrap();
-        assert_eq!(check_netns(net.as_fd()), Ok(()));
+        assert!(check_netns(net.as_fd()).is_ok());
         let uts = File::open("/proc/thread-self/ns/uts").unwrap();
         let err = check_netns(uts.as_fd()).unwrap_err();
-        assert!(err.contains("not CLONE_NEWNET"), "{err}");
+        assert!(err.to_string().contains("not CLONE_NEWNET"), "{err}");
         let null = File::open("/dev/null").unwrap();
         assert!(check_netns(null.as_fd()).is_err());
     }

@@ -1,9 +1,9 @@
 //! The plugin's inputs: the stdin config and its prevResult, CNI_ARGS, and the `/cmdadd` body.
 
-use istio_cni::kube::plugin_event::{EventIp, EventIpNet, PluginAddEvent};
 use istio_cni::plugin::args::{ArgsError, CniArgs};
 use istio_cni::plugin::config::{self, NetConf};
 use istio_cni::plugin::result::{self, CniResult};
+use istio_cni::wire::event::{EventIp, EventIpNet, PluginAddEvent};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 

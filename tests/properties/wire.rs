@@ -19,7 +19,7 @@ use istio_cni::rules::model::parts;
 use istio_cni::rules::{Position, Rule, Table, Target};
 use istio_cni::telemetry::logging::{Controls, IstioFormat, escape_controls, escape_json_controls};
 use istio_cni::telemetry::logsink::emit_batch;
-use istio_cni::zds::WorkloadInfo;
+use istio_cni::zds::PodWorkload;
 use istio_cni::zds::proto::{self, Ack, Reply, Request, WorkloadRequest, WorkloadResponse, pb};
 use proptest::prelude::*;
 use prost::Message;
@@ -256,7 +256,7 @@ proptest! {
 
     #[test]
     fn zds_requests_round_trip(uid in nasty_string(), name in nasty_string(), ns in nasty_string(), sa in nasty_string(), which in 0u8..4) {
-        let info = WorkloadInfo { name: name.clone(), namespace: ns.clone(), service_account: sa.clone() };
+        let info = PodWorkload { name: name.clone(), namespace: ns.clone(), service_account: sa.clone() };
         let req = match which {
             0 => Request::Add { uid: &uid, info: &info },
             1 => Request::Keep { uid: &uid },

@@ -186,9 +186,9 @@ impl Installer {
             }
         }
         if !self.cfg.chained {
-            return cniconf::check_standalone(&our.value, &self.istio);
+            return cniconf::check_standalone(&our.value, &self.istio).map_err(|e| e.to_string());
         }
-        cniconf::check_chained(&our.value, &self.istio)?;
+        cniconf::check_chained(&our.value, &self.istio).map_err(|e| e.to_string())?;
         if owned {
             let primary_name = self
                 .cfg
@@ -204,7 +204,7 @@ impl Installer {
                 .cloned()
                 .or_else(|| self.read_named(&primary_name))
                 .ok_or_else(|| format!("the primary config {primary_name} is gone"))?;
-            cniconf::check_owned_copy(&our.value, &primary)?;
+            cniconf::check_owned_copy(&our.value, &primary).map_err(|e| e.to_string())?;
         }
         Ok(())
     }

@@ -1,5 +1,5 @@
 use super::*;
-use crate::kube::pod_facts::PodFactsRequest;
+use crate::wire::pod_facts::PodFactsRequest;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -42,7 +42,7 @@ fn exchange(path: &Path, bytes: &[u8]) -> std::io::Result<String> {
 #[test]
 fn root_only_socket_answers_and_malformed_requests_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let path = crate::kube::pod_facts::socket_path(dir.path());
+    let path = crate::wire::pod_facts::socket_path(dir.path());
     let rt = rt();
     let pods = store();
     let stop = CancellationToken::new();
@@ -100,4 +100,34 @@ fn root_only_socket_answers_and_malformed_requests_change_nothing() {
     stop.cancel();
     rt.block_on(task).unwrap();
     assert!(!path.exists(), "socket removed on stop");
+}
+
+#[test]
+fn answers_the_trimmed_stored_pod_and_names_what_is_wrong_with_a_request() {
+    let store = store();
+    let error = |line: &[u8]| match answer_line(line, &store, None) {
+        PodFactsAnswer::Error { message } => message,
+        other => panic!("{other:?}"),
+    };
+    assert!(error(b"not json\n").contains("not a pod-facts request"));
+    assert!(error(br#"{"namespace":"../x","name":"p","uid":"u1"}"#).contains("names no pod"));
+    assert!(error(br#"{"namespace":"ns","name":"p/q","uid":"u1"}"#).contains("names no pod"));
+    assert!(error(br#"{"namespace":"ns","name":"p","uid":""}"#).contains("uid"));
+    let request = |uid: &str| PodFactsRequest {
+        namespace: "ns".into(),
+        name: "p".into(),
+        uid: uid.into(),
+        namespace_labels: false,
+    };
+    match answer_line(&request("u1").encode(), &store, None) {
+        PodFactsAnswer::Pod { pod, .. } => {
+            let stored = store.get("ns/p").unwrap();
+            assert_eq!(*pod, trim_for_plugin(&stored));
+        }
+        other => panic!("{other:?}"),
+    }
+    match answer_line(&request("u2").encode(), &store, None) {
+        PodFactsAnswer::NotYet { reason } => assert!(reason.contains("uid"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
 }

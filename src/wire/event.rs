@@ -1,13 +1,19 @@
-//! The body of the plugin's `POST /cmdadd` to the node agent: Istio's `CNIPluginAddEvent`, whose
-//! JSON uses the Go field names (no tags). One type for both ends: the plugin encodes it, the
-//! agent decodes it. Decoding goes through [`PluginAddEvent::decode`], which names the field that
-//! is wrong (the agent answers 400 with that text and changes nothing).
+//! The body of the plugin's `POST /cmdadd` to the node agent on `pluginevent.sock`: Istio's
+//! `CNIPluginAddEvent`, whose JSON uses the Go field names (no tags). One type for both ends: the
+//! plugin encodes it, the agent decodes it. Decoding goes through [`PluginAddEvent::decode`],
+//! which names the field that is wrong (the agent answers 400 with that text and changes nothing).
 
 use std::net::IpAddr;
 
 use base64::Engine;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
+
+/// The agent's socket for plugin events, in its run dir (`CNI_AGENT_RUN_DIR`).
+pub const PLUGIN_EVENT_SOCKET: &str = "pluginevent.sock";
+
+/// Istio's path for the ambient ADD event.
+pub const CMD_ADD_PATH: &str = "/cmdadd";
 
 /// What the plugin tells the agent about a new pod.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -131,139 +137,6 @@ impl PluginAddEvent {
     }
 }
 
-/// The agent's path for the one-round-trip ambient ADD (ours, not Istio's: an agent without it
-/// answers 404 and the plugin takes Istio's way, pod lookup then `/cmdadd`).
-pub const POD_ADD_PATH: &str = "/podadd";
-
-/// The `/podadd` body: the `/cmdadd` event and the pod's uid from CNI_ARGS (`K8S_POD_UID`), so
-/// the agent answers from its pod store only for the very pod the runtime is setting up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodAddRequest {
-    pub event: PluginAddEvent,
-    pub uid: String,
-}
-
-impl PodAddRequest {
-    /// The event's JSON object with a `PodUID` key added.
-    pub fn to_json(&self) -> Vec<u8> {
-        let mut value = serde_json::to_value(&self.event).unwrap_or_default();
-        if let Some(obj) = value.as_object_mut() {
-            obj.insert("PodUID".into(), Value::String(self.uid.clone()));
-        }
-        serde_json::to_vec(&value).unwrap_or_default()
-    }
-
-    /// Decodes as [`PluginAddEvent::decode`] does, and requires a non-empty `PodUID`.
-    pub fn decode(body: &[u8]) -> Result<Self, EventDecodeError> {
-        let event = PluginAddEvent::decode(body)?;
-        // The event decoded, so the body is a JSON object.
-        let value: Value = serde_json::from_slice(body).unwrap_or_default();
-        let obj = value.as_object().cloned().unwrap_or_default();
-        let uid = required(string_field(&obj, "PodUID", "PodUID")?, "PodUID")?;
-        if uid.is_empty() {
-            return Err(EventDecodeError {
-                field: "PodUID".into(),
-                reason: "empty".into(),
-            });
-        }
-        Ok(PodAddRequest { event, uid })
-    }
-}
-
-/// The agent's answer to `/podadd` when it could decide (HTTP 200); a failed or late enrolment
-/// is a 500 or 504 with an [`AddFailure`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "answer", rename_all = "camelCase")]
-pub enum PodAddAnswer {
-    /// In-pod rules in, ztunnel acked, probe set updated (the annotation follows).
-    Enrolled,
-    /// Not selected for ambient: the pod (trimmed as `kube::pod_facts` trims it) for the
-    /// plugin's sidecar path.
-    #[serde(rename_all = "camelCase")]
-    NotAmbient {
-        pod: Box<k8s_openapi::api::core::v1::Pod>,
-    },
-    /// The agent's stores cannot answer for this pod (not synced, not there yet, another uid):
-    /// the plugin asks the API server, as without an agent.
-    #[serde(rename_all = "camelCase")]
-    Unknown { reason: String },
-}
-
-impl PodAddAnswer {
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
-    }
-
-    pub fn decode(body: &str) -> Result<Self, serde_json::Error> {
-        serde_json::from_str(body)
-    }
-}
-
-/// The agent's answer when it did not enrol the pod (`/podadd`'s 500 or 504, JSON): what kind of
-/// failure, the pod and the cause. An older agent answers plain text, and `/cmdadd` (Istio's
-/// wire) always does: [`AddFailure::read`] takes either.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AddFailure {
-    pub kind: FailureKind,
-    /// `namespace/name`.
-    #[serde(default)]
-    pub pod: String,
-    /// The cause, as the agent words it (it names the pod and the step).
-    #[serde(default)]
-    pub message: String,
-}
-
-/// Whether the kubelet's next try of the ADD may succeed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum FailureKind {
-    /// Something that may clear by itself (ztunnel not connected yet, the stores behind, the
-    /// agent slow): the next try may succeed.
-    Transient,
-    /// Nothing will change by trying the same again (the netns refused or not programmable, the
-    /// pod not eligible): the next try fails the same way until something else changes.
-    Permanent,
-    /// An answer in plain text (an older agent, or `/cmdadd`), or a kind this plugin does not
-    /// know (a newer agent).
-    #[serde(other)]
-    Unknown,
-}
-
-impl FailureKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FailureKind::Transient => "transient",
-            FailureKind::Permanent => "permanent",
-            FailureKind::Unknown => "unclassified",
-        }
-    }
-}
-
-impl AddFailure {
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
-    }
-
-    /// The answer's body as the plugin received it: the typed JSON, or plain text (an older
-    /// agent's, `/cmdadd`'s) taken as the message of an unclassified failure of `pod`.
-    pub fn read(body: &str, pod: &str) -> AddFailure {
-        match serde_json::from_str::<AddFailure>(body) {
-            Ok(mut failure) => {
-                if failure.pod.is_empty() {
-                    failure.pod = pod.to_string();
-                }
-                failure
-            }
-            Err(_) => AddFailure {
-                kind: FailureKind::Unknown,
-                pod: pod.to_string(),
-                message: body.trim_end().to_string(),
-            },
-        }
-    }
-}
-
 fn decode_ip(item: &Value, path: &str) -> Result<EventIp, EventDecodeError> {
     let bad = |field: String, reason: String| EventDecodeError { field, reason };
     let obj = item.as_object().ok_or_else(|| {
@@ -329,7 +202,7 @@ fn get<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
     })
 }
 
-fn string_field(
+pub(super) fn string_field(
     obj: &Map<String, Value>,
     name: &str,
     path: &str,
@@ -344,7 +217,7 @@ fn string_field(
     }
 }
 
-fn required(value: Option<String>, field: &str) -> Result<String, EventDecodeError> {
+pub(super) fn required(value: Option<String>, field: &str) -> Result<String, EventDecodeError> {
     value
         .filter(|v| !v.is_empty())
         .ok_or_else(|| EventDecodeError {
@@ -508,54 +381,21 @@ mod tests {
         assert_eq!(EventIpNet::from_cidr("bogus"), None);
     }
 
+    /// The `/cmdadd` bytes as Istio's agent and ours read them.
     #[test]
-    fn a_podadd_body_is_the_event_with_the_uid_and_needs_it() {
+    fn the_cmdadd_bytes_are_pinned() {
         let event = PluginAddEvent {
             netns: "/var/run/netns/x".into(),
             pod_name: "p".into(),
             pod_namespace: "ns".into(),
-            ips: vec![],
+            ips: vec![EventIp {
+                interface: Some(2),
+                address: EventIpNet::from_cidr("10.0.0.2/24").unwrap(),
+                gateway: None,
+            }],
         };
-        let request = PodAddRequest {
-            event: event.clone(),
-            uid: "u-1".into(),
-        };
-        let body = request.to_json();
-        assert_eq!(PodAddRequest::decode(&body), Ok(request));
-        // Istio's decoder (and ours for /cmdadd) ignores the extra key.
-        assert_eq!(PluginAddEvent::decode(&body), Ok(event.clone()));
-        let err = PodAddRequest::decode(&event.to_json()).unwrap_err();
-        assert_eq!(err.field, "PodUID", "{err}");
-        let answer = PodAddAnswer::Unknown {
-            reason: "not yet".into(),
-        };
-        assert_eq!(
-            answer.to_json(),
-            r#"{"answer":"unknown","reason":"not yet"}"#
-        );
-        assert_eq!(PodAddAnswer::decode(&answer.to_json()).unwrap(), answer);
-        assert_eq!(PodAddAnswer::Enrolled.to_json(), r#"{"answer":"enrolled"}"#);
-    }
-
-    #[test]
-    fn an_add_failure_reads_typed_from_a_newer_agent_and_as_text_from_an_older_one() {
-        let typed = AddFailure {
-            kind: FailureKind::Transient,
-            pod: "ns/p".into(),
-            message: "ztunnel is not connected".into(),
-        };
-        assert_eq!(AddFailure::read(&typed.to_json(), "ns/q"), typed);
-        // An older agent (or /cmdadd): plain text, the pod from the plugin's own arguments.
-        let text = AddFailure::read("pod ns/p: no netns found\n", "ns/p");
-        assert_eq!(text.kind, FailureKind::Unknown);
-        assert_eq!(text.pod, "ns/p");
-        assert_eq!(text.message, "pod ns/p: no netns found");
-        // A kind this plugin does not know yet, from a newer agent.
-        let newer = AddFailure::read(
-            r#"{"kind": "quota", "pod": "ns/p", "message": "m", "extra": 1}"#,
-            "ns/p",
-        );
-        assert_eq!(newer.kind, FailureKind::Unknown);
-        assert_eq!(newer.message, "m");
+        let json = r#"{"Netns":"/var/run/netns/x","PodName":"p","PodNamespace":"ns","IPs":[{"Interface":2,"Address":{"IP":"10.0.0.2","Mask":"////AA=="},"Gateway":""}]}"#;
+        assert_eq!(String::from_utf8(event.to_json()).unwrap(), json);
+        assert_eq!(PluginAddEvent::decode(json.as_bytes()).unwrap(), event);
     }
 }
