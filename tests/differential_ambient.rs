@@ -29,6 +29,10 @@ mod support;
 
 #[path = "differential/ambient_gen.rs"]
 mod generator;
+#[path = "differential/rule_list.rs"]
+mod rule_list;
+#[path = "differential/suite.rs"]
+mod suite;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -36,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use ambient_node::{Backend, NODE, Node, PodNs, PodProcess, result_ip};
 use generator::{Case, NAMESPACES, Rng};
-use serde_json::{Value, json};
+use serde_json::json;
 use support::real_cluster::RealCluster;
 use support::zds_peer::Seen;
 
@@ -375,44 +379,9 @@ fn run(case: &Case, istio: bool) -> Outcome {
     Outcome { facets, log }
 }
 
-/// One allowlisted deliberate difference.
-struct Entry {
-    id: String,
-    rule: String,
-}
-
-fn allowlist() -> Vec<Entry> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(root.join("tests/differential/ambient_allowlist.json"))
-        .expect("tests/differential/ambient_allowlist.json");
-    let list: Value = serde_json::from_str(&text).expect("ambient_allowlist.json is JSON");
-    let mut entries = Vec::new();
-    for e in list.as_array().expect("a list") {
-        let id = e["id"].as_str().expect("entry id").to_string();
-        for key in ["behaviour", "why"] {
-            let s = e[key].as_str().unwrap_or_default();
-            assert!(!s.trim().is_empty(), "allowlist entry {id}: no {key}");
-        }
-        let file = e["docs"]["file"].as_str().expect("docs.file");
-        let line = e["docs"]["line"].as_str().expect("docs.line");
-        let doc = std::fs::read_to_string(root.join(file))
-            .unwrap_or_else(|err| panic!("allowlist entry {id}: docs file {file}: {err}"));
-        assert!(
-            !line.trim().is_empty() && doc.contains(line),
-            "allowlist entry {id}: {file} does not contain the cited line {line:?}"
-        );
-        let rule = e["rule"].as_str().expect("rule").to_string();
-        assert!(
-            RULES.iter().any(|(n, _)| *n == rule),
-            "allowlist entry {id}: unknown rule {rule:?}"
-        );
-        entries.push(Entry { id, rule });
-    }
-    entries
-}
-
 /// A rule brings Istio's facets and ours to common ground for one deliberate difference.
-type Rule = fn(&Case, &mut Facets, &mut Facets);
+type Rule = rule_list::Rule<Case, Facets>;
+type Entry = rule_list::Entry<Case, Facets>;
 
 const RULES: &[(&str, Rule)] = &[("flavour-kept-on-restart", flavour_kept_on_restart)];
 
@@ -435,40 +404,6 @@ fn flavour_kept_on_restart(_: &Case, istio: &mut Facets, ours: &mut Facets) {
             lines.retain(|l| !l.starts_with("iptables-legacy-save"));
         }
     }
-}
-
-/// The allowlist entries that explain `ours != istio`: None when no combination does.
-fn explain(entries: &[Entry], case: &Case, istio: &Facets, ours: &Facets) -> Option<Vec<String>> {
-    if istio == ours {
-        return Some(Vec::new());
-    }
-    let rules: Vec<(&Entry, Rule)> = entries
-        .iter()
-        .filter_map(|e| {
-            RULES
-                .iter()
-                .find(|(n, _)| *n == e.rule)
-                .map(|(_, r)| (e, *r))
-        })
-        .collect();
-    let apply = |skip: Option<usize>| {
-        let (mut a, mut b) = (istio.clone(), ours.clone());
-        for (i, (_, r)) in rules.iter().enumerate() {
-            if Some(i) != skip {
-                r(case, &mut a, &mut b);
-            }
-        }
-        a == b
-    };
-    if !apply(None) {
-        return None;
-    }
-    Some(
-        (0..rules.len())
-            .filter(|i| !apply(Some(*i)))
-            .map(|i| rules[i].0.id.clone())
-            .collect(),
-    )
 }
 
 fn diff_text(istio: &Facets, ours: &Facets) -> String {
@@ -494,101 +429,49 @@ fn both(case: &Case) -> (Outcome, Outcome) {
 
 /// Smaller inputs that still show an unexplained difference, a bounded number of tries (each
 /// try is two runs of several seconds).
-fn shrink(
-    entries: &[Entry],
-    mut case: Case,
-    mut found: (Outcome, Outcome),
-) -> (Case, (Outcome, Outcome)) {
-    let mut tries = 0;
-    'outer: while tries < 12 {
-        for smaller in case.shrinks() {
-            tries += 1;
-            let f = both(&smaller);
-            if explain(entries, &smaller, &f.0.facets, &f.1.facets).is_none() {
-                case = smaller;
-                found = f;
-                continue 'outer;
-            }
-            if tries >= 12 {
-                break 'outer;
-            }
-        }
-        break;
-    }
-    (case, found)
+fn shrink(entries: &[Entry], case: Case, found: (Outcome, Outcome)) -> (Case, (Outcome, Outcome)) {
+    suite::shrink(case, found, 12, Case::shrinks, |smaller| {
+        let f = both(smaller);
+        rule_list::explain(entries, smaller, &f.0.facets, &f.1.facets)
+            .is_none()
+            .then_some(f)
+    })
 }
 
 #[test]
 fn ambient_enrolment_agrees_with_istios_agent_on_generated_pods() {
     support::require_root();
-    let seed = std::env::var("ISTIO_DIFF_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(DEFAULT_SEED);
-    let cases: u64 = std::env::var("ISTIO_DIFF_AMBIENT_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(DEFAULT_CASES);
-    eprintln!(
-        "differential_ambient: seed {seed} (ISTIO_DIFF_SEED={seed} reproduces), {cases} cases"
-    );
-    let entries = allowlist();
+    let (seed, cases) =
+        rule_list::seed_and_cases(DEFAULT_SEED, "ISTIO_DIFF_AMBIENT_CASES", DEFAULT_CASES);
+    let entries = rule_list::load("ambient_allowlist.json", RULES);
+    let suite = rule_list::Suite {
+        name: "differential_ambient",
+        entries: &entries,
+        seed,
+        cases,
+        check_stale: cases >= DEFAULT_CASES,
+    };
     let mut rng = Rng::new(seed);
-    let mut used: BTreeMap<String, u64> = BTreeMap::new();
-    let keep_going = std::env::var_os("ISTIO_DIFF_KEEP_GOING").is_some();
-    let (start, mut unexplained) = (Instant::now(), 0);
-    let (mut t_istio, mut t_ours) = (Duration::ZERO, Duration::ZERO);
-    for i in 0..cases {
-        let case = generator::case(&mut rng, i);
-        let t = Instant::now();
-        let istio = run(&case, true);
-        t_istio += t.elapsed();
-        let t = Instant::now();
-        let ours = run(&case, false);
-        t_ours += t.elapsed();
-        if std::env::var_os("ISTIO_DIFF_SHOW").is_some() {
-            eprintln!("case {i}:\n{}{:#?}", case.describe(), ours.facets);
-        }
-        match explain(&entries, &case, &istio.facets, &ours.facets) {
-            Some(ids) => {
-                for id in ids {
-                    *used.entry(id).or_default() += 1;
-                }
+    let show = std::env::var_os("ISTIO_DIFF_SHOW").is_some();
+    suite.run(
+        (0..cases).map(|i| (i, generator::case(&mut rng, i))),
+        |case, istio| {
+            let outcome = run(case, istio);
+            if show && !istio {
+                eprintln!("{}{:#?}", case.describe(), outcome.facets);
             }
-            None => {
-                let (case, (istio, ours)) = if keep_going {
-                    (case, (istio, ours))
-                } else {
-                    shrink(&entries, case, (istio, ours))
-                };
-                let report = format!(
-                    "case {i} (seed {seed}) differs from Istio's agent, shrunk to:\n{}\n{}\nIstio's log:\n{}\nour log:\n{}",
-                    case.describe(),
-                    diff_text(&istio.facets, &ours.facets),
-                    tail(&istio.log),
-                    tail(&ours.log)
-                );
-                if keep_going {
-                    eprintln!("{report}");
-                    unexplained += 1;
-                    continue;
-                }
-                panic!("{report}");
-            }
-        }
-    }
-    eprintln!(
-        "differential_ambient: {cases} cases in {:?} (istio {t_istio:?}, ours {t_ours:?}); allowlist used: {used:?}",
-        start.elapsed()
-    );
-    assert_eq!(unexplained, 0, "unexplained differences (reported above)");
-    let stale: Vec<&str> = entries
-        .iter()
-        .filter(|e| !used.contains_key(&e.id))
-        .map(|e| e.id.as_str())
-        .collect();
-    assert!(
-        cases < DEFAULT_CASES || stale.is_empty(),
-        "allowlist entries no case needed (remove them, or the behaviour came back): {stale:?}"
+            outcome
+        },
+        |o| &o.facets,
+        |case, found| shrink(&entries, case, found),
+        |i, case, istio, ours| {
+            format!(
+                "case {i} (seed {seed}) differs from Istio's agent, shrunk to:\n{}\n{}\nIstio's log:\n{}\nour log:\n{}",
+                case.describe(),
+                diff_text(&istio.facets, &ours.facets),
+                tail(&istio.log),
+                tail(&ours.log)
+            )
+        },
     );
 }

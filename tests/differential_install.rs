@@ -35,6 +35,10 @@ mod install;
 
 #[path = "differential/install_gen.rs"]
 mod generator;
+#[path = "differential/rule_list.rs"]
+mod rule_list;
+#[path = "differential/suite.rs"]
+mod suite;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -43,7 +47,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use istio_cni_testing::controlplane::{self, Forwarder, unique_name};
-use serde_json::{Value, json};
+use serde_json::json;
 use support::istio_root::IstioRoot;
 use support::node_proc::HostProcView;
 use support::real_cluster::RealCluster;
@@ -271,7 +275,7 @@ fn terminate(agent: &mut Agent) -> Option<i32> {
 
 fn run_istio(sh: &Shared, case: &Case, slot: &str) -> Outcome {
     if case.ambient {
-        return run_istio_owned(sh, case, slot);
+        return run_owned(sh, case, slot, true);
     }
     let root = sh.tmp.path().join(format!("istio-{slot}"));
     let _ = std::fs::remove_dir_all(&root);
@@ -293,17 +297,30 @@ fn run_istio(sh: &Shared, case: &Case, slot: &str) -> Outcome {
     std::fs::hard_link(&sh.istio, root.join("install-cni")).expect("link istio's binary");
     let mut cmd = Command::new("unshare");
     cmd.arg("-n").arg("chroot").arg(&root).arg("/install-cni");
-    let env = common_env(sh, case);
-    let agent = spawn(cmd, &env);
-    let mut agent = agent;
-    let ready = wait_ready(|| {
-        agent.output().contains("initial installation complete")
-            || agent.child.try_wait().ok().flatten().is_some()
-    }) && agent.child.try_wait().ok().flatten().is_none();
-    let running = snapshot(&net, &run, &bin);
-    let exit = terminate(&mut agent);
-    let after = snapshot(&net, &run, &bin);
+    let mut agent = spawn(cmd, &common_env(sh, case));
+    let outcome = observe(&mut agent, (&net, &run, &bin), istio_ready);
     let _ = std::fs::remove_dir_all(&root);
+    outcome
+}
+
+/// Istio's installer has no readiness endpoint outside the node agent: its log says it.
+fn istio_ready(agent: &Agent) -> bool {
+    agent.output().contains("initial installation complete")
+}
+
+/// Waits for a started installer to be ready (`up`, while it runs), then takes the files while it
+/// runs, SIGTERMs it and takes what it leaves behind, under its own paths.
+fn observe(
+    agent: &mut Agent,
+    dirs: (&Path, &Path, &Path),
+    mut up: impl FnMut(&Agent) -> bool,
+) -> Outcome {
+    let (net, run, bin) = dirs;
+    let ready = wait_ready(|| up(agent) || agent.child.try_wait().ok().flatten().is_some())
+        && agent.child.try_wait().ok().flatten().is_none();
+    let running = snapshot(net, run, bin);
+    let exit = terminate(agent);
+    let after = snapshot(net, run, bin);
     Outcome {
         ready,
         running,
@@ -334,78 +351,51 @@ fn owned_dirs(sh: &Shared, case: &Case, root: &Path) -> (PathBuf, PathBuf, PathB
     dirs
 }
 
-/// Istio's install-cni in owned-config mode, as a node's agent.
-fn run_istio_owned(sh: &Shared, case: &Case, slot: &str) -> Outcome {
-    let root = sh.tmp.path().join(format!("istio-owned-{slot}"));
+/// Istio's install-cni (chrooted) or ours in owned-config mode, as a node's agent.
+fn run_owned(sh: &Shared, case: &Case, slot: &str, istio: bool) -> Outcome {
+    let side = if istio { "istio" } else { "ours" };
+    let root = sh.tmp.path().join(format!("{side}-owned-{slot}"));
     let (net, run, bin, sa) = owned_dirs(sh, case, &root);
     let node = AmbientNode::new(sh, &root);
-    let chroot = IstioRoot::new();
-    let wrapper = chroot.wrapper(&node.ns.path(), &node._procfs.dir, &root, (&net, &bin, &sa));
-    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-    let mut env = node.settings(common_env(sh, case));
-    env.push(("CNI_AGENT_RUN_DIR".into(), run.display().to_string()));
-    let mut agent = install::start_via(&wrapper, &env, &[]);
-    let ready = wait_ready(|| {
-        agent.output().contains("initial installation complete")
-            || agent.child.try_wait().ok().flatten().is_some()
-    }) && agent.child.try_wait().ok().flatten().is_none();
-    let running = snapshot(&net, &run, &bin);
-    let exit = terminate(&mut agent);
-    let after = snapshot(&net, &run, &bin);
-    let path = |files| with_istios_paths(node.unrelayed(sh, files), &root);
-    let (running, after) = (path(running), path(after));
-    drop(node);
-    let _ = std::fs::remove_dir_all(&root);
-    Outcome {
-        ready,
-        running,
-        after,
-        exit,
-        log: agent.output(),
-    }
-}
-
-/// Ours in owned-config mode, as a node's agent.
-fn run_ours_owned(sh: &Shared, case: &Case, slot: &str) -> Outcome {
-    let root = sh.tmp.path().join(format!("ours-owned-{slot}"));
-    let (net, run, bin, sa) = owned_dirs(sh, case, &root);
-    let node = AmbientNode::new(sh, &root);
-    let health = free_port();
+    let ns = node.ns.path();
     let path = |p: &Path| p.display().to_string();
     let mut env = node.settings(common_env(sh, case));
-    env.extend([
-        ("MOUNTED_CNI_NET_DIR".to_string(), path(&net)),
-        ("CNI_BIN_DIRS".into(), path(&bin)),
-        ("CNI_AGENT_RUN_DIR".into(), path(&run)),
-        ("SERVICE_ACCOUNT_DIR".into(), path(&sa)),
-        ("HEALTH_PORT".into(), health.to_string()),
-    ]);
-    let nsenter = format!("--net={}", node.ns.path());
-    let mut agent = install::start_via(&["nsenter", &nsenter], &env, &[]);
-    let ns = node.ns.path();
-    let ready = wait_ready(|| {
-        in_netns(&ns, || http_get(health, "/readyz")).is_some_and(|(s, _)| s == 200)
-            || agent.child.try_wait().ok().flatten().is_some()
-    }) && agent.child.try_wait().ok().flatten().is_none();
-    let running = snapshot(&net, &run, &bin);
-    let exit = terminate(&mut agent);
-    let after = snapshot(&net, &run, &bin);
-    let path = |files| with_istios_paths(node.unrelayed(sh, files), &root);
-    let (running, after) = (path(running), path(after));
+    env.push(("CNI_AGENT_RUN_DIR".into(), path(&run)));
+    let dirs = (net.as_path(), run.as_path(), bin.as_path());
+    let mut outcome = if istio {
+        let chroot = IstioRoot::new();
+        let wrapper = chroot.wrapper(&ns, &node._procfs.dir, &root, (&net, &bin, &sa));
+        let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+        observe(
+            &mut install::start_via(&wrapper, &env, &[]),
+            dirs,
+            istio_ready,
+        )
+    } else {
+        let health = free_port();
+        env.extend([
+            ("MOUNTED_CNI_NET_DIR".to_string(), path(&net)),
+            ("CNI_BIN_DIRS".into(), path(&bin)),
+            ("SERVICE_ACCOUNT_DIR".into(), path(&sa)),
+            ("HEALTH_PORT".into(), health.to_string()),
+        ]);
+        let nsenter = format!("--net={ns}");
+        let mut agent = install::start_via(&["nsenter", &nsenter], &env, &[]);
+        observe(&mut agent, dirs, |_| {
+            in_netns(&ns, || http_get(health, "/readyz")).is_some_and(|(s, _)| s == 200)
+        })
+    };
+    for files in [&mut outcome.running, &mut outcome.after] {
+        *files = with_istios_paths(node.unrelayed(sh, std::mem::take(files)), &root);
+    }
     drop(node);
     let _ = std::fs::remove_dir_all(&root);
-    Outcome {
-        ready,
-        running,
-        after,
-        exit,
-        log: agent.output(),
-    }
+    outcome
 }
 
 fn run_ours(sh: &Shared, case: &Case, slot: &str) -> Outcome {
     if case.ambient {
-        return run_ours_owned(sh, case, slot);
+        return run_owned(sh, case, slot, false);
     }
     let root = sh.tmp.path().join(format!("ours-{slot}"));
     let _ = std::fs::remove_dir_all(&root);
@@ -435,26 +425,15 @@ fn run_ours(sh: &Shared, case: &Case, slot: &str) -> Outcome {
         ("HEALTH_PORT".into(), health.to_string()),
     ]);
     let mut agent = install::start(&env, &[]);
-    let ready = wait_ready(|| {
+    let mut outcome = observe(&mut agent, (&net, &run, &bin), |_| {
         http_get(health, "/readyz").is_some_and(|(s, _)| s == 200)
-            || agent.child.try_wait().ok().flatten().is_some()
-    }) && agent.child.try_wait().ok().flatten().is_none();
-    let running = snapshot(&net, &run, &bin);
-    let exit = terminate(&mut agent);
-    let after = snapshot(&net, &run, &bin);
+    });
     let _ = std::fs::remove_dir_all(&root);
     // Our paths where Istio has its fixed ones: the only legitimate difference in the contents.
-    let (running, after) = (
-        with_istios_paths(running, &root),
-        with_istios_paths(after, &root),
-    );
-    Outcome {
-        ready,
-        running,
-        after,
-        exit,
-        log: agent.output(),
+    for files in [&mut outcome.running, &mut outcome.after] {
+        *files = with_istios_paths(std::mem::take(files), &root);
     }
+    outcome
 }
 
 fn with_istios_paths(files: Files, root: &Path) -> Files {
@@ -523,45 +502,10 @@ fn spawn(mut cmd: Command, env: &[(String, String)]) -> Agent {
     Agent { child, lines }
 }
 
-/// One allowlisted deliberate difference.
-struct Entry {
-    id: String,
-    rule: String,
-}
-
-fn allowlist() -> Vec<Entry> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(root.join("tests/differential/install_allowlist.json"))
-        .expect("tests/differential/install_allowlist.json");
-    let list: Value = serde_json::from_str(&text).expect("install_allowlist.json is JSON");
-    let mut entries = Vec::new();
-    for e in list.as_array().expect("a list") {
-        let id = e["id"].as_str().expect("entry id").to_string();
-        for key in ["behaviour", "why"] {
-            let s = e[key].as_str().unwrap_or_default();
-            assert!(!s.trim().is_empty(), "allowlist entry {id}: no {key}");
-        }
-        let file = e["docs"]["file"].as_str().expect("docs.file");
-        let line = e["docs"]["line"].as_str().expect("docs.line");
-        let doc = std::fs::read_to_string(root.join(file))
-            .unwrap_or_else(|err| panic!("allowlist entry {id}: docs file {file}: {err}"));
-        assert!(
-            !line.trim().is_empty() && doc.contains(line),
-            "allowlist entry {id}: {file} does not contain the cited line {line:?}"
-        );
-        let rule = e["rule"].as_str().expect("rule").to_string();
-        assert!(
-            RULES.iter().any(|(n, _)| *n == rule),
-            "allowlist entry {id}: unknown rule {rule:?}"
-        );
-        entries.push(Entry { id, rule });
-    }
-    entries
-}
-
 /// A rule brings Istio's outcome and ours to common ground for one deliberate difference (it may
 /// change either side; most turn Istio's result into what ours does instead).
-type Rule = fn(&Case, &mut Outcome, &mut Outcome);
+type Rule = rule_list::Rule<Case, Outcome>;
+type Entry = rule_list::Entry<Case, Outcome>;
 
 const RULES: &[(&str, Rule)] = &[
     ("go-html-escapes", go_html_escapes),
@@ -816,49 +760,9 @@ fn named_config_unreadable_waits(case: &Case, istio: &mut Outcome, ours: &mut Ou
     }
 }
 
-/// The allowlist entries that explain `ours != istio`: None when no combination does.
-fn explain(entries: &[Entry], case: &Case, istio: &Outcome, ours: &Outcome) -> Option<Vec<String>> {
-    if istio == ours {
-        return Some(Vec::new());
-    }
-    let rules: Vec<(&Entry, Rule)> = entries
-        .iter()
-        .filter_map(|e| {
-            RULES
-                .iter()
-                .find(|(n, _)| *n == e.rule)
-                .map(|(_, r)| (e, *r))
-        })
-        .collect();
-    let apply = |skip: Option<usize>| {
-        let (mut a, mut b) = (istio.clone(), ours.clone());
-        for (i, (_, r)) in rules.iter().enumerate() {
-            if Some(i) != skip {
-                r(case, &mut a, &mut b);
-            }
-        }
-        a == b
-    };
-    if !apply(None) {
-        return None;
-    }
-    // Only the entries the case needs: one that can be left out is not counted.
-    Some(
-        (0..rules.len())
-            .filter(|i| !apply(Some(*i)))
-            .map(|i| rules[i].0.id.clone())
-            .collect(),
-    )
-}
-
 /// Both outcomes with every listed rule applied: what no entry explains.
 fn after_rules(entries: &[Entry], case: &Case, istio: &Outcome, ours: &Outcome) -> String {
-    let (mut a, mut b) = (istio.clone(), ours.clone());
-    for e in entries {
-        if let Some((_, r)) = RULES.iter().find(|(n, _)| *n == e.rule) {
-            r(case, &mut a, &mut b);
-        }
-    }
+    let (a, b) = rule_list::apply(entries, None, case, istio, ours);
     diff_text(&a, &b)
 }
 
@@ -923,7 +827,7 @@ fn show(f: Option<&(String, u32)>) -> String {
 fn fails(sh: &Shared, entries: &[Entry], case: &Case) -> Option<(Outcome, Outcome)> {
     let istio = run_istio(sh, case, "shrink");
     let ours = run_ours(sh, case, "shrink");
-    explain(entries, case, &istio, &ours)
+    rule_list::explain(entries, case, &istio, &ours)
         .is_none()
         .then_some((istio, ours))
 }
@@ -932,25 +836,12 @@ fn fails(sh: &Shared, entries: &[Entry], case: &Case) -> Option<(Outcome, Outcom
 fn shrink(
     sh: &Shared,
     entries: &[Entry],
-    mut case: Case,
-    mut found: (Outcome, Outcome),
+    case: Case,
+    found: (Outcome, Outcome),
 ) -> (Case, (Outcome, Outcome)) {
-    let mut tries = 0;
-    'outer: while tries < 30 {
-        for smaller in case.shrinks() {
-            tries += 1;
-            if let Some(f) = fails(sh, entries, &smaller) {
-                case = smaller;
-                found = f;
-                continue 'outer;
-            }
-            if tries >= 30 {
-                break 'outer;
-            }
-        }
-        break;
-    }
-    (case, found)
+    suite::shrink(case, found, 30, Case::shrinks, |smaller| {
+        fails(sh, entries, smaller)
+    })
 }
 
 /// The seed of a run without ISTIO_DIFF_SEED; every allowlist entry occurs in its cases.
@@ -959,86 +850,77 @@ const DEFAULT_SEED: u64 = 5;
 #[test]
 fn install_cni_agrees_with_istios_install_cni_on_generated_conf_dirs() {
     support::require_root();
-    let seed = std::env::var("ISTIO_DIFF_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        // Fixed by default, so the stale-entry check cannot flake on a rare entry a random draw
-        // missed; ISTIO_DIFF_SEED explores other draws.
-        .unwrap_or(DEFAULT_SEED);
-    let cases: u64 = std::env::var("ISTIO_DIFF_INSTALL_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(DEFAULT_CASES);
-    eprintln!(
-        "differential_install: seed {seed} (ISTIO_DIFF_SEED={seed} reproduces), {cases} cases"
-    );
-    let entries = allowlist();
-    let sh = shared();
-    let mut rng = Rng::new(seed);
-    let mut used: BTreeMap<String, u64> = BTreeMap::new();
-    let (mut t_istio, mut t_ours) = (Duration::ZERO, Duration::ZERO);
-    let start = Instant::now();
-    // While working on the list: report every unexplained case instead of stopping at the first.
-    let keep_going = std::env::var_os("ISTIO_DIFF_KEEP_GOING").is_some();
-    let mut unexplained = 0;
+    // Fixed by default, so the stale-entry check cannot flake on a rare entry a random draw
+    // missed; ISTIO_DIFF_SEED explores other draws.
+    let (seed, cases) =
+        rule_list::seed_and_cases(DEFAULT_SEED, "ISTIO_DIFF_INSTALL_CASES", DEFAULT_CASES);
     // ISTIO_DIFF_CASE=N runs only case N of the seed (to look at one reported case again).
     let only: Option<u64> = std::env::var("ISTIO_DIFF_CASE")
         .ok()
         .and_then(|s| s.parse().ok());
-    for i in 0..cases {
-        let case = generator::case(&mut rng);
-        if only.is_some_and(|n| n != i) {
-            continue;
-        }
-        let t = Instant::now();
-        let istio = run_istio(&sh, &case, "case");
-        t_istio += t.elapsed();
-        let t = Instant::now();
-        let ours = run_ours(&sh, &case, "case");
-        t_ours += t.elapsed();
-        match explain(&entries, &case, &istio, &ours) {
-            Some(ids) => {
-                for id in ids {
-                    *used.entry(id).or_default() += 1;
-                }
-            }
-            None => {
-                let (case, (istio, ours)) = if keep_going {
-                    (case, (istio, ours))
-                } else {
-                    shrink(&sh, &entries, case, (istio, ours))
-                };
-                let report = format!(
-                    "case {i} (seed {seed}) differs from Istio's install-cni, shrunk to:\n{}\n{}\nleft after the listed rules:\n{}\nIstio's log:\n{}\nour log:\n{}",
-                    case.describe(),
-                    diff_text(&istio, &ours),
-                    after_rules(&entries, &case, &istio, &ours),
-                    tail(&istio.log),
-                    tail(&ours.log)
-                );
-                if keep_going {
-                    eprintln!("{report}");
-                    unexplained += 1;
-                    continue;
-                }
-                panic!("{report}");
-            }
-        }
-    }
-    eprintln!(
-        "differential_install: {cases} cases in {:?} (istio {:?}, ours {:?}); allowlist used: {used:?}",
-        start.elapsed(),
-        t_istio,
-        t_ours
+    let entries = rule_list::load("install_allowlist.json", RULES);
+    let suite = rule_list::Suite {
+        name: "differential_install",
+        entries: &entries,
+        seed,
+        cases,
+        check_stale: cases >= 60 && only.is_none(),
+    };
+    let sh = shared();
+    let mut rng = Rng::new(seed);
+    suite.run(
+        (0..cases)
+            .map(|i| (i, generator::case(&mut rng)))
+            .filter(|(i, _)| only.is_none_or(|n| n == *i)),
+        |case, istio| match istio {
+            true => run_istio(&sh, case, "case"),
+            false => run_ours(&sh, case, "case"),
+        },
+        |o| o,
+        |case, found| shrink(&sh, &entries, case, found),
+        |i, case, istio, ours| {
+            format!(
+                "case {i} (seed {seed}) differs from Istio's install-cni, shrunk to:\n{}\n{}\nleft after the listed rules:\n{}\nIstio's log:\n{}\nour log:\n{}",
+                case.describe(),
+                diff_text(istio, ours),
+                after_rules(&entries, case, istio, ours),
+                tail(&istio.log),
+                tail(&ours.log)
+            )
+        },
     );
-    assert_eq!(unexplained, 0, "unexplained differences (reported above)");
-    let stale: Vec<&str> = entries
-        .iter()
-        .filter(|e| !used.contains_key(&e.id))
-        .map(|e| e.id.as_str())
-        .collect();
-    assert!(
-        cases < 60 || only.is_some() || stale.is_empty(),
-        "allowlist entries no case needed (remove them, or the behaviour came back): {stale:?}"
+}
+
+/// The shared sequential driver (tests/differential/rule_list.rs) passes equal outcomes and
+/// fails the test, with the suite's report, on the first difference no entry explains.
+#[test]
+#[should_panic(expected = "case 1 differs")]
+fn a_difference_no_entry_explains_fails_the_run() {
+    let outcome = |exit| Outcome {
+        ready: true,
+        running: Files::new(),
+        after: Files::new(),
+        exit,
+        log: String::new(),
+    };
+    let suite = rule_list::Suite {
+        name: "synthetic",
+        entries: &[],
+        seed: 0,
+        cases: 2,
+        check_stale: true,
+    };
+    let mut rng = Rng::new(0);
+    let mut runs = 0;
+    suite.run(
+        (0..2).map(|i| (i, generator::case(&mut rng))),
+        |_, istio| {
+            runs += 1;
+            // Case 0 (runs 1 and 2) agrees; case 1's second side exits otherwise.
+            outcome(Some(i32::from(runs == 4 && !istio)))
+        },
+        |o| o,
+        |case, found| (case, found),
+        |i, _, _, _| format!("case {i} differs"),
     );
 }

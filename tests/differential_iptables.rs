@@ -10,7 +10,6 @@
 //! another (the seed is printed), ISTIO_DIFF_CASES sets the count (default 5000), ISTIO_DIFF_JOBS the parallelism.
 //! A failing case is shrunk (tokens dropped one at a time while it still fails) before it is shown.
 
-use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,6 +21,8 @@ use serde_json::Value;
 mod generator;
 #[path = "differential/sandbox.rs"]
 mod sandbox;
+#[path = "differential/suite.rs"]
+mod suite;
 
 use generator::{Case, Token};
 use istio_cni_testing::istio::istio_bin;
@@ -155,28 +156,16 @@ fn strings(v: &Value) -> Vec<String> {
         .collect()
 }
 
-/// Loads the allowlist and checks that every entry says why and cites a docs line that exists.
+/// Loads the allowlist (tests/differential/suite.rs checks each entry's why and docs line).
 fn allowlist() -> Vec<Entry> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(root.join("tests/differential/allowlist.json"))
-        .expect("tests/differential/allowlist.json");
-    let list: Value = serde_json::from_str(&text).expect("allowlist.json is JSON");
     let mut entries = Vec::new();
-    for e in list.as_array().expect("allowlist.json is a list") {
-        let id = e["id"].as_str().expect("entry id").to_string();
-        for key in ["behaviour", "why"] {
-            let s = e[key].as_str().unwrap_or_default();
-            assert!(!s.trim().is_empty(), "allowlist entry {id}: no {key}");
-        }
-        let file = e["docs"]["file"].as_str().expect("docs.file");
-        let line = e["docs"]["line"].as_str().expect("docs.line");
-        let doc = std::fs::read_to_string(root.join(file))
-            .unwrap_or_else(|err| panic!("allowlist entry {id}: docs file {file}: {err}"));
-        assert!(
-            !line.trim().is_empty() && doc.contains(line),
-            "allowlist entry {id}: {file} does not contain the cited line {line:?}"
-        );
+    for (id, e) in suite::allowlist("allowlist.json") {
         let m = &e["match"];
+        let when = m["when"].as_str().map(String::from);
+        assert!(
+            when.as_deref().is_none_or(|w| PREDICATES.contains(&w)),
+            "allowlist entry {id}: unknown `when` {when:?} (known: {PREDICATES:?})"
+        );
         entries.push(Entry {
             id,
             istio: m["istio"].as_str().map(String::from),
@@ -184,14 +173,8 @@ fn allowlist() -> Vec<Entry> {
             ours_stderr: strings(&m["ours_stderr"]),
             istio_said: strings(&m["istio_said"]),
             input: strings(&m["input"]),
-            when: m["when"].as_str().map(String::from),
+            when,
         });
-        let when = entries.last().and_then(|e| e.when.as_deref());
-        assert!(
-            when.is_none_or(|w| PREDICATES.contains(&w)),
-            "allowlist entry {}: unknown `when` {when:?} (known: {PREDICATES:?})",
-            entries.last().map(|e| e.id.as_str()).unwrap_or_default()
-        );
     }
     entries
 }
@@ -298,49 +281,44 @@ fn is_dry_run(t: &Token) -> bool {
     }
 }
 
-/// Drops tokens one at a time (never the dry-run switch) while the case still fails with the
-/// same verdicts; then tries the plainest host. None: the failure did not happen again.
+/// Re-runs a shrink may spend on one failing case.
+const SHRINK_BUDGET: usize = 300;
+
+/// The case made smaller: a token dropped (never the dry-run switch), or the plainest host.
+fn smaller(case: &Case) -> Vec<Case> {
+    let mut out: Vec<Case> = (0..case.tokens.len())
+        .filter(|&i| !is_dry_run(&case.tokens[i]))
+        .map(|i| {
+            let mut c = case.clone();
+            c.tokens.remove(i);
+            c
+        })
+        .collect();
+    for (host, pinned) in [(0, false), (0, true)] {
+        if case.host != host || (case.pinned && !pinned) {
+            let mut plain = case.clone();
+            (plain.host, plain.pinned) = (host, pinned);
+            out.push(plain);
+        }
+    }
+    out
+}
+
+/// The smallest case that still fails with the same verdicts. None: the failure did not happen
+/// again.
 fn shrink(
     sb: &Sandbox,
     entries: &[Entry],
     case: &Case,
     slot: usize,
 ) -> Option<(Case, Outcome, Outcome)> {
-    let (mut istio, mut ours) = unexplained(sb, entries, case, slot)?;
-    let same =
-        |i: &Outcome, o: &Outcome, i0: &Outcome, o0: &Outcome| i.ok == i0.ok && o.ok == o0.ok;
-    let mut best = case.clone();
-    let mut progress = true;
-    while progress {
-        progress = false;
-        let mut i = 0;
-        while i < best.tokens.len() {
-            if is_dry_run(&best.tokens[i]) {
-                i += 1;
-                continue;
-            }
-            let mut smaller = best.clone();
-            smaller.tokens.remove(i);
-            match unexplained(sb, entries, &smaller, slot) {
-                Some((si, so)) if same(&si, &so, &istio, &ours) => {
-                    (best, istio, ours) = (smaller, si, so);
-                    progress = true;
-                }
-                _ => i += 1,
-            }
-        }
-    }
-    for (host, pinned) in [(0, false), (0, true)] {
-        let mut plain = best.clone();
-        (plain.host, plain.pinned) = (host, pinned);
-        if let Some((si, so)) = unexplained(sb, entries, &plain, slot)
-            && same(&si, &so, &istio, &ours)
-        {
-            (best, istio, ours) = (plain, si, so);
-            break;
-        }
-    }
-    Some((best, istio, ours))
+    let failing = unexplained(sb, entries, case, slot)?;
+    let verdicts = (failing.0.ok, failing.1.ok);
+    let (small, (istio, ours)) =
+        suite::shrink(case.clone(), failing, SHRINK_BUDGET, smaller, |c| {
+            unexplained(sb, entries, c, slot).filter(|(i, o)| (i.ok, o.ok) == verdicts)
+        });
+    Some((small, istio, ours))
 }
 
 fn report(seed: u64, index: u64, case: &Case, istio: &Outcome, ours: &Outcome) -> String {
@@ -566,4 +544,30 @@ fn a_case_is_not_changed_by_the_cases_run_before_it() {
         first.stdout,
         again.stdout
     );
+}
+
+/// The shared shrinker (tests/differential/suite.rs) takes each smaller variant that still
+/// fails, ends where no variant does, and spends no more re-runs than its budget.
+#[test]
+fn the_shrinker_ends_where_no_smaller_case_fails() {
+    let smaller = |c: &Vec<u32>| -> Vec<Vec<u32>> {
+        (0..c.len())
+            .map(|i| [&c[..i], &c[i + 1..]].concat())
+            .collect()
+    };
+    let fails = |c: &Vec<u32>| (c.contains(&3) && c.contains(&17)).then_some(c.len());
+    let mut runs = 0;
+    let (small, len) = suite::shrink((1..=20).collect(), 20, 1000, smaller, |c| {
+        runs += 1;
+        fails(c)
+    });
+    assert_eq!((small, len), (vec![3, 17], 2));
+    // One pass drops the 18 others; a last round finds both left needed.
+    assert!(runs <= 22, "{runs} re-runs");
+    let mut runs = 0;
+    suite::shrink((1..=20).collect(), 20, 5, smaller, |c| {
+        runs += 1;
+        fails(c)
+    });
+    assert_eq!(runs, 5);
 }

@@ -21,6 +21,8 @@ mod cni_driver;
 mod plugin_gen;
 #[path = "differential/plugin_run.rs"]
 mod plugin_run;
+#[path = "differential/suite.rs"]
+mod suite;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -75,46 +77,27 @@ fn strings(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Loads the allowlist and checks that every entry says why and cites a docs line that exists.
+/// Loads the allowlist (tests/differential/suite.rs checks each entry's why and docs line).
 fn allowlist() -> Vec<Entry> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(root.join("tests/differential/plugin_allowlist.json"))
-        .expect("plugin allowlist");
-    let list: Vec<Value> = serde_json::from_str(&text).expect("plugin allowlist is JSON");
-    list.iter()
-        .map(|e| {
-            let id = e["id"].as_str().expect("id").to_string();
-            for key in ["behaviour", "why"] {
-                assert!(
-                    e[key].as_str().is_some_and(|s| !s.trim().is_empty()),
-                    "plugin allowlist entry {id}: no {key}"
-                );
-            }
-            let file = e["docs"]["file"].as_str().expect("docs.file");
-            let line = e["docs"]["line"].as_str().expect("docs.line");
-            let doc = std::fs::read_to_string(root.join(file))
-                .unwrap_or_else(|err| panic!("plugin allowlist entry {id}: {file}: {err}"));
+    let mut entries = Vec::new();
+    for (id, e) in suite::allowlist("plugin_allowlist.json") {
+        let m = &e["match"];
+        if let Some(w) = m["when"].as_str() {
             assert!(
-                !line.trim().is_empty() && doc.contains(line),
-                "plugin allowlist entry {id}: {file} does not contain the cited line {line:?}"
+                PREDICATES.contains(&w),
+                "plugin allowlist entry {id}: unknown when {w:?}"
             );
-            let m = &e["match"];
-            if let Some(w) = m["when"].as_str() {
-                assert!(
-                    PREDICATES.contains(&w),
-                    "plugin allowlist entry {id}: unknown when {w:?}"
-                );
-            }
-            Entry {
-                id,
-                aspects: strings(&m["aspects"]),
-                input: strings(&m["input"]),
-                istio_said: strings(&m["istio_said"]),
-                ours_said: strings(&m["ours_said"]),
-                when: m["when"].as_str().map(String::from),
-            }
-        })
-        .collect()
+        }
+        entries.push(Entry {
+            id,
+            aspects: strings(&m["aspects"]),
+            input: strings(&m["input"]),
+            istio_said: strings(&m["istio_said"]),
+            ours_said: strings(&m["ours_said"]),
+            when: m["when"].as_str().map(String::from),
+        });
+    }
+    entries
 }
 
 /// For each difference of this case the first entry that explains it (by index); `None` when
@@ -159,22 +142,14 @@ fn unexplained(
 
 /// Drops items one at a time while the case still differs unexplained; the smallest found.
 fn shrink(world: &World, entries: &[Entry], case: &PodCase) -> Option<(PodCase, Outcome, Outcome)> {
-    let (mut istio, mut ours) = unexplained(world, entries, case, 0)?;
-    let mut small = case.clone();
-    let mut budget = SHRINK_BUDGET;
-    'outer: while budget > 0 {
-        for c in small.smaller() {
-            if budget == 0 {
-                break 'outer;
-            }
-            budget -= 1;
-            if let Some((i, o)) = unexplained(world, entries, &c, 0) {
-                (small, istio, ours) = (c, i, o);
-                continue 'outer;
-            }
-        }
-        break;
-    }
+    let failing = unexplained(world, entries, case, 0)?;
+    let (small, (istio, ours)) = suite::shrink(
+        case.clone(),
+        failing,
+        SHRINK_BUDGET,
+        PodCase::smaller,
+        |c| unexplained(world, entries, c, 0),
+    );
     Some((small, istio, ours))
 }
 
@@ -214,7 +189,7 @@ fn plugin_matches_istio_on_generated_pods() {
     let start = Instant::now();
     let next = AtomicUsize::new(0);
     let hits = Mutex::new(vec![0usize; entries.len()]);
-    let failures: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+    let failures: Mutex<Vec<(u64, Outcome, Outcome)>> = Mutex::new(Vec::new());
     let added = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for slot in 0..jobs {
@@ -241,7 +216,7 @@ fn plugin_matches_istio_on_generated_pods() {
                                 hits[at] += 1;
                             }
                         }
-                        None => failures.lock().unwrap().push(index),
+                        None => failures.lock().unwrap().push((index, istio, ours)),
                     }
                 }
             });
@@ -250,7 +225,7 @@ fn plugin_matches_istio_on_generated_pods() {
     let wall = start.elapsed();
     let hits = hits.into_inner().unwrap();
     let mut failures = failures.into_inner().unwrap();
-    failures.sort_unstable();
+    failures.sort_unstable_by_key(|f| f.0);
     eprintln!(
         "{count} cases in {wall:.1?} ({} where Istio's plugin wrote rules)",
         added.load(Ordering::Relaxed)
@@ -260,15 +235,15 @@ fn plugin_matches_istio_on_generated_pods() {
     }
     let mut problems = Vec::new();
     let show = env_u64("ISTIO_PLUGIN_DIFF_SHOW").unwrap_or(3) as usize;
-    for index in failures.iter().take(show) {
+    for (index, istio, ours) in failures.iter().take(show) {
         let case = plugin_gen::case(seed, *index);
         match shrink(&world, &entries, &case) {
             Some((small, istio, ours)) => {
                 problems.push(report(seed, *index, &small, &istio, &ours))
             }
             None => problems.push(format!(
-                "case {index} (seed {seed}): flaky, the difference did not happen again: {:?}",
-                case.words()
+                "(flaky: the difference did not happen again on a re-run; as first seen:)\n{}",
+                report(seed, *index, &case, istio, ours)
             )),
         }
     }
@@ -276,7 +251,10 @@ fn plugin_matches_istio_on_generated_pods() {
         problems.push(format!(
             "... and {} more failing cases (indices {:?}...)",
             failures.len() - show,
-            &failures[show..failures.len().min(show + 16)]
+            failures[show..failures.len().min(show + 16)]
+                .iter()
+                .map(|f| f.0)
+                .collect::<Vec<_>>()
         ));
     }
     if count >= STALE_CHECK_FROM {
