@@ -194,11 +194,6 @@ impl Agent {
         })
     }
 
-    /// The pod cache, ztunnel's state of the world (the ZDS server's snapshot source).
-    pub fn pod_cache(&self) -> Arc<PodCache> {
-        self.core().mesh.cache.clone()
-    }
-
     pub fn core(&self) -> &Arc<Core> {
         self.engine.reconciler()
     }
