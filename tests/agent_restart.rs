@@ -133,10 +133,11 @@ fn restart_keeps_everything(backend: Backend) {
     let after = node.cluster().requests();
     let node_name = node.cluster().node(ambient_node::NODE);
     assert!(
-        after.iter().any(|(verb, uri)| verb == "list"
+        after.iter().any(|(verb, uri)| (verb == "list"
+            || verb == "watch" && uri.contains("sendInitialEvents=true"))
             && uri.starts_with("/api/v1/pods?")
             && uri.contains(&node_name)),
-        "the new agent did not list the node's pods: {after:#?}"
+        "the new agent did not read the node's pods (listed or streamed): {after:#?}"
     );
     let writes: Vec<_> = after
         .iter()

@@ -280,58 +280,42 @@ fn without_verb(o: &mut Value, resource: &str, verb: &str) {
     }
 }
 
-/// The chart without `list` on pods (the rule that grants it also names namespaces): the
-/// agent's stores never sync, install-cni says which verb on which resource it lacks and where
-/// to grant it, and it never becomes ready.
+/// The chart without `list` on pods (the rule that grants it also names namespaces): on a
+/// server that streams a watch's initial state (the WatchList feature, on in this one), the
+/// agent's stores sync over their watches alone, as Istio's informers do, and install-cni becomes
+/// ready without one pod list. A server that cannot stream needs `list` (see kube_client's
+/// `a_server_without_streaming_lists_is_listed_then_watched`); the chart grants both.
 #[test]
-fn install_cni_fails_naming_the_resource_and_verb_the_chart_does_not_grant() {
+fn without_list_on_pods_the_stores_stream_their_initial_state_and_install_cni_is_ready() {
     let cp = controlplane::shared();
     let r = helm().case("ambient-profile");
     let release = release::install(cp, r, None, |o| without_verb(o, "pods", "list"));
+    let mark = cp.audit_mark();
     let mut run = run_install_cni(cp, r, &release);
-    let deadline = Instant::now() + T;
-    let refused = loop {
-        let out = run.agent.output();
-        if let Some(line) = out
-            .lines()
-            .find(|l| l.contains("cni-agent") && l.contains("cannot list pods"))
-        {
-            break line.to_string();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no error naming the list of pods within {T:?}:\n{out}"
-        );
-        if let Some(st) = run.agent.child.try_wait().expect("try_wait") {
-            std::thread::sleep(Duration::from_millis(100));
-            let out = run.agent.output();
-            assert!(out.contains("cannot list pods"), "exited ({st}):\n{out}");
-            break out;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert!(refused.contains("forbidden"), "{refused}");
+    run.wait_ready(r);
+    let sa = r.pod_spec()["serviceAccountName"].as_str().expect("sa");
+    let user = format!("system:serviceaccount:{}:{sa}", release.namespace);
+    let pod_reads: Vec<(String, String)> = cp
+        .requests_of(&user, mark)
+        .into_iter()
+        .filter(|(verb, uri)| uri.starts_with("/api/v1/pods?") && verb != "get")
+        .collect();
     assert!(
-        refused.contains("ClusterRole"),
-        "says where to grant it: {refused}"
+        pod_reads
+            .iter()
+            .any(|(verb, uri)| verb == "watch" && uri.contains("sendInitialEvents=true")),
+        "{pod_reads:?}"
     );
-    let path = r.container()["readinessProbe"]["httpGet"]["path"]
-        .as_str()
-        .expect("probe path");
-    // Still not ready a while later (the watcher keeps retrying meanwhile).
-    std::thread::sleep(Duration::from_secs(3));
-    let probe = http_get(run.health, path).map(|(s, _)| s);
-    assert_ne!(
-        probe,
-        Some(200),
-        "ready without listing its pods:\n{}",
-        run.agent.output()
+    assert!(
+        pod_reads.iter().all(|(verb, _)| verb == "watch"),
+        "{pod_reads:?}"
     );
 }
 
-/// The chart without `watch` on pods: the first list succeeds, but the store would never see
-/// another change. install-cni must not report ready, its readiness names the store, the verb,
-/// the resource and the ClusterRole; granted `watch` again, it becomes ready and sees new pods.
+/// The chart without `watch` on pods: the stores cannot start (they stream their initial state
+/// over the watch, and would see no change without one). install-cni must not report ready; its
+/// readiness and its log name the store, the verb, the resource and the ClusterRole; granted
+/// `watch` again, it becomes ready and sees new pods.
 #[test]
 fn install_cni_is_not_ready_while_its_pod_watch_is_refused() {
     let cp = controlplane::shared();
@@ -348,7 +332,7 @@ fn install_cni_is_not_ready_while_its_pod_watch_is_refused() {
             .unwrap_or_default();
         body.contains("cannot watch pods")
     });
-    for part in ["pod store", "watch is refused", "forbidden", "ClusterRole"] {
+    for part in ["pod store", "forbidden", "ClusterRole"] {
         assert!(body.contains(part), "{part:?} missing: {body}");
     }
     // Still not ready a while later (the watch is retried and probed meanwhile).
@@ -361,7 +345,9 @@ fn install_cni_is_not_ready_while_its_pod_watch_is_refused() {
         run.agent.output()
     );
     assert!(
-        run.agent.output().contains("watch is refused"),
+        run.agent.output().lines().any(|l| l.contains("cni-agent")
+            && l.contains("cannot watch pods")
+            && l.contains("ClusterRole")),
         "logged:\n{}",
         run.agent.output()
     );

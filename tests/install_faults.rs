@@ -75,8 +75,9 @@ fn proceeds(d: &Dirs, agent: &Agent, health: u16) {
     );
 }
 
+// The store's first call is its watch, which streams the pods' initial state.
 #[test]
-fn a_forbidden_pod_list_is_named_at_once_with_the_verb_and_the_cluster_role() {
+fn a_forbidden_pod_read_is_named_at_once_with_the_verb_and_the_cluster_role() {
     let d = Dirs::new();
     d.put("10-list.conflist", &testdata("list.conflist"));
     let api = ApiServer::start();
@@ -89,9 +90,9 @@ fn a_forbidden_pod_list_is_named_at_once_with_the_verb_and_the_cluster_role() {
         &repair_env(&d, &api),
         &[
             "pod store cannot start",
-            "list pods",
+            "watch pods",
             "forbidden",
-            "cannot list pods at cluster scope",
+            "cannot watch pods at cluster scope",
             "ClusterRole",
         ],
     );
@@ -101,7 +102,7 @@ fn a_forbidden_pod_list_is_named_at_once_with_the_verb_and_the_cluster_role() {
 }
 
 #[test]
-fn a_forbidden_namespace_list_holds_the_ambient_agent_naming_it() {
+fn a_forbidden_namespace_read_holds_the_ambient_agent_naming_it() {
     let d = Dirs::new();
     d.put("10-list.conflist", &testdata("list.conflist"));
     let api = ApiServer::start();
@@ -115,7 +116,7 @@ fn a_forbidden_namespace_list_holds_the_ambient_agent_naming_it() {
         &env,
         &[
             "namespace store cannot start",
-            "cannot list namespaces at cluster scope",
+            "cannot watch namespaces at cluster scope",
             "ClusterRole",
         ],
     );
@@ -134,7 +135,7 @@ fn a_rejected_token_is_named_at_once_and_a_good_one_is_picked_up() {
     let (mut agent, health) = refused_fast(
         &d,
         &repair_env(&d, &api),
-        &["pod store cannot start", "list pods", "unauthorized"],
+        &["pod store cannot start", "watch pods", "unauthorized"],
     );
     api.server.set_token(good.as_deref());
     proceeds(&d, &agent, health);
@@ -175,7 +176,7 @@ fn an_api_server_certificate_from_another_ca_is_named_at_once_with_the_server() 
 }
 
 #[test]
-fn transient_list_errors_are_retried_until_the_store_syncs() {
+fn transient_errors_reading_the_initial_state_are_retried_until_the_store_syncs() {
     let d = Dirs::new();
     d.put("10-list.conflist", &testdata("list.conflist"));
     let api = ApiServer::start();
@@ -189,13 +190,14 @@ fn transient_list_errors_are_retried_until_the_store_syncs() {
         "{}",
         agent.output()
     );
-    let lists = api
+    // Two failed reads of the initial state, then one that syncs.
+    let reads = api
         .server
         .requests()
         .iter()
-        .filter(|r| r.path == "/api/v1/pods" && !r.is_watch())
+        .filter(|r| r.path == "/api/v1/pods")
         .count();
-    assert!(lists >= 3, "{lists} lists");
+    assert!(reads >= 3, "{reads} reads");
     assert!(agent.terminate(T).success(), "{}", agent.output());
 }
 

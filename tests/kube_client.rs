@@ -331,11 +331,12 @@ async fn watcher_with_field_selector_sees_added_modified_deleted() {
     );
 }
 
-// Lists ask for gzip (a node's pod list shrinks to a few percent); watch streams ask for none
-// (a server gzips them one member per event, which kube's decoder does not read); each watch
-// stream asks for a timeoutSeconds of its own in 300-600 s.
+// Lists and watch streams ask for gzip (a node's pod list shrinks to a few percent; a server
+// gzips a watch one member per event, and the client reads every member); a watch streams its
+// initial state (one request, no list); each watch stream asks for a timeoutSeconds of its own
+// in 300-600 s.
 #[tokio::test]
-async fn lists_ask_for_gzip_and_watches_for_identity_with_a_drawn_timeout() {
+async fn lists_and_watches_ask_for_gzip_and_a_watch_streams_its_initial_state() {
     let f = fixture().await;
     f.server.add_pod(pod("ns1", "p", "n1")).expect("pod");
     let (pods, _) = f
@@ -346,34 +347,74 @@ async fn lists_ask_for_gzip_and_watches_for_identity_with_a_drawn_timeout() {
     assert_eq!(pods.len(), 1);
     let mut stream = f.client.watch_pods(&Selectors::on_node("n1"), FAST_BACKOFF);
     assert_eq!(initial_sync(&mut stream).await, ["p"]);
-    // The watch request goes out on the next poll.
-    let polling = tokio::spawn(async move { while stream.next().await.is_some() {} });
-    let watch = f
-        .server
-        .wait_for_request(PATIENCE, |r| r.is_watch())
-        .await
-        .expect("a watch request");
-    polling.abort();
-    let lists: Vec<_> = f
+    let pod_requests: Vec<_> = f
         .server
         .requests()
         .into_iter()
-        .filter(|r| r.method == "GET" && r.path == "/api/v1/pods" && !r.is_watch())
+        .filter(|r| r.method == "GET" && r.path == "/api/v1/pods")
         .collect();
-    assert_eq!(lists.len(), 2, "{lists:?}");
-    for list in &lists {
-        assert_eq!(list.accept_encoding.as_deref(), Some("gzip"), "{list:?}");
-    }
+    let [list, watch] = &pod_requests[..] else {
+        panic!("one list (list_pods) and one watch: {pod_requests:?}");
+    };
+    assert!(!list.is_watch() && watch.is_watch(), "{pod_requests:?}");
+    assert_eq!(list.accept_encoding.as_deref(), Some("gzip"), "{list:?}");
+    assert_eq!(watch.accept_encoding.as_deref(), Some("gzip"), "{watch:?}");
     assert_eq!(
-        watch.accept_encoding.as_deref(),
-        Some("identity"),
-        "{watch:?}"
+        watch.query_param("sendInitialEvents").as_deref(),
+        Some("true")
     );
     let timeout: u32 = watch
         .query_param("timeoutSeconds")
         .and_then(|t| t.parse().ok())
         .expect("timeoutSeconds");
     assert!((300..=600).contains(&timeout), "{watch:?}");
+}
+
+// A server that cannot stream a watch's initial state refuses the request (422); the watch then
+// lists and watches, syncs and follows changes as before, and does not ask to stream again.
+#[tokio::test]
+async fn a_server_without_streaming_lists_is_listed_then_watched() {
+    let server = TestApiServer::start_with(istio_cni_testing::apiserver::TestServerOptions {
+        streaming_lists: false,
+        ..Default::default()
+    })
+    .await
+    .expect("server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let client = KubeClient::from_kubeconfig_file(&kubeconfig)
+        .await
+        .expect("client");
+    server.add_pod(pod("ns1", "a", "n1")).expect("pod");
+    let mut stream = client.watch_pods(&Selectors::on_node("n1"), FAST_BACKOFF);
+    assert_eq!(initial_sync(&mut stream).await, ["a"]);
+    server.add_pod(pod("ns1", "b", "n1")).expect("pod");
+    let deadline = Instant::now() + PATIENCE;
+    let added = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.next()).await {
+            Ok(Some(Ok(WatchEvent::Apply(p)))) => break p.metadata.name,
+            Ok(Some(_)) => {}
+            other => panic!("no event for b: {other:?}"),
+        }
+    };
+    assert_eq!(added.as_deref(), Some("b"));
+    let kinds: Vec<(bool, Option<String>)> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path == "/api/v1/pods")
+        .map(|r| (r.is_watch(), r.query_param("sendInitialEvents")))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (true, Some("true".to_string())),
+            (false, None),
+            (true, None)
+        ],
+        "a refused streaming watch, then a list and a watch"
+    );
 }
 
 #[tokio::test]
@@ -990,7 +1031,8 @@ async fn an_expired_server_certificate_is_a_permanent_tls_error_naming_the_serve
     let err = pods.wait_synced(Duration::from_secs(30)).await.unwrap_err();
     assert!(matches!(err, SyncError::Refused { .. }), "{err}");
     assert!(started.elapsed() < Duration::from_secs(5));
-    assert!(err.to_string().contains("list pods"), "{err}");
+    // The store's first call is its watch, which streams the initial state.
+    assert!(err.to_string().contains("watch pods"), "{err}");
     stop.cancel();
     assert!(server.requests().is_empty(), "no request gets through");
 }

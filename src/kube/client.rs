@@ -53,11 +53,12 @@ impl Selectors {
         }
     }
 
-    fn watcher_config(&self) -> watcher::Config {
+    fn watcher_config(&self, initial: watcher::InitialListStrategy) -> watcher::Config {
         watcher::Config {
             field_selector: self.fields.clone(),
             label_selector: self.labels.clone(),
             timeout: Some(watch_timeout_secs()),
+            initial_list_strategy: initial,
             ..watcher::Config::default()
         }
     }
@@ -239,7 +240,10 @@ impl KubeClient {
     /// Builds the HTTP stack (rustls with ring; webpki roots when the config has no CA).
     pub fn from_config(config: kube::Config) -> Result<Self, KubeError> {
         let server = config.cluster_url.to_string().trim_end_matches('/').into();
-        let client = kube::Client::try_from(config).map_err(KubeError::BuildClient)?;
+        let client = kube::client::ClientBuilder::try_from(config)
+            .map_err(KubeError::BuildClient)?
+            .with_layer(&super::gzip::GzipLayer)
+            .build();
         Ok(KubeClient { client, server })
     }
 
@@ -321,7 +325,8 @@ impl KubeClient {
         Ok((list.items, list.metadata.resource_version))
     }
 
-    /// Watches pods in all namespaces (list, then watch from its resourceVersion, bookmarks on).
+    /// Watches pods in all namespaces, bookmarks on; the initial state streamed over the watch,
+    /// or listed first where the server cannot stream it (`initial_list`).
     pub fn watch_pods(&self, selectors: &Selectors, backoff: WatchBackoff) -> WatchStream<Pod> {
         let api: Api<Pod> = Api::all(self.client.clone());
         watch(api, selectors, backoff)
@@ -605,7 +610,16 @@ fn watch<K>(api: Api<K>, selectors: &Selectors, backoff: WatchBackoff) -> WatchS
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    backed_off(watcher(api, selectors.watcher_config()).boxed(), backoff)
+    use watcher::InitialListStrategy::{ListWatch, StreamingList};
+    let streaming = watcher(api.clone(), selectors.watcher_config(StreamingList)).boxed();
+    let listed_config = selectors.watcher_config(ListWatch);
+    let listed = move || watcher(api, listed_config).boxed();
+    let events = super::initial_list::streaming_or_listed(
+        streaming,
+        listed,
+        super::initial_list::STREAMING_DEADLINE,
+    );
+    backed_off(events, backoff)
 }
 
 #[cfg(test)]

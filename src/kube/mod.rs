@@ -1,15 +1,17 @@
 //! The one Kubernetes client module shared by every role.
 //!
 //! Owns: building a `kube::Client` (kubeconfig file, $KUBECONFIG, in-cluster; rustls with ring
-//! only), the typed calls the roles make (get/list/watch pods and namespaces, metadata patches on
-//! pods and `pods/status`, pod delete, pod events), each under an explicit deadline and with
-//! errors that name the call, the object and the cause; names checked before they become
-//! request paths ([`names`]); label selectors, one model for every role ([`selector`]); which
-//! failures are worth retrying, and how ([`retry`]); ambient enablement selectors
-//! ([`selector::enablement`]); when a stored pod may be answered for instead of the API server
-//! being asked ([`lookup`], for the plugin's pod-facts and `/podadd` askers, whose wire is
-//! `wire`'s); the node agent's node-scoped pod store and namespace store with change subscriptions ([`stores`]). The test API
-//! server is not here: it is test-only and lives in the `istio-cni-testing` crate (`testing/`).
+//! only; gzip on every response, watch streams included: `gzip`; a watch's initial state streamed
+//! over it, or listed where the server cannot: `initial_list`), the typed calls the roles make
+//! (get/list/watch pods and namespaces, metadata patches on pods and `pods/status`, pod delete, pod
+//! events), each under an explicit deadline and with errors that name the call, the object and the
+//! cause; names checked before they become request paths ([`names`]); label selectors, one model
+//! for every role ([`selector`]); which failures are worth retrying, and how ([`retry`]); ambient
+//! enablement selectors ([`selector::enablement`]); when a stored pod may be answered for instead
+//! of the API server being asked ([`lookup`], for the plugin's pod-facts and `/podadd` askers,
+//! whose wire is `wire`'s); the node agent's node-scoped pod store and namespace store with change
+//! subscriptions ([`stores`]). The test API server is not here: it is test-only and lives in the
+//! `istio-cni-testing` crate (`testing/`).
 //!
 //! May call: `retry` (the one retry policy and loop, re-exported as [`retry`]).
 
@@ -17,6 +19,8 @@ mod client;
 mod cluster;
 mod config;
 mod error;
+mod gzip;
+mod initial_list;
 pub mod lookup;
 pub mod names;
 pub mod selector;

@@ -128,6 +128,9 @@ pub struct TestServerOptions {
     /// With `tls`: the serving certificate expired long ago (its CA is still handed out), so
     /// clients must refuse it.
     pub expired_certificate: bool,
+    /// Streams a watch's initial state when asked (`sendInitialEvents`), as a server with the
+    /// WatchList feature does; `false` refuses such a watch with 422, as one without it does.
+    pub streaming_lists: bool,
 }
 
 impl Default for TestServerOptions {
@@ -139,6 +142,7 @@ impl Default for TestServerOptions {
             history_limit: 1000,
             tls: true,
             expired_certificate: false,
+            streaming_lists: true,
         }
     }
 }

@@ -111,7 +111,7 @@ fn watch_timeouts_are_drawn_from_the_band_and_vary() {
     let drawn: Vec<u32> = (0..64)
         .map(|_| {
             Selectors::on_node("n1")
-                .watcher_config()
+                .watcher_config(watcher::InitialListStrategy::StreamingList)
                 .timeout
                 .expect("a timeout is set")
         })

@@ -23,6 +23,8 @@ struct Query {
     watch: bool,
     resource_version: Option<u64>,
     bookmarks: bool,
+    /// `sendInitialEvents`: the current state as ADDED, ended by a bookmark saying so.
+    initial_events: bool,
     timeout: Option<Duration>,
 }
 
@@ -92,6 +94,7 @@ fn parse_list_query(kind: Kind, namespace: Option<String>, query: &str) -> Resul
         bookmarks: params
             .get("allowWatchBookmarks")
             .is_some_and(|v| is_true(v)),
+        initial_events: params.get("sendInitialEvents").is_some_and(|v| is_true(v)),
         timeout,
     })
 }
@@ -148,6 +151,10 @@ fn list_or_watch(
         Err(message) => return status_response(400, &message, None),
     };
     if query.watch {
+        if query.initial_events && !shared.options.streaming_lists {
+            let message = "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled";
+            return status_response(422, message, None);
+        }
         return watch(shared, query);
     }
     let store = shared.store.lock();
@@ -189,6 +196,17 @@ fn watch(shared: Arc<Shared>, query: Query) -> Response {
                     if *k == query.filter.kind && query.filter.matches(object) {
                         initial.push(watch_line("ADDED", object));
                     }
+                }
+                if query.initial_events {
+                    let end = json!({
+                        "kind": kind_name,
+                        "apiVersion": "v1",
+                        "metadata": {
+                            "resourceVersion": store.resource_version.to_string(),
+                            "annotations": {"k8s.io/initial-events-end": "true"},
+                        },
+                    });
+                    initial.push(watch_line("BOOKMARK", &end));
                 }
             }
             Some(rv) if rv < store.compacted_through => {
