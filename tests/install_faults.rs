@@ -44,8 +44,17 @@ fn refused_fast(d: &Dirs, env: &[(String, String)], parts: &[&str]) -> (Agent, u
     });
     let out = agent.output();
     assert!(named.is_some(), "/readyz never named {parts:?}:\n{out}");
+    // The log line is written before readiness changes, but read from a pipe: wait for it too.
+    let logged = wait_for(FAST, || {
+        let out = agent.output();
+        parts.iter().all(|p| out.contains(p)).then_some(())
+    });
+    let out = agent.output();
     for part in parts {
-        assert!(out.contains(part), "{part:?} missing from the log:\n{out}");
+        assert!(
+            logged.is_some() && out.contains(part),
+            "{part:?} missing from the log:\n{out}"
+        );
     }
     let mut agent = agent;
     assert!(
