@@ -19,6 +19,8 @@ use serde_json::Value;
 
 #[path = "differential/gen.rs"]
 mod generator;
+#[path = "differential/parallel.rs"]
+mod parallel;
 #[path = "differential/sandbox.rs"]
 mod sandbox;
 #[path = "differential/suite.rs"]
@@ -460,50 +462,28 @@ fn rule_tool_matches_istio_on_generated_inputs() {
         istio_total / count.max(1) as u32,
         ours_total / count.max(1) as u32,
     );
-    for (e, n) in entries.iter().zip(&hits) {
-        eprintln!("  allowlisted {:<32} {n} cases", e.id);
-    }
-
-    let mut problems = Vec::new();
-    // Shrinking re-runs both tools per token: a few failures show the pattern.
-    let show = env_u64("ISTIO_DIFF_SHOW").unwrap_or(4) as usize;
-    for (index, istio, ours) in failures.iter().take(show) {
-        let case = generator::case(seed, *index);
-        match shrink(&sb, &entries, &case, 0) {
-            Some((small, istio, ours)) => {
-                problems.push(report(seed, *index, &small, &istio, &ours))
-            }
-            None => problems.push(format!(
-                "(flaky: the difference did not happen again on a re-run)\n{}",
-                report(seed, *index, &case, istio, ours)
-            )),
-        }
-    }
-    if failures.len() > show {
-        problems.push(format!(
-            "... and {} more failing cases (indices {:?}...; ISTIO_DIFF_SHOW=n shrinks and shows n)",
-            failures.len() - show,
-            failures[show..failures.len().min(show + 16)]
-                .iter()
-                .map(|f| f.0)
-                .collect::<Vec<_>>()
-        ));
-    }
-    if count >= STALE_CHECK_FROM {
-        for (e, n) in entries.iter().zip(&hits) {
-            if *n == 0 {
-                problems.push(format!(
-                    "allowlist entry {} explained no case of {count}: the difference no longer occurs; remove the entry",
-                    e.id
-                ));
-            }
-        }
-    }
-    assert!(
-        problems.is_empty(),
-        "{} of {count} cases differ from Istio without an allowlist entry (seed {seed}):\n\n{}",
-        failures.len(),
-        problems.join("\n")
+    let hits: Vec<(&str, usize)> = entries.iter().map(|e| e.id.as_str()).zip(hits).collect();
+    let verdict = parallel::Verdict {
+        against: "Istio",
+        list: "allowlist",
+        // Shrinking re-runs both tools per token: a few failures show the pattern.
+        show: (
+            env_u64("ISTIO_DIFF_SHOW").unwrap_or(4) as usize,
+            "ISTIO_DIFF_SHOW",
+        ),
+        seed,
+        count,
+        stale_check: count >= STALE_CHECK_FROM,
+    };
+    verdict.assert(
+        &failures,
+        &hits,
+        |index| {
+            let case = generator::case(seed, index);
+            let (small, istio, ours) = shrink(&sb, &entries, &case, 0)?;
+            Some(report(seed, index, &small, &istio, &ours))
+        },
+        |index, istio, ours| report(seed, index, &generator::case(seed, index), istio, ours),
     );
 }
 
@@ -570,4 +550,36 @@ fn the_shrinker_ends_where_no_smaller_case_fails() {
         fails(c)
     });
     assert_eq!(runs, 5);
+}
+
+/// The parallel suites' verdict (tests/differential/parallel.rs) passes a clean run and fails on
+/// an unexplained case (shown as first seen where the re-run agreed) and on a stale entry.
+#[test]
+fn the_verdict_fails_on_an_unexplained_case_and_on_a_stale_entry() {
+    let verdict = parallel::Verdict {
+        against: "Istio",
+        list: "allowlist",
+        show: (1, "ISTIO_DIFF_SHOW"),
+        seed: 7,
+        count: 10,
+        stale_check: true,
+    };
+    let seen = |i: u64, _: &(), _: &()| format!("case {i} as seen");
+    verdict.assert::<()>(&[], &[("used", 2)], |_| None, seen);
+    let failed = std::panic::catch_unwind(|| {
+        let failures = [(3, (), ()), (5, (), ())];
+        verdict.assert(&failures, &[("used", 2), ("stale", 0)], |_| None, seen)
+    });
+    let message = *failed
+        .expect_err("a failing run")
+        .downcast::<String>()
+        .unwrap();
+    for part in [
+        "2 of 10 cases differ from Istio without an allowlist entry (seed 7)",
+        "(flaky: the difference did not happen again on a re-run; as first seen:)\ncase 3 as seen",
+        "... and 1 more failing cases (indices [5]...; ISTIO_DIFF_SHOW=n shrinks and shows n)",
+        "allowlist entry stale explained no case of 10",
+    ] {
+        assert!(message.contains(part), "{part:?} not in:\n{message}");
+    }
 }

@@ -17,6 +17,8 @@
 
 mod cni_driver;
 
+#[path = "differential/parallel.rs"]
+mod parallel;
 #[path = "differential/plugin_gen.rs"]
 mod plugin_gen;
 #[path = "differential/plugin_run.rs"]
@@ -230,47 +232,26 @@ fn plugin_matches_istio_on_generated_pods() {
         "{count} cases in {wall:.1?} ({} where Istio's plugin wrote rules)",
         added.load(Ordering::Relaxed)
     );
-    for (e, n) in entries.iter().zip(&hits) {
-        eprintln!("  allowlisted {:<32} {n} cases", e.id);
-    }
-    let mut problems = Vec::new();
-    let show = env_u64("ISTIO_PLUGIN_DIFF_SHOW").unwrap_or(3) as usize;
-    for (index, istio, ours) in failures.iter().take(show) {
-        let case = plugin_gen::case(seed, *index);
-        match shrink(&world, &entries, &case) {
-            Some((small, istio, ours)) => {
-                problems.push(report(seed, *index, &small, &istio, &ours))
-            }
-            None => problems.push(format!(
-                "(flaky: the difference did not happen again on a re-run; as first seen:)\n{}",
-                report(seed, *index, &case, istio, ours)
-            )),
-        }
-    }
-    if failures.len() > show {
-        problems.push(format!(
-            "... and {} more failing cases (indices {:?}...)",
-            failures.len() - show,
-            failures[show..failures.len().min(show + 16)]
-                .iter()
-                .map(|f| f.0)
-                .collect::<Vec<_>>()
-        ));
-    }
-    if count >= STALE_CHECK_FROM {
-        for (e, n) in entries.iter().zip(&hits) {
-            if *n == 0 {
-                problems.push(format!(
-                    "plugin allowlist entry {} explained no case of {count}: the difference no longer occurs; remove the entry",
-                    e.id
-                ));
-            }
-        }
-    }
-    assert!(
-        problems.is_empty(),
-        "{} of {count} cases differ from Istio's plugin without an allowlist entry (seed {seed}):\n\n{}",
-        failures.len(),
-        problems.join("\n")
+    let hits: Vec<(&str, usize)> = entries.iter().map(|e| e.id.as_str()).zip(hits).collect();
+    let verdict = parallel::Verdict {
+        against: "Istio's plugin",
+        list: "plugin allowlist",
+        show: (
+            env_u64("ISTIO_PLUGIN_DIFF_SHOW").unwrap_or(3) as usize,
+            "ISTIO_PLUGIN_DIFF_SHOW",
+        ),
+        seed,
+        count,
+        stale_check: count >= STALE_CHECK_FROM,
+    };
+    verdict.assert(
+        &failures,
+        &hits,
+        |index| {
+            let case = plugin_gen::case(seed, index);
+            let (small, istio, ours) = shrink(&world, &entries, &case)?;
+            Some(report(seed, index, &small, &istio, &ours))
+        },
+        |index, istio, ours| report(seed, index, &plugin_gen::case(seed, index), istio, ours),
     );
 }
