@@ -184,7 +184,7 @@ fn a_changed_rule_reads_back_as_a_difference() {
         ],
     );
     let d = diff(&ns).expect("a foreign rule in our chain");
-    assert!(d.contains("foreign"), "{d}");
+    assert!(d.to_string().contains("foreign"), "{d}");
 }
 
 /// ipset names over netlink, as the reader uses them: by kernel index (what a `-m set` match

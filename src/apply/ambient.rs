@@ -29,7 +29,6 @@
 use std::collections::BTreeSet;
 
 use super::cleanup::drop_emptied_tables;
-use super::diff::ambient_difference;
 use super::exec::{Executor, ProcessExecutor};
 use super::iptables::{ApplyError, Binaries, ForceBinary, detect, run_checked, send_nft_messages};
 use super::nft::apply_transaction;
@@ -37,8 +36,8 @@ use super::nft_heal::heal_messages;
 use super::outcome::{RuleChange, Snapshot, holds_no_tables, restore_snapshots};
 use super::owned::{HOST_CHAINS, INPOD_CHAINS, OwnedChains};
 use super::rule_backend::{
-    Diff, Iptables, NativeNft, ReadBack, RuleBackend, TypedRead, kernel_read_tables, no_typed_read,
-    read_saved,
+    Diff, Iptables, NativeNft, Ownership, ReadBack, RuleBackend, TypedRead, kernel_read_tables,
+    no_typed_read, read_saved,
 };
 use crate::netns::UsernsEntry;
 use crate::rules::ambient::{AmbientConfig, PodOverrides};
@@ -124,6 +123,7 @@ fn apply_iptables_with(
         let backend = Iptables {
             bins: &bins,
             typed: Some(read),
+            owned: Ownership::Ambient(owned),
         };
         let planned = plan_family_change(exec, &backend, family_rules, owned, opts, &mut heal)?;
         if let Some(restore) = planned {
@@ -154,7 +154,11 @@ fn apply_iptables_with(
         }
     };
     for (i, (bins, (_, _, restore))) in work.iter().enumerate() {
-        let backend = Iptables { bins, typed: None };
+        let backend = Iptables {
+            bins,
+            typed: None,
+            owned: Ownership::Ambient(owned),
+        };
         if let Err(cause) = backend.apply_atomic(exec, restore.clone(), &opts.env) {
             return Err(undo(exec, i + 1, cause));
         }
@@ -182,9 +186,9 @@ fn apply_iptables_with(
     Ok(RuleChange::Applied)
 }
 
-/// One family, read through its backend and compared with its plan
-/// ([`super::diff::ambient_difference`], whichever read): None when it holds the plan or when a
-/// heal over netlink was added to `heal`; else what a restore must write.
+/// One family, read through its backend and compared with its plan there (the ambient
+/// question, whichever read answered): None when it holds the plan or when a heal over netlink
+/// was added to `heal`; else what a restore must write.
 fn plan_family_change(
     exec: &mut dyn Executor,
     backend: &Iptables,
@@ -194,29 +198,34 @@ fn plan_family_change(
     heal: &mut Vec<NftMessage>,
 ) -> Result<Option<RestoreWork>, ApplyError> {
     let family = backend.bins.family;
-    let (text, state, force) = match backend.read_owned(exec, &opts.env)? {
-        // No table at all (a new pod's netns): `*-save` would print nothing.
-        ReadBack::Typed(state) if state.chains.is_empty() => (String::new(), state, false),
-        ReadBack::Typed(state) => {
-            let Some(how) = ambient_difference(&state, rules, owned) else {
-                return Ok(None);
-            };
-            match heal_messages(family, &state, rules, owned) {
-                Ok(messages) => {
-                    tracing::debug!(family = ?family, %how, "rules differ from the plan; healing them in one nf_tables transaction");
-                    heal.extend(messages);
-                    return Ok(None);
-                }
-                Err(e) => {
-                    tracing::debug!(family = ?family, %how, reason = %e, "rules differ from the plan; no netlink encoding for the heal, healing with *-save and *-restore");
-                    let (text, state) = read_saved(exec, backend.bins, &opts.env)?;
-                    (text, state, true)
-                }
-            }
-        }
-        ReadBack::Saved { text, state } => (text, state, false),
+    let read = backend.read_owned(exec, &opts.env)?;
+    let how = match backend.diff(rules, &read) {
+        Diff::Same => return Ok(None),
+        Diff::Differs(how) => how.to_string(),
+        // Not asked by the ambient question; a difference all the same.
+        Diff::Unsure(rules) => format!("{} planned rules not found as read", rules.len()),
     };
-    Ok(plan_family_with(&state, rules, owned, force).map(|restore| (text, state, restore)))
+    let (text, state) = match read {
+        // No table at all (a new pod's netns): `*-save` would print nothing.
+        ReadBack::Typed(state) if state.chains.is_empty() => (String::new(), state),
+        ReadBack::Typed(state) => match heal_messages(family, &state, rules, owned) {
+            Ok(messages) => {
+                tracing::debug!(family = ?family, %how, "rules differ from the plan; healing them in one nf_tables transaction");
+                heal.extend(messages);
+                return Ok(None);
+            }
+            Err(e) => {
+                tracing::debug!(family = ?family, %how, reason = %e, "rules differ from the plan; no netlink encoding for the heal, healing with *-save and *-restore");
+                read_saved(exec, backend.bins, &opts.env)?
+            }
+        },
+        ReadBack::Saved { text, state } => {
+            tracing::debug!(family = ?family, %how, "rules differ from the plan");
+            (text, state)
+        }
+    };
+    let restore = restore_text(&state, rules, owned);
+    Ok(Some((text, state, restore)))
 }
 
 /// The in-pod nftables transaction: our tables deleted (whatever they hold, a chain someone
@@ -464,7 +473,7 @@ pub enum AmbientError {
 #[path = "ambient_save.rs"]
 mod save;
 pub use save::plan_family;
-use save::plan_family_with;
+use save::restore_text;
 
 #[cfg(test)]
 #[path = "ambient_tests.rs"]

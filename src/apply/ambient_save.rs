@@ -16,19 +16,7 @@ use crate::rules::model::is_builtin_chain;
 /// the `--noflush` restore input that makes them the same (only our chains and the jumps into
 /// them change). Pure.
 pub fn plan_family(state: &IptablesState, rules: &[Rule], owned: OwnedChains) -> Option<String> {
-    plan_family_with(state, rules, owned, false)
-}
-
-/// [`plan_family`]; `force`: the restore input even when the read compares equal (a typed read
-/// found a difference this one does not show).
-pub(super) fn plan_family_with(
-    state: &IptablesState,
-    rules: &[Rule],
-    owned: OwnedChains,
-    force: bool,
-) -> Option<String> {
-    (force || ambient_difference(state, rules, owned).is_some())
-        .then(|| restore_text(state, rules, owned))
+    ambient_difference(state, rules, owned).map(|_| restore_text(state, rules, owned))
 }
 
 /// A read rule's arguments for `-D`: as saved, or (a dumped rule) as the model renders it.
@@ -43,7 +31,7 @@ fn delete_args(rule: &DecodedRule) -> Option<String> {
 /// plan rules in or that holds something of ours, our chains declared (which flushes them), every
 /// built-in chain's jump into them deleted, the plan appended, our chains no longer planned
 /// deleted.
-fn restore_text(state: &IptablesState, rules: &[Rule], owned: OwnedChains) -> String {
+pub(super) fn restore_text(state: &IptablesState, rules: &[Rule], owned: OwnedChains) -> String {
     let jumps_into_ours = |r: &DecodedRule| {
         r.jumps_to
             .as_deref()

@@ -16,7 +16,7 @@ use crate::rules::capture::{is_owned_chain, owned_chains};
 use crate::rules::iptables::rule_args;
 use crate::rules::iptables_nft_decode::{as_listed, canonical};
 use crate::rules::iptables_state::{DecodedRule, IptablesState};
-use crate::rules::model::is_builtin_chain;
+use crate::rules::model::{ForeignRule, is_builtin_chain};
 
 /// How what a backend read compares with its plan.
 #[derive(Debug)]
@@ -59,6 +59,27 @@ pub enum Difference {
         chain: String,
         rule: String,
     },
+    /// Our chains of a table are not the planned ones (an ambient plan).
+    Chains {
+        table: String,
+        found: Vec<String>,
+        planned: Vec<String>,
+    },
+    /// A rule of a chain we judge reads back as foreign (an ambient plan).
+    Foreign {
+        table: String,
+        chain: String,
+        what: ForeignRule,
+    },
+    /// A chain of ours holds other rules, or the planned ones in another order (an ambient plan).
+    Rules {
+        table: String,
+        chain: String,
+        found: usize,
+        planned: usize,
+    },
+    /// The built-in chains' jumps into our chains are not the planned ones (an ambient plan).
+    Jumps { table: String },
 }
 
 impl std::fmt::Display for Difference {
@@ -85,6 +106,27 @@ impl std::fmt::Display for Difference {
             Difference::MissingRule { table, chain, rule } => {
                 write!(f, "{table} chain {chain} lacks rule `{rule}`")
             }
+            Difference::Chains {
+                table,
+                found,
+                planned,
+            } => write!(f, "{table}: chains {found:?} where {planned:?} are planned"),
+            Difference::Foreign { table, chain, what } => {
+                write!(f, "{table} chain {chain}: {what}")
+            }
+            Difference::Rules {
+                table,
+                chain,
+                found,
+                planned,
+            } => write!(
+                f,
+                "{table} chain {chain} holds {found} rules that differ from the {planned} planned"
+            ),
+            Difference::Jumps { table } => write!(
+                f,
+                "{table}: the built-in chains' jumps into our chains differ from the plan"
+            ),
         }
     }
 }
@@ -196,7 +238,7 @@ pub fn ambient_difference(
     state: &IptablesState,
     rules: &[Rule],
     owned: OwnedChains,
-) -> Option<String> {
+) -> Option<Difference> {
     let listed = as_listed(rules);
     for &table in owned.tables {
         let planned: Vec<&Rule> = rules.iter().filter(|r| r.table.name() == table).collect();
@@ -208,9 +250,12 @@ pub fn ambient_difference(
             .filter(|c| state.chains.contains(&(table.to_string(), c.to_string())))
             .collect();
         if planned_chains != existing_chains {
-            return Some(format!(
-                "{table}: chains {existing_chains:?} where {planned_chains:?} are planned"
-            ));
+            let names = |chains: &[&str]| chains.iter().map(|c| c.to_string()).collect();
+            return Some(Difference::Chains {
+                table: table.to_string(),
+                found: names(&existing_chains),
+                planned: names(&planned_chains),
+            });
         }
         for &chain in &planned_chains {
             let want = listed
@@ -220,16 +265,21 @@ pub fn ambient_difference(
                 .unwrap_or_default();
             let have: Vec<&DecodedRule> = state.chain(table, chain).collect();
             if let Some(foreign) = have.iter().find_map(|r| r.rule.as_ref().err()) {
-                return Some(format!("{table} chain {chain}: {foreign}"));
+                return Some(Difference::Foreign {
+                    table: table.to_string(),
+                    chain: chain.to_string(),
+                    what: foreign.clone(),
+                });
             }
             let same = have.len() == want.len()
                 && have.iter().zip(want).all(|(h, w)| h.rule.as_ref() == Ok(w));
             if !same {
-                return Some(format!(
-                    "{table} chain {chain} holds {} rules that differ from the {} planned",
-                    have.len(),
-                    want.len()
-                ));
+                return Some(Difference::Rules {
+                    table: table.to_string(),
+                    chain: chain.to_string(),
+                    found: have.len(),
+                    planned: want.len(),
+                });
             }
         }
         if let Some(how) = builtin_jumps_differ(state, &listed, table, owned) {
@@ -245,7 +295,7 @@ fn builtin_jumps_differ(
     listed: &BTreeMap<(crate::rules::Table, String), Vec<Rule>>,
     table: &str,
     owned: OwnedChains,
-) -> Option<String> {
+) -> Option<Difference> {
     let mut want: Vec<String> = listed
         .iter()
         .filter(|((t, c), _)| t.name() == table && is_builtin_chain(c))
@@ -261,13 +311,19 @@ fn builtin_jumps_differ(
     }) {
         match &r.rule {
             Ok(rule) => have.push(format!("{rule:?}")),
-            Err(foreign) => return Some(format!("{table} chain {}: {foreign}", r.chain)),
+            Err(foreign) => {
+                return Some(Difference::Foreign {
+                    table: table.to_string(),
+                    chain: r.chain.clone(),
+                    what: foreign.clone(),
+                });
+            }
         }
     }
     want.sort();
     have.sort();
-    (want != have).then(|| {
-        format!("{table}: the built-in chains' jumps into our chains differ from the plan")
+    (want != have).then(|| Difference::Jumps {
+        table: table.to_string(),
     })
 }
 

@@ -77,7 +77,7 @@ fn a_missing_changed_or_foreign_rule_is_a_difference() {
     let mut foreign = good.clone();
     foreign.rules[at].rule = Err(ForeignRule("limit expression".into()));
     let diff = ambient_difference(&foreign, &rules, INPOD_CHAINS).unwrap();
-    assert!(diff.contains("limit"), "{diff}");
+    assert!(diff.to_string().contains("limit"), "{diff}");
 
     // A second jump into our chain from a built-in chain (stacked), even one we cannot read.
     let mut stacked = good.clone();

@@ -17,10 +17,11 @@
 //! its snapshot and rollback), one nf_tables batch over netlink for native nftables (encoded by [`crate::rules::nft_encode`]).
 
 pub use super::diff::Diff;
-use super::diff::{Difference, ReadKind, holds_any_of, sidecar_diff};
+use super::diff::{Difference, ReadKind, ambient_difference, holds_any_of, sidecar_diff};
 use super::exec::Executor;
 use super::iptables::{ApplyError, Binaries, restore_cmd, run_checked, save_cmd};
 use super::nft_read::{KernelSets, read_owned};
+use super::owned::OwnedChains;
 use crate::rules::Rule;
 use crate::rules::iptables_save_decode::decode_save;
 use crate::rules::iptables_state::IptablesState;
@@ -127,12 +128,24 @@ fn saved(
 /// answer; None falls back to `*-save`.
 pub type TypedRead<'r> = &'r dyn Fn(&Binaries) -> Option<IptablesState>;
 
+/// Which chains of an iptables family a plan owns, and so which question its diff asks.
+#[derive(Debug, Clone, Copy)]
+pub enum Ownership {
+    /// The sidecar capture's chains ([`crate::rules::capture::owned_chains`]): Istio's check,
+    /// order not compared ([`super::diff::sidecar_diff`]).
+    Sidecar,
+    /// An ambient plan's chains: order compared, every jump into them accounted for
+    /// ([`super::diff::ambient_difference`]).
+    Ambient(OwnedChains),
+}
+
 /// An iptables family, written with one `*-restore`: iptables-legacy reads `*-save` text
 /// (`typed: None`); the nft flavour reads over netlink as typed rules first, `*-save` when that
-/// read cannot tell.
+/// read cannot tell. Either read is compared by the one [`super::diff`], as `owned` says.
 pub struct Iptables<'b, 'r> {
     pub bins: &'b Binaries,
     pub typed: Option<TypedRead<'r>>,
+    pub owned: Ownership,
 }
 
 impl RuleBackend for Iptables<'_, '_> {
@@ -152,9 +165,16 @@ impl RuleBackend for Iptables<'_, '_> {
         }
     }
 
-    /// The sidecar question (order not compared, as in Istio).
     fn diff<'a>(&self, planned: &'a [Rule], owned: &ReadBack) -> Diff<'a> {
-        sidecar_diff(owned.state(), planned, owned.kind())
+        match self.owned {
+            Ownership::Sidecar => sidecar_diff(owned.state(), planned, owned.kind()),
+            Ownership::Ambient(chains) => {
+                match ambient_difference(owned.state(), planned, chains) {
+                    None => Diff::Same,
+                    Some(d) => Diff::Differs(d),
+                }
+            }
+        }
     }
 
     fn apply_atomic(
@@ -210,10 +230,15 @@ impl RuleBackend for NativeNft {
     }
 }
 
-/// The backend of a family: legacy reads text; any other flavour reads through `read` first.
+/// The sidecar backend of a family: legacy reads text; any other flavour reads through `read`
+/// first.
 pub fn for_family<'a>(bins: &'a Binaries, read: TypedRead<'a>) -> Box<IptablesBackend<'a>> {
     let typed = (!bins.legacy).then_some(read);
-    Box::new(Iptables { bins, typed })
+    Box::new(Iptables {
+        bins,
+        typed,
+        owned: Ownership::Sidecar,
+    })
 }
 
 /// Never reads typed (scripted executors answer `*-save`).
