@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 use super::findings::{CheckResult, DriftFinding};
 use super::pod;
 use super::ports::{PortError, ProbeSynced};
-use super::reconciler::{Core, PodEngine, Reconciled};
+use super::reconciler::{Core, PodEngine, Reconciled, Request};
 use crate::kube::stores::pod_key;
 use crate::kube::{EventRecord, EventType};
 use crate::retry::periodic::Periodic;
@@ -175,8 +175,9 @@ pub async fn pass(
             continue;
         }
         let key = pod_key(&entry.info.namespace, &entry.info.name);
-        core.requests.verify(&key);
-        let answer = engine.trigger_and_wait(key.clone()).await;
+        let answer = engine
+            .trigger_with_and_wait(key.clone(), Request::verify())
+            .await;
         match answer {
             Ok(Ok(Reconciled::Verified { pod: p, verdict })) if pod::uid(&p) == uid => {
                 summary.verified += 1;

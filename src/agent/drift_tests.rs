@@ -70,7 +70,6 @@ fn rig() -> Rig {
         timing: AgentTiming::default(),
         metrics: Default::default(),
         status: Default::default(),
-        requests: Default::default(),
     });
     core.pods.apply(Event::Init);
     core.pods.apply(Event::InitDone);
@@ -236,7 +235,7 @@ async fn a_pod_deleted_before_its_check_is_removed_not_programmed() {
     // The store's delete of a, not yet looked at: the pass's run of a's key sees it gone.
     let gone = r.core.pods.get("ns/a").unwrap();
     r.core.pods.apply(Event::Delete((*gone).clone()));
-    r.core.requests.gone("ns/a", gone);
+    r.engine.trigger_with("ns/a".into(), Request::gone(gone));
     let s = r.pass(&mut Reported::default()).await;
     assert_eq!(
         r.dp.count("program uid-a"),

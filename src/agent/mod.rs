@@ -139,7 +139,6 @@ impl Agent {
             timing: settings.timing,
             metrics: deps.metrics,
             status: Default::default(),
-            requests: Default::default(),
         });
         let engine = reconciler::engine(core.clone(), shutdown.clone());
         let path = settings.plugin_event_socket();

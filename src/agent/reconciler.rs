@@ -5,13 +5,12 @@
 //! the pod last reported deleted, the namespace's labels), lets the pure state machine
 //! (`machine::decide`) say what to do, and does it through `mesh`. What a trigger brings that the
 //! world does not show — a plugin's offer of a netns, the drift pass's wish to verify, the last
-//! object of a deleted pod — waits in [`Requests`] and is taken by the next run of the key.
+//! object of a deleted pod — is the trigger's [`Request`], the engine's payload: it waits in the
+//! engine's state of the key and the key's next run takes it.
 //!
 //! The engine runs one pod's work at a time and several pods at once (`max_concurrent_pods`),
 //! and a failed run is retried or not as the error's class says (`MeshError::class`).
 
-use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -26,7 +25,7 @@ use super::pod;
 use super::ports::PortError;
 use super::settings::AgentTiming;
 use crate::kube::stores::{self, NamespaceStore, PodStore, StoreEvent, pod_key};
-use crate::reconcile::{Engine, EngineConfig, Reconcile};
+use crate::reconcile::{Engine, EngineConfig, Payload, Reconcile};
 use crate::telemetry::metrics::{EventTypeLabel, Metrics};
 
 /// The engine running the agent's pod work.
@@ -43,11 +42,10 @@ pub struct Core {
     pub metrics: Metrics,
     /// The drift pass's last results (`/debug/pods`).
     pub status: Status,
-    /// What triggers brought that the next run of a key takes.
-    pub requests: Requests,
 }
 
-/// What a trigger brings for a key's next run.
+/// What a trigger brings for a key's next run (the engine's payload: merged per key, so a key
+/// holds at most one of each, and taken whole by the run).
 #[derive(Default)]
 pub struct Request {
     /// A plugin's add: enrol the pod with the netns it names (checked first).
@@ -58,30 +56,43 @@ pub struct Request {
     pub gone: Option<Arc<Pod>>,
 }
 
-/// Requests per key, taken whole by the key's next run.
-#[derive(Default)]
-pub struct Requests(Mutex<HashMap<String, Request>>);
-
-impl Requests {
-    fn with(&self, key: &str, f: impl FnOnce(&mut Request)) {
-        f(self.0.lock().entry(key.to_string()).or_default());
+impl Request {
+    /// A plugin's add.
+    pub fn offer(add: PluginAdd) -> Request {
+        Request {
+            offer: Some(add),
+            ..Request::default()
+        }
     }
 
-    /// A plugin's add (a newer offer for the same pod replaces one not yet taken).
-    pub fn offer(&self, key: &str, add: PluginAdd) {
-        self.with(key, |r| r.offer = Some(add));
+    pub fn verify() -> Request {
+        Request {
+            verify: true,
+            ..Request::default()
+        }
     }
 
-    pub fn verify(&self, key: &str) {
-        self.with(key, |r| r.verify = true);
+    pub fn gone(pod: Arc<Pod>) -> Request {
+        Request {
+            gone: Some(pod),
+            ..Request::default()
+        }
     }
+}
 
-    pub fn gone(&self, key: &str, pod: Arc<Pod>) {
-        self.with(key, |r| r.gone = Some(pod));
-    }
-
-    fn take(&self, key: &str) -> Request {
-        self.0.lock().remove(key).unwrap_or_default()
+/// A failed run's retry reads the world (the default): an offer is answered by the run that
+/// took it, and the drift pass verifies again next pass.
+impl Payload for Request {
+    /// A newer offer for the same pod replaces one not yet taken; so does a newer deleted
+    /// object.
+    fn merge(&mut self, newer: Request) {
+        if newer.offer.is_some() {
+            self.offer = newer.offer;
+        }
+        self.verify |= newer.verify;
+        if newer.gone.is_some() {
+            self.gone = newer.gone;
+        }
     }
 }
 
@@ -105,9 +116,15 @@ impl Reconcile for Core {
     type Key = String;
     type Done = Reconciled;
     type Error = MeshError;
+    type Payload = Request;
 
-    fn reconcile(&self, key: String, _retry: u32) -> BoxFuture<'_, Result<Reconciled, MeshError>> {
-        Box::pin(self.reconcile_pod(key))
+    fn reconcile(
+        &self,
+        key: String,
+        request: Request,
+        _retry: u32,
+    ) -> BoxFuture<'_, Result<Reconciled, MeshError>> {
+        Box::pin(self.reconcile_pod(key, request))
     }
 }
 
@@ -142,8 +159,7 @@ fn rebuilt(namespace: &str, name: &str, uid: &str) -> Arc<Pod> {
 }
 
 impl Core {
-    async fn reconcile_pod(&self, key: String) -> Result<Reconciled, MeshError> {
-        let request = self.requests.take(&key);
+    async fn reconcile_pod(&self, key: String, request: Request) -> Result<Reconciled, MeshError> {
         let (namespace, name) = key.split_once('/').unwrap_or(("", key.as_str()));
         let current = self.pods.get(&key);
         count_event(
@@ -308,11 +324,7 @@ pub async fn pump(engine: PodEngine, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             ev = pods.recv() => match ev {
                 Some(StoreEvent::Updated { new, .. }) => engine.trigger(key_of(&new)),
-                Some(StoreEvent::Deleted(p)) => {
-                    let key = key_of(&p);
-                    core.requests.gone(&key, p);
-                    engine.trigger(key);
-                }
+                Some(StoreEvent::Deleted(p)) => engine.trigger_with(key_of(&p), Request::gone(p)),
                 Some(StoreEvent::Added(_)) => {}
                 None => return,
             },

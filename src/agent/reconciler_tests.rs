@@ -70,7 +70,6 @@ fn rig_with(dataplane: Arc<dyn DataplanePort>, dp: Arc<FakeDataplane>, timing: A
         timing,
         metrics: Default::default(),
         status: Default::default(),
-        requests: Default::default(),
     });
     let stop = CancellationToken::new();
     let engine = engine(core, stop.clone());
@@ -456,20 +455,16 @@ async fn one_pods_plugin_add_and_drift_check_never_interleave_and_different_pods
     let offer = |name: &str| {
         let engine = r.engine.clone();
         let key = format!("shop/{name}");
-        engine.reconciler().requests.offer(
-            &key,
-            PluginAdd {
-                netns: "/proc/self/ns/net".into(),
-                ..Default::default()
-            },
-        );
-        tokio::spawn(async move { engine.trigger_and_wait(key).await })
+        let add = Request::offer(PluginAdd {
+            netns: "/proc/self/ns/net".into(),
+            ..Default::default()
+        });
+        tokio::spawn(async move { engine.trigger_with_and_wait(key, add).await })
     };
     let verify = |name: &str| {
         let engine = r.engine.clone();
         let key = format!("shop/{name}");
-        engine.reconciler().requests.verify(&key);
-        tokio::spawn(async move { engine.trigger_and_wait(key).await })
+        tokio::spawn(async move { engine.trigger_with_and_wait(key, Request::verify()).await })
     };
     let done = |answer: Result<Result<_, _>, _>| {
         let answer: crate::reconcile::Answer<Core> = answer.expect("engine stopped");
@@ -552,14 +547,15 @@ async fn a_plugin_add_of_a_pod_no_longer_selected_says_not_ambient() {
     let r = rig();
     r.put_ns(namespace("plain", false));
     r.put_pod(pod("plain", "a"));
-    r.core().requests.offer(
-        "plain/a",
-        PluginAdd {
-            netns: "/proc/self/ns/net".into(),
-            ..Default::default()
-        },
-    );
-    let answer = r.engine.trigger_and_wait("plain/a".into()).await.unwrap();
+    let add = Request::offer(PluginAdd {
+        netns: "/proc/self/ns/net".into(),
+        ..Default::default()
+    });
+    let answer = r
+        .engine
+        .trigger_with_and_wait("plain/a".into(), add)
+        .await
+        .unwrap();
     assert!(
         matches!(answer, Ok(Reconciled::NotAmbient(_))),
         "{answer:?}"

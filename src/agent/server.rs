@@ -26,7 +26,7 @@ use tracing::{info, warn};
 use super::mesh::{AddressOwners, MeshError, PluginAdd, classify};
 use super::pod;
 use super::progress::{AddStep, Progress};
-use super::reconciler::{Core, PodEngine, Reconciled};
+use super::reconciler::{Core, PodEngine, Reconciled, Request};
 use crate::kube::lookup::{self, NotYet, Query};
 use crate::kube::stores::{self, PodStore, pod_key};
 use crate::reconcile::{Class, Stopped};
@@ -324,8 +324,8 @@ async fn add_to_mesh(
         progress,
         annotate_after_answer,
     };
-    core.requests.offer(&key, add);
-    match engine.trigger_and_wait(key.clone()).await {
+    let answer = engine.trigger_with_and_wait(key.clone(), Request::offer(add));
+    match answer.await {
         Ok(Ok(done)) => Ok(done),
         Ok(Err(e)) => Err(AddError::Mesh(e)),
         Err(source) => Err(AddError::Stopped { pod: key, source }),

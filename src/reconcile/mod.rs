@@ -1,7 +1,7 @@
 //! The one keyed reconcile engine for pod work (the ambient agent and the repair controller).
 //!
-//! Every trigger — a watch event, a plugin's add request, a drift pass, ztunnel (re)connecting —
-//! is "look at this key again": [`Engine::trigger`]. The engine guarantees that a key is never
+//! Every trigger — a watch event, a plugin's add request, a drift finding, ztunnel (re)connecting —
+//! is "look at this key again": [`Engine::trigger`] (with a payload: [`Engine::trigger_with`]). The engine guarantees that a key is never
 //! worked twice at once (a trigger while it runs marks it dirty, and it runs once more after),
 //! that triggers of a key not yet started coalesce into one run, that at most `concurrency` keys
 //! run at a time, and that a failure is decided once, by the error's own [`Classify::class`]:
@@ -10,8 +10,11 @@
 //! the result of its trigger (the plugin's `/podadd`) uses [`Engine::trigger_and_wait`]: it gets
 //! the result of the first run that starts after its trigger.
 //!
-//! The reconcile function reads the world as it is now (level-based): the engine carries no event
-//! payload, so coalescing loses nothing.
+//! The reconcile function reads the world as it is now (level-based). What a trigger knows that
+//! the world does not show — a plugin's offer of a netns, a drift finding with the rules to heal,
+//! the last object of a deleted pod — is the key's [`Payload`], kept in the key's state beside
+//! its phase: triggers merge theirs into it (so it is bounded per key, never a queue), and the
+//! key's next run takes it whole. A failed run hands its retry what [`Payload::for_retry`] keeps.
 //!
 //! Why not kube-runtime's `Controller`: it drives one resource's watch stream and cannot take
 //! triggers from elsewhere with a caller awaiting that key's outcome (the plugin's add), nor let
@@ -53,18 +56,38 @@ pub trait Classify {
     fn class(&self) -> Class;
 }
 
+/// What triggers bring for a key's next run, beyond "look again".
+pub trait Payload: Default + Send + 'static {
+    /// A newer trigger's payload joins the one not yet taken.
+    fn merge(&mut self, newer: Self);
+    /// What a failed run's retry still needs of the payload it took (by default nothing: the
+    /// retry reads the world).
+    fn for_retry(&self) -> Self {
+        Self::default()
+    }
+}
+
+/// No payload: every trigger is only "look again".
+impl Payload for () {
+    fn merge(&mut self, _: ()) {}
+}
+
 /// The work done for one key.
 pub trait Reconcile: Send + Sync + 'static {
     type Key: Clone + Eq + Hash + Display + Debug + Send + Sync + 'static;
     /// What a successful run says (handed to callers waiting on the key).
     type Done: Clone + Send + Sync + 'static;
     type Error: Classify + Display + Send + Sync + 'static;
+    /// What triggers bring for the key's next run (`()` when the world says it all).
+    type Payload: Payload;
 
-    /// Brings `key` to where it should be, reading the world as it is now. `retry` counts the
-    /// key's failed runs since its last success (0 on a first run).
+    /// Brings `key` to where it should be, reading the world as it is now, with what the
+    /// triggers since the last run brought. `retry` counts the key's failed runs since its last
+    /// success (0 on a first run).
     fn reconcile(
         &self,
         key: Self::Key,
+        payload: Self::Payload,
         retry: u32,
     ) -> BoxFuture<'_, Result<Self::Done, Self::Error>>;
 }
@@ -122,6 +145,8 @@ struct KeyState<R: Reconcile> {
     retry: u32,
     /// Callers waiting for the next run to start (and then for its result).
     next: Waiters<R>,
+    /// What the triggers since the last run started brought (merged), for the next run.
+    payload: R::Payload,
 }
 
 struct Shared<R: Reconcile> {
@@ -185,19 +210,33 @@ impl<R: Reconcile> Engine<R> {
 
     /// Look at `key` again.
     pub fn trigger(&self, key: R::Key) {
-        self.enter(key, None);
+        self.enter(key, R::Payload::default(), None);
+    }
+
+    /// Look at `key` again, bringing `payload` for its next run.
+    pub fn trigger_with(&self, key: R::Key, payload: R::Payload) {
+        self.enter(key, payload, None);
     }
 
     /// Look at `key` again and wait for the result of the first run that starts after now.
     /// No deadline here: the caller bounds the wait (the run itself goes on regardless).
     pub async fn trigger_and_wait(&self, key: R::Key) -> Result<Answer<R>, Stopped> {
+        self.trigger_with_and_wait(key, R::Payload::default()).await
+    }
+
+    /// [`Engine::trigger_and_wait`], bringing `payload` for the run that answers.
+    pub async fn trigger_with_and_wait(
+        &self,
+        key: R::Key,
+        payload: R::Payload,
+    ) -> Result<Answer<R>, Stopped> {
         let (tx, rx) = oneshot::channel();
-        self.enter(key, Some(tx));
+        self.enter(key, payload, Some(tx));
         rx.await.map_err(|_| Stopped)
     }
 
-    /// A trigger arrives for `key`, maybe with a caller waiting for its answer.
-    fn enter(&self, key: R::Key, waiter: Option<oneshot::Sender<Answer<R>>>) {
+    /// A trigger arrives for `key` with its payload, maybe with a caller waiting for its answer.
+    fn enter(&self, key: R::Key, payload: R::Payload, waiter: Option<oneshot::Sender<Answer<R>>>) {
         if self.shared.shutdown.is_cancelled() {
             return;
         }
@@ -209,12 +248,14 @@ impl<R: Reconcile> Engine<R> {
                     phase: Phase::Queued,
                     retry: 0,
                     next: waiter.into_iter().collect(),
+                    payload,
                 },
             );
             drop(keys);
             self.spawn_run(key);
             return;
         };
+        state.payload.merge(payload);
         state.next.extend(waiter);
         match &mut state.phase {
             Phase::Queued | Phase::Running { dirty: true } => {
@@ -263,37 +304,39 @@ impl<R: Reconcile> Engine<R> {
             shared.keys.lock().remove(&key);
             return;
         };
-        let (retry, waiters) = {
+        let (retry, waiters, payload) = {
             let mut keys = shared.keys.lock();
             let Some(state) = keys.get_mut(&key) else {
                 return;
             };
             state.phase = Phase::Running { dirty: false };
-            (state.retry, std::mem::take(&mut state.next))
+            let payload = std::mem::take(&mut state.payload);
+            (state.retry, std::mem::take(&mut state.next), payload)
         };
+        let kept = payload.for_retry();
         // A panic inside the reconcile must not leave the key marked running forever: it is
         // caught here and treated as a transient failure (logged as a bug).
-        let work = shared.reconciler.reconcile(key.clone(), retry);
+        let work = shared.reconciler.reconcile(key.clone(), payload, retry);
         let result = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(work)).await;
         shared.stats.runs.fetch_add(1, Ordering::Relaxed);
         let result = match result {
             Ok(result) => result.map_err(Arc::new),
             Err(_) => {
                 error!(key = %key, "reconcile panicked (a bug); retrying the key");
-                self.finish_panicked(key, waiters);
+                self.finish_panicked(key, waiters, kept);
                 return;
             }
         };
-        self.finish(key, result, waiters);
+        self.finish(key, result, waiters, kept);
     }
 
-    fn finish(&self, key: R::Key, result: Answer<R>, waiters: Waiters<R>) {
+    fn finish(&self, key: R::Key, result: Answer<R>, waiters: Waiters<R>, kept: R::Payload) {
         let class = result.as_ref().err().map(|e| e.class());
         for waiter in waiters {
             let _ = waiter.send(result.clone());
         }
         if let Err(e) = &result {
-            self.after_failure(key, class.unwrap_or(Class::Retry), &e.to_string());
+            self.after_failure(key, class.unwrap_or(Class::Retry), &e.to_string(), kept);
             return;
         }
         let mut keys = self.shared.keys.lock();
@@ -310,18 +353,21 @@ impl<R: Reconcile> Engine<R> {
         }
     }
 
-    fn finish_panicked(&self, key: R::Key, waiters: Waiters<R>) {
+    fn finish_panicked(&self, key: R::Key, waiters: Waiters<R>, kept: R::Payload) {
         // The waiters' senders drop (they get `Stopped`); the key itself is retried.
         drop(waiters);
-        self.after_failure(key, Class::Retry, "panicked");
+        self.after_failure(key, Class::Retry, "panicked", kept);
     }
 
-    fn after_failure(&self, key: R::Key, class: Class, why: &str) {
+    fn after_failure(&self, key: R::Key, class: Class, why: &str, mut kept: R::Payload) {
         let shared = &self.shared;
         let mut keys = shared.keys.lock();
         let Some(state) = keys.get_mut(&key) else {
             return;
         };
+        // What the retry needs of the failed run's payload, under what came meanwhile.
+        kept.merge(std::mem::take(&mut state.payload));
+        state.payload = kept;
         let retry = state.retry;
         state.retry = retry.saturating_add(1);
         if matches!(state.phase, Phase::Running { dirty: true }) {

@@ -21,6 +21,29 @@ impl Classify for Failure {
     }
 }
 
+/// A test payload: notes that merge by appending; a retry keeps those starting with `keep`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Notes(Vec<String>);
+
+impl Payload for Notes {
+    fn merge(&mut self, newer: Notes) {
+        self.0.extend(newer.0);
+    }
+    fn for_retry(&self) -> Notes {
+        Notes(
+            self.0
+                .iter()
+                .filter(|n| n.starts_with("keep"))
+                .cloned()
+                .collect(),
+        )
+    }
+}
+
+fn notes(of: &[&str]) -> Notes {
+    Notes(of.iter().map(|n| n.to_string()).collect())
+}
+
 /// Runs take `work` of (paused) time; results are scripted per key, then `Ok`.
 #[derive(Default)]
 struct Scripted {
@@ -33,6 +56,8 @@ struct Scripted {
     overlaps: Mutex<Vec<String>>,
     in_flight: Mutex<std::collections::HashSet<String>>,
     panic_on: Mutex<Option<String>>,
+    /// The payload each run took, per key in run order.
+    payloads: Mutex<Vec<(String, Notes)>>,
 }
 
 impl Scripted {
@@ -49,9 +74,16 @@ impl Reconcile for Scripted {
     type Key = String;
     type Done = u32;
     type Error = Failure;
+    type Payload = Notes;
 
-    fn reconcile(&self, key: String, retry: u32) -> BoxFuture<'_, Result<u32, Failure>> {
+    fn reconcile(
+        &self,
+        key: String,
+        payload: Notes,
+        retry: u32,
+    ) -> BoxFuture<'_, Result<u32, Failure>> {
         Box::pin(async move {
+            self.payloads.lock().push((key.clone(), payload));
             if !self.in_flight.lock().insert(key.clone()) {
                 self.overlaps.lock().push(key.clone());
             }
@@ -260,4 +292,59 @@ async fn shutdown_stops_queued_keys_and_retries() {
     e.trigger("c".into());
     settle().await;
     assert_eq!(r.runs.lock().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn payloads_merge_in_the_key_state_and_the_next_run_takes_them_whole() {
+    let (e, r) = engine(100, config(4, true));
+    e.trigger_with("a".into(), notes(&["one"]));
+    e.trigger_with("a".into(), notes(&["two"]));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Running now: these wait in the key's state for the run after.
+    e.trigger_with("a".into(), notes(&["three"]));
+    e.trigger("a".into());
+    e.trigger_with("a".into(), notes(&["four"]));
+    settle().await;
+    let taken: Vec<_> = r.payloads.lock().iter().map(|(_, n)| n.clone()).collect();
+    assert_eq!(taken, [notes(&["one", "two"]), notes(&["three", "four"])]);
+    assert_eq!(e.pending(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_runs_retry_gets_what_the_payload_keeps_under_what_came_meanwhile() {
+    let (e, r) = engine(100, config(4, false));
+    let taken = |key: &str| -> Vec<Notes> {
+        let payloads = r.payloads.lock();
+        payloads
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, n)| n.clone())
+            .collect()
+    };
+    // Retried after its backoff: only what the payload keeps.
+    r.script("a", vec![Err(Failure(Class::Retry))]);
+    e.trigger_with("a".into(), notes(&["keep-heal", "offer"]));
+    settle().await;
+    assert_eq!(
+        taken("a"),
+        [notes(&["keep-heal", "offer"]), notes(&["keep-heal"])]
+    );
+    // Triggered while the failing run ran: the run after gets both, the kept one first.
+    r.script("b", vec![Err(Failure(Class::Retry))]);
+    e.trigger_with("b".into(), notes(&["keep-heal", "offer"]));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    e.trigger_with("b".into(), notes(&["later"]));
+    settle().await;
+    assert_eq!(
+        taken("b"),
+        [
+            notes(&["keep-heal", "offer"]),
+            notes(&["keep-heal", "later"])
+        ]
+    );
+    // A success keeps nothing: the next trigger brings only its own.
+    e.trigger_with("b".into(), notes(&["fresh"]));
+    settle().await;
+    assert_eq!(taken("b").last(), Some(&notes(&["fresh"])));
+    assert_eq!(e.pending(), 0);
 }

@@ -1,14 +1,17 @@
 //! The repair controller's reconcile, on the one reconcile engine (`crate::reconcile`): the pod
-//! store's subscription and the drift pass's hand-offs trigger keys (`namespace/name`);
-//! [`reconcile`] acts on the pod as the store has it now; the error policy ([`error_policy`],
-//! pure) decides between a jittered retry and giving up, and the failure carries that decision as
-//! its class. One pod's work never runs twice at once and a second trigger while it runs looks
-//! again after (the engine's promise); a key waiting for its retry absorbs events (the retry reads
-//! the newest state); a pod UID is acted on once: success, a permanent failure or the last attempt
-//! records it, so a pod that stays broken (or whose annotations cannot be used) is never
-//! hot-looped. A deleted pod is forgotten. The sidecar drift pass (`drift`) hands over running
-//! pods whose redirect annotations changed since their rules were programmed ([`HandOff`]): they
-//! take the same path, once per UID.
+//! store's subscription ([`pump`]) and the sidecar drift pass's findings trigger keys
+//! (`namespace/name`); [`reconcile`] acts on the pod as the store has it now; the error policy
+//! ([`error_policy`], pure) decides between a jittered retry and giving up, and the failure
+//! carries that decision as its class. One pod's work never runs twice at once and a second
+//! trigger while it runs looks again after (the engine's promise); a key waiting for its retry
+//! absorbs events (the retry reads the newest state); a pod UID is acted on once: success, a
+//! permanent failure or the last attempt records it, so a pod that stays broken (or whose
+//! annotations cannot be used) is never hot-looped. A deleted pod is forgotten.
+//!
+//! What the drift pass found comes as the key's payload ([`Findings`]): the key's run takes the
+//! controller's own look, then heals drifted rules in place (`heal`); a pod handed over
+//! (its redirect annotations changed since its rules were programmed) takes the policy path,
+//! once per UID, whatever `detect` says.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -17,30 +20,17 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::detect::{Detection, cannot_restart};
-use super::effects::{ActError, Effects};
+use super::effects::{ActError, Effects, event};
+use super::heal::{self, Findings, HandOff, Heal, HealDone};
 use super::{Mode, RepairTiming};
+use crate::kube::EventType;
 use crate::kube::stores::{PodStore, StoreEvent, Stored};
-use crate::kube::{EventRecord, EventType};
 use crate::reconcile::{Class, Classify, Engine, EngineConfig, Reconcile};
 use crate::telemetry::metrics::{Metrics, RepairLabels};
-
-/// Source component of the controller's events (Istio's).
-pub const EVENT_COMPONENT: &str = "cni-repair";
-
-/// A running pod the drift pass hands to the controller's policy: its redirect derivation changed
-/// since its rules were programmed, so re-programming them is not the drift pass's call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HandOff {
-    pub key: String,
-    pub uid: String,
-    /// Why, for the log and the event.
-    pub why: String,
-}
 
 /// What became of a broken pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,16 +60,6 @@ pub fn error_policy(err: &ActError, attempt: u32, timing: &RepairTiming) -> Afte
 
 fn pod_ref(pod: &Pod) -> String {
     pod.key()
-}
-
-/// An event about a pod from the repair room (the controller's and the drift pass's).
-pub(super) fn event(event_type: EventType, reason: &str, message: String) -> EventRecord {
-    EventRecord {
-        event_type,
-        reason: reason.to_string(),
-        message,
-        component: EVENT_COMPONENT.to_string(),
-    }
 }
 
 /// The reason of this mode's events (Istio's for delete and label).
@@ -242,8 +222,6 @@ struct Keys {
     done: HashMap<String, String>,
     /// key -> (UID, failed attempts so far).
     attempts: HashMap<String, (String, u32)>,
-    /// key -> (UID, why): handed over by the drift pass, acted on whatever `detect` says.
-    handed: HashMap<String, (String, String)>,
 }
 
 impl Keys {
@@ -251,7 +229,6 @@ impl Keys {
     fn forget(&mut self, key: &str) {
         self.done.remove(key);
         self.attempts.remove(key);
-        self.handed.remove(key);
     }
 }
 
@@ -262,6 +239,8 @@ pub struct Failed {
     #[source]
     pub error: ActError,
     pub last: bool,
+    /// The failure is the drift heal's (else the controller's own, the heal not tried).
+    pub healing: bool,
 }
 
 impl Classify for Failed {
@@ -275,18 +254,51 @@ impl Classify for Failed {
 }
 
 /// The controller's reconcile of one key over the engine.
-struct Repairer<E: ?Sized> {
+pub struct Repairer<E: ?Sized> {
     controller: Controller<E>,
     keys: Mutex<Keys>,
 }
 
+/// The repair controller's engine: every trigger of a pod's work goes through it.
+pub type Repairs<E> = Engine<Repairer<E>>;
+
 impl<E: Effects + ?Sized> Reconcile for Repairer<E> {
     type Key = String;
-    type Done = ();
+    /// What the run did about a heal (the drift pass waits for it).
+    type Done = HealDone;
     type Error = Failed;
+    type Payload = Findings;
 
-    fn reconcile(&self, key: String, _retry: u32) -> BoxFuture<'_, Result<(), Failed>> {
-        Box::pin(self.reconcile_key(key))
+    fn reconcile(
+        &self,
+        key: String,
+        found: Findings,
+        retry: u32,
+    ) -> BoxFuture<'_, Result<HealDone, Failed>> {
+        Box::pin(async move {
+            // The controller's own look first: when it fails, the heal is not tried and both
+            // come back with the retry; a heal that fails leaves nothing else undone.
+            self.reconcile_key(key.clone(), found.hand_off).await?;
+            match found.heal {
+                Some(h) => self.heal(&key, h, retry).await,
+                None => Ok(HealDone::NotBrought),
+            }
+        })
+    }
+}
+
+impl<E: ?Sized> Repairer<E> {
+    /// Through what the controller acts.
+    pub fn effects(&self) -> &Arc<E> {
+        &self.controller.effects
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.controller.metrics
+    }
+
+    pub fn pods(&self) -> &PodStore {
+        &self.controller.pods
     }
 }
 
@@ -301,16 +313,10 @@ impl<E: Effects + ?Sized> Controller<E> {
             .inc();
     }
 
-    /// Runs until `shutdown` (or the store goes away); `handoffs` brings the drift pass's pods.
-    /// Every added or updated pod and every hand-off is a trigger of the pod's key on the one
-    /// reconcile engine; a key waiting for its retry absorbs triggers (the retry reads the
-    /// newest state, and events must not shorten its backoff).
-    pub async fn run(
-        self,
-        shutdown: CancellationToken,
-        mut handoffs: mpsc::UnboundedReceiver<HandOff>,
-    ) {
-        let mut events = self.pods.subscribe();
+    /// The controller on its engine. A key waiting for its retry absorbs triggers (the retry
+    /// reads the newest state, and events must not shorten its backoff); a caller waiting for a
+    /// run's answer (the drift pass's heal) is never made to wait out a backoff.
+    pub fn engine(self, shutdown: CancellationToken) -> Repairs<E> {
         let config = EngineConfig {
             concurrency: REPAIRS_AT_ONCE,
             retry: self.timing.retry,
@@ -320,49 +326,78 @@ impl<E: Effects + ?Sized> Controller<E> {
             controller: self,
             keys: Mutex::default(),
         });
-        let engine = Engine::new(repairer.clone(), config, shutdown.clone());
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                ev = events.recv() => match ev {
-                    None => break,
-                    Some(StoreEvent::Deleted(pod)) => repairer.keys.lock().forget(&pod.key()),
-                    Some(StoreEvent::Added(pod) | StoreEvent::Updated { new: pod, .. }) => {
-                        engine.trigger(pod.key());
-                    }
-                },
-                Some(h) = handoffs.recv() => {
-                    repairer.keys.lock().handed.insert(h.key.clone(), (h.uid, h.why));
-                    engine.trigger(h.key);
-                }
-            }
-        }
-        debug!("repair controller stopped");
+        Engine::new(repairer, config, shutdown)
     }
+}
+
+/// Feeds the engine from the pod store until `shutdown` (or the store goes away): every added or
+/// updated pod is a trigger of its key; a deleted pod is forgotten.
+pub async fn pump<E: Effects + ?Sized>(engine: Repairs<E>, shutdown: CancellationToken) {
+    let repairer = engine.reconciler().clone();
+    let mut events = repairer.controller.pods.subscribe();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            ev = events.recv() => match ev {
+                None => break,
+                Some(StoreEvent::Deleted(pod)) => repairer.keys.lock().forget(&pod.key()),
+                Some(StoreEvent::Added(pod) | StoreEvent::Updated { new: pod, .. }) => {
+                    engine.trigger(pod.key());
+                }
+            },
+        }
+    }
+    debug!("repair controller stopped");
 }
 
 /// Broken pods acted on at once (each is a few API calls or one netns programming).
 const REPAIRS_AT_ONCE: usize = 8;
 
 impl<E: Effects + ?Sized> Repairer<E> {
+    /// Heals the drifted rules of the pod the finding was about, if it is still the pod under
+    /// the name. A failure is retried by the engine (spaced as the controller's retries are,
+    /// given up after as many attempts until the next finding).
+    async fn heal(&self, key: &str, found: Heal, retry: u32) -> Result<HealDone, Failed> {
+        let c = &self.controller;
+        let uid = found.expected.uid.as_str();
+        let Some(pod) = c
+            .pods
+            .get(key)
+            .filter(|p| p.metadata.uid.as_deref() == Some(uid))
+        else {
+            debug!(pod = %key, uid, "drift finding for a pod that is gone: dropped");
+            return Ok(HealDone::NotBrought);
+        };
+        match heal::heal(&*c.effects, &c.metrics, pod, found).await {
+            Ok(()) => Ok(HealDone::Healed),
+            Err(error) => {
+                let max = c.timing.retry.max_attempts.unwrap_or(u32::MAX);
+                Err(Failed {
+                    error,
+                    last: retry.saturating_add(1) >= max,
+                    healing: true,
+                })
+            }
+        }
+    }
+
     /// Looks at the pod as the store has it now; acts if it is broken (or handed over) and its
     /// UID was not acted on.
-    async fn reconcile_key(&self, key: String) -> Result<(), Failed> {
+    async fn reconcile_key(&self, key: String, handed: Option<HandOff>) -> Result<(), Failed> {
         let c = &self.controller;
         let Some(pod) = c.pods.get(&key) else {
             return Ok(());
         };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let why = {
-            let mut keys = self.keys.lock();
-            let handed = keys.handed.get(&key).filter(|(u, _)| *u == uid).cloned();
+            let keys = self.keys.lock();
+            let handed = handed.filter(|h| h.uid == uid);
             if handed.is_some() && !c.detection.selected(&pod) {
                 // The operator's selectors bound every action of the controller, hand-offs too.
                 info!(pod = %key, "pod handed over by the sidecar drift check is outside REPAIR_LABEL_SELECTORS/REPAIR_FIELD_SELECTORS; not acted on");
-                keys.handed.remove(&key);
                 return Ok(());
             }
-            if let Some((_, why)) = handed {
+            if let Some(HandOff { why, .. }) = handed {
                 info!(pod = %key, action = c.mode.as_str(), "pod handed over by the sidecar drift check: {why}");
                 why
             } else {
@@ -399,7 +434,6 @@ impl<E: Effects + ?Sized> Repairer<E> {
             .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid.as_str()));
         let mut keys = self.keys.lock();
         keys.attempts.remove(&key);
-        keys.handed.remove(&key);
         if present {
             keys.done.insert(key, uid);
         }
@@ -447,6 +481,7 @@ impl<E: Effects + ?Sized> Repairer<E> {
                 Err(Failed {
                     error: err,
                     last: false,
+                    healing: false,
                 })
             }
             AfterFailure::GiveUp => {
@@ -464,6 +499,7 @@ impl<E: Effects + ?Sized> Repairer<E> {
                 Err(Failed {
                     error: err,
                     last: true,
+                    healing: false,
                 })
             }
         }

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::*;
 use crate::apply::pod::NetnsCheck;
-use crate::kube::WatchEvent;
+use crate::kube::{EventRecord, WatchEvent};
 use crate::netns::Netns;
 use crate::repair::RepairConfig;
 use crate::repair::effects::{Checked, Expected};
@@ -141,11 +141,11 @@ struct Rig {
     store: PodStore,
     metrics: Metrics,
     stop: CancellationToken,
-    handoffs: mpsc::UnboundedSender<HandOff>,
+    repairs: Repairs<dyn Effects>,
 }
 
 impl Rig {
-    fn start<E: Effects>(effects: Arc<E>, mode: Mode) -> Rig {
+    fn start(effects: Arc<dyn Effects>, mode: Mode) -> Rig {
         let store = PodStore::new();
         store.apply(WatchEvent::Init);
         store.apply(WatchEvent::InitDone);
@@ -159,13 +159,13 @@ impl Rig {
             metrics: metrics.clone(),
             timing: fast(),
         };
-        let (handoffs, handed) = mpsc::unbounded_channel();
-        tokio::spawn(c.run(stop.clone(), handed));
+        let repairs = c.engine(stop.clone());
+        tokio::spawn(pump(repairs.clone(), stop.clone()));
         Rig {
             store,
             metrics,
             stop,
-            handoffs,
+            repairs,
         }
     }
 
@@ -384,16 +384,15 @@ fn a_pod_handed_over_by_the_drift_pass_takes_the_policy_path_though_not_broken()
         rig.store.apply(WatchEvent::Apply(healthy));
         settle().await;
         assert!(fake.calls().is_empty(), "not broken: {:?}", fake.calls());
-        let handoff = |uid: &str| HandOff {
-            key: "ns/h".into(),
-            uid: uid.into(),
-            why: "annotations traffic.sidecar.istio.io/excludeOutboundPorts changed".into(),
+        let handoff = |uid: &str| {
+            let why = "annotations traffic.sidecar.istio.io/excludeOutboundPorts changed";
+            Findings::hand_off(uid.into(), why.into())
         };
         // A hand-off for another UID (a re-created pod) is not this pod's.
-        rig.handoffs.send(handoff("u0")).unwrap();
+        rig.repairs.trigger_with("ns/h".into(), handoff("u0"));
         settle().await;
         assert!(fake.calls().is_empty(), "{:?}", fake.calls());
-        rig.handoffs.send(handoff("u1")).unwrap();
+        rig.repairs.trigger_with("ns/h".into(), handoff("u1"));
         settle().await;
         let calls = fake.calls();
         assert_eq!(
@@ -430,18 +429,15 @@ fn a_handed_over_pod_outside_the_repair_selectors_is_left_alone() {
             timing: fast(),
         };
         let stop = CancellationToken::new();
-        let (handoffs, handed) = mpsc::unbounded_channel();
-        tokio::spawn(c.run(stop.clone(), handed));
+        let repairs = c.engine(stop.clone());
+        tokio::spawn(pump(repairs.clone(), stop.clone()));
         let mut healthy = broken_pod("h", "u1", "1");
         healthy.status = None;
         store.apply(WatchEvent::Apply(healthy));
-        handoffs
-            .send(HandOff {
-                key: "ns/h".into(),
-                uid: "u1".into(),
-                why: "annotations changed".into(),
-            })
-            .unwrap();
+        repairs.trigger_with(
+            "ns/h".into(),
+            Findings::hand_off("u1".into(), "annotations changed".into()),
+        );
         settle().await;
         assert!(fake.calls().is_empty(), "{:?}", fake.calls());
         stop.cancel();

@@ -3,23 +3,27 @@
 //! exactly the rules its derivation gives; drift is healed in place or handed to the repair
 //! policy, and reported once when it cannot be healed.
 //!
-//! Pure part ([`candidate`], [`Ledger`]): which pods count, the derivation first seen per pod UID
-//! (the basis: an annotation edited on a running pod changes the derivation but not the rules the
-//! plugin gave it, so such a pod is not rewritten here but handed to the controller's policy, once
-//! per UID), and when a failure is reported (once until the pod is fine again). Effects go through
-//! the controller's [`Effects`] (one /proc scan per pass, one kernel read per netns, the heal).
+//! Pure part ([`candidate`], [`DriftMemory`]): which pods count, the derivation first seen per pod
+//! UID (the basis: an annotation edited on a running pod changes the derivation but not the rules
+//! the plugin gave it, so such a pod is not rewritten here but handed to the controller's policy,
+//! once per UID), and when a failure is reported (once until the pod is fine again). The pass only
+//! reads (one /proc scan per pass, one kernel read per netns, through the controller's
+//! [`Effects`]); what it finds is a trigger of the pod's key on the controller's engine with the
+//! finding as payload ([`Findings`]): the heal runs there (`heal`), never beside other work on the
+//! pod, and the pass waits for its answer, one pod after another.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::controller::{HandOff, event};
-use super::effects::{Effects, Expected};
+use super::controller::Repairs;
+use super::effects::{Effects, Expected, event};
+use super::heal::{Findings, Heal, HealDone};
+use super::heal::{KIND, REASON_UNHEALED};
 use crate::apply::pod::NetnsCheck;
 use crate::kube::stores::{PodStore, Stored, pod_ips};
 use crate::kube::{EventRecord, EventType};
@@ -28,13 +32,8 @@ use crate::sidecar::PodInfo;
 use crate::sidecar::redirect::{ANN_STATUS, EngineEnv, Redirect, redirect, skip_reason};
 use crate::telemetry::metrics::Metrics;
 
-/// The `kind` label of this pass's drift counters.
-pub const KIND: &str = "sidecar_rules";
 /// The agent's annotation on pods it redirects (ambient): never ours to check.
 const AMBIENT_REDIRECTION: &str = "ambient.istio.io/redirection";
-/// Event reasons.
-pub const REASON_REPAIRED: &str = "RedirectionDriftRepaired";
-pub const REASON_UNHEALED: &str = "RedirectionDriftUnhealed";
 
 /// The most rules one pod may have for the pass to verify it. Its rules are read from the kernel
 /// and compared each period; a pod over this (its annotations are in its author's hands) is
@@ -147,7 +146,7 @@ pub enum PodOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Report {
     Nothing,
-    /// Log, Normal event, `drift_repaired`.
+    /// Log, Normal event, `drift_repaired` (done by the heal's run, `heal::heal`).
     Healed,
     /// Log, Warning event, `drift_unhealed` (once until the pod is fine again).
     Unhealed,
@@ -155,7 +154,7 @@ pub enum Report {
 
 /// What the pass remembers per pod UID.
 #[derive(Debug, Default)]
-pub struct Ledger {
+pub struct DriftMemory {
     /// UID -> the first derivation seen, with the annotations it came from.
     basis: HashMap<String, (Derived, BTreeMap<String, String>)>,
     /// UIDs handed to the controller's policy.
@@ -166,7 +165,7 @@ pub struct Ledger {
     over_budget: HashSet<String>,
 }
 
-impl Ledger {
+impl DriftMemory {
     /// Decides for one candidate pod, recording its basis when first seen.
     pub fn plan(&mut self, uid: &str, info: &PodInfo, derived: Derived) -> Plan {
         let annotations = redirect_annotations(info);
@@ -259,26 +258,37 @@ pub struct PassStats {
     pub over_budget: usize,
 }
 
-/// The pass over the node pod store, with its memory.
-pub struct DriftPass<E: ?Sized> {
-    pub pods: PodStore,
-    pub engine: Arc<EngineEnv>,
+/// The pass over the node pod store (the controller's), with its memory.
+pub struct DriftPass<E: Effects + ?Sized> {
+    /// What the plugin reads from the runtime's environment (the derivation's input).
+    pub env: Arc<EngineEnv>,
     pub exclude_namespaces: Vec<String>,
-    pub effects: Arc<E>,
-    pub metrics: Metrics,
-    pub handoffs: mpsc::UnboundedSender<HandOff>,
-    pub ledger: Ledger,
+    /// The repair controller's engine: each finding is a trigger of the pod's key there.
+    pub repairs: Repairs<E>,
+    pub memory: DriftMemory,
 }
 
 impl<E: Effects + ?Sized> DriftPass<E> {
+    fn pods(&self) -> &PodStore {
+        self.repairs.reconciler().pods()
+    }
+
+    fn effects(&self) -> &Arc<E> {
+        self.repairs.reconciler().effects()
+    }
+
+    fn metrics(&self) -> &Metrics {
+        self.repairs.reconciler().metrics()
+    }
+
     /// One pass over the store's pods as they are now.
     pub async fn pass(&mut self) -> PassStats {
         let mut stats = PassStats::default();
-        let mut pods = self.pods.list();
+        let mut pods = self.pods().list();
         // In name order: logs and events come out the same way every pass.
         pods.sort_by_key(|p| p.key());
         let live: HashSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-        self.ledger.retain(&live);
+        self.memory.retain(&live);
         let mut batch = Vec::new();
         let mut by_uid: HashMap<String, Arc<Pod>> = HashMap::new();
         for pod in pods {
@@ -287,8 +297,8 @@ impl<E: Effects + ?Sized> DriftPass<E> {
                 continue;
             }
             let uid = pod.metadata.uid.clone().unwrap_or_default();
-            let derived = Derived::of(&info, &self.engine);
-            match self.ledger.plan(&uid, &info, derived) {
+            let derived = Derived::of(&info, &self.env);
+            match self.memory.plan(&uid, &info, derived) {
                 Plan::Skip => {}
                 Plan::Verify(settings) => {
                     batch.push(Expected {
@@ -311,7 +321,8 @@ impl<E: Effects + ?Sized> DriftPass<E> {
         stats.verified = batch.len();
         let expected: HashMap<String, Expected> =
             batch.iter().map(|e| (e.uid.clone(), e.clone())).collect();
-        for checked in self.effects.verify_pods(batch).await {
+        let results = self.effects().verify_pods(batch).await;
+        for checked in results {
             let (Some(pod), Some(exp)) = (by_uid.get(&checked.uid), expected.get(&checked.uid))
             else {
                 continue;
@@ -323,11 +334,14 @@ impl<E: Effects + ?Sized> DriftPass<E> {
                         NetnsCheck::Drifted { what } => what,
                         _ => "no rules of ours at all".to_string(),
                     };
-                    match self.effects.heal(netns, exp.clone()).await {
-                        Ok(()) => PodOutcome::Healed { what },
-                        Err(e) => PodOutcome::Unhealed {
-                            why: format!("{what}; re-programming failed: {e}"),
-                        },
+                    let heal = Heal {
+                        netns,
+                        expected: exp.clone(),
+                        what,
+                    };
+                    match self.heal(pod.key(), heal).await {
+                        Some(outcome) => outcome,
+                        None => continue,
                     }
                 }
                 Err(e) => PodOutcome::Unhealed { why: e.to_string() },
@@ -337,20 +351,40 @@ impl<E: Effects + ?Sized> DriftPass<E> {
                 PodOutcome::Unhealed { .. } => stats.failed += 1,
                 PodOutcome::InPlace => {}
             }
-            let report = self.ledger.record(&checked.uid, &outcome);
+            let report = self.memory.record(&checked.uid, &outcome);
             self.report(pod.clone(), &outcome, report).await;
         }
         stats
     }
 
+    /// The heal as a run of the pod's key on the controller's engine (after any work on the pod
+    /// in flight); its outcome, or `None` when it did not come to the heal this time.
+    async fn heal(&self, key: String, heal: Heal) -> Option<PodOutcome> {
+        let what = heal.what.clone();
+        let answer = self
+            .repairs
+            .trigger_with_and_wait(key, Findings::heal(heal))
+            .await
+            .ok()?;
+        match answer {
+            Ok(HealDone::Healed) => Some(PodOutcome::Healed { what }),
+            Err(failed) if failed.healing => Some(PodOutcome::Unhealed {
+                why: format!("{what}; re-programming failed: {}", failed.error),
+            }),
+            // Gone meanwhile, or the controller's own work failed first (the heal comes with
+            // its retry).
+            _ => None,
+        }
+    }
+
     async fn hand_off(&mut self, pod: Arc<Pod>, uid: String, why: String) {
         let key = pod.key();
         warn!(pod = %key, uid = %uid, "sidecar drift not healed, handed to the repair policy: {why}");
-        self.metrics.drift(KIND, false);
+        self.metrics().drift(KIND, false);
         let message = format!("{why}; handed to the repair controller's policy");
         self.post(pod, event(EventType::Warning, REASON_UNHEALED, message))
             .await;
-        let _ = self.handoffs.send(HandOff { key, uid, why });
+        self.repairs.trigger_with(key, Findings::hand_off(uid, why));
     }
 
     async fn over_budget(&self, pod: Arc<Pod>, rules: usize) {
@@ -359,24 +393,18 @@ impl<E: Effects + ?Sized> DriftPass<E> {
             "its redirection is {rules} rules, more than the {MAX_VERIFIED_RULES} a drift check reads; it is not verified or healed while it runs"
         );
         warn!(pod = %key, "sidecar drift check skips the pod: {why}");
-        self.metrics.drift(KIND, false);
+        self.metrics().drift(KIND, false);
         self.post(pod, event(EventType::Warning, REASON_UNHEALED, why))
             .await;
     }
 
     async fn report(&self, pod: Arc<Pod>, outcome: &PodOutcome, report: Report) {
         let key = pod.key();
+        // A heal was reported by the run that healed (`heal::heal`).
         match (outcome, report) {
-            (PodOutcome::Healed { what }, Report::Healed) => {
-                info!(pod = %key, drifted = %what, "sidecar redirection drift repaired");
-                self.metrics.drift(KIND, true);
-                let message = format!("traffic redirection drifted ({what}); re-programmed");
-                self.post(pod, event(EventType::Normal, REASON_REPAIRED, message))
-                    .await;
-            }
             (PodOutcome::Unhealed { why }, Report::Unhealed) => {
                 warn!(pod = %key, "sidecar redirection cannot be verified or healed (retried next pass): {why}");
-                self.metrics.drift(KIND, false);
+                self.metrics().drift(KIND, false);
                 let message = format!("traffic redirection cannot be verified or healed: {why}");
                 self.post(pod, event(EventType::Warning, REASON_UNHEALED, message))
                     .await;
@@ -390,7 +418,7 @@ impl<E: Effects + ?Sized> DriftPass<E> {
 
     async fn post(&self, pod: Arc<Pod>, ev: EventRecord) {
         let key = pod.key();
-        if let Err(e) = self.effects.event(pod, ev).await {
+        if let Err(e) = self.effects().event(pod, ev).await {
             warn!(pod = %key, "recording the drift event failed: {e}");
         }
     }
@@ -400,7 +428,7 @@ impl<E: Effects + ?Sized> DriftPass<E> {
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
-                synced = self.pods.wait_synced(Duration::from_secs(60)) => if synced.is_ok() { break },
+                synced = self.pods().wait_synced(Duration::from_secs(60)) => if synced.is_ok() { break },
             }
         }
         info!(period = ?schedule.period(), "sidecar drift check started");

@@ -2,7 +2,14 @@ use serde_json::json;
 
 use super::*;
 use crate::kube::WatchEvent;
+use crate::repair::Mode;
 use crate::repair::controller::tests::{Fake, rt};
+use crate::repair::controller::{Controller, Repairs};
+use crate::repair::detect::Detection;
+use crate::repair::heal::REASON_REPAIRED;
+use crate::repair::{RepairTiming, test_config};
+use crate::retry::RetryPolicy;
+use crate::telemetry::metrics::RepairLabels;
 
 /// A running sidecar pod (CNI mode) on this node, with `extra` annotations.
 fn pod(name: &str, uid: &str, extra: serde_json::Value) -> Pod {
@@ -64,7 +71,7 @@ fn only_pods_the_plugin_would_have_programmed_are_checked() {
     assert!(!with(&|p| p.spec.as_mut().unwrap().containers.truncate(1)));
 }
 
-fn plan(ledger: &mut Ledger, p: &Pod) -> Plan {
+fn plan(ledger: &mut DriftMemory, p: &Pod) -> Plan {
     let info = PodInfo::from_pod(p);
     let derived = Derived::of(&info, &EngineEnv::default());
     ledger.plan(p.metadata.uid.as_deref().unwrap(), &info, derived)
@@ -72,7 +79,7 @@ fn plan(ledger: &mut Ledger, p: &Pod) -> Plan {
 
 #[test]
 fn a_changed_derivation_is_handed_over_once_and_never_verified() {
-    let mut ledger = Ledger::default();
+    let mut ledger = DriftMemory::default();
     let p = pod(
         "p",
         "u1",
@@ -121,7 +128,7 @@ fn a_changed_derivation_is_handed_over_once_and_never_verified() {
 
 #[test]
 fn a_failure_is_reported_once_until_the_pod_is_fine_again() {
-    let mut ledger = Ledger::default();
+    let mut ledger = DriftMemory::default();
     let failed = PodOutcome::Unhealed { why: "x".into() };
     assert_eq!(ledger.record("u", &failed), Report::Unhealed);
     assert_eq!(ledger.record("u", &failed), Report::Nothing);
@@ -136,29 +143,67 @@ fn a_failure_is_reported_once_until_the_pod_is_fine_again() {
     );
 }
 
+/// The controller's engine (detect-only mode: a hand-off is only counted as skipped) over
+/// `effects`, retrying a failed run after `retry`.
+pub(crate) fn repairs<E: Effects + ?Sized>(
+    effects: Arc<E>,
+    metrics: Metrics,
+    retry: RetryPolicy,
+    stop: &CancellationToken,
+) -> Repairs<E> {
+    let pods = PodStore::new();
+    pods.apply(WatchEvent::Init);
+    pods.apply(WatchEvent::InitDone);
+    let controller = Controller {
+        pods,
+        detection: Detection::new(&test_config()).unwrap(),
+        mode: Mode::Detect,
+        effects,
+        metrics,
+        timing: RepairTiming {
+            kube_call_timeout: Duration::from_secs(1),
+            retry,
+        },
+    };
+    controller.engine(stop.clone())
+}
+
 struct Rig {
     pass: DriftPass<Fake>,
     fake: Arc<Fake>,
-    handed: mpsc::UnboundedReceiver<HandOff>,
+    metrics: Metrics,
+    stop: CancellationToken,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
 }
 
 impl Rig {
     fn new() -> Rig {
-        let store = PodStore::new();
-        store.apply(WatchEvent::Init);
-        store.apply(WatchEvent::InitDone);
         let fake = Fake::new(|_| Ok(true));
-        let (tx, handed) = mpsc::unbounded_channel();
-        let pass = DriftPass {
-            pods: store,
-            engine: Arc::new(EngineEnv::default()),
-            exclude_namespaces: vec![],
-            effects: fake.clone(),
-            metrics: Metrics::default(),
-            handoffs: tx,
-            ledger: Ledger::default(),
+        let metrics = Metrics::default();
+        let stop = CancellationToken::new();
+        // Failed heals are retried only by the next pass here, so each pass's calls are its own.
+        let slow = RetryPolicy {
+            first: Duration::from_secs(600),
+            max: Duration::from_secs(600),
+            max_attempts: Some(5),
         };
-        Rig { pass, fake, handed }
+        let pass = DriftPass {
+            env: Arc::new(EngineEnv::default()),
+            exclude_namespaces: vec![],
+            repairs: repairs(fake.clone(), metrics.clone(), slow, &stop),
+            memory: DriftMemory::default(),
+        };
+        Rig {
+            pass,
+            fake,
+            metrics,
+            stop,
+        }
     }
 
     fn add(&self, p: Pod, verdict: Option<NetnsCheck>) {
@@ -166,16 +211,25 @@ impl Rig {
         if let Some(v) = verdict {
             self.fake.verdicts.lock().unwrap().insert(uid, v);
         }
-        self.pass.pods.apply(WatchEvent::Apply(p));
+        self.pass.pods().apply(WatchEvent::Apply(p));
     }
 
     fn counts(&self) -> (u64, u64) {
         let label = crate::telemetry::metrics::DriftLabel { kind: KIND.into() };
-        let m = &self.pass.metrics;
+        let m = &self.metrics;
         (
             m.drift_repaired.get_or_create(&label).get(),
             m.drift_unhealed.get_or_create(&label).get(),
         )
+    }
+
+    /// Pods the controller's policy was handed (detect-only: each counted as skipped).
+    fn handed(&self) -> u64 {
+        let label = RepairLabels {
+            r#type: "detect".into(),
+            result: "skip".into(),
+        };
+        self.metrics.pods_repaired.get_or_create(&label).get()
     }
 
     fn take_calls(&self, from: usize) -> Vec<String> {
@@ -243,7 +297,8 @@ fn a_pass_heals_drift_reports_failures_once_and_leaves_pods_in_place_alone() {
         );
         assert!(!calls.iter().any(|c| c.starts_with("event")), "{calls:?}");
         assert_eq!(rig.counts(), (1, 2));
-        assert!(rig.handed.try_recv().is_err());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(rig.handed(), 0);
     });
 }
 
@@ -264,17 +319,20 @@ fn an_annotation_edited_on_a_running_pod_goes_to_the_policy_once_and_is_not_rewr
         let seen = rig.fake.calls().len();
         let stats = rig.pass.pass().await;
         assert_eq!((stats.verified, stats.handed_over), (0, 1));
-        let h = rig.handed.try_recv().expect("handed over");
-        assert_eq!((h.key.as_str(), h.uid.as_str()), ("shop/web", "u1"));
-        assert!(h.why.contains("includeInboundPorts"), "{}", h.why);
+        // The hand-off is a trigger of shop/web carrying u1 (a hand-off of another UID is
+        // dropped), taken by the controller's policy.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(rig.handed(), 1, "handed over");
         let calls = rig.take_calls(seen);
         assert_eq!(calls.len(), 1, "one event, no verify, no heal: {calls:?}");
         assert!(calls[0].starts_with(&format!("event Warning {REASON_UNHEALED}")));
+        assert!(calls[0].contains("includeInboundPorts"), "{calls:?}");
         assert_eq!(rig.counts(), (0, 1));
         for _ in 0..3 {
             rig.pass.pass().await;
         }
-        assert!(rig.handed.try_recv().is_err(), "once per UID");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(rig.handed(), 1, "once per UID");
         assert_eq!(rig.fake.calls().len(), seen + 1, "{:?}", rig.fake.calls());
         assert_eq!(rig.counts(), (0, 1));
     });
@@ -285,7 +343,7 @@ fn an_annotation_edited_on_a_running_pod_goes_to_the_policy_once_and_is_not_rewr
 /// and then left out, while an ordinary pod is verified every pass.
 #[test]
 fn a_pod_over_the_rule_budget_is_reported_once_and_left_out() {
-    let mut ledger = Ledger::default();
+    let mut ledger = DriftMemory::default();
     let repeated = pod(
         "repeated",
         "u-rep",

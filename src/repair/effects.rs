@@ -19,7 +19,7 @@ use crate::apply::pod::NetnsCheck;
 use crate::apply::pod::{self, Backend, PodError, PodOptions, WhichNetns};
 use crate::kube::stores::pod_ips;
 use crate::kube::{
-    EventRecord, KubeClient, KubeError, MetadataPatch, PodPatchVia, pod_preconditions,
+    EventRecord, EventType, KubeClient, KubeError, MetadataPatch, PodPatchVia, pod_preconditions,
 };
 use crate::netns::Netns;
 use crate::netns::reserved::Reserved;
@@ -27,6 +27,19 @@ use crate::sidecar::redirect::{
     AnnotationError, CaptureSettings, EngineEnv, Redirect, RedirectError,
 };
 use crate::sidecar::{PodInfo, redirect};
+
+/// Source component of the repair room's events (Istio's).
+pub const EVENT_COMPONENT: &str = "cni-repair";
+
+/// An event about a pod from the repair room (the controller's and the drift pass's).
+pub fn event(event_type: EventType, reason: &str, message: String) -> EventRecord {
+    EventRecord {
+        event_type,
+        reason: reason.to_string(),
+        message,
+        component: EVENT_COMPONENT.to_string(),
+    }
+}
 
 /// What acting on a pod does (the real one is [`KubeEffects`]; tests use fakes).
 pub trait Effects: Send + Sync + 'static {

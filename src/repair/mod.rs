@@ -5,16 +5,19 @@
 //! validation container succeeds on its next restart), deletes the pod (`REPAIR_DELETE_PODS`) or
 //! labels it (`REPAIR_LABEL_PODS`); the first true mode wins, as in Istio.
 //!
-//! Files: `detect` (pure: is this pod broken), `controller` (the reconcile over the store's
-//! subscription on the one engine: per-pod keyed, once per UID, the error policy with jittered backoff), `effects`
-//! (what acting does: the API calls, and the netns programming through the SAME derivation
-//! (`sidecar`) and entry (`apply::pod`) as the plugin; the netns is found with `netns::procfs`),
-//! `drift` (the sidecar drift pass — running sidecar pods verified on a jittered period
-//! (`DRIFT_VERIFY_INTERVAL`) and when the guard re-installed our entry, healed in place while
-//! their derivation is unchanged, else handed to the controller's policy; it runs only with the
-//! controller, i.e. with `REPAIR_ENABLED=true`). Files import downward only, never in a circle:
-//! `detect` and `effects` (with the `Effects` seam the controller acts through) below
-//! `controller`, below `drift`.
+//! Files: `detect` (pure: is this pod broken), `controller` (the reconcile on the one engine,
+//! triggered by the store's subscription and the drift pass: per-pod keyed, once per UID, the
+//! error policy with jittered backoff), `effects` (what acting does: the API calls, and the netns
+//! programming through the SAME derivation (`sidecar`) and entry (`apply::pod`) as the plugin; the
+//! netns is found with `netns::procfs`), `heal` (what the drift pass brings for a pod's next run,
+//! the engine's per-key payload, and the in-place heal that run does), `drift` (the sidecar drift
+//! pass — running sidecar pods verified on a jittered period (`DRIFT_VERIFY_INTERVAL`) and when
+//! the guard re-installed our entry; a drifted pod is a trigger of its key carrying the heal,
+//! while its derivation is unchanged, else a hand-off to the controller's policy; it runs only
+//! with the controller, i.e. with `REPAIR_ENABLED=true`). Every write to a pod — the policy's
+//! and the drift heal — is a run of the pod's key on the one engine, so never two at once.
+//! Files import downward only, never in a circle: `detect` and `effects` (with the `Effects`
+//! seam the controller acts through) below `heal`, below `controller`, below `drift`.
 //!
 //! May call: `cli`, `kube`, `retry`, `reconcile`, `sidecar`, `apply`, `netns`, `netlink`, `telemetry`.
 
@@ -22,6 +25,7 @@ pub mod controller;
 pub mod detect;
 pub mod drift;
 pub mod effects;
+pub mod heal;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -209,30 +213,27 @@ pub fn start(
         }
         None => drift,
     };
-    let effects = Arc::new(effects);
-    let (handoffs, handed) = tokio::sync::mpsc::unbounded_channel();
-    let drift = drift.map(|d| {
-        let pass = drift::DriftPass {
-            pods: pods.clone(),
-            engine: effects.engine(),
-            exclude_namespaces: d.exclude_namespaces,
-            effects: effects.clone(),
-            metrics: metrics.clone(),
-            handoffs,
-            ledger: drift::Ledger::default(),
-        };
-        let schedule = crate::retry::periodic::Periodic::new(d.period, d.kick);
-        tokio::spawn(pass.run(schedule, stop.child_token()))
-    });
+    let env = effects.engine();
     let controller = Controller {
         pods,
         detection,
         mode,
-        effects,
+        effects: Arc::new(effects),
         metrics,
         timing,
     };
-    let task = tokio::spawn(controller.run(stop.child_token(), handed));
+    let repairs = controller.engine(stop.child_token());
+    let drift = drift.map(|d| {
+        let pass = drift::DriftPass {
+            env,
+            exclude_namespaces: d.exclude_namespaces,
+            repairs: repairs.clone(),
+            memory: drift::DriftMemory::default(),
+        };
+        let schedule = crate::retry::periodic::Periodic::new(d.period, d.kick);
+        tokio::spawn(pass.run(schedule, stop.child_token()))
+    });
+    let task = tokio::spawn(controller::pump(repairs, stop.child_token()));
     Ok(Repair {
         task,
         drift,
