@@ -493,3 +493,36 @@ fn native_nftables_interface_wildcards_apply_and_read_back() {
     assert_ok(&run(&env));
     assert_outbound_redirected(&env);
 }
+
+// DNS capture where every listed server is IPv6 on a pod without IPv6: the DNS chains get no rule,
+// yet the output chains jump to them (as Istio writes it). Istio's nftables apply fails there
+// ("No such file or directory": a jump to a chain that does not exist); ours declares the chain
+// and applies, in both flavours.
+#[test]
+fn dns_capture_with_only_ipv6_servers_on_an_ipv4_pod_applies() {
+    tools();
+    require_tool("nft", "nftables");
+    for native in [true, false] {
+        let env = PodAndServer::new(if native { "dns6nft" } else { "dns6ipt" });
+        let mut args = vec!["istio-iptables"];
+        if native {
+            args.push("--native-nftables");
+        }
+        args.extend_from_slice(INIT_ARGS);
+        args.extend_from_slice(&[
+            "--redirect-dns",
+            "--dns-servers",
+            "fd00::1",
+            "--ipv6",
+            "false",
+        ]);
+        assert_ok(&env.pod.try_exec(bin(), &args));
+        if native {
+            let ruleset =
+                String::from_utf8_lossy(&env.pod.exec("nft", &["list", "ruleset"]).stdout)
+                    .to_string();
+            assert!(ruleset.contains("chain istio-output-dns"), "{ruleset}");
+        }
+        assert_outbound_redirected(&env);
+    }
+}

@@ -81,15 +81,6 @@ impl NftTable {
         }
     }
 
-    /// Ambient tables also declare chains that are only jumped to (an ingress pod's empty
-    /// `istio-prerouting`); the sidecar declares only chains with rules.
-    fn declares_jump_targets(self) -> bool {
-        !matches!(
-            self,
-            NftTable::SidecarNat | NftTable::SidecarMangle | NftTable::SidecarRaw
-        )
-    }
-
     fn chains(self) -> &'static [ChainSpec] {
         use ambient_chain as a;
         use sidecar_chain as s;
@@ -160,10 +151,13 @@ fn rules_of(set: &NftRuleSet, table: NftTable) -> Vec<&NftRule> {
 /// The chains the transaction declares in `table` for `rules` (the table's rules), in order:
 /// name and, for a base chain, its `type X hook Y priority N`.
 fn declared(table: NftTable, rules: &[&NftRule]) -> Vec<&'static ChainSpec> {
+    // A chain only jumped to is declared too (an ingress pod's empty `istio-prerouting`; the
+    // DNS chains when every listed server is IPv6 on an IPv4-only pod): netfilter refuses a
+    // jump to a chain that does not exist, and a jump to an empty one returns.
     let used = |name: &str| {
-        rules.iter().any(|r| r.chain == name)
-            || (table.declares_jump_targets()
-                && rules.iter().any(|r| r.jump_target() == Some(name)))
+        rules
+            .iter()
+            .any(|r| r.chain == name || r.jump_target() == Some(name))
     };
     table.chains().iter().filter(|c| used(c.name)).collect()
 }
