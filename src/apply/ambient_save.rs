@@ -53,12 +53,7 @@ pub(super) fn restore_text(state: &IptablesState, rules: &[Rule], owned: OwnedCh
     for table in tables {
         let planned: Vec<&Rule> = rules.iter().filter(|r| r.table.name() == table).collect();
         let planned_chains = owned.planned_chains(&planned);
-        let existing_chains: Vec<&str> = owned
-            .chains
-            .iter()
-            .copied()
-            .filter(|c| state.chains.contains(&(table.to_string(), c.to_string())))
-            .collect();
+        let existing_chains = owned.present_in(state, table);
         text.push_str(&format!("*{table}\n"));
         let declared: BTreeSet<&str> = planned_chains
             .iter()

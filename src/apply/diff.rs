@@ -243,12 +243,7 @@ pub fn ambient_difference(
     for &table in owned.tables {
         let planned: Vec<&Rule> = rules.iter().filter(|r| r.table.name() == table).collect();
         let planned_chains = owned.planned_chains(&planned);
-        let existing_chains: Vec<&str> = owned
-            .chains
-            .iter()
-            .copied()
-            .filter(|c| state.chains.contains(&(table.to_string(), c.to_string())))
-            .collect();
+        let existing_chains = owned.present_in(state, table);
         if planned_chains != existing_chains {
             let names = |chains: &[&str]| chains.iter().map(|c| c.to_string()).collect();
             return Some(Difference::Chains {

@@ -41,12 +41,7 @@ pub fn heal_messages(
             .filter(|(t, _)| t == table)
             .map(|(_, c)| c.as_str())
             .collect();
-        let ours_present: Vec<&str> = owned
-            .chains
-            .iter()
-            .copied()
-            .filter(|c| present.contains(c))
-            .collect();
+        let ours_present = owned.present_in(state, table);
         let is_jump_into_ours = |r: &DecodedRule| {
             is_builtin_chain(&r.chain)
                 && r.jumps_to

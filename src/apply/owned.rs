@@ -3,6 +3,7 @@
 //! all take it; it names nothing else of this room.
 
 use crate::rules::Rule;
+use crate::rules::iptables_state::IptablesState;
 
 /// The chains the in-pod rules own, in every table they use.
 pub const INPOD_CHAINS: OwnedChains = OwnedChains {
@@ -33,6 +34,15 @@ impl OwnedChains {
                     .iter()
                     .any(|r| r.chain == *c || r.target.jump_chain() == Some(*c))
             })
+            .collect()
+    }
+
+    /// The owned chains of `table` that `state` holds, in declaration order.
+    pub(super) fn present_in(&self, state: &IptablesState, table: &str) -> Vec<&'static str> {
+        self.chains
+            .iter()
+            .copied()
+            .filter(|c| state.chains.contains(&(table.to_string(), c.to_string())))
             .collect()
     }
 
