@@ -34,13 +34,15 @@ impl Selectors {
     }
 
     /// Adds field-selector terms (comma-separated, ANDed with the ones already set).
-    pub fn and_fields(mut self, terms: &str) -> Self {
+    #[cfg(test)]
+    pub(crate) fn and_fields(mut self, terms: &str) -> Self {
         self.fields = join_terms(self.fields.take(), terms);
         self
     }
 
     /// Adds label-selector terms (comma-separated, ANDed with the ones already set).
-    pub fn and_labels(mut self, terms: &str) -> Self {
+    #[cfg(test)]
+    pub(crate) fn and_labels(mut self, terms: &str) -> Self {
         self.labels = join_terms(self.labels.take(), terms);
         self
     }
@@ -72,6 +74,7 @@ impl Selectors {
     }
 }
 
+#[cfg(test)]
 fn join_terms(existing: Option<String>, terms: &str) -> Option<String> {
     let terms = terms.trim_matches(',');
     match (existing, terms.is_empty()) {
@@ -106,7 +109,8 @@ impl MetadataPatch {
         self
     }
 
-    pub fn remove_label(mut self, key: &str) -> Self {
+    #[cfg(test)]
+    pub(crate) fn remove_label(mut self, key: &str) -> Self {
         self.labels.insert(key.to_string(), None);
         self
     }

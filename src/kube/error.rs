@@ -202,7 +202,8 @@ pub enum KubeError {
 
 impl KubeError {
     /// Sorts a kube error from one call into the variant that says why it failed.
-    pub fn from_call(call: Call, object: impl Into<String>, err: kube::Error) -> Self {
+    #[cfg(test)]
+    pub(crate) fn from_call(call: Call, object: impl Into<String>, err: kube::Error) -> Self {
         Self::from_call_to("(unknown)", call, object, err)
     }
 
@@ -269,7 +270,8 @@ impl KubeError {
     }
 
     /// The call that failed, when the error is about one call (not about building a client).
-    pub fn call(&self) -> Option<Call> {
+    #[cfg(test)]
+    pub(crate) fn call(&self) -> Option<Call> {
         match self {
             KubeError::Kubeconfig { .. }
             | KubeError::KubeconfigEnv(_)
@@ -293,7 +295,8 @@ impl KubeError {
         matches!(self, KubeError::NotFound { .. })
     }
 
-    pub fn is_timeout(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_timeout(&self) -> bool {
         matches!(self, KubeError::Timeout { .. })
     }
 
