@@ -9,7 +9,7 @@ use istio_cni::kube::{
     EventRecord, EventType, KubeClient, KubeError, MetadataPatch, PodPatchVia, PodPreconditions,
     Selectors, WatchBackoff, WatchError, WatchEvent, WatchStream, pod_preconditions,
 };
-use istio_cni_testing::apiserver::{Fault, TestApiServer};
+use istio_cni_testing::apiserver::{Fault, TestApiServer, TestServerOptions};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use serde_json::json;
 
@@ -49,7 +49,14 @@ struct Fixture {
 }
 
 async fn fixture() -> Fixture {
-    let server = TestApiServer::start().await.expect("server starts");
+    fixture_with(TestServerOptions::default()).await
+}
+
+/// [`fixture`] with a server started with `options`.
+async fn fixture_with(options: TestServerOptions) -> Fixture {
+    let server = TestApiServer::start_with(options)
+        .await
+        .expect("server starts");
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("ZZZ-istio-cni-kubeconfig");
     server
@@ -382,18 +389,11 @@ async fn lists_and_watches_ask_for_gzip_and_a_watch_streams_its_initial_state() 
 // lists and watches, syncs and follows changes as before, and does not ask to stream again.
 #[tokio::test]
 async fn a_server_without_streaming_lists_is_listed_then_watched() {
-    let server = TestApiServer::start_with(istio_cni_testing::apiserver::TestServerOptions {
+    let Fixture { server, client, .. } = fixture_with(TestServerOptions {
         streaming_lists: false,
         ..Default::default()
     })
-    .await
-    .expect("server");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let client = KubeClient::from_kubeconfig_file(&kubeconfig)
-        .await
-        .expect("client");
+    .await;
     server.add_pod(pod("ns1", "a", "n1")).expect("pod");
     let mut stream = client.watch_pods(&Selectors::on_node("n1"), FAST_BACKOFF);
     assert_eq!(initial_sync(&mut stream).await, ["a"]);
@@ -597,7 +597,6 @@ fn the_product_binary_has_no_test_apiserver_role() {
 
 #[tokio::test]
 async fn server_follows_api_server_semantics() {
-    use istio_cni_testing::apiserver::TestServerOptions;
     use kube::api::{Api, Patch, PatchParams, WatchParams};
     use kube::core::WatchEvent as RawEvent;
 
@@ -1009,18 +1008,11 @@ async fn test_server_serves_tls_by_default_and_counts_pod_gets_per_node() {
 #[tokio::test]
 async fn an_expired_server_certificate_is_a_permanent_tls_error_naming_the_server() {
     use istio_cni::kube::stores::{SyncError, spawn_pod_store};
-    let server = TestApiServer::start_with(istio_cni_testing::apiserver::TestServerOptions {
+    let Fixture { server, client, .. } = fixture_with(TestServerOptions {
         expired_certificate: true,
         ..Default::default()
     })
-    .await
-    .expect("server");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let client = KubeClient::from_kubeconfig_file(&kubeconfig)
-        .await
-        .expect("client");
+    .await;
     let err = client.get_pod("ns1", "a", CALL).await.unwrap_err();
     assert!(matches!(err, KubeError::Tls { .. }), "{err:?}");
     assert!(!err.is_transient() && err.needs_operator());
