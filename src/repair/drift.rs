@@ -41,6 +41,10 @@ const AMBIENT_REDIRECTION: &str = "ambient.istio.io/redirection";
 /// Istio's own rule sets are tens of rules.
 pub const MAX_VERIFIED_RULES: usize = 10_000;
 
+/// How long the pass waits for one pod's heal (the engine's run and its retries). Past it the
+/// pass moves on; the run goes on and reports its own outcome.
+pub(super) const HEAL_WAIT: Duration = Duration::from_secs(120);
+
 /// How the pass is run (install-cni's settings).
 #[derive(Debug, Clone)]
 pub struct DriftSettings {
@@ -361,11 +365,14 @@ impl<E: Effects + ?Sized> DriftPass<E> {
     /// in flight); its outcome, or `None` when it did not come to the heal this time.
     async fn heal(&self, key: String, heal: Heal) -> Option<PodOutcome> {
         let what = heal.what.clone();
-        let answer = self
+        let waiting = self
             .repairs
-            .trigger_with_and_wait(key, Findings::heal(heal))
-            .await
-            .ok()?;
+            .trigger_with_and_wait(key.clone(), Findings::heal(heal));
+        let Ok(answer) = tokio::time::timeout(HEAL_WAIT, waiting).await else {
+            warn!(pod = %key, "sidecar drift heal still running after {HEAL_WAIT:?}; the pass goes on");
+            return None;
+        };
+        let answer = answer.ok()?;
         match answer {
             Ok(HealDone::Healed) => Some(PodOutcome::Healed { what }),
             Err(failed) if failed.healing => Some(PodOutcome::Unhealed {

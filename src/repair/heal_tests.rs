@@ -42,10 +42,11 @@ fn running_and_broken(rv: &str) -> Pod {
     .unwrap()
 }
 
-/// Effects whose writes to a pod (repair, heal) take a while, counting how many are in flight
-/// per pod at once; every pod's rules are found drifted.
+/// Effects whose writes to a pod (repair, heal) take `takes` each, counting how many are in
+/// flight per pod at once; every pod's rules are found drifted.
 #[derive(Default)]
 struct Slow {
+    takes: Duration,
     calls: Mutex<Vec<String>>,
     in_flight: Mutex<HashMap<String, usize>>,
     most_at_once: Mutex<usize>,
@@ -63,7 +64,7 @@ impl Slow {
                 let mut most = me.most_at_once.lock().unwrap();
                 *most = (*most).max(*now);
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(me.takes).await;
             *me.in_flight.lock().unwrap().get_mut(&uid).unwrap() -= 1;
         }
         .boxed()
@@ -120,7 +121,10 @@ fn timing(retry: RetryPolicy) -> RepairTiming {
 fn a_drift_heal_and_a_pod_event_for_one_pod_are_never_worked_at_once() {
     for drift_first in [false, true] {
         rt().block_on(async {
-            let slow = Arc::new(Slow::default());
+            let slow = Arc::new(Slow {
+                takes: Duration::from_millis(200),
+                ..Slow::default()
+            });
             let pods = PodStore::new();
             pods.apply(WatchEvent::Init);
             pods.apply(WatchEvent::InitDone);
@@ -168,6 +172,52 @@ fn a_drift_heal_and_a_pod_event_for_one_pod_are_never_worked_at_once() {
             stop.cancel();
         });
     }
+}
+
+/// A heal that never ends does not hold the pass: it waits for it as long as `HEAL_WAIT`, then
+/// goes on (the run goes on too, and would report its own outcome).
+#[test]
+fn a_heal_that_never_ends_holds_the_pass_no_longer_than_its_wait() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let slow = Arc::new(Slow {
+            takes: Duration::from_secs(24 * 3600),
+            ..Slow::default()
+        });
+        let pods = PodStore::new();
+        pods.apply(WatchEvent::Init);
+        pods.apply(WatchEvent::InitDone);
+        pods.apply(WatchEvent::Apply(running_and_broken("1")));
+        let stop = CancellationToken::new();
+        let controller = Controller {
+            pods: pods.clone(),
+            detection: Detection::new(&test_config()).unwrap(),
+            mode: Mode::Detect,
+            effects: Arc::new(SlowEffects(slow.clone())),
+            metrics: Metrics::default(),
+            timing: timing(RepairTiming::default().retry),
+        };
+        let mut pass = DriftPass {
+            env: Arc::new(EngineEnv::default()),
+            exclude_namespaces: vec![],
+            repairs: controller.engine(stop.clone()),
+            memory: DriftMemory::default(),
+        };
+        let started = tokio::time::Instant::now();
+        let stats = pass.pass().await;
+        let took = started.elapsed();
+        assert_eq!((stats.healed, stats.failed), (0, 0));
+        assert!(
+            took >= crate::repair::drift::HEAL_WAIT && took < 2 * crate::repair::drift::HEAL_WAIT,
+            "{took:?}"
+        );
+        assert_eq!(*slow.calls.lock().unwrap(), ["heal u1"]);
+        stop.cancel();
+    });
 }
 
 /// A heal that fails is a failed run of the pod's key: the engine retries it after its backoff
