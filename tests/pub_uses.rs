@@ -34,8 +34,6 @@ const NOT_YET_REMOVED: &[&str] = &[
     "src/apply/routes.rs fn apply_sidecar_routes",
     "src/apply/routes.rs fn remove_tproxy_routes",
     "src/apply/verify.rs fn verify_sidecar",
-    "src/cli/settings.rs fn markdown",
-    "src/cli/settings.rs fn sync_block",
     "src/kube/client.rs fn from_kubeconfig_file",
     "src/kube/client.rs fn list_pods",
     "src/kube/client.rs fn list_namespaces",

@@ -184,8 +184,9 @@ pub fn bool_flags(settings: &[Setting]) -> Vec<String> {
 }
 
 /// The settings as Markdown: one `###` heading and table per section, in declaration order; a
-/// `short` column when any setting has a short flag.
-pub fn markdown(settings: &[Setting]) -> String {
+/// `short` column when any setting has a short flag. The docs' generated tables (tests hold them).
+#[cfg(test)]
+pub(crate) fn markdown(settings: &[Setting]) -> String {
     let shorts = settings.iter().any(|s| s.short.is_some());
     let mut out = String::new();
     let mut section = None;
@@ -241,7 +242,8 @@ pub fn markdown(settings: &[Setting]) -> String {
 
 /// `text` with the lines between `<!-- BEGIN GENERATED: name -->` and `<!-- END GENERATED: name
 /// -->` replaced by `content`, or why the markers are missing.
-pub fn sync_block(text: &str, name: &str, content: &str) -> Result<String, String> {
+#[cfg(test)]
+fn sync_block(text: &str, name: &str, content: &str) -> Result<String, String> {
     let begin = format!("<!-- BEGIN GENERATED: {name} -->\n");
     let end = format!("<!-- END GENERATED: {name} -->");
     let start = text

@@ -33,7 +33,7 @@ pub use checks::{PROC_SUPER_MAGIC, procfs};
 pub use flags::{DEFAULT_OWNED_FILENAME, Flags, decl};
 pub use resolve::from_flags;
 pub use sections::*;
-pub use values::{SelectorsError, parse_log_levels, parse_selectors};
+pub use values::{SelectorsError, parse_selectors};
 
 /// Parses `args` (the full argv, program name first) with `env` as the environment.
 pub fn parse(args: &[String], env: &dyn crate::cli::Env) -> Result<Parsed, ConfigError> {

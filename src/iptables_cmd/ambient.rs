@@ -11,6 +11,8 @@ use argh::FromArgs;
 
 use super::ambient_flags::AmbientValues;
 pub use super::ambient_flags::{AmbientFlags, SHAPES};
+use super::error::CommandError;
+use super::values::SettingError;
 use crate::apply;
 use crate::cli::{Env, normalise_args};
 use crate::rules::ambient::{self, AmbientConfig, PodOverrides};
@@ -43,7 +45,7 @@ fn meaningless_flags(
     flags: &AmbientFlags,
     explicit_false: &HashSet<String>,
     nftables: bool,
-) -> Result<(), String> {
+) -> Result<(), CommandError> {
     if flags.host {
         let pod_only = [
             ("--ingress", given(flags.ingress, "ingress", explicit_false)),
@@ -58,9 +60,7 @@ fn meaningless_flags(
             ),
         ];
         if let Some((flag, _)) = pod_only.iter().find(|(_, set)| *set) {
-            return Err(format!(
-                "{flag} is about the in-pod rules and means nothing with --host (the host rules only SNAT kubelet probes)"
-            ));
+            return Err(CommandError::PodFlagWithHost { flag });
         }
     }
     if !(flags.host && nftables) {
@@ -69,9 +69,7 @@ fn meaningless_flags(
             ("--host-proc", flags.host_proc.is_some()),
         ] {
             if set {
-                return Err(format!(
-                    "{flag} is only used by the nftables host rule: give it with --host --native-nftables (or NATIVE_NFTABLES=true)"
-                ));
+                return Err(CommandError::HostNftFlagWithoutHostNft { flag });
             }
         }
     }
@@ -83,16 +81,11 @@ pub fn resolve(
     flags: &AmbientFlags,
     env: &dyn Env,
     explicit_false: &HashSet<String>,
-) -> Result<AmbientCommand, String> {
+) -> Result<AmbientCommand, CommandError> {
     if !flags.dry_run {
-        return Err(
-            "ambient: only --dry-run is supported (the node agent in install-cni \
-                    programs pods and the host)"
-                .into(),
-        );
+        return Err(CommandError::AmbientNeedsDryRun);
     }
-    let v = AmbientValues::resolve(flags, &super::resolve::lookup(env, Some(explicit_false)))
-        .map_err(|e| e.to_string())?;
+    let v = AmbientValues::resolve(flags, &super::resolve::lookup(env, Some(explicit_false)))?;
     meaningless_flags(flags, explicit_false, v.native_nftables)?;
     let config = AmbientConfig {
         probe_snat_v4: v.host_probe_snat_ip,
@@ -106,14 +99,10 @@ pub fn resolve(
         dns: v.pod_dns,
     };
     // As the sidecar path checks --kube-virt-interfaces: refused before anything is rendered.
-    pod.validate().map_err(|e| {
-        format!(
-            "invalid value {:?} for --reroute-virtual-interfaces: {e}",
-            flags
-                .reroute_virtual_interfaces
-                .as_deref()
-                .unwrap_or_default()
-        )
+    pod.validate().map_err(|e| SettingError {
+        name: "--reroute-virtual-interfaces".into(),
+        value: flags.reroute_virtual_interfaces.clone().unwrap_or_default(),
+        reason: e.to_string(),
     })?;
     let kubelet_uid = match v.kubelet_uid {
         Some(uid) => KubeletUid::Given(uid),
@@ -213,7 +202,7 @@ pub(crate) mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        resolve(&flags, &env, &n.explicit_false)
+        resolve(&flags, &env, &n.explicit_false).map_err(|e| e.to_string())
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 
+use super::error::CommandError;
 use super::values::{DnsSource, Ipv6Choice, Settings};
 use crate::netlink::{self, HostIp};
 
@@ -10,7 +11,7 @@ use crate::netlink::{self, HostIp};
 const FALLBACK_PROXY_UID: &str = "1337";
 
 /// Completes `settings` from the host; returns the detected host IP (if any) for validation.
-pub fn fill_host_facts(settings: &mut Settings) -> Result<Option<HostIp>, String> {
+pub fn fill_host_facts(settings: &mut Settings) -> Result<Option<HostIp>, CommandError> {
     if let Some(user) = &settings.proxy_uid_from_user {
         let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
         let uid = uid_of_user(&passwd, user).unwrap_or_else(|| FALLBACK_PROXY_UID.to_string());
@@ -30,7 +31,7 @@ pub fn fill_host_facts(settings: &mut Settings) -> Result<Option<HostIp>, String
         Ipv6Choice::Off => false,
         // Cleanup needs no address: it removes our IPv6 rules wherever it finds them anyway.
         Ipv6Choice::Auto if settings.cleanup_only => detected.is_some_and(|d| d.ipv6),
-        Ipv6Choice::Auto => detected.ok_or("no valid local IP address found")?.ipv6,
+        Ipv6Choice::Auto => detected.ok_or(CommandError::NoHostAddress)?.ipv6,
     };
     if settings.capture.redirect_dns && !settings.capture.capture_all_dns {
         let servers = match &settings.dns {
@@ -38,7 +39,7 @@ pub fn fill_host_facts(settings: &mut Settings) -> Result<Option<HostIp>, String
             DnsSource::Given(list) => list.clone(),
             DnsSource::ResolvConf => {
                 let text = std::fs::read_to_string("/etc/resolv.conf")
-                    .map_err(|e| format!("cannot read /etc/resolv.conf for DNS capture: {e}"))?;
+                    .map_err(CommandError::ResolvConf)?;
                 resolv_conf_servers(&text)
             }
         };

@@ -6,6 +6,7 @@
 
 pub mod ambient;
 pub mod ambient_flags;
+pub mod error;
 pub mod flags;
 pub mod host;
 pub mod resolve;
@@ -141,7 +142,7 @@ fn run(flags: &Flags, env: &dyn Env, explicit_false: &HashSet<String>) -> i32 {
     let host_ip = match host::fill_host_facts(&mut settings).and_then(|ip| {
         resolve::check_capture(flags, env, &settings.capture)
             .map(|_| ip)
-            .map_err(|e| e.to_string())
+            .map_err(error::CommandError::from)
     }) {
         Ok(ip) => ip,
         Err(e) => {

@@ -31,7 +31,7 @@ pub(super) fn file_name_only(raw: &Raw) -> Result<String, ConfigError> {
 
 /// Parses `--log_output_level`: `level` or `scope:level,...`. A bare level and `default:` set the
 /// level of every scope not named explicitly; `all:` sets every scope.
-pub fn parse_log_levels(s: &str) -> Result<(LogLevel, BTreeMap<String, LogLevel>), String> {
+fn parse_log_levels(s: &str) -> Result<(LogLevel, BTreeMap<String, LogLevel>), String> {
     let mut default = LogLevel::Info;
     let mut scopes = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
