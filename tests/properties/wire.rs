@@ -6,8 +6,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use argh::FromArgs;
-use istio_cni::rules::iptables_save_decode::decode_save;
-use istio_cni::rules::iptables_state::RuleAt;
 use istio_cni::cli::normalise_args;
 use istio_cni::iptables_cmd::flags::{Flags, SHAPES};
 use istio_cni::iptables_cmd::resolve;
@@ -15,6 +13,8 @@ use istio_cni::kube::config_from_kubeconfig_file;
 use istio_cni::plugin::log::format_record;
 use istio_cni::rules::capture_values as values;
 use istio_cni::rules::iptables::{render_restore, rule_args};
+use istio_cni::rules::iptables_save_decode::decode_save;
+use istio_cni::rules::iptables_state::RuleAt;
 use istio_cni::rules::model::parts;
 use istio_cni::rules::{Position, Rule, Table, Target};
 use istio_cni::telemetry::logging::{Controls, IstioFormat, escape_controls, escape_json_controls};
