@@ -125,7 +125,8 @@ pub fn plan_sync(current: &Entries, members: &[(String, Vec<IpAddr>)], prune: bo
 }
 
 /// `current` after `ops` were applied (what the kernel holds after a successful batch).
-pub fn apply_to(current: &mut Entries, ops: &[SetOp]) {
+#[cfg(test)]
+fn apply_to(current: &mut Entries, ops: &[SetOp]) {
     for op in ops {
         match op {
             SetOp::Add { ip, uid } => {

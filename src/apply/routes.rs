@@ -51,10 +51,6 @@ fn families(ipv6: bool) -> &'static [bool] {
 
 /// What a sidecar rule set needs besides the rules: `::6/128` on `lo` when IPv6 is on, and, for
 /// TPROXY with inbound capture, `ip rule fwmark MARK lookup TABLE` plus a local default route.
-pub fn apply_sidecar_routes(cfg: &CaptureConfig) -> Result<(), RoutesError> {
-    apply_with(&mut RouteSession::new(), cfg)
-}
-
 fn apply_with(session: &mut RouteSession, cfg: &CaptureConfig) -> Result<(), RoutesError> {
     if cfg.enable_ipv6 {
         session.add_address("lo", PASSTHROUGH_V6)?;
@@ -73,10 +69,6 @@ fn apply_with(session: &mut RouteSession, cfg: &CaptureConfig) -> Result<(), Rou
 /// Removes every `ip rule fwmark MARK lookup TABLE` and the `local default dev lo` route of TABLE
 /// of this configuration, in both families, when present (after a cleanup, or a reconcile to a
 /// configuration without TPROXY inbound capture).
-pub fn remove_tproxy_routes(cfg: &CaptureConfig) -> Result<(), RoutesError> {
-    remove_tproxy_with(&mut RouteSession::new(), cfg)
-}
-
 fn remove_tproxy_with(session: &mut RouteSession, cfg: &CaptureConfig) -> Result<(), RoutesError> {
     let (mark, table) = tproxy_mark_and_table(cfg)?;
     for &ipv6 in families(true) {
@@ -86,8 +78,8 @@ fn remove_tproxy_with(session: &mut RouteSession, cfg: &CaptureConfig) -> Result
     Ok(())
 }
 
-/// Undoes [`apply_sidecar_routes`] for this configuration, whatever its interception mode and
-/// IPv6 setting, and only what is there: the TPROXY policy routing ([`remove_tproxy_routes`]) and
+/// Undoes [`converge_sidecar_routes`] for this configuration, whatever its interception mode and
+/// IPv6 setting, and only what is there: the TPROXY policy routing ([`remove_tproxy_with`]) and
 /// `::6/128` on `lo`. Other rules, routes, tables and addresses are left alone.
 pub fn remove_sidecar_routes(cfg: &CaptureConfig) -> Result<(), RoutesError> {
     let mut session = RouteSession::new();
@@ -95,7 +87,7 @@ pub fn remove_sidecar_routes(cfg: &CaptureConfig) -> Result<(), RoutesError> {
     Ok(session.delete_address("lo", PASSTHROUGH_V6)?)
 }
 
-/// The routes after an apply: [`apply_sidecar_routes`]; after a reconcile (`reconciled`) to a
+/// The routes after an apply ([`apply_with`]); after a reconcile (`reconciled`) to a
 /// configuration without TPROXY inbound capture, the old TPROXY policy routing goes first.
 pub fn converge_sidecar_routes(cfg: &CaptureConfig, reconciled: bool) -> Result<(), RoutesError> {
     let mut session = RouteSession::new();

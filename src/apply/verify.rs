@@ -6,13 +6,13 @@
 use super::diff::Difference;
 use super::exec::Executor;
 use super::iptables::{ApplyError, Binaries, ForceBinary, detect, family_prefix};
-use super::rule_backend::{Diff, TypedRead, for_family, kernel_read, no_typed_read};
+use super::rule_backend::{Diff, TypedRead, for_family, kernel_read};
 use super::sidecar::first_missing;
 use crate::netns::UsernsEntry;
 use crate::rules::iptables::rule_args;
 use crate::rules::{Family, RuleSet};
 
-/// What [`super::pod::verify`] and [`verify_sidecar`] found.
+/// What [`super::pod::verify`] and [`verify_sidecar_here`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NetnsCheck {
     /// Exactly the rules [`super::pod::program`] would leave.
@@ -23,21 +23,12 @@ pub enum NetnsCheck {
     Absent,
 }
 
-/// Whether the calling thread's netns holds exactly `rules`, read once per family in use (one
-/// `*-save`; `iptables -C` only for a rule the kernel re-spelt beyond the typed decoding of `*-save`).
-/// Writes nothing. `Absent`: no family holds anything of ours.
-pub fn verify_sidecar(
-    exec: &mut dyn Executor,
-    bins: &[Binaries],
-    rules: &RuleSet,
-    env: &[(String, String)],
-) -> Result<NetnsCheck, ApplyError> {
-    verify_sidecar_with(exec, bins, rules, env, &no_typed_read)
-}
-
-/// `read`: the family's owned tables as typed rules when the kernel can say so without a
-/// process (iptables-nft over netlink, [`kernel_read`]); else `*-save` as before. Read and
-/// compared through the one [`super::rule_backend::RuleBackend`], as the apply does.
+/// Whether the calling thread's netns holds exactly `rules`, read once per family in use; writes
+/// nothing. `Absent`: no family holds anything of ours. `read`: the family's owned tables as
+/// typed rules when the kernel can say so without a process (iptables-nft over netlink,
+/// [`kernel_read`]); else one `*-save` (`iptables -C` only for a rule the kernel re-spelt beyond
+/// its typed decoding). Read and compared through the one
+/// [`super::rule_backend::RuleBackend`], as the apply does.
 fn verify_sidecar_with(
     exec: &mut dyn Executor,
     bins: &[Binaries],
@@ -79,7 +70,7 @@ fn verify_sidecar_with(
     })
 }
 
-/// [`verify_sidecar`] with real processes in the calling thread's netns.
+/// [`verify_sidecar_with`] with real processes in the calling thread's netns.
 pub fn verify_sidecar_here(
     rules: &RuleSet,
     env: &[(String, String)],

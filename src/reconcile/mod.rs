@@ -7,7 +7,7 @@
 //! run at a time, and that a failure is decided once, by the error's own [`Classify::class`]:
 //! retried after a jittered, doubling delay, given up (until the next trigger), or parked until
 //! something the key waits for triggers it again (with a slow safety retry). A caller that needs
-//! the result of its trigger (the plugin's `/podadd`) uses [`Engine::trigger_and_wait`]: it gets
+//! the result of its trigger (the plugin's `/podadd`) uses [`Engine::trigger_with_and_wait`]: it gets
 //! the result of the first run that starts after its trigger.
 //!
 //! The reconcile function reads the world as it is now (level-based). What a trigger knows that
@@ -198,7 +198,8 @@ impl<R: Reconcile> Engine<R> {
     }
 
     /// Keys queued, running or resting before a retry.
-    pub fn pending(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> usize {
         self.shared.keys.lock().len()
     }
 
@@ -220,11 +221,14 @@ impl<R: Reconcile> Engine<R> {
 
     /// Look at `key` again and wait for the result of the first run that starts after now.
     /// No deadline here: the caller bounds the wait (the run itself goes on regardless).
-    pub async fn trigger_and_wait(&self, key: R::Key) -> Result<Answer<R>, Stopped> {
+    #[cfg(test)]
+    pub(crate) async fn trigger_and_wait(&self, key: R::Key) -> Result<Answer<R>, Stopped> {
         self.trigger_with_and_wait(key, R::Payload::default()).await
     }
 
-    /// [`Engine::trigger_and_wait`], bringing `payload` for the run that answers.
+    /// Look at `key` again, bringing `payload`, and wait for the result of the first run that
+    /// starts after now. No deadline here: the caller bounds the wait (the run itself goes on
+    /// regardless).
     pub async fn trigger_with_and_wait(
         &self,
         key: R::Key,
