@@ -189,19 +189,7 @@ pub fn request<A: Nla>(
     attrs: &[A],
     what: &str,
 ) -> Result<(), BatchError> {
-    let socket = take_socket()?;
-    send(
-        &socket,
-        subsys,
-        kind,
-        NLM_F_ACK | flags,
-        family,
-        attrs,
-        what,
-    )?;
-    read_replies(&socket, what, |_| {})?;
-    give_back(socket);
-    Ok(())
+    exchange(subsys, kind, NLM_F_ACK | flags, family, attrs, what, |_| {})
 }
 
 /// Like [`request`], keeping the records answered before the ACK (a `GET_BYINDEX`'s).
@@ -235,12 +223,30 @@ fn records<A: Nla>(
     attrs: &[A],
     what: &str,
 ) -> Result<Vec<Vec<u8>>, BatchError> {
+    let mut records = Vec::new();
+    exchange(subsys, kind, flags, family, attrs, what, |record| {
+        records.push(record.to_vec())
+    })?;
+    Ok(records)
+}
+
+/// The one exchange every request makes: send the message on the session's (or a new) socket,
+/// hand each record answered to `on_record` until its end; a socket that answered cleanly goes
+/// back to the session.
+fn exchange<A: Nla>(
+    subsys: u16,
+    kind: u16,
+    flags: u16,
+    family: u8,
+    attrs: &[A],
+    what: &str,
+    on_record: impl FnMut(&[u8]),
+) -> Result<(), BatchError> {
     let socket = take_socket()?;
     send(&socket, subsys, kind, flags, family, attrs, what)?;
-    let mut records = Vec::new();
-    read_replies(&socket, what, |record| records.push(record.to_vec()))?;
+    read_replies(&socket, what, on_record)?;
     give_back(socket);
-    Ok(records)
+    Ok(())
 }
 
 #[cfg(test)]
