@@ -196,6 +196,27 @@ fn segment_problem(
     max: usize,
     allowed: fn(char) -> bool,
 ) -> Option<NameProblem> {
+    if let Some(problem) = run_problem(value, offset, max, allowed) {
+        return Some(problem);
+    }
+    (!alnum_edges(value)).then_some(NameProblem::BadEdge)
+}
+
+/// Whether `part` starts and ends with an ASCII letter or digit.
+fn alnum_edges(part: &str) -> bool {
+    let bytes = part.as_bytes();
+    let alnum = |b: &u8| b.is_ascii_alphanumeric();
+    bytes.first().is_some_and(alnum) && bytes.last().is_some_and(alnum)
+}
+
+/// A non-empty run of `allowed` characters, at most `max` long; `offset` places a bad character
+/// within the whole value.
+fn run_problem(
+    value: &str,
+    offset: usize,
+    max: usize,
+    allowed: impl Fn(char) -> bool,
+) -> Option<NameProblem> {
     if value.is_empty() {
         return Some(NameProblem::Empty);
     }
@@ -204,16 +225,11 @@ fn segment_problem(
     if chars > max {
         return Some(NameProblem::TooLong { chars, max });
     }
-    if let Some((at, ch)) = value.char_indices().find(|(_, c)| !allowed(*c)) {
-        return Some(NameProblem::BadChar {
-            ch,
-            at: at + offset,
-        });
-    }
-    let bytes = value.as_bytes();
-    let alnum = |b: &u8| b.is_ascii_alphanumeric();
-    (!(bytes.first().is_some_and(alnum) && bytes.last().is_some_and(alnum)))
-        .then_some(NameProblem::BadEdge)
+    let (at, ch) = value.char_indices().find(|(_, c)| !allowed(*c))?;
+    Some(NameProblem::BadChar {
+        ch,
+        at: at + offset,
+    })
 }
 
 fn dns_problem(value: &str, rule: NameRule) -> Option<NameProblem> {
@@ -228,22 +244,10 @@ fn dns_problem(value: &str, rule: NameRule) -> Option<NameProblem> {
         };
         letter || c.is_ascii_digit() || c == '-' || (c == '.' && dotted)
     };
-    if value.is_empty() {
-        return Some(NameProblem::Empty);
+    if let Some(problem) = run_problem(value, 0, max, allowed) {
+        return Some(problem);
     }
-    let chars = value.chars().count();
-    if chars > max {
-        return Some(NameProblem::TooLong { chars, max });
-    }
-    if let Some((at, ch)) = value.char_indices().find(|(_, c)| !allowed(*c)) {
-        return Some(NameProblem::BadChar { ch, at });
-    }
-    let edges_ok = |part: &str| {
-        let alnum = |b: u8| b.is_ascii_alphanumeric();
-        let bytes = part.as_bytes();
-        bytes.first().copied().is_some_and(alnum) && bytes.last().copied().is_some_and(alnum)
-    };
-    if !value.split('.').all(edges_ok) {
+    if !value.split('.').all(alnum_edges) {
         return Some(NameProblem::BadEdge);
     }
     None
