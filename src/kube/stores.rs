@@ -576,17 +576,9 @@ pub fn spawn_pod_store(
     backoff: WatchBackoff,
     shutdown: CancellationToken,
 ) -> PodStore {
-    let store = PodStore::new();
     let selectors = Selectors::on_node(node);
     let stream = client.watch_pods(&selectors, backoff);
-    let watch = Watch {
-        client: client.clone(),
-        selectors,
-        stream,
-        backoff,
-    };
-    tokio::spawn(drive(store.clone(), watch, shutdown));
-    store
+    start(client, selectors, stream, backoff, shutdown)
 }
 
 /// Starts the namespace store (every namespace, labels only).
@@ -595,9 +587,23 @@ pub fn spawn_namespace_store(
     backoff: WatchBackoff,
     shutdown: CancellationToken,
 ) -> NamespaceStore {
-    let store = NamespaceStore::new();
     let selectors = Selectors::default();
     let stream = client.watch_namespaces(&selectors, backoff);
+    start(client, selectors, stream, backoff, shutdown)
+}
+
+/// A new store fed by `stream` (watching what `selectors` select) until `shutdown`.
+fn start<K>(
+    client: &KubeClient,
+    selectors: Selectors,
+    stream: super::client::WatchStream<K>,
+    backoff: WatchBackoff,
+    shutdown: CancellationToken,
+) -> Store<K>
+where
+    K: Stored + kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let store = Store::new();
     let watch = Watch {
         client: client.clone(),
         selectors,
