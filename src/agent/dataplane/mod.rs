@@ -408,12 +408,29 @@ impl Dataplane {
         ips: &[IpAddr],
         believed: Option<&Entries>,
     ) -> Result<(), DataplaneError> {
-        let believed = believed.map(|b| self.probed_entries(b));
         let (owner, wanted) = (uid.to_string(), self.probed(ips));
-        self.probe_change(format!("add pod {uid}"), believed, move |current| {
-            probe_set::plan_upsert(current, &owner, &wanted)
-        })?;
-        self.branch_eni_step(format!("add pod {uid}"), ips, true)
+        self.probe_pod(
+            format!("add pod {uid}"),
+            ips,
+            believed,
+            true,
+            move |current| probe_set::plan_upsert(current, &owner, &wanted),
+        )
+    }
+
+    /// One pod's probe change: the sets as `plan` says (against `believed` when given), then
+    /// its branch-ENI probe rules added (`add`) or removed.
+    fn probe_pod(
+        &self,
+        what: String,
+        ips: &[IpAddr],
+        believed: Option<&Entries>,
+        add: bool,
+        plan: impl Fn(&Entries) -> Vec<SetOp> + Send + 'static,
+    ) -> Result<(), DataplaneError> {
+        let believed = believed.map(|b| self.probed_entries(b));
+        self.probe_change(what.clone(), believed, plan)?;
+        self.branch_eni_step(what, ips, add)
     }
 
     /// Adds (`add`) or removes the branch-ENI probe rules of `ips`, in the host netns.
@@ -445,16 +462,14 @@ impl Dataplane {
         ips: &[IpAddr],
         believed: Option<&Entries>,
     ) -> Result<(), DataplaneError> {
-        let believed = believed.map(|b| self.probed_entries(b));
         let (owner, gone) = (uid.to_string(), ips.to_vec());
-        self.probe_change(format!("remove pod {uid}"), believed, move |current| {
+        self.probe_pod(format!("remove pod {uid}"), ips, believed, false, move |current| {
             let (ops, foreign) = probe_set::plan_remove(current, &owner, &gone);
             for ip in foreign {
                 warn!(pod = %owner, %ip, "probe set entry belongs to another pod; left in place");
             }
             ops
-        })?;
-        self.branch_eni_step(format!("remove pod {uid}"), ips, false)
+        })
     }
 
     /// Reconciles the probe sets with the enrolled pods (never flushed: members stay present
