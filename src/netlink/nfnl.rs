@@ -76,22 +76,39 @@ fn open() -> Result<Socket, BatchError> {
     Ok(socket)
 }
 
-/// Frames and sends one message; refuses an attribute its 16-bit length cannot say.
-fn send<A: Nla>(
-    socket: &Socket,
+/// One request: message `kind` of subsystem `subsys` with `NLM_F_*` `flags` (on top of
+/// `NLM_F_REQUEST`), for address `family`, carrying `attrs`; `what` names it in a refusal.
+struct Message<'a, A> {
     subsys: u16,
     kind: u16,
     flags: u16,
     family: u8,
-    attrs: &[A],
-    what: &str,
-) -> Result<(), BatchError> {
+    attrs: &'a [A],
+    what: &'a str,
+}
+
+impl<'a, A> Message<'a, A> {
+    fn new(subsys: u16, kind: u16, flags: u16, family: u8, attrs: &'a [A], what: &'a str) -> Self {
+        Message {
+            subsys,
+            kind,
+            flags,
+            family,
+            attrs,
+            what,
+        }
+    }
+}
+
+/// Frames and sends one message; refuses an attribute its 16-bit length cannot say.
+fn send<A: Nla>(socket: &Socket, message: &Message<'_, A>) -> Result<(), BatchError> {
+    let attrs = message.attrs;
     if let Some(attr) = attrs
         .iter()
         .find(|a| a.value_len() + 4 > usize::from(u16::MAX))
     {
         return Err(BatchError::AttrTooLong {
-            what: what.to_string(),
+            what: message.what.to_string(),
             kind: attr.kind(),
             len: attr.value_len() + 4,
         });
@@ -100,10 +117,10 @@ fn send<A: Nla>(
     let mut request = Vec::with_capacity(HEADER_LEN + NFGENMSG_LEN + attrs_len);
     push_header(
         &mut request,
-        (subsys << 8) | kind,
-        NLM_F_REQUEST | flags,
+        (message.subsys << 8) | message.kind,
+        NLM_F_REQUEST | message.flags,
         SEQ,
-        family,
+        message.family,
         0,
         attrs_len,
     );
@@ -189,7 +206,11 @@ pub fn request<A: Nla>(
     attrs: &[A],
     what: &str,
 ) -> Result<(), BatchError> {
-    exchange(subsys, kind, NLM_F_ACK | flags, family, attrs, what, |_| {})
+    let flags = NLM_F_ACK | flags;
+    exchange(
+        &Message::new(subsys, kind, flags, family, attrs, what),
+        |_| {},
+    )
 }
 
 /// Like [`request`], keeping the records answered before the ACK (a `GET_BYINDEX`'s).
@@ -200,7 +221,7 @@ pub fn query<A: Nla>(
     attrs: &[A],
     what: &str,
 ) -> Result<Vec<Vec<u8>>, BatchError> {
-    records(subsys, kind, NLM_F_ACK, family, attrs, what)
+    records(&Message::new(subsys, kind, NLM_F_ACK, family, attrs, what))
 }
 
 /// One dump request; every record's attribute bytes, in the kernel's order.
@@ -211,22 +232,13 @@ pub fn dump<A: Nla>(
     attrs: &[A],
     what: &str,
 ) -> Result<Vec<Vec<u8>>, BatchError> {
-    records(subsys, kind, NLM_F_DUMP, family, attrs, what)
+    records(&Message::new(subsys, kind, NLM_F_DUMP, family, attrs, what))
 }
 
-/// Sends one message with `flags` and collects every record answered until its end.
-fn records<A: Nla>(
-    subsys: u16,
-    kind: u16,
-    flags: u16,
-    family: u8,
-    attrs: &[A],
-    what: &str,
-) -> Result<Vec<Vec<u8>>, BatchError> {
+/// Sends `message` and collects every record answered until its end.
+fn records<A: Nla>(message: &Message<'_, A>) -> Result<Vec<Vec<u8>>, BatchError> {
     let mut records = Vec::new();
-    exchange(subsys, kind, flags, family, attrs, what, |record| {
-        records.push(record.to_vec())
-    })?;
+    exchange(message, |record| records.push(record.to_vec()))?;
     Ok(records)
 }
 
@@ -234,17 +246,12 @@ fn records<A: Nla>(
 /// hand each record answered to `on_record` until its end; a socket that answered cleanly goes
 /// back to the session.
 fn exchange<A: Nla>(
-    subsys: u16,
-    kind: u16,
-    flags: u16,
-    family: u8,
-    attrs: &[A],
-    what: &str,
+    message: &Message<'_, A>,
     on_record: impl FnMut(&[u8]),
 ) -> Result<(), BatchError> {
     let socket = take_socket()?;
-    send(&socket, subsys, kind, flags, family, attrs, what)?;
-    read_replies(&socket, what, on_record)?;
+    send(&socket, message)?;
+    read_replies(&socket, message.what, on_record)?;
     give_back(socket);
     Ok(())
 }
