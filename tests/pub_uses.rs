@@ -26,17 +26,6 @@ const ALLOWED: &[&str] = &[
     "src/zds/istio.workload.zds.rs fn from_str_name",
 ];
 
-/// Not yet moved out, by `file fn name`; each leaves the list as it goes.
-const NOT_YET_REMOVED: &[&str] = &[
-    "src/apply/iptables.rs fn apply_nft_netlink",
-    "src/apply/probe_set.rs fn nft_set_declarations",
-    "src/kube/client.rs fn from_kubeconfig_file",
-    "src/kube/client.rs fn list_pods",
-    "src/kube/client.rs fn list_namespaces",
-    "src/rules/nft_decode.rs fn decode_listing",
-    "src/zds/server.rs fn connections",
-];
-
 /// `(name, line)` of each `pub fn` (not `pub(crate)`: the compiler checks those) in `code`.
 fn pub_fns(code: &[u8]) -> Vec<(String, usize)> {
     let mut found = Vec::new();
@@ -104,9 +93,7 @@ fn every_pub_fn_in_src_is_used_by_src() {
     });
     let unused: Vec<String> = unused(files)
         .into_iter()
-        .filter(|(id, _)| {
-            !ALLOWED.contains(&id.as_str()) && !NOT_YET_REMOVED.contains(&id.as_str())
-        })
+        .filter(|(id, _)| !ALLOWED.contains(&id.as_str()))
         .map(|(id, line)| format!("{id} (line {line})"))
         .collect();
     assert!(
@@ -118,7 +105,7 @@ fn every_pub_fn_in_src_is_used_by_src() {
 }
 
 #[test]
-fn the_allow_lists_name_only_functions_that_exist() {
+fn the_allow_list_names_only_functions_that_exist() {
     let sources = shipped_sources(&Path::new(ROOT).join("src"));
     let defined: Vec<String> = sources
         .iter()
@@ -133,7 +120,7 @@ fn the_allow_lists_name_only_functions_that_exist() {
                 .map(move |(name, _)| format!("{rel} fn {name}"))
         })
         .collect();
-    for id in ALLOWED.iter().chain(NOT_YET_REMOVED) {
+    for id in ALLOWED {
         assert!(
             defined.iter().any(|d| d == id),
             "{id} is listed but no such pub fn is left"

@@ -236,16 +236,18 @@ pub fn detect(family: Family, force: Option<ForceBinary>) -> Result<Binaries, Ap
     })
 }
 
-/// Applies `rules` by sending the nf_tables messages `iptables-nft-restore --noflush` would send
-/// ([`crate::rules::iptables_nft`]), both families in one transaction, from the calling thread's
-/// netns. Err when the rules are not covered by that encoding or the kernel refused them; either
-/// way nothing has changed, and the caller runs iptables-restore instead.
+/// [`apply_nft_netlink_entering`] from the calling thread's netns, without a user namespace.
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn apply_nft_netlink(rules: &RuleSet) -> Result<(), NftNetlinkError> {
     apply_nft_netlink_entering(rules, None)
 }
 
-/// [`apply_nft_netlink`]; with a [`UsernsEntry`] the transaction is sent from a forked child inside
-/// the user namespace owning the netns (what `-m owner` matches need there).
+/// Applies `rules` by sending the nf_tables messages `iptables-nft-restore --noflush` would send
+/// ([`crate::rules::iptables_nft`]), both families in one transaction, from the calling thread's
+/// netns; with a [`UsernsEntry`] from a forked child inside the user namespace owning the netns
+/// (what `-m owner` matches need there). Err when the rules are not covered by that encoding or
+/// the kernel refused them; either way nothing has changed, and the caller runs iptables-restore
+/// instead.
 pub fn apply_nft_netlink_entering(
     rules: &RuleSet,
     userns: Option<&UsernsEntry>,

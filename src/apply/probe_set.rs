@@ -410,8 +410,8 @@ pub fn nft_named_sets(ipv6: bool) -> Vec<NamedSet> {
         .collect()
 }
 
-/// The nft statements creating the sets, as text (for dry runs, logs and tests that apply with
-/// nft itself).
+/// The nft statements creating the sets, as text (for the tests that apply with nft itself).
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn nft_set_declarations(ipv6: bool) -> String {
     crate::rules::nft_encode::render_sets(&nft_named_sets(ipv6))
         .lines()

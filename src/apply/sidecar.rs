@@ -11,7 +11,7 @@
 //!   `--reconcile` → [`ApplyError::Drift`] before anything is written; with it → guardrails,
 //!   cleanup, apply, and on any failure every touched table is put back from the snapshot.
 //!
-//! The nf_tables netlink path ([`apply_nft_netlink`]) is one kernel transaction for both families.
+//! The nf_tables netlink path ([`apply_nft_netlink_entering`]) is one kernel transaction for both families.
 
 use std::collections::BTreeSet;
 

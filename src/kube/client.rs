@@ -9,10 +9,10 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Event, EventSource, Namespace, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::watcher;
 
-use super::config::{ConfigSource, config_from_kubeconfig_file, load_config};
+use super::config::{ConfigSource, load_config};
 use super::error::{Call, KubeError};
 use super::names;
 use crate::retry::RetryPolicy;
@@ -47,11 +47,12 @@ impl Selectors {
         self
     }
 
-    fn list_params(&self) -> ListParams {
-        ListParams {
+    #[cfg(any(test, feature = "test-hooks"))]
+    fn list_params(&self) -> kube::api::ListParams {
+        kube::api::ListParams {
             field_selector: self.fields.clone(),
             label_selector: self.labels.clone(),
-            ..ListParams::default()
+            ..kube::api::ListParams::default()
         }
     }
 
@@ -94,6 +95,7 @@ pub enum PodPatchVia {
 }
 
 /// A list call's objects and the list's resourceVersion (where a watch would resume).
+#[cfg(any(test, feature = "test-hooks"))]
 pub type Listed<K> = Result<(Vec<K>, Option<String>), KubeError>;
 
 /// Label/annotation changes for a merge patch: `Some(value)` sets the key, `None` removes it.
@@ -229,9 +231,10 @@ pub struct KubeClient {
 }
 
 impl KubeClient {
-    /// What the plugin does: the kubeconfig path from its netconf.
+    /// A client from a kubeconfig file (the tests' way in; the plugin amends the config first).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub async fn from_kubeconfig_file(path: &Path) -> Result<Self, KubeError> {
-        let config = config_from_kubeconfig_file(path).await?;
+        let config = super::config::config_from_kubeconfig_file(path).await?;
         Self::from_config(config)
     }
 
@@ -300,11 +303,14 @@ impl KubeClient {
         .await
     }
 
-    /// Pods in all namespaces matching `selectors`, and the list's resourceVersion.
+    /// Pods in all namespaces matching `selectors`, and the list's resourceVersion (the stores
+    /// list through their watch; the tests list here).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub async fn list_pods(&self, selectors: &Selectors, timeout: Duration) -> Listed<Pod> {
         self.list(Call::ListPods, selectors, timeout).await
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     pub async fn list_namespaces(
         &self,
         selectors: &Selectors,
@@ -313,6 +319,7 @@ impl KubeClient {
         self.list(Call::ListNamespaces, selectors, timeout).await
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     async fn list<K>(&self, call: Call, selectors: &Selectors, timeout: Duration) -> Listed<K>
     where
         K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,

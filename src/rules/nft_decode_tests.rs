@@ -3,7 +3,11 @@
 
 use super::*;
 use crate::rules::ambient::{AmbientConfig, PodOverrides, inpod_nft_rules};
+use crate::rules::model::{Family, Proto};
 use crate::rules::nft_model::expr::{daddr, dport, tcp};
+use crate::rules::nft_model::{
+    MarkKey, MarkSource, MaskSpelling, MaskedMark, NftCtState, OwnerKind, Side,
+};
 use crate::rules::nftables::NftTable;
 
 /// `nft -j list ruleset` of the `default` golden's mangle table (and a table not ours).

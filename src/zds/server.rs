@@ -179,6 +179,7 @@ impl ZdsHandle {
     }
 
     /// Live connections (past their hello).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn connections(&self) -> usize {
         self.shared.conns.lock().len()
     }

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use istio_cni::kube::{KubeClient, KubeError};
+use istio_cni::kube::{KubeClient, KubeError, config_from_kubeconfig_file};
 use serde_json::json;
 
 const CALL: Duration = Duration::from_secs(2);
@@ -45,9 +45,12 @@ async fn test_apiserver_binary_serves_fixtures_until_sigterm() {
     let url = first_line.trim().to_string();
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
 
-    let client = KubeClient::from_kubeconfig_file(&kubeconfig)
+    // The plugin's way in (`from_kubeconfig_file` is behind the product's test-hooks feature,
+    // which this crate's tests do not turn on).
+    let config = config_from_kubeconfig_file(&kubeconfig)
         .await
-        .expect("client");
+        .expect("kubeconfig");
+    let client = KubeClient::from_config(config).expect("client");
     client
         .get_pod("ns1", "fx", CALL)
         .await
