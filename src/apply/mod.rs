@@ -39,10 +39,8 @@ pub mod sidecar;
 pub mod transcript;
 pub mod verify;
 
-pub use cleanup::{CleanupInput, CleanupPlan};
+pub use cleanup::CleanupInput;
 pub use exec::{Cmd, CmdOutput, Executor, ProcessExecutor};
-pub use iptables::{ApplyError, Binaries, ForceBinary, NftNetlinkError, detect};
+pub use iptables::ForceBinary;
 pub use outcome::RuleChange;
-pub use sidecar::{
-    SidecarOptions, apply_sidecar, apply_sidecar_here, cleanup_plan_here, cleanup_sidecar_here,
-};
+pub use sidecar::{SidecarOptions, apply_sidecar, apply_sidecar_here, cleanup_plan_here};

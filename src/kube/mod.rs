@@ -31,7 +31,7 @@ pub use client::{
     EventRecord, EventType, KubeClient, MetadataPatch, PodPatchVia, PodPreconditions, Selectors,
     WatchBackoff, WatchStream, pod_preconditions,
 };
-pub use config::{ConfigSource, config_from_kubeconfig_file, load_config, load_config_with};
+pub use config::{ConfigSource, config_from_kubeconfig_file, load_config_with};
 pub use error::{ApiRefusal, Call, KubeError, TlsDetail};
 pub use names::InvalidName;
 
