@@ -60,7 +60,7 @@ impl NativeState {
 #[cfg(any(test, feature = "test-hooks"))]
 mod json;
 #[cfg(any(test, feature = "test-hooks"))]
-pub use json::{BadListing, decode_listing, decode_rule};
+pub use json::{BadListing, decode_listing};
 
 #[cfg(test)]
 #[path = "nft_decode_tests.rs"]

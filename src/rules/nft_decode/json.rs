@@ -95,7 +95,7 @@ fn str_of(o: &Value, field: &str) -> Option<String> {
 }
 
 /// One rule's `expr` array.
-pub fn decode_rule(exprs: Option<&Value>) -> ListedRule {
+fn decode_rule(exprs: Option<&Value>) -> ListedRule {
     let exprs = exprs
         .and_then(Value::as_array)
         .ok_or_else(|| ForeignRule("rule without statements".into()))?;
