@@ -2,7 +2,7 @@
 //! error names a field; a decoded event re-encodes to a body that decodes equal.
 #![no_main]
 
-use istio_cni::kube::plugin_event::PluginAddEvent;
+use istio_cni::wire::event::PluginAddEvent;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|body: &[u8]| {

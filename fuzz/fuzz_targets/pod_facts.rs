@@ -3,7 +3,7 @@
 //! decodes equal; an answer that decodes re-encodes to one that decodes equal.
 #![no_main]
 
-use istio_cni::kube::pod_facts::{PodFactsAnswer, PodFactsRequest};
+use istio_cni::wire::pod_facts::{PodFactsAnswer, PodFactsRequest};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|line: &[u8]| {
