@@ -29,6 +29,22 @@ pub struct FlagShapes<'a> {
     pub positionals: bool,
 }
 
+impl<'a> FlagShapes<'a> {
+    /// A command of our own whose only special flags are `switches`: no shorts, no positionals,
+    /// every underscore in a long name read as a dash.
+    pub const fn switches_only(switches: &'a [&'a str]) -> FlagShapes<'a> {
+        FlagShapes {
+            switches,
+            shorts: &[],
+            underscore_longs: &[],
+            all_underscores: true,
+            bool_options: &[],
+            repeatable: &[],
+            positionals: false,
+        }
+    }
+}
+
 /// argv rewritten into the one form argh understands, plus the switches set to false explicitly.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Normalised {

@@ -76,15 +76,7 @@ pub static SHAPES: LazyLock<FlagShapes<'static>> = LazyLock::new(|| {
         .filter_map(Setting::flag)
         .map(|f| &*f.leak())
         .collect();
-    FlagShapes {
-        switches: switches.leak(),
-        shorts: &[],
-        underscore_longs: &[],
-        all_underscores: true,
-        bool_options: &[],
-        repeatable: &[],
-        positionals: false,
-    }
+    FlagShapes::switches_only(switches.leak())
 });
 
 fn on(raw: &Raw) -> Result<bool, SettingError> {

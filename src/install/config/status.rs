@@ -38,15 +38,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Parses `install-cni status ...` (`args` after `status`).
 pub fn parse_status(args: &[String], env: &dyn Env) -> Result<Parsed, ConfigError> {
-    let shapes = crate::cli::FlagShapes {
-        switches: &["json"],
-        shorts: &[],
-        underscore_longs: &[],
-        all_underscores: true,
-        bool_options: &[],
-        repeatable: &[],
-        positionals: false,
-    };
+    let shapes = crate::cli::FlagShapes::switches_only(&["json"]);
     let rest = crate::cli::normalise_args(args, &shapes)
         .map_err(|e| ConfigError::Args(e.to_string()))?
         .args;
