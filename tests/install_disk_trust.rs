@@ -30,10 +30,19 @@ fn chown(p: &Path, id: u32) {
     std::os::unix::fs::chown(p, Some(id), Some(id)).expect("chown");
 }
 
-/// Changes `file` with `change`, then waits for the guard to give it `want` back.
-fn restored(agent: &Agent, file: &Path, want: (u32, u32, u32), what: &str, change: impl Fn()) {
+/// Changes `file` with `change` to `changed`, then waits for the guard to give it `want` back.
+/// The guard may undo the change before this reads the file again, so the change is checked by
+/// its intended result differing from `want`, not by reading it back.
+fn restored(
+    agent: &Agent,
+    file: &Path,
+    want: (u32, u32, u32),
+    changed: (u32, u32, u32),
+    change: impl Fn(),
+) {
+    let what = format!("{:o}/{}:{}", changed.0, changed.1, changed.2);
+    assert_ne!(changed, want, "{what}: the change would change nothing");
     change();
-    assert_ne!(perms(file), want, "{what}: the change did not take");
     let back = wait_for(ON_EVENT, || (perms(file) == want).then_some(()));
     assert!(
         back.is_some(),
@@ -60,9 +69,10 @@ fn the_guard_puts_back_mode_and_owner_of_every_guarded_file_on_the_change() {
     for file in [&kubeconfig, &binary] {
         let want = perms(file);
         assert_eq!((want.1, want.2), (0, 0), "{}", file.display());
-        restored(&agent, file, want, "chmod 0644", || chmod(file, 0o644));
-        restored(&agent, file, want, "chmod 0777", || chmod(file, 0o777));
-        restored(&agent, file, want, "chown", || chown(file, 4321));
+        let (mode, uid, gid) = want;
+        restored(&agent, file, want, (0o644, uid, gid), || chmod(file, 0o644));
+        restored(&agent, file, want, (0o777, uid, gid), || chmod(file, 0o777));
+        restored(&agent, file, want, (mode, 4321, 4321), || chown(file, 4321));
     }
     assert_eq!(perms(&kubeconfig).0, 0o600);
     assert!(agent.terminate(T).success(), "{}", agent.output());
@@ -78,8 +88,10 @@ fn the_standalone_config_keeps_its_mode_and_owner() {
     let conf = d.net.join("YYY-istio-cni.conf");
     let want = perms(&conf);
     assert_eq!(want, (0o600, 0, 0));
-    restored(&agent, &conf, want, "chmod 0666", || chmod(&conf, 0o666));
-    restored(&agent, &conf, want, "chown", || chown(&conf, 4321));
+    restored(&agent, &conf, want, (0o666, 0, 0), || chmod(&conf, 0o666));
+    restored(&agent, &conf, want, (0o600, 4321, 4321), || {
+        chown(&conf, 4321)
+    });
     assert!(agent.terminate(T).success(), "{}", agent.output());
 }
 
