@@ -2,7 +2,8 @@
 //! this node, nothing else is ever cached — Istio users report gigabytes when every pod is kept)
 //! and the namespace store (names and labels only). Fed by kube-runtime watchers; shared by every
 //! controller of the agent process (enrolment now, the repair controller later), each through its
-//! own subscription.
+//! own subscription. A subscription holds its unread changes merged per object ([`Subscription`]),
+//! so a subscriber slower than the watch holds at most three per object, never a backlog of events.
 //!
 //! Why not kube-runtime's `reflector::Store`: subscribers here need the previous object on an
 //! update (the enrolment state machine compares old and new IPs, and removes with the old object
@@ -38,12 +39,15 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::client::{KubeClient, Selectors, WatchBackoff};
 use super::error::{Call, KubeError};
+use subscription::Publisher;
+pub use subscription::Subscription;
+
+mod subscription;
 
 /// A change seen by a subscriber.
 #[derive(Debug, Clone)]
@@ -196,7 +200,7 @@ struct State<K> {
     by_address: HashMap<std::net::IpAddr, Vec<String>>,
     /// The objects of a re-list in progress (watcher `Init` .. `InitDone`).
     relist: Option<HashMap<String, Arc<K>>>,
-    subscribers: Vec<mpsc::UnboundedSender<StoreEvent<K>>>,
+    subscribers: Vec<Publisher<K>>,
 }
 
 struct Inner<K> {
@@ -297,11 +301,11 @@ impl<K: Stored> Store<K> {
 
     /// A new subscriber: it first gets every object already stored as `Added` (as a client-go
     /// handler added late does), then every change, in order. Dropping the receiver unsubscribes.
-    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<StoreEvent<K>> {
-        let (tx, rx) = mpsc::unbounded_channel();
+    pub fn subscribe(&self) -> Subscription<K> {
+        let (tx, rx) = subscription::feed();
         let mut state = self.state();
-        for object in state.objects.values() {
-            let _ = tx.send(StoreEvent::Added(object.clone()));
+        for (key, object) in &state.objects {
+            tx.send(key, StoreEvent::Added(object.clone()));
         }
         state.subscribers.push(tx);
         rx
@@ -461,17 +465,18 @@ impl<K: Stored> Store<K> {
                 let mut old = std::mem::take(&mut state.objects);
                 for (key, new) in &fresh {
                     match old.remove(key) {
-                        None => out.push(StoreEvent::Added(new.clone())),
+                        None => out.push((key.clone(), StoreEvent::Added(new.clone()))),
                         Some(prev) if changed(prev.as_ref(), new.as_ref()) => {
-                            out.push(StoreEvent::Updated {
+                            let event = StoreEvent::Updated {
                                 old: prev,
                                 new: new.clone(),
-                            })
+                            };
+                            out.push((key.clone(), event))
                         }
                         Some(_) => {}
                     }
                 }
-                out.extend(old.into_values().map(StoreEvent::Deleted));
+                out.extend(old.into_iter().map(|(k, o)| (k, StoreEvent::Deleted(o))));
                 state.by_address.clear();
                 for (key, object) in &fresh {
                     index(&mut state.by_address, key, object.as_ref(), true);
@@ -488,9 +493,9 @@ impl<K: Stored> Store<K> {
                 }
                 index(&mut state.by_address, &key, new.as_ref(), true);
                 match old {
-                    None => out.push(StoreEvent::Added(new)),
+                    None => out.push((key, StoreEvent::Added(new))),
                     Some(old) if changed(old.as_ref(), new.as_ref()) => {
-                        out.push(StoreEvent::Updated { old, new })
+                        out.push((key, StoreEvent::Updated { old, new }))
                     }
                     Some(_) => {}
                 }
@@ -501,13 +506,14 @@ impl<K: Stored> Store<K> {
                 if let Some(old) = state.objects.remove(&key) {
                     index(&mut state.by_address, &key, old.as_ref(), false);
                 }
-                out.push(StoreEvent::Deleted(gone));
+                out.push((key, StoreEvent::Deleted(gone)));
             }
         }
         if !out.is_empty() {
-            state
-                .subscribers
-                .retain(|tx| out.iter().all(|ev| tx.send(ev.clone()).is_ok()));
+            state.subscribers.retain(|tx| {
+                out.iter()
+                    .all(|(key, ev)| tx.send(key.as_str(), ev.clone()))
+            });
         }
         self.inner
             .watch_ok

@@ -24,8 +24,8 @@ fn rv(ev: &StoreEvent<Pod>) -> (&'static str, String) {
     }
 }
 
-fn drain(rx: &mut mpsc::UnboundedReceiver<StoreEvent<Pod>>) -> Vec<(&'static str, String)> {
-    std::iter::from_fn(|| rx.try_recv().ok())
+fn drain(rx: &mut Subscription<Pod>) -> Vec<(&'static str, String)> {
+    std::iter::from_fn(|| rx.try_recv().flatten())
         .map(|e| rv(&e))
         .collect()
 }
@@ -39,18 +39,66 @@ fn updates_carry_the_old_object_and_deletes_the_last_state() {
     assert!(!store.is_synced() && store.is_empty());
     store.apply(watcher::Event::InitDone);
     assert!(store.is_synced());
+    assert_eq!(drain(&mut rx), [("add", "1".into())]);
     store.apply(watcher::Event::Apply(pod("a", "p", "2")));
     store.apply(watcher::Event::Apply(pod("a", "p", "2")));
+    assert_eq!(drain(&mut rx), [("update", "1->2".into())]);
     store.apply(watcher::Event::Delete(pod("a", "p", "3")));
+    assert_eq!(drain(&mut rx), [("delete", "3".into())]);
+    assert!(store.get("a/p").is_none());
+}
+
+/// A subscriber that does not read holds at most three changes per object however many arrive,
+/// and reads them as it would have seen them: updates folded from the first old to the last new
+/// object, an add kept apart from the updates after it and the delete before it, deletes in a row
+/// as the newest.
+#[test]
+fn a_slow_subscriber_holds_changes_per_object_not_per_event() {
+    let store = PodStore::new();
+    store.apply(watcher::Event::Init);
+    store.apply(watcher::Event::InitApply(pod("a", "p", "1")));
+    store.apply(watcher::Event::InitDone);
+    let mut rx = store.subscribe();
+    for n in 2..10_000 {
+        store.apply(watcher::Event::Apply(pod("a", "p", &n.to_string())));
+    }
+    store.apply(watcher::Event::Apply(pod("a", "q", "1")));
+    assert_eq!(rx.pending(), 3);
     assert_eq!(
         drain(&mut rx),
         [
             ("add", "1".into()),
-            ("update", "1->2".into()),
-            ("delete", "3".into())
+            ("update", "1->9999".into()),
+            ("add", "1".into())
         ]
     );
-    assert!(store.get("a/p").is_none());
+    for round in 0..1_000 {
+        store.apply(watcher::Event::Delete(pod("a", "p", &format!("d{round}"))));
+        store.apply(watcher::Event::Apply(pod("a", "p", &format!("n{round}"))));
+        store.apply(watcher::Event::Apply(pod("a", "p", &format!("u{round}"))));
+        assert!(rx.pending() <= 3, "round {round}: {} pending", rx.pending());
+    }
+    assert_eq!(
+        drain(&mut rx),
+        [
+            ("delete", "d999".into()),
+            ("add", "n999".into()),
+            ("update", "n999->u999".into())
+        ]
+    );
+    store.apply(watcher::Event::Apply(pod("a", "p", "v")));
+    store.apply(watcher::Event::Delete(pod("a", "p", "gone")));
+    assert_eq!(drain(&mut rx), [("delete", "gone".into())]);
+}
+
+#[tokio::test]
+async fn a_subscription_ends_when_the_store_is_gone_after_what_is_pending() {
+    let store = PodStore::new();
+    let mut rx = store.subscribe();
+    store.apply(watcher::Event::Apply(pod("a", "p", "1")));
+    drop(store);
+    assert!(matches!(rx.recv().await, Some(StoreEvent::Added(_))));
+    assert!(rx.recv().await.is_none());
 }
 
 #[test]
