@@ -313,14 +313,12 @@ fn agent_answer(error: istio_cni::agent::server::AddError) -> String {
 
 #[test]
 fn a_transient_agent_failure_reaches_kubelet_naming_the_pod_the_kind_and_the_cause() {
-    use istio_cni::agent::mesh::{MeshError, MeshStep};
-    use istio_cni::agent::ports::PortError;
+    use istio_cni::agent::mesh::MeshError;
     use istio_cni::agent::server::AddError;
     let (_api, dir) = api_and_run_dir();
-    let refused = AddError::Mesh(Arc::new(MeshError::Port {
+    let refused = AddError::Mesh(Arc::new(MeshError::Ztunnel {
         pod: "amb/app".into(),
-        step: MeshStep::Ztunnel,
-        source: PortError::Ztunnel(istio_cni::zds::ZdsError::NoConnection),
+        source: istio_cni::zds::ZdsError::NoConnection,
     }));
     let _agent = FakeAgent::start_with(dir.path(), 500, Some((500, agent_answer(refused))));
     let run = add_app_with_uid(dir.path(), "amb");

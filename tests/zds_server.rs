@@ -537,12 +537,10 @@ async fn the_socket_replaces_a_stale_socket_and_goes_away_at_shutdown() {
 
 /// Whether the agent retries an add that failed so (its one classification of errors).
 fn retried(err: ZdsError) -> bool {
-    use istio_cni::agent::mesh::{MeshError, MeshStep, classify};
-    use istio_cni::agent::ports::PortError;
-    let failed = MeshError::Port {
+    use istio_cni::agent::mesh::{MeshError, classify};
+    let failed = MeshError::Ztunnel {
         pod: "ns/pod".into(),
-        step: MeshStep::Ztunnel,
-        source: PortError::Ztunnel(err),
+        source: err,
     };
     classify(&failed) == istio_cni::reconcile::Class::Retry
 }

@@ -7,22 +7,22 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::dataplane::{Dataplane, DataplaneError};
-use super::ports::{self, PodNet, PodWorkload, PortError, PortFuture};
+use super::ports::{self, PodNet, PodWorkload, PortFuture};
 use crate::netns::Netns;
 use crate::netns::reserved::Reserved;
 use crate::zds::{SnapshotEntry, SnapshotSource, ZdsError, ZdsHandle};
 
 impl ports::DataplanePort for Dataplane {
-    fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, PortError> {
-        Dataplane::open_netns(self, cni_netns_path).map_err(PortError::from)
+    fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, DataplaneError> {
+        Dataplane::open_netns(self, cni_netns_path)
     }
 
     fn reserved_netns(&self) -> Reserved {
         Dataplane::reserved_netns(self)
     }
 
-    fn netns_addresses(&self, netns: &Netns, pod: &PodNet) -> Result<Vec<IpAddr>, PortError> {
-        Dataplane::netns_addresses(self, netns, pod).map_err(PortError::from)
+    fn netns_addresses(&self, netns: &Netns, pod: &PodNet) -> Result<Vec<IpAddr>, DataplaneError> {
+        Dataplane::netns_addresses(self, netns, pod)
     }
 
     fn netns_alive(&self, netns: &Netns) -> bool {
@@ -33,12 +33,16 @@ impl ports::DataplanePort for Dataplane {
         Dataplane::find_netns(self, wanted)
     }
 
-    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<ports::RuleChange, PortError> {
-        Dataplane::program_pod(self, netns, pod).map_err(PortError::from)
+    fn program_pod(
+        &self,
+        netns: &Netns,
+        pod: &PodNet,
+    ) -> Result<ports::RuleChange, DataplaneError> {
+        Dataplane::program_pod(self, netns, pod)
     }
 
-    fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError> {
-        Dataplane::unprogram_pod(self, netns, pod).map_err(PortError::from)
+    fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), DataplaneError> {
+        Dataplane::unprogram_pod(self, netns, pod)
     }
 
     fn probe_add(
@@ -46,8 +50,8 @@ impl ports::DataplanePort for Dataplane {
         uid: &str,
         ips: &[IpAddr],
         believed: Option<&ports::ProbeEntries>,
-    ) -> Result<(), PortError> {
-        Dataplane::probe_add(self, uid, ips, believed).map_err(PortError::from)
+    ) -> Result<(), DataplaneError> {
+        Dataplane::probe_add(self, uid, ips, believed)
     }
 
     fn probe_remove(
@@ -55,42 +59,34 @@ impl ports::DataplanePort for Dataplane {
         uid: &str,
         ips: &[IpAddr],
         believed: Option<&ports::ProbeEntries>,
-    ) -> Result<(), PortError> {
-        Dataplane::probe_remove(self, uid, ips, believed).map_err(PortError::from)
+    ) -> Result<(), DataplaneError> {
+        Dataplane::probe_remove(self, uid, ips, believed)
     }
 
     fn probe_sync(
         &self,
         members: &[(String, Vec<IpAddr>)],
         prune: bool,
-    ) -> Result<ports::ProbeSynced, PortError> {
-        Dataplane::probe_sync(self, members, prune).map_err(PortError::from)
+    ) -> Result<ports::ProbeSynced, DataplaneError> {
+        Dataplane::probe_sync(self, members, prune)
     }
 
-    fn verify_host(&self) -> Result<Option<String>, PortError> {
-        Dataplane::verify_host(self).map_err(PortError::from)
+    fn verify_host(&self) -> Result<Option<String>, DataplaneError> {
+        Dataplane::verify_host(self)
     }
 
-    fn uninstall_host(&self) -> Result<(), PortError> {
-        Dataplane::uninstall_host(self).map_err(PortError::from)
+    fn uninstall_host(&self) -> Result<(), DataplaneError> {
+        Dataplane::uninstall_host(self)
     }
 }
 
 impl ports::Ztunnel for ZdsHandle {
     fn add_workload(&self, uid: String, info: PodWorkload, netns: Arc<Netns>) -> PortFuture<'_> {
-        Box::pin(async move {
-            ZdsHandle::add_workload(self, &uid, &info, &netns)
-                .await
-                .map_err(PortError::from)
-        })
+        Box::pin(async move { ZdsHandle::add_workload(self, &uid, &info, &netns).await })
     }
 
     fn del_workload<'a>(&'a self, uid: &'a str) -> PortFuture<'a> {
-        Box::pin(async move {
-            ZdsHandle::del_workload(self, uid)
-                .await
-                .map_err(PortError::from)
-        })
+        Box::pin(async move { ZdsHandle::del_workload(self, uid).await })
     }
 
     fn workload_states(&self) -> HashMap<String, ports::WorkloadState> {

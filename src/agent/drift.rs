@@ -33,7 +33,7 @@ use tracing::{debug, info, warn};
 
 use super::findings::{CheckResult, DriftFinding};
 use super::pod;
-use super::ports::{PortError, ProbeSynced};
+use super::ports::{DataplaneError, DataplanePort, ProbeSynced};
 use super::reconciler::{Core, PodEngine, Reconciled, Request};
 use crate::kube::stores::pod_key;
 use crate::kube::{EventRecord, EventType};
@@ -254,18 +254,12 @@ fn check_result(verdict: &DriftFinding) -> CheckResult {
 /// gate, so no add or remove is half done. The gate covers only the sync (netlink reads and
 /// writes, no process); the host check runs its tools outside it.
 async fn verify_probe_set(core: &Core, reported: &mut Reported, summary: &mut PassSummary) {
-    let dp = core.mesh.dataplane.clone();
-    let host = tokio::task::spawn_blocking(move || dp.verify_host())
-        .await
-        .unwrap_or_else(|e| Err(PortError::Task(e)));
+    let host = on_pool(core, |dp| dp.verify_host()).await;
     report_host(core, reported, summary, host);
     let result = {
         let _exclusive = core.mesh.probe_gate.lock().await;
         let (members, prune) = core.mesh.cache.probe_members();
-        let dp = core.mesh.dataplane.clone();
-        let synced = tokio::task::spawn_blocking(move || dp.probe_sync(&members, prune))
-            .await
-            .unwrap_or_else(|e| Err(PortError::Task(e)));
+        let synced = on_pool(core, move |dp| dp.probe_sync(&members, prune)).await;
         if synced.is_ok() {
             core.mesh.cache.probe_set_synced(prune);
         }
@@ -314,11 +308,29 @@ async fn verify_probe_set(core: &Core, reported: &mut Reported, summary: &mut Pa
     }
 }
 
+/// A host check that failed: the data plane's own error, or the blocking task running it died.
+#[derive(Debug, thiserror::Error)]
+enum HostCheckError {
+    #[error(transparent)]
+    Dataplane(#[from] DataplaneError),
+    #[error("data-plane task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// Runs a host check on the blocking pool.
+async fn on_pool<T: Send + 'static>(
+    core: &Core,
+    work: impl FnOnce(&dyn DataplanePort) -> Result<T, DataplaneError> + Send + 'static,
+) -> Result<T, HostCheckError> {
+    let dp = core.mesh.dataplane.clone();
+    Ok(tokio::task::spawn_blocking(move || work(dp.as_ref())).await??)
+}
+
 fn report_host(
     core: &Core,
     reported: &mut Reported,
     summary: &mut PassSummary,
-    result: Result<Option<String>, PortError>,
+    result: Result<Option<String>, HostCheckError>,
 ) {
     match result {
         Ok(None) => {

@@ -19,7 +19,7 @@ use crate::agent::ports::RuleChange;
 use crate::agent::reconciler::{self, Core};
 use crate::agent::settings::AgentTiming;
 use crate::agent::status::CheckResult;
-use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel};
+use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel, inpod_failure};
 use crate::kube::stores::{NamespaceStore, PodStore};
 use crate::netns::Netns;
 use crate::retry::periodic::Kick;
@@ -132,13 +132,12 @@ fn only_a_write_is_a_heal() {
     for written in [Applied, AppliedOverNetlink, Reconciled] {
         assert_eq!(judge(&Ok(written.clone())), DriftFinding::Healed(written));
     }
-    let failed = judge(&Err(PortError::Injected {
-        what: "iptables-restore: exit 2",
-        transient: false,
-    }));
+    let failed = judge(&Err(inpod_failure("ns/p", "line 3 failed")));
     assert_eq!(
         failed,
-        DriftFinding::Failed("iptables-restore: exit 2".into())
+        DriftFinding::Failed(
+            "in-pod rules of pod ns/p: iptables-restore failed (exit 2): line 3 failed".into()
+        )
     );
 }
 

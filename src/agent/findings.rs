@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::ports::{PortError, RuleChange};
+use super::ports::{DataplaneError, RuleChange};
 
 /// What one pod's program call means for the pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,7 +24,7 @@ pub enum DriftFinding {
 
 /// Pure: any outcome but `AlreadyApplied` means the netns differed from the plan and was
 /// rewritten.
-pub fn judge(result: &Result<RuleChange, PortError>) -> DriftFinding {
+pub fn judge(result: &Result<RuleChange, DataplaneError>) -> DriftFinding {
     match result {
         Ok(RuleChange::AlreadyApplied) => DriftFinding::InPlace,
         Ok(outcome) => DriftFinding::Healed(outcome.clone()),

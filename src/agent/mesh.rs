@@ -13,7 +13,7 @@ use super::cache::PodCache;
 use super::cni_ips;
 use super::dataplane::DataplaneError;
 use super::pod::{self, Redirection};
-use super::ports::{Annotator, DataplanePort, PortError, Ztunnel};
+use super::ports::{Annotator, DataplanePort, Ztunnel};
 use super::progress::{self, AddStep, Progress};
 use super::trust;
 use crate::kube::KubeError;
@@ -26,7 +26,6 @@ use crate::zds::ZdsError;
 pub enum MeshStep {
     FindNetns,
     ProgramPod,
-    Ztunnel,
     ProbeSet,
     UnprogramPod,
 }
@@ -35,11 +34,25 @@ pub enum MeshStep {
 #[derive(Debug, thiserror::Error)]
 pub enum MeshError {
     #[error("pod {pod}: {step:?} failed: {source}")]
-    Port {
+    Dataplane {
         pod: String,
         step: MeshStep,
         #[source]
-        source: PortError,
+        source: DataplaneError,
+    },
+    #[error("pod {pod}: Ztunnel failed: {source}")]
+    Ztunnel {
+        pod: String,
+        #[source]
+        source: ZdsError,
+    },
+    /// The blocking task running a data-plane call panicked or was cancelled.
+    #[error("pod {pod}: {step:?} failed: data-plane task failed: {source}")]
+    Task {
+        pod: String,
+        step: MeshStep,
+        #[source]
+        source: tokio::task::JoinError,
     },
     #[error("pod {pod}: writing the redirection annotation failed: {source}")]
     Annotate {
@@ -76,30 +89,21 @@ impl Classify for MeshError {
 /// addresses or in-pod rules fail are not (Istio: NonRetryable).
 pub fn classify(e: &MeshError) -> Class {
     match e {
-        MeshError::Port {
-            source: PortError::Task(_),
-            ..
-        } => Class::Retry,
-        MeshError::Port {
+        MeshError::Task { .. } => Class::Retry,
+        MeshError::Dataplane {
             step: MeshStep::FindNetns | MeshStep::ProgramPod,
             ..
         } => Class::GiveUp,
-        MeshError::Port { source, .. } => match source {
-            PortError::Task(_) | PortError::NotBound => Class::Retry,
-            PortError::Dataplane(
-                DataplaneError::OpenNetns { .. }
-                | DataplaneError::Enter { .. }
-                | DataplaneError::Addresses { .. }
-                | DataplaneError::Inpod { .. },
-            ) => Class::GiveUp,
-            PortError::Dataplane(_) => Class::Retry,
-            PortError::Ztunnel(ZdsError::NotANetns { .. } | ZdsError::Bind { .. }) => Class::GiveUp,
-            PortError::Ztunnel(_) => Class::Retry,
-            #[cfg(any(test, feature = "test-hooks"))]
-            PortError::Injected { transient, .. } => match transient {
-                true => Class::Retry,
-                false => Class::GiveUp,
-            },
+        MeshError::Dataplane { source, .. } => match source {
+            DataplaneError::OpenNetns { .. }
+            | DataplaneError::Enter { .. }
+            | DataplaneError::Addresses { .. }
+            | DataplaneError::Inpod { .. } => Class::GiveUp,
+            _ => Class::Retry,
+        },
+        MeshError::Ztunnel { source, .. } => match source {
+            ZdsError::NotANetns { .. } | ZdsError::Bind { .. } => Class::GiveUp,
+            _ => Class::Retry,
         },
         MeshError::Annotate { source, .. } if source.is_not_found() => Class::GiveUp,
         MeshError::Annotate { .. } => Class::Retry,
@@ -173,22 +177,25 @@ fn describe(p: &Pod) -> String {
 }
 
 impl Mesh {
-    /// Runs blocking data-plane work off the async threads.
-    async fn blocking<T: Send + 'static>(
+    /// Runs blocking data-plane work off the async threads; a failure names the pod and the step.
+    pub(super) async fn blocking<T: Send + 'static>(
         &self,
         p: &Pod,
         step: MeshStep,
-        work: impl FnOnce(&dyn DataplanePort) -> Result<T, PortError> + Send + 'static,
+        work: impl FnOnce(&dyn DataplanePort) -> Result<T, DataplaneError> + Send + 'static,
     ) -> Result<T, MeshError> {
         let dp = self.dataplane.clone();
-        let port = |step, source| MeshError::Port {
-            pod: describe(p),
-            step,
-            source,
-        };
         match tokio::task::spawn_blocking(move || work(dp.as_ref())).await {
-            Ok(result) => result.map_err(|e| port(step, e)),
-            Err(join) => Err(port(step, PortError::Task(join))),
+            Ok(result) => result.map_err(|source| MeshError::Dataplane {
+                pod: describe(p),
+                step,
+                source,
+            }),
+            Err(source) => Err(MeshError::Task {
+                pod: describe(p),
+                step,
+                source,
+            }),
         }
     }
 
@@ -246,9 +253,8 @@ impl Mesh {
             warn!(pod = %describe(p), "ztunnel did not take the pod yet, marking it pending: {source}");
             progress::enter(progress, AddStep::WritingAnnotation);
             self.annotate(p, Redirection::Pending).await?;
-            return Err(MeshError::Port {
+            return Err(MeshError::Ztunnel {
                 pod: describe(p),
-                step: MeshStep::Ztunnel,
                 source,
             });
         }
@@ -414,9 +420,8 @@ impl Mesh {
         self.ztunnel
             .del_workload(&uid)
             .await
-            .map_err(|source| MeshError::Port {
+            .map_err(|source| MeshError::Ztunnel {
                 pod: describe(p),
-                step: MeshStep::Ztunnel,
                 source,
             })?;
         if !deleted || terminal {

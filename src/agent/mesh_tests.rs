@@ -254,6 +254,7 @@ async fn a_pod_removed_before_its_owed_annotation_is_written_never_gets_it() {
 /// panicked, which is always retried.
 #[tokio::test]
 async fn every_failure_is_classified_once_by_step_and_cause() {
+    use crate::agent::testing::{inpod_failure, probe_set_failure};
     use crate::kube::{ApiRefusal, Call};
     use crate::netns::NetnsError;
     let cancelled = || {
@@ -265,11 +266,16 @@ async fn every_failure_is_classified_once_by_step_and_cause() {
         path: "/var/run/netns/x".into(),
         what: "is a regular file".into(),
     };
-    let injected = |transient| PortError::Injected {
-        what: "injected",
-        transient,
+    let dataplane = |step, source| MeshError::Dataplane {
+        pod: "ns/p".into(),
+        step,
+        source,
     };
-    let port = |step, source| MeshError::Port {
+    let ztunnel = |source| MeshError::Ztunnel {
+        pod: "ns/p".into(),
+        source,
+    };
+    let task = |step, source| MeshError::Task {
         pod: "ns/p".into(),
         step,
         source,
@@ -284,73 +290,61 @@ async fn every_failure_is_classified_once_by_step_and_cause() {
     use MeshStep::*;
     let table: Vec<(MeshError, Class)> = vec![
         // Nothing written: the next event or ADD tries again, not the backoff.
-        (port(FindNetns, injected(true)), GiveUp),
-        (port(ProgramPod, injected(true)), GiveUp),
+        (dataplane(FindNetns, probe_set_failure("x")), GiveUp),
+        (dataplane(ProgramPod, probe_set_failure("x")), GiveUp),
         (
-            port(
+            dataplane(
                 FindNetns,
-                PortError::Dataplane(DataplaneError::OpenNetns {
+                DataplaneError::OpenNetns {
                     path: "/var/run/netns/x".into(),
                     source: not_netns(),
-                }),
+                },
             ),
             GiveUp,
         ),
-        (
-            port(ProgramPod, cancelled().await.unwrap_err().into()),
-            Retry,
-        ),
-        (port(ProbeSet, cancelled().await.unwrap_err().into()), Retry),
+        (task(ProgramPod, cancelled().await.unwrap_err()), Retry),
+        (task(ProbeSet, cancelled().await.unwrap_err()), Retry),
         // ztunnel: absent, refusing or slow is transient; a handle that is not a netns is not.
-        (port(Ztunnel, PortError::NotBound), Retry),
+        (ztunnel(ZdsError::NotRunning), Retry),
+        (ztunnel(ZdsError::NoConnection), Retry),
         (
-            port(Ztunnel, PortError::Ztunnel(ZdsError::NoConnection)),
+            ztunnel(ZdsError::Nack {
+                uid: "u".into(),
+                message: "AddrInUse".into(),
+            }),
             Retry,
         ),
         (
-            port(
-                Ztunnel,
-                PortError::Ztunnel(ZdsError::Nack {
-                    uid: "u".into(),
-                    message: "AddrInUse".into(),
-                }),
-            ),
-            Retry,
-        ),
-        (
-            port(
-                Ztunnel,
-                PortError::Ztunnel(ZdsError::NotANetns {
-                    uid: "u".into(),
-                    path: "/x".into(),
-                    reason: crate::zds::NotANetns::OtherType(0),
-                }),
-            ),
+            ztunnel(ZdsError::NotANetns {
+                uid: "u".into(),
+                path: "/x".into(),
+                reason: crate::zds::NotANetns::OtherType(0),
+            }),
             GiveUp,
         ),
         // The data plane: the pod's own netns is permanent, the host's probe set transient.
         (
-            port(
+            dataplane(
                 UnprogramPod,
-                PortError::Dataplane(DataplaneError::Enter {
+                DataplaneError::Enter {
                     pod: pod(),
                     source: not_netns(),
-                }),
+                },
             ),
             GiveUp,
         ),
         (
-            port(
+            dataplane(
                 ProbeSet,
-                PortError::Dataplane(DataplaneError::HostNetns {
+                DataplaneError::HostNetns {
                     path: "/proc/1/ns/net".into(),
                     source: not_netns(),
-                }),
+                },
             ),
             Retry,
         ),
-        (port(ProbeSet, injected(true)), Retry),
-        (port(ProbeSet, injected(false)), GiveUp),
+        (dataplane(ProbeSet, probe_set_failure("x")), Retry),
+        (dataplane(ProbeSet, inpod_failure("ns/p", "x")), GiveUp),
         // The API server: a pod that is gone is not patched again.
         (
             MeshError::Annotate {

@@ -2,6 +2,10 @@
 //! lookup), from ztunnel (ZDS) and from the API server (the redirection annotation). The shapes
 //! follow `agent::dataplane::Dataplane` and `zds::ZdsHandle`; the state machine, the worker and
 //! the plugin-event server are tested against fakes of these traits.
+//!
+//! Each seam fails with its own room's error: the data plane with [`DataplaneError`], ztunnel with
+//! [`ZdsError`], the API server with [`KubeError`]. Whether trying again may help is decided once,
+//! by the agent's classification of the step that failed (`mesh::classify`).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -10,35 +14,18 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::dataplane::DataplaneError;
 use super::pod::ANN_REDIRECTION;
 use crate::kube::{EventRecord, KubeClient, KubeError, MetadataPatch, PodPatchVia};
 use crate::netns::Netns;
 use crate::netns::reserved::Reserved;
-use crate::zds::ZdsError;
+
+/// The data plane's error (its own room's type).
+pub use super::dataplane::DataplaneError;
+/// The ZDS server's error (its own room's type).
+pub use crate::zds::ZdsError;
 
 /// Probe-set entries: IP -> the UID its comment names (the data plane's own type).
 pub use crate::apply::probe_set::Entries as ProbeEntries;
-
-/// A failure of a seam, its cause kept as the seam's own error. Whether trying again may help is
-/// decided once, by the agent's classification of the step that failed (`mesh::classify`).
-#[derive(Debug, thiserror::Error)]
-pub enum PortError {
-    #[error(transparent)]
-    Dataplane(#[from] DataplaneError),
-    #[error(transparent)]
-    Ztunnel(#[from] ZdsError),
-    /// The blocking task running a data-plane call panicked or was cancelled.
-    #[error("data-plane task failed: {0}")]
-    Task(#[from] tokio::task::JoinError),
-    /// An add before the ZDS server was bound ([`LateZtunnel`]).
-    #[error("ztunnel is not connected (no ztunnel connection: the ZDS server is not running yet)")]
-    NotBound,
-    /// A failure the test fakes make on request (`transient`: whether it is one to retry).
-    #[cfg(any(test, feature = "test-hooks"))]
-    #[error("{what}")]
-    Injected { what: &'static str, transient: bool },
-}
 
 /// What the data plane needs to program one pod (the data plane's own type).
 pub use super::dataplane::PodNet;
@@ -52,12 +39,12 @@ pub use crate::apply::RuleChange;
 /// the blocking pool.
 pub trait DataplanePort: Send + Sync + 'static {
     /// Opens the netns the runtime named (`CNI_NETNS`), under the host prefix.
-    fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, PortError>;
+    fn open_netns(&self, cni_netns_path: &str) -> Result<Netns, DataplaneError>;
     /// The namespaces no pod may claim: the agent's own and the node's
     /// (`<HOST_PROC_DIR>/1/ns/net`); unidentified, every netns is refused.
     fn reserved_netns(&self) -> Reserved;
     /// The interface addresses inside `netns` (read over netlink there), offered as `pod`'s.
-    fn netns_addresses(&self, netns: &Netns, pod: &PodNet) -> Result<Vec<IpAddr>, PortError>;
+    fn netns_addresses(&self, netns: &Netns, pod: &PodNet) -> Result<Vec<IpAddr>, DataplaneError>;
     /// Whether `netns` still exists where it was found ([`Netns::still_named`]); a netns that
     /// does not is gone, and its pod may take another.
     fn netns_alive(&self, netns: &Netns) -> bool;
@@ -65,8 +52,8 @@ pub trait DataplanePort: Send + Sync + 'static {
     fn find_netns(&self, wanted: &HashMap<String, Vec<IpAddr>>) -> HashMap<String, Netns>;
     /// In-pod rules and routes; idempotent and atomic. Reads the netns first: an unchanged pod
     /// is not written (`RuleChange::AlreadyApplied`).
-    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<RuleChange, PortError>;
-    fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), PortError>;
+    fn program_pod(&self, netns: &Netns, pod: &PodNet) -> Result<RuleChange, DataplaneError>;
+    fn unprogram_pod(&self, netns: &Netns, pod: &PodNet) -> Result<(), DataplaneError>;
     /// Adds (replacing other owners of the same IP) the pod's IPs to the probe set. `believed`:
     /// what the agent's cache says the set holds at these IPs and for `uid` (planned from it,
     /// the kernel asked only when it disagrees).
@@ -75,31 +62,31 @@ pub trait DataplanePort: Send + Sync + 'static {
         uid: &str,
         ips: &[IpAddr],
         believed: Option<&ProbeEntries>,
-    ) -> Result<(), PortError>;
+    ) -> Result<(), DataplaneError>;
     /// Removes only entries owned by `uid` (`believed` as for [`DataplanePort::probe_add`]).
     fn probe_remove(
         &self,
         uid: &str,
         ips: &[IpAddr],
         believed: Option<&ProbeEntries>,
-    ) -> Result<(), PortError>;
+    ) -> Result<(), DataplaneError>;
     /// Makes the set hold `members` (read fresh from the kernel); with `prune`, entries of anyone
     /// else go. Returns what it had to change.
     fn probe_sync(
         &self,
         members: &[(String, Vec<IpAddr>)],
         prune: bool,
-    ) -> Result<ProbeSynced, PortError>;
+    ) -> Result<ProbeSynced, DataplaneError>;
     /// The host probe SNAT rules (iptables: `ISTIO_POSTRT` and its POSTROUTING jump; nftables:
     /// the host table) and the probe sets themselves, read and compared with the plan, written
     /// only where they differ: `None` when all was in place, else what was repaired. A data
     /// plane without host rules has nothing to check (the default).
-    fn verify_host(&self) -> Result<Option<String>, PortError> {
+    fn verify_host(&self) -> Result<Option<String>, DataplaneError> {
         Ok(None)
     }
     /// Removes the host probe SNAT rules and the probe sets (an uninstall, after the agent
     /// stopped). A data plane without host rules has nothing to remove (the default).
-    fn uninstall_host(&self) -> Result<(), PortError> {
+    fn uninstall_host(&self) -> Result<(), DataplaneError> {
         Ok(())
     }
 }
@@ -108,7 +95,7 @@ pub trait DataplanePort: Send + Sync + 'static {
 pub use crate::zds::PodWorkload;
 
 /// What a ztunnel seam call returns.
-pub type PortFuture<'a> = BoxFuture<'a, Result<(), PortError>>;
+pub type PortFuture<'a> = BoxFuture<'a, Result<(), ZdsError>>;
 
 /// The ZDS server as the agent uses it. The add takes its arguments owned: the future may
 /// outlive the caller's borrows, and every implementation states one short signature.
@@ -174,7 +161,7 @@ impl Annotator for KubeAnnotator {
 /// A ztunnel seam bound after the agent has started: the ZDS server must only accept ztunnel
 /// once the startup snapshot is in the pod cache (a ztunnel drops whatever its first snapshot
 /// lacks), while the agent's add path exists from the start. Until bound, an add fails as
-/// [`PortError::NotBound`] (retried).
+/// [`ZdsError::NotRunning`] (retried).
 #[derive(Default)]
 pub struct LateZtunnel {
     inner: std::sync::OnceLock<Arc<dyn Ztunnel>>,
@@ -191,7 +178,7 @@ impl Ztunnel for LateZtunnel {
     fn add_workload(&self, uid: String, info: PodWorkload, netns: Arc<Netns>) -> PortFuture<'_> {
         match self.inner.get() {
             Some(z) => z.add_workload(uid, info, netns),
-            None => Box::pin(async { Err(PortError::NotBound) }),
+            None => Box::pin(async { Err(ZdsError::NotRunning) }),
         }
     }
 

@@ -20,9 +20,8 @@ use tracing::debug;
 
 use super::findings::{DriftFinding, Status, judge};
 use super::machine::{self, Action, EnrolmentPolicy, Held, Now};
-use super::mesh::{Mesh, MeshError, PluginAdd, Via};
+use super::mesh::{Mesh, MeshError, MeshStep, PluginAdd, Via};
 use super::pod;
-use super::ports::PortError;
 use super::settings::AgentTiming;
 use crate::kube::stores::{self, NamespaceStore, PodStore, StoreEvent, pod_key};
 use crate::reconcile::{Engine, EngineConfig, Payload, Reconcile};
@@ -299,13 +298,19 @@ impl Core {
         };
         let pod_net = pod::pod_net(&p, &pod::ips(&p));
         let dp = self.mesh.dataplane.clone();
-        let result = tokio::task::spawn_blocking(move || dp.program_pod(&netns, &pod_net))
-            .await
-            .unwrap_or_else(|e| Err(PortError::Task(e)));
-        Reconciled::Verified {
-            pod: p,
-            verdict: judge(&result),
-        }
+        let verdict =
+            match tokio::task::spawn_blocking(move || dp.program_pod(&netns, &pod_net)).await {
+                Ok(result) => judge(&result),
+                Err(source) => {
+                    let failed = MeshError::Task {
+                        pod: pod_key(pod::namespace(&p), pod::name(&p)),
+                        step: MeshStep::ProgramPod,
+                        source,
+                    };
+                    DriftFinding::Failed(failed.to_string())
+                }
+            };
+        Reconciled::Verified { pod: p, verdict }
     }
 }
 

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::*;
 use crate::agent::cache::PodCache;
-use crate::agent::ports::DataplanePort;
+use crate::agent::ports::{DataplaneError, DataplanePort};
 use crate::agent::settings::AgentTiming;
 use crate::agent::testing::{FakeAnnotator, FakeDataplane, FakeZtunnel};
 use crate::kube::RetryPolicy;
@@ -362,7 +362,7 @@ struct Slow {
 }
 
 impl DataplanePort for Slow {
-    fn open_netns(&self, path: &str) -> Result<Netns, PortError> {
+    fn open_netns(&self, path: &str) -> Result<Netns, DataplaneError> {
         self.inner.open_netns(path)
     }
     fn reserved_netns(&self) -> crate::netns::reserved::Reserved {
@@ -372,7 +372,7 @@ impl DataplanePort for Slow {
         &self,
         netns: &Netns,
         pod: &crate::agent::ports::PodNet,
-    ) -> Result<Vec<IpAddr>, PortError> {
+    ) -> Result<Vec<IpAddr>, DataplaneError> {
         self.inner.netns_addresses(netns, pod)
     }
     fn netns_alive(&self, netns: &Netns) -> bool {
@@ -385,7 +385,7 @@ impl DataplanePort for Slow {
         &self,
         netns: &Netns,
         pod: &crate::agent::ports::PodNet,
-    ) -> Result<crate::agent::ports::RuleChange, PortError> {
+    ) -> Result<crate::agent::ports::RuleChange, DataplaneError> {
         let now = self.in_flight[&pod.uid].fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);
         let all = self.overall.fetch_add(1, Ordering::SeqCst) + 1;
@@ -406,7 +406,7 @@ impl DataplanePort for Slow {
         &self,
         netns: &Netns,
         pod: &crate::agent::ports::PodNet,
-    ) -> Result<(), PortError> {
+    ) -> Result<(), DataplaneError> {
         self.inner.unprogram_pod(netns, pod)
     }
     fn probe_add(
@@ -414,7 +414,7 @@ impl DataplanePort for Slow {
         uid: &str,
         ips: &[IpAddr],
         believed: Option<&crate::agent::ports::ProbeEntries>,
-    ) -> Result<(), PortError> {
+    ) -> Result<(), DataplaneError> {
         self.inner.probe_add(uid, ips, believed)
     }
     fn probe_remove(
@@ -422,14 +422,14 @@ impl DataplanePort for Slow {
         uid: &str,
         ips: &[IpAddr],
         believed: Option<&crate::agent::ports::ProbeEntries>,
-    ) -> Result<(), PortError> {
+    ) -> Result<(), DataplaneError> {
         self.inner.probe_remove(uid, ips, believed)
     }
     fn probe_sync(
         &self,
         m: &[(String, Vec<IpAddr>)],
         prune: bool,
-    ) -> Result<crate::agent::ports::ProbeSynced, PortError> {
+    ) -> Result<crate::agent::ports::ProbeSynced, DataplaneError> {
         self.inner.probe_sync(m, prune)
     }
 }

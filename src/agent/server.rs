@@ -578,16 +578,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_pod_add_is_answered_typed_with_its_kind_the_pod_and_the_cause() {
-        use crate::agent::ports::PortError;
         use crate::zds::ZdsError;
         let answer = |e: AddError| {
             let (status, body) = pod_add_answer("ns/p", Err(e));
             (status, AddFailure::read(&body, "?"))
         };
-        let absent = MeshError::Port {
+        let absent = MeshError::Ztunnel {
             pod: "ns/p".into(),
-            step: crate::agent::mesh::MeshStep::Ztunnel,
-            source: PortError::Ztunnel(ZdsError::NoConnection),
+            source: ZdsError::NoConnection,
         };
         let (status, failure) = answer(AddError::Mesh(Arc::new(absent)));
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);

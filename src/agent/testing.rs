@@ -12,12 +12,45 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::Notify;
 
 use super::ports::{
-    Annotator, DataplanePort, KubeFuture, PodNet, PodWorkload, PortError, PortFuture, ProbeSynced,
-    RuleChange, Ztunnel,
+    Annotator, DataplaneError, DataplanePort, KubeFuture, PodNet, PodWorkload, PortFuture,
+    ProbeSynced, RuleChange, ZdsError, Ztunnel,
 };
+use crate::apply::ambient::AmbientError;
+use crate::apply::iptables::ApplyError;
+use crate::apply::probe_set::ProbeSetError;
 use crate::kube::EventRecord;
 use crate::netns::reserved::Reserved;
 use crate::netns::{Netns, NetnsId};
+
+/// A tool run that failed, as the data plane reports it.
+fn tool_failed(stderr: &str) -> ApplyError {
+    ApplyError::Failed {
+        command: "iptables-restore".into(),
+        code: Some(2),
+        stderr: stderr.into(),
+    }
+}
+
+/// The data plane's error for a pod whose in-pod rules failed (the agent does not retry it).
+pub fn inpod_failure(pod: &str, stderr: &str) -> DataplaneError {
+    DataplaneError::Inpod {
+        pod: pod.into(),
+        source: AmbientError::Apply(tool_failed(stderr)),
+    }
+}
+
+/// The data plane's error for a host probe-set call that failed (the agent retries it).
+pub fn probe_set_failure(what: &str) -> DataplaneError {
+    DataplaneError::ProbeSet {
+        what: what.into(),
+        source: ProbeSetError::Netlink(crate::netlink::nft_batch::BatchError::Unanswered),
+    }
+}
+
+/// The data plane's error for host probe SNAT rules that could not be checked (retried).
+pub fn host_rules_failure(stderr: &str) -> DataplaneError {
+    DataplaneError::HostRules(AmbientError::Apply(tool_failed(stderr)))
+}
 
 /// A data plane that only records. `open_netns` opens the path when it exists (else hands out the
 /// test's own netns); `reserved` is what it calls the agent's and the node's netns (none unless
@@ -70,32 +103,27 @@ impl FakeDataplane {
     fn probe_call(
         &self,
         call: String,
-    ) -> Result<MutexGuard<'_, BTreeMap<IpAddr, String>>, PortError> {
+    ) -> Result<MutexGuard<'_, BTreeMap<IpAddr, String>>, DataplaneError> {
         self.record(call);
         let left = self.probe_failures.load(Ordering::SeqCst);
         if left > 0 {
             self.probe_failures.store(left - 1, Ordering::SeqCst);
-            return Err(PortError::Injected {
-                what: "injected probe-set failure",
-                transient: true,
-            });
+            return Err(probe_set_failure("injected probe-set failure"));
         }
         Ok(self.probes.lock())
     }
 }
 
 impl DataplanePort for FakeDataplane {
-    fn open_netns(&self, path: &str) -> Result<Netns, PortError> {
+    fn open_netns(&self, path: &str) -> Result<Netns, DataplaneError> {
         self.record(format!("open {path}"));
         let opened = match std::path::Path::new(path) {
             named if named.exists() => Netns::open(named),
             _ => Netns::current(),
         };
-        opened.map_err(|source| {
-            PortError::Dataplane(crate::agent::dataplane::DataplaneError::OpenNetns {
-                path: path.into(),
-                source,
-            })
+        opened.map_err(|source| DataplaneError::OpenNetns {
+            path: path.into(),
+            source,
         })
     }
 
@@ -108,7 +136,7 @@ impl DataplanePort for FakeDataplane {
         )
     }
 
-    fn netns_addresses(&self, _netns: &Netns, pod: &PodNet) -> Result<Vec<IpAddr>, PortError> {
+    fn netns_addresses(&self, _netns: &Netns, pod: &PodNet) -> Result<Vec<IpAddr>, DataplaneError> {
         self.record(format!("addresses {}", pod.uid));
         let mut held = vec!["127.0.0.1".parse().expect("loopback")];
         held.extend(
@@ -137,13 +165,13 @@ impl DataplanePort for FakeDataplane {
             .collect()
     }
 
-    fn program_pod(&self, _netns: &Netns, pod: &PodNet) -> Result<RuleChange, PortError> {
+    fn program_pod(&self, _netns: &Netns, pod: &PodNet) -> Result<RuleChange, DataplaneError> {
         self.record(format!("program {}", pod.uid));
         if self.fail_program.load(Ordering::SeqCst) {
-            return Err(PortError::Injected {
-                what: "injected in-pod programming failure",
-                transient: false,
-            });
+            return Err(inpod_failure(
+                &pod.uid,
+                "injected in-pod programming failure",
+            ));
         }
         let first = self.programmed.lock().insert(pod.uid.clone());
         let drifted = self.drifted.lock().remove(&pod.uid);
@@ -154,7 +182,7 @@ impl DataplanePort for FakeDataplane {
         })
     }
 
-    fn unprogram_pod(&self, _netns: &Netns, pod: &PodNet) -> Result<(), PortError> {
+    fn unprogram_pod(&self, _netns: &Netns, pod: &PodNet) -> Result<(), DataplaneError> {
         self.record(format!("unprogram {}", pod.uid));
         Ok(())
     }
@@ -164,7 +192,7 @@ impl DataplanePort for FakeDataplane {
         uid: &str,
         ips: &[IpAddr],
         _believed: Option<&super::ports::ProbeEntries>,
-    ) -> Result<(), PortError> {
+    ) -> Result<(), DataplaneError> {
         let mut probes = self.probe_call(format!("probe_add {uid}"))?;
         for ip in ips {
             probes.insert(*ip, uid.to_string());
@@ -177,7 +205,7 @@ impl DataplanePort for FakeDataplane {
         uid: &str,
         ips: &[IpAddr],
         _believed: Option<&super::ports::ProbeEntries>,
-    ) -> Result<(), PortError> {
+    ) -> Result<(), DataplaneError> {
         let mut probes = self.probe_call(format!("probe_remove {uid}"))?;
         for ip in ips {
             if probes.get(ip).is_some_and(|owner| owner == uid) {
@@ -191,7 +219,7 @@ impl DataplanePort for FakeDataplane {
         &self,
         members: &[(String, Vec<IpAddr>)],
         prune: bool,
-    ) -> Result<ProbeSynced, PortError> {
+    ) -> Result<ProbeSynced, DataplaneError> {
         let mut probes = self.probe_call(format!("probe_sync {} prune={prune}", members.len()))?;
         let mut report = ProbeSynced::default();
         let wanted: BTreeMap<IpAddr, &String> = members
@@ -216,15 +244,12 @@ impl DataplanePort for FakeDataplane {
         Ok(report)
     }
 
-    fn verify_host(&self) -> Result<Option<String>, PortError> {
+    fn verify_host(&self) -> Result<Option<String>, DataplaneError> {
         self.record("verify_host".to_string());
         let left = self.host_failures.load(Ordering::SeqCst);
         if left > 0 {
             self.host_failures.store(left - 1, Ordering::SeqCst);
-            return Err(PortError::Injected {
-                what: "injected host-rules failure",
-                transient: true,
-            });
+            return Err(host_rules_failure("injected host-rules failure"));
         }
         Ok(self.host_drift.lock().take())
     }
@@ -274,7 +299,7 @@ impl Ztunnel for FakeZtunnel {
             }
             self.adds.fetch_add(1, Ordering::SeqCst);
             if !self.connected.load(Ordering::SeqCst) {
-                return Err(PortError::Ztunnel(crate::zds::ZdsError::NoConnection));
+                return Err(ZdsError::NoConnection);
             }
             self.workloads.lock().insert(uid, info);
             Ok(())

@@ -103,6 +103,10 @@ pub enum ZdsError {
         "ztunnel is not connected (no ztunnel connection on the ZDS socket; retry once it is up)"
     )]
     NoConnection,
+    /// An add before the agent bound its ZDS server (it starts serving once the startup snapshot
+    /// is in the pod cache).
+    #[error("ztunnel is not connected (no ztunnel connection: the ZDS server is not running yet)")]
+    NotRunning,
     #[error("ztunnel rejected pod {uid}: {message}")]
     Nack { uid: String, message: String },
     #[error("pod {uid} is held back for {retry_in:?} after ztunnel rejected it: {message}")]
