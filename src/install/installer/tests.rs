@@ -44,12 +44,53 @@ fn env() -> Env {
     }
 }
 
+impl Env {
+    /// The temp dir holding the conf dir, the bin dir and anything else a test needs.
+    fn root(&self) -> &Path {
+        self.net.parent().expect("root")
+    }
+}
+
 /// The goldens embed `cni_agent_run_dir: /path/to/kubeconfig`; the kubeconfig itself must go
 /// somewhere writable, so the run dir is swapped after building the plugin entry.
-fn installer(e: &Env) -> Installer {
-    let mut i = Installer::new(e.cfg.clone(), e.exe.clone()).expect("installer");
-    i.cfg.run_dir = e.net.parent().expect("root").join("run");
+fn installer_with(e: &Env, tweak: impl FnOnce(&mut InstallConfig)) -> Installer {
+    let mut cfg = e.cfg.clone();
+    tweak(&mut cfg);
+    let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
+    i.cfg.run_dir = e.root().join("run");
     i
+}
+
+fn installer(e: &Env) -> Installer {
+    installer_with(e, |_| {})
+}
+
+/// A fresh env with `src` put in as `name`, and an installer that has run one pass over it.
+fn installed(name: &str, src: &str) -> (Env, Installer) {
+    let e = env();
+    put(&e, name, src);
+    let mut i = installer(&e);
+    i.install_all().expect("installs");
+    (e, i)
+}
+
+/// The primary named in the config, as `CNI_CONF_NAME` sets it.
+fn conf_named(name: &str) -> impl FnOnce(&mut InstallConfig) + '_ {
+    move |cfg| cfg.cni_conf_name = Some(name.to_string())
+}
+
+/// Owned mode: the istio-owned file, which needs ambient as well.
+fn owned_ambient(cfg: &mut InstallConfig) {
+    cfg.istio_owned_cni_config = true;
+    cfg.ambient_enabled = true;
+}
+
+/// `src` copied into a `store` dir beside the conf dir, for a conf-dir link to point at.
+fn stored(e: &Env, src: &str) -> PathBuf {
+    let store = e.root().join("store");
+    fs::create_dir(&store).expect("store");
+    fs::copy(format!("{TD}{src}"), store.join(src)).expect("target");
+    store
 }
 
 fn golden(name: &str) -> String {
@@ -80,10 +121,7 @@ fn merges_into_the_first_list_and_installs_everything() {
 
 #[test]
 fn single_conf_becomes_conflist_and_is_restored() {
-    let e = env();
-    put(&e, "10-bridge.conf", "bridge.conf");
-    let mut i = installer(&e);
-    i.install_all().expect("installs");
+    let (e, mut i) = installed("10-bridge.conf", "bridge.conf");
     assert!(!e.net.join("10-bridge.conf").exists());
     pretty_assertions::assert_eq!(read(&e, "10-bridge.conflist"), golden("bridge.conf.golden"));
     assert_eq!(i.validate(), Ok(()));
@@ -108,10 +146,7 @@ fn named_primary_variants() {
             name
         };
         put(&e, file, src);
-        let mut cfg = e.cfg.clone();
-        cfg.cni_conf_name = Some(name.to_string());
-        let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
-        i.cfg.run_dir = e.net.parent().expect("root").join("run");
+        let mut i = installer_with(&e, conf_named(name));
         i.install_all().expect("installs");
         pretty_assertions::assert_eq!(
             read(&e, file),
@@ -130,20 +165,14 @@ fn named_primary_variants() {
 fn named_bridge_conflist_falls_back_to_conf() {
     let e = env();
     put(&e, "bridge.conf", "bridge.conf");
-    let mut cfg = e.cfg.clone();
-    cfg.cni_conf_name = Some("bridge.conflist".to_string());
-    let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
-    i.cfg.run_dir = e.net.parent().expect("root").join("run");
+    let mut i = installer_with(&e, conf_named("bridge.conflist"));
     i.install_all().expect("installs");
     pretty_assertions::assert_eq!(read(&e, "bridge.conflist"), golden("bridge.conf.golden"));
 }
 
 #[test]
 fn replaces_an_old_entry_and_cleanup_matches_golden() {
-    let e = env();
-    put(&e, "10-list.conflist", "list-with-istio.conflist");
-    let mut i = installer(&e);
-    i.install_all().expect("installs");
+    let (e, mut i) = installed("10-list.conflist", "list-with-istio.conflist");
     pretty_assertions::assert_eq!(
         read(&e, "10-list.conflist"),
         golden("list-with-istio.conflist.golden")
@@ -163,11 +192,7 @@ fn owned_mode_writes_a_separate_file_and_deletes_only_it() {
     ] {
         let e = env();
         put(&e, &format!("10-{src}"), src);
-        let mut cfg = e.cfg.clone();
-        cfg.istio_owned_cni_config = true;
-        cfg.ambient_enabled = true;
-        let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
-        i.cfg.run_dir = e.net.parent().expect("root").join("run");
+        let mut i = installer_with(&e, owned_ambient);
         i.install_all().expect("installs");
         pretty_assertions::assert_eq!(read(&e, "02-istio-conf.conflist"), golden(golden_name));
         assert_eq!(
@@ -194,11 +219,7 @@ fn owned_mode_with_a_config_sorting_first_validates_instead_of_rewriting() {
     // failed here made every pass rewrite the file, in a loop, and readiness never came.
     let e = env();
     put(&e, "00-list.conflist", "list.conflist");
-    let mut cfg = e.cfg.clone();
-    cfg.istio_owned_cni_config = true;
-    cfg.ambient_enabled = true;
-    let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
-    i.cfg.run_dir = e.net.parent().expect("root").join("run");
+    let mut i = installer_with(&e, owned_ambient);
     i.install_all().expect("installs");
     pretty_assertions::assert_eq!(
         read(&e, "02-istio-conf.conflist"),
@@ -219,10 +240,7 @@ fn owned_flag_without_ambient_never_deletes_the_primary() {
     // Istio bug B2: cleanup deleted the primary here.
     let e = env();
     put(&e, "10-list.conflist", "list.conflist");
-    let mut cfg = e.cfg.clone();
-    cfg.istio_owned_cni_config = true;
-    let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
-    i.cfg.run_dir = e.net.parent().expect("root").join("run");
+    let mut i = installer_with(&e, |c| c.istio_owned_cni_config = true);
     i.install_all().expect("installs");
     pretty_assertions::assert_eq!(read(&e, "10-list.conflist"), golden("list.conflist.golden"));
     i.cleanup();
@@ -239,11 +257,10 @@ fn owned_flag_without_ambient_never_deletes_the_primary() {
 fn standalone_default_and_named() {
     for name in [None, Some("specific-name.conf")] {
         let e = env();
-        let mut cfg = e.cfg.clone();
-        cfg.chained = false;
-        cfg.cni_conf_name = name.map(str::to_string);
-        let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
-        i.cfg.run_dir = e.net.parent().expect("root").join("run");
+        let mut i = installer_with(&e, |c| {
+            c.chained = false;
+            c.cni_conf_name = name.map(str::to_string);
+        });
         i.install_all().expect("installs");
         let file = name.unwrap_or("YYY-istio-cni.conf");
         pretty_assertions::assert_eq!(read(&e, file), golden("istio-cni.conf"));
@@ -276,10 +293,7 @@ fn waits_without_a_primary_and_detects_preemption() {
 
 #[test]
 fn cleanup_removes_our_entry_from_every_primary_we_used() {
-    let e = env();
-    put(&e, "10-list.conflist", "list.conflist");
-    let mut i = installer(&e);
-    i.install_all().expect("installs");
+    let (e, mut i) = installed("10-list.conflist", "list.conflist");
     put(&e, "05-other.conflist", "list.conflist");
     assert!(i.validate().is_err());
     i.install_all().expect("moves to the new primary");
@@ -318,10 +332,7 @@ fn invalid_files_sorting_first_are_skipped() {
 fn a_named_primary_that_appears_later_is_waited_for() {
     let e = env();
     put(&e, "05-other.conflist", "list.conflist");
-    let mut cfg = e.cfg.clone();
-    cfg.cni_conf_name = Some("10-list.conflist".to_string());
-    let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
-    i.cfg.run_dir = e.net.parent().expect("root").join("run");
+    let mut i = installer_with(&e, conf_named("10-list.conflist"));
     assert!(
         matches!(i.install_all(), Ok(InstallPass::WaitingForPrimary(w)) if w.contains("10-list.conflist"))
     );
@@ -355,10 +366,7 @@ fn missing_or_empty_conf_dir_waits() {
 
 #[test]
 fn token_rotation_and_binary_changes_invalidate() {
-    let e = env();
-    put(&e, "10-list.conflist", "list.conflist");
-    let mut i = installer(&e);
-    i.install_all().expect("installs");
+    let (e, mut i) = installed("10-list.conflist", "list.conflist");
     fs::write(e.cfg.service_account_dir.join("token"), "bar").expect("rotate");
     assert!(i.validate().is_err());
     i.install_all().expect("reinstalls");
@@ -409,10 +417,7 @@ fn drop_istio(p: &mut Vec<Value>) {
 fn the_restore_record_survives_the_primary_dropping_our_entry() {
     // Re-added by a pass, or cleanup arriving before the re-add: the .conf comes back either way.
     for readd in [true, false] {
-        let e = env();
-        put(&e, "10-bridge.conf", "bridge.conf");
-        let mut i = installer(&e);
-        i.install_all().expect("installs");
+        let (e, mut i) = installed("10-bridge.conf", "bridge.conf");
         rewrite_plugins(&e, "10-bridge.conflist", drop_istio);
         if readd {
             assert!(i.validate().is_err());
@@ -437,10 +442,7 @@ fn the_restore_record_survives_the_primary_dropping_our_entry() {
 fn a_real_change_to_the_converted_list_keeps_the_owners_content() {
     // With or without our entry still in it: their content wins, no .conf comes back.
     for keep_ours in [true, false] {
-        let e = env();
-        put(&e, "10-bridge.conf", "bridge.conf");
-        let mut i = installer(&e);
-        i.install_all().expect("installs");
+        let (e, mut i) = installed("10-bridge.conf", "bridge.conf");
         rewrite_plugins(&e, "10-bridge.conflist", |p| {
             if !keep_ours {
                 drop_istio(p);
@@ -463,9 +465,7 @@ fn a_real_change_to_the_converted_list_keeps_the_owners_content() {
 #[test]
 fn a_symlinked_conf_is_converted_and_the_link_comes_back() {
     let e = env();
-    let store = e.net.parent().expect("root").join("store");
-    fs::create_dir(&store).expect("store");
-    fs::copy(format!("{TD}bridge.conf"), store.join("bridge.conf")).expect("target");
+    let store = stored(&e, "bridge.conf");
     std::os::unix::fs::symlink("../store/bridge.conf", e.net.join("10-bridge.conf")).expect("link");
     let mut i = installer(&e);
     i.install_all().expect("installs");
@@ -491,9 +491,7 @@ fn a_symlinked_conf_is_converted_and_the_link_comes_back() {
 #[test]
 fn symlinked_lists_are_written_through_and_dangling_ones_skipped() {
     let e = env();
-    let store = e.net.parent().expect("root").join("store");
-    fs::create_dir(&store).expect("store");
-    fs::copy(format!("{TD}list.conflist"), store.join("list.conflist")).expect("target");
+    let store = stored(&e, "list.conflist");
     std::os::unix::fs::symlink("../store/list.conflist", e.net.join("10-list.conflist"))
         .expect("link");
     std::os::unix::fs::symlink("nowhere", e.net.join("01-gone.conflist")).expect("dangling");
@@ -535,14 +533,14 @@ fn install_errors_are_typed_keep_their_source_and_map_to_istio_labels() {
     use std::error::Error as _;
     let e = env();
     let mut cfg = e.cfg.clone();
-    cfg.cni_bin_dirs = vec![e.net.parent().expect("root").join("nowhere")];
+    cfg.cni_bin_dirs = vec![e.root().join("nowhere")];
     let mut i = Installer::new(cfg, e.exe.clone()).expect("installer");
     let err = i.install_all().expect_err("no bin dir");
     assert!(matches!(err, InstallError::NoBinDir { .. }), "{err:?}");
     assert_eq!(err.metric_label(), "COPY_BINARIES_FAILURE");
     assert!(err.to_string().contains("nowhere"), "{err}");
 
-    let missing = e.net.parent().expect("root").join("no-such-exe");
+    let missing = e.root().join("no-such-exe");
     let err = Installer::new(e.cfg.clone(), missing)
         .err()
         .expect("missing exe");
