@@ -274,9 +274,24 @@ mod mask_base64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The event whose bytes the `/cmdadd` and `/podadd` tests pin: one IPv4 address with its
+    /// interface index and no gateway.
+    pub(crate) fn pinned_event() -> PluginAddEvent {
+        PluginAddEvent {
+            netns: "/var/run/netns/x".into(),
+            pod_name: "p".into(),
+            pod_namespace: "ns".into(),
+            ips: vec![EventIp {
+                interface: Some(2),
+                address: EventIpNet::from_cidr("10.0.0.2/24").unwrap(),
+                gateway: None,
+            }],
+        }
+    }
 
     /// What Istio's plugin sends for a dual-stack pod (Go's encoding/json of CNIPluginAddEvent).
     fn istio_body() -> Value {
@@ -384,16 +399,7 @@ mod tests {
     /// The `/cmdadd` bytes as Istio's agent and ours read them.
     #[test]
     fn the_cmdadd_bytes_are_pinned() {
-        let event = PluginAddEvent {
-            netns: "/var/run/netns/x".into(),
-            pod_name: "p".into(),
-            pod_namespace: "ns".into(),
-            ips: vec![EventIp {
-                interface: Some(2),
-                address: EventIpNet::from_cidr("10.0.0.2/24").unwrap(),
-                gateway: None,
-            }],
-        };
+        let event = pinned_event();
         let json = r#"{"Netns":"/var/run/netns/x","PodName":"p","PodNamespace":"ns","IPs":[{"Interface":2,"Address":{"IP":"10.0.0.2","Mask":"////AA=="},"Gateway":""}]}"#;
         assert_eq!(String::from_utf8(event.to_json()).unwrap(), json);
         assert_eq!(PluginAddEvent::decode(json.as_bytes()).unwrap(), event);

@@ -198,18 +198,8 @@ mod tests {
     /// The bytes on the wire, as older and newer plugins and agents exchange them.
     #[test]
     fn the_podadd_bytes_are_pinned() {
-        use super::super::event::{EventIp, EventIpNet};
         let request = PodAddRequest {
-            event: PluginAddEvent {
-                netns: "/var/run/netns/x".into(),
-                pod_name: "p".into(),
-                pod_namespace: "ns".into(),
-                ips: vec![EventIp {
-                    interface: Some(2),
-                    address: EventIpNet::from_cidr("10.0.0.2/24").unwrap(),
-                    gateway: None,
-                }],
-            },
+            event: super::super::event::tests::pinned_event(),
             uid: "u-1".into(),
         };
         assert_eq!(
