@@ -8,8 +8,10 @@ use crate::apply::pod::NetnsCheck;
 use crate::kube::{EventRecord, WatchEvent};
 use crate::netns::Netns;
 use crate::repair::RepairConfig;
-use crate::repair::effects::{Checked, Expected};
+use crate::repair::drift::{DriftMemory, DriftPass};
+use crate::repair::effects::{Acting, Checked, Expected};
 use crate::retry::RetryPolicy;
+use crate::sidecar::redirect::EngineEnv;
 
 type RepairFn = dyn Fn(u32) -> Result<bool, ActError> + Send + Sync;
 
@@ -43,37 +45,34 @@ impl Fake {
         calls.push(call);
         calls.len() as u32
     }
+
+    /// A write that always succeeds, recorded as `call`.
+    fn noted(&self, call: String) -> Acting {
+        self.record(call);
+        futures::future::ready(Ok(())).boxed()
+    }
 }
 
 impl Effects for Fake {
-    fn repair(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<bool, ActError>> {
+    fn repair(&self, pod: Arc<Pod>) -> Acting<bool> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let n = self.record(format!("repair {uid}"));
         futures::future::ready((self.repair)(n)).boxed()
     }
-    fn delete(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<(), ActError>> {
-        self.record(format!("delete {}", pod.key()));
-        futures::future::ready(Ok(())).boxed()
+    fn delete(&self, pod: Arc<Pod>) -> Acting {
+        self.noted(format!("delete {}", pod.key()))
     }
-    fn label(
-        &self,
-        pod: Arc<Pod>,
-        key: String,
-        value: String,
-    ) -> BoxFuture<'static, Result<(), ActError>> {
-        self.record(format!("label {} {key}={value}", pod.key()));
-        futures::future::ready(Ok(())).boxed()
+    fn label(&self, pod: Arc<Pod>, key: String, value: String) -> Acting {
+        self.noted(format!("label {} {key}={value}", pod.key()))
     }
-    fn event(
-        &self,
-        _pod: Arc<Pod>,
-        event: EventRecord,
-    ) -> BoxFuture<'static, Result<(), ActError>> {
-        self.record(format!(
-            "event {:?} {} {}",
-            event.event_type, event.reason, event.message
-        ));
-        futures::future::ready(Ok(())).boxed()
+    fn event(&self, _pod: Arc<Pod>, event: EventRecord) -> Acting {
+        let EventRecord {
+            event_type,
+            reason,
+            message,
+            ..
+        } = event;
+        self.noted(format!("event {event_type:?} {reason} {message}"))
     }
     fn verify_pods(&self, batch: Vec<Expected>) -> BoxFuture<'static, Vec<Checked>> {
         let verdicts = self.verdicts.lock().unwrap().clone();
@@ -94,7 +93,7 @@ impl Effects for Fake {
             .collect();
         futures::future::ready(checked).boxed()
     }
-    fn heal(&self, _netns: Arc<Netns>, e: Expected) -> BoxFuture<'static, Result<(), ActError>> {
+    fn heal(&self, _netns: Arc<Netns>, e: Expected) -> Acting {
         self.record(format!("heal {}", e.uid));
         let result = if self.heal_fails.lock().unwrap().contains(&e.uid) {
             Err(ActError::Task("heal refused".into()))
@@ -126,15 +125,60 @@ fn broken_pod(name: &str, uid: &str, rv: &str) -> Pod {
     .unwrap()
 }
 
-fn fast() -> RepairTiming {
+/// The tests' timing: kube calls time out after a second, failed runs retried after `retry`.
+pub(crate) fn timing(retry: RetryPolicy) -> RepairTiming {
     RepairTiming {
         kube_call_timeout: Duration::from_secs(1),
-        retry: RetryPolicy {
-            first: Duration::from_millis(2),
-            max: Duration::from_millis(10),
-            max_attempts: Some(5),
-        },
+        retry,
     }
+}
+
+fn fast() -> RepairTiming {
+    timing(RetryPolicy {
+        first: Duration::from_millis(2),
+        max: Duration::from_millis(10),
+        max_attempts: Some(5),
+    })
+}
+
+/// The tests' one controller rig: a controller over a pod store past its initial listing,
+/// detecting with `cfg()` and acting in `mode` through `effects`; the caller starts its engine.
+pub(crate) fn controller<E: Effects + ?Sized>(
+    effects: Arc<E>,
+    mode: Mode,
+    metrics: Metrics,
+    timing: RepairTiming,
+) -> Controller<E> {
+    let pods = PodStore::new();
+    pods.apply(WatchEvent::Init);
+    pods.apply(WatchEvent::InitDone);
+    Controller {
+        pods,
+        detection: Detection::new(&cfg()).unwrap(),
+        mode,
+        effects,
+        metrics,
+        timing,
+    }
+}
+
+/// A drift pass handing its findings to `repairs` (every namespace checked).
+pub(crate) fn drift_pass<E: Effects + ?Sized>(repairs: Repairs<E>) -> DriftPass<E> {
+    DriftPass {
+        env: Arc::new(EngineEnv::default()),
+        exclude_namespaces: vec![],
+        repairs,
+        memory: DriftMemory::default(),
+    }
+}
+
+/// Repair mode off, label mode on (the broken-pod label of `cfg()`).
+fn label_mode() -> Mode {
+    Mode::of(&RepairConfig {
+        repair_pods: false,
+        label_pods: true,
+        ..cfg()
+    })
 }
 
 struct Rig {
@@ -146,19 +190,10 @@ struct Rig {
 
 impl Rig {
     fn start(effects: Arc<dyn Effects>, mode: Mode) -> Rig {
-        let store = PodStore::new();
-        store.apply(WatchEvent::Init);
-        store.apply(WatchEvent::InitDone);
         let metrics = Metrics::default();
         let stop = CancellationToken::new();
-        let c = Controller {
-            pods: store.clone(),
-            detection: Detection::new(&cfg()).unwrap(),
-            mode,
-            effects,
-            metrics: metrics.clone(),
-            timing: fast(),
-        };
+        let c = controller(effects, mode, metrics.clone(), fast());
+        let store = c.pods.clone();
         let repairs = c.engine(stop.clone());
         tokio::spawn(pump(repairs.clone(), stop.clone()));
         Rig {
@@ -167,6 +202,10 @@ impl Rig {
             stop,
             repairs,
         }
+    }
+
+    fn apply(&self, pod: Pod) {
+        self.store.apply(WatchEvent::Apply(pod));
     }
 
     fn count(&self, kind: &str, result: &str) -> u64 {
@@ -202,12 +241,10 @@ fn a_pod_uid_is_acted_on_once_and_a_new_uid_again() {
     rt().block_on(async {
         let fake = Fake::new(|_| Ok(true));
         let rig = Rig::start(fake.clone(), Mode::of(&cfg()));
-        rig.store
-            .apply(WatchEvent::Apply(broken_pod("p", "u1", "1")));
+        rig.apply(broken_pod("p", "u1", "1"));
         settle().await;
         // Still broken a moment later (the container has not restarted yet): no second repair.
-        rig.store
-            .apply(WatchEvent::Apply(broken_pod("p", "u1", "2")));
+        rig.apply(broken_pod("p", "u1", "2"));
         settle().await;
         let repairs = |f: &Fake| f.calls().iter().filter(|c| c.starts_with("repair")).count();
         assert_eq!(repairs(&fake), 1, "{:?}", fake.calls());
@@ -222,8 +259,7 @@ fn a_pod_uid_is_acted_on_once_and_a_new_uid_again() {
         // Deleted and recreated under the same name: a new pod.
         rig.store
             .apply(WatchEvent::Delete(broken_pod("p", "u1", "3")));
-        rig.store
-            .apply(WatchEvent::Apply(broken_pod("p", "u2", "4")));
+        rig.apply(broken_pod("p", "u2", "4"));
         settle().await;
         assert_eq!(repairs(&fake), 2, "{:?}", fake.calls());
         assert!(fake.calls().contains(&"repair u2".to_string()));
@@ -235,12 +271,10 @@ fn transient_failures_back_off_then_give_up_with_one_event() {
     rt().block_on(async {
         let fake = Fake::new(|_| Err(ActError::NoIp));
         let rig = Rig::start(fake.clone(), Mode::of(&cfg()));
-        rig.store
-            .apply(WatchEvent::Apply(broken_pod("p", "u1", "1")));
+        rig.apply(broken_pod("p", "u1", "1"));
         // Events while waiting for the retry do not jump the queue.
         for rv in 2..20 {
-            rig.store
-                .apply(WatchEvent::Apply(broken_pod("p", "u1", &rv.to_string())));
+            rig.apply(broken_pod("p", "u1", &rv.to_string()));
         }
         settle().await;
         let calls = fake.calls();
@@ -267,8 +301,7 @@ fn invalid_annotations_get_one_event_naming_the_annotation_and_no_retry() {
         });
         let rig = Rig::start(fake.clone(), Mode::of(&cfg()));
         for rv in 1..10 {
-            rig.store
-                .apply(WatchEvent::Apply(broken_pod("p", "u1", &rv.to_string())));
+            rig.apply(broken_pod("p", "u1", &rv.to_string()));
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         settle().await;
@@ -283,18 +316,12 @@ fn invalid_annotations_get_one_event_naming_the_annotation_and_no_retry() {
 fn label_mode_labels_once_and_skips_a_labelled_pod() {
     rt().block_on(async {
         let fake = Fake::new(|_| Ok(true));
-        let mode = Mode::of(&RepairConfig {
-            repair_pods: false,
-            label_pods: true,
-            ..cfg()
-        });
-        let rig = Rig::start(fake.clone(), mode);
-        rig.store
-            .apply(WatchEvent::Apply(broken_pod("a", "u1", "1")));
+        let rig = Rig::start(fake.clone(), label_mode());
+        rig.apply(broken_pod("a", "u1", "1"));
         let mut labelled = broken_pod("b", "u2", "1");
         labelled.metadata.labels =
             Some([("cni.istio.io/uninitialized".to_string(), "true".to_string())].into());
-        rig.store.apply(WatchEvent::Apply(labelled));
+        rig.apply(labelled);
         settle().await;
         let calls = fake.calls();
         assert!(calls.contains(&"label ns/a cni.istio.io/uninitialized=true".to_string()));
@@ -373,15 +400,10 @@ fn a_host_network_pod_is_never_acted_on_in_any_mode() {
 fn a_pod_handed_over_by_the_drift_pass_takes_the_policy_path_though_not_broken() {
     rt().block_on(async {
         let fake = Fake::new(|_| Ok(true));
-        let mode = Mode::of(&RepairConfig {
-            repair_pods: false,
-            label_pods: true,
-            ..cfg()
-        });
-        let rig = Rig::start(fake.clone(), mode);
+        let rig = Rig::start(fake.clone(), label_mode());
         let mut healthy = broken_pod("h", "u1", "1");
         healthy.status = None;
-        rig.store.apply(WatchEvent::Apply(healthy));
+        rig.apply(healthy);
         settle().await;
         assert!(fake.calls().is_empty(), "not broken: {:?}", fake.calls());
         let handoff = |uid: &str| {
@@ -413,21 +435,13 @@ fn a_pod_handed_over_by_the_drift_pass_takes_the_policy_path_though_not_broken()
 fn a_handed_over_pod_outside_the_repair_selectors_is_left_alone() {
     rt().block_on(async {
         let fake = Fake::new(|_| Ok(true));
-        let store = PodStore::new();
-        store.apply(WatchEvent::Init);
-        store.apply(WatchEvent::InitDone);
-        let c = Controller {
-            pods: store.clone(),
-            detection: Detection::new(&RepairConfig {
-                label_selectors: "team=payments".into(),
-                ..cfg()
-            })
-            .unwrap(),
-            mode: Mode::Delete,
-            effects: fake.clone(),
-            metrics: Metrics::default(),
-            timing: fast(),
-        };
+        let mut c = controller(fake.clone(), Mode::Delete, Metrics::default(), fast());
+        c.detection = Detection::new(&RepairConfig {
+            label_selectors: "team=payments".into(),
+            ..cfg()
+        })
+        .unwrap();
+        let store = c.pods.clone();
         let stop = CancellationToken::new();
         let repairs = c.engine(stop.clone());
         tokio::spawn(pump(repairs.clone(), stop.clone()));
@@ -472,16 +486,9 @@ fn a_pod_that_cannot_restart_is_deleted_for_its_controller_or_labelled_when_bare
     rt().block_on(async {
         let fake = Fake::new(|_| Ok(true));
         let rig = Rig::start(fake.clone(), Mode::of(&cfg()));
-        rig.store.apply(WatchEvent::Apply(never_restarting_pod(
-            "job-pod",
-            "u-job",
-            Some("Job"),
-        )));
-        rig.store.apply(WatchEvent::Apply(never_restarting_pod(
-            "bare", "u-bare", None,
-        )));
-        rig.store
-            .apply(WatchEvent::Apply(broken_pod("restarts", "u-ok", "1")));
+        rig.apply(never_restarting_pod("job-pod", "u-job", Some("Job")));
+        rig.apply(never_restarting_pod("bare", "u-bare", None));
+        rig.apply(broken_pod("restarts", "u-ok", "1"));
         settle().await;
         let calls = fake.calls();
         let has = |prefix: &str| calls.iter().filter(|c| c.starts_with(prefix)).count();

@@ -3,11 +3,8 @@ use serde_json::json;
 use super::*;
 use crate::kube::WatchEvent;
 use crate::repair::Mode;
-use crate::repair::controller::tests::{Fake, rt};
-use crate::repair::controller::{Controller, Repairs};
-use crate::repair::detect::Detection;
+use crate::repair::controller::tests::{Fake, controller, drift_pass, rt, timing};
 use crate::repair::heal::REASON_REPAIRED;
-use crate::repair::{RepairTiming, test_config};
 use crate::retry::RetryPolicy;
 use crate::telemetry::metrics::RepairLabels;
 
@@ -143,31 +140,6 @@ fn a_failure_is_reported_once_until_the_pod_is_fine_again() {
     );
 }
 
-/// The controller's engine (detect-only mode: a hand-off is only counted as skipped) over
-/// `effects`, retrying a failed run after `retry`.
-pub(crate) fn repairs<E: Effects + ?Sized>(
-    effects: Arc<E>,
-    metrics: Metrics,
-    retry: RetryPolicy,
-    stop: &CancellationToken,
-) -> Repairs<E> {
-    let pods = PodStore::new();
-    pods.apply(WatchEvent::Init);
-    pods.apply(WatchEvent::InitDone);
-    let controller = Controller {
-        pods,
-        detection: Detection::new(&test_config()).unwrap(),
-        mode: Mode::Detect,
-        effects,
-        metrics,
-        timing: RepairTiming {
-            kube_call_timeout: Duration::from_secs(1),
-            retry,
-        },
-    };
-    controller.engine(stop.clone())
-}
-
 struct Rig {
     pass: DriftPass<Fake>,
     fake: Arc<Fake>,
@@ -192,12 +164,9 @@ impl Rig {
             max: Duration::from_secs(600),
             max_attempts: Some(5),
         };
-        let pass = DriftPass {
-            env: Arc::new(EngineEnv::default()),
-            exclude_namespaces: vec![],
-            repairs: repairs(fake.clone(), metrics.clone(), slow, &stop),
-            memory: DriftMemory::default(),
-        };
+        // Detect-only mode: a hand-off is only counted as skipped.
+        let controller = controller(fake.clone(), Mode::Detect, metrics.clone(), timing(slow));
+        let pass = drift_pass(controller.engine(stop.clone()));
         Rig {
             pass,
             fake,

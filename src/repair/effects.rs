@@ -41,31 +41,25 @@ pub fn event(event_type: EventType, reason: &str, message: String) -> EventRecor
     }
 }
 
+/// One act on a pod under way (what every [`Effects`] call returns).
+pub type Acting<T = ()> = BoxFuture<'static, Result<T, ActError>>;
+
 /// What acting on a pod does (the real one is [`KubeEffects`]; tests use fakes).
 pub trait Effects: Send + Sync + 'static {
     /// Programs the sidecar rules in the pod's netns; `false` when the pod wants none
     /// (`interceptionMode: NONE`).
-    fn repair(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<bool, ActError>>;
+    fn repair(&self, pod: Arc<Pod>) -> Acting<bool>;
     /// Deletes the pod as it was read (a UID precondition: never a new pod of the same name).
-    fn delete(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<(), ActError>>;
+    fn delete(&self, pod: Arc<Pod>) -> Acting;
     /// Sets a label (through `pods/status`, as Istio).
-    fn label(
-        &self,
-        pod: Arc<Pod>,
-        key: String,
-        value: String,
-    ) -> BoxFuture<'static, Result<(), ActError>>;
+    fn label(&self, pod: Arc<Pod>, key: String, value: String) -> Acting;
     /// Records an event on the pod.
-    fn event(&self, pod: Arc<Pod>, event: EventRecord) -> BoxFuture<'static, Result<(), ActError>>;
+    fn event(&self, pod: Arc<Pod>, event: EventRecord) -> Acting;
     /// The drift pass's read: one /proc scan for every pod of `batch`, then each netns found
     /// verified against the pod's expected rules (nothing written).
     fn verify_pods(&self, batch: Vec<Expected>) -> BoxFuture<'static, Vec<Checked>>;
     /// Re-programs a drifted pod's netns in place: our rules replaced with the expected ones.
-    fn heal(
-        &self,
-        netns: Arc<Netns>,
-        expected: Expected,
-    ) -> BoxFuture<'static, Result<(), ActError>>;
+    fn heal(&self, netns: Arc<Netns>, expected: Expected) -> Acting;
 }
 
 /// A pod whose rules the drift pass checks, with what they should be.
@@ -315,11 +309,7 @@ impl Effects for KubeEffects {
         .boxed()
     }
 
-    fn heal(
-        &self,
-        netns: Arc<Netns>,
-        expected: Expected,
-    ) -> BoxFuture<'static, Result<(), ActError>> {
+    fn heal(&self, netns: Arc<Netns>, expected: Expected) -> Acting {
         let opts = PodOptions {
             // Ours are replaced with the expected rules, under the guardrails (no window
             // without capture); a netns holding nothing of ours gets a plain apply.
@@ -339,7 +329,7 @@ impl Effects for KubeEffects {
         .boxed()
     }
 
-    fn repair(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<bool, ActError>> {
+    fn repair(&self, pod: Arc<Pod>) -> Acting<bool> {
         let engine = self.engine.clone();
         let reserved = self.reserved.clone();
         let (backend, force) = (self.backend, self.flavour());
@@ -353,7 +343,7 @@ impl Effects for KubeEffects {
         .boxed()
     }
 
-    fn delete(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<(), ActError>> {
+    fn delete(&self, pod: Arc<Pod>) -> Acting {
         let client = self.client.clone();
         let timeout = self.timeout;
         async move {
@@ -366,12 +356,7 @@ impl Effects for KubeEffects {
         .boxed()
     }
 
-    fn label(
-        &self,
-        pod: Arc<Pod>,
-        key: String,
-        value: String,
-    ) -> BoxFuture<'static, Result<(), ActError>> {
+    fn label(&self, pod: Arc<Pod>, key: String, value: String) -> Acting {
         let client = self.client.clone();
         let timeout = self.timeout;
         async move {
@@ -385,7 +370,7 @@ impl Effects for KubeEffects {
         .boxed()
     }
 
-    fn event(&self, pod: Arc<Pod>, event: EventRecord) -> BoxFuture<'static, Result<(), ActError>> {
+    fn event(&self, pod: Arc<Pod>, event: EventRecord) -> Acting {
         let client = self.client.clone();
         let timeout = self.timeout;
         async move {

@@ -13,16 +13,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::apply::pod::NetnsCheck;
-use crate::kube::stores::PodStore;
 use crate::kube::{EventRecord, WatchEvent};
-use crate::repair::controller::tests::{Fake, rt};
-use crate::repair::controller::{Controller, pump};
-use crate::repair::detect::Detection;
-use crate::repair::drift::{DriftMemory, DriftPass};
-use crate::repair::effects::Checked;
+use crate::repair::controller::pump;
+use crate::repair::controller::tests::{Fake, controller, drift_pass, rt, timing};
+use crate::repair::effects::{Acting, Checked};
 use crate::repair::{Mode, RepairTiming, test_config};
 use crate::retry::RetryPolicy;
-use crate::sidecar::redirect::EngineEnv;
 use crate::telemetry::metrics::DriftLabel;
 
 /// A running sidecar pod whose validation container last exited 126: broken for the controller
@@ -75,17 +71,17 @@ impl Slow {
 struct SlowEffects(Arc<Slow>);
 
 impl Effects for SlowEffects {
-    fn repair(&self, pod: Arc<Pod>) -> BoxFuture<'static, Result<bool, ActError>> {
+    fn repair(&self, pod: Arc<Pod>) -> Acting<bool> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         self.0.write("repair", uid).map(|()| Ok(true)).boxed()
     }
-    fn delete(&self, _pod: Arc<Pod>) -> BoxFuture<'static, Result<(), ActError>> {
+    fn delete(&self, _pod: Arc<Pod>) -> Acting {
         futures::future::ready(Ok(())).boxed()
     }
-    fn label(&self, _: Arc<Pod>, _: String, _: String) -> BoxFuture<'static, Result<(), ActError>> {
+    fn label(&self, _: Arc<Pod>, _: String, _: String) -> Acting {
         futures::future::ready(Ok(())).boxed()
     }
-    fn event(&self, _: Arc<Pod>, _: EventRecord) -> BoxFuture<'static, Result<(), ActError>> {
+    fn event(&self, _: Arc<Pod>, _: EventRecord) -> Acting {
         futures::future::ready(Ok(())).boxed()
     }
     fn verify_pods(&self, batch: Vec<Expected>) -> BoxFuture<'static, Vec<Checked>> {
@@ -103,15 +99,8 @@ impl Effects for SlowEffects {
             .collect();
         futures::future::ready(checked).boxed()
     }
-    fn heal(&self, _: Arc<Netns>, e: Expected) -> BoxFuture<'static, Result<(), ActError>> {
+    fn heal(&self, _: Arc<Netns>, e: Expected) -> Acting {
         self.0.write("heal", e.uid).map(|()| Ok(())).boxed()
-    }
-}
-
-fn timing(retry: RetryPolicy) -> RepairTiming {
-    RepairTiming {
-        kube_call_timeout: Duration::from_secs(1),
-        retry,
     }
 }
 
@@ -125,25 +114,16 @@ fn a_drift_heal_and_a_pod_event_for_one_pod_are_never_worked_at_once() {
                 takes: Duration::from_millis(200),
                 ..Slow::default()
             });
-            let pods = PodStore::new();
-            pods.apply(WatchEvent::Init);
-            pods.apply(WatchEvent::InitDone);
             let stop = CancellationToken::new();
-            let controller = Controller {
-                pods: pods.clone(),
-                detection: Detection::new(&test_config()).unwrap(),
-                mode: Mode::of(&test_config()),
-                effects: Arc::new(SlowEffects(slow.clone())),
-                metrics: Metrics::default(),
-                timing: timing(RepairTiming::default().retry),
-            };
+            let controller = controller(
+                Arc::new(SlowEffects(slow.clone())),
+                Mode::of(&test_config()),
+                Metrics::default(),
+                timing(RepairTiming::default().retry),
+            );
+            let pods = controller.pods.clone();
             let repairs = controller.engine(stop.clone());
-            let mut pass = DriftPass {
-                env: Arc::new(EngineEnv::default()),
-                exclude_namespaces: vec![],
-                repairs: repairs.clone(),
-                memory: DriftMemory::default(),
-            };
+            let mut pass = drift_pass(repairs.clone());
             if drift_first {
                 // In the store, not yet seen by the controller: the pass's heal starts first,
                 // then the pod's event arrives while it runs.
@@ -188,25 +168,17 @@ fn a_heal_that_never_ends_holds_the_pass_no_longer_than_its_wait() {
             takes: Duration::from_secs(24 * 3600),
             ..Slow::default()
         });
-        let pods = PodStore::new();
-        pods.apply(WatchEvent::Init);
-        pods.apply(WatchEvent::InitDone);
-        pods.apply(WatchEvent::Apply(running_and_broken("1")));
         let stop = CancellationToken::new();
-        let controller = Controller {
-            pods: pods.clone(),
-            detection: Detection::new(&test_config()).unwrap(),
-            mode: Mode::Detect,
-            effects: Arc::new(SlowEffects(slow.clone())),
-            metrics: Metrics::default(),
-            timing: timing(RepairTiming::default().retry),
-        };
-        let mut pass = DriftPass {
-            env: Arc::new(EngineEnv::default()),
-            exclude_namespaces: vec![],
-            repairs: controller.engine(stop.clone()),
-            memory: DriftMemory::default(),
-        };
+        let controller = controller(
+            Arc::new(SlowEffects(slow.clone())),
+            Mode::Detect,
+            Metrics::default(),
+            timing(RepairTiming::default().retry),
+        );
+        controller
+            .pods
+            .apply(WatchEvent::Apply(running_and_broken("1")));
+        let mut pass = drift_pass(controller.engine(stop.clone()));
         let started = tokio::time::Instant::now();
         let stats = pass.pass().await;
         let took = started.elapsed();
@@ -234,24 +206,10 @@ fn a_failed_heal_is_retried_by_the_engine_with_its_backoff_then_given_up() {
             max: Duration::from_millis(40),
             max_attempts: Some(5),
         };
-        let pods = PodStore::new();
-        pods.apply(WatchEvent::Init);
-        pods.apply(WatchEvent::InitDone);
-        let controller = Controller {
-            pods: pods.clone(),
-            detection: Detection::new(&test_config()).unwrap(),
-            mode: Mode::Detect,
-            effects: fake.clone(),
-            metrics: metrics.clone(),
-            timing: timing(fast),
-        };
+        let controller = controller(fake.clone(), Mode::Detect, metrics.clone(), timing(fast));
+        let pods = controller.pods.clone();
         let repairs = controller.engine(stop.clone());
-        let mut pass = DriftPass {
-            env: Arc::new(EngineEnv::default()),
-            exclude_namespaces: vec![],
-            repairs: repairs.clone(),
-            memory: DriftMemory::default(),
-        };
+        let mut pass = drift_pass(repairs.clone());
         for (name, uid) in [("flaky", "u-flaky"), ("stuck", "u-stuck")] {
             let mut p = running_and_broken("1");
             p.metadata.name = Some(name.into());
