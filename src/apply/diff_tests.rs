@@ -3,10 +3,11 @@ use super::*;
 use crate::apply::owned::INPOD_CHAINS;
 use crate::rules::Family;
 use crate::rules::ambient::{AmbientConfig, PodOverrides, inpod_rules};
-use crate::rules::iptables_nft::{NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, encode};
+use crate::rules::iptables_nft::encode;
 use crate::rules::iptables_nft_decode::{NoSets, decode_rule};
 use crate::rules::iptables_state::RuleAt;
 use crate::rules::model::ForeignRule;
+use crate::rules::nf_kernel::{NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE};
 use crate::rules::nla::to_bytes;
 
 /// The dumped read's sidecar question (never unsure).

@@ -10,8 +10,9 @@ use super::exec::Executor;
 use super::iptables::ApplyError;
 use crate::netlink::nft_batch::{BatchError, Transaction};
 use crate::netlink::nft_dump;
+use crate::rules::nf_kernel::NFPROTO_INET;
 use crate::rules::nft_decode::NativeState;
-use crate::rules::nft_encode::{NFPROTO_INET, NftStep, NftTransaction, encode};
+use crate::rules::nft_encode::{NftStep, NftTransaction, encode};
 use crate::rules::nft_kernel_decode::{
     AnonSets, anonymous_sets, decode_kernel, element_keys, table_names,
 };

@@ -5,13 +5,14 @@ use netlink_packet_core::{NLM_F_APPEND, NLM_F_EXCL};
 use super::*;
 use crate::apply::owned::{HOST_CHAINS, INPOD_CHAINS};
 use crate::rules::ambient::{AmbientConfig, PodOverrides, host_rules, inpod_rules};
-use crate::rules::iptables_nft::{
-    NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE,
-    NFT_MSG_NEWTABLE, encode,
-};
+use crate::rules::iptables_nft::encode;
 use crate::rules::iptables_nft_decode::{NoSets, decode_rule};
 use crate::rules::iptables_state::{IptablesState, RuleAt};
 use crate::rules::model::{ForeignRule, RuleSetBuilder};
+use crate::rules::nf_kernel::{
+    NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE,
+    NFT_MSG_NEWTABLE,
+};
 use crate::rules::nla::{AttrValue, to_bytes};
 use crate::rules::{Table, Target};
 

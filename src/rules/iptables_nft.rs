@@ -19,6 +19,11 @@ use std::net::IpAddr;
 use netlink_packet_core::{NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL};
 
 use super::model::{Family, Match, OwnerKind, Position, Proto, Rule, Table, Target};
+use super::nf_kernel::{
+    NF_ACCEPT, NFT_CMP_EQ, NFT_CMP_NEQ, NFT_JUMP, NFT_META_IIFNAME, NFT_META_L4PROTO,
+    NFT_META_MARK, NFT_META_OIFNAME, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE,
+    NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER, NFT_REG_1, NFT_RETURN,
+};
 pub use super::nla::{Attr, AttrTooLong, Attrs};
 use super::xtables;
 
@@ -43,11 +48,6 @@ pub enum EncodeError {
 fn unsupported<T, E: From<Unsupported>>(what: impl Into<String>) -> Result<T, E> {
     Err(Unsupported(what.into()).into())
 }
-
-/// nf_tables message types (`NFT_MSG_*`).
-pub const NFT_MSG_NEWTABLE: u16 = 0;
-pub const NFT_MSG_NEWCHAIN: u16 = 3;
-pub const NFT_MSG_NEWRULE: u16 = 6;
 
 /// One nf_tables request of a transaction, as a neutral description: what to send, not how it is
 /// framed (the transport adds the netlink and nfnetlink headers, sequence numbers and the batch).
@@ -181,13 +181,13 @@ fn new_rule(family: Family, rule: &Rule) -> Result<NftMessage, EncodeError> {
     let mut exprs = Attrs::new();
     let header = Header::of(rule)?;
     if let Some((name, negate)) = header.in_iface {
-        iface(&mut exprs, MetaKey::IifName, name, negate);
+        iface(&mut exprs, NFT_META_IIFNAME, name, negate);
     }
     if let Some((name, negate)) = header.out_iface {
-        iface(&mut exprs, MetaKey::OifName, name, negate);
+        iface(&mut exprs, NFT_META_OIFNAME, name, negate);
     }
     if let Some(proto) = header.proto {
-        meta_load(&mut exprs, MetaKey::L4Proto);
+        meta_load(&mut exprs, NFT_META_L4PROTO);
         cmp(&mut exprs, false, &[proto_number(proto)]);
     }
     let (src_offset, dst_offset) = match family {
@@ -206,7 +206,7 @@ fn new_rule(family: Family, rule: &Rule) -> Result<NftMessage, EncodeError> {
                 return unsupported("port match without its protocol");
             }
             let offset = if pm.source { 0 } else { 2 };
-            payload(&mut exprs, PayloadBase::Transport, offset, 2);
+            payload(&mut exprs, NFT_PAYLOAD_TRANSPORT_HEADER, offset, 2);
             cmp(&mut exprs, pm.negate, &parse_port(pm.port)?.to_be_bytes());
             continue;
         }
@@ -308,25 +308,6 @@ impl<'a> Header<'a> {
     }
 }
 
-/// The `meta` keys the encoder loads (`enum nft_meta_keys`).
-#[derive(Debug, Clone, Copy)]
-enum MetaKey {
-    Mark = 3,
-    IifName = 6,
-    OifName = 7,
-    L4Proto = 16,
-}
-
-/// Where a `payload` load starts (`enum nft_payload_bases`).
-#[derive(Debug, Clone, Copy)]
-enum PayloadBase {
-    Network = 1,
-    Transport = 2,
-}
-
-/// The one data register every match here loads into and compares (NFT_REG_1).
-const REG_1: u32 = 1;
-
 fn proto_number(p: Proto) -> u8 {
     match p {
         Proto::Tcp => 6,
@@ -340,14 +321,14 @@ fn expr(exprs: &mut Attrs, name: &str, data: Attrs) {
     exprs.nested_in_place(1, elem);
 }
 
-fn meta_load(exprs: &mut Attrs, key: MetaKey) {
-    expr(exprs, "meta", Attrs::new().u32(2, key as u32).u32(1, REG_1));
+fn meta_load(exprs: &mut Attrs, key: u32) {
+    expr(exprs, "meta", Attrs::new().u32(2, key).u32(1, NFT_REG_1));
 }
 
-fn payload(exprs: &mut Attrs, base: PayloadBase, offset: u32, len: u32) {
+fn payload(exprs: &mut Attrs, base: u32, offset: u32, len: u32) {
     let data = Attrs::new()
-        .u32(1, REG_1)
-        .u32(2, base as u32)
+        .u32(1, NFT_REG_1)
+        .u32(2, base)
         .u32(3, offset)
         .u32(4, len);
     expr(exprs, "payload", data);
@@ -358,17 +339,15 @@ fn data_value(value: &[u8]) -> Attrs {
 }
 
 fn cmp(exprs: &mut Attrs, negate: bool, value: &[u8]) {
-    const CMP_EQ: u32 = 0;
-    const CMP_NEQ: u32 = 1;
     let data = Attrs::new()
-        .u32(1, REG_1)
-        .u32(2, if negate { CMP_NEQ } else { CMP_EQ })
+        .u32(1, NFT_REG_1)
+        .u32(2, if negate { NFT_CMP_NEQ } else { NFT_CMP_EQ })
         .nested(3, data_value(value));
     expr(exprs, "cmp", data);
 }
 
 /// `-i`/`-o`: the name with its terminating NUL (exact match), or, for `name+`, the prefix only.
-fn iface(exprs: &mut Attrs, key: MetaKey, name: &str, negate: bool) {
+fn iface(exprs: &mut Attrs, key: u32, name: &str, negate: bool) {
     meta_load(exprs, key);
     let value = match name.strip_suffix('+') {
         Some(prefix) => prefix.as_bytes().to_vec(),
@@ -424,13 +403,18 @@ fn address(
     let masked: Vec<u8> = octets.iter().zip(&mask).map(|(a, m)| a & m).collect();
     if prefix % 8 == 0 {
         let len = prefix / 8;
-        payload(exprs, PayloadBase::Network, offset, len as u32);
+        payload(exprs, NFT_PAYLOAD_NETWORK_HEADER, offset, len as u32);
         cmp(exprs, negate, &masked[..len]);
     } else {
-        payload(exprs, PayloadBase::Network, offset, octets.len() as u32);
+        payload(
+            exprs,
+            NFT_PAYLOAD_NETWORK_HEADER,
+            offset,
+            octets.len() as u32,
+        );
         let data = Attrs::new()
-            .u32(1, REG_1)
-            .u32(2, REG_1)
+            .u32(1, NFT_REG_1)
+            .u32(2, NFT_REG_1)
             .u32(3, octets.len() as u32)
             .nested(4, data_value(&mask))
             .nested(5, data_value(&vec![0; octets.len()]));
@@ -460,10 +444,10 @@ fn mark_and_mask(text: &str) -> Result<(u32, u32), Unsupported> {
 /// expressions, the register in host byte order).
 fn packet_mark(exprs: &mut Attrs, text: &str, negate: bool) -> Result<(), Unsupported> {
     let (value, mask) = mark_and_mask(text)?;
-    meta_load(exprs, MetaKey::Mark);
+    meta_load(exprs, NFT_META_MARK);
     let data = Attrs::new()
-        .u32(1, REG_1)
-        .u32(2, REG_1)
+        .u32(1, NFT_REG_1)
+        .u32(2, NFT_REG_1)
         .u32(3, 4)
         .nested(4, data_value(&mask.to_ne_bytes()))
         .nested(5, data_value(&[0; 4]));
@@ -529,9 +513,6 @@ fn verdict(exprs: &mut Attrs, code: i32, chain: Option<&str>) {
 }
 
 fn target(exprs: &mut Attrs, family: Family, target: &Target) -> Result<(), Unsupported> {
-    const NF_ACCEPT: i32 = 1;
-    const NFT_JUMP: i32 = -3;
-    const NFT_RETURN: i32 = -5;
     match target {
         Target::Return => verdict(exprs, NFT_RETURN, None),
         Target::Accept => verdict(exprs, NF_ACCEPT, None),
@@ -560,10 +541,7 @@ fn target(exprs: &mut Attrs, family: Family, target: &Target) -> Result<(), Unsu
 // builds on the private builders above.
 #[path = "iptables_nft_heal.rs"]
 mod heal;
-pub use heal::{
-    NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELTABLE, delete_chain, delete_rule, delete_table,
-    encode_onto, flush_chain,
-};
+pub use heal::{delete_chain, delete_rule, delete_table, encode_onto, flush_chain};
 
 #[cfg(test)]
 #[path = "iptables_nft_tests.rs"]

@@ -17,6 +17,12 @@ pub use super::iptables_state::{DecodedRule, RuleAt};
 use super::model::{
     CtState, Family, ForeignRule, Match, OwnerKind, Position, Proto, Rule, SetDir, Table, Target,
 };
+use super::nf_kernel::{
+    NF_ACCEPT, NF_DROP, NFT_GOTO, NFT_JUMP, NFT_META_IIFNAME, NFT_META_L4PROTO, NFT_META_MARK,
+    NFT_META_OIFNAME, NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER, NFT_REG_1,
+    NFT_RETURN, NFTA_EXPR_DATA, NFTA_EXPR_NAME, NFTA_LIST_ELEM, NFTA_RULE_CHAIN,
+    NFTA_RULE_EXPRESSIONS, NFTA_RULE_HANDLE, NFTA_RULE_TABLE, NFTA_RULE_USERDATA,
+};
 use super::nla::read::{attrs, be32, get, text};
 use super::xtables::read::{self, Connmark, Owner};
 
@@ -33,17 +39,6 @@ impl SetNames for NoSets {
         None
     }
 }
-
-/// Attribute numbers of the dumped rule (`NFTA_RULE_*`) and of one expression.
-const RULE_TABLE: u16 = 1;
-const RULE_CHAIN: u16 = 2;
-const RULE_HANDLE: u16 = 3;
-const RULE_EXPRESSIONS: u16 = 4;
-const RULE_USERDATA: u16 = 7;
-const LIST_ELEM: u16 = 1;
-const EXPR_NAME: u16 = 1;
-const EXPR_DATA: u16 = 2;
-const REG_1: u32 = 1;
 
 /// One expression of a rule, as far as iptables-nft uses them.
 #[derive(Debug)]
@@ -81,8 +76,8 @@ enum Expr<'a> {
 fn expr(elem: &[u8]) -> Result<Expr<'_>, ForeignRule> {
     let bad = |what: &str| ForeignRule(what.to_string());
     let list = attrs(elem).ok_or_else(|| bad("malformed expression"))?;
-    let name = get(&list, EXPR_NAME).map(text).unwrap_or_default();
-    let data = attrs(get(&list, EXPR_DATA).unwrap_or_default())
+    let name = get(&list, NFTA_EXPR_NAME).map(text).unwrap_or_default();
+    let data = attrs(get(&list, NFTA_EXPR_DATA).unwrap_or_default())
         .ok_or_else(|| bad("malformed expression data"))?;
     let u = |k: u16| get(&data, k).and_then(be32);
     let nested_value = |k: u16| {
@@ -92,19 +87,21 @@ fn expr(elem: &[u8]) -> Result<Expr<'_>, ForeignRule> {
     };
     let only = |keys: &[u16]| data.iter().all(|(k, _)| keys.contains(k));
     let parsed = match name.as_str() {
-        "meta" if u(1) == Some(REG_1) && only(&[1, 2]) => u(2).map(|key| Expr::Meta { key }),
-        "payload" if u(1) == Some(REG_1) && only(&[1, 2, 3, 4]) => match (u(2), u(3), u(4)) {
+        "meta" if u(1) == Some(NFT_REG_1) && only(&[1, 2]) => u(2).map(|key| Expr::Meta { key }),
+        "payload" if u(1) == Some(NFT_REG_1) && only(&[1, 2, 3, 4]) => match (u(2), u(3), u(4)) {
             (Some(base), Some(offset), Some(len)) => Some(Expr::Payload { base, offset, len }),
             _ => None,
         },
-        "cmp" if u(1) == Some(REG_1) && only(&[1, 2, 3]) => match (u(2), nested_value(3)) {
+        "cmp" if u(1) == Some(NFT_REG_1) && only(&[1, 2, 3]) => match (u(2), nested_value(3)) {
             (Some(op @ (0 | 1)), Some(value)) => Some(Expr::Cmp {
                 negate: op == 1,
                 value,
             }),
             _ => None,
         },
-        "bitwise" if u(1) == Some(REG_1) && u(2) == Some(REG_1) && only(&[1, 2, 3, 4, 5, 6]) => {
+        "bitwise"
+            if u(1) == Some(NFT_REG_1) && u(2) == Some(NFT_REG_1) && only(&[1, 2, 3, 4, 5, 6]) =>
+        {
             let boolean = u(6).unwrap_or(0) == 0;
             match (nested_value(4), nested_value(5)) {
                 (Some(mask), Some(xor)) if boolean && xor.iter().all(|b| *b == 0) => {
@@ -139,34 +136,20 @@ fn expr(elem: &[u8]) -> Result<Expr<'_>, ForeignRule> {
     parsed.ok_or_else(|| ForeignRule(format!("{name} expression")))
 }
 
-/// `meta` keys and `payload` bases iptables-nft loads.
-const META_MARK: u32 = 3;
-const META_IIFNAME: u32 = 6;
-const META_OIFNAME: u32 = 7;
-const META_L4PROTO: u32 = 16;
-const BASE_NETWORK: u32 = 1;
-const BASE_TRANSPORT: u32 = 2;
-/// Verdict codes.
-const NF_DROP: i32 = 0;
-const NF_ACCEPT: i32 = 1;
-const NFT_JUMP: i32 = -3;
-const NFT_GOTO: i32 = -4;
-const NFT_RETURN: i32 = -5;
-
 /// Reads one dumped rule of `family` (its attributes after the nfgenmsg header).
 pub fn decode_rule(family: Family, record: &[u8], sets: &dyn SetNames) -> DecodedRule {
     let list = attrs(record).unwrap_or_default();
-    let table = get(&list, RULE_TABLE).map(text).unwrap_or_default();
-    let chain = get(&list, RULE_CHAIN).map(text).unwrap_or_default();
-    let handle = get(&list, RULE_HANDLE)
+    let table = get(&list, NFTA_RULE_TABLE).map(text).unwrap_or_default();
+    let chain = get(&list, NFTA_RULE_CHAIN).map(text).unwrap_or_default();
+    let handle = get(&list, NFTA_RULE_HANDLE)
         .and_then(|v| Some(u64::from_be_bytes(v.try_into().ok()?)))
         .unwrap_or(0);
-    let exprs: Vec<Result<Expr, ForeignRule>> = get(&list, RULE_EXPRESSIONS)
+    let exprs: Vec<Result<Expr, ForeignRule>> = get(&list, NFTA_RULE_EXPRESSIONS)
         .and_then(attrs)
         .unwrap_or_default()
         .into_iter()
         .map(|(kind, elem)| match kind {
-            LIST_ELEM => expr(elem),
+            NFTA_LIST_ELEM => expr(elem),
             _ => Err(ForeignRule("expression list".into())),
         })
         .collect();
@@ -177,7 +160,7 @@ pub fn decode_rule(family: Family, record: &[u8], sets: &dyn SetNames) -> Decode
         }) => chain.clone(),
         _ => None,
     });
-    let rule = if get(&list, RULE_USERDATA).is_some() {
+    let rule = if get(&list, NFTA_RULE_USERDATA).is_some() {
         Err(ForeignRule("user data (a comment?)".into()))
     } else {
         decode_exprs(family, &table, &chain, exprs, sets)
@@ -280,13 +263,13 @@ fn meta_match(
 ) -> Option<Match> {
     let unmasked = |m: Match| mask.is_none().then_some(m);
     match key {
-        META_IIFNAME => {
+        NFT_META_IIFNAME => {
             iface_name(value).and_then(|name| unmasked(Match::InIface { name, negate }))
         }
-        META_OIFNAME => {
+        NFT_META_OIFNAME => {
             iface_name(value).and_then(|name| unmasked(Match::OutIface { name, negate }))
         }
-        META_L4PROTO if !negate && mask.is_none() && proto.is_none() => {
+        NFT_META_L4PROTO if !negate && mask.is_none() && proto.is_none() => {
             let p = match value {
                 [6] => Some(Proto::Tcp),
                 [17] => Some(Proto::Udp),
@@ -295,7 +278,7 @@ fn meta_match(
             *proto = p;
             p.map(Match::Proto)
         }
-        META_MARK => {
+        NFT_META_MARK => {
             let ne = |b: &[u8]| Some(u32::from_ne_bytes(b.try_into().ok()?));
             let mask = match mask {
                 Some(m) => ne(m),
@@ -318,14 +301,16 @@ fn payload_match(
     proto: Option<Proto>,
 ) -> Option<Match> {
     match base {
-        BASE_NETWORK => address(family, offset, len, mask, value).map(|(src, addr)| {
-            if src {
-                Match::Src { addr, negate }
-            } else {
-                Match::Dst { addr, negate }
-            }
-        }),
-        BASE_TRANSPORT if proto.is_some() && len == 2 && mask.is_none() => {
+        NFT_PAYLOAD_NETWORK_HEADER => {
+            address(family, offset, len, mask, value).map(|(src, addr)| {
+                if src {
+                    Match::Src { addr, negate }
+                } else {
+                    Match::Dst { addr, negate }
+                }
+            })
+        }
+        NFT_PAYLOAD_TRANSPORT_HEADER if proto.is_some() && len == 2 && mask.is_none() => {
             let port = u16::from_be_bytes(value.try_into().unwrap_or([0, 0]));
             let port = (value.len() == 2).then(|| port.to_string());
             match offset {

@@ -1,7 +1,8 @@
 use super::*;
 use crate::rules::ambient::{AmbientConfig, PodDns, PodOverrides, inpod_rules};
-use crate::rules::iptables_nft::{NFT_MSG_NEWRULE, encode};
+use crate::rules::iptables_nft::encode;
 use crate::rules::model::{RuleSet, RuleSetBuilder};
+use crate::rules::nf_kernel::NFT_MSG_NEWRULE;
 use crate::rules::nla::{Attrs, to_bytes};
 
 /// Every rule the encoder sends for `rules`, decoded from the bytes it would send.
@@ -189,7 +190,7 @@ fn what_the_model_cannot_say_is_foreign() {
     let reg2 = elem(
         Attrs::new(),
         "meta",
-        Attrs::new().u32(2, META_L4PROTO).u32(1, 2),
+        Attrs::new().u32(2, NFT_META_L4PROTO).u32(1, 2),
     );
     assert!(
         decode_rule(Family::V4, &record(accept(reg2)), &NoSets)
@@ -199,7 +200,7 @@ fn what_the_model_cannot_say_is_foreign() {
     let lone = elem(
         Attrs::new(),
         "meta",
-        Attrs::new().u32(2, META_L4PROTO).u32(1, REG_1),
+        Attrs::new().u32(2, NFT_META_L4PROTO).u32(1, NFT_REG_1),
     );
     assert!(
         decode_rule(Family::V4, &record(accept(lone)), &NoSets)

@@ -8,20 +8,10 @@ use super::{
 };
 use crate::rules::iptables::{RestoreStep, restore_steps};
 use crate::rules::model::{Family, Rule, Table, is_builtin_chain};
-
-/// `NFT_MSG_DELTABLE`, `NFT_MSG_DELCHAIN`, `NFT_MSG_DELRULE`.
-pub const NFT_MSG_DELTABLE: u16 = 2;
-pub const NFT_MSG_DELCHAIN: u16 = 5;
-pub const NFT_MSG_DELRULE: u16 = 8;
-
-/// `NFTA_RULE_TABLE`, `NFTA_RULE_CHAIN`, `NFTA_RULE_HANDLE`; `NFTA_CHAIN_TABLE`,
-/// `NFTA_CHAIN_NAME`; `NFTA_TABLE_NAME`.
-const RULE_TABLE: u16 = 1;
-const RULE_CHAIN: u16 = 2;
-const RULE_HANDLE: u16 = 3;
-const CHAIN_TABLE: u16 = 1;
-const CHAIN_NAME: u16 = 3;
-const TABLE_NAME: u16 = 1;
+use crate::rules::nf_kernel::{
+    NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELTABLE, NFTA_CHAIN_NAME, NFTA_CHAIN_TABLE,
+    NFTA_RULE_CHAIN, NFTA_RULE_HANDLE, NFTA_RULE_TABLE, NFTA_TABLE_NAME,
+};
 
 /// [`super::encode`] for chains that may exist: a user chain for which `exists(table, chain)` is
 /// true is not created (it is there, emptied earlier in the same transaction); every other chain
@@ -76,9 +66,9 @@ pub fn delete_rule(
         0,
         family,
         Attrs::new()
-            .string(RULE_TABLE, table)
-            .string(RULE_CHAIN, chain)
-            .u64(RULE_HANDLE, handle),
+            .string(NFTA_RULE_TABLE, table)
+            .string(NFTA_RULE_CHAIN, chain)
+            .u64(NFTA_RULE_HANDLE, handle),
         format!("delete rule {handle} of {table}/{chain}"),
     )
 }
@@ -90,8 +80,8 @@ pub fn flush_chain(family: Family, table: &str, chain: &str) -> Result<NftMessag
         0,
         family,
         Attrs::new()
-            .string(RULE_TABLE, table)
-            .string(RULE_CHAIN, chain),
+            .string(NFTA_RULE_TABLE, table)
+            .string(NFTA_RULE_CHAIN, chain),
         format!("flush chain {table}/{chain}"),
     )
 }
@@ -103,8 +93,8 @@ pub fn delete_chain(family: Family, table: &str, chain: &str) -> Result<NftMessa
         0,
         family,
         Attrs::new()
-            .string(CHAIN_TABLE, table)
-            .string(CHAIN_NAME, chain),
+            .string(NFTA_CHAIN_TABLE, table)
+            .string(NFTA_CHAIN_NAME, chain),
         format!("delete chain {table}/{chain}"),
     )
 }
@@ -115,7 +105,7 @@ pub fn delete_table(family: Family, table: &str) -> Result<NftMessage, EncodeErr
         NFT_MSG_DELTABLE,
         0,
         family,
-        Attrs::new().string(TABLE_NAME, table),
+        Attrs::new().string(NFTA_TABLE_NAME, table),
         format!("delete table {table}"),
     )
 }

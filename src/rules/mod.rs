@@ -13,6 +13,7 @@
 //! [`nft_decode`]: our native nftables tables as nft lists them (JSON) read back into the
 //! [`nft_model`] statements, and [`nft_kernel_decode`]: the same from the kernel's dumped
 //! records; both compared with a plan spelt as it reads back ([`nft_canon`]).
+//! The nf_tables kernel numbers these share are declared once, in [`nf_kernel`].
 //! Pure: no processes, files, sockets or namespaces are touched here.
 //! May call: nothing else in this crate.
 
@@ -27,6 +28,7 @@ pub mod iptables_nft_decode;
 pub mod iptables_save_decode;
 pub mod iptables_state;
 pub mod model;
+pub mod nf_kernel;
 pub mod nft_canon;
 pub mod nft_capture;
 pub mod nft_decode;

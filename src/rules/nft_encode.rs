@@ -17,20 +17,19 @@ use netlink_packet_core::{NLM_F_APPEND, NLM_F_CREATE};
 
 use super::iptables_nft::EncodeError;
 use super::model::{Family, Proto};
+use super::nf_kernel::{
+    NF_ACCEPT, NF_DROP, NF_NAT_RANGE_MAP_IPS, NF_NAT_RANGE_PROTO_SPECIFIED, NFT_JUMP,
+    NFT_META_IIFNAME, NFT_META_L4PROTO, NFT_META_MARK, NFT_META_NFPROTO, NFT_META_OIFNAME,
+    NFT_META_SKGID, NFT_META_SKUID, NFT_MSG_DELRULE, NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN,
+    NFT_MSG_NEWRULE, NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM, NFT_MSG_NEWTABLE,
+    NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER, NFT_REG_1, NFT_REG_VERDICT,
+    NFT_RETURN,
+};
 use super::nft_model::{
     AddrValue, MarkKey, MarkSource, NftCtState, NftExpr, NftRule, NftRuleSet, OwnerKind, Side,
 };
 use super::nftables::{NftTable, placed, render_cleanup, render_transaction};
 pub use super::nla::{Attr, Attrs};
-
-/// nf_tables message types (`enum nf_tables_msg_types`).
-pub const NFT_MSG_NEWTABLE: u16 = 0;
-pub const NFT_MSG_DELTABLE: u16 = 2;
-pub const NFT_MSG_NEWCHAIN: u16 = 3;
-pub const NFT_MSG_NEWRULE: u16 = 6;
-pub const NFT_MSG_DELRULE: u16 = 8;
-pub const NFT_MSG_NEWSET: u16 = 9;
-pub const NFT_MSG_NEWSETELEM: u16 = 12;
 
 /// The element type of a named set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,9 +148,6 @@ pub struct NativeMessage {
     /// For error messages: what this message does.
     pub what: String,
 }
-
-/// `NFPROTO_INET`: the family of every table of ours.
-pub const NFPROTO_INET: u8 = 1;
 
 /// The messages of `tx`, in order.
 pub fn encode(tx: &NftTransaction) -> Result<Vec<NativeMessage>, EncodeError> {
@@ -343,8 +339,8 @@ impl Encoder {
     ) -> Result<(), EncodeError> {
         match e {
             NftExpr::L4Proto(p) => ctx.l4proto(x, *p),
-            NftExpr::IifName { name, negate } => ifname(x, META_IIFNAME, name, *negate),
-            NftExpr::OifName { name, negate } => ifname(x, META_OIFNAME, name, *negate),
+            NftExpr::IifName { name, negate } => ifname(x, NFT_META_IIFNAME, name, *negate),
+            NftExpr::OifName { name, negate } => ifname(x, NFT_META_OIFNAME, name, *negate),
             NftExpr::Addr {
                 family,
                 side,
@@ -356,7 +352,7 @@ impl Encoder {
                     AddrValue::Prefix(p) => address(x, *family, *side, p, *negate)?,
                     AddrValue::Set(name) => {
                         let (offset, len) = addr_field(*family, *side);
-                        payload(x, BASE_NETWORK, offset, len);
+                        payload(x, NFT_PAYLOAD_NETWORK_HEADER, offset, len);
                         lookup(x, Attrs::new().string(1, name), *negate);
                     }
                 }
@@ -373,8 +369,8 @@ impl Encoder {
                 let value = parse_num(id)
                     .ok_or_else(|| unsupported(format!("{what}: owner {id} is not a number")))?;
                 let k = match key {
-                    OwnerKind::Uid => META_SKUID,
-                    OwnerKind::Gid => META_SKGID,
+                    OwnerKind::Uid => NFT_META_SKUID,
+                    OwnerKind::Gid => NFT_META_SKGID,
                 };
                 meta_load(x, k);
                 cmp(x, *negate, &value.to_ne_bytes());
@@ -403,26 +399,32 @@ impl Encoder {
                 expr(
                     x,
                     "redir",
-                    Attrs::new().u32(1, REG_1).u32(3, RANGE_PROTO_SPECIFIED),
+                    Attrs::new()
+                        .u32(1, NFT_REG_1)
+                        .u32(3, NF_NAT_RANGE_PROTO_SPECIFIED),
                 );
             }
             NftExpr::Tproxy { family, port } => {
                 immediate(x, &port_bytes(port, what)?);
-                let data = Attrs::new().u32(1, nfproto(*family)).u32(3, REG_1);
+                let data = Attrs::new().u32(1, nfproto(*family)).u32(3, NFT_REG_1);
                 expr(x, "tproxy", data);
             }
             NftExpr::SnatTo(addr) => snat(x, addr, what)?,
             NftExpr::MetaMarkSet(src) => {
                 mark_source(x, src, MarkKey::Ct, what)?;
-                expr(x, "meta", Attrs::new().u32(2, META_MARK).u32(3, REG_1));
+                expr(
+                    x,
+                    "meta",
+                    Attrs::new().u32(2, NFT_META_MARK).u32(3, NFT_REG_1),
+                );
             }
             NftExpr::CtMarkSet(src) => {
                 mark_source(x, src, MarkKey::Meta, what)?;
-                expr(x, "ct", Attrs::new().u32(2, CT_MARK).u32(4, REG_1));
+                expr(x, "ct", Attrs::new().u32(2, CT_MARK).u32(4, NFT_REG_1));
             }
             NftExpr::CtZoneSet(zone) => {
                 immediate(x, &zone.to_ne_bytes());
-                expr(x, "ct", Attrs::new().u32(2, CT_ZONE).u32(4, REG_1));
+                expr(x, "ct", Attrs::new().u32(2, CT_ZONE).u32(4, NFT_REG_1));
             }
         }
         Ok(())
@@ -448,11 +450,11 @@ impl Encoder {
             .ok_or_else(|| unsupported(format!("{what}: port {}", ports.join(","))))?;
         let offset = if side == Side::Src { 0 } else { 2 };
         if let [one] = ports.as_slice() {
-            payload(x, BASE_TRANSPORT, offset, 2);
+            payload(x, NFT_PAYLOAD_TRANSPORT_HEADER, offset, 2);
             cmp(x, negate, &one.to_be_bytes());
         } else {
             let id = self.port_set(table, &ports, what)?;
-            payload(x, BASE_TRANSPORT, offset, 2);
+            payload(x, NFT_PAYLOAD_TRANSPORT_HEADER, offset, 2);
             lookup(x, Attrs::new().string(1, ANON_SET).u32(4, id), negate);
         }
         Ok(())
@@ -486,8 +488,8 @@ fn snat(x: &mut Attrs, addr: &str, what: &str) -> Result<(), EncodeError> {
     let data = Attrs::new()
         .u32(1, NAT_SNAT)
         .u32(2, nfproto(family))
-        .u32(3, REG_1)
-        .u32(7, RANGE_MAP_IPS);
+        .u32(3, NFT_REG_1)
+        .u32(7, NF_NAT_RANGE_MAP_IPS);
     expr(x, "nat", data);
     Ok(())
 }
@@ -502,14 +504,14 @@ struct Context {
 impl Context {
     fn nfproto(&mut self, x: &mut Attrs, family: Family) {
         if self.family != Some(family) {
-            meta_load(x, META_NFPROTO);
+            meta_load(x, NFT_META_NFPROTO);
             cmp(x, false, &[nfproto(family) as u8]);
             self.family = Some(family);
         }
     }
 
     fn l4proto(&mut self, x: &mut Attrs, p: Proto) {
-        meta_load(x, META_L4PROTO);
+        meta_load(x, NFT_META_L4PROTO);
         cmp(
             x,
             false,
@@ -607,7 +609,7 @@ fn address(
         prefix.div_ceil(8)
     };
     let (offset, _) = addr_field(family, side);
-    payload(x, BASE_NETWORK, offset, len as u32);
+    payload(x, NFT_PAYLOAD_NETWORK_HEADER, offset, len as u32);
     let mask: Vec<u8> = (0..len)
         .map(|i| {
             let here = prefix.saturating_sub(i * 8).min(8);
@@ -641,7 +643,7 @@ fn ifname(x: &mut Attrs, key: u32, name: &str, negate: bool) {
 
 fn mark_load(x: &mut Attrs, key: MarkKey) {
     match key {
-        MarkKey::Meta | MarkKey::MetaShort => meta_load(x, META_MARK),
+        MarkKey::Meta | MarkKey::MetaShort => meta_load(x, NFT_META_MARK),
         MarkKey::Ct => ct_load(x, CT_MARK),
     }
 }
@@ -673,16 +675,16 @@ fn expr(x: &mut Attrs, name: &str, data: Attrs) {
 }
 
 fn meta_load(x: &mut Attrs, key: u32) {
-    expr(x, "meta", Attrs::new().u32(2, key).u32(1, REG_1));
+    expr(x, "meta", Attrs::new().u32(2, key).u32(1, NFT_REG_1));
 }
 
 fn ct_load(x: &mut Attrs, key: u32) {
-    expr(x, "ct", Attrs::new().u32(2, key).u32(1, REG_1));
+    expr(x, "ct", Attrs::new().u32(2, key).u32(1, NFT_REG_1));
 }
 
 fn payload(x: &mut Attrs, base: u32, offset: u32, len: u32) {
     let data = Attrs::new()
-        .u32(1, REG_1)
+        .u32(1, NFT_REG_1)
         .u32(2, base)
         .u32(3, offset)
         .u32(4, len);
@@ -695,7 +697,7 @@ fn value(bytes: &[u8]) -> Attrs {
 
 fn cmp(x: &mut Attrs, negate: bool, bytes: &[u8]) {
     let data = Attrs::new()
-        .u32(1, REG_1)
+        .u32(1, NFT_REG_1)
         .u32(2, u32::from(negate))
         .nested(3, value(bytes));
     expr(x, "cmp", data);
@@ -707,8 +709,8 @@ fn bitwise(x: &mut Attrs, mask: &[u8], xor: &[u8]) {
 
 fn bitwise_len(x: &mut Attrs, len: u32, mask: &[u8], xor: &[u8]) {
     let data = Attrs::new()
-        .u32(1, REG_1)
-        .u32(2, REG_1)
+        .u32(1, NFT_REG_1)
+        .u32(2, NFT_REG_1)
         .u32(3, len)
         .nested(4, value(mask))
         .nested(5, value(xor));
@@ -716,7 +718,7 @@ fn bitwise_len(x: &mut Attrs, len: u32, mask: &[u8], xor: &[u8]) {
 }
 
 fn lookup(x: &mut Attrs, set: Attrs, negate: bool) {
-    let mut data = set.u32(2, REG_1);
+    let mut data = set.u32(2, NFT_REG_1);
     if negate {
         data = data.u32(5, LOOKUP_F_INV);
     }
@@ -724,7 +726,7 @@ fn lookup(x: &mut Attrs, set: Attrs, negate: bool) {
 }
 
 fn immediate(x: &mut Attrs, bytes: &[u8]) {
-    let data = Attrs::new().u32(1, REG_1).nested(2, value(bytes));
+    let data = Attrs::new().u32(1, NFT_REG_1).nested(2, value(bytes));
     expr(x, "immediate", data);
 }
 
@@ -734,7 +736,7 @@ fn verdict(x: &mut Attrs, code: i32, chain: Option<&str>) {
         v = v.string(2, chain);
     }
     let data = Attrs::new()
-        .u32(1, REG_VERDICT)
+        .u32(1, NFT_REG_VERDICT)
         .nested(2, Attrs::new().nested(2, v));
     expr(x, "immediate", data);
 }
@@ -757,30 +759,13 @@ fn udata_string(kind: u8, s: &str) -> Vec<u8> {
     udata(kind, &v)
 }
 
-const REG_VERDICT: u32 = 0;
-const REG_1: u32 = 1;
+/// `IFNAMSIZ`; `NFT_CT_STATE`, `NFT_CT_MARK`, `NFT_CT_ZONE`; `NFT_LOOKUP_F_INV`; `NFT_NAT_SNAT`.
 const IFNAMSIZ: usize = 16;
-const BASE_NETWORK: u32 = 1;
-const BASE_TRANSPORT: u32 = 2;
-const META_MARK: u32 = 3;
-const META_IIFNAME: u32 = 6;
-const META_OIFNAME: u32 = 7;
-const META_SKUID: u32 = 10;
-const META_SKGID: u32 = 11;
-const META_NFPROTO: u32 = 15;
-const META_L4PROTO: u32 = 16;
 const CT_STATE: u32 = 0;
 const CT_MARK: u32 = 3;
 const CT_ZONE: u32 = 17;
-const NF_DROP: i32 = 0;
-const NF_ACCEPT: i32 = 1;
-const NFT_JUMP: i32 = -3;
-const NFT_RETURN: i32 = -5;
 const LOOKUP_F_INV: u32 = 1;
 const NAT_SNAT: u32 = 0;
-/// `NF_NAT_RANGE_MAP_IPS`, `NF_NAT_RANGE_PROTO_SPECIFIED`.
-const RANGE_MAP_IPS: u32 = 1;
-const RANGE_PROTO_SPECIFIED: u32 = 2;
 /// `NFT_SET_ANONYMOUS`, `NFT_SET_CONSTANT`.
 const SET_ANONYMOUS: u32 = 1;
 const SET_CONSTANT: u32 = 2;

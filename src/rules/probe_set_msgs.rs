@@ -9,6 +9,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use netlink_packet_core::{DecodeError, NlaBuffer, NlasIterator};
 
+use super::nf_kernel::NFTA_LIST_ELEM;
+/// The set-element messages, named here beside their attributes for the transport's caller.
+pub use super::nf_kernel::{NFT_MSG_DELSETELEM, NFT_MSG_GETSETELEM, NFT_MSG_NEWSETELEM};
 use super::nla::{Attr, AttrTooLong, Attrs};
 
 /// `IPSET_CMD_*` (`linux/netfilter/ipset/ip_set.h`), sent in the ipset nfnetlink subsystem.
@@ -32,14 +35,10 @@ const NLA_F_NET_BYTEORDER: u16 = 0x4000;
 /// The kernel's longest ipset comment (`IPSET_MAX_COMMENT_SIZE`).
 const IPSET_MAX_COMMENT: usize = 255;
 
-/// `NFT_MSG_*SETELEM` (`enum nf_tables_msg_types`).
-pub const NFT_MSG_NEWSETELEM: u16 = 12;
-pub const NFT_MSG_GETSETELEM: u16 = 13;
-pub const NFT_MSG_DELSETELEM: u16 = 14;
+/// `NFTA_SET_ELEM_LIST_*`, `NFTA_SET_ELEM_*`, `NFTA_DATA_VALUE`.
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_USERDATA: u16 = 6;
 const NFTA_DATA_VALUE: u16 = 1;

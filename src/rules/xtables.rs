@@ -5,6 +5,7 @@
 use super::model::Family;
 
 use super::model::OwnerKind;
+use super::nf_kernel::NF_NAT_RANGE_PROTO_SPECIFIED;
 
 /// The `XT_OWNER_UID` / `XT_OWNER_GID` flag of an owner kind.
 fn owner_flag(kind: OwnerKind) -> u8 {
@@ -51,7 +52,6 @@ pub fn multiport_dst_info(ports: &[u16], negate: bool) -> Vec<u8> {
 /// `-j REDIRECT --to-ports PORT`, revision 0: IPv4 takes `nf_nat_ipv4_multi_range_compat`, IPv6
 /// `nf_nat_range`; both with only the port range set.
 pub fn redirect_info(family: Family, port: u16) -> Vec<u8> {
-    const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
     let port = port.to_be_bytes();
     let mut info = Vec::new();
     match family {
@@ -127,6 +127,7 @@ pub fn tcp_any_port_info() -> Vec<u8> {
 /// a rule of the model cannot say (a range, a flag, another mode): such a rule is foreign.
 pub mod read {
     use super::{ConnmarkMode, Family, MULTIPORT_MAX, OwnerKind};
+    use crate::rules::nf_kernel::{NF_NAT_RANGE_MAP_IPS, NF_NAT_RANGE_PROTO_SPECIFIED};
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
     fn u32_at(info: &[u8], at: usize) -> Option<u32> {
@@ -209,7 +210,6 @@ pub mod read {
 
     /// `REDIRECT` (revision 0) to one port, in `family`'s layout.
     pub fn redirect(family: Family, info: &[u8]) -> Option<u16> {
-        const PROTO_SPECIFIED: u32 = 2;
         let (flags_at, port_at, len) = match family {
             Family::V4 if u32_at(info, 0)? == 1 => (4, 16, 24),
             Family::V4 => return None,
@@ -217,7 +217,7 @@ pub mod read {
         };
         let min = be16_at(info, port_at)?;
         let plain = info.len() == len
-            && u32_at(info, flags_at)? == PROTO_SPECIFIED
+            && u32_at(info, flags_at)? == NF_NAT_RANGE_PROTO_SPECIFIED
             && info[flags_at + 4..port_at].iter().all(|b| *b == 0)
             && be16_at(info, port_at + 2)? == min
             && zero(info, port_at + 4);
@@ -226,12 +226,11 @@ pub mod read {
 
     /// `SNAT --to-source ADDR` (IPv4 revision 0, IPv6 revision 1): one address, no ports.
     pub fn snat(family: Family, info: &[u8]) -> Option<IpAddr> {
-        const MAP_IPS: u32 = 1;
         match family {
             Family::V4 => {
                 let single = info.len() == 24
                     && u32_at(info, 0)? == 1
-                    && u32_at(info, 4)? == MAP_IPS
+                    && u32_at(info, 4)? == NF_NAT_RANGE_MAP_IPS
                     && info[8..12] == info[12..16]
                     && zero(info, 16);
                 let octets: [u8; 4] = info.get(8..12)?.try_into().ok()?;
@@ -239,7 +238,7 @@ pub mod read {
             }
             Family::V6 => {
                 let single = info.len() == 40
-                    && u32_at(info, 0)? == MAP_IPS
+                    && u32_at(info, 0)? == NF_NAT_RANGE_MAP_IPS
                     && info[4..20] == info[20..36]
                     && zero(info, 36);
                 let octets: [u8; 16] = info.get(4..20)?.try_into().ok()?;
