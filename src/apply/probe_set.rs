@@ -20,7 +20,8 @@ use netlink_packet_core::NLM_F_CREATE;
 
 use super::exec::{Cmd, Executor, ProcessExecutor};
 use super::iptables::{ApplyError, run_checked};
-use crate::netlink::nfnl::{self, NFNL_SUBSYS_IPSET, NFNL_SUBSYS_NFTABLES};
+use crate::netlink::nf_kernel::{NFNL_SUBSYS_IPSET, NFNL_SUBSYS_NFTABLES};
+use crate::netlink::nfnl;
 use crate::netlink::nft_batch::{BatchError, Transaction};
 use crate::rules::ambient::{PROBE_SET_V4, PROBE_SET_V6};
 use crate::rules::nla::{Attr, AttrTooLong};

@@ -2,9 +2,10 @@
 //! (`IPSET_CMD_GET_BYINDEX`), so reading a rule back needs no `ipset` process. (Members and
 //! whether a set exists: `apply::probe_set` over [`super::nfnl`].)
 
-use netlink_packet_core::{DefaultNla, NlaBuffer, NlasIterator};
+use netlink_packet_core::{DefaultNla, NLM_F_ACK, NlaBuffer, NlasIterator};
 
-use super::nfnl::{self, NFNL_SUBSYS_IPSET};
+use super::nf_kernel::NFNL_SUBSYS_IPSET;
+use super::nfnl::{self, Message};
 use super::nft_batch::BatchError;
 
 const IPSET_CMD_GET_BYINDEX: u16 = 15;
@@ -23,13 +24,15 @@ pub fn set_name(index: u16) -> Result<Option<String>, BatchError> {
     ];
     let what = format!("look up ipset index {index}");
     let family = libc::AF_INET as u8;
-    let records = match nfnl::query(
+    let request = Message::new(
         NFNL_SUBSYS_IPSET,
         IPSET_CMD_GET_BYINDEX,
+        NLM_F_ACK,
         family,
         &attrs,
         &what,
-    ) {
+    );
+    let records = match nfnl::records(&request) {
         Err(BatchError::Rejected { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
             return Ok(None);
         }

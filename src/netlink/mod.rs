@@ -1,7 +1,8 @@
 //! The netlink transport and host facts: interface addresses (IPv6 detection); addresses, ip
 //! rules and routes via rtnetlink with plain parameters ([`routes`], no `ip` subprocess, no
 //! policy: which routes a capture needs is `apply`'s decision); nf_tables transactions over
-//! nfnetlink ([`nft_batch`]), reading them back ([`nft_dump`]) and ipset names ([`ipset`]). This room owns the wire format — netlink and nfnetlink headers,
+//! nfnetlink ([`nft_batch`]), reading them back ([`nft_dump`]) and ipset names ([`ipset`]); the
+//! nfnetlink numbers these write themselves, once ([`nf_kernel`]). This room owns the wire format — netlink and nfnetlink headers,
 //! batch framing, sequence numbers, one socket per transaction, the kernel's answers — and frames
 //! whatever neutral description it is given (message kind, flags, family, netlink-packet-core
 //! attributes).
@@ -184,6 +185,7 @@ fn with_reply_buffer<T>(capacity: usize, read: impl FnOnce(&mut Vec<u8>) -> T) -
 }
 
 pub mod ipset;
+pub mod nf_kernel;
 pub mod nfnl;
 pub mod nft_batch;
 pub mod nft_dump;

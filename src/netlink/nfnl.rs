@@ -18,10 +18,6 @@ use super::nft_batch::{
     BatchError, HEADER_LEN, NFGENMSG_LEN, REPLY_BUFFER, REPLY_TIMEOUT, push_header,
 };
 
-/// `NFNL_SUBSYS_IPSET`.
-pub const NFNL_SUBSYS_IPSET: u16 = 6;
-/// `NFNL_SUBSYS_NFTABLES`.
-pub const NFNL_SUBSYS_NFTABLES: u16 = super::nft_batch::NFNL_SUBSYS_NFTABLES;
 const SEQ: u32 = 1;
 
 thread_local! {
@@ -78,7 +74,7 @@ fn open() -> Result<Socket, BatchError> {
 
 /// One request: message `kind` of subsystem `subsys` with `NLM_F_*` `flags` (on top of
 /// `NLM_F_REQUEST`), for address `family`, carrying `attrs`; `what` names it in a refusal.
-struct Message<'a, A> {
+pub(super) struct Message<'a, A> {
     subsys: u16,
     kind: u16,
     flags: u16,
@@ -88,7 +84,14 @@ struct Message<'a, A> {
 }
 
 impl<'a, A> Message<'a, A> {
-    fn new(subsys: u16, kind: u16, flags: u16, family: u8, attrs: &'a [A], what: &'a str) -> Self {
+    pub(super) fn new(
+        subsys: u16,
+        kind: u16,
+        flags: u16,
+        family: u8,
+        attrs: &'a [A],
+        what: &'a str,
+    ) -> Self {
         Message {
             subsys,
             kind,
@@ -213,17 +216,6 @@ pub fn request<A: Nla>(
     )
 }
 
-/// Like [`request`], keeping the records answered before the ACK (a `GET_BYINDEX`'s).
-pub fn query<A: Nla>(
-    subsys: u16,
-    kind: u16,
-    family: u8,
-    attrs: &[A],
-    what: &str,
-) -> Result<Vec<Vec<u8>>, BatchError> {
-    records(&Message::new(subsys, kind, NLM_F_ACK, family, attrs, what))
-}
-
 /// One dump request; every record's attribute bytes, in the kernel's order.
 pub fn dump<A: Nla>(
     subsys: u16,
@@ -235,8 +227,10 @@ pub fn dump<A: Nla>(
     records(&Message::new(subsys, kind, NLM_F_DUMP, family, attrs, what))
 }
 
-/// Sends `message` and collects every record answered until its end.
-fn records<A: Nla>(message: &Message<'_, A>) -> Result<Vec<Vec<u8>>, BatchError> {
+/// Sends `message` and collects every record answered until its end: a dump's
+/// ([`NLM_F_DUMP`]), or with [`NLM_F_ACK`] the records answered before the ACK (a
+/// `GET_BYINDEX`'s).
+pub(super) fn records<A: Nla>(message: &Message<'_, A>) -> Result<Vec<Vec<u8>>, BatchError> {
     let mut records = Vec::new();
     exchange(message, |record| records.push(record.to_vec()))?;
     Ok(records)
@@ -259,6 +253,7 @@ fn exchange<A: Nla>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::netlink::nf_kernel::{NFNL_SUBSYS_NFTABLES, NFT_MSG_GETCHAIN};
 
     fn session_socket() -> Option<Option<i32>> {
         use std::os::fd::AsRawFd;
@@ -272,7 +267,15 @@ mod tests {
     /// Needs root (an nf_tables dump of this process's netns; read only).
     #[test]
     fn a_session_reuses_one_socket_and_closes_it_at_its_end() {
-        let list = || dump::<netlink_packet_core::DefaultNla>(NFNL_SUBSYS_NFTABLES, 4, 0, &[], "t");
+        let list = || {
+            dump::<netlink_packet_core::DefaultNla>(
+                NFNL_SUBSYS_NFTABLES,
+                NFT_MSG_GETCHAIN,
+                0,
+                &[],
+                "t",
+            )
+        };
         assert_eq!(session_socket(), None);
         list().expect("chain dump (root?)");
         assert_eq!(session_socket(), None, "outside a session nothing is kept");

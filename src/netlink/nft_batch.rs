@@ -14,9 +14,11 @@ use netlink_packet_core::{
     NetlinkBuffer, NetlinkHeader, Nla,
 };
 
-const NFNL_MSG_BATCH_BEGIN: u16 = 16;
-const NFNL_MSG_BATCH_END: u16 = 17;
-pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
+use super::nf_kernel::{
+    NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, NFNL_SUBSYS_NFTABLES, NFT_MSG_DELCHAIN,
+    NFT_MSG_DELTABLE, NFTA_CHAIN_NAME, NFTA_CHAIN_TABLE, NFTA_TABLE_NAME,
+};
+
 const NFNETLINK_V0: u8 = 0;
 /// `struct nlmsghdr`.
 pub(super) const HEADER_LEN: usize = 16;
@@ -26,20 +28,6 @@ pub(super) const NFGENMSG_LEN: usize = 4;
 pub(super) const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 const FIRST_SEQ: u32 = 1;
 pub(super) const REPLY_BUFFER: usize = 65536;
-
-/// The nf_tables requests this module makes itself (`enum nf_tables_msg_types`); the rest come
-/// from the caller.
-#[derive(Debug, Clone, Copy)]
-enum OwnMsg {
-    DelTable = 2,
-    DelChain = 5,
-}
-
-/// `NFTA_TABLE_NAME`.
-const NFTA_TABLE_NAME: u16 = 1;
-/// `NFTA_CHAIN_TABLE`, `NFTA_CHAIN_NAME`.
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
 
 /// Why a transaction did not go through.
 #[derive(Debug, thiserror::Error)]
@@ -464,7 +452,7 @@ fn scan_replies(buf: &[u8], last_seq: u32) -> Option<Answer> {
 pub fn delete_chain(family: u8, table: &str, chain: &str) -> Result<(), BatchError> {
     let mut tx = Transaction::new();
     tx.push(
-        OwnMsg::DelChain as u16,
+        NFT_MSG_DELCHAIN,
         0,
         family,
         &[
@@ -480,7 +468,7 @@ pub fn delete_chain(family: u8, table: &str, chain: &str) -> Result<(), BatchErr
 pub fn delete_table(family: u8, name: &str) -> Result<(), BatchError> {
     let mut tx = Transaction::new();
     tx.push(
-        OwnMsg::DelTable as u16,
+        NFT_MSG_DELTABLE,
         0,
         family,
         &[name_attr(NFTA_TABLE_NAME, name)],

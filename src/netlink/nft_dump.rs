@@ -6,23 +6,12 @@
 
 use netlink_packet_core::{DefaultNla, NlaBuffer, NlasIterator};
 
-use super::nft_batch::{BatchError, NFNL_SUBSYS_NFTABLES, name_attr};
-
-/// The dump requests made here (`enum nf_tables_msg_types`: `NFT_MSG_GET*`).
-#[derive(Debug, Clone, Copy)]
-enum DumpMsg {
-    Table = 1,
-    Chain = 4,
-    Rule = 7,
-    Set = 10,
-    SetElem = 13,
-}
-
-/// `NFTA_CHAIN_TABLE`, `NFTA_CHAIN_NAME`, `NFTA_CHAIN_POLICY`; `NFTA_RULE_TABLE`.
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
-const NFTA_CHAIN_POLICY: u16 = 5;
-const NFTA_RULE_TABLE: u16 = 1;
+use super::nf_kernel::{
+    NFNL_SUBSYS_NFTABLES, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM,
+    NFT_MSG_GETTABLE, NFTA_CHAIN_NAME, NFTA_CHAIN_POLICY, NFTA_CHAIN_TABLE, NFTA_RULE_TABLE,
+    NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE,
+};
+use super::nft_batch::{BatchError, name_attr};
 
 /// The `(table, chain)` names of every nf_tables chain of one family (`AF_INET`/`AF_INET6`, 0 for
 /// all) in the calling thread's network namespace. This is how an apply learns cheaply whether
@@ -40,7 +29,7 @@ pub fn list_chains_with_policy(
     family: u8,
 ) -> Result<Vec<(String, String, Option<u32>)>, BatchError> {
     let mut chains = Vec::new();
-    for record in dump(DumpMsg::Chain, family, &[], "list chains")? {
+    for record in dump(NFT_MSG_GETCHAIN, family, &[], "list chains")? {
         chains.extend(chain_names(&record)?);
     }
     Ok(chains)
@@ -52,7 +41,7 @@ pub fn list_chains_with_policy(
 pub fn dump_rules(family: u8, table: &str) -> Result<Vec<Vec<u8>>, BatchError> {
     let filter = [name_attr(NFTA_RULE_TABLE, table)];
     match dump(
-        DumpMsg::Rule,
+        NFT_MSG_GETRULE,
         family,
         &filter,
         &format!("list rules of table {table}"),
@@ -68,9 +57,9 @@ pub fn dump_rules(family: u8, table: &str) -> Result<Vec<Vec<u8>>, BatchError> {
 /// a whole ruleset needs besides the rules.
 pub fn dump_layout(family: u8) -> Result<Layout, BatchError> {
     Ok(Layout {
-        tables: dump(DumpMsg::Table, family, &[], "list tables")?,
-        chains: dump(DumpMsg::Chain, family, &[], "list chains")?,
-        sets: dump(DumpMsg::Set, family, &[], "list sets")?,
+        tables: dump(NFT_MSG_GETTABLE, family, &[], "list tables")?,
+        chains: dump(NFT_MSG_GETCHAIN, family, &[], "list chains")?,
+        sets: dump(NFT_MSG_GETSET, family, &[], "list sets")?,
     })
 }
 
@@ -84,9 +73,12 @@ pub struct Layout {
 
 /// The element records (`NFTA_SET_ELEM_LIST_*`) of one set of one table.
 pub fn dump_set_elements(family: u8, table: &str, set: &str) -> Result<Vec<Vec<u8>>, BatchError> {
-    let filter = [name_attr(1, table), name_attr(2, set)];
+    let filter = [
+        name_attr(NFTA_SET_ELEM_LIST_TABLE, table),
+        name_attr(NFTA_SET_ELEM_LIST_SET, set),
+    ];
     dump(
-        DumpMsg::SetElem,
+        NFT_MSG_GETSETELEM,
         family,
         &filter,
         &format!("list elements of set {set} in table {table}"),
@@ -94,12 +86,12 @@ pub fn dump_set_elements(family: u8, table: &str, set: &str) -> Result<Vec<Vec<u
 }
 
 fn dump(
-    msg: DumpMsg,
+    msg: u16,
     family: u8,
     attrs: &[DefaultNla],
     what: &str,
 ) -> Result<Vec<Vec<u8>>, BatchError> {
-    super::nfnl::dump(NFNL_SUBSYS_NFTABLES, msg as u16, family, attrs, what)
+    super::nfnl::dump(NFNL_SUBSYS_NFTABLES, msg, family, attrs, what)
 }
 
 /// Table, chain name and policy from the attributes of one `NFT_MSG_NEWCHAIN` dump record.
