@@ -133,12 +133,20 @@ pub(crate) fn timing(retry: RetryPolicy) -> RepairTiming {
     }
 }
 
-fn fast() -> RepairTiming {
-    timing(RetryPolicy {
-        first: Duration::from_millis(2),
-        max: Duration::from_millis(10),
+/// Retries after `first`, backing off up to `max`, five attempts in all.
+pub(crate) fn five_tries(first: Duration, max: Duration) -> RetryPolicy {
+    RetryPolicy {
+        first,
+        max,
         max_attempts: Some(5),
-    })
+    }
+}
+
+fn fast() -> RepairTiming {
+    timing(five_tries(
+        Duration::from_millis(2),
+        Duration::from_millis(10),
+    ))
 }
 
 /// The tests' one controller rig: a controller over a pod store past its initial listing,

@@ -3,9 +3,8 @@ use serde_json::json;
 use super::*;
 use crate::kube::WatchEvent;
 use crate::repair::Mode;
-use crate::repair::controller::tests::{Fake, controller, drift_pass, rt, timing};
+use crate::repair::controller::tests::{Fake, controller, drift_pass, five_tries, rt, timing};
 use crate::repair::heal::REASON_REPAIRED;
-use crate::retry::RetryPolicy;
 use crate::telemetry::metrics::RepairLabels;
 
 /// A running sidecar pod (CNI mode) on this node, with `extra` annotations.
@@ -159,11 +158,7 @@ impl Rig {
         let metrics = Metrics::default();
         let stop = CancellationToken::new();
         // Failed heals are retried only by the next pass here, so each pass's calls are its own.
-        let slow = RetryPolicy {
-            first: Duration::from_secs(600),
-            max: Duration::from_secs(600),
-            max_attempts: Some(5),
-        };
+        let slow = five_tries(Duration::from_secs(600), Duration::from_secs(600));
         // Detect-only mode: a hand-off is only counted as skipped.
         let controller = controller(fake.clone(), Mode::Detect, metrics.clone(), timing(slow));
         let pass = drift_pass(controller.engine(stop.clone()));

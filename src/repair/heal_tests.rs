@@ -15,10 +15,9 @@ use super::*;
 use crate::apply::pod::NetnsCheck;
 use crate::kube::{EventRecord, WatchEvent};
 use crate::repair::controller::pump;
-use crate::repair::controller::tests::{Fake, controller, drift_pass, rt, timing};
+use crate::repair::controller::tests::{Fake, controller, drift_pass, five_tries, rt, timing};
 use crate::repair::effects::{Acting, Checked};
 use crate::repair::{Mode, RepairTiming, test_config};
-use crate::retry::RetryPolicy;
 use crate::telemetry::metrics::DriftLabel;
 
 /// A running sidecar pod whose validation container last exited 126: broken for the controller
@@ -201,11 +200,7 @@ fn a_failed_heal_is_retried_by_the_engine_with_its_backoff_then_given_up() {
         let fake = Fake::new(|_| Ok(true));
         let metrics = Metrics::default();
         let stop = CancellationToken::new();
-        let fast = RetryPolicy {
-            first: Duration::from_millis(20),
-            max: Duration::from_millis(40),
-            max_attempts: Some(5),
-        };
+        let fast = five_tries(Duration::from_millis(20), Duration::from_millis(40));
         let controller = controller(fake.clone(), Mode::Detect, metrics.clone(), timing(fast));
         let pods = controller.pods.clone();
         let repairs = controller.engine(stop.clone());
