@@ -365,6 +365,26 @@ pub fn host_rules(cfg: &AmbientConfig) -> RuleSet {
     b.build()
 }
 
+/// In-pod rule sets for the readers' tests to read back: the default pod, and one with every
+/// option on (IPv6, DNS, ingress, virtual interfaces, one of them a wildcard).
+#[cfg(test)]
+pub(crate) fn sample_inpod_rule_sets() -> Vec<RuleSet> {
+    let all_on = AmbientConfig {
+        enable_ipv6: true,
+        redirect_dns: true,
+        ..Default::default()
+    };
+    let pod = PodOverrides {
+        ingress: true,
+        virtual_interfaces: vec!["tap0".into(), "veth+".into()],
+        dns: PodDns::Enabled,
+    };
+    vec![
+        inpod_rules(&AmbientConfig::default(), &PodOverrides::default()),
+        inpod_rules(&all_on, &pod),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

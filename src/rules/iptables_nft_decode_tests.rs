@@ -1,7 +1,7 @@
 use super::*;
-use crate::rules::ambient::{AmbientConfig, PodDns, PodOverrides, inpod_rules};
+use crate::rules::ambient::sample_inpod_rule_sets;
 use crate::rules::iptables_nft::encode;
-use crate::rules::model::{RuleSet, RuleSetBuilder};
+use crate::rules::model::RuleSetBuilder;
 use crate::rules::nf_kernel::NFT_MSG_NEWRULE;
 use crate::rules::nla::{Attrs, to_bytes};
 
@@ -40,22 +40,7 @@ fn sorted(mut rules: Vec<Rule>) -> Vec<String> {
 
 #[test]
 fn the_encoders_rules_decode_to_their_canonical_model() {
-    let pods = [
-        (AmbientConfig::default(), PodOverrides::default()),
-        (
-            AmbientConfig {
-                enable_ipv6: true,
-                redirect_dns: true,
-                ..Default::default()
-            },
-            PodOverrides {
-                ingress: true,
-                virtual_interfaces: vec!["tap0".into(), "veth+".into()],
-                dns: PodDns::Enabled,
-            },
-        ),
-    ];
-    let mut sets: Vec<RuleSet> = pods.iter().map(|(c, p)| inpod_rules(c, p)).collect();
+    let mut sets = sample_inpod_rule_sets();
     sets.push(crate::rules::capture::build(&Default::default()));
     for set in &sets {
         for family in Family::ALL {

@@ -1,7 +1,7 @@
 //! The text decoder against the renderer (every builder's rules read back as planned) and
 //! against the spellings `iptables-save` uses.
 use super::*;
-use crate::rules::ambient::{AmbientConfig, PodDns, PodOverrides, host_rules, inpod_rules};
+use crate::rules::ambient::{AmbientConfig, host_rules, sample_inpod_rule_sets};
 use crate::rules::capture::{CaptureConfig, InterceptionMode, build};
 use crate::rules::iptables::{render_restore, rule_args};
 use crate::rules::model::RuleSet;
@@ -64,23 +64,7 @@ fn every_rendered_rule_reads_back_as_planned() {
         }),
         host_rules(&AmbientConfig::default()),
     ];
-    for (cfg, pod) in [
-        (AmbientConfig::default(), PodOverrides::default()),
-        (
-            AmbientConfig {
-                enable_ipv6: true,
-                redirect_dns: true,
-                ..Default::default()
-            },
-            PodOverrides {
-                ingress: true,
-                virtual_interfaces: vec!["tap0".into(), "veth+".into()],
-                dns: PodDns::Enabled,
-            },
-        ),
-    ] {
-        sets.push(inpod_rules(&cfg, &pod));
-    }
+    sets.extend(sample_inpod_rule_sets());
     for set in &sets {
         for rules in [&set.v4, &set.v6] {
             let state = decode_save(&render_restore(rules));
