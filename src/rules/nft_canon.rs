@@ -46,90 +46,63 @@ pub fn canonical(exprs: &[NftExpr]) -> Vec<NftExpr> {
             .iter()
             .any(|e| matches!(e, NftExpr::Port { proto, .. } if *proto == p))
     };
-    let key = |k: MarkKey| match k {
-        MarkKey::MetaShort => MarkKey::Meta,
-        other => other,
-    };
-    let source = |s: &MarkSource| match s {
-        MarkSource::Value(v) => MarkSource::Value(canonical_number(v)),
-        other => other.clone(),
-    };
     exprs
         .iter()
         .filter(|e| !matches!(e, NftExpr::L4Proto(p) if ports_of(*p)))
-        .map(|e| match e {
-            NftExpr::Addr {
-                family,
-                side,
-                value: AddrValue::Prefix(p),
-                negate,
-            } => NftExpr::Addr {
-                family: *family,
-                side: *side,
-                value: AddrValue::Prefix(canonical_addr(p)),
-                negate: *negate,
-            },
-            NftExpr::Port {
-                proto,
-                side,
-                ports,
-                negate,
-            } => {
-                let mut numbers: Vec<String> = ports.iter().map(|p| canonical_number(p)).collect();
-                numbers.sort_by_key(|p| p.parse::<u64>().unwrap_or(u64::MAX));
-                numbers.dedup();
-                NftExpr::Port {
-                    proto: *proto,
-                    side: *side,
-                    ports: numbers,
-                    negate: *negate,
-                }
-            }
-            NftExpr::Owner {
-                key, id, negate, ..
-            } => NftExpr::Owner {
-                key: *key,
-                id: canonical_number(id),
-                negate: *negate,
-                with_meta: false,
-            },
-            NftExpr::CtState(states) => {
-                let mut states = states.clone();
-                states.sort();
-                states.dedup();
-                NftExpr::CtState(states)
-            }
-            NftExpr::Mark {
-                key: k,
-                value,
-                negate,
-            } => NftExpr::Mark {
-                key: key(*k),
-                value: canonical_number(value),
-                negate: *negate,
-            },
-            NftExpr::MarkMasked {
-                key: k,
-                mark,
-                negate,
-                ..
-            } => NftExpr::MarkMasked {
-                key: key(*k),
-                mark: *mark,
-                negate: *negate,
-                spelling: MaskSpelling::Ampersand,
-            },
-            NftExpr::RedirectTo(port) => NftExpr::RedirectTo(canonical_number(port)),
-            NftExpr::Tproxy { family, port } => NftExpr::Tproxy {
-                family: *family,
-                port: canonical_number(port),
-            },
-            NftExpr::MetaMarkSet(s) => NftExpr::MetaMarkSet(source(s)),
-            NftExpr::CtMarkSet(s) => NftExpr::CtMarkSet(source(s)),
-            NftExpr::SnatTo(addr) => NftExpr::SnatTo(canonical_addr(addr)),
-            other => other.clone(),
+        .map(|e| {
+            let mut e = e.clone();
+            respell(&mut e);
+            e
         })
         .collect()
+}
+
+/// One statement in nft's spelling: the same meaning, the one way nft lists it.
+fn respell(e: &mut NftExpr) {
+    let number = |text: &mut String| *text = canonical_number(text);
+    let source = |s: &mut MarkSource| {
+        if let MarkSource::Value(v) = s {
+            number(v);
+        }
+    };
+    let key = |k: &mut MarkKey| {
+        if *k == MarkKey::MetaShort {
+            *k = MarkKey::Meta;
+        }
+    };
+    match e {
+        NftExpr::Addr {
+            value: AddrValue::Prefix(p),
+            ..
+        } => *p = canonical_addr(p),
+        NftExpr::Port { ports, .. } => {
+            ports.iter_mut().for_each(number);
+            ports.sort_by_key(|p| p.parse::<u64>().unwrap_or(u64::MAX));
+            ports.dedup();
+        }
+        NftExpr::Owner { id, with_meta, .. } => {
+            number(id);
+            *with_meta = false;
+        }
+        NftExpr::CtState(states) => {
+            states.sort();
+            states.dedup();
+        }
+        NftExpr::Mark { key: k, value, .. } => {
+            key(k);
+            number(value);
+        }
+        NftExpr::MarkMasked {
+            key: k, spelling, ..
+        } => {
+            key(k);
+            *spelling = MaskSpelling::Ampersand;
+        }
+        NftExpr::RedirectTo(port) | NftExpr::Tproxy { port, .. } => number(port),
+        NftExpr::MetaMarkSet(s) | NftExpr::CtMarkSet(s) => source(s),
+        NftExpr::SnatTo(addr) => *addr = canonical_addr(addr),
+        _ => {}
+    }
 }
 
 /// What our tables hold once `set`'s transaction for `tables` is applied (tables without rules
