@@ -84,37 +84,7 @@ fn apply_sidecar_with(
         return Ok(RuleChange::Applied);
     }
 
-    let mut snapshots = Vec::new();
-    let mut drifted = Vec::new();
-    for (b, family_rules) in &planned {
-        let backend = for_family(b, read);
-        let owned = backend.read_owned(exec, &opts.env)?;
-        let in_place = match backend.diff(family_rules, &owned) {
-            Diff::Same => true,
-            Diff::Differs(_) => false,
-            // The kernel re-spelt some rules beyond the text comparison: ask iptables itself.
-            Diff::Unsure(rules) => rules_present(exec, b, &rules, &opts.env)?,
-        };
-        if in_place {
-            continue;
-        }
-        drifted.push((*b, *family_rules, owned.holds_any(family_rules)));
-        // What is about to be written is snapshotted as text: the rollback restores it.
-        let (text, state) = match owned {
-            ReadBack::Saved { text, state } => (text, state),
-            ReadBack::Typed(_) => read_saved(exec, b, &opts.env)?,
-        };
-        let chains = b
-            .is_nft_flavour()
-            .then(|| crate::netlink::nft_dump::list_chains(nf_family(b.family)).ok())
-            .flatten();
-        snapshots.push(Snapshot {
-            bins: b,
-            text,
-            state,
-            chains,
-        });
-    }
+    let (drifted, snapshots) = read_and_compare(exec, &planned, opts, read)?;
     if drifted.is_empty() {
         return Ok(RuleChange::AlreadyApplied);
     }
@@ -177,6 +147,52 @@ fn apply_sidecar_with(
     } else {
         RuleChange::Applied
     })
+}
+
+/// A family whose rules differ from its plan: its binaries, its planned rules, and whether it
+/// already holds any of ours (a reconcile's cleanup first).
+type Drifted<'b> = (&'b Binaries, &'b [Rule], bool);
+
+/// Reads each planned family and compares it with its plan: the families that differ, and a
+/// snapshot of each (as `*-save` text, what a rollback restores) taken before anything is written.
+fn read_and_compare<'b>(
+    exec: &mut dyn Executor,
+    planned: &[(&'b Binaries, &'b [Rule])],
+    opts: &SidecarOptions,
+    read: TypedRead<'_>,
+) -> Result<(Vec<Drifted<'b>>, Vec<Snapshot<'b>>), ApplyError> {
+    let mut snapshots = Vec::new();
+    let mut drifted = Vec::new();
+    for &(b, family_rules) in planned {
+        let backend = for_family(b, read);
+        let owned = backend.read_owned(exec, &opts.env)?;
+        let in_place = match backend.diff(family_rules, &owned) {
+            Diff::Same => true,
+            Diff::Differs(_) => false,
+            // The kernel re-spelt some rules beyond the text comparison: ask iptables itself.
+            Diff::Unsure(rules) => rules_present(exec, b, &rules, &opts.env)?,
+        };
+        if in_place {
+            continue;
+        }
+        drifted.push((b, family_rules, owned.holds_any(family_rules)));
+        // What is about to be written is snapshotted as text: the rollback restores it.
+        let (text, state) = match owned {
+            ReadBack::Saved { text, state } => (text, state),
+            ReadBack::Typed(_) => read_saved(exec, b, &opts.env)?,
+        };
+        let chains = b
+            .is_nft_flavour()
+            .then(|| crate::netlink::nft_dump::list_chains(nf_family(b.family)).ok())
+            .flatten();
+        snapshots.push(Snapshot {
+            bins: b,
+            text,
+            state,
+            chains,
+        });
+    }
+    Ok((drifted, snapshots))
 }
 
 /// One restore per family; when one fails, what already committed is undone.
