@@ -1,4 +1,4 @@
-//! A test ZDS peer that behaves like ztunnel as docs/zds.md describes it (the connection, its metrics and log lines): connects (and
+//! A test ZDS peer that behaves like ztunnel as docs/zds.md describes it: connects (and
 //! reconnects forever), sends the hello, answers every request in lock-step, NACKs what ztunnel
 //! NACKs (an Add without an fd or with two, undecodable bytes: then it reconnects at once; an Add
 //! without workload_info, a Keep after SnapshotSent, a second SnapshotSent: then it "exits"),
