@@ -20,10 +20,11 @@ use netlink_packet_core::{NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL};
 
 use super::model::{Family, Match, OwnerKind, Position, Proto, Rule, Table, Target};
 use super::nf_kernel::{
-    NF_ACCEPT, NFT_CMP_EQ, NFT_CMP_NEQ, NFT_JUMP, NFT_META_IIFNAME, NFT_META_L4PROTO,
-    NFT_META_MARK, NFT_META_OIFNAME, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE,
-    NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER, NFT_REG_1, NFT_RETURN,
+    NF_ACCEPT, NFT_JUMP, NFT_META_IIFNAME, NFT_META_L4PROTO, NFT_META_MARK, NFT_META_OIFNAME,
+    NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE, NFT_PAYLOAD_NETWORK_HEADER,
+    NFT_PAYLOAD_TRANSPORT_HEADER, NFT_RETURN,
 };
+use super::nft_expr::{bitwise, cmp, counter, expr, meta_load, payload, verdict};
 pub use super::nla::{Attr, AttrTooLong, Attrs};
 use super::xtables;
 
@@ -315,37 +316,6 @@ fn proto_number(p: Proto) -> u8 {
     }
 }
 
-/// One expression: a list element holding the expression's name and its data attributes.
-fn expr(exprs: &mut Attrs, name: &str, data: Attrs) {
-    let elem = Attrs::new().string(1, name).nested(2, data);
-    exprs.nested_in_place(1, elem);
-}
-
-fn meta_load(exprs: &mut Attrs, key: u32) {
-    expr(exprs, "meta", Attrs::new().u32(2, key).u32(1, NFT_REG_1));
-}
-
-fn payload(exprs: &mut Attrs, base: u32, offset: u32, len: u32) {
-    let data = Attrs::new()
-        .u32(1, NFT_REG_1)
-        .u32(2, base)
-        .u32(3, offset)
-        .u32(4, len);
-    expr(exprs, "payload", data);
-}
-
-fn data_value(value: &[u8]) -> Attrs {
-    Attrs::new().bytes(1, value)
-}
-
-fn cmp(exprs: &mut Attrs, negate: bool, value: &[u8]) {
-    let data = Attrs::new()
-        .u32(1, NFT_REG_1)
-        .u32(2, if negate { NFT_CMP_NEQ } else { NFT_CMP_EQ })
-        .nested(3, data_value(value));
-    expr(exprs, "cmp", data);
-}
-
 /// `-i`/`-o`: the name with its terminating NUL (exact match), or, for `name+`, the prefix only.
 fn iface(exprs: &mut Attrs, key: u32, name: &str, negate: bool) {
     meta_load(exprs, key);
@@ -412,13 +382,7 @@ fn address(
             offset,
             octets.len() as u32,
         );
-        let data = Attrs::new()
-            .u32(1, NFT_REG_1)
-            .u32(2, NFT_REG_1)
-            .u32(3, octets.len() as u32)
-            .nested(4, data_value(&mask))
-            .nested(5, data_value(&vec![0; octets.len()]));
-        expr(exprs, "bitwise", data);
+        bitwise(exprs, &mask, &vec![0; octets.len()]);
         cmp(exprs, negate, &masked);
     }
     Ok(())
@@ -445,13 +409,7 @@ fn mark_and_mask(text: &str) -> Result<(u32, u32), Unsupported> {
 fn packet_mark(exprs: &mut Attrs, text: &str, negate: bool) -> Result<(), Unsupported> {
     let (value, mask) = mark_and_mask(text)?;
     meta_load(exprs, NFT_META_MARK);
-    let data = Attrs::new()
-        .u32(1, NFT_REG_1)
-        .u32(2, NFT_REG_1)
-        .u32(3, 4)
-        .nested(4, data_value(&mask.to_ne_bytes()))
-        .nested(5, data_value(&[0; 4]));
-    expr(exprs, "bitwise", data);
+    bitwise(exprs, &mask.to_ne_bytes(), &[0; 4]);
     cmp(exprs, negate, &value.to_ne_bytes());
     Ok(())
 }
@@ -496,20 +454,6 @@ fn multiport_dst(exprs: &mut Attrs, ports: &[String], negate: bool) -> Result<()
 fn xt(exprs: &mut Attrs, expr_name: &str, name: &str, revision: u32, info: &[u8]) {
     let data = Attrs::new().string(1, name).u32(2, revision).bytes(3, info);
     expr(exprs, expr_name, data);
-}
-
-fn counter(exprs: &mut Attrs) {
-    let data = Attrs::new().u64(1, 0).u64(2, 0);
-    expr(exprs, "counter", data);
-}
-
-fn verdict(exprs: &mut Attrs, code: i32, chain: Option<&str>) {
-    let mut v = Attrs::new().u32(1, code as u32);
-    if let Some(chain) = chain {
-        v = v.string(2, chain);
-    }
-    let data = Attrs::new().u32(1, 0).nested(2, Attrs::new().nested(2, v));
-    expr(exprs, "immediate", data);
 }
 
 fn target(exprs: &mut Attrs, family: Family, target: &Target) -> Result<(), Unsupported> {

@@ -13,7 +13,8 @@
 //! [`nft_decode`]: our native nftables tables as nft lists them (JSON) read back into the
 //! [`nft_model`] statements, and [`nft_kernel_decode`]: the same from the kernel's dumped
 //! records; both compared with a plan spelt as it reads back ([`nft_canon`]).
-//! The nf_tables kernel numbers these share are declared once, in [`nf_kernel`].
+//! The nf_tables kernel numbers these share are declared once, in [`nf_kernel`]; the
+//! expressions both nf_tables encoders build, once, in [`nft_expr`].
 //! Pure: no processes, files, sockets or namespaces are touched here.
 //! May call: nothing else in this crate.
 
@@ -33,6 +34,7 @@ pub mod nft_canon;
 pub mod nft_capture;
 pub mod nft_decode;
 pub mod nft_encode;
+pub mod nft_expr;
 pub mod nft_kernel_decode;
 pub mod nft_model;
 pub mod nftables;

@@ -22,9 +22,9 @@ use super::nf_kernel::{
     NFT_META_IIFNAME, NFT_META_L4PROTO, NFT_META_MARK, NFT_META_NFPROTO, NFT_META_OIFNAME,
     NFT_META_SKGID, NFT_META_SKUID, NFT_MSG_DELRULE, NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN,
     NFT_MSG_NEWRULE, NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM, NFT_MSG_NEWTABLE,
-    NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER, NFT_REG_1, NFT_REG_VERDICT,
-    NFT_RETURN,
+    NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER, NFT_REG_1, NFT_RETURN,
 };
+use super::nft_expr::{bitwise, cmp, counter, expr, meta_load, payload, value, verdict};
 use super::nft_model::{
     AddrValue, MarkKey, MarkSource, NftCtState, NftExpr, NftRule, NftRuleSet, OwnerKind, Side,
 };
@@ -389,7 +389,7 @@ impl Encoder {
                 bitwise(x, &mark.mask.to_ne_bytes(), &[0; 4]);
                 cmp(x, *negate, &mark.value.to_ne_bytes());
             }
-            NftExpr::Counter => expr(x, "counter", Attrs::new().u64(1, 0).u64(2, 0)),
+            NftExpr::Counter => counter(x),
             NftExpr::Jump(chain) => verdict(x, NFT_JUMP, Some(chain)),
             NftExpr::Return => verdict(x, NFT_RETURN, None),
             NftExpr::Accept => verdict(x, NF_ACCEPT, None),
@@ -622,7 +622,7 @@ fn address(
         .map(|(a, m)| a & m)
         .collect();
     if prefix % 8 != 0 || prefix == 0 {
-        bitwise_len(x, len as u32, &mask, &vec![0; len]);
+        bitwise(x, &mask, &vec![0; len]);
     }
     cmp(x, negate, &value);
     Ok(())
@@ -669,52 +669,8 @@ fn mark_source(
     Ok(())
 }
 
-/// One expression: a list element holding the expression's name and its data attributes.
-fn expr(x: &mut Attrs, name: &str, data: Attrs) {
-    x.nested_in_place(1, Attrs::new().string(1, name).nested(2, data));
-}
-
-fn meta_load(x: &mut Attrs, key: u32) {
-    expr(x, "meta", Attrs::new().u32(2, key).u32(1, NFT_REG_1));
-}
-
 fn ct_load(x: &mut Attrs, key: u32) {
     expr(x, "ct", Attrs::new().u32(2, key).u32(1, NFT_REG_1));
-}
-
-fn payload(x: &mut Attrs, base: u32, offset: u32, len: u32) {
-    let data = Attrs::new()
-        .u32(1, NFT_REG_1)
-        .u32(2, base)
-        .u32(3, offset)
-        .u32(4, len);
-    expr(x, "payload", data);
-}
-
-fn value(bytes: &[u8]) -> Attrs {
-    Attrs::new().bytes(1, bytes)
-}
-
-fn cmp(x: &mut Attrs, negate: bool, bytes: &[u8]) {
-    let data = Attrs::new()
-        .u32(1, NFT_REG_1)
-        .u32(2, u32::from(negate))
-        .nested(3, value(bytes));
-    expr(x, "cmp", data);
-}
-
-fn bitwise(x: &mut Attrs, mask: &[u8], xor: &[u8]) {
-    bitwise_len(x, mask.len() as u32, mask, xor);
-}
-
-fn bitwise_len(x: &mut Attrs, len: u32, mask: &[u8], xor: &[u8]) {
-    let data = Attrs::new()
-        .u32(1, NFT_REG_1)
-        .u32(2, NFT_REG_1)
-        .u32(3, len)
-        .nested(4, value(mask))
-        .nested(5, value(xor));
-    expr(x, "bitwise", data);
 }
 
 fn lookup(x: &mut Attrs, set: Attrs, negate: bool) {
@@ -727,17 +683,6 @@ fn lookup(x: &mut Attrs, set: Attrs, negate: bool) {
 
 fn immediate(x: &mut Attrs, bytes: &[u8]) {
     let data = Attrs::new().u32(1, NFT_REG_1).nested(2, value(bytes));
-    expr(x, "immediate", data);
-}
-
-fn verdict(x: &mut Attrs, code: i32, chain: Option<&str>) {
-    let mut v = Attrs::new().u32(1, code as u32);
-    if let Some(chain) = chain {
-        v = v.string(2, chain);
-    }
-    let data = Attrs::new()
-        .u32(1, NFT_REG_VERDICT)
-        .nested(2, Attrs::new().nested(2, v));
     expr(x, "immediate", data);
 }
 
