@@ -24,14 +24,14 @@ pub fn set_name(index: u16) -> Result<Option<String>, BatchError> {
     ];
     let what = format!("look up ipset index {index}");
     let family = libc::AF_INET as u8;
-    let request = Message::new(
-        NFNL_SUBSYS_IPSET,
-        IPSET_CMD_GET_BYINDEX,
-        NLM_F_ACK,
+    let request = Message {
+        subsys: NFNL_SUBSYS_IPSET,
+        kind: IPSET_CMD_GET_BYINDEX,
+        flags: NLM_F_ACK,
         family,
-        &attrs,
-        &what,
-    );
+        attrs: &attrs,
+        what: &what,
+    };
     let records = match nfnl::records(&request) {
         Err(BatchError::Rejected { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
             return Ok(None);

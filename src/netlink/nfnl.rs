@@ -75,32 +75,12 @@ fn open() -> Result<Socket, BatchError> {
 /// One request: message `kind` of subsystem `subsys` with `NLM_F_*` `flags` (on top of
 /// `NLM_F_REQUEST`), for address `family`, carrying `attrs`; `what` names it in a refusal.
 pub(super) struct Message<'a, A> {
-    subsys: u16,
-    kind: u16,
-    flags: u16,
-    family: u8,
-    attrs: &'a [A],
-    what: &'a str,
-}
-
-impl<'a, A> Message<'a, A> {
-    pub(super) fn new(
-        subsys: u16,
-        kind: u16,
-        flags: u16,
-        family: u8,
-        attrs: &'a [A],
-        what: &'a str,
-    ) -> Self {
-        Message {
-            subsys,
-            kind,
-            flags,
-            family,
-            attrs,
-            what,
-        }
-    }
+    pub subsys: u16,
+    pub kind: u16,
+    pub flags: u16,
+    pub family: u8,
+    pub attrs: &'a [A],
+    pub what: &'a str,
 }
 
 /// Frames and sends one message; refuses an attribute its 16-bit length cannot say.
@@ -210,10 +190,15 @@ pub fn request<A: Nla>(
     what: &str,
 ) -> Result<(), BatchError> {
     let flags = NLM_F_ACK | flags;
-    exchange(
-        &Message::new(subsys, kind, flags, family, attrs, what),
-        |_| {},
-    )
+    let message = Message {
+        subsys,
+        kind,
+        flags,
+        family,
+        attrs,
+        what,
+    };
+    exchange(&message, |_| {})
 }
 
 /// One dump request; every record's attribute bytes, in the kernel's order.
@@ -224,7 +209,14 @@ pub fn dump<A: Nla>(
     attrs: &[A],
     what: &str,
 ) -> Result<Vec<Vec<u8>>, BatchError> {
-    records(&Message::new(subsys, kind, NLM_F_DUMP, family, attrs, what))
+    records(&Message {
+        subsys,
+        kind,
+        flags: NLM_F_DUMP,
+        family,
+        attrs,
+        what,
+    })
 }
 
 /// Sends `message` and collects every record answered until its end: a dump's
