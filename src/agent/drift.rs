@@ -19,6 +19,9 @@
 //!   kernel), under the probe gate so no add or remove is half done; every entry put back or
 //!   pruned counts as `kind="probe_set"`, and a pod whose entry was put back gets an event.
 //!
+//! The pass waits for each pod's verify at most `VERIFY_WAIT`: a pod whose run does not end is
+//! counted skipped (a warning naming it) and the pass goes on.
+//!
 //! Each pod's and the host's last result is kept in `Core::status` (`/debug/pods`).
 //!
 //! Which outcomes are heals and when to report a failure is decided by [`judge`] (in `findings`) and
@@ -50,6 +53,12 @@ pub const REASON_UNHEALED: &str = "RedirectionDriftUnhealed";
 pub const KIND_RULES: &str = "ambient_rules";
 pub const KIND_PROBE_SET: &str = "probe_set";
 pub const KIND_HOST_RULES: &str = "host_rules";
+
+/// How long the pass waits for one pod's verify: its run on the engine, after whatever work on
+/// the pod is in flight. Generous (a verify is one read of the netns, and a write only where it
+/// differs); past it the pass counts the pod skipped and moves on, so one stuck pod cannot keep
+/// the node's other pods and the probe set unchecked. The run goes on and ends on its own.
+pub(super) const VERIFY_WAIT: Duration = Duration::from_secs(120);
 
 /// Which failures were already reported. A pod that cannot be healed is tried again every pass,
 /// but reported (event, unhealed metric) once per failing streak: not an event per period.
@@ -175,9 +184,12 @@ pub async fn pass(
             continue;
         }
         let key = pod_key(&entry.info.namespace, &entry.info.name);
-        let answer = engine
-            .trigger_with_and_wait(key.clone(), Request::verify())
-            .await;
+        let waiting = engine.trigger_with_and_wait(key.clone(), Request::verify());
+        let Ok(answer) = tokio::time::timeout(VERIFY_WAIT, waiting).await else {
+            warn!(pod = %key, uid, "drift verify still running after {VERIFY_WAIT:?}; skipped this pass, the pass goes on");
+            summary.skipped += 1;
+            continue;
+        };
         match answer {
             Ok(Ok(Reconciled::Verified { pod: p, verdict })) if pod::uid(&p) == uid => {
                 summary.verified += 1;

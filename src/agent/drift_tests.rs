@@ -214,6 +214,26 @@ async fn a_pod_that_cannot_be_healed_is_retried_every_pass_but_reported_once() {
     assert_eq!(r.counted(false, KIND_RULES), 4);
 }
 
+/// A pod whose run never ends does not hold the pass: the pass waits for its verify as long as
+/// `VERIFY_WAIT`, counts it skipped and checks the other pod and the probe set.
+#[tokio::test(start_paused = true)]
+async fn a_verify_that_never_ends_holds_the_pass_no_longer_than_its_wait() {
+    let r = rig();
+    // a's run verifies, then writes the annotation it owes: a patch that never returns.
+    r.core.mesh.cache.set_annotation_owed("uid-a", true);
+    r.ann.hang.store(true, Ordering::SeqCst);
+    let started = tokio::time::Instant::now();
+    let mut reported = Reported::default();
+    let s = tokio::time::timeout(10 * VERIFY_WAIT, r.pass(&mut reported))
+        .await
+        .expect("the pass waited for the stuck pod without end");
+    let took = started.elapsed();
+    assert_eq!((s.verified, s.skipped), (1, 1), "{s:?}");
+    assert!(took >= VERIFY_WAIT && took < 2 * VERIFY_WAIT, "{took:?}");
+    assert_eq!(r.dp.count("program uid-b"), 1, "the other pod was checked");
+    assert_eq!(r.dp.count("probe_sync"), 1, "the probe set was checked");
+}
+
 #[tokio::test]
 async fn pods_without_a_netns_or_gone_from_the_store_are_skipped() {
     let r = rig();

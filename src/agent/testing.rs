@@ -321,6 +321,8 @@ impl Ztunnel for FakeZtunnel {
 pub struct FakeAnnotator {
     /// This many annotation patches fail (503) before they succeed again.
     pub failures: AtomicU32,
+    /// Set: annotation patches never return (a run writing one never ends).
+    pub hang: AtomicBool,
     pub values: Mutex<BTreeMap<String, String>>,
     pub patches: Mutex<Vec<(String, Option<String>)>>,
     pub events: Mutex<Vec<(String, EventRecord)>>,
@@ -343,6 +345,9 @@ impl FakeAnnotator {
 impl Annotator for FakeAnnotator {
     fn set_redirection<'a>(&'a self, pod: &'a Pod, value: Option<&'a str>) -> KubeFuture<'a> {
         Box::pin(async move {
+            if self.hang.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
             let key = format!("{}/{}", super::pod::namespace(pod), super::pod::name(pod));
             let left = self.failures.load(Ordering::SeqCst);
             if left > 0 {
