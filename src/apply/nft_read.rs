@@ -14,6 +14,7 @@ use crate::netlink::nft_dump;
 use crate::rules::Family;
 use crate::rules::iptables_nft_decode::{SetNames, decode_rule};
 use crate::rules::iptables_state::IptablesState;
+use crate::rules::nf_kernel::NF_ACCEPT;
 
 /// The set names of the calling thread's netns, looked up over netlink as a rule names one.
 pub struct KernelSets;
@@ -43,7 +44,6 @@ pub fn read_owned_among(
     sets: &dyn SetNames,
     listed: Vec<(String, String, Option<u32>)>,
 ) -> Result<IptablesState, BatchError> {
-    const NF_ACCEPT: u32 = 1;
     let nf = nf_family(family);
     let mut chains = BTreeSet::new();
     let mut not_accepting = BTreeSet::new();
@@ -51,7 +51,7 @@ pub fn read_owned_among(
         if !tables.contains(&table.as_str()) {
             continue;
         }
-        if policy.is_some_and(|p| p != NF_ACCEPT) {
+        if policy.is_some_and(|p| i64::from(p) != i64::from(NF_ACCEPT)) {
             not_accepting.insert((table.clone(), chain.clone()));
         }
         chains.insert((table, chain));

@@ -24,6 +24,7 @@ use crate::netlink::nf_kernel::{NFNL_SUBSYS_IPSET, NFNL_SUBSYS_NFTABLES};
 use crate::netlink::nfnl;
 use crate::netlink::nft_batch::{BatchError, Transaction};
 use crate::rules::ambient::{PROBE_SET_V4, PROBE_SET_V6};
+use crate::rules::nf_kernel::NFPROTO_INET;
 use crate::rules::nla::{Attr, AttrTooLong};
 use crate::rules::probe_set_msgs::{self as msgs, DecodeMemberError, Member};
 
@@ -381,8 +382,6 @@ impl ProbeSets for Ipsets {
 
 /// nft sets in `inet istio-ambient-nat` (nftables backend), as nf_tables set elements.
 pub struct NftSets;
-
-const NFPROTO_INET: u8 = 1;
 
 /// The nft sets the host table declares: (table, name, element type).
 pub fn nft_sets(ipv6: bool) -> Vec<(&'static str, &'static str, &'static str)> {
