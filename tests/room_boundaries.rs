@@ -747,3 +747,50 @@ fn the_string_error_check_sees_one() {
     );
     assert_eq!(string_error_fns(&code), vec!["a", "b", "f"]);
 }
+
+/// The rule room and the netlink transport may not import each other, so the few nf_tables
+/// numbers both write stand in both rooms' `nf_kernel`; they must stay the kernel's one number.
+#[test]
+fn the_nf_tables_numbers_both_rooms_declare_agree() {
+    use istio_cni::netlink::nf_kernel as transport;
+    use istio_cni::rules::nf_kernel as rules;
+    for (name, ours, theirs) in [
+        (
+            "NFT_MSG_DELTABLE",
+            rules::NFT_MSG_DELTABLE,
+            transport::NFT_MSG_DELTABLE,
+        ),
+        (
+            "NFT_MSG_DELCHAIN",
+            rules::NFT_MSG_DELCHAIN,
+            transport::NFT_MSG_DELCHAIN,
+        ),
+        (
+            "NFT_MSG_GETSETELEM",
+            rules::NFT_MSG_GETSETELEM,
+            transport::NFT_MSG_GETSETELEM,
+        ),
+        (
+            "NFTA_TABLE_NAME",
+            rules::NFTA_TABLE_NAME,
+            transport::NFTA_TABLE_NAME,
+        ),
+        (
+            "NFTA_CHAIN_TABLE",
+            rules::NFTA_CHAIN_TABLE,
+            transport::NFTA_CHAIN_TABLE,
+        ),
+        (
+            "NFTA_CHAIN_NAME",
+            rules::NFTA_CHAIN_NAME,
+            transport::NFTA_CHAIN_NAME,
+        ),
+        (
+            "NFTA_RULE_TABLE",
+            rules::NFTA_RULE_TABLE,
+            transport::NFTA_RULE_TABLE,
+        ),
+    ] {
+        assert_eq!(ours, theirs, "{name}: rules and netlink disagree");
+    }
+}

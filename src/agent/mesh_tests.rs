@@ -34,6 +34,29 @@ fn plugin(netns: &str, ips: &[&str]) -> PluginAdd {
     }
 }
 
+/// The fake data plane and ztunnel, and a mesh over them.
+fn rig() -> (Arc<FakeDataplane>, Arc<FakeZtunnel>, Mesh) {
+    let (dp, zt) = (
+        Arc::new(FakeDataplane::default()),
+        Arc::new(FakeZtunnel::default()),
+    );
+    let mesh = mesh_with(dp.clone(), zt.clone());
+    (dp, zt, mesh)
+}
+
+/// The IP of every test pod ([`pod`]).
+fn pod_ip() -> IpAddr {
+    "10.0.0.9".parse().unwrap()
+}
+
+/// A plugin's ADD of a test pod in this process's netns; `annotate_after_answer`: `/podadd`'s.
+fn add_of_a(annotate_after_answer: bool) -> PluginAdd {
+    PluginAdd {
+        annotate_after_answer,
+        ..plugin("/proc/self/ns/net", &["10.0.0.9"])
+    }
+}
+
 /// What a failed re-ADD must leave as it was.
 fn enrolled_state(
     mesh: &Mesh,
@@ -50,14 +73,10 @@ fn enrolled_state(
 
 #[tokio::test]
 async fn a_failed_re_add_of_an_enrolled_pod_changes_nothing() {
-    let (dp, zt) = (
-        Arc::new(FakeDataplane::default()),
-        Arc::new(FakeZtunnel::default()),
-    );
-    let mesh = mesh_with(dp.clone(), zt.clone());
+    let (dp, zt, mesh) = rig();
     let p = pod("a");
-    let ip: IpAddr = "10.0.0.9".parse().unwrap();
-    let good = plugin("/proc/self/ns/net", &["10.0.0.9"]);
+    let ip = pod_ip();
+    let good = add_of_a(false);
     mesh.add_pod(&p, &[ip], Via::Plugin(&good)).await.unwrap();
     let before = enrolled_state(&mesh, &zt, "uid-a");
     assert_eq!(before, (true, true, vec![("uid-a".into(), vec![ip])], true));
@@ -125,14 +144,10 @@ async fn a_failed_re_add_of_an_enrolled_pod_changes_nothing() {
 
 #[tokio::test]
 async fn a_failed_add_of_a_new_pod_leaves_nothing_behind() {
-    let (dp, zt) = (
-        Arc::new(FakeDataplane::default()),
-        Arc::new(FakeZtunnel::default()),
-    );
-    let mesh = mesh_with(dp.clone(), zt.clone());
-    let ip: IpAddr = "10.0.0.9".parse().unwrap();
+    let (dp, zt, mesh) = rig();
+    let ip = pod_ip();
     dp.fail_program.store(true, Ordering::SeqCst);
-    let add = plugin("/proc/self/ns/net", &["10.0.0.9"]);
+    let add = add_of_a(false);
     mesh.add_pod(&pod("a"), &[ip], Via::Plugin(&add))
         .await
         .unwrap_err();
@@ -156,12 +171,8 @@ async fn a_failed_add_of_a_new_pod_leaves_nothing_behind() {
 
 #[tokio::test]
 async fn a_cached_netns_that_is_gone_is_found_again_by_the_watch() {
-    let (dp, zt) = (
-        Arc::new(FakeDataplane::default()),
-        Arc::new(FakeZtunnel::default()),
-    );
-    let mesh = mesh_with(dp.clone(), zt.clone());
-    let ip: IpAddr = "10.0.0.9".parse().unwrap();
+    let (dp, _, mesh) = rig();
+    let ip = pod_ip();
     mesh.add_pod(&pod("a"), &[ip], Via::Watch).await.unwrap();
     assert_eq!(dp.count("find"), 1);
     // Alive: the cached one is used.
@@ -173,28 +184,26 @@ async fn a_cached_netns_that_is_gone_is_found_again_by_the_watch() {
     assert_eq!(dp.count("find"), 2);
 }
 
-/// A mesh whose annotator is `annotator`, over the fake data plane and ztunnel.
-fn mesh_annotated_by(annotator: Arc<FakeAnnotator>) -> Mesh {
-    Mesh {
-        annotator,
-        ..mesh_with(
-            Arc::new(FakeDataplane::default()),
-            Arc::new(FakeZtunnel::default()),
-        )
-    }
+/// Pod `a` enrolled by a plugin's ADD ([`add_of_a`]) in a mesh annotated by a fake, over the
+/// fake data plane and ztunnel: (the annotator, the mesh, the pod, the ADD).
+async fn enrolled_a(annotate_after_answer: bool) -> (Arc<FakeAnnotator>, Mesh, Pod, PluginAdd) {
+    let annotator = Arc::new(FakeAnnotator::default());
+    let mesh = Mesh {
+        annotator: annotator.clone(),
+        ..rig().2
+    };
+    let p = pod("a");
+    let add = add_of_a(annotate_after_answer);
+    mesh.add_pod(&p, &[pod_ip()], Via::Plugin(&add))
+        .await
+        .unwrap();
+    (annotator, mesh, p, add)
 }
 
 #[tokio::test]
 async fn a_podadd_enrolment_answers_before_its_annotation_which_is_retried_until_written() {
-    let annotator = Arc::new(FakeAnnotator::default());
-    let mesh = mesh_annotated_by(annotator.clone());
-    let p = pod("a");
-    let ip: IpAddr = "10.0.0.9".parse().unwrap();
-    let add = PluginAdd {
-        annotate_after_answer: true,
-        ..plugin("/proc/self/ns/net", &["10.0.0.9"])
-    };
-    mesh.add_pod(&p, &[ip], Via::Plugin(&add)).await.unwrap();
+    let (annotator, mesh, p, add) = enrolled_a(true).await;
+    let ip = pod_ip();
     // Enrolled (probe set included), but nothing written to the API server yet.
     assert_eq!(
         mesh.cache.probe_members().0,
@@ -222,28 +231,17 @@ async fn a_podadd_enrolment_answers_before_its_annotation_which_is_retried_until
 
 #[tokio::test]
 async fn istio_s_cmdadd_still_writes_the_annotation_before_answering() {
-    let annotator = Arc::new(FakeAnnotator::default());
-    let mesh = mesh_annotated_by(annotator.clone());
-    let p = pod("a");
-    let ip: IpAddr = "10.0.0.9".parse().unwrap();
-    let add = plugin("/proc/self/ns/net", &["10.0.0.9"]);
-    mesh.add_pod(&p, &[ip], Via::Plugin(&add)).await.unwrap();
+    let (annotator, mesh, ..) = enrolled_a(false).await;
     assert_eq!(annotator.value("ns/a").as_deref(), Some("enabled"));
     assert!(!mesh.cache.annotation_owed("uid-a"));
 }
 
 #[tokio::test]
 async fn a_pod_removed_before_its_owed_annotation_is_written_never_gets_it() {
-    let annotator = Arc::new(FakeAnnotator::default());
-    let mesh = mesh_annotated_by(annotator.clone());
-    let p = pod("a");
-    let ip: IpAddr = "10.0.0.9".parse().unwrap();
-    let add = PluginAdd {
-        annotate_after_answer: true,
-        ..plugin("/proc/self/ns/net", &["10.0.0.9"])
-    };
-    mesh.add_pod(&p, &[ip], Via::Plugin(&add)).await.unwrap();
-    mesh.remove_pod(&p, &[ip], false, false).await.unwrap();
+    let (annotator, mesh, p, _) = enrolled_a(true).await;
+    mesh.remove_pod(&p, &[pod_ip()], false, false)
+        .await
+        .unwrap();
     assert!(!mesh.annotate_owed(&p).await.unwrap());
     // Only the remove's clearing patch: a late `enabled` would mark a removed pod enrolled.
     assert_eq!(annotator.patches(), vec![("ns/a".to_string(), None)]);

@@ -1,6 +1,8 @@
 //! The nfnetlink and nf_tables numbers this room's requests carry, each declared once under its
 //! kernel name (`linux/netfilter/nfnetlink.h`, `linux/netfilter/nf_tables.h`). The messages a
 //! caller describes carry their own numbers; these are the ones the transport writes itself.
+//! The rule room may not import the transport (nor it the rule room), so the few numbers both
+//! write are declared in `rules::nf_kernel` too; the room test holds the two equal.
 
 /// `NFNL_SUBSYS_IPSET`, `NFNL_SUBSYS_NFTABLES`: the subsystem in a message type's high byte.
 pub const NFNL_SUBSYS_IPSET: u16 = 6;
