@@ -454,8 +454,7 @@ fn rule_tool_matches_istio_on_generated_inputs() {
     let wall = start.elapsed();
     let (istio_total, ours_total) = *took.lock().unwrap();
     let hits = hits.into_inner().unwrap();
-    let mut failures = failures.into_inner().unwrap();
-    failures.sort_unstable_by_key(|f| f.0);
+    let failures = failures.into_inner().unwrap();
     eprintln!(
         "{count} cases in {wall:.1?} ({} accepted by both); mean exec under load: Istio {:?}, ours {:?}",
         accepted.load(Ordering::Relaxed),
@@ -476,7 +475,7 @@ fn rule_tool_matches_istio_on_generated_inputs() {
         stale_check: count >= STALE_CHECK_FROM,
     };
     verdict.assert(
-        &failures,
+        failures,
         &hits,
         |index| {
             let case = generator::case(seed, index);
@@ -565,10 +564,10 @@ fn the_verdict_fails_on_an_unexplained_case_and_on_a_stale_entry() {
         stale_check: true,
     };
     let seen = |i: u64, _: &(), _: &()| format!("case {i} as seen");
-    verdict.assert::<()>(&[], &[("used", 2)], |_| None, seen);
+    verdict.assert::<()>(Vec::new(), &[("used", 2)], |_| None, seen);
     let failed = std::panic::catch_unwind(|| {
-        let failures = [(3, (), ()), (5, (), ())];
-        verdict.assert(&failures, &[("used", 2), ("stale", 0)], |_| None, seen)
+        let failures = vec![(5, (), ()), (3, (), ())];
+        verdict.assert(failures, &[("used", 2), ("stale", 0)], |_| None, seen)
     });
     let message = *failed
         .expect_err("a failing run")

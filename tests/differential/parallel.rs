@@ -18,12 +18,12 @@ pub struct Verdict<'a> {
 impl Verdict<'_> {
     /// Prints how many cases each entry of `hits` (id, cases it explained) explained, then fails
     /// the test when a case differed unexplained or, with `stale_check`, an entry explained none.
-    /// `failures` are (index, Istio's outcome, ours), by index; each shown one is re-run and
-    /// shrunk to its report by `shrunk`, or, where it did not fail again (None), shown as first
-    /// seen by `seen`.
+    /// `failures` are (index, Istio's outcome, ours), in the order the workers found them; the
+    /// first by index are shown, each re-run and shrunk to its report by `shrunk`, or, where it
+    /// did not fail again (None), shown as first seen by `seen`.
     pub fn assert<O>(
         &self,
-        failures: &[(u64, O, O)],
+        mut failures: Vec<(u64, O, O)>,
         hits: &[(&str, usize)],
         mut shrunk: impl FnMut(u64) -> Option<String>,
         seen: impl Fn(u64, &O, &O) -> String,
@@ -31,6 +31,7 @@ impl Verdict<'_> {
         for (id, n) in hits {
             eprintln!("  allowlisted {id:<32} {n} cases");
         }
+        failures.sort_unstable_by_key(|f| f.0);
         let (show, show_var) = self.show;
         let mut problems = Vec::new();
         for (index, istio, ours) in failures.iter().take(show) {
