@@ -83,10 +83,12 @@ impl<K> Publisher<K> {
         if q.dropped {
             return false;
         }
-        let fresh = !q.pending.contains_key(key);
-        push(q.pending.entry(key.to_string()).or_default(), event);
-        if fresh {
-            q.order.push_back(key.to_string());
+        match q.pending.get_mut(key) {
+            Some(events) => push(events, event),
+            None => {
+                q.pending.insert(key.to_string(), vec![event]);
+                q.order.push_back(key.to_string());
+            }
         }
         drop(q);
         self.feed.ready.notify_one();
