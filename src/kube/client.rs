@@ -250,6 +250,8 @@ impl KubeClient {
         let client = kube::client::ClientBuilder::try_from(config)
             .map_err(KubeError::BuildClient)?
             .with_layer(&super::gzip::GzipLayer)
+            // Outside gzip: it reads the decompressed body.
+            .with_layer(&super::protobuf::ProtobufLayer)
             .build();
         Ok(KubeClient { client, server })
     }

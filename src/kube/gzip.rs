@@ -21,6 +21,10 @@ pub type DecodedBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + S
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Marks a response whose body came gzipped (its encoding header is gone with the encoding).
+#[derive(Clone, Copy, Debug)]
+pub struct Gunzipped;
+
 /// Wraps the client's HTTP stack (see [`Gzip`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GzipLayer;
@@ -80,6 +84,7 @@ where
     }
     parts.headers.remove(CONTENT_ENCODING);
     parts.headers.remove(CONTENT_LENGTH);
+    parts.extensions.insert(Gunzipped);
     let compressed = BodyStream::new(body.map_err(|e| std::io::Error::other(e.into())))
         .try_filter_map(|frame| futures::future::ready(Ok(frame.into_data().ok())));
     let mut decoder = GzipDecoder::new(StreamReader::new(compressed));

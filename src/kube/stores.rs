@@ -47,6 +47,7 @@ use super::error::{Call, KubeError};
 use subscription::Publisher;
 pub use subscription::Subscription;
 
+pub(super) mod kept;
 mod subscription;
 
 /// A change seen by a subscriber.
@@ -121,9 +122,10 @@ impl Stored for Pod {
         self.metadata.resource_version.as_deref()
     }
 
-    fn trim(mut self) -> Self {
-        self.metadata.managed_fields = None;
-        self
+    /// Only what some reader of a stored pod reads ([`kept`]), the subset the protobuf watch
+    /// decodes too.
+    fn trim(self) -> Self {
+        kept::pod(self)
     }
 
     /// Its IPs ([`pod_ips`]): the agent asks which pods hold an address a netns holds.
