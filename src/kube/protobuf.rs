@@ -279,8 +279,8 @@ impl Framer {
         if len > MAX_FRAME {
             return Err(ProtobufError::Oversize { len });
         }
+        // No room reserved for the frame ahead of its bytes: a length alone never allocates.
         if self.buf.len() < 4 + len {
-            self.buf.reserve(4 + len - self.buf.len());
             return Ok(None);
         }
         self.buf.advance(4);
