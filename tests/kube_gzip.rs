@@ -23,15 +23,7 @@ fn watch_events_arrive_gzipped_and_every_member_is_decoded() {
     // A counting relay in this test's own network namespace, in front of the API server.
     let relay = Forwarder::start_at(Path::new("/proc/self/ns/net"), cp.port(), 0).expect("relay");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let mut config = rt
-        .block_on(kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(cp.admin_kubeconfig()).expect("kubeconfig"),
-            &Default::default(),
-        ))
-        .expect("config");
-    config.cluster_url = format!("https://127.0.0.1:{}", relay.port())
-        .parse()
-        .expect("url");
+    let config = rt.block_on(cp.admin_config_via(relay.port()));
     // The client's request buffer runs as a task of the runtime it is built in.
     let _in_runtime = rt.enter();
     let client = KubeClient::from_config(config).expect("client");

@@ -173,15 +173,7 @@ fn status(d: &mut Draw, i: usize, init: bool) -> Value {
 /// A client of `cp` whose traffic goes through a byte-counting relay.
 fn client_via_relay(cp: &ControlPlane, rt: &tokio::runtime::Runtime) -> (KubeClient, Forwarder) {
     let relay = Forwarder::start_at(Path::new("/proc/self/ns/net"), cp.port(), 0).expect("relay");
-    let mut config = rt
-        .block_on(kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(cp.admin_kubeconfig()).expect("kubeconfig"),
-            &Default::default(),
-        ))
-        .expect("config");
-    config.cluster_url = format!("https://127.0.0.1:{}", relay.port())
-        .parse()
-        .expect("url");
+    let config = rt.block_on(cp.admin_config_via(relay.port()));
     let _in_runtime = rt.enter();
     (KubeClient::from_config(config).expect("client"), relay)
 }

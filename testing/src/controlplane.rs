@@ -218,6 +218,20 @@ impl ControlPlane {
         &self.admin_kubeconfig
     }
 
+    /// The admin kubeconfig as a client config whose server is `https://127.0.0.1:<port>`: a
+    /// relay in front of this server (the certificate still names the server).
+    pub async fn admin_config_via(&self, port: u16) -> kube::Config {
+        let kubeconfig =
+            kube::config::Kubeconfig::read_from(&self.admin_kubeconfig).expect("admin kubeconfig");
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("admin client config");
+        config.cluster_url = format!("https://127.0.0.1:{port}")
+            .parse()
+            .expect("relay url");
+        config
+    }
+
     /// The data and log dir (etcd's data, `etcd.log`, `kube-apiserver.log`).
     pub fn dir(&self) -> &Path {
         &self.dir
