@@ -6,12 +6,13 @@
 //! encoding, decoded to what the pod store keeps and handed to kube as JSON lines: `protobuf`),
 //! the typed calls the roles make (get/list/watch pods and namespaces, metadata patches on pods
 //! and `pods/status`, pod delete, pod events), each under an explicit deadline and with errors
-//! that name the call, the object and the cause; names checked before they become request paths ([`names`]); label selectors, one model
-//! for every role ([`selector`]); which failures are worth retrying, and how ([`retry`]); ambient
-//! enablement selectors ([`selector::enablement`]); when a stored pod may be answered for instead
-//! of the API server being asked ([`lookup`], for the plugin's pod-facts and `/podadd` askers,
-//! whose wire is `wire`'s); the node agent's node-scoped pod store (keeping only what its readers
-//! read) and namespace store with change subscriptions ([`stores`]). The test API server is not here: it is test-only and lives in the
+//! that name the call, the object and the cause; names checked before they become request paths
+//! ([`names`]); label selectors, one model for every role ([`selector`]); which failures are worth
+//! retrying, and how ([`retry`]); ambient enablement selectors ([`selector::enablement`]); when a
+//! stored pod may be answered for instead of the API server being asked ([`lookup`], for the
+//! plugin's pod-facts and `/podadd` askers, whose wire is `wire`'s); the node agent's node-scoped
+//! pod store (keeping only what its readers read) and namespace store with change subscriptions
+//! ([`stores`]). The test API server is not here: it is test-only and lives in the
 //! `istio-cni-testing` crate (`testing/`).
 //!
 //! May call: `retry` (the one retry policy and loop, re-exported as [`retry`]).
