@@ -14,33 +14,18 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+// The differential tests' seeded generator; this test uses part of it.
+#[allow(dead_code)]
+#[path = "differential/rng.rs"]
+mod rng;
+use rng::Rng;
+
 const PODS: usize = 12;
 const PATIENCE: Duration = Duration::from_secs(60);
 
-/// A small deterministic generator, so a failure names a pod that can be made again.
-struct Draw(u64);
-
-impl Draw {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[self.next() as usize % from.len()]
-    }
-}
-
 /// A container: the kept fields (name, args, env name and literal value, run-as user/group)
 /// drawn present or absent, beside fields the store drops.
-fn container(d: &mut Draw, name: &str) -> Value {
+fn container(d: &mut Rng, name: &str) -> Value {
     let mut c = json!({
         "name": name, "image": "registry.local/app:1", "imagePullPolicy": "IfNotPresent",
         "command": ["/bin/app"], "workingDir": "/w",
@@ -51,7 +36,7 @@ fn container(d: &mut Draw, name: &str) -> Value {
         "terminationMessagePolicy": "FallbackToLogsOnError",
     });
     if d.chance(70) {
-        c["args"] = json!(["proxy", d.pick(&["sidecar", "router"]), "--x"]);
+        c["args"] = json!(["proxy", d.word(&["sidecar", "router"]), "--x"]);
     }
     if d.chance(80) {
         c["env"] = json!([
@@ -73,7 +58,7 @@ fn container(d: &mut Draw, name: &str) -> Value {
     c
 }
 
-fn pod_manifest(d: &mut Draw, ns: &str, name: &str, node: &str) -> Value {
+fn pod_manifest(d: &mut Rng, ns: &str, name: &str, node: &str) -> Value {
     let mut labels = json!({"app": name, "version": "v1", "empty": ""});
     if d.chance(30) {
         labels = json!({});
@@ -97,7 +82,7 @@ fn pod_manifest(d: &mut Draw, ns: &str, name: &str, node: &str) -> Value {
         spec["containers"][1]["ports"] = json!([]);
     }
     if d.chance(50) {
-        spec["restartPolicy"] = json!(d.pick(&["Never", "OnFailure", "Always"]));
+        spec["restartPolicy"] = json!(d.word(&["Never", "OnFailure", "Always"]));
     }
     if d.chance(50) {
         spec["serviceAccountName"] = json!("default");
@@ -119,17 +104,17 @@ fn pod_manifest(d: &mut Draw, ns: &str, name: &str, node: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
 }
 
-fn terminated(d: &mut Draw) -> Value {
+fn terminated(d: &mut Rng) -> Value {
     let exit_code = [0, 1, 126][d.next() as usize % 3];
     json!({"terminated": {
         "exitCode": exit_code,
-        "signal": 9, "reason": d.pick(&["Error", "Completed"]),
+        "signal": 9, "reason": d.word(&["Error", "Completed"]),
         "message": if d.chance(50) { "no redirect\n" } else { "" },
         "startedAt": "2026-12-07T10:00:00Z", "finishedAt": "2026-12-07T10:00:01Z",
         "containerID": "containerd://abc"}})
 }
 
-fn state(d: &mut Draw) -> Value {
+fn state(d: &mut Rng) -> Value {
     match d.next() % 3 {
         0 => json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}}),
         1 => json!({"running": {"startedAt": "2026-12-07T10:00:02Z"}}),
@@ -137,10 +122,10 @@ fn state(d: &mut Draw) -> Value {
     }
 }
 
-fn status(d: &mut Draw, i: usize, init: bool) -> Value {
+fn status(d: &mut Rng, i: usize, init: bool) -> Value {
     let v4 = format!("10.7.{}.{}", i / 250, i % 250 + 1);
     let mut status = json!({
-        "phase": d.pick(&["Pending", "Running", "Succeeded", "Failed"]),
+        "phase": d.word(&["Pending", "Running", "Succeeded", "Failed"]),
         "hostIP": "192.0.2.1", "hostIPs": [{"ip": "192.0.2.1"}],
         "startTime": "2026-12-07T10:00:00Z",
         "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady",
@@ -199,7 +184,7 @@ fn a_pod_stored_from_the_protobuf_watch_equals_the_same_pod_read_as_json_and_tri
     rt.block_on(store.wait_synced(PATIENCE)).expect("synced");
     let on_wire_before = relay.bytes_received();
 
-    let mut draw = Draw(0x5eed_0001);
+    let mut draw = Rng::new(0x5eed_0001);
     let mut json_bytes = 0;
     let mut names = Vec::new();
     for i in 0..PODS {
